@@ -22,9 +22,12 @@ report: "workflow/report/workflow.rst"
 include: "workflow/rules/common.smk"
 include: "workflow/rules/identify.smk"
 include: "workflow/rules/validate.smk"
+include: "workflow/rules/analyze.smk"
+include: "workflow/rules/finetune.smk"
 
 
 rule all:
     default_target: True
     input:
         identify_targets(),
+        expand("results/{model}/eval/summary.png", model=MODELS),

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from arithmech.ablation import (
+    greedy_end_sets,
     knockout,
     knockout_curve,
     knockout_end_cached,
@@ -463,3 +464,40 @@ def test_answer_accuracy():
     assert full_answer_accuracy(["12.", "5", "x"], [12, 6, 1]) == pytest.approx(1 / 3)
     with pytest.raises(ValueError):
         full_answer_accuracy(["1"], [1, 2])
+
+
+# ---------------------------------------------------------------------------------------------------
+# greedy answers for many node sets (prefix-cache fast path)
+
+
+def test_greedy_end_sets_matches_greedy_generate_per_set(tiny_lm, data):
+    texts, mean, own = data["texts"], data["mean"], data["own"]
+    head_sets = [[], RANKED[:1], RANKED[:3], [(0, 2), (1, 1)], RANKED]
+    mlp_sets = [[], [], [1], [], [2, 0]]
+    got = greedy_end_sets(tiny_lm, texts, head_sets, mean, N_NEW, mlp_sets, own, batch_size=3, copies_per_forward=7)
+    assert got.tokens.shape == (len(head_sets), len(texts), N_NEW)
+    for s, (hs, ms) in enumerate(zip(head_sets, mlp_sets)):
+        want = greedy_generate(tiny_lm, texts, N_NEW, 4, hooks_ctx=mean_ablate(tiny_lm, hs, ms, mean, "end"))
+        assert torch.equal(got.tokens[s], want), s
+        scores = first_token_scores(tiny_lm, texts, own, 4, mean_ablate(tiny_lm, hs, ms, mean, "end"))
+        torch.testing.assert_close(got.first_answer_logits[s], scores[1], atol=2e-5, rtol=0)
+    # the empty set is the plain model; its first tokens are the knockout_end_sets predictions
+    assert torch.equal(got.tokens[0], greedy_generate(tiny_lm, texts, N_NEW, 8))
+    fast = knockout_end_sets(tiny_lm, texts, own, head_sets[:2], mean, batch_size=3)
+    assert torch.equal(got.first_tokens[:2], fast.predicted)
+    assert len({tuple(got.tokens[s].flatten().tolist()) for s in range(len(head_sets))}) > 1
+    assert _n_hooks(tiny_lm.model) == 0
+    with pytest.raises(ValueError, match="MLP sets"):
+        greedy_end_sets(tiny_lm, texts, head_sets, mean, 2, mlp_sets[:2])
+
+
+def test_greedy_end_sets_with_a_mean_per_set(tiny_lm, data):
+    texts, mean = data["texts"], data["mean"]
+    other = AlignedMean(mean.heads.flip(2) * 3, mean.mlps * -2)  # a different "task's" mean
+    head_sets, mlp_sets = [RANKED[:3], RANKED[:3], [(0, 2)]], [[1], [1], []]
+    got = greedy_end_sets(tiny_lm, texts, head_sets, [mean, other, other], 3, mlp_sets, batch_size=3,
+                          copies_per_forward=4)
+    for s, m in enumerate([mean, other, other]):
+        want = greedy_generate(tiny_lm, texts, 3, 8, hooks_ctx=mean_ablate(tiny_lm, head_sets[s], mlp_sets[s], m))
+        assert torch.equal(got.tokens[s], want), s
+    assert not torch.equal(got.tokens[0], got.tokens[1])

@@ -89,3 +89,15 @@ def test_paper_configs_merge_into_valid_configs(config, model_file):
     assert (heads["rule"], heads["threshold"]) == ("threshold", -0.05)
     assert len(config["prompts"]["templates"]) * len(config["prompts"]["operators"]["addition"]) == 36
     assert all(config["models"][m]["source"].get("hub") for m in config["run"]["models"])
+
+
+def test_finetune_needs_exactly_one_length_and_an_lr_per_method(config):
+    config["finetune"]["train"]["epochs"] = 2
+    config["finetune"]["lr"].pop("lora")
+    check_fails(config, "config key 'finetune.train': give exactly one of epochs or max_steps",
+                "config key 'finetune.lr.lora': missing")
+
+
+def test_unknown_finetune_method_names_the_key(config):
+    config["finetune"]["methods"] = ["precise", "magic"]
+    check_fails(config, "config key 'finetune.methods.1'")

@@ -300,3 +300,17 @@ def test_shared_summary_node_missing_from_one_task():
     assert out.loc["L0H1", "n_tasks"] == 1
     assert out.loc["L0H1", "tasks"] == "a"
     assert not out.loc["L0H1", "key_b"]
+
+
+def test_rank_across_tasks_averages_effects():
+    from arithmech.effects import rank_across_tasks
+
+    def frame(values):
+        return pd.DataFrame({"node": ["L0H0", "L0H1", "L1H0", "L0MLP"], "layer": [0, 0, 1, 0], "head": [0, 1, 0, None],
+                             "component": ["head", "head", "head", "mlp"], "mean_effect": values})
+
+    ranked = rank_across_tasks({"a": frame([-0.1, -0.3, 0.0, -1.0]), "b": frame([-0.3, 0.0, 0.1, -2.0])}, "head")
+    assert list(ranked["node"]) == ["L0H0", "L0H1", "L1H0"]
+    assert ranked["mean_effect"].tolist() == pytest.approx([-0.2, -0.15, 0.05])
+    assert ranked[["layer", "head"]].values.tolist() == [[0, 0], [0, 1], [1, 0]]
+    assert rank_across_tasks({"a": frame([0, 0, 0, -1.0])}, "mlp")["node"].tolist() == ["L0MLP"]

@@ -388,3 +388,47 @@ def test_encode_ignores_tokenizer_padding_side(tok):
 def test_encode_device_and_dtype(tok):
     enc = encode(tok, ["3 minus 1"], device=torch.device("cpu"))
     assert all(v.dtype == torch.long and v.device.type == "cpu" for v in enc.values())
+
+
+# ---------------------------------------------------------------------------------------------------
+# other number formats and question sets (transfer targets)
+
+
+@pytest.mark.parametrize("fmt", ["multi_digit", "decimal"])
+@pytest.mark.parametrize("task", ["addition", "subtraction", "multiplication", "division"])
+def test_format_prompts_are_exact_and_few_shot(prompt_cfg, task, fmt):
+    from decimal import Decimal
+
+    from arithmech.prompts import format_prompts
+
+    ranges = {"multi_digit": {"min": 10, "max": 99}, "decimal": {"min": 0.1, "max": 9.9}}
+    df = format_prompts(task, fmt, ranges[fmt], prompt_cfg, 30, seed=0)
+    assert len(df) == 30
+    ops = {"addition": "__add__", "subtraction": "__sub__", "multiplication": "__mul__", "division": "__truediv__"}
+    for row in df.itertuples():
+        a, b = Decimal(row.a), Decimal(row.b)
+        assert getattr(a, ops[task])(b) == Decimal(row.answer) and float(row.answer) == row.gold
+        assert row.prompt.endswith(prompt_cfg["templates"][row.template_id].format(a=row.a, op=row.operator, b=row.b))
+        assert row.prompt.count(prompt_cfg["shot_separator"]) == prompt_cfg["n_shots"]
+        if task == "subtraction":
+            assert row.gold >= 0
+        if fmt == "multi_digit" and task != "division":
+            assert 10 <= a <= 99 and 10 <= b <= 99
+    if fmt == "decimal":
+        assert any("." in a for a in df["a"])
+    assert df.equals(format_prompts(task, fmt, ranges[fmt], prompt_cfg, 30, seed=0))
+
+
+def test_question_prompts_draw_other_items_as_shots():
+    from arithmech.prompts import question_prompts
+
+    qs, ans = [f"q{i}?" for i in range(6)], [str(10 * i) for i in range(6)]
+    prompts = question_prompts(qs, ans, 2, seed=0)
+    for i, p in enumerate(prompts):
+        assert p.endswith(f"Question: q{i}?\nAnswer:") and p.count("Question:") == 3
+        assert f"q{i}?" not in p[: -len(f"Question: q{i}?\nAnswer:")]  # never its own answer
+    assert question_prompts(qs, ans, 2, seed=0, items=[3]) != [] and len(question_prompts(qs, ans, 2, 0, [1, 4])) == 2
+    qa = question_prompts(qs, ans, 1, seed=1, items=[0], question_prefix="", answer_prefix="", separator="\n")
+    assert qa[0].endswith("\nq0?") and qa[0].count("\n") == 1
+    with pytest.raises(ValueError, match="n_shots"):
+        question_prompts(qs[:2], ans[:2], 2, seed=0)

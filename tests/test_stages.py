@@ -1,5 +1,7 @@
 """Stage functions (what the rule scripts call) on the tiny model, without Snakemake."""
 
+from pathlib import Path
+
 import pandas as pd
 import pytest
 import torch
@@ -87,3 +89,52 @@ def test_build_pairs_fails_clearly_when_nothing_is_correct(prepared, tmp_path):
     with pytest.raises(RuntimeError, match="answered none of the"):
         stages.run_build_pairs(prepared / "model", "addition", prompts, COMPUTE, 0, tmp_path / "p.parquet", tmp_path / "d.parquet")
     assert list(tmp_path.iterdir()) == []
+
+
+TRANSFER = {
+    "max_samples": 8,
+    "random_seeds": 2,
+    "formats": {"n": 4, "multi_digit": {"min": 10, "max": 99}, "decimal": {"min": 0.1, "max": 9.9}},
+    "svamp": {"file": "unused", "n": 5, "n_shots": 1},
+    "non_math": {"file": "unused", "n": 5, "n_shots": 1, "max_new_tokens": 3},
+}
+
+
+def test_transfer_matches_an_explicit_ablated_generation(prepared, tmp_path):
+    from arithmech.ablation import mean_ablate
+    from arithmech.data import subsample
+    from arithmech.evaluation import answer_correct, greedy_answers
+    from arithmech.patching import AlignedMean
+
+    root = Path(__file__).resolve().parents[1] / "resources/data"
+    key = pd.DataFrame({"component": ["head", "head", "mlp"], "layer": [1, 0, 1], "head": [2, 3, -1]})
+    key.to_parquet(tmp_path / "key.parquet")
+    out = [tmp_path / "t.parquet", tmp_path / "t.html", tmp_path / "t.png"]
+    stages.run_transfer("tiny", prepared / "model", ["division"], [prepared / "pairs.parquet"],
+                        [prepared / "cache.safetensors"], [tmp_path / "key.parquet"], root / "svamp/SVAMP.json",
+                        root / "bigbench/qa_wikidata/task.json", TRANSFER, PROMPTS, COMPUTE, 0, *out)
+    table = pd.read_parquet(out[0])
+    targets = ["division", "division multi-digit", "division decimal", "SVAMP", "qa_wikidata"]
+    assert list(dict.fromkeys(table["target"])) == targets
+    assert len(table) == len(targets) * (1 + 1 + 2)  # none, key, 2 random sets
+    none = table[table["heads"] == "none"]
+    assert (none["accuracy"] == none["base_accuracy"]).all()
+    key_rows = table[table["heads"] == "key"]
+    assert (key_rows["nodes"] == "L1H2 L0H3").all() and (table.loc[table["heads"] == "random", "n_heads"] == 2).all()
+    # the key-heads cell on the source task, recomputed by plain generation inside mean_ablate
+    lm = load_model(prepared / "model", device="cpu")
+    pairs = subsample(pd.read_parquet(prepared / "pairs.parquet"), 8, 0)
+    cache = load_file(str(prepared / "cache.safetensors"))
+    mean = AlignedMean(cache["cf_mean_heads"], cache["cf_mean_mlps"])
+    n_new = stages.answer_tokens(lm.tokenizer, pairs["answer"])
+    plain = greedy_answers(lm, list(pairs["prompt"]), n_new, 3)
+    with mean_ablate(lm, [(1, 2), (0, 3)], [], mean):
+        ablated = greedy_answers(lm, list(pairs["prompt"]), n_new, 3)
+    base = [answer_correct(t, g) for t, g in zip(plain, pairs["answer"])]
+    after = [answer_correct(t, g) for t, g in zip(ablated, pairs["answer"])]
+    cell = key_rows[key_rows["target"] == "division"].iloc[0]
+    assert cell["accuracy"] == pytest.approx(sum(after) / 8)
+    assert none.iloc[0]["accuracy"] == pytest.approx(sum(base) / 8)
+    kept = [a for a, b in zip(after, base) if b]
+    assert cell["retained"] == (pytest.approx(sum(kept) / len(kept)) if kept else pytest.approx(float("nan"), nan_ok=True))
+    assert out[2].read_bytes()[:4] == b"\x89PNG" and "retained" in out[1].read_text()

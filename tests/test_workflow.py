@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 import yaml
@@ -184,14 +185,17 @@ def test_patching_change_reruns_patching_not_pairs_or_activations(run):
     proc = snakemake(run, "--cores", "1", "--dry-run", "--configfile", str(path))
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert planned_rules(proc) == {
-        "patch_layer": 3, "aggregate_effects": 2, "summarize_key_components": 1, "knockout": 2, "all": 1,
+        "patch_layer": 3, "aggregate_effects": 2, "summarize_key_components": 1, "knockout": 2, "analyze": 2,
+        "all": 1,
     }
 
 
 def test_key_rule_change_reruns_only_aggregation(run):
     path = with_config(run, lambda c: c["key_components"]["heads"].update(k=2))
     proc = snakemake(run, "--cores", "1", "--dry-run", "--configfile", str(path))
-    assert planned_rules(proc) == {"aggregate_effects": 2, "summarize_key_components": 1, "knockout": 2, "all": 1}
+    assert planned_rules(proc) == {
+        "aggregate_effects": 2, "summarize_key_components": 1, "knockout": 2, "analyze": 2, "all": 1,
+    }
 
 
 def test_prompt_change_reruns_from_pairs(run):
@@ -199,7 +203,7 @@ def test_prompt_change_reruns_from_pairs(run):
     proc = snakemake(run, "--cores", "1", "--dry-run", "--configfile", str(path))
     assert planned_rules(proc) == {
         "build_pairs": 2, "cache_activations": 2, "patch_layer": 3, "aggregate_effects": 2,
-        "summarize_key_components": 1, "knockout": 2, "all": 1,
+        "summarize_key_components": 1, "knockout": 2, "analyze": 2, "all": 1,
     }
 
 
@@ -225,7 +229,7 @@ def test_slurm_profile_dry_run_asks_for_gpus_only_where_the_model_runs(run):
             rule = line.split()[1].rstrip(":")
         elif line.strip().startswith("resources:") and rule:
             jobs.setdefault(rule, set()).add(line.strip())
-    for rule in ("build_pairs", "cache_activations", "patch_layer", "knockout"):
+    for rule in ("build_pairs", "cache_activations", "patch_layer", "knockout", "analyze"):
         (resources,) = jobs[rule]
         assert "gpu=2" in resources and "gpu_model=a100" in resources and "mem_mb=12000" in resources
         assert "slurm_account=proj42" in resources and "slurm_partition=gpu-short" in resources
@@ -242,5 +246,26 @@ def test_report_contains_every_figure_and_table(run, tmp_path):
     for task in TASKS:
         assert f"effects/{task}.png" in html and f"key_components/{task}.html" in html
         assert f"knockout/{task}.png" in html
+        assert all(f"analysis/{task}_{name}.png" in html for name in ("roles", "example", "probes"))
     assert "key_components/shared.png" in html and "key_components/shared.html" in html
     assert "Zhang et al." in html  # the workflow description
+
+
+def test_analysis_outputs(run):
+    """The analyze rule: role attention of the key heads (each sums to 1), MLP probes, three figures."""
+    res = run / "results/tiny"
+    for task in TASKS:
+        roles = pd.read_parquet(res / f"analysis/{task}_roles.parquet")
+        key = pd.read_parquet(res / f"key_components/{task}.parquet")
+        key_heads = list(key.loc[key["component"] == "head", "node"])
+        nodes = list(dict.fromkeys(roles["node"]))
+        if key_heads:  # in rank order
+            assert nodes == key_heads and set(roles["selection"]) == {"key"}
+        else:  # the rule selected no head: analysis.fallback_heads heads of strongest effect
+            assert len(nodes) == 3 and set(roles["selection"]) == {"top"}
+        np.testing.assert_allclose(roles.groupby("node")["attention"].sum(), 1.0, atol=1e-5)
+        assert (roles["n_texts"] == 10).all()  # all 10 pairs (analysis.max_samples is 64)
+        probes = pd.read_parquet(res / f"analysis/{task}_probes.parquet")
+        assert len(probes) == 3 * 3 * 4  # layers x vectors x targets
+        for name in ("roles", "example", "probes"):
+            assert (res / f"analysis/{task}_{name}.png").read_bytes()[:4] == b"\x89PNG"

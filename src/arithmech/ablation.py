@@ -47,6 +47,7 @@ END token for many ablated copies (`patching.total_logits` uses the same trick).
 
 from __future__ import annotations
 
+import copy
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterable, Iterator, Sequence
@@ -306,3 +307,116 @@ def knockout_sets(
     several seeds; [] = baseline), all sets in one prefix pass per batch. Answer logits:
     `knockout_end_sets`."""
     return knockout_end_sets(lm, texts, answer_ids, head_sets, means, batch_size, copies_per_forward).accuracy
+
+
+@dataclass
+class GreedyKnockout:
+    """Greedy answers with each node set mean-ablated at END and at every generated position.
+
+    tokens:              [n_sets, n, max_new_tokens] token ids; the pad id after a row's end-of-sequence
+    first_answer_logits: [n_sets, n] logit of the answer's first token at END (NaN without `answer_ids`)"""
+
+    tokens: torch.Tensor
+    first_answer_logits: torch.Tensor
+
+    @property
+    def first_tokens(self) -> torch.Tensor:
+        """[n_sets, n]: the greedy token at END (what `knockout_end_sets` predicts)."""
+        return self.tokens[..., 0]
+
+
+@torch.no_grad()
+def greedy_end_sets(
+    lm: LoadedModel,
+    texts: list[str],
+    head_sets: Sequence[Sequence[Head]],
+    means: AlignedMean | Sequence[AlignedMean],
+    max_new_tokens: int,
+    mlp_sets: Sequence[Sequence[int]] | None = None,
+    answer_ids: torch.Tensor | None = None,
+    batch_size: int = 16,
+    copies_per_forward: int = 256,
+) -> GreedyKnockout:
+    """Greedy generation of `max_new_tokens` tokens with node set s (head_sets[s] and mlp_sets[s]) mean-
+    ablated at END and at each generated position: what `evaluation.greedy_generate` does inside
+    `mean_ablate(..., positions="end")`, for many sets at once.
+
+    As in `knockout_end_sets`, the prompt minus END runs once per batch (an END-only ablation changes
+    nothing before END), and each chunk of sets continues from a copy of that prefix cache with one token
+    per forward (row i*c + j is text i with set j of the chunk). A row keeps being computed after its
+    end-of-sequence token (its tokens are then replaced by the pad id), so all rows of a forward stay
+    aligned.
+
+    means: one shared AlignedMean, or one per set (set s is ablated with means[s]'s END values: e.g. each
+    task's key heads with that task's counterfactual mean, all sharing one prefix pass).
+    Returns GreedyKnockout (tokens [n_sets, n, max_new_tokens]; `first_tokens` [n_sets, n])."""
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    per_set = not isinstance(means, AlignedMean)
+    if per_set:
+        if len(means) != len(head_sets):
+            raise ValueError(f"{len(head_sets)} head sets but {len(means)} means")
+        for m in means:
+            _check_shared_mean(m)
+        # END values of every set's mean: heads [n_sets, 1, L, H, D], mlps [n_sets, 1, L, d]
+        set_heads = torch.stack([m.heads[:1] for m in means])
+        set_mlps = torch.stack([m.mlps[:1] for m in means])
+    else:
+        _check_shared_mean(means)
+    head_sets = [[(int(l), int(h)) for l, h in hs] for hs in head_sets]
+    mlp_sets = [[int(m) for m in ms] for ms in (mlp_sets or [[] for _ in head_sets])]
+    if len(mlp_sets) != len(head_sets):
+        raise ValueError(f"{len(head_sets)} head sets but {len(mlp_sets)} MLP sets")
+    heads = list(dict.fromkeys(h for hs in head_sets for h in hs))  # every node any set ablates
+    mlps = list(dict.fromkeys(m for ms in mlp_sets for m in ms))
+    _check_nodes(lm, heads, mlps)
+    col = {("h", h): j for j, h in enumerate(heads)} | {("m", m): len(heads) + j for j, m in enumerate(mlps)}
+    n_sets = len(head_sets)
+    set_masks = torch.zeros(n_sets, len(col), dtype=torch.bool)  # [n_sets, heads + mlps]
+    for s, (hs, ms) in enumerate(zip(head_sets, mlp_sets)):
+        set_masks[s, [col[("h", h)] for h in hs] + [col[("m", m)] for m in ms]] = True
+    tok = lm.tokenizer
+    eos = lm.model.generation_config.eos_token_id
+    eos = set(eos if isinstance(eos, list) else [eos if eos is not None else tok.eos_token_id])
+    texts = list(texts)
+    out = torch.full((n_sets, len(texts), max_new_tokens), tok.pad_token_id, dtype=torch.long)
+    first = torch.full((n_sets, len(texts)), float("nan"))
+    for start in range(0, len(texts), batch_size):
+        enc = encode(tok, texts[start : start + batch_size], lm.device)
+        b, S = enc["input_ids"].shape
+        if S < 2:
+            raise ValueError("greedy_end_sets needs prompts of at least two tokens (a prefix and END)")
+        prefix = prefix_cache(lm, enc)
+        chunk = max(1, copies_per_forward // b)
+        for s0 in range(0, n_sets, chunk):
+            c = min(chunk, n_sets - s0)
+            row_masks = set_masks[s0 : s0 + c].repeat(b, 1)  # row i*c + j -> set s0 + j
+            values = means
+            if per_set:
+                row_set = torch.arange(s0, s0 + c).repeat(b)
+                values = AlignedMean(set_heads[row_set], set_mlps[row_set])  # per-row END values
+            cache = copy.deepcopy(prefix)
+            cache.batch_repeat_interleave(c)
+            ids = enc["input_ids"][:, -1:].repeat_interleave(c, 0)
+            mask = enc["attention_mask"].repeat_interleave(c, 0)
+            pos = enc["position_ids"][:, -1:].repeat_interleave(c, 0)
+            steps, ended = [], torch.zeros(b * c, dtype=torch.bool)
+            with mean_ablate(lm, heads, mlps, values, "end", row_masks):
+                for step in range(max_new_tokens):
+                    logits = lm.model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache)
+                    logits = logits.logits[:, -1].float()
+                    if step == 0 and answer_ids is not None:
+                        answers = torch.as_tensor(answer_ids)[start : start + b].to(logits.device)
+                        picked = logits.gather(1, answers.repeat_interleave(c)[:, None])[:, 0]
+                        first[s0 : s0 + c, start : start + b] = picked.view(b, c).T.cpu()
+                    nxt = logits.argmax(-1)
+                    steps.append(torch.where(ended, tok.pad_token_id, nxt.cpu()))
+                    ended |= torch.isin(nxt.cpu(), torch.tensor(sorted(eos)))
+                    if bool(ended.all()):
+                        break
+                    ids = nxt[:, None]
+                    mask = torch.cat([mask, mask.new_ones(b * c, 1)], 1)
+                    pos = pos + 1
+            gen = torch.stack(steps, 1).view(b, c, -1)  # [b, c, steps]
+            out[s0 : s0 + c, start : start + b, : gen.shape[2]] = gen.transpose(0, 1)
+    return GreedyKnockout(out, first)

@@ -35,6 +35,18 @@ def validate_config(config: dict, schema_path: str | Path) -> None:
         ops = config["prompts"]["operands"]
         if ops["min"] > ops["max"]:
             problems.append(f"config key 'prompts.operands': min ({ops['min']}) is larger than max ({ops['max']})")
+        for fmt in ("multi_digit", "decimal"):
+            rng = config["transfer"]["formats"][fmt]
+            if rng["min"] > rng["max"]:
+                problems.append(f"config key 'transfer.formats.{fmt}': min ({rng['min']}) is larger than max ({rng['max']})")
+        for i, method in enumerate(config["finetune"]["methods"]):
+            if method not in config["finetune"]["lr"]:
+                problems.append(f"config key 'finetune.lr.{method}': missing; method {method!r} is in finetune.methods")
+        train = config["finetune"]["train"]
+        if ("epochs" in train) == ("max_steps" in train):
+            problems.append("config key 'finetune.train': give exactly one of epochs or max_steps")
+        if config["evaluation"]["wikitext"]["stride"] > config["evaluation"]["wikitext"]["max_length"]:
+            problems.append("config key 'evaluation.wikitext.stride': larger than max_length")
         pairs = (ops["max"] - ops["min"] + 1) ** 2
         if config["prompts"]["n_shots"] >= pairs // 2:
             problems.append(f"config key 'prompts.n_shots': {config['prompts']['n_shots']} is too many for the operand range")

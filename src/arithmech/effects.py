@@ -118,3 +118,20 @@ def shared_summary(effects_by_task: dict[str, pd.DataFrame], key_by_task: dict[s
     mean_effect = out[[f"effect_{t}" for t in tasks]].mean(axis=1)
     order = np.lexsort((mean_effect.to_numpy(), -out["n_tasks"].to_numpy()))
     return out.iloc[order].reset_index(drop=True)
+
+
+def rank_across_tasks(effects: dict[str, pd.DataFrame], component: str) -> pd.DataFrame:
+    """Nodes of one component ('head' or 'mlp') ranked by their mean effect averaged over tasks (most
+    negative first): the nodes that matter for arithmetic as a whole, e.g. the heads precise SFT trains.
+    Returns node, layer, head, mean_effect (the average over tasks), one effect_<task> column per task."""
+    if not effects:
+        raise ValueError("rank_across_tasks needs the effects of at least one task")
+    frames = []
+    for task, frame in effects.items():
+        part = frame[frame["component"] == component].set_index("node")
+        frames.append(part["mean_effect"].rename(f"effect_{task}"))
+    first = next(iter(effects.values()))
+    nodes = first[first["component"] == component].set_index("node")[["layer", "head"]]
+    table = nodes.join(pd.concat(frames, axis=1), how="inner")
+    table["mean_effect"] = table[[f.name for f in frames]].mean(axis=1)
+    return table.sort_values("mean_effect", kind="stable").reset_index()

@@ -1,5 +1,8 @@
 """Scoring a model's answers: the first answer token (what path patching and the knockout curves measure)
-and the full greedy answer (what a user sees), with or without hooks such as a mean ablation active.
+and the full greedy answer (what a user sees), with or without hooks such as a mean ablation active; and the
+benchmarks that check a fine-tuned model (`arithmech.data`): generated math solutions (GSM8K, SVAMP),
+multiple choice by log-likelihood and short generated answers (BIG-bench), perplexity (WikiText-2), with
+Wilson intervals for accuracies.
 
 `hooks_ctx` everywhere is one of
   None                                  no hooks;
@@ -15,10 +18,17 @@ from __future__ import annotations
 import contextlib
 import math
 import re
-from typing import Callable, ContextManager, Iterator
+import string
+import sys
+from statistics import NormalDist
+from typing import Callable, ContextManager, Iterator, Sequence
 
+import numpy as np
+import pandas as pd
 import torch
+from tqdm import tqdm
 
+from .data import choice_prompt
 from .models import LoadedModel
 from .prompts import encode
 
@@ -96,6 +106,8 @@ def greedy_generate(
     batch_size: int,
     hooks_ctx: HooksCtx = None,
     return_logits: bool = False,
+    stop_strings: Sequence[str] | None = None,
+    progress: str | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Greedy continuation token ids [n, max_new_tokens] (CPU); after a row's end-of-sequence token, and
     for rows that stop early, the pad token id. With `return_logits`, also the raw next-token logits of
@@ -105,7 +117,11 @@ def greedy_generate(
     Uses `model.generate(do_sample=False)` on left-padded batches with a KV cache: the prompt is one
     forward (its END is the last position) and each later step is a forward over the one new token, so
     hooks that act on the last position of every forward (`ablation.mean_ablate(positions="end")`) act on
-    the prompt's END and then on every generated position, exactly once each."""
+    the prompt's END and then on every generated position, exactly once each.
+
+    `stop_strings`: a row also ends once its continuation contains one of them (the tokens that complete
+    the string are kept; the pad token id follows), so a batch stops early when all its rows have.
+    `progress`: a tqdm progress bar over the batches (to stderr) with this description; None for none."""
     from transformers import GenerationConfig
 
     tok = lm.tokenizer
@@ -121,7 +137,10 @@ def greedy_generate(
         eos_token_id=eos,
         bos_token_id=lm.model.generation_config.bos_token_id,
         use_cache=True,
+        stop_strings=list(stop_strings) if stop_strings else None,
     )
+    # generate() needs the tokenizer to find stop strings in token ids
+    extra = {"tokenizer": tok} if stop_strings else {}
     texts = list(texts)
     out = torch.full((len(texts), max_new_tokens), tok.pad_token_id, dtype=torch.long)
     all_logits = None
@@ -130,11 +149,12 @@ def greedy_generate(
         config.output_logits = True
         all_logits = torch.full((len(texts), max_new_tokens, lm.unembed.weight.shape[0]), float("nan"))
     with _outer(hooks_ctx):
-        for start, stop in _batches(len(texts), batch_size):
+        batches = list(_batches(len(texts), batch_size))
+        for start, stop in tqdm(batches, desc=progress, disable=progress is None, file=sys.stderr):
             enc = encode(tok, texts[start:stop], lm.device)
             with _inner(hooks_ctx, start, stop):
                 res = lm.model.generate(
-                    input_ids=enc["input_ids"], attention_mask=enc["attention_mask"], generation_config=config
+                    input_ids=enc["input_ids"], attention_mask=enc["attention_mask"], generation_config=config, **extra
                 )
             seq = res.sequences if return_logits else res
             new = seq[:, enc["input_ids"].shape[1] :].cpu()
@@ -169,7 +189,10 @@ _NUMBER = re.compile(
 def extract_number(text: str) -> float | None:
     """The first number in `text`, or None: '-3' -> -3.0, '1,000' -> 1000.0, '$18.50' -> 18.5,
     'The answer is 7.' -> 7.0 (a sentence's full stop is not a decimal point), '2.25' -> 2.25."""
-    match = _NUMBER.search(text)
+    return _number_value(_NUMBER.search(text))
+
+
+def _number_value(match: re.Match | None) -> float | None:
     if match is None:
         return None
     value = float(match["num"].replace(",", ""))
@@ -191,3 +214,350 @@ def full_answer_accuracy(texts: list[str], golds) -> float:
     if len(texts) != len(golds):
         raise ValueError(f"{len(texts)} texts but {len(golds)} gold answers")
     return sum(answer_correct(t, g) for t, g in zip(texts, golds)) / len(texts) if texts else float("nan")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Math word problems (GSM8K, SVAMP): generated solutions
+
+# A plain few-shot prompt is "...Question: q\nAnswer:"; a model that has answered goes on with the next
+# question, which is where its answer ends.
+MATH_STOP_STRINGS = ("\nQuestion:",)
+_FINAL_MARK = re.compile(r"####")
+_ANSWER_MARK = re.compile(r"answer\s*(?:is\b|:)", re.IGNORECASE)
+
+
+def extract_answer(text: str) -> float | None:
+    """The final answer of a generated math solution, or None when it has no number.
+
+    The text is first cut where a next few-shot block starts ("\\nQuestion:"). Then the number on the line
+    after the last "####" wins, else the one after the last "The answer is" / "answer is" / "Answer:", else
+    the last number in the text. Numbers are read as in `extract_number`: "1,000.5", "$18.50", "-3" or
+    "\u22123", and a sentence's full stop or a trailing unit ("12 apples") is not part of them."""
+    text = text.split("\nQuestion:", 1)[0]
+    for mark in (_FINAL_MARK, _ANSWER_MARK):
+        for match in reversed(list(mark.finditer(text))):
+            value = extract_number(text[match.end() :].split("\n", 1)[0])
+            if value is not None:
+                return value
+    last = None
+    for last in _NUMBER.finditer(text):
+        pass
+    return _number_value(last)
+
+
+def _require_columns(frame: pd.DataFrame, columns: Sequence[str], where: str) -> None:
+    missing = [c for c in columns if c not in frame]
+    if missing:
+        raise ValueError(f"{where}: the frame lacks column(s) {missing}; it has {list(frame.columns)}")
+
+
+def _cut_at(text: str, stop_strings: Sequence[str]) -> str:
+    """`text` up to the first stop string (exclusive)."""
+    cut = min((i for i in (text.find(s) for s in stop_strings) if i >= 0), default=len(text))
+    return text[:cut]
+
+
+def generate_texts(
+    lm: LoadedModel,
+    prompts: Sequence[str],
+    max_new_tokens: int,
+    batch_size: int,
+    hooks_ctx: HooksCtx = None,
+    stop_strings: Sequence[str] = (),
+    progress: str | None = "generate",
+) -> list[str]:
+    """Greedy continuations of `prompts` (decoded, special tokens dropped, cut before the first stop string),
+    in the order of `prompts`.
+
+    Prompts are generated longest first, so each batch holds prompts of similar length (little padding) and
+    an out-of-memory error shows in the first batch. Per-row hooks (`hooks_ctx` a callable) index rows by
+    their position in `prompts`, so then the order is kept as given."""
+    prompts = list(prompts)
+    per_row = hooks_ctx is not None and not hasattr(hooks_ctx, "__enter__")
+    if per_row:
+        order = np.arange(len(prompts))
+    else:
+        lengths = np.array([len(ids) for ids in lm.tokenizer(prompts)["input_ids"]]) if prompts else np.zeros(0)
+        order = np.argsort(-lengths, kind="stable")
+    ordered = [prompts[i] for i in order]
+    ids = greedy_generate(
+        lm, ordered, max_new_tokens, batch_size, hooks_ctx, stop_strings=stop_strings, progress=progress
+    )
+    texts = lm.tokenizer.batch_decode(ids, skip_special_tokens=True)
+    out = [""] * len(prompts)
+    for position, row in enumerate(order):
+        out[row] = _cut_at(texts[position], stop_strings)
+    return out
+
+
+def evaluate_generation(
+    lm: LoadedModel,
+    frame: pd.DataFrame,
+    max_new_tokens: int,
+    batch_size: int,
+    hooks_ctx: HooksCtx = None,
+    stop_strings: Sequence[str] = MATH_STOP_STRINGS,
+    progress: str | None = "generate",
+) -> pd.DataFrame:
+    """Generated math solutions, scored by their final answer.
+
+    `frame`: columns id, prompt (e.g. from `data.math_prompts`), gold (a number). Returns one row per input
+    row, in the input order: id, prompt, output (the greedy continuation, cut before the first stop
+    string), extracted (`extract_answer(output)`, NaN when none), gold, correct (extracted == gold)."""
+    _require_columns(frame, ["id", "prompt", "gold"], "evaluate_generation")
+    outputs = generate_texts(lm, frame["prompt"], max_new_tokens, batch_size, hooks_ctx, stop_strings, progress)
+    extracted = [extract_answer(text) for text in outputs]
+    gold = frame["gold"].astype(float).to_numpy()
+    correct = [v is not None and math.isclose(v, g, rel_tol=1e-9, abs_tol=1e-6) for v, g in zip(extracted, gold)]
+    return pd.DataFrame(
+        {
+            "id": frame["id"].astype(str).to_numpy(),
+            "prompt": frame["prompt"].to_numpy(),
+            "output": outputs,
+            "extracted": [np.nan if v is None else v for v in extracted],
+            "gold": gold,
+            "correct": np.array(correct, dtype=bool),
+        }
+    )
+
+
+# ---------------------------------------------------------------------------------------------------
+# Multiple choice by log-likelihood (BIG-bench social_iqa, strategyqa)
+
+
+def _choice_token_ids(tokenizer, context: str, choice: str) -> tuple[list[int], list[int]]:
+    """(context ids, choice ids) whose concatenation is what the model reads.
+
+    The context ids are always tokenize(context), so every choice of an item is conditioned on the same
+    tokens. The choice ids are the tail of tokenize(context + choice) when that starts with the context ids
+    (this keeps SentencePiece tokenizers from adding a spurious word-start marker to a choice tokenized
+    alone); when the joint tokenization merges across the boundary, the choice is tokenized on its own."""
+    ctx = tokenizer(context)["input_ids"]
+    full = tokenizer(context + choice)["input_ids"]
+    if len(full) > len(ctx) and full[: len(ctx)] == ctx:
+        return ctx, full[len(ctx) :]
+    return ctx, tokenizer(choice, add_special_tokens=False)["input_ids"]
+
+
+def _pad_left(seqs: list[list[int]], pad_id: int, device) -> dict[str, torch.Tensor]:
+    """Left-padded batch like `prompts.encode`: input_ids, attention_mask, position_ids [batch, seq]."""
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for row, seq in enumerate(seqs):
+        ids[row, width - len(seq) :] = torch.tensor(seq, dtype=torch.long)
+        mask[row, width - len(seq) :] = 1
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    return {"input_ids": ids.to(device), "attention_mask": mask.to(device), "position_ids": positions.to(device)}
+
+
+@torch.no_grad()
+def _choice_scores(
+    lm: LoadedModel,
+    contexts: Sequence[str],
+    choices_per_item: Sequence[Sequence[str]],
+    batch_size: int,
+    progress: str | None,
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """(summed log-likelihood, number of tokens) of every choice, per item: two lists of [n_choices] arrays."""
+    contexts, choices_per_item = list(contexts), [list(c) for c in choices_per_item]
+    if len(contexts) != len(choices_per_item):
+        raise ValueError(f"{len(contexts)} contexts but {len(choices_per_item)} lists of choices")
+    pairs, owner = [], []  # one (context ids, choice ids) per (item, choice)
+    for item, (context, choices) in enumerate(zip(contexts, choices_per_item)):
+        if not choices:
+            raise ValueError(f"item {item}: no choices")
+        for choice in choices:
+            ctx, cont = _choice_token_ids(lm.tokenizer, context, choice)
+            if not ctx or not cont:
+                raise ValueError(
+                    f"item {item}: the context {context[-40:]!r} or the choice {choice!r} has no tokens; both "
+                    "need at least one (the first choice token is predicted from the context's last token)"
+                )
+            pairs.append((ctx, cont))
+            owner.append(item)
+    # Longest first: batches of similar lengths, and memory trouble shows at once.
+    order = sorted(range(len(pairs)), key=lambda i: -(len(pairs[i][0]) + len(pairs[i][1])))
+    sums, counts = np.zeros(len(pairs)), np.zeros(len(pairs), dtype=int)
+    pad = lm.tokenizer.pad_token_id
+    batches = list(_batches(len(order), batch_size))
+    for start, stop in tqdm(batches, desc=progress, disable=progress is None, file=sys.stderr):
+        rows = order[start:stop]
+        enc = _pad_left([pairs[i][0] + pairs[i][1] for i in rows], pad, lm.device)
+        # Left padding puts every choice at the end of its row: the last `keep` positions predict them all.
+        keep = max(len(pairs[i][1]) for i in rows) + 1
+        logits = lm.model(**enc, logits_to_keep=keep).logits.float()  # [rows, keep, vocab]
+        logp = logits[:, :-1].log_softmax(-1)  # position j predicts the token at j + 1
+        targets = enc["input_ids"][:, -(keep - 1) :]  # [rows, keep - 1]
+        token_logp = logp.gather(-1, targets[..., None])[..., 0].cpu().double()
+        for row, i in enumerate(rows):
+            n = len(pairs[i][1])
+            sums[i] = float(token_logp[row, -n:].sum())
+            counts[i] = n
+    bounds = np.cumsum([0] + [len(c) for c in choices_per_item])
+    return (
+        [sums[a:b] for a, b in zip(bounds[:-1], bounds[1:])],
+        [counts[a:b] for a, b in zip(bounds[:-1], bounds[1:])],
+    )
+
+
+def choice_loglik(
+    lm: LoadedModel,
+    contexts: Sequence[str],
+    choices_per_item: Sequence[Sequence[str]],
+    batch_size: int,
+    progress: str | None = None,
+) -> list[np.ndarray]:
+    """Summed log-likelihood of each choice given its context: one [n_choices] float64 array per item.
+
+    Every (context, choice) pair is one sequence (context ids + choice ids, see `_choice_token_ids`), and
+    `batch_size` pairs go through one left-padded forward; only the choice tokens are scored. A choice
+    usually starts with the space that separates it from the context (" Yes")."""
+    return _choice_scores(lm, contexts, choices_per_item, batch_size, progress)[0]
+
+
+def evaluate_choice(
+    lm: LoadedModel, frame: pd.DataFrame, batch_size: int, progress: str | None = "choice"
+) -> pd.DataFrame:
+    """Multiple-choice accuracy by log-likelihood.
+
+    `frame`: columns id, input, choices (list of str), correct (index), as `data.load_bigbench_choice`
+    gives, and optionally prompt (the context; by default `data.choice_prompt(input)`). Each choice is
+    scored as the continuation " " + choice. Returns one row per item: id, prediction (the choice with the
+    highest summed log-likelihood; the first on a tie), correct_index, correct (bool; the main accuracy),
+    n_choices, loglik (the summed scores), and prediction_norm / correct_norm, the same by the mean
+    log-likelihood per choice token (length-normalised; an extra, secondary view)."""
+    _require_columns(frame, ["id", "input", "choices", "correct"], "evaluate_choice")
+    contexts = frame["prompt"].tolist() if "prompt" in frame else [choice_prompt(t) for t in frame["input"]]
+    choices = [[" " + c for c in item] for item in frame["choices"]]
+    sums, counts = _choice_scores(lm, contexts, choices, batch_size, progress)
+    prediction = np.array([int(np.argmax(s)) for s in sums])
+    prediction_norm = np.array([int(np.argmax(s / n)) for s, n in zip(sums, counts)])
+    gold = frame["correct"].astype(int).to_numpy()
+    return pd.DataFrame(
+        {
+            "id": frame["id"].astype(str).to_numpy(),
+            "prediction": prediction,
+            "correct_index": gold,
+            "correct": prediction == gold,
+            "n_choices": [len(c) for c in choices],
+            "loglik": [s.tolist() for s in sums],
+            "prediction_norm": prediction_norm,
+            "correct_norm": prediction_norm == gold,
+        }
+    )
+
+
+# ---------------------------------------------------------------------------------------------------
+# Short generated answers (BIG-bench qa_wikidata)
+
+_ARTICLES = re.compile(r"\b(?:a|an|the)\b")
+_PUNCTUATION = str.maketrans("", "", string.punctuation)
+
+
+def normalize_answer(text: str) -> str:
+    """First line, lower case, without punctuation and articles (a, an, the), single spaces."""
+    text = text.strip(" ").split("\n", 1)[0].lower().translate(_PUNCTUATION)
+    return " ".join(_ARTICLES.sub(" ", text).split())
+
+
+def qa_correct(output: str, targets: Sequence[str]) -> bool:
+    """Whether the normalised output equals a normalised target or starts with it as whole words
+    ("comedy film" matches "comedy", "comedyfilm" does not)."""
+    out = normalize_answer(output)
+    for target in map(normalize_answer, targets):
+        if target and (out == target or out.startswith(target + " ")):
+            return True
+    return False
+
+
+def evaluate_qa_generation(
+    lm: LoadedModel,
+    frame: pd.DataFrame,
+    max_new_tokens: int,
+    batch_size: int,
+    hooks_ctx: HooksCtx = None,
+    progress: str | None = "qa",
+) -> pd.DataFrame:
+    """Short answers generated greedily up to the first newline, scored by `qa_correct`.
+
+    `frame`: columns id, input (the prompt, by default: qa_wikidata's inputs are sentences to complete,
+    'The language of X is'), targets (list of str), and optionally prompt to use instead of input. Returns
+    id, prompt, output (the first line of the continuation), correct (bool), in the input order."""
+    _require_columns(frame, ["id", "input", "targets"], "evaluate_qa_generation")
+    prompts = frame["prompt"].tolist() if "prompt" in frame else frame["input"].tolist()
+    outputs = generate_texts(lm, prompts, max_new_tokens, batch_size, hooks_ctx, ("\n",), progress)
+    return pd.DataFrame(
+        {
+            "id": frame["id"].astype(str).to_numpy(),
+            "prompt": prompts,
+            "output": outputs,
+            "correct": np.array([qa_correct(o, t) for o, t in zip(outputs, frame["targets"])], dtype=bool),
+        }
+    )
+
+
+# ---------------------------------------------------------------------------------------------------
+# Perplexity (WikiText-2)
+
+
+@torch.no_grad()
+def perplexity(
+    lm: LoadedModel,
+    text: str,
+    max_length: int,
+    stride: int,
+    max_tokens: int | None = None,
+    progress: str | None = "perplexity",
+) -> dict:
+    """Token-level perplexity of `text` with a sliding window.
+
+    The text is tokenized once (with the tokenizer's special tokens, e.g. a BOS), cut to its first
+    `max_tokens` tokens when given, and every token but the first (nothing predicts it) is scored exactly
+    once. The first window scores tokens 1..max_length-1 with all the context it has; every later window
+    is the `max_length` tokens ending at its last target and scores the `stride` tokens that follow the
+    previous window, so each of those sees at least max_length - stride tokens of context. With
+    max_length >= the number of tokens this is one plain forward. Logits are cast to float32.
+
+    Returns {"n_tokens": scored tokens, "nll": mean negative log-likelihood in nats, "perplexity": exp(nll)}."""
+    if max_length < 2 or not 1 <= stride < max_length:
+        raise ValueError(f"perplexity needs max_length >= 2 and 1 <= stride < max_length; got {max_length}, {stride}")
+    ids = lm.tokenizer(text, verbose=False)["input_ids"]
+    if max_tokens is not None:
+        ids = ids[:max_tokens]
+    if len(ids) < 2:
+        raise ValueError(f"perplexity needs a text of at least 2 tokens, got {len(ids)}")
+    ids = torch.tensor(ids, dtype=torch.long)
+    # targets [t0, t1) per window; the window is ids[max(0, t1 - max_length) : t1]
+    spans = [(1, min(max_length, len(ids)))]
+    while spans[-1][1] < len(ids):
+        spans.append((spans[-1][1], min(spans[-1][1] + stride, len(ids))))
+    total = 0.0
+    for t0, t1 in tqdm(spans, desc=progress, disable=progress is None, file=sys.stderr):
+        window = ids[max(0, t1 - max_length) : t1][None].to(lm.device)
+        n = t1 - t0
+        logits = lm.model(input_ids=window, logits_to_keep=n + 1).logits[0, :-1].float()  # [n, vocab]
+        total -= float(logits.log_softmax(-1).gather(-1, window[0, -n:, None]).sum())
+    n_tokens = len(ids) - 1
+    return {"n_tokens": n_tokens, "nll": total / n_tokens, "perplexity": math.exp(total / n_tokens)}
+
+
+# ---------------------------------------------------------------------------------------------------
+# Uncertainty
+
+
+def accuracy_interval(correct, confidence: float = 0.95) -> tuple[float, float, float]:
+    """(accuracy, low, high): the share of True in `correct` and its Wilson score interval at `confidence`.
+    NaNs for an empty input."""
+    correct = np.asarray(correct, dtype=bool).ravel()
+    n = len(correct)
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+    if n == 0:
+        return float("nan"), float("nan"), float("nan")
+    p = correct.mean()
+    z = NormalDist().inv_cdf(0.5 + confidence / 2)
+    denom = 1 + z * z / n
+    center = (p + z * z / (2 * n)) / denom
+    half = z / denom * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    return float(p), float(max(0.0, center - half)), float(min(1.0, center + half))

@@ -75,28 +75,223 @@ def shared_heatmap(summary: pd.DataFrame, tasks: list[str], title: str, path: st
 
 
 def knockout_curves(table: pd.DataFrame, n_key_heads: int, title: str, path: str | Path) -> None:
-    """First-token accuracy against the number of heads knocked out: the top heads by patching effect,
-    and random heads (mean and standard deviation over seeds); the key-MLP knockout as a marker."""
+    """Accuracy against the number of heads knocked out, for the first answer token (left) and the full
+    greedy answer (right, when the table has `full_accuracy`): the top heads by patching effect, and random
+    heads (mean and standard deviation over seeds); the key-MLP knockout as a level."""
     heads = table[table["curve"] != "key_mlps"].copy()
     base = heads[heads["k"] == 0]
     # Every random curve starts from the same unablated model.
     seeds = sorted(set(heads.loc[heads["curve"] == "random_heads", "seed"]))
     heads = pd.concat([heads] + [base.assign(curve="random_heads", seed=s) for s in seeds], ignore_index=True)
-    heads["accuracy"] *= 100
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    sns.lineplot(heads, x="k", y="accuracy", hue="curve", errorbar="sd", marker="o", ax=ax,
-                 hue_order=["top_heads", "random_heads"], palette=["#b2182b", "#4d4d4d"])
     mlp = table[table["curve"] == "key_mlps"]
-    if len(mlp):  # a different intervention (MLPs, not heads): a level to compare with, not a point on k
-        ax.axhline(100 * mlp["accuracy"].iloc[0], ls="--", color="#2166ac", lw=1.2,
-                   label=f"key MLPs knocked out ({mlp['nodes'].iloc[0]})")
-    if 0 < n_key_heads <= heads["k"].max():
-        ax.axvline(n_key_heads, ls=":", color="black", lw=1, label=f"{n_key_heads} key heads")
-    elif n_key_heads:
-        ax.plot([], [], " ", label=f"{n_key_heads} key heads (beyond k = {heads['k'].max()})")
-    ax.set_xlabel("heads knocked out (k)")
-    ax.set_ylabel("first-token accuracy (%)")
-    ax.set_ylim(-2, 102)
-    ax.legend(fontsize=8)
+    metrics = [("accuracy", "first-token accuracy (%)")]
+    if "full_accuracy" in table:
+        metrics.append(("full_accuracy", "full-answer accuracy, greedy (%)"))
+    fig, axes = plt.subplots(1, len(metrics), figsize=(6.4 * len(metrics), 4.2), squeeze=False)
+    for ax, (column, label) in zip(axes[0], metrics):
+        sns.lineplot(heads.assign(value=100 * heads[column]), x="k", y="value", hue="curve", errorbar="sd",
+                     marker="o", ax=ax, hue_order=["top_heads", "random_heads"], palette=["#b2182b", "#4d4d4d"])
+        if len(mlp):  # a different intervention (MLPs, not heads): a level to compare with, not a point on k
+            ax.axhline(100 * mlp[column].iloc[0], ls="--", color="#2166ac", lw=1.2,
+                       label=f"key MLPs knocked out ({mlp['nodes'].iloc[0]})")
+        if 0 < n_key_heads <= heads["k"].max():
+            ax.axvline(n_key_heads, ls=":", color="black", lw=1, label=f"{n_key_heads} key heads")
+        elif n_key_heads:
+            ax.plot([], [], " ", label=f"{n_key_heads} key heads (beyond k = {heads['k'].max()})")
+        ax.set_xlabel("heads knocked out (k)")
+        ax.set_ylabel(label)
+        ax.set_ylim(-2, 102)
+        ax.legend(fontsize=8)
+    fig.suptitle(title, fontsize=10)
+    _save(fig, path)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Analysis of the key components (the `analyze` rule)
+
+ROLE_COLORS = {  # one colour per token role (arithmech.analysis.ROLES), shared by the analysis figures
+    "operand_a": "#1b9e77",
+    "operand_b": "#d95f02",
+    "operator": "#7570b3",
+    "equals": "#e7298a",
+    "prefix": "#8c8c8c",
+    "other": "#4d4d4d",
+}
+
+
+def role_attention_heatmap(table: pd.DataFrame, title: str, path: str | Path) -> None:
+    """Attention from END on each token role (columns, in %) of each head (rows, labelled L{l}H{h}, in the
+    table's order); every row sums to 100%. Column labels give the mean number of tokens with the role."""
+    from .analysis import ROLES
+
+    heads = list(dict.fromkeys(zip(table["layer"], table["head"])))
+    labels = [f"L{l}H{h}" for l, h in heads]
+    grid = (
+        table.assign(node=[f"L{l}H{h}" for l, h in zip(table["layer"], table["head"])])
+        .pivot(index="node", columns="role", values="attention")
+        .reindex(index=labels, columns=list(ROLES))
+        * 100
+    )
+    tokens = table.groupby("role")["tokens"].mean().reindex(list(ROLES))
+    columns = [f"{r}\n({t:.1f} tok)" for r, t in zip(ROLES, tokens)]
+    fig, ax = plt.subplots(figsize=(1.15 * len(ROLES) + 2.4, 0.42 * len(labels) + 1.8))
+    sns.heatmap(
+        pd.DataFrame(grid.to_numpy(), index=labels, columns=columns), ax=ax, cmap="rocket_r", vmin=0, vmax=100,
+        annot=True, fmt=".0f", annot_kws={"size": 8}, linewidths=0.5, linecolor="white",
+        cbar_kws={"label": "attention from END (%)"},
+    )
+    for tick, role in zip(ax.get_xticklabels(), ROLES):
+        tick.set_color(ROLE_COLORS[role])
+    ax.tick_params(axis="x", rotation=0, labelsize=8)
+    ax.tick_params(axis="y", rotation=0)
+    ax.set_xlabel("token role (mean tokens per prompt)")
+    ax.set_ylabel("head")
+    ax.set_title(title, fontsize=10)
+    _save(fig, path)
+
+
+def _token_label(text: str) -> str:
+    """A token as a tick label: a lone space as '␣', newlines as '↵', surrounding spaces dropped."""
+    if text.strip() == "":
+        return "↵" * text.count("\n") or "␣"
+    return text.replace("\n", "↵").strip()
+
+
+def attention_example(
+    tokens: list[str], weights: np.ndarray, head_labels: list[str], roles: list[str], title: str, path: str | Path
+) -> None:
+    """One prompt: its tokens along x, one row per head, colour = attention from END on the token (in %,
+    values of 5% and more written in the cell). A strip under the heatmap and the colour of each tick
+    label give the token's role."""
+    from matplotlib.colors import ListedColormap
+
+    from .analysis import ROLES
+
+    weights = np.asarray(weights, dtype=float) * 100
+    n_heads, n_tokens = weights.shape
+    if len(tokens) != n_tokens or len(roles) != n_tokens or len(head_labels) != n_heads:
+        raise ValueError(f"{len(tokens)} tokens, {len(roles)} roles, {len(head_labels)} labels for weights {weights.shape}")
+    fig = plt.figure(figsize=(max(6.0, 0.3 * n_tokens + 2.6), 0.36 * n_heads + 2.6))
+    grid = fig.add_gridspec(2, 2, height_ratios=[n_heads, 0.7], width_ratios=[n_tokens, 0.6], hspace=0.06, wspace=0.03)
+    ax, ax_roles, cax = fig.add_subplot(grid[0, 0]), fig.add_subplot(grid[1, 0]), fig.add_subplot(grid[0, 1])
+    annot = np.where(weights >= 5, np.char.mod("%.0f", weights), "")
+    sns.heatmap(weights, ax=ax, cmap="rocket_r", vmin=0, vmax=max(float(weights.max()), 1e-9), annot=annot, fmt="",
+                annot_kws={"size": 6}, cbar_ax=cax, cbar_kws={"label": "attention from END (%)"},
+                yticklabels=head_labels, xticklabels=False)
+    ax.tick_params(axis="y", rotation=0, labelsize=8)
+    ax.set_ylabel("head")
+    ax_roles.imshow(np.array([[ROLES.index(r) for r in roles]]), aspect="auto", interpolation="nearest",
+                    cmap=ListedColormap([ROLE_COLORS[r] for r in ROLES]), vmin=-0.5, vmax=len(ROLES) - 0.5,
+                    extent=(0, n_tokens, 1, 0))
+    ax_roles.set_yticks([])
+    ax_roles.set_xticks(np.arange(n_tokens) + 0.5)
+    ax_roles.set_xticklabels([_token_label(t) for t in tokens], rotation=90, fontsize=8)
+    for tick, role in zip(ax_roles.get_xticklabels(), roles):
+        tick.set_color(ROLE_COLORS[role])
+    ax_roles.set_xlim(0, n_tokens)
+    ax_roles.set_xlabel("token (tick colour and strip = role; END is the last token)")
+    used = [r for r in ROLES if r in roles]
+    handles = [Rectangle((0, 0), 1, 1, color=ROLE_COLORS[r]) for r in used]
+    ax.legend(handles, used, ncol=len(used), fontsize=7, frameon=False, loc="lower center", bbox_to_anchor=(0.5, 1.0),
+              handlelength=1.2, columnspacing=1.0)
+    ax.set_title(title, fontsize=10, pad=18)
+    _save(fig, path)
+
+
+PROBE_COLORS = {"a": ROLE_COLORS["operand_a"], "b": ROLE_COLORS["operand_b"], "c": "#2166ac"}
+PROBE_NAMES = {"input": "MLP input", "output": "MLP output", "delta": "unit(output) - unit(input)"}
+
+
+def mlp_probe_lines(probes: pd.DataFrame, title: str, path: str | Path) -> None:
+    """Three panels (MLP input, output, normalised change): per layer, the mean cosine similarity with the
+    unembedding rows of the first tokens of A, B and the answer C; the grey band is the random-token
+    baseline, mean ± 2 std over random tokens (the null spread of a text-averaged cosine)."""
+    from .analysis import VECTORS
+
+    fig, axes = plt.subplots(1, len(VECTORS), figsize=(4.2 * len(VECTORS), 3.6), sharex=True)
+    for ax, vector in zip(axes, VECTORS):
+        part = probes[probes["vector"] == vector]
+        rnd = part[part["target"] == "random"].sort_values("layer")
+        ax.fill_between(rnd["layer"], rnd["mean"] - 2 * rnd["std"], rnd["mean"] + 2 * rnd["std"], color="#bdbdbd",
+                        alpha=0.6, lw=0, label="random tokens (mean ± 2 std)")
+        ax.plot(rnd["layer"], rnd["mean"], color="#969696", lw=0.8)
+        for target, name in (("a", "A (operand a)"), ("b", "B (operand b)"), ("c", "C (answer)")):
+            line = part[part["target"] == target].sort_values("layer")
+            ax.plot(line["layer"], line["mean"], marker="o", ms=3, lw=1.5, color=PROBE_COLORS[target], label=name)
+        ax.axhline(0, color="black", lw=0.5)
+        ax.set_title(PROBE_NAMES[vector], fontsize=10)
+        ax.set_xlabel("layer")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("cosine with unembedding row")
+    handles, names = axes[0].get_legend_handles_labels()
+    fig.legend(handles, names, loc="lower center", ncol=len(names), fontsize=8, frameon=False,
+               bbox_to_anchor=(0.5, -0.01))
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
+    _save(fig, path)
+
+
+def transfer_summary(table: pd.DataFrame) -> pd.DataFrame:
+    """The transfer matrix as a table: rows 'base accuracy' (% correct without knockout) then, per source
+    task, its key heads and as many random heads (mean over seeds); columns the targets in table order;
+    values the retained accuracy in % (share of the base-correct items still correct)."""
+    targets = list(dict.fromkeys(table["target"]))
+    base = table[table["heads"] == "none"].set_index("target")
+    rows = {"base accuracy (%)": (100 * base["base_accuracy"]).reindex(targets)}
+    for source in dict.fromkeys(table.loc[table["heads"] != "none", "source"]):
+        part = table[table["source"] == source]
+        for kind in ("key", "random"):
+            sel = part[part["heads"] == kind]
+            if sel.empty:
+                continue
+            label = f"{source}: {kind} heads ({sel['n_heads'].iloc[0]})"
+            rows[label] = (100 * sel.groupby("target", sort=False)["retained"].mean()).reindex(targets)
+    return pd.DataFrame(rows).T.rename_axis("knocked out").reset_index()
+
+
+def transfer_heatmap(table: pd.DataFrame, title: str, path: str | Path) -> None:
+    """Retained accuracy (%) with each source task's key heads (and random heads) knocked out, on every
+    target data set; the top row is the unablated accuracy on which 'retained' is based."""
+    summary = transfer_summary(table).set_index("knocked out")
+    values = summary.to_numpy(dtype=float)
+    n_rows, n_cols = values.shape
+    fig, ax = plt.subplots(figsize=(0.75 * n_cols + 3.5, 0.42 * n_rows + 2.2))
+    mask = np.zeros_like(values, dtype=bool)
+    mask[0] = True  # the base row has its own meaning; drawn as text only
+    sns.heatmap(summary, ax=ax, mask=mask, cmap="rocket", vmin=0, vmax=100, annot=True, fmt=".0f",
+                annot_kws={"size": 7}, cbar_kws={"label": "retained accuracy (%)"})
+    for j, v in enumerate(values[0]):
+        ax.text(j + 0.5, 0.5, "" if np.isnan(v) else f"{v:.0f}", ha="center", va="center", fontsize=7, color="black")
+    ax.axhline(1, color="black", lw=1)
+    ax.set_xlabel("knocked out on")
+    ax.set_ylabel("")
+    ax.set_title(title, fontsize=10)
+    plt.setp(ax.get_xticklabels(), rotation=40, ha="right")
+    _save(fig, path)
+
+
+def eval_summary(summary: pd.DataFrame, datasets: list[str], title: str, path: str | Path) -> None:
+    """Accuracy (%) per data set (groups) and method (bars), with the confidence intervals as error bars;
+    the trainable parameters of each method in the legend."""
+    records = []
+    for r in summary.to_dict("records"):
+        label = f"{r['method']} ({r['trainable_params']:,} trained)" if r["trainable_params"] else f"{r['method']}"
+        for d in datasets:
+            records.append({"method": label, "dataset": d, "accuracy": r[d], "low": r[f"{d}_low"],
+                            "high": r[f"{d}_high"]})
+    frame = pd.DataFrame(records)
+    methods = list(dict.fromkeys(frame["method"]))
+    fig, ax = plt.subplots(figsize=(0.3 * len(datasets) * len(methods) + 3, 4.2))
+    width = 0.8 / len(methods)
+    colors = sns.color_palette("colorblind", len(methods))
+    for i, (method, color) in enumerate(zip(methods, colors)):
+        part = frame[frame["method"] == method].set_index("dataset").reindex(datasets)
+        x = np.arange(len(datasets)) + (i - (len(methods) - 1) / 2) * width
+        err = np.vstack([part["accuracy"] - part["low"], part["high"] - part["accuracy"]])
+        ax.bar(x, part["accuracy"], width, yerr=err, capsize=2, label=method, color=color)
+    ax.set_xticks(np.arange(len(datasets)), datasets)
+    ax.set_ylabel("accuracy (%)")
+    ax.set_ylim(0, 100)
+    ax.legend(fontsize=7, ncol=2)
     ax.set_title(title, fontsize=10)
     _save(fig, path)

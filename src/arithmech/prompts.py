@@ -13,6 +13,7 @@ stages can find their tokens from offsets rather than by guessing strings.
 from __future__ import annotations
 
 import string
+from decimal import Decimal
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
@@ -172,3 +173,102 @@ def encode(tokenizer, texts: list[str], device: torch.device | str = "cpu") -> d
         "attention_mask": mask.to(device),
         "position_ids": positions.to(device),
     }
+
+
+# ---------------------------------------------------------------------------------------------------
+# Other number formats and question sets, for the transfer of knockouts (no counterfactual twins)
+
+FORMATS = ("multi_digit", "decimal")
+
+
+def _format_number(value: Decimal) -> str:
+    """'3.75', '6' (not '6.0'), '0.5': the shortest exact decimal notation."""
+    text = format(value.normalize(), "f")
+    return text
+
+
+def format_operands(task: str, fmt: str, cfg: dict, rng: np.random.Generator) -> tuple[Decimal, Decimal]:
+    """One operand pair of `task` in number format `fmt`.
+
+    multi_digit: integers in [cfg.min, cfg.max] (subtraction a >= b; division a = b * q, b and q in range).
+    decimal: numbers in [cfg.min, cfg.max] with 1 or 2 decimals ("1.5 plus 2.25"); subtraction a >= b;
+    multiplication a decimal times an integer in [2, 9]; division a = b * q with b a decimal and q an
+    integer in [2, 9], so quotients stay exact and short."""
+    if fmt == "multi_digit":
+        lo, hi = int(cfg["min"]), int(cfg["max"])
+        a, b = (Decimal(int(x)) for x in rng.integers(lo, hi + 1, size=2))
+    elif fmt == "decimal":
+        lo, hi = float(cfg["min"]), float(cfg["max"])
+
+        def draw() -> Decimal:
+            places = int(rng.integers(1, 3))
+            value = Decimal(str(round(float(rng.uniform(lo, hi)), places)))
+            return value if value > 0 else Decimal("0.5")
+
+        a, b = draw(), draw()
+        if task in ("multiplication", "division"):
+            b = Decimal(int(rng.integers(2, 10)))
+    else:
+        raise PromptError(f"unknown number format {fmt!r}; known: {', '.join(FORMATS)}")
+    if task == "subtraction" and a < b:
+        a, b = b, a
+    if task == "division":
+        a, b = (a * b, a) if fmt == "decimal" else (a * b, b)  # dividend = divisor * quotient
+    return a, b
+
+
+def format_answer(task: str, a: Decimal, b: Decimal) -> Decimal:
+    ops = {"addition": a + b, "subtraction": a - b, "multiplication": a * b}
+    return ops[task] if task in ops else a / b
+
+
+def format_prompts(task: str, fmt: str, fmt_cfg: dict, prompts_cfg: dict, n: int, seed: int) -> pd.DataFrame:
+    """`n` few-shot prompts of `task` with operands in number format `fmt` (see `format_operands`), using
+    the config's templates, operator words, shot count and separator; the shots are in the same format.
+    Columns: task, format, template_id, operator, a, b, answer (string as in the shots), gold (float),
+    prompt (ends where the answer starts)."""
+    if task not in TASKS:
+        raise PromptError(f"unknown task {task!r}; known: {', '.join(TASKS)}")
+    rng = np.random.default_rng([seed, list(TASKS).index(task), FORMATS.index(fmt) if fmt in FORMATS else 99])
+    templates, words, sep = prompts_cfg["templates"], prompts_cfg["operators"][task], prompts_cfg["shot_separator"]
+    rows = []
+    for i in range(n):
+        t_id = int(rng.integers(len(templates)))
+        op = str(words[int(rng.integers(len(words)))])
+
+        def line(a, b):
+            return render(templates[t_id], a=_format_number(a), op=op, b=_format_number(b)).text
+
+        shots = [format_operands(task, fmt, fmt_cfg, rng) for _ in range(prompts_cfg["n_shots"])]
+        prefix = "".join(line(a, b) + _format_number(format_answer(task, a, b)) + sep for a, b in shots)
+        a, b = format_operands(task, fmt, fmt_cfg, rng)
+        answer = format_answer(task, a, b)
+        rows.append(
+            {"task": task, "format": fmt, "template_id": t_id, "operator": op, "a": _format_number(a),
+             "b": _format_number(b), "answer": _format_number(answer), "gold": float(answer),
+             "prompt": prefix + line(a, b)}
+        )
+    return pd.DataFrame(rows)
+
+
+def question_prompts(
+    questions: list[str], answers: list[str], n_shots: int, seed: int, items: Iterable[int] | None = None,
+    question_prefix: str = "Question: ", answer_prefix: str = "\nAnswer:", separator: str = "\n\n",
+) -> list[str]:
+    """Few-shot direct-answer prompts for the questions at `items` (default: all): for item i, `n_shots`
+    other questions of the set (a seeded draw) solved, then question i:
+    "Question: {q}\nAnswer: {a}\n\n" ... "Question: {q_i}\nAnswer:". The model's first generated words
+    are the answer (SVAMP with a number; BIG-bench qa_wikidata with `question_prefix=""`,
+    `answer_prefix=""`, whose inputs end where the answer starts)."""
+    if len(questions) != len(answers):
+        raise ValueError(f"{len(questions)} questions but {len(answers)} answers")
+    if len(questions) <= n_shots:
+        raise ValueError(f"need more than n_shots={n_shots} items to draw shots from, got {len(questions)}")
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(len(questions)) if items is None else items:
+        shots = rng.choice(len(questions) - 1, size=n_shots, replace=False)
+        shots = shots + (shots >= i)  # every index but i
+        prefix = "".join(f"{question_prefix}{questions[j]}{answer_prefix} {answers[j]}{separator}" for j in shots)
+        out.append(f"{prefix}{question_prefix}{questions[i]}{answer_prefix}")
+    return out

@@ -9,7 +9,9 @@ from __future__ import annotations
 import contextlib
 import json
 import random
+import shutil
 import sys
+import time
 import traceback
 from pathlib import Path
 
@@ -200,15 +202,107 @@ def run_summarize_key_components(
     plots.shared_heatmap(summary, tasks, f"{model}: key components across operators (* = key)", out_png)
 
 
+def analysis_heads(key_path, effects_path, fallback: int) -> tuple[list[tuple[int, int]], str]:
+    """The heads to analyse and how they were chosen: the key heads in rank order ('key'), or, when the
+    rule selected none, the `fallback` heads of most negative mean effect ('top')."""
+    key = pd.read_parquet(key_path)
+    key = key[key["component"] == "head"].sort_values("rank", kind="stable")
+    if len(key):
+        return [(int(l), int(h)) for l, h in zip(key["layer"], key["head"])], "key"
+    effects = pd.read_parquet(effects_path)
+    top = effects[effects["component"] == "head"].sort_values("mean_effect", kind="stable").head(fallback)
+    return [(int(l), int(h)) for l, h in zip(top["layer"], top["head"])], "top"
+
+
+def run_analyze(
+    model: str, task: str, model_dir, pairs_path, key_path, effects_path, analysis: dict, compute: dict, seed: int,
+    out_roles, out_probes, out_roles_png, out_example_png, out_probes_png,
+) -> None:
+    """Explain the key heads and the MLPs on up to `analysis.max_samples` pairs (a seeded draw): the
+    attention of each key head from END on each token role, an example prompt with its attention, and the
+    MLP probes (cosine of MLP input/output/change with the unembedding rows of A, B and the answer C)."""
+    from . import plots
+    from .analysis import attention_rows, first_role_tokens, mlp_probes, role_attention, token_roles
+
+    lm = _load(model_dir, compute)
+    pairs = pd.read_parquet(pairs_path)
+    if len(pairs) > analysis["max_samples"]:
+        pairs = pairs.sample(n=analysis["max_samples"], random_state=seed).sort_values("sample_id", kind="stable")
+    pairs = pairs.reset_index(drop=True)
+    texts = list(pairs["prompt"])
+    heads, selection = analysis_heads(key_path, effects_path, analysis["fallback_heads"])
+    labels = [f"L{l}H{h}" for l, h in heads]
+    chosen = "key heads" if selection == "key" else f"no key heads: top {len(heads)} heads by patching effect"
+    meta = _meta(model_dir, "analyze", task=task, analysis=analysis, seed=seed, heads=labels, selection=selection,
+                 pairs=read_parquet_meta(pairs_path).get("params_hash"))
+    roles = [token_roles(lm.tokenizer, row["prompt"], row) for row in pairs.to_dict("records")]
+    rows = attention_rows(lm, texts, heads, compute["batch_size"])
+    table = role_attention(rows, roles)
+    rank = {hd: i + 1 for i, hd in enumerate(heads)}
+    table.insert(0, "node", [f"L{l}H{h}" for l, h in zip(table["layer"], table["head"])])
+    table = table.assign(rank=[rank[(l, h)] for l, h in zip(table["layer"], table["head"])], selection=selection,
+                         task=task)
+    write_parquet(table, out_roles, meta)
+    n = len(texts)
+    plots.role_attention_heatmap(
+        table, f"{model}, {task}: attention from END by token role ({chosen}; mean of {n} prompts)", out_roles_png
+    )
+    example = pairs.iloc[0]
+    ids = lm.tokenizer(example["prompt"])["input_ids"]
+    plots.attention_example(
+        [lm.tokenizer.decode([i]) for i in ids], rows.row(0).numpy(), labels, roles[0],
+        f"{model}, {task}: attention from END, sample {example['sample_id']} ({chosen})", out_example_png,
+    )
+    probes = mlp_probes(
+        lm, texts, first_role_tokens(lm.tokenizer, pairs, "operand_a"), first_role_tokens(lm.tokenizer, pairs, "operand_b"),
+        pairs["answer_token_id"].tolist(), compute["batch_size"], analysis["n_random"], seed,
+    ).assign(task=task)
+    write_parquet(probes, out_probes, meta)
+    plots.mlp_probe_lines(
+        probes, f"{model}, {task}: MLP vectors at END against the unembedding of A, B and the answer C "
+        f"(mean of {n} prompts)", out_probes_png,
+    )
+
+
+def answer_tokens(tokenizer, answers) -> int:
+    """Greedy steps that read every answer in full: the longest answer's tokens (after the prompt's trailing
+    space) plus one, so that "1" followed by "2" is read as 12, not 1."""
+    return 1 + max(len(tokenizer(" " + str(a), add_special_tokens=False)["input_ids"]) for a in answers)
+
+
+def _set_answers(lm, texts, head_sets, mlp_sets, means, positions, max_new_tokens, batch_size, copies):
+    """Greedy answer tokens [n_sets, n, max_new_tokens] with each node set mean-ablated: END positions on
+    the prefix-cache fast path, aligned positions with one ablated generation per set (the reference)."""
+    from .ablation import greedy_end_sets, mean_ablate
+    from .evaluation import greedy_generate
+
+    if positions == "end":
+        return greedy_end_sets(lm, texts, head_sets, means, max_new_tokens, mlp_sets, None, batch_size, copies).tokens
+    return torch.stack([
+        greedy_generate(lm, texts, max_new_tokens, batch_size, mean_ablate(lm, hs, ms, means, positions))
+        for hs, ms in zip(head_sets, mlp_sets)
+    ])
+
+
+def _full_correct(tokenizer, tokens: torch.Tensor, golds) -> np.ndarray:
+    """[n_sets, n] bool: whether the first number of each decoded greedy answer is the gold value."""
+    from .evaluation import answer_correct
+
+    golds = list(golds)
+    texts = tokenizer.batch_decode(tokens.flatten(0, 1), skip_special_tokens=True)
+    flat = [answer_correct(t, golds[i % len(golds)]) for i, t in enumerate(texts)]
+    return np.array(flat, dtype=bool).reshape(tokens.shape[:2])
+
+
 def run_knockout(
     model: str, task: str, model_dir, pairs_path, cache_path, effects_path, key_path,
     ablation: dict, compute: dict, seed: int, out_table, out_png,
 ) -> None:
-    """Mean-ablation knockout: first-token accuracy with the top k heads (by patching effect) knocked out,
-    k = 0..max_heads, against as many random heads over several seeds, and with the key MLPs knocked out."""
+    """Mean-ablation knockout: accuracy with the top k heads (by patching effect) knocked out, k = 0..max_heads,
+    against as many random heads over several seeds, and with the key MLPs knocked out. Both the first
+    answer token (`accuracy`, what path patching measured) and the full greedy answer (`full_accuracy`)."""
     from . import plots
-    from .ablation import knockout, knockout_end_sets, mean_ablate, random_heads
-    from .evaluation import first_token_accuracy
+    from .ablation import random_heads
 
     lm = _load(model_dir, compute)
     pairs = pd.read_parquet(pairs_path)
@@ -219,30 +313,353 @@ def run_knockout(
     heads = effects[effects["component"] == "head"].sort_values("mean_effect", kind="stable")
     K = min(ablation["max_heads"], len(heads))
     ranked = [(int(l), int(h)) for l, h in zip(heads["layer"][:K], heads["head"][:K])]
-    sets = [("top_heads", -1, k, ranked[:k]) for k in range(K + 1)]
+    sets = [("top_heads", -1, k, ranked[:k], []) for k in range(K + 1)]
     for s in range(ablation["random_seeds"]):
         drawn = random_heads(lm.n_layers, lm.n_heads, K, seed=seed * 1000 + s, exclude=ranked)
-        sets += [("random_heads", s, k, drawn[:k]) for k in range(1, K + 1)]
-    head_sets = [hs for *_, hs in sets]
-    if ablation["positions"] == "end":  # fast path: the prefix is computed once, END per head set
-        accuracy = knockout_end_sets(lm, texts, answers, head_sets, means, compute["batch_size"]).accuracy
-    else:
-        accuracy = [
-            knockout(lm, texts, answers, hs, len(hs), means, ablation["positions"], compute["batch_size"]).accuracy[-1]
-            for hs in head_sets
-        ]
+        sets += [("random_heads", s, k, drawn[:k], []) for k in range(1, K + 1)]
     key = pd.read_parquet(key_path)
     key_mlps = [int(l) for l in key.loc[key["component"] == "mlp", "layer"]]
-    with mean_ablate(lm, [], key_mlps, means, ablation["positions"]):
-        mlp_accuracy = first_token_accuracy(lm, texts, answers, compute["batch_size"])
+    sets.append(("key_mlps", -1, len(key_mlps), [], key_mlps))
+    tokens = _set_answers(
+        lm, texts, [s[3] for s in sets], [s[4] for s in sets], means, ablation["positions"],
+        answer_tokens(lm.tokenizer, pairs["answer"]), compute["batch_size"], 256,
+    )
+    first = (tokens[..., 0] == answers[None]).float().mean(1).numpy()
+    full = _full_correct(lm.tokenizer, tokens, pairs["answer"]).mean(1)
     rows = [
-        {"curve": c, "seed": sd, "k": k, "nodes": " ".join(f"L{l}H{h}" for l, h in hs), "accuracy": float(a)}
-        for (c, sd, k, hs), a in zip(sets, accuracy)
+        {"curve": c, "seed": sd, "k": k,
+         "nodes": " ".join([f"L{l}H{h}" for l, h in hs] + [f"L{l}MLP" for l in ms]),
+         "accuracy": float(a), "full_accuracy": float(f)}
+        for (c, sd, k, hs, ms), a, f in zip(sets, first, full)
     ]
-    rows.append({"curve": "key_mlps", "seed": -1, "k": len(key_mlps),
-                 "nodes": " ".join(f"L{l}MLP" for l in key_mlps), "accuracy": mlp_accuracy})
     table = pd.DataFrame(rows).assign(n=len(texts), positions=ablation["positions"])
     meta = _meta(model_dir, "knockout", task=task, ablation=ablation, seed=seed)
     write_parquet(table, out_table, meta)
     n_key = int((key["component"] == "head").sum())
     plots.knockout_curves(table, n_key, f"{model}, {task}: mean-ablation knockout at {ablation['positions']}", out_png)
+
+
+def _transfer_targets(
+    lm, tasks, pairs_paths, svamp_path, non_math_path, transfer: dict, prompts_cfg: dict, seed: int
+) -> list[dict]:
+    """The data sets the key heads are knocked out on: every operator's kept pairs, the other number
+    formats of every operator, SVAMP (direct answers) and the non-math control (BIG-bench qa_wikidata).
+    Each: name, kind, texts, golds (numbers, or lists of accepted strings), answer_ids (first answer token,
+    operator pairs only), max_new_tokens."""
+    from .data import load_bigbench_generation, load_svamp, subsample
+    from .prompts import format_prompts, question_prompts
+
+    targets = []
+    for task, path in zip(tasks, pairs_paths, strict=True):
+        pairs = subsample(pd.read_parquet(path), transfer["max_samples"], seed)
+        targets.append({
+            "name": task, "kind": "operator", "texts": list(pairs["prompt"]), "golds": list(pairs["answer"]),
+            "answer_ids": torch.tensor(pairs["answer_token_id"].to_numpy()),
+            "max_new_tokens": answer_tokens(lm.tokenizer, pairs["answer"]),
+        })
+    fmt_cfg = transfer["formats"]
+    for fmt in ("multi_digit", "decimal"):
+        for task in tasks:
+            df = format_prompts(task, fmt, fmt_cfg[fmt], prompts_cfg, fmt_cfg["n"], seed)
+            targets.append({
+                "name": f"{task} {fmt.replace('_', '-')}", "kind": fmt, "texts": list(df["prompt"]),
+                "golds": list(df["gold"]), "answer_ids": None,
+                "max_new_tokens": answer_tokens(lm.tokenizer, df["answer"]),
+            })
+    sv = transfer["svamp"]
+    svamp = load_svamp(svamp_path).assign(answer=lambda d: [f"{g:g}" for g in d["gold"]], index=lambda d: d.index)
+    keep = subsample(svamp, sv["n"], seed)
+    targets.append({
+        "name": "SVAMP", "kind": "svamp", "golds": list(keep["gold"]), "answer_ids": None,
+        "texts": question_prompts(list(svamp["question"]), list(svamp["answer"]), sv["n_shots"], seed, keep["index"]),
+        "max_new_tokens": answer_tokens(lm.tokenizer, keep["answer"]),
+    })
+    nm = transfer["non_math"]
+    qa = load_bigbench_generation(non_math_path).assign(index=lambda d: d.index)
+    keep = subsample(qa, nm["n"], seed)
+    texts = question_prompts(list(qa["input"]), [t[0] for t in qa["targets"]], nm["n_shots"], seed, keep["index"],
+                             question_prefix="", answer_prefix="", separator="\n")
+    targets.append({
+        "name": Path(non_math_path).parent.name, "kind": "non_math", "texts": texts, "golds": list(keep["targets"]),
+        "answer_ids": None, "max_new_tokens": nm["max_new_tokens"],
+    })
+    return targets
+
+
+def _target_correct(tokenizer, target: dict, tokens: torch.Tensor) -> np.ndarray:
+    """[n_sets, n] bool: numbers compared by value; the non-math answers by text (`evaluation.qa_correct`)."""
+    if target["kind"] != "non_math":
+        return _full_correct(tokenizer, tokens, target["golds"])
+    from .evaluation import qa_correct
+
+    texts = tokenizer.batch_decode(tokens.flatten(0, 1), skip_special_tokens=True)
+    golds = target["golds"]
+    return np.array([qa_correct(t, golds[i % len(golds)]) for i, t in enumerate(texts)]).reshape(tokens.shape[:2])
+
+
+def run_transfer(
+    model: str, model_dir, tasks: list[str], pairs_paths, cache_paths, key_paths, svamp_path, non_math_path,
+    transfer: dict, prompts_cfg: dict, compute: dict, seed: int, out_table, out_html, out_png,
+) -> None:
+    """Do the key heads of one operator matter for the others, other number formats, SVAMP, and not for
+    non-math questions? For each source task X, X's key heads are mean-ablated (with X's counterfactual
+    mean, at END and every generated position) on every target set, against as many random heads
+    (`transfer.random_seeds` draws, same mean); greedy answers are scored against the gold answers.
+    `retained` is the share of the items the unablated model gets right that stay right (the paper's
+    "accuracy after knockout" on data filtered to correct answers)."""
+    from . import plots
+    from .ablation import greedy_end_sets, random_heads
+
+    lm = _load(model_dir, compute)
+    sets = [{"source": "none", "heads": "none", "seed": -1, "nodes": [], "mean": None}]
+    means = {}
+    for task, cache_path, key_path in zip(tasks, cache_paths, key_paths, strict=True):
+        cache = load_file(str(cache_path))
+        means[task] = AlignedMean(cache["cf_mean_heads"], cache["cf_mean_mlps"])
+        key = pd.read_parquet(key_path)
+        key_heads = [(int(l), int(h)) for l, h in key.loc[key["component"] == "head", ["layer", "head"]].to_numpy()]
+        sets.append({"source": task, "heads": "key", "seed": -1, "nodes": key_heads, "mean": task})
+        for s in range(transfer["random_seeds"]):
+            drawn = random_heads(lm.n_layers, lm.n_heads, len(key_heads), seed=seed * 1000 + s, exclude=key_heads)
+            sets.append({"source": task, "heads": "random", "seed": s, "nodes": drawn, "mean": task})
+    sets[0]["mean"] = tasks[0]  # the empty set ablates nothing; any mean will do
+    set_means = [means[s["mean"]] for s in sets]
+    rows = []
+    for target in _transfer_targets(lm, tasks, pairs_paths, svamp_path, non_math_path, transfer, prompts_cfg, seed):
+        result = greedy_end_sets(
+            lm, target["texts"], [s["nodes"] for s in sets], set_means, target["max_new_tokens"],
+            batch_size=compute["batch_size"],
+        )
+        correct = _target_correct(lm.tokenizer, target, result.tokens)  # [n_sets, n]
+        base = correct[0]
+        first = None
+        if target["answer_ids"] is not None:
+            first = (result.first_tokens == target["answer_ids"][None]).float().mean(1).numpy()
+        for i, s in enumerate(sets):
+            rows.append({
+                "source": s["source"], "heads": s["heads"], "seed": s["seed"], "n_heads": len(s["nodes"]),
+                "nodes": " ".join(f"L{l}H{h}" for l, h in s["nodes"]), "target": target["name"],
+                "target_kind": target["kind"], "n": len(base), "n_base_correct": int(base.sum()),
+                "accuracy": float(correct[i].mean()), "base_accuracy": float(base.mean()),
+                "retained": float(correct[i][base].mean()) if base.any() else float("nan"),
+                "first_token_accuracy": float(first[i]) if first is not None else float("nan"),
+            })
+        print(f"{target['name']}: base {base.mean():.3f} on {len(base)}")
+    table = pd.DataFrame(rows)
+    meta = _meta(model_dir, "transfer", tasks=tasks, transfer=transfer, prompts=prompts_cfg, seed=seed)
+    write_parquet(table, out_table, meta)
+    write_html_table(plots.transfer_summary(table), out_html, f"{model}: knockout transfer (retained accuracy, %)")
+    plots.transfer_heatmap(table, f"{model}: key heads of one operator knocked out on other data", out_png)
+
+
+
+# ---------------------------------------------------------------------------------------------------
+# Stage 4: precise SFT against full fine-tuning, and the evaluation (the paper's Table 1)
+
+TRAINED_FILE = "trained.safetensors"  # precise, random_heads, lora: the deltas
+FULL_DIR = "model"  # full: a whole HF model directory
+STATS_FILE = "stats.json"
+
+
+def select_finetune_nodes(method: str, effects_paths: dict, finetune: dict, n_layers: int, n_heads: int,
+                          seed: int) -> tuple[list, list]:
+    """(heads, mlp layers) a head method trains: precise, the top `finetune.heads` heads (and top
+    `finetune.mlps` MLPs) by patching effect averaged over the tasks; random_heads, as many heads drawn at
+    random (seeded) among the others, and no MLPs."""
+    from .ablation import random_heads
+
+    effects = {t: pd.read_parquet(p) for t, p in effects_paths.items()}
+    ranked = fx.rank_across_tasks(effects, "head")
+    n = finetune["heads"]
+    if n > len(ranked):
+        raise ValueError(f"config key 'finetune.heads': {n} heads asked for, the model has {len(ranked)}")
+    top = [(int(l), int(h)) for l, h in ranked[["layer", "head"]].to_numpy()[:n]]
+    if method == "random_heads":
+        return random_heads(n_layers, n_heads, n, seed=seed, exclude=top), []
+    mlps = fx.rank_across_tasks(effects, "mlp")["layer"].astype(int).tolist()[: finetune["mlps"]]
+    return top, mlps
+
+
+def finetune_examples(lm, data: dict, seed: int) -> list[tuple[str, str]]:
+    """(prompt, target) pairs from GSM8K train: the question in the configured style, the worked solution
+    ending "The answer is N." as the target (zero-shot: the model learns the format, not from examples)."""
+    from .data import load_gsm8k, math_prompts, subsample
+
+    train = subsample(load_gsm8k(data["file"]), data["n"], seed)
+    frame = math_prompts(train, (), data["style"], lm.tokenizer)
+    return list(zip(frame["prompt"], frame["target"]))
+
+
+def fitting_examples(tokenizer, examples: list[tuple[str, str]], max_length: int) -> list[tuple[str, str]]:
+    """The examples whose prompt, target and eos fit in `max_length` tokens (no truncated question)."""
+    def n_tokens(text):
+        return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    fit = [(p, t) for p, t in examples if n_tokens(p) + n_tokens(t) + 2 <= max_length]  # + bos/eos
+    print(f"{len(fit)} of {len(examples)} training examples fit in max_length={max_length} tokens")
+    if not fit:
+        raise ValueError(f"config key 'finetune.train.max_length': no training example fits in {max_length} tokens")
+    return fit
+
+
+def run_finetune(model: str, model_dir, method: str, effects_paths: dict, data_path, finetune: dict, compute: dict,
+                 seed: int, out_dir, checkpoint_root) -> None:
+    """Fine-tune with one method and save what was trained into `out_dir`: the deltas (`trained.safetensors`)
+    or, for full, a model directory (`model/`), plus `stats.json` (trainable parameters, step times, peak
+    memory, losses). A killed job resumes from `checkpoint_root/<method>-<hash of the settings>`."""
+    from .finetune import parse_method, prepare, save_trained, train
+
+    lm = _load(model_dir, compute)
+    spec: dict = {"method": method}
+    if method in ("precise", "random_heads"):
+        heads, mlps = select_finetune_nodes(method, effects_paths, finetune, lm.n_layers, lm.n_heads, seed)
+        spec |= {"heads": [list(h) for h in heads], "mlp_layers": mlps, "train_kv": finetune["train_kv"],
+                 "grad_scale": finetune["grad_scale"], "delta_dtype": "float32" if lm.dtype != torch.float32 else "model"}
+    elif method == "lora":
+        spec["lora"] = finetune["lora"]
+    parse_method(spec)  # fail on a bad method before loading data
+    train_cfg = {**finetune["train"], "lr": finetune["lr"][method], "seed": seed}
+    examples = finetune_examples(lm, {**finetune["data"], "file": data_path}, seed)
+    examples = fitting_examples(lm.tokenizer, examples, train_cfg["max_length"])
+    settings = {"spec": spec, "train": train_cfg, "data": finetune["data"], "model": model_record(model_dir).get("sha256")}
+    checkpoints = Path(checkpoint_root) / f"{method}-{config_hash(settings)[:12]}"
+    ft = prepare(lm, spec, seed)
+    start = time.perf_counter()
+    stats = train(ft, examples, train_cfg, checkpoint_dir=checkpoints)
+    wall = time.perf_counter() - start
+    out_dir = Path(out_dir)
+    tmp = out_dir.with_name(f".{out_dir.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    meta = _meta(model_dir, "finetune", method=method, settings=settings)
+    save_trained(ft, tmp / (FULL_DIR if method == "full" else TRAINED_FILE), {"provenance": meta})
+    record = {**stats.to_dict(), "n_examples": len(examples), "wall_s_this_run": wall,
+              "mean_step_s": float(np.mean(stats.step_times_s)) if stats.step_times_s else float("nan"),
+              "artifact_bytes": _tree_bytes(tmp), "spec": spec, "train": train_cfg, "provenance": meta,
+              "n_parameters": lm.describe()["n_parameters"], "device": str(lm.device), "dtype": str(lm.dtype)}
+    (tmp / STATS_FILE).write_text(json.dumps(record, indent=2) + "\n")
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    tmp.rename(out_dir)
+    shutil.rmtree(checkpoints, ignore_errors=True)  # done: a rerun starts afresh
+    print(f"{method}: {stats.n_trainable} trainable parameters, {record['mean_step_s']:.2f} s/step, "
+          f"final loss {stats.losses[-1]:.3f}")
+
+
+def _tree_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in Path(path).rglob("*") if p.is_file())
+
+
+def load_finetuned(model_dir, finetune_dir, compute: dict) -> LoadedModel:
+    """The base model (finetune_dir None) or a fine-tuned one, ready for evaluation (no hooks)."""
+    from .finetune import load_trained
+
+    if finetune_dir is None:
+        return _load(model_dir, compute)
+    finetune_dir = Path(finetune_dir)
+    trained = finetune_dir / FULL_DIR if (finetune_dir / FULL_DIR).is_dir() else finetune_dir / TRAINED_FILE
+    return load_trained(model_dir, trained, device=compute["device"], dtype=compute["dtype"])
+
+
+EVAL_DATASETS = ("gsm8k", "svamp", "social_iqa", "strategyqa", "qa_wikidata", "wikitext")
+
+
+def run_evaluate(model: str, model_dir, method: str, finetune_dir, data_paths: dict, evaluation: dict,
+                 compute: dict, seed: int, out_paths: dict) -> None:
+    """Evaluate one model (base or fine-tuned by `method`) on every data set: per-item rows per data set
+    (math: id, prompt, output, extracted, gold, correct; choice: prediction, correct; perplexity: one row)."""
+    from . import data as ds
+    from . import evaluation as ev
+
+    lm = load_finetuned(model_dir, finetune_dir, compute)
+    bs = evaluation["batch_size"]
+    shots = ds.few_shot_examples(ds.load_gsm8k(data_paths["gsm8k_train"]), evaluation["n_shots"], seed)
+    for name in EVAL_DATASETS:
+        cfg, path = evaluation[name], data_paths[name]
+        if name in ("gsm8k", "svamp"):
+            items = ds.subsample((ds.load_gsm8k if name == "gsm8k" else ds.load_svamp)(path), cfg["n"], seed)
+            items = ds.math_prompts(items.drop(columns=["solution"], errors="ignore"), shots, evaluation["style"],
+                                    lm.tokenizer)
+            rows = ev.evaluate_generation(lm, items, cfg["max_new_tokens"], bs, progress=f"{method} {name}")
+        elif name in ("social_iqa", "strategyqa"):
+            items = ds.subsample(ds.load_bigbench_choice(path), cfg["n"], seed)
+            rows = ev.evaluate_choice(lm, items, bs, progress=f"{method} {name}")
+        elif name == "qa_wikidata":
+            items = ds.subsample(ds.load_bigbench_generation(path), cfg["n"], seed)
+            rows = ev.evaluate_qa_generation(lm, items, cfg["max_new_tokens"], bs, progress=f"{method} {name}")
+        else:
+            result = ev.perplexity(lm, ds.load_text(path), cfg["max_length"], cfg["stride"], cfg["max_tokens"],
+                                   progress=f"{method} {name}")
+            rows = pd.DataFrame([result])
+        rows = rows.assign(method=method, dataset=name)
+        meta = _meta(model_dir, "evaluate", method=method, dataset=name, evaluation=evaluation, seed=seed)
+        write_parquet(rows, out_paths[name], meta)
+        if "correct" in rows:
+            print(f"{method} {name}: accuracy {rows['correct'].mean():.3f} on {len(rows)}")
+        else:
+            print(f"{method} {name}: perplexity {rows['perplexity'].iloc[0]:.2f}")
+
+
+def eval_summary(eval_paths: dict, stats_paths: dict, confidence: float) -> pd.DataFrame:
+    """The paper's Table 1: one row per method (base first), per data set the accuracy with its Wilson
+    interval (WikiText-2: perplexity), and the training cost: trainable parameters, mean step time, train
+    wall time, peak memory, optimizer state and saved artifact sizes."""
+    from .evaluation import accuracy_interval
+
+    rows = []
+    for method, paths in eval_paths.items():
+        row: dict = {"method": method}
+        for name, path in paths.items():
+            frame = pd.read_parquet(path)
+            if "correct" in frame:
+                acc, low, high = accuracy_interval(frame["correct"].to_numpy(), confidence)
+                row |= {f"{name}": 100 * acc, f"{name}_low": 100 * low, f"{name}_high": 100 * high,
+                        f"{name}_n": len(frame)}
+            else:
+                row |= {f"{name}_ppl": float(frame["perplexity"].iloc[0]), f"{name}_tokens": int(frame["n_tokens"].iloc[0])}
+        stats = json.loads(Path(stats_paths[method]).read_text()) if method in stats_paths else None
+        row |= {
+            "trainable_params": stats["n_trainable"] if stats else 0,
+            "trainable_share": stats["n_trainable"] / stats["n_parameters"] if stats else 0.0,
+            "train_steps": stats["steps"] if stats else 0,
+            "mean_step_s": stats["mean_step_s"] if stats else float("nan"),
+            "train_time_s": float(np.sum(stats["step_times_s"])) if stats else float("nan"),
+            "peak_memory_mb": stats["peak_memory_bytes"] / 2**20 if stats else float("nan"),
+            "peak_memory_kind": stats["peak_memory_kind"] if stats else "",
+            "optimizer_state_mb": stats["optimizer_state_bytes"] / 2**20 if stats else float("nan"),
+            "artifact_mb": stats["artifact_bytes"] / 2**20 if stats else float("nan"),
+            "final_loss": stats["losses"][-1] if stats else float("nan"),
+        }
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def markdown_table(summary: pd.DataFrame, datasets: list[str]) -> str:
+    """Table 1 as Markdown: accuracies as 'value [low, high]', perplexity, trainable parameters, step time."""
+    head = ["method", *[d for d in datasets if d != "wikitext"], "WikiText-2 ppl", "trainable params", "s/step",
+            "train s", "peak MB"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in summary.to_dict("records"):
+        cells = [r["method"]]
+        cells += [f"{r[d]:.1f} [{r[d + '_low']:.1f}, {r[d + '_high']:.1f}]" for d in datasets if d != "wikitext"]
+        cells += [f"{r.get('wikitext_ppl', float('nan')):.2f}", f"{r['trainable_params']:,}",
+                  f"{r['mean_step_s']:.2f}", f"{r['train_time_s']:.0f}", f"{r['peak_memory_mb']:.0f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def run_summarize_eval(model: str, methods: list[str], eval_paths: dict, stats_paths: dict, confidence: float,
+                       out_table, out_md, out_html, out_png) -> None:
+    from . import plots
+    from .io import atomic_path
+
+    summary = eval_summary(eval_paths, stats_paths, confidence)
+    datasets = list(next(iter(eval_paths.values())))
+    meta = provenance(stage="summarize_eval", model=model, methods=methods, confidence=confidence)
+    write_parquet(summary, out_table, meta)
+    with atomic_path(out_md) as tmp:
+        Path(tmp).write_text(f"# {model}: base vs fine-tuned (accuracy %, {100 * confidence:.0f}% Wilson intervals)\n\n"
+                             + markdown_table(summary, datasets))
+    write_html_table(summary, out_html, f"{model}: evaluation of every fine-tuning method")
+    plots.eval_summary(summary, [d for d in datasets if d != "wikitext"],
+                       f"{model}: accuracy after fine-tuning on GSM8K ({100 * confidence:.0f}% intervals)", out_png)

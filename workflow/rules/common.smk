@@ -36,6 +36,14 @@ CPU_RESOURCES = {
 }
 
 
+def workflow_path(path):
+    """A data file named in the config: relative paths are taken from the workflow's directory (where
+    `resources/` is), so a run with `--directory` elsewhere still finds the vendored data.
+    """
+    path = Path(path).expanduser()
+    return str(path if path.is_absolute() else Path(workflow.basedir) / path)
+
+
 def n_layers(model):
     """Number of layers, read from the prepared model (prepare_model is a checkpoint)."""
     model_dir = checkpoints.prepare_model.get(model=model).output[0]
@@ -60,6 +68,12 @@ def identify_targets():
             "results/{model}/key_components/shared.parquet",
             "results/{model}/key_components/shared.png",
             "results/{model}/knockout/{task}.png",
+            "results/{model}/knockout/transfer.png",
+            "results/{model}/analysis/{task}_roles.parquet",
+            "results/{model}/analysis/{task}_probes.parquet",
+            "results/{model}/analysis/{task}_roles.png",
+            "results/{model}/analysis/{task}_example.png",
+            "results/{model}/analysis/{task}_probes.png",
         ],
         model=MODELS,
         task=TASKS,

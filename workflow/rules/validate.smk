@@ -30,3 +30,44 @@ rule knockout:
         seed=config["seed"],
     script:
         "../scripts/knockout.py"
+
+
+rule transfer:
+    input:
+        model="results/{model}/model",
+        pairs=expand("results/{{model}}/pairs/{task}.parquet", task=TASKS),
+        caches=expand("results/{{model}}/activations/{task}.safetensors", task=TASKS),
+        key_tables=expand("results/{{model}}/key_components/{task}.parquet", task=TASKS),
+        svamp=workflow_path(config["transfer"]["svamp"]["file"]),
+        non_math=workflow_path(config["transfer"]["non_math"]["file"]),
+    output:
+        table="results/{model}/knockout/transfer.parquet",
+        html=report(
+            "results/{model}/knockout/transfer.html",
+            caption="../report/transfer.rst",
+            category="2. Validate",
+            subcategory="{model}",
+            labels={"model": "{model}", "task": "all", "figure": "transfer table"},
+        ),
+        heatmap=report(
+            "results/{model}/knockout/transfer.png",
+            caption="../report/transfer.rst",
+            category="2. Validate",
+            subcategory="{model}",
+            labels={"model": "{model}", "task": "all", "figure": "transfer matrix"},
+        ),
+    log:
+        "results/{model}/logs/transfer.log",
+    conda:
+        "../../envs/arithmech.yaml"
+    threads: 2
+    resources:
+        **GPU_RESOURCES,
+    params:
+        tasks=TASKS,
+        transfer=config["transfer"],
+        prompts=config["prompts"],
+        compute=config["compute"],
+        seed=config["seed"],
+    script:
+        "../scripts/transfer.py"

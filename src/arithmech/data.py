@@ -1,0 +1,285 @@
+"""Evaluation and fine-tuning data sets (vendored under `resources/data/`, see its PROVENANCE.md), and the
+prompt formats that evaluation and fine-tuning share.
+
+Every loader returns a pandas DataFrame with a stable string `id` column (the same file gives the same ids)
+and raises `FileNotFoundError` for a missing file and `ValueError`, naming the file, the record and the
+expected format, for a malformed one.
+
+Math prompts (GSM8K and SVAMP; the solved few-shot examples come from GSM8K train, `few_shot_examples`):
+  style "plain":  prompt = "Question: {shot q}\\nAnswer: {shot solution}\\n\\n" * k + "Question: {q}\\nAnswer:"
+                  target = " " + solution
+  style "chat":   prompt = the tokenizer's chat template over the messages (user: shot q, assistant: shot
+                  solution) * k + (user: q), with the generation prompt (the assistant turn's header);
+                  target = the rest of the template rendered with (assistant: solution) appended, i.e. the
+                  solution and the template's end-of-turn marker.
+The prompt is what the model is given (evaluation generates from it); the target is what fine-tuning teaches
+it to continue with (loss on the target tokens only). Neither adds an end-of-sequence token: a fine-tuning
+step that wants the model to stop appends `tokenizer.eos_token` itself.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+
+DATA_DIR = Path(__file__).resolve().parents[2] / "resources" / "data"
+STYLES = ("plain", "chat")
+
+_CALCULATOR = re.compile(r"<<[^<>]*>>")  # GSM8K calculator annotations: "48/2 = <<48/2=24>>24"
+_GSM8K_FINAL = re.compile(r"(?:\A|\n)#### (?P<gold>[^\n]+)\s*$")
+
+
+def _open_text(path: str | Path) -> str:
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"data file not found: {path}")
+    return path.read_text(encoding="utf-8")
+
+
+def _load_json(path: str | Path, expected: str):
+    try:
+        return json.loads(_open_text(path))
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path}: not valid JSON ({err}); expected {expected}") from None
+
+
+def _parse_number(text: str, where: str) -> float:
+    try:
+        return float(text.strip().replace(",", ""))
+    except ValueError:
+        raise ValueError(f"{where}: expected a number, got {text!r}") from None
+
+
+# ---------------------------------------------------------------------------------------------------
+# GSM8K and SVAMP
+
+
+def gsm8k_solution(answer: str, where: str = "GSM8K answer") -> tuple[str, float]:
+    """(solution, gold) from a raw GSM8K answer: the reasoning with the calculator annotations removed and
+    the final "#### N" line replaced by "The answer is N.", and N as a number (commas removed)."""
+    match = _GSM8K_FINAL.search(answer)
+    if match is None:
+        raise ValueError(f"{where}: expected the answer's last line to be '#### <number>', got {answer[-60:]!r}")
+    final = match["gold"].strip()
+    gold = _parse_number(final, where)
+    reasoning = _CALCULATOR.sub("", answer[: match.start()]).rstrip()
+    solution = f"{reasoning}\nThe answer is {final}." if reasoning else f"The answer is {final}."
+    return solution, gold
+
+
+def load_gsm8k(path: str | Path) -> pd.DataFrame:
+    """GSM8K (`train.jsonl` or `test.jsonl`: one JSON object a line with `question` and `answer`).
+
+    Columns: id ("gsm8k-{file stem}-{line index}"), question, answer (raw), solution (see `gsm8k_solution`),
+    gold (float)."""
+    path = Path(path)
+    rows = []
+    for i, line in enumerate(_open_text(path).splitlines()):
+        if not line.strip():
+            continue
+        where = f"{path}, line {i + 1}"
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{where}: not valid JSON ({err}); expected one object with question and answer") from None
+        if not isinstance(record, dict) or not {"question", "answer"} <= record.keys():
+            raise ValueError(f"{where}: expected an object with keys 'question' and 'answer'")
+        solution, gold = gsm8k_solution(record["answer"], where)
+        rows.append(
+            {
+                "id": f"gsm8k-{path.stem}-{i}",
+                "question": record["question"],
+                "answer": record["answer"],
+                "solution": solution,
+                "gold": gold,
+            }
+        )
+    if not rows:
+        raise ValueError(f"{path}: no records; expected one JSON object a line with question and answer")
+    return pd.DataFrame(rows)
+
+
+def load_svamp(path: str | Path) -> pd.DataFrame:
+    """SVAMP (`SVAMP.json`: a JSON list of objects ID, Body, Question, Equation, Answer, Type).
+
+    Columns: id (the file's ID, e.g. "chal-1"), question (Body + " " + Question, runs of whitespace made one
+    space), equation, gold (float), type. The one record typed "Common-Divison" is normalised to
+    "Common-Division", so the four types group cleanly."""
+    expected = "a JSON list of objects with ID, Body, Question, Equation, Answer and Type"
+    records = _load_json(path, expected)
+    if not isinstance(records, list) or not records:
+        raise ValueError(f"{path}: expected {expected}")
+    rows = []
+    for i, record in enumerate(records):
+        keys = set(record) if isinstance(record, dict) else set()
+        missing = {"ID", "Body", "Question", "Equation", "Answer", "Type"} - keys
+        if missing:
+            raise ValueError(f"{path}, record {i}: missing {sorted(missing)}; expected {expected}")
+        rows.append(
+            {
+                "id": str(record["ID"]),
+                "question": " ".join(f"{record['Body']} {record['Question']}".split()),
+                "equation": record["Equation"],
+                "gold": _parse_number(str(record["Answer"]), f"{path}, record {i} (ID {record['ID']}), Answer"),
+                "type": "Common-Division" if record["Type"] == "Common-Divison" else record["Type"],
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+# ---------------------------------------------------------------------------------------------------
+# BIG-bench and WikiText
+
+
+def _bigbench_examples(path: str | Path, expected: str) -> tuple[str, list]:
+    task = _load_json(path, expected)
+    if not isinstance(task, dict) or not isinstance(task.get("examples"), list) or not task["examples"]:
+        raise ValueError(f"{path}: expected a BIG-bench task, an object whose 'examples' is {expected}")
+    name = str(task.get("name") or Path(path).parent.name)
+    return name, task["examples"]
+
+
+def load_bigbench_choice(path: str | Path) -> pd.DataFrame:
+    """A multiple-choice BIG-bench task (social_iqa, strategyqa: examples with `input` and `target_scores`,
+    choice -> 0/1, exactly one 1).
+
+    Columns: id ("{task name}-{index}"), input, choices (list of str, in the file's order), correct (index
+    of the right choice)."""
+    expected = "a list of objects with 'input' and 'target_scores' (choice -> 0 or 1, exactly one 1)"
+    name, examples = _bigbench_examples(path, expected)
+    rows = []
+    for i, ex in enumerate(examples):
+        scores = ex.get("target_scores") if isinstance(ex, dict) else None
+        if not isinstance(scores, dict) or "input" not in ex or len(scores) < 2:
+            raise ValueError(f"{path}, example {i}: expected an object with 'input' and at least two target_scores")
+        right = [j for j, score in enumerate(scores.values()) if score == 1]
+        if len(right) != 1 or any(score not in (0, 1) for score in scores.values()):
+            raise ValueError(f"{path}, example {i}: expected exactly one choice scored 1 (others 0), got {scores}")
+        rows.append({"id": f"{name}-{i}", "input": ex["input"], "choices": list(scores), "correct": right[0]})
+    return pd.DataFrame(rows)
+
+
+def load_bigbench_generation(path: str | Path) -> pd.DataFrame:
+    """A BIG-bench task scored on generated text (qa_wikidata: examples with `input` and `target`, one
+    accepted string or a list of them).
+
+    Columns: id ("{task name}-{index}"), input, targets (list of str)."""
+    expected_target = "a string or a list of strings"
+    name, examples = _bigbench_examples(path, f"a list of objects with 'input' and 'target' ({expected_target})")
+    rows = []
+    for i, ex in enumerate(examples):
+        target = ex.get("target") if isinstance(ex, dict) else None
+        targets = [target] if isinstance(target, str) else target
+        valid = isinstance(targets, list) and targets and all(isinstance(t, str) for t in targets)
+        if not valid or "input" not in ex:
+            raise ValueError(f"{path}, example {i}: expected an object with 'input' and 'target' ({expected_target})")
+        rows.append({"id": f"{name}-{i}", "input": ex["input"], "targets": targets})
+    return pd.DataFrame(rows)
+
+
+def load_text(path: str | Path) -> str:
+    """A plain text file (WikiText-2 `test.txt`), as is."""
+    text = _open_text(path)
+    if not text.strip():
+        raise ValueError(f"{path}: empty; expected plain text")
+    return text
+
+
+def subsample(df: pd.DataFrame, n: int | None, seed: int) -> pd.DataFrame:
+    """`n` rows drawn without replacement (seeded), kept in their original order; all rows when `n` is None
+    or at least len(df). The index is reset."""
+    if n is None or n >= len(df):
+        return df.reset_index(drop=True)
+    if n < 0:
+        raise ValueError(f"subsample: n must be >= 0 or None, got {n}")
+    chosen = np.sort(np.random.default_rng(seed).choice(len(df), size=n, replace=False))
+    return df.iloc[chosen].reset_index(drop=True)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Prompt formats
+
+
+def few_shot_examples(train: pd.DataFrame, k: int, seed: int) -> list[tuple[str, str]]:
+    """k solved examples (question, solution) drawn without replacement from a `load_gsm8k` frame; the same
+    k for every evaluated question, so the prompts differ only in the question."""
+    if k > len(train):
+        raise ValueError(f"few_shot_examples: asked for {k} shots from {len(train)} examples")
+    picked = subsample(train, k, seed)
+    return list(zip(picked["question"], picked["solution"]))
+
+
+def _check_style(style: str, tokenizer) -> None:
+    if style not in STYLES:
+        raise ValueError(f"unknown prompt style {style!r}; expected one of {', '.join(STYLES)}")
+    if style == "chat" and (tokenizer is None or not getattr(tokenizer, "chat_template", None)):
+        raise ValueError("prompt style 'chat' needs a tokenizer with a chat template")
+
+
+def _chat(tokenizer, messages: list[dict], generation_prompt: bool) -> str:
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
+    # Templates that write the BOS token into the text (LLaMA-2) would get a second one when the text is
+    # tokenized with special tokens (`prompts.encode`); drop the written one.
+    bos = tokenizer.bos_token
+    if bos and text.startswith(bos) and tokenizer("x")["input_ids"][:1] == [tokenizer.bos_token_id]:
+        text = text[len(bos) :]
+    return text
+
+
+def _messages(question: str, shots: Sequence[tuple[str, str]]) -> list[dict]:
+    messages = []
+    for q, s in shots:
+        messages += [{"role": "user", "content": q}, {"role": "assistant", "content": s}]
+    return messages + [{"role": "user", "content": question}]
+
+
+def math_prompt(question: str, shots: Sequence[tuple[str, str]] = (), style: str = "plain", tokenizer=None) -> str:
+    """The prompt for one math question (see the module docstring); `tokenizer` is needed for "chat"."""
+    _check_style(style, tokenizer)
+    if style == "chat":
+        return _chat(tokenizer, _messages(question, shots), generation_prompt=True)
+    solved = "".join(f"Question: {q}\nAnswer: {s}\n\n" for q, s in shots)
+    return f"{solved}Question: {question}\nAnswer:"
+
+
+def math_example(
+    question: str, solution: str, shots: Sequence[tuple[str, str]] = (), style: str = "plain", tokenizer=None
+) -> tuple[str, str]:
+    """(prompt, target) for fine-tuning: prompt == math_prompt(question, shots, style, tokenizer), and
+    prompt + target is the whole solved example."""
+    prompt = math_prompt(question, shots, style, tokenizer)
+    if style == "plain":
+        return prompt, " " + solution
+    full = _chat(tokenizer, _messages(question, shots) + [{"role": "assistant", "content": solution}], False)
+    if not full.startswith(prompt):
+        raise ValueError(
+            "the chat template does not render the conversation with the answer as the prompt (with the "
+            "generation prompt) plus a continuation, so no fine-tuning target can be cut from it"
+        )
+    return prompt, full[len(prompt) :]
+
+
+def math_prompts(
+    df: pd.DataFrame, shots: Sequence[tuple[str, str]] = (), style: str = "plain", tokenizer=None
+) -> pd.DataFrame:
+    """A copy of a GSM8K or SVAMP frame with a `prompt` column, and a `target` column when it has a
+    `solution` column (GSM8K)."""
+    out = df.copy()
+    if "solution" in df:
+        pairs = [math_example(q, s, shots, style, tokenizer) for q, s in zip(df["question"], df["solution"])]
+        out["prompt"] = [p for p, _ in pairs]
+        out["target"] = [t for _, t in pairs]
+    else:
+        out["prompt"] = [math_prompt(q, shots, style, tokenizer) for q in df["question"]]
+    return out
+
+
+def choice_prompt(text: str) -> str:
+    """The context for a multiple-choice question: "Question: {text}\\nAnswer:"; each choice is scored as the
+    continuation " " + choice."""
+    return f"Question: {text.strip()}\nAnswer:"

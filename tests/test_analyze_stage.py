@@ -1,0 +1,114 @@
+"""The analyze stage (what the `analyze` rule runs) on the tiny model, without Snakemake: role attention
+of the key heads, the fallback to the top heads when no head is key, the MLP probes and the figures."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from arithmech import stages
+from arithmech.analysis import ROLES
+from arithmech.io import read_parquet_meta, write_parquet
+from arithmech.tiny import build_tiny_model
+
+PROMPTS = {
+    "operands": {"min": 1, "max": 4},
+    "n_shots": 1,
+    "shot_separator": ".\n",
+    "templates": ["{a} {op} {b} is equal to ", "What is {a} {op} {b}? The answer is "],
+    "operators": {"addition": ["plus"]},
+    "null_words": ["nothing"],
+    "keep_only_correct": False,
+    "max_samples": 12,
+}
+COMPUTE = {"device": "cpu", "dtype": "float32", "batch_size": 5}
+ANALYSIS = {"max_samples": 8, "fallback_heads": 2, "n_random": 32}
+N_LAYERS, N_HEADS = 3, 4
+
+
+def effects_table() -> pd.DataFrame:
+    """Made-up patching effects: head (l, h) gets -(10 l + h) / 100, except the two strongest heads."""
+    rows = [{"node": f"L{l}H{h}", "layer": l, "head": h, "component": "head", "mean_effect": (l * 10 + h) / -100}
+            for l in range(N_LAYERS) for h in range(N_HEADS)]
+    rows[5]["mean_effect"], rows[1]["mean_effect"] = -0.9, -0.8  # L1H1 then L0H1 are the strongest heads
+    rows += [{"node": f"L{l}MLP", "layer": l, "head": None, "component": "mlp", "mean_effect": -0.5}
+             for l in range(N_LAYERS)]
+    return pd.DataFrame(rows).astype({"head": "Int64"})
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+    root = tmp_path_factory.mktemp("analyze")
+    src = build_tiny_model(root / "src", n_layers=N_LAYERS, n_heads=N_HEADS, n_kv_heads=2)
+    stages.run_prepare_model({"path": str(src)}, root / "model")
+    stages.run_build_pairs(root / "model", "addition", PROMPTS, COMPUTE, 0, root / "pairs.parquet", root / "dropped.parquet")
+    write_parquet(effects_table(), root / "effects.parquet")
+    # key heads listed out of rank order: the stage follows `rank`
+    key = pd.DataFrame({"node": ["L2H0", "L0H3", "L1MLP"], "layer": [2, 0, 1], "head": [0, 3, None],
+                        "component": ["head", "head", "mlp"], "rank": [2, 1, 1]}).astype({"head": "Int64"})
+    write_parquet(key, root / "key.parquet")
+    write_parquet(key[key["component"] == "mlp"], root / "key_none.parquet")  # no key head
+    return root
+
+
+def analyze(root, key_name: str, out: str):
+    out_dir = root / out
+    paths = {name: out_dir / f"addition_{name}" for name in
+             ("roles.parquet", "probes.parquet", "roles.png", "example.png", "probes.png")}
+    stages.run_analyze("tiny", "addition", root / "model", root / "pairs.parquet", root / key_name,
+                       root / "effects.parquet", ANALYSIS, COMPUTE, 0, *paths.values())
+    return paths
+
+
+@pytest.fixture(scope="module")
+def key_run(prepared):
+    return analyze(prepared, "key.parquet", "key")
+
+
+def test_role_attention_of_the_key_heads(key_run):
+    roles = pd.read_parquet(key_run["roles.parquet"])
+    assert list(dict.fromkeys(roles["node"])) == ["L0H3", "L2H0"]  # rank order
+    assert (roles["selection"] == "key").all() and (roles["task"] == "addition").all()
+    assert len(roles) == 2 * len(ROLES)
+    for node, part in roles.groupby("node"):
+        assert list(part["role"]) == list(ROLES)
+        assert part["attention"].sum() == pytest.approx(1.0, abs=1e-5)
+        assert ((part["attention"] >= 0) & (part["attention"] <= 1)).all()
+        assert part["rank"].nunique() == 1
+    assert (roles["n_texts"] == ANALYSIS["max_samples"]).all()  # 12 pairs, 8 drawn
+    tokens = roles.drop_duplicates("role").set_index("role")["tokens"]
+    assert tokens["operand_a"] >= 1 and tokens["operand_b"] >= 1 and tokens["operator"] >= 1
+    assert tokens["equals"] >= 1 and tokens["prefix"] >= 1  # one solved example before each query
+    meta = read_parquet_meta(key_run["roles.parquet"])
+    assert meta["stage"] == "analyze" and meta["params"]["heads"] == ["L0H3", "L2H0"]
+    assert meta["params"]["analysis"] == ANALYSIS
+
+
+def test_mlp_probes_table(key_run):
+    probes = pd.read_parquet(key_run["probes.parquet"])
+    assert len(probes) == N_LAYERS * 3 * 4  # layers x (input, output, delta) x (a, b, c, random)
+    assert set(probes["vector"]) == {"input", "output", "delta"} and set(probes["target"]) == {"a", "b", "c", "random"}
+    assert probes.groupby(["layer", "vector", "target"]).size().eq(1).all()
+    assert (probes["mean"].abs() <= 1).all() and np.isfinite(probes["mean"]).all()
+    assert set(probes.loc[probes["target"] == "random", "n"]) == {ANALYSIS["n_random"]}
+    assert set(probes.loc[probes["target"] != "random", "n"]) == {ANALYSIS["max_samples"]}
+
+
+def test_figures_are_written(key_run):
+    for name in ("roles.png", "example.png", "probes.png"):
+        assert key_run[name].read_bytes()[:4] == b"\x89PNG", name
+
+
+def test_no_key_head_falls_back_to_the_top_heads(prepared):
+    paths = analyze(prepared, "key_none.parquet", "top")
+    roles = pd.read_parquet(paths["roles.parquet"])
+    assert list(dict.fromkeys(roles["node"])) == ["L1H1", "L0H1"]  # fallback_heads = 2, most negative first
+    assert (roles["selection"] == "top").all()
+    assert list(dict.fromkeys(roles["rank"])) == [1, 2]
+    assert read_parquet_meta(paths["roles.parquet"])["params"]["selection"] == "top"
+    assert paths["example.png"].stat().st_size > 0
+
+
+def test_same_draw_same_tables(prepared, key_run):
+    again = analyze(prepared, "key.parquet", "again")
+    for name in ("roles.parquet", "probes.parquet"):
+        pd.testing.assert_frame_equal(pd.read_parquet(again[name]), pd.read_parquet(key_run[name]))

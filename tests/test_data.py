@@ -1,0 +1,245 @@
+"""Tests for arithmech.data: the vendored files (checksums, record counts), the loaders and their errors on
+malformed files, seeded subsampling, and the prompt formats shared by evaluation and fine-tuning."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pandas as pd
+import pytest
+
+from arithmech import data
+from arithmech.io import sha256_file
+from arithmech.tiny import build_tiny_tokenizer
+
+D = data.DATA_DIR
+
+
+def test_vendored_files_match_their_recorded_checksums():
+    block = re.search(r"```\n(.*?)```", (D / "PROVENANCE.md").read_text(), re.S)[1]
+    lines = [line.split() for line in block.strip().splitlines()]
+    assert len(lines) == 10
+    for digest, name in lines:
+        assert sha256_file(D / name) == digest, name
+
+
+@pytest.mark.parametrize(
+    "loader, path, n",
+    [
+        (data.load_gsm8k, "gsm8k/train.jsonl", 7473),
+        (data.load_gsm8k, "gsm8k/test.jsonl", 1319),
+        (data.load_svamp, "svamp/SVAMP.json", 1000),
+        (data.load_bigbench_choice, "bigbench/social_iqa/task.json", 1954),
+        (data.load_bigbench_choice, "bigbench/strategyqa/task.json", 2290),
+        (data.load_bigbench_generation, "bigbench/qa_wikidata/task.json", 20442),
+    ],
+)
+def test_record_counts_and_unique_string_ids(loader, path, n):
+    df = loader(D / path)
+    assert len(df) == n
+    assert df["id"].is_unique and all(isinstance(i, str) for i in df["id"])
+    # the same file gives the same ids
+    assert df["id"].tolist() == loader(D / path)["id"].tolist()
+
+
+def test_wikitext_is_the_whole_file():
+    text = data.load_text(D / "wikitext-2/test.txt")
+    assert text.count("\n") == 4358 and text.startswith(" \n = Robert <unk> = \n")
+
+
+# ---------------------------------------------------------------------------------------------------
+# GSM8K and SVAMP
+
+
+@pytest.fixture(scope="module")
+def gsm8k_train():
+    return data.load_gsm8k(D / "gsm8k/train.jsonl")
+
+
+def test_gsm8k_solution_and_gold(gsm8k_train):
+    first = gsm8k_train.iloc[0]
+    assert first["id"] == "gsm8k-train-0"
+    assert first["solution"] == (
+        "Natalia sold 48/2 = 24 clips in May.\n"
+        "Natalia sold 48+24 = 72 clips altogether in April and May.\n"
+        "The answer is 72."
+    )
+    assert first["gold"] == 72.0
+    assert not gsm8k_train["solution"].str.contains("<<|>>|####").any()
+    assert gsm8k_train["solution"].str.contains(r"\nThe answer is [^\n]+\.$").all()
+    # thousands separators in the final answer ("#### 1,080")
+    grouped = gsm8k_train[gsm8k_train["answer"].str.contains(r"#### \d{1,3}(?:,\d{3})+$")]
+    assert len(grouped) > 50
+    for answer, gold in zip(grouped["answer"], grouped["gold"]):
+        assert gold == float(answer.rsplit("#### ", 1)[1].replace(",", ""))
+    assert data.gsm8k_solution("So 1,000 + 2 = <<1000+2=1002>>1,002.\n#### 1,002") == (
+        "So 1,000 + 2 = 1,002.\nThe answer is 1,002.",
+        1002.0,
+    )
+    assert data.gsm8k_solution("#### -3.5") == ("The answer is -3.5.", -3.5)
+
+
+def test_svamp_question_gold_and_type():
+    df = data.load_svamp(D / "svamp/SVAMP.json")
+    row = df.iloc[0]
+    assert row["id"] == "chal-1"
+    assert row["question"] == (
+        "Each pack of dvds costs 76 dollars. If there is a discount of 25 dollars on each pack "
+        "How much do you have to pay to buy each pack?"
+    )
+    assert row["equation"] == "( 76.0 - 25.0 )" and row["gold"] == 51.0
+    assert not df["question"].str.contains(r"\s\s|^\s|\s$").any()
+    # the one misspelt "Common-Divison" is normalised
+    assert df["type"].value_counts().to_dict() == {
+        "Subtraction": 531,
+        "Addition": 195,
+        "Common-Division": 166,
+        "Multiplication": 108,
+    }
+
+
+def test_bigbench_loaders():
+    social = data.load_bigbench_choice(D / "bigbench/social_iqa/task.json")
+    assert social.iloc[0].to_dict() == {
+        "id": "social_iqa-0",
+        "input": "Tracy didn't go home that evening and resisted Riley's attacks. "
+        "What does Tracy need to do before this? ",
+        "choices": ["Make a new plan", "Go home and see Riley", "Find somewhere to go"],
+        "correct": 2,
+    }
+    assert social["choices"].map(len).value_counts().to_dict() == {3: 1950, 2: 4}
+    strategy = data.load_bigbench_choice(D / "bigbench/strategyqa/task.json")
+    assert set(map(tuple, strategy["choices"])) <= {("Yes", "No"), ("No", "Yes")}
+    assert strategy["correct"].isin([0, 1]).all()
+    qa = data.load_bigbench_generation(D / "bigbench/qa_wikidata/task.json")
+    assert qa.iloc[0]["targets"] == ["comedy", "parody"]
+    assert qa.iloc[1]["targets"] == ["English"]  # a single string target becomes a list
+
+
+# ---------------------------------------------------------------------------------------------------
+# errors on malformed files
+
+
+def _write(tmp_path, name, text):
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(FileNotFoundError, match="nope.jsonl"):
+        data.load_gsm8k(tmp_path / "nope.jsonl")
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ('{"question": "q", "answer": "a\\n#### 3"}\n{"question": "q"\n', r"line 2: not valid JSON"),
+        ('{"question": "q", "answer": "no final line"}\n', r"line 1: expected the answer's last line to be '#### "),
+        ('{"question": "q", "answer": "a\\n#### three"}\n', r"line 1: expected a number, got 'three'"),
+        ('{"q": "q", "answer": "a"}\n', r"line 1: expected an object with keys 'question' and 'answer'"),
+        ("\n", r"no records"),
+    ],
+)
+def test_gsm8k_errors(tmp_path, text, message):
+    path = _write(tmp_path, "bad.jsonl", text)
+    with pytest.raises(ValueError, match=message) as err:
+        data.load_gsm8k(path)
+    assert str(path) in str(err.value)
+
+
+def test_svamp_errors(tmp_path):
+    good = {
+        "ID": "x-1",
+        "Body": "A has 2.",
+        "Question": "How many?",
+        "Equation": "2",
+        "Answer": 2.0,
+        "Type": "Addition",
+    }
+    bad = {k: v for k, v in good.items() if k != "Answer"}
+    path = _write(tmp_path, "SVAMP.json", json.dumps([good, bad]))
+    with pytest.raises(ValueError, match=r"SVAMP.json, record 1: missing \['Answer'\]"):
+        data.load_svamp(path)
+    with pytest.raises(ValueError, match="not valid JSON"):
+        data.load_svamp(_write(tmp_path, "broken.json", "[{"))
+    with pytest.raises(ValueError, match="expected a JSON list"):
+        data.load_svamp(_write(tmp_path, "dict.json", "{}"))
+
+
+def test_bigbench_errors(tmp_path):
+    def task(examples):
+        return _write(tmp_path, "task.json", json.dumps({"name": "t", "examples": examples}))
+
+    two_right = task(
+        [{"input": "a", "target_scores": {"x": 1, "y": 0}}, {"input": "b", "target_scores": {"x": 1, "y": 1}}]
+    )
+    with pytest.raises(ValueError, match=r"task.json, example 1: expected exactly one choice scored 1"):
+        data.load_bigbench_choice(two_right)
+    with pytest.raises(ValueError, match=r"example 0: expected an object with 'input' and at least two"):
+        data.load_bigbench_choice(task([{"input": "a", "target_scores": {"x": 1}}]))
+    with pytest.raises(ValueError, match=r"example 0: expected .*'target' \(a string or a list of strings\)"):
+        data.load_bigbench_generation(task([{"input": "a", "target": 3}]))
+    with pytest.raises(ValueError, match="expected a BIG-bench task"):
+        data.load_bigbench_generation(_write(tmp_path, "list.json", "[]"))
+    with pytest.raises(ValueError, match="empty"):
+        data.load_text(_write(tmp_path, "empty.txt", "\n \n"))
+
+
+# ---------------------------------------------------------------------------------------------------
+# subsampling and prompts
+
+
+def test_subsample():
+    df = pd.DataFrame({"id": [str(i) for i in range(20)]}, index=range(100, 120))
+    assert data.subsample(df, None, 0)["id"].tolist() == df["id"].tolist()
+    assert data.subsample(df, 50, 0)["id"].tolist() == df["id"].tolist()
+    a, b, c = (data.subsample(df, 5, s)["id"].tolist() for s in (0, 0, 1))
+    assert a == b != c and len(set(a)) == 5
+    assert a == sorted(a, key=int)  # original order kept
+    assert list(data.subsample(df, 5, 0).index) == list(range(5))
+
+
+def test_plain_math_prompt_and_target(gsm8k_train):
+    shots = data.few_shot_examples(gsm8k_train, 2, seed=3)
+    assert shots == data.few_shot_examples(gsm8k_train, 2, seed=3) != data.few_shot_examples(gsm8k_train, 2, seed=4)
+    (q1, s1), (q2, s2) = shots
+    prompt = data.math_prompt("How many?", shots)
+    assert prompt == f"Question: {q1}\nAnswer: {s1}\n\nQuestion: {q2}\nAnswer: {s2}\n\nQuestion: How many?\nAnswer:"
+    assert data.math_example("How many?", "2 + 2 = 4.\nThe answer is 4.", shots) == (
+        prompt,
+        " 2 + 2 = 4.\nThe answer is 4.",
+    )
+    assert data.math_prompt("How many?") == "Question: How many?\nAnswer:"
+    frame = data.math_prompts(gsm8k_train.head(3), shots)
+    assert frame["prompt"].tolist() == [data.math_prompt(q, shots) for q in gsm8k_train.head(3)["question"]]
+    assert frame["target"].tolist() == [" " + s for s in gsm8k_train.head(3)["solution"]]
+    svamp = data.math_prompts(pd.DataFrame({"id": ["s"], "question": ["Q?"], "gold": [1.0]}))
+    assert "target" not in svamp and svamp["prompt"].tolist() == ["Question: Q?\nAnswer:"]
+
+
+CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def test_chat_math_prompt_and_target():
+    tok = build_tiny_tokenizer()
+    with pytest.raises(ValueError, match="needs a tokenizer with a chat template"):
+        data.math_prompt("Q?", style="chat", tokenizer=tok)
+    with pytest.raises(ValueError, match="unknown prompt style 'fancy'"):
+        data.math_prompt("Q?", style="fancy")
+    tok.chat_template = CHATML
+    shots = [("1+1?", "The answer is 2.")]
+    prompt, target = data.math_example("2+2?", "The answer is 4.", shots, "chat", tok)
+    assert (
+        prompt
+        == data.math_prompt("2+2?", shots, "chat", tok)
+        == (
+            "<|im_start|>user\n1+1?<|im_end|>\n<|im_start|>assistant\nThe answer is 2.<|im_end|>\n"
+            "<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n"
+        )
+    )
+    assert target == "The answer is 4.<|im_end|>\n"

@@ -1,0 +1,263 @@
+"""Fine-tuning: per-head deltas leave the base untouched and train exactly the selected slices, the saved
+deltas reproduce the trained model, the loss sees only the target, and a resumed run equals an
+uninterrupted one. Every test loads its own model: training mutates it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from arithmech import finetune as ft
+from arithmech.models import load_model
+from arithmech.prompts import encode
+
+EXAMPLES = [(f"{a} plus {b} is equal to ", str(a + b)) for a, b in [(1, 2), (3, 4), (2, 2), (4, 1)]]
+HEADS = [(1, 0), (2, 3)]  # two layers; head 3 reads key/value head 1 (4 query heads, 2 kv heads)
+FAST = {"lr": 3e-2, "batch_size": 2, "max_grad_norm": 1.0, "seed": 0}
+
+
+def fresh(tiny_dir):
+    return load_model(tiny_dir, device="cpu")
+
+
+def logits(model, tokenizer, texts=("3 plus 4 is equal to ", "What is 2 times 1? The answer is ")):
+    with torch.no_grad():
+        return model(**encode(tokenizer, list(texts))).logits
+
+
+def q_rows(h, hd=8):
+    return slice(h * hd, (h + 1) * hd)
+
+
+@pytest.fixture(scope="module")
+def precise_run(tiny_dir, tmp_path_factory):
+    """Precise SFT of HEADS (no K/V) for 20 steps, with the base weights as they were before."""
+    lm = fresh(tiny_dir)
+    base = {n: p.detach().clone() for n, p in lm.model.named_parameters()}
+    run = ft.prepare(lm, {"method": "precise", "heads": [list(h) for h in HEADS]})
+    stats = ft.train(run, EXAMPLES, {**FAST, "max_steps": 20}, progress=False)
+    path = ft.save_trained(run, tmp_path_factory.mktemp("precise") / "deltas.safetensors")
+    return lm, run, stats, base, path
+
+
+def test_precise_leaves_base_bit_identical_and_changes_only_selected_slices(precise_run):
+    lm, run, stats, base, _ = precise_run
+    for name, p in lm.model.named_parameters():
+        assert torch.equal(p, base[name]), name
+        assert not p.requires_grad and p.grad is None, name
+    for layer in range(lm.n_layers):
+        prefix = f"model.layers.{layer}.self_attn"
+        q = run.deltas.effective_weight(f"{prefix}.q_proj")
+        o = run.deltas.effective_weight(f"{prefix}.o_proj")
+        k = run.deltas.effective_weight(f"{prefix}.k_proj")
+        assert torch.equal(k, base[f"{prefix}.k_proj.weight"])  # train_kv is off
+        for head in range(lm.n_heads):
+            rows, q0, o0 = q_rows(head), base[f"{prefix}.q_proj.weight"], base[f"{prefix}.o_proj.weight"]
+            selected = (layer, head) in HEADS
+            assert torch.equal(q[rows], q0[rows]) != selected, (layer, head)
+            assert torch.equal(o[:, rows], o0[:, rows]) != selected, (layer, head)
+
+
+def test_precise_loss_decreases_and_stats(precise_run):
+    lm, run, stats, _, _ = precise_run
+    assert stats.steps == stats.total_steps == 20 and len(stats.losses) == len(stats.step_times_s) == 20
+    assert sum(stats.losses[-4:]) < 0.7 * sum(stats.losses[:4])  # single steps are noisy (batches of 2)
+    n = len(HEADS) * 2 * lm.head_dim * lm.d_model
+    assert stats.n_trainable == run.n_trainable == n
+    # AdamW keeps exp_avg and exp_avg_sq per trained element (fp32) plus one step counter per tensor.
+    assert 2 * 4 * n <= stats.optimizer_state_bytes <= 2 * 4 * n + 8 * len(run.params)
+    assert stats.peak_memory_kind == "process_peak_rss" and stats.peak_memory_bytes > 0
+
+
+def test_apply_trained_reproduces_the_trained_model(precise_run, tiny_dir):
+    lm, run, _, _, path = precise_run
+    trained = logits(lm.model, lm.tokenizer)
+    base = fresh(tiny_dir)
+    assert not torch.allclose(logits(base.model, base.tokenizer), trained, atol=1e-3)
+    model = ft.apply_trained(base, path)
+    assert model is base.model and not model._forward_hooks
+    torch.testing.assert_close(logits(model, base.tokenizer), trained, atol=1e-5, rtol=0)
+    meta = ft.read_trained_meta(path)
+    assert meta["method"] == "precise" and meta["heads"] == [list(h) for h in HEADS]
+    assert meta["shapes"]["model.layers.2.self_attn.o_proj.weight.head.3"] == [lm.d_model, lm.head_dim]
+    # load_trained is the same for an evaluation job.
+    torch.testing.assert_close(logits(ft.load_trained(tiny_dir, path, device="cpu").model, base.tokenizer),
+                               trained, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("train_kv, mlp_layers", [(False, []), (True, []), (True, [0, 2])])
+def test_trainable_count_is_closed_form(tiny_dir, train_kv, mlp_layers):
+    lm = fresh(tiny_dir)
+    heads = [(1, 0), (1, 1), (2, 3)]  # heads 0 and 1 of layer 1 share key/value head 0
+    run = ft.prepare(lm, ft.Method("precise", tuple(heads), train_kv, tuple(mlp_layers)))
+    hd, d, inter = lm.head_dim, lm.d_model, lm.model.config.intermediate_size
+    expected = len(heads) * 2 * hd * d + train_kv * 2 * 2 * hd * d + len(mlp_layers) * 3 * d * inter
+    assert run.n_trainable == expected
+    assert run.deltas.deltas["L1_k_proj" if train_kv else "L1_q_proj"].shape[0] == (1 if train_kv else 2)
+
+
+def test_zero_deltas_leave_logits_identical(tiny_dir):
+    lm = fresh(tiny_dir)
+    before = logits(lm.model, lm.tokenizer)
+    ft.prepare(lm, {"method": "precise", "heads": ["L0H2", "L2H3"], "train_kv": True, "mlp_layers": [1]})
+    assert torch.equal(logits(lm.model, lm.tokenizer), before)
+
+
+def test_delta_gradients_are_the_weight_slices_gradients(tiny_dir):
+    """d loss / d delta_h equals d loss / d W on head h's slice; no base weight gets a gradient."""
+    batch = ft.collate([ft.encode_example(fresh(tiny_dir).tokenizer, p, t, 64) for p, t in EXAMPLES], 0, "cpu")
+    lm = fresh(tiny_dir)
+    run = ft.prepare(lm, {"method": "precise", "heads": [list(h) for h in HEADS], "train_kv": True,
+                          "mlp_layers": [0]})
+    loss, _ = ft.batch_loss(lm.model, batch)
+    loss.backward()
+    assert all(p.grad is None for p in lm.model.parameters())
+    full = fresh(tiny_dir)
+    full.model.requires_grad_(True)
+    loss_full, _ = ft.batch_loss(full.model, batch)
+    loss_full.backward()
+    torch.testing.assert_close(loss, loss_full, atol=0, rtol=0)
+    w = {n: p.grad for n, p in full.model.named_parameters()}
+    g = {k: p.grad for k, p in run.params.items()}
+    close = dict(atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(g["L1_q_proj"][0], w["model.layers.1.self_attn.q_proj.weight"][q_rows(0)], **close)
+    torch.testing.assert_close(g["L2_o_proj"][0], w["model.layers.2.self_attn.o_proj.weight"][:, q_rows(3)], **close)
+    torch.testing.assert_close(g["L2_k_proj"][0], w["model.layers.2.self_attn.k_proj.weight"][q_rows(1)], **close)
+    torch.testing.assert_close(g["L1_v_proj"][0], w["model.layers.1.self_attn.v_proj.weight"][q_rows(0)], **close)
+    torch.testing.assert_close(g["L0_down_proj"], w["model.layers.0.mlp.down_proj.weight"], **close)
+    assert all(v.abs().sum() > 0 for v in g.values())
+
+
+def test_labels_mask_the_prompt_and_truncation_keeps_the_target(tiny_lm):
+    tok = tiny_lm.tokenizer
+    prompt, target = "12 plus 3 is equal to ", "15"
+    p_ids, t_ids = tok(prompt)["input_ids"], tok(target, add_special_tokens=False)["input_ids"]
+    ids, labels = ft.encode_example(tok, prompt, target, 64)
+    assert ids == p_ids + t_ids + [tok.eos_token_id]
+    assert labels == [-100] * len(p_ids) + t_ids + [tok.eos_token_id]
+    ids, labels = ft.encode_example(tok, prompt, target, len(t_ids) + 3)  # room for the last 2 prompt tokens
+    assert ids == p_ids[-2:] + t_ids + [tok.eos_token_id] and labels[:2] == [-100, -100]
+    with pytest.raises(ValueError, match="max_length"):
+        ft.encode_example(tok, prompt, target, len(t_ids))  # the target and eos do not fit
+    batch = ft.collate([ft.encode_example(tok, prompt, target, 64), ft.encode_example(tok, "1 plus 1 is ", "2", 64)],
+                       tok.pad_token_id, "cpu")
+    short = len(ft.encode_example(tok, "1 plus 1 is ", "2", 64)[0])
+    assert batch["attention_mask"][1].tolist() == [1] * short + [0] * (batch["input_ids"].shape[1] - short)
+    assert (batch["labels"][1, short:] == -100).all()
+    assert ft.batch_loss(tiny_lm.model, batch)[1] == len(t_ids) + 1 + 1 + 1  # targets and eos of both
+
+
+def train_twice(tiny_dir, tmp_path, method, config, first_config=None, stop_at_step=None):
+    """An uninterrupted run and a run that stops early (its first call: `first_config`, or `stop_at_step`)
+    and then resumes from its checkpoint on a freshly loaded model; returns both [(FineTune, TrainStats)]."""
+    lm = fresh(tiny_dir)
+    whole = ft.prepare(lm, method, seed=1)
+    whole_stats = ft.train(whole, EXAMPLES, config, progress=False)
+    ckpt = tmp_path / "checkpoint"
+    lm = fresh(tiny_dir)
+    killed = ft.prepare(lm, method, seed=1)
+    ft.train(killed, EXAMPLES, first_config or config, checkpoint_dir=ckpt, stop_at_step=stop_at_step,
+             progress=False)
+    lm = fresh(tiny_dir)
+    resumed = ft.prepare(lm, method, seed=2)  # another LoRA init: the checkpoint must overwrite it
+    resumed_stats = ft.train(resumed, EXAMPLES, config, checkpoint_dir=ckpt, progress=False)
+    for name in whole.params:
+        assert torch.equal(whole.params[name], resumed.params[name]), name
+    assert whole_stats.losses == resumed_stats.losses
+    return whole_stats, resumed_stats, ckpt
+
+
+def test_killed_and_resumed_run_equals_uninterrupted(tiny_dir, tmp_path):
+    config = {**FAST, "max_steps": 6, "checkpoint_every": 2}
+    _, stats, ckpt = train_twice(tiny_dir, tmp_path, {"method": "precise", "heads": ["L1H0"], "train_kv": True},
+                                 config, first_config={**config, "max_steps": 3})  # the "kill": an early max_steps
+    assert stats.resumed_from_step == 3 and stats.steps == 6 and len(stats.step_times_s) == 6
+    assert sorted(p.name for p in ckpt.iterdir()) == ["latest", "step-00000006"]
+
+
+def test_resume_restores_dropout_rng_and_schedule(tiny_dir, tmp_path):
+    """LoRA with dropout (the RNG), linear decay (depends on the total) and gradient accumulation, stopped
+    by stop_at_step at an odd step (between checkpoints)."""
+    method = {"method": "lora", "lora": {"r": 2, "alpha": 4, "dropout": 0.3, "target_modules": ["q_proj", "o_proj"]}}
+    config = {**FAST, "batch_size": 1, "grad_accumulation": 2, "max_steps": 5, "warmup_steps": 2,
+              "schedule": "linear", "checkpoint_every": 2}
+    _, stats, _ = train_twice(tiny_dir, tmp_path, method, config, stop_at_step=3)
+    assert stats.resumed_from_step == 3
+
+
+def test_resume_refuses_a_changed_run(tiny_dir, tmp_path):
+    lm = fresh(tiny_dir)
+    run = ft.prepare(lm, {"method": "precise", "heads": ["L1H0"]})
+    ft.train(run, EXAMPLES, {**FAST, "max_steps": 2}, checkpoint_dir=tmp_path, progress=False)
+    with pytest.raises(ValueError, match="finetune.train.lr"):
+        ft.train(run, EXAMPLES, {**FAST, "max_steps": 4, "lr": 1e-3}, checkpoint_dir=tmp_path, progress=False)
+    with pytest.raises(ValueError, match="data"):
+        ft.train(run, EXAMPLES[:3], {**FAST, "max_steps": 4}, checkpoint_dir=tmp_path, progress=False)
+
+
+def test_full_saves_a_loadable_model(tiny_dir, tmp_path):
+    lm = fresh(tiny_dir)
+    run = ft.prepare(lm, {"method": "full"})
+    stats = ft.train(run, EXAMPLES, {**FAST, "epochs": 2}, progress=False)
+    assert stats.total_steps == 4 and stats.n_trainable == sum(p.numel() for p in lm.model.parameters())
+    out = ft.save_trained(run, tmp_path / "full")
+    loaded = load_model(out, device="cpu")
+    assert torch.equal(logits(loaded.model, loaded.tokenizer), logits(run.merged_model(), lm.tokenizer))
+    with pytest.raises(ValueError, match="load_model"):
+        ft.apply_trained(fresh(tiny_dir), out)
+
+
+def test_lora_deltas_reproduce_the_adapted_model(tiny_dir, tmp_path):
+    lm = fresh(tiny_dir)
+    run = ft.prepare(lm, {"method": "lora", "lora": {"r": 4, "alpha": 8, "target_modules": ["q_proj", "down_proj"]}})
+    ft.train(run, EXAMPLES, {**FAST, "max_steps": 5}, progress=False)
+    adapted = logits(run.model, lm.tokenizer)
+    path = ft.save_trained(run, tmp_path / "lora.safetensors")
+    base = fresh(tiny_dir)
+    assert not torch.allclose(logits(base.model, base.tokenizer), adapted, atol=1e-4)
+    torch.testing.assert_close(logits(ft.apply_trained(base, path), base.tokenizer), adapted, atol=1e-5, rtol=0)
+    torch.testing.assert_close(logits(run.merged_model(), lm.tokenizer), adapted, atol=1e-5, rtol=0)
+
+
+def test_grad_scale_multiplies_the_head_gradients_only(tiny_dir, tmp_path):
+    """After one step AdamW's exp_avg is (1 - beta1) * grad: with grad_scale 2.5 (and no clipping) it is 2.5x
+    larger for the head deltas and unchanged for the MLP deltas."""
+    states = []
+    for scale in (None, 2.5):
+        run = ft.prepare(fresh(tiny_dir), {"method": "precise", "heads": ["L1H0"], "mlp_layers": [2],
+                                           "grad_scale": scale})
+        ft.train(run, EXAMPLES, {**FAST, "max_steps": 1, "max_grad_norm": None}, checkpoint_dir=tmp_path / str(scale),
+                 progress=False)
+        states.append(torch.load(tmp_path / str(scale) / "step-00000001" / "optimizer.pt", weights_only=True)["state"])
+    assert list(run.params) == ["L1_q_proj", "L1_o_proj", "L2_gate_proj", "L2_up_proj", "L2_down_proj"]
+    for i, factor in enumerate([2.5, 2.5, 1.0, 1.0, 1.0]):
+        torch.testing.assert_close(states[1][i]["exp_avg"], factor * states[0][i]["exp_avg"])
+
+
+def test_grad_scale_and_config_errors(tiny_dir):
+    lm = fresh(tiny_dir)
+    assert ft.resolve_grad_scale("heads_ratio", lm, 2) == 3 * 4 / 2  # all 12 heads over the 2 trained
+    assert ft.resolve_grad_scale(None, lm, 2) == 1.0
+    run = ft.prepare(lm, {"method": "precise", "heads": ["L0H0"], "mlp_layers": [1], "grad_scale": 2.5})
+    assert run.grad_scale == 2.5 and run.scaled == ["L0_q_proj", "L0_o_proj"]  # not the MLP deltas
+    with pytest.raises(ValueError, match=r"finetune\.heads\[0\]: L3H0 is not a head"):
+        ft.prepare(lm, {"method": "precise", "heads": ["L3H0"]})
+    with pytest.raises(ValueError, match=r"finetune\.heads: only methods"):
+        ft.parse_method({"method": "full", "heads": ["L0H0"]})
+    with pytest.raises(ValueError, match=r"finetune\.heads: method 'random_heads' needs"):
+        ft.parse_method({"method": "random_heads"})
+    with pytest.raises(ValueError, match=r"finetune\.heads\[1\]: expected a head"):
+        ft.parse_method({"method": "precise", "heads": ["L0H0", "head 3"]})
+    with pytest.raises(ValueError, match=r"finetune: unknown key"):
+        ft.parse_method({"method": "precise", "heads": ["L0H0"], "head": 1})
+    with pytest.raises(ValueError, match="exactly one of epochs or max_steps"):
+        ft.TrainConfig.from_dict({"epochs": 1, "max_steps": 3})
+    with pytest.raises(ValueError, match=r"finetune\.train\.schedule"):
+        ft.TrainConfig.from_dict({"epochs": 1, "schedule": "step"})
+
+
+def test_epoch_order_and_lr_schedule():
+    a, b = ft.epoch_order(0, 0, 10), ft.epoch_order(0, 1, 10)
+    assert sorted(a) == list(range(10)) and list(a) != list(b) and list(a) == list(ft.epoch_order(0, 0, 10))
+    assert [ft.lr_factor(s, 6, 2, "linear") for s in range(6)] == [0.5, 1.0, 1.0, 0.75, 0.5, 0.25]
+    assert ft.lr_factor(2, 6, 2, "cosine") == 1.0 and ft.lr_factor(5, 6, 0, "constant") == 1.0

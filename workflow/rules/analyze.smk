@@ -1,0 +1,54 @@
+# Stage 3 of the paper: explain the key heads (where they look from END) and the MLPs (what they write).
+
+
+rule analyze:
+    input:
+        model="results/{model}/model",
+        pairs="results/{model}/pairs/{task}.parquet",
+        key="results/{model}/key_components/{task}.parquet",
+        effects="results/{model}/effects/{task}.parquet",
+    output:
+        roles="results/{model}/analysis/{task}_roles.parquet",
+        probes="results/{model}/analysis/{task}_probes.parquet",
+        roles_png=report(
+            "results/{model}/analysis/{task}_roles.png",
+            caption="../report/analysis_roles.rst",
+            category="3. Analyze",
+            subcategory="{model}",
+            labels={
+                "model": "{model}",
+                "task": "{task}",
+                "figure": "attention by token role",
+            },
+        ),
+        example_png=report(
+            "results/{model}/analysis/{task}_example.png",
+            caption="../report/analysis_example.rst",
+            category="3. Analyze",
+            subcategory="{model}",
+            labels={
+                "model": "{model}",
+                "task": "{task}",
+                "figure": "attention on an example prompt",
+            },
+        ),
+        probes_png=report(
+            "results/{model}/analysis/{task}_probes.png",
+            caption="../report/analysis_probes.rst",
+            category="3. Analyze",
+            subcategory="{model}",
+            labels={"model": "{model}", "task": "{task}", "figure": "MLP probes"},
+        ),
+    log:
+        "results/{model}/logs/analyze/{task}.log",
+    conda:
+        "../../envs/arithmech.yaml"
+    threads: 2
+    resources:
+        **GPU_RESOURCES,
+    params:
+        analysis=config["analysis"],
+        compute=config["compute"],
+        seed=config["seed"],
+    script:
+        "../scripts/analyze.py"
