@@ -1,6 +1,7 @@
 """End to end: the real Snakefile on the tiny model, in a temporary directory, through snakemake."""
 
 import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -32,6 +33,20 @@ def tiny_config(model_dir: Path) -> dict:
     )
     config["key_components"] = {"heads": {"rule": "top_k", "k": 3}, "mlps": {"rule": "top_k", "k": 1}}
     config["ablation"] = {"positions": "end", "max_heads": 3, "random_seeds": 2}
+    config["transfer"].update(max_samples=6, random_seeds=1)
+    config["transfer"]["formats"]["n"] = 3
+    config["transfer"]["svamp"].update(n=3, n_shots=1)
+    config["transfer"]["non_math"].update(n=3, n_shots=1, max_new_tokens=3)
+    config["finetune"].update(heads=2, mlps=1)
+    config["finetune"]["data"].update(n=6, style="plain")  # the tiny tokenizer has no chat template
+    config["finetune"]["train"].update(batch_size=2, grad_accumulation=1, max_steps=2, warmup_steps=0,
+                                       checkpoint_every=1, max_length=512)
+    config["evaluation"].update(n_shots=1, batch_size=4, style="plain")
+    for name in ("gsm8k", "svamp", "social_iqa", "strategyqa", "qa_wikidata"):
+        config["evaluation"][name]["n"] = 3
+    for name in ("gsm8k", "svamp", "qa_wikidata"):
+        config["evaluation"][name]["max_new_tokens"] = 6
+    config["evaluation"]["wikitext"].update(max_tokens=200, max_length=128, stride=64)
     return config
 
 
@@ -106,7 +121,47 @@ def test_knockout_table(run):
     mlp = table[table["curve"] == "key_mlps"]
     assert mlp["nodes"].item().split() == [f"L{l}MLP" for l in key.loc[key["component"] == "mlp", "layer"]]
     assert ((table["accuracy"] >= 0) & (table["accuracy"] <= 1)).all()
+    # full greedy answers can only be right where the first token is
+    assert (table["full_accuracy"] <= table["accuracy"] + 1e-9).all()
     assert (res / "knockout/addition.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_transfer_table(run):
+    res = run / "results/tiny"
+    table = pd.read_parquet(res / "knockout/transfer.parquet")
+    targets = [*TASKS, *(f"{t} {f}" for f in ("multi-digit", "decimal") for t in TASKS), "SVAMP", "qa_wikidata"]
+    assert list(dict.fromkeys(table["target"])) == targets
+    assert len(table) == len(targets) * (1 + len(TASKS) * 2)  # none + per source: key heads, 1 random set
+    key = pd.read_parquet(res / "key_components/addition.parquet")
+    rows = table[(table["source"] == "addition") & (table["heads"] == "key")]
+    assert set(rows["nodes"]) == {" ".join(key.loc[key["component"] == "head", "node"])}
+    sizes = table.groupby("target", sort=False)["n"].first()
+    assert sizes[TASKS].tolist() == [6, 6] and (sizes.drop(TASKS) == 3).all()  # transfer.max_samples, the n's
+    assert (res / "knockout/transfer.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_finetune_and_evaluation_outputs(run):
+    from safetensors import safe_open
+
+    from arithmech.finetune import read_trained_meta
+
+    res = run / "results/tiny"
+    precise = read_trained_meta(res / "finetune/precise/trained.safetensors")
+    assert len(precise["heads"]) == 2 and len(precise["mlp_layers"]) == 1
+    with safe_open(str(res / "finetune/precise/trained.safetensors"), "pt") as f:
+        assert sum(".head." in k for k in f.keys()) == 2 * 2  # q rows and o columns of each head
+    assert (res / "finetune/full/model/config.json").is_file()
+    stats = json.loads((res / "finetune/lora/stats.json").read_text())
+    assert stats["steps"] == 2 and stats["n_trainable"] > 0
+    assert not (res / "finetune/.checkpoints").exists() or not any((res / "finetune/.checkpoints").iterdir())
+    summary = pd.read_parquet(res / "eval/summary.parquet")
+    assert list(summary["method"]) == ["base", "precise", "full", "random_heads", "lora"]
+    full = summary.set_index("method").loc["full", "trainable_params"]
+    assert summary.set_index("method").loc["precise", "trainable_params"] < full
+    assert ((summary["gsm8k_low"] <= summary["gsm8k"]) & (summary["gsm8k"] <= summary["gsm8k_high"])).all()
+    rows = pd.read_parquet(res / "eval/precise/gsm8k.parquet")
+    assert list(rows.columns[:6]) == ["id", "prompt", "output", "extracted", "gold", "correct"] and len(rows) == 3
+    assert "| precise |" in (res / "eval/summary.md").read_text()
 
 
 def test_nothing_to_do_on_rerun(run):
@@ -171,6 +226,11 @@ def planned_rules(proc: subprocess.CompletedProcess) -> dict[str, int]:
     return counts
 
 
+# What a change upstream of the patching effects re-runs of stage 4: the two head methods rank heads by
+# effect (full fine-tuning and LoRA do not), their evaluations, and the summary.
+HEAD_SFT = {"finetune": 2, "evaluate": 2, "summarize_eval": 1}
+
+
 def with_config(run: Path, edit) -> Path:
     """A copy of the run's config with `edit` applied, written next to it."""
     config = yaml.safe_load((run / "config.yaml").read_text())
@@ -186,7 +246,7 @@ def test_patching_change_reruns_patching_not_pairs_or_activations(run):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert planned_rules(proc) == {
         "patch_layer": 3, "aggregate_effects": 2, "summarize_key_components": 1, "knockout": 2, "analyze": 2,
-        "all": 1,
+        "transfer": 1, **HEAD_SFT, "all": 1,
     }
 
 
@@ -194,7 +254,8 @@ def test_key_rule_change_reruns_only_aggregation(run):
     path = with_config(run, lambda c: c["key_components"]["heads"].update(k=2))
     proc = snakemake(run, "--cores", "1", "--dry-run", "--configfile", str(path))
     assert planned_rules(proc) == {
-        "aggregate_effects": 2, "summarize_key_components": 1, "knockout": 2, "analyze": 2, "all": 1,
+        "aggregate_effects": 2, "summarize_key_components": 1, "knockout": 2, "analyze": 2, "transfer": 1,
+        **HEAD_SFT, "all": 1,
     }
 
 
@@ -203,7 +264,7 @@ def test_prompt_change_reruns_from_pairs(run):
     proc = snakemake(run, "--cores", "1", "--dry-run", "--configfile", str(path))
     assert planned_rules(proc) == {
         "build_pairs": 2, "cache_activations": 2, "patch_layer": 3, "aggregate_effects": 2,
-        "summarize_key_components": 1, "knockout": 2, "analyze": 2, "all": 1,
+        "summarize_key_components": 1, "knockout": 2, "analyze": 2, "transfer": 1, **HEAD_SFT, "all": 1,
     }
 
 
@@ -211,6 +272,27 @@ def test_ablation_change_reruns_only_knockout(run):
     path = with_config(run, lambda c: c["ablation"].update(random_seeds=3))
     proc = snakemake(run, "--cores", "1", "--dry-run", "--configfile", str(path))
     assert planned_rules(proc) == {"knockout": 2, "all": 1}
+
+
+def test_finetune_change_reruns_only_that_method_and_its_evaluation(run):
+    path = with_config(run, lambda c: c["finetune"]["lr"].update(precise=3e-4))
+    proc = snakemake(run, "--cores", "1", "--dry-run", "--configfile", str(path))
+    assert planned_rules(proc) == {"finetune": 1, "evaluate": 1, "summarize_eval": 1, "all": 1}
+    path = with_config(run, lambda c: c["finetune"]["train"].update(max_steps=3))
+    proc = snakemake(run, "--cores", "1", "--dry-run", "--configfile", str(path))
+    assert planned_rules(proc) == {"finetune": 4, "evaluate": 4, "summarize_eval": 1, "all": 1}
+
+
+def test_evaluation_change_reruns_only_evaluation(run):
+    path = with_config(run, lambda c: c["evaluation"]["gsm8k"].update(n=4))
+    proc = snakemake(run, "--cores", "1", "--dry-run", "--configfile", str(path))
+    assert planned_rules(proc) == {"evaluate": 5, "summarize_eval": 1, "all": 1}
+
+
+def test_transfer_change_reruns_only_transfer(run):
+    path = with_config(run, lambda c: c["transfer"]["formats"].update(n=4))
+    proc = snakemake(run, "--cores", "1", "--dry-run", "--configfile", str(path))
+    assert planned_rules(proc) == {"transfer": 1, "all": 1}
 
 
 def test_slurm_profile_dry_run_asks_for_gpus_only_where_the_model_runs(run):
@@ -229,11 +311,12 @@ def test_slurm_profile_dry_run_asks_for_gpus_only_where_the_model_runs(run):
             rule = line.split()[1].rstrip(":")
         elif line.strip().startswith("resources:") and rule:
             jobs.setdefault(rule, set()).add(line.strip())
-    for rule in ("build_pairs", "cache_activations", "patch_layer", "knockout", "analyze"):
+    for rule in ("build_pairs", "cache_activations", "patch_layer", "knockout", "analyze", "transfer", "finetune",
+                 "evaluate"):
         (resources,) = jobs[rule]
         assert "gpu=2" in resources and "gpu_model=a100" in resources and "mem_mb=12000" in resources
         assert "slurm_account=proj42" in resources and "slurm_partition=gpu-short" in resources
-    for rule in ("aggregate_effects", "summarize_key_components"):
+    for rule in ("aggregate_effects", "summarize_key_components", "summarize_eval"):
         (resources,) = jobs[rule]
         assert "gpu=" not in resources and "mem_mb=4000" in resources
 
@@ -248,6 +331,7 @@ def test_report_contains_every_figure_and_table(run, tmp_path):
         assert f"knockout/{task}.png" in html
         assert all(f"analysis/{task}_{name}.png" in html for name in ("roles", "example", "probes"))
     assert "key_components/shared.png" in html and "key_components/shared.html" in html
+    assert "knockout/transfer.png" in html and "eval/summary.png" in html and "eval/summary.html" in html
     assert "Zhang et al." in html  # the workflow description
 
 

@@ -43,10 +43,10 @@ def validate_config(config: dict, schema_path: str | Path) -> None:
             if method not in config["finetune"]["lr"]:
                 problems.append(f"config key 'finetune.lr.{method}': missing; method {method!r} is in finetune.methods")
         train = config["finetune"]["train"]
-        if ("epochs" in train) == ("max_steps" in train):
+        if (train.get("epochs") is None) == (train.get("max_steps") is None):
             problems.append("config key 'finetune.train': give exactly one of epochs or max_steps")
-        if config["evaluation"]["wikitext"]["stride"] > config["evaluation"]["wikitext"]["max_length"]:
-            problems.append("config key 'evaluation.wikitext.stride': larger than max_length")
+        if config["evaluation"]["wikitext"]["stride"] >= config["evaluation"]["wikitext"]["max_length"]:
+            problems.append("config key 'evaluation.wikitext.stride': must be smaller than max_length")
         pairs = (ops["max"] - ops["min"] + 1) ** 2
         if config["prompts"]["n_shots"] >= pairs // 2:
             problems.append(f"config key 'prompts.n_shots': {config['prompts']['n_shots']} is too many for the operand range")

@@ -471,8 +471,9 @@ def resolve_grad_scale(grad_scale: float | str | None, lm: LoadedModel, n_select
     """The factor on the head deltas' gradients: None -> 1; "heads_ratio" -> H / h with H = n_layers *
     n_heads (all query heads of the model) and h = n_selected (the trained ones); a number -> itself.
 
-    The idea (Zhang et al.'s precise SFT): only h of H heads learn, so their updates are scaled up by H/h.
-    It is applied after gradient clipping, so clipping does not undo it. Note that AdamW is invariant to a
+    The idea, as specified for this project (not checked against the paper's text, which could not be
+    consulted offline): only h of H heads learn, so their updates are scaled up by H/h. It is applied after
+    gradient clipping, so clipping does not undo it. Note that AdamW is invariant to a
     constant gradient factor (m scales by c, sqrt(v) by c) except through eps: with AdamW the factor
     mostly makes eps relatively smaller. Scale lr to change the step size itself."""
     if grad_scale is None:
@@ -487,7 +488,7 @@ def prepare(lm: LoadedModel, method: Method | dict, seed: int = 0) -> FineTune:
 
     precise/random_heads: zero deltas on the selected heads (and MLP layers), hooks attached; no base weight
     requires grad. full: every parameter requires grad. lora: peft adapters injected into lm.model,
-    initialised with `seed` (the caller's RNG is untouched)."""
+    initialised with `seed` (the caller's RNG is untouched). Prepare a loaded model once."""
     method = parse_method(method) if isinstance(method, dict) else method
     if method.name in HEAD_METHODS:
         for i, (layer, head) in enumerate(method.heads):

@@ -20,6 +20,22 @@ def finetune_effects(wildcards):
     return {}
 
 
+def finetune_params(wildcards):
+    """The settings this method uses, so that changing another method's (its lr, LoRA's rank) does not
+    re-run it."""
+    cfg, method = config["finetune"], wildcards.method
+    used = {
+        "data": cfg["data"],
+        "train": cfg["train"],
+        "lr": {method: cfg["lr"][method]},
+    }
+    if method in ("precise", "random_heads"):
+        used |= {key: cfg[key] for key in ("heads", "mlps", "train_kv", "grad_scale")}
+    if method == "lora":
+        used["lora"] = cfg["lora"]
+    return used
+
+
 rule finetune:
     input:
         unpack(lambda wc: {"effects_" + k: v for k, v in finetune_effects(wc).items()}),
@@ -35,7 +51,7 @@ rule finetune:
     resources:
         **GPU_RESOURCES,
     params:
-        finetune=config["finetune"],
+        finetune=finetune_params,
         compute=config["compute"],
         seed=config["seed"],
         tasks=TASKS,
