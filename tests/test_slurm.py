@@ -52,7 +52,8 @@ def test_every_job_went_through_sbatch_and_finished(cluster_run):
     work, calls = cluster_run
     assert {r: len(c) for r, c in calls.items()} == {
         "build_pairs": 1, "cache_activations": 2, "patch_layer": 2, "aggregate_effects": 1,
-        "summarize_key_components": 1, "knockout": 1,
+        "summarize_key_components": 1, "knockout": 1, "transfer": 1, "analyze": 1, "finetune": 4, "evaluate": 5,
+        "summarize_eval": 1,
     }
     assert "prepare_model" not in calls  # a local rule: downloads stay on the submit host
     assert len(pd.read_parquet(work / "results/tiny/effects/addition.parquet")) == 2 * (4 + 1)
@@ -60,11 +61,11 @@ def test_every_job_went_through_sbatch_and_finished(cluster_run):
 
 def test_gpu_rules_ask_for_gpus_memory_runtime_account_partition(cluster_run):
     _, calls = cluster_run
-    for rule in ("build_pairs", "patch_layer"):
+    for rule in ("build_pairs", "patch_layer", "finetune", "evaluate"):
         for call in calls[rule]:
             assert "--gpus=a100:1" in call and "--mem 8000" in call and "-t 30" in call
             assert "-A proj42" in call and "-p gpu-short" in call
-    for rule in ("aggregate_effects", "summarize_key_components"):
+    for rule in ("aggregate_effects", "summarize_key_components", "summarize_eval"):
         (call,) = calls[rule]
         assert "--gpus" not in call and "--mem 4000" in call and "-A proj42" in call
 

@@ -78,3 +78,48 @@ def identify_targets():
         model=MODELS,
         task=TASKS,
     )
+
+
+# Stage 4: fine-tuning and evaluation
+
+FINETUNE_METHODS = config["finetune"]["methods"]
+EVAL_METHODS = ["base", *FINETUNE_METHODS]
+EVAL_DATASETS = [
+    "gsm8k",
+    "svamp",
+    "social_iqa",
+    "strategyqa",
+    "qa_wikidata",
+    "wikitext",
+]
+
+
+def finetune_effects(wildcards):
+    """Head methods rank heads by patching effect; full and LoRA do not depend on the identify stage."""
+    if wildcards.method in ("precise", "random_heads"):
+        return {
+            f"effects_{t}": f"results/{wildcards.model}/effects/{t}.parquet"
+            for t in TASKS
+        }
+    return {}
+
+
+def finetune_params(wildcards):
+    """The settings this method uses, so that changing another method's (its lr, LoRA's rank) does not
+    re-run it."""
+    cfg, method = config["finetune"], wildcards.method
+    used = {
+        "data": cfg["data"],
+        "train": cfg["train"],
+        "lr": {method: cfg["lr"][method]},
+    }
+    if method in ("precise", "random_heads"):
+        used |= {key: cfg[key] for key in ("heads", "mlps", "train_kv", "grad_scale")}
+    if method == "lora":
+        used["lora"] = cfg["lora"]
+    return used
+
+
+def evaluation_files():
+    files = {d: workflow_path(config["evaluation"][d]["file"]) for d in EVAL_DATASETS}
+    return files | {"gsm8k_train": workflow_path(config["finetune"]["data"]["file"])}
