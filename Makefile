@@ -28,6 +28,8 @@ test: $(STAMP)
 
 benchmark: $(STAMP)
 	$(BIN)/python benchmarks/patching_speed.py
+	$(BIN)/python benchmarks/finetune_speed.py --model-dir results/smollm2-135m/model \
+		--heads L20H8,L14H6,L14H8,L23H3,L19H5,L21H2,L14H2,L29H1,L20H7
 
 report: $(STAMP)
 	$(BIN)/snakemake --cores $(CORES) --report results/report.html
