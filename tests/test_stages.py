@@ -138,3 +138,35 @@ def test_transfer_matches_an_explicit_ablated_generation(prepared, tmp_path):
     kept = [a for a, b in zip(after, base) if b]
     assert cell["retained"] == (pytest.approx(sum(kept) / len(kept)) if kept else pytest.approx(float("nan"), nan_ok=True))
     assert out[2].read_bytes()[:4] == b"\x89PNG" and "retained" in out[1].read_text()
+
+
+@pytest.mark.parametrize("positions", ["end", "aligned"])
+def test_knockout_scores_first_tokens_and_full_answers(prepared, tmp_path, positions):
+    from arithmech.ablation import mean_ablate
+    from arithmech.evaluation import answer_correct, greedy_answers
+    from arithmech.patching import AlignedMean
+
+    lm = load_model(prepared / "model", device="cpu")
+    heads = [(l, h) for l in range(lm.n_layers) for h in range(lm.n_heads)]
+    effects = pd.DataFrame({"node": [f"L{l}H{h}" for l, h in heads], "layer": [l for l, _ in heads],
+                            "head": [h for _, h in heads], "component": "head",
+                            "mean_effect": [-0.01 * i for i in range(len(heads))]})
+    effects.to_parquet(tmp_path / "effects.parquet")
+    pd.DataFrame({"component": ["head", "mlp"], "layer": [1, 0], "head": [3, -1]}).to_parquet(tmp_path / "key.parquet")
+    ablation = {"positions": positions, "max_heads": 2, "random_seeds": 1}
+    out = [tmp_path / "k.parquet", tmp_path / "k.png"]
+    stages.run_knockout("tiny", "division", prepared / "model", prepared / "pairs.parquet", prepared / "cache.safetensors",
+                        tmp_path / "effects.parquet", tmp_path / "key.parquet", ablation, COMPUTE, 0, *out)
+    table = pd.read_parquet(out[0])
+    assert list(table["curve"]) == ["top_heads"] * 3 + ["random_heads"] * 2 + ["key_mlps"]
+    assert table["nodes"].iloc[2] == "L1H3 L1H2" and table["nodes"].iloc[-1] == "L0MLP"
+    # the top-2 full-answer accuracy, recomputed by plain generation inside the ablation
+    pairs = pd.read_parquet(prepared / "pairs.parquet")
+    cache = load_file(str(prepared / "cache.safetensors"))
+    mean = AlignedMean(cache["cf_mean_heads"], cache["cf_mean_mlps"])
+    n_new = stages.answer_tokens(lm.tokenizer, pairs["answer"])
+    with mean_ablate(lm, [(1, 3), (1, 2)], [], mean, positions):
+        texts = greedy_answers(lm, list(pairs["prompt"]), n_new, 4)
+    want = sum(answer_correct(t, g) for t, g in zip(texts, pairs["answer"])) / len(pairs)
+    assert table["full_accuracy"].iloc[2] == pytest.approx(want)
+    assert (table["full_accuracy"] <= table["accuracy"] + 1e-9).all()
