@@ -34,9 +34,12 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     tmp = Path(tmp)
-    tmp.chmod(0o666 & ~_umask())  # mkstemp makes the file private; results are meant to be shared
+    mode = 0o666 & ~_umask()  # mkstemp makes the file private; results are meant to be shared
+    tmp.chmod(mode)
     try:
         yield tmp
+        if tmp.exists():
+            tmp.chmod(mode)  # writers that replace the file (safetensors) bring back a private mode
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
