@@ -480,6 +480,7 @@ def test_greedy_end_sets_matches_greedy_generate_per_set(tiny_lm, data):
         want = greedy_generate(tiny_lm, texts, N_NEW, 4, hooks_ctx=mean_ablate(tiny_lm, hs, ms, mean, "end"))
         assert torch.equal(got.tokens[s], want), s
         scores = first_token_scores(tiny_lm, texts, own, 4, mean_ablate(tiny_lm, hs, ms, mean, "end"))
+        assert torch.equal(got.first_tokens[s], scores[0]), s
         torch.testing.assert_close(got.first_answer_logits[s], scores[1], atol=2e-5, rtol=0)
     # the empty set is the plain model; its first tokens are the knockout_end_sets predictions
     assert torch.equal(got.tokens[0], greedy_generate(tiny_lm, texts, N_NEW, 8))

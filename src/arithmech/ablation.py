@@ -43,6 +43,8 @@ Fast path for positions="end": an END-only ablation changes nothing at earlier p
 END token for many ablated copies (`patching.total_logits` uses the same trick). `knockout_end_cached` is
 `knockout(..., positions="end")` on that path (same `Knockout`, equal up to float rounding), and
 `knockout_sets` gives the accuracy of arbitrary head sets (random-head controls, the empty set = baseline).
+`greedy_end_sets` is the mechanism under them: it continues from the shared prefix for several greedy
+steps (full answers); the first-token functions take its first step.
 """
 
 from __future__ import annotations
@@ -57,7 +59,7 @@ import torch
 
 from .hooks import patch_tail
 from .models import LoadedModel
-from .patching import AlignedMean, end_logits, prefix_cache
+from .patching import AlignedMean, prefix_cache
 from .prompts import encode
 
 POSITIONS = ("end", "aligned")
@@ -169,14 +171,6 @@ class Knockout:
     accuracy: np.ndarray
 
 
-def _knockout_result(preds: list, logits_out: list, n_rows: int, answer_ids: torch.Tensor) -> "Knockout":
-    """Join per-batch [n_rows, b] predictions and answer logits into a Knockout with accuracy per row."""
-    predicted = torch.cat(preds, 1) if preds else torch.zeros(n_rows, 0, dtype=torch.long)
-    answer_logits = torch.cat(logits_out, 1) if logits_out else torch.zeros(n_rows, 0)
-    accuracy = (predicted == answer_ids[None]).float().mean(1).numpy().astype(float)
-    return Knockout(predicted, answer_logits, accuracy)
-
-
 @torch.no_grad()
 def knockout(
     lm: LoadedModel,
@@ -209,7 +203,10 @@ def knockout(
         answers = answer_ids[start : start + b].to(logits.device).repeat(copies)
         preds.append(logits.argmax(-1).view(copies, b).cpu())
         logits_out.append(logits.gather(1, answers[:, None])[:, 0].view(copies, b).cpu())
-    return _knockout_result(preds, logits_out, copies, answer_ids)
+    predicted = torch.cat(preds, 1) if preds else torch.zeros(copies, 0, dtype=torch.long)
+    answer_logits = torch.cat(logits_out, 1) if logits_out else torch.zeros(copies, 0)
+    accuracy = (predicted == answer_ids[None]).float().mean(1).numpy().astype(float)
+    return Knockout(predicted, answer_logits, accuracy)
 
 
 def knockout_curve(
@@ -241,38 +238,13 @@ def knockout_end_sets(
 
     Per batch of b texts: one prefix forward [b, S-1], then END-only forwards of c * b rows, c = sets per
     forward = max(1, copies_per_forward // b); row i*c + j is text i with set j of the chunk.
-    Returns Knockout with predicted, answer_logits [n_sets, n] and accuracy [n_sets]."""
-    _check_shared_mean(means)
-    sets = [[(int(l), int(h)) for l, h in hs] for hs in head_sets]
-    union = list(dict.fromkeys(h for hs in sets for h in hs))  # every head any set ablates, first-seen order
-    _check_nodes(lm, union, [])
-    col = {h: j for j, h in enumerate(union)}
-    set_masks = torch.zeros(len(sets), len(union), dtype=torch.bool)  # [n_sets, n_union]
-    for s, hs in enumerate(sets):
-        set_masks[s, [col[h] for h in hs]] = True
+    Returns Knockout with predicted, answer_logits [n_sets, n] and accuracy [n_sets]. This is the first step
+    of `greedy_end_sets`."""
     answer_ids = torch.as_tensor(answer_ids)
-    texts = list(texts)
-    n_sets = len(sets)
-    preds, logits_out = [], []
-    for start in range(0, len(texts), batch_size):
-        enc = encode(lm.tokenizer, texts[start : start + batch_size], lm.device)
-        b, S = enc["input_ids"].shape
-        if S < 2:
-            raise ValueError("knockout_end_sets needs prompts of at least two tokens (a prefix and END)")
-        answers = answer_ids[start : start + b].to(lm.device)
-        prefix = prefix_cache(lm, enc)
-        chunk = max(1, copies_per_forward // b)
-        pred_cols, logit_cols = [], []
-        for s0 in range(0, n_sets, chunk):
-            c = min(chunk, n_sets - s0)
-            row_masks = set_masks[s0 : s0 + c].repeat(b, 1)  # [b * c, n_union], row i*c + j -> set s0 + j
-            with mean_ablate(lm, union, [], means, "end", row_masks):
-                logits = end_logits(lm, enc, prefix, c).float()
-            pred_cols.append(logits.argmax(-1).view(b, c).cpu())
-            logit_cols.append(logits.gather(1, answers.repeat_interleave(c)[:, None])[:, 0].view(b, c).cpu())
-        preds.append(torch.cat(pred_cols, 1).T if pred_cols else torch.zeros(0, b, dtype=torch.long))
-        logits_out.append(torch.cat(logit_cols, 1).T if logit_cols else torch.zeros(0, b))
-    return _knockout_result(preds, logits_out, n_sets, answer_ids)
+    first = greedy_end_sets(lm, texts, head_sets, means, 1, answer_ids=answer_ids, batch_size=batch_size,
+                            copies_per_forward=copies_per_forward)
+    accuracy = (first.first_tokens == answer_ids[None]).float().mean(1).numpy().astype(float)
+    return Knockout(first.first_tokens, first.first_answer_logits, accuracy)
 
 
 def knockout_end_cached(
@@ -341,9 +313,9 @@ def greedy_end_sets(
     ablated at END and at each generated position: what `evaluation.greedy_generate` does inside
     `mean_ablate(..., positions="end")`, for many sets at once.
 
-    As in `knockout_end_sets`, the prompt minus END runs once per batch (an END-only ablation changes
-    nothing before END), and each chunk of sets continues from a copy of that prefix cache with one token
-    per forward (row i*c + j is text i with set j of the chunk). A row keeps being computed after its
+    The prompt minus END runs once per batch (an END-only ablation changes nothing before END), and each
+    chunk of c = max(1, copies_per_forward // b) sets continues from a copy of that prefix cache with one
+    token per forward (row i*c + j is text i with set j of the chunk). A row keeps being computed after its
     end-of-sequence token (its tokens are then replaced by the pad id), so all rows of a forward stay
     aligned.
 

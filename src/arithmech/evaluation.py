@@ -226,6 +226,12 @@ _FINAL_MARK = re.compile(r"####")
 _ANSWER_MARK = re.compile(r"answer\s*(?:is\b|:)", re.IGNORECASE)
 
 
+def _cut_at(text: str, stop_strings: Sequence[str]) -> str:
+    """`text` up to the first stop string (exclusive)."""
+    cut = min((i for i in (text.find(s) for s in stop_strings) if i >= 0), default=len(text))
+    return text[:cut]
+
+
 def extract_answer(text: str) -> float | None:
     """The final answer of a generated math solution, or None when it has no number.
 
@@ -233,7 +239,7 @@ def extract_answer(text: str) -> float | None:
     after the last "####" wins, else the one after the last "The answer is" / "answer is" / "Answer:", else
     the last number in the text. Numbers are read as in `extract_number`: "1,000.5", "$18.50", "-3" or
     "\u22123", and a sentence's full stop or a trailing unit ("12 apples") is not part of them."""
-    text = text.split("\nQuestion:", 1)[0]
+    text = _cut_at(text, MATH_STOP_STRINGS)
     for mark in (_FINAL_MARK, _ANSWER_MARK):
         for match in reversed(list(mark.finditer(text))):
             value = extract_number(text[match.end() :].split("\n", 1)[0])
@@ -249,12 +255,6 @@ def _require_columns(frame: pd.DataFrame, columns: Sequence[str], where: str) ->
     missing = [c for c in columns if c not in frame]
     if missing:
         raise ValueError(f"{where}: the frame lacks column(s) {missing}; it has {list(frame.columns)}")
-
-
-def _cut_at(text: str, stop_strings: Sequence[str]) -> str:
-    """`text` up to the first stop string (exclusive)."""
-    cut = min((i for i in (text.find(s) for s in stop_strings) if i >= 0), default=len(text))
-    return text[:cut]
 
 
 def generate_texts(

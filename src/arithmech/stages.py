@@ -284,13 +284,15 @@ def _set_answers(lm, texts, head_sets, mlp_sets, means, positions, max_new_token
     ])
 
 
-def _full_correct(tokenizer, tokens: torch.Tensor, golds) -> np.ndarray:
-    """[n_sets, n] bool: whether the first number of each decoded greedy answer is the gold value."""
+def _answers_correct(tokenizer, tokens: torch.Tensor, golds, judge=None) -> np.ndarray:
+    """[n_sets, n] bool: whether each decoded greedy answer matches its gold, by `judge(text, gold)`
+    (default `evaluation.answer_correct`: the first number, compared by value)."""
     from .evaluation import answer_correct
 
+    judge = judge or answer_correct
     golds = list(golds)
     texts = tokenizer.batch_decode(tokens.flatten(0, 1), skip_special_tokens=True)
-    flat = [answer_correct(t, golds[i % len(golds)]) for i, t in enumerate(texts)]
+    flat = [judge(t, golds[i % len(golds)]) for i, t in enumerate(texts)]
     return np.array(flat, dtype=bool).reshape(tokens.shape[:2])
 
 
@@ -325,7 +327,7 @@ def run_knockout(
         answer_tokens(lm.tokenizer, pairs["answer"]), compute["batch_size"], 256,
     )
     first = (tokens[..., 0] == answers[None]).float().mean(1).numpy()
-    full = _full_correct(lm.tokenizer, tokens, pairs["answer"]).mean(1)
+    full = _answers_correct(lm.tokenizer, tokens, pairs["answer"]).mean(1)
     rows = [
         {"curve": c, "seed": sd, "k": k,
          "nodes": " ".join([f"L{l}H{h}" for l, h in hs] + [f"L{l}MLP" for l in ms]),
@@ -386,17 +388,6 @@ def _transfer_targets(
     return targets
 
 
-def _target_correct(tokenizer, target: dict, tokens: torch.Tensor) -> np.ndarray:
-    """[n_sets, n] bool: numbers compared by value; the non-math answers by text (`evaluation.qa_correct`)."""
-    if target["kind"] != "non_math":
-        return _full_correct(tokenizer, tokens, target["golds"])
-    from .evaluation import qa_correct
-
-    texts = tokenizer.batch_decode(tokens.flatten(0, 1), skip_special_tokens=True)
-    golds = target["golds"]
-    return np.array([qa_correct(t, golds[i % len(golds)]) for i, t in enumerate(texts)]).reshape(tokens.shape[:2])
-
-
 def run_transfer(
     model: str, model_dir, tasks: list[str], pairs_paths, cache_paths, key_paths, svamp_path, non_math_path,
     transfer: dict, prompts_cfg: dict, compute: dict, seed: int, out_table, out_html, out_png,
@@ -409,9 +400,11 @@ def run_transfer(
     "accuracy after knockout" on data filtered to correct answers)."""
     from . import plots
     from .ablation import greedy_end_sets, random_heads
+    from .evaluation import qa_correct
 
     lm = _load(model_dir, compute)
-    sets = [{"source": "none", "heads": "none", "seed": -1, "nodes": [], "mean": None}]
+    # the empty set ablates nothing; any mean will do
+    sets = [{"source": "none", "heads": "none", "seed": -1, "nodes": [], "mean": tasks[0]}]
     means = {}
     for task, cache_path, key_path in zip(tasks, cache_paths, key_paths, strict=True):
         cache = load_file(str(cache_path))
@@ -422,7 +415,6 @@ def run_transfer(
         for s in range(transfer["random_seeds"]):
             drawn = random_heads(lm.n_layers, lm.n_heads, len(key_heads), seed=seed * 1000 + s, exclude=key_heads)
             sets.append({"source": task, "heads": "random", "seed": s, "nodes": drawn, "mean": task})
-    sets[0]["mean"] = tasks[0]  # the empty set ablates nothing; any mean will do
     set_means = [means[s["mean"]] for s in sets]
     rows = []
     for target in _transfer_targets(lm, tasks, pairs_paths, svamp_path, non_math_path, transfer, prompts_cfg, seed):
@@ -430,7 +422,9 @@ def run_transfer(
             lm, target["texts"], [s["nodes"] for s in sets], set_means, target["max_new_tokens"],
             batch_size=compute["batch_size"],
         )
-        correct = _target_correct(lm.tokenizer, target, result.tokens)  # [n_sets, n]
+        # numbers compared by value; the non-math answers by text
+        judge = qa_correct if target["kind"] == "non_math" else None
+        correct = _answers_correct(lm.tokenizer, result.tokens, target["golds"], judge)  # [n_sets, n]
         base = correct[0]
         first = None
         if target["answer_ids"] is not None:
