@@ -4,7 +4,7 @@ from pathlib import Path
 
 from snakemake.utils import min_version
 
-from arithmech.config import validate_config
+from arithmech.config import EVAL_DATASETS, validate_config
 
 min_version("9.0")
 

@@ -27,6 +27,7 @@ from arithmech.evaluation import (
     greedy_generate,
     normalize_answer,
     perplexity,
+    SharedPrefix,
     qa_correct,
 )
 
@@ -134,6 +135,37 @@ def test_per_row_hooks_see_rows_in_input_order(tiny_lm, math_frame):
     res = evaluate_generation(tiny_lm, math_frame, 4, batch_size=2, hooks_ctx=per_row, progress=None)
     assert calls == [(0, 2), (2, 4), (4, 5)]
     assert res["id"].tolist() == math_frame["id"].tolist()
+
+
+SHOTS = "Question: Ann has 3 pens and buys 4 more. How many pens does she have?\nAnswer: 3 + 4 = 7. #### 7\n\n"
+
+
+@pytest.mark.parametrize("batch_size", [1, 2, 5])
+def test_shared_prefix_generation_matches_whole_prompts(tiny_lm, batch_size):
+    prompts = [SHOTS + p for p in MATH_PROMPTS]
+    prefix = SharedPrefix.of(tiny_lm, prompts)
+    ids = tiny_lm.tokenizer(prompts)["input_ids"]
+    # the prefix is the longest common token prefix, and every prompt keeps tokens of its own
+    assert prefix is not None and prefix.length >= len(tiny_lm.tokenizer(SHOTS)["input_ids"]) - 1
+    assert all(row[: prefix.length] == ids[0][: prefix.length] for row in ids)
+    assert len({row[prefix.length] for row in ids}) > 1
+    whole, whole_logits = greedy_generate(tiny_lm, prompts, 10, batch_size, return_logits=True)
+    shared, shared_logits = greedy_generate(tiny_lm, prompts, 10, batch_size, return_logits=True, share_prefix=True)
+    assert torch.equal(shared, whole)
+    torch.testing.assert_close(shared_logits, whole_logits, rtol=1e-4, atol=1e-4, equal_nan=True)
+    # and so do the scored answers, which share the prefix by default
+    frame = pd.DataFrame({"id": [str(i) for i in range(5)], "prompt": prompts, "gold": [1.0] * 5})
+    pd.testing.assert_frame_equal(
+        evaluate_generation(tiny_lm, frame, 10, batch_size, progress=None),
+        evaluate_generation(tiny_lm, frame, 10, batch_size, progress=None, share_prefix=False),
+    )
+
+
+def test_shared_prefix_needs_a_prefix_and_no_hooks(tiny_lm):
+    assert SharedPrefix.of(tiny_lm, MATH_PROMPTS[:1] + ["Tom has 12 apples."]) is None  # nothing shared
+    assert SharedPrefix.of(tiny_lm, [SHOTS, SHOTS]).length == len(tiny_lm.tokenizer(SHOTS)["input_ids"]) - 1
+    with pytest.raises(ValueError, match="share_prefix needs hooks_ctx=None"):
+        greedy_generate(tiny_lm, [SHOTS], 2, 1, hooks_ctx=contextlib.nullcontext(), share_prefix=True)
 
 
 def test_evaluate_generation_names_missing_columns(tiny_lm):

@@ -1,11 +1,14 @@
 """Atomic writers: results are complete or absent, and readable by the group like any other file."""
 
 import os
+import shutil
+from pathlib import Path
 
 import pytest
 import torch
 
-from arithmech.io import atomic_path, write_safetensors
+import arithmech
+from arithmech.io import atomic_path, source_digest, tree_digest, write_safetensors
 
 
 def test_safetensors_results_get_the_umask_mode(tmp_path):
@@ -22,3 +25,15 @@ def test_a_failed_write_leaves_nothing(tmp_path):
             tmp.write_text("half")
             raise RuntimeError("killed")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_source_digest_follows_every_source_byte(tmp_path):
+    copy = tmp_path / "arithmech"
+    shutil.copytree(Path(arithmech.__file__).parent, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    assert tree_digest(copy) == source_digest()
+    (copy / "__pycache__").mkdir()
+    (copy / "__pycache__" / "x.pyc").write_bytes(b"not source")
+    assert tree_digest(copy) == source_digest()  # only *.py counts
+    stages = copy / "stages.py"
+    stages.write_text(stages.read_text() + "\n")
+    assert tree_digest(copy) != source_digest()

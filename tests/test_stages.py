@@ -8,7 +8,7 @@ import torch
 from safetensors.torch import load_file
 
 from arithmech import stages
-from arithmech.io import read_parquet_meta
+from arithmech.io import read_parquet_meta, source_digest
 from arithmech.models import load_model
 from arithmech.patching import reference_logits
 from arithmech.tiny import build_tiny_model
@@ -44,6 +44,7 @@ def test_pairs_and_provenance(prepared):
     assert meta["counts"] == {"candidates": 2 * 16, "kept": 12, "over_max_samples": 20}
     assert meta["model_source"] == {"path": str(prepared / "src")}
     assert set(meta["versions"]) >= {"torch", "transformers", "python", "arithmech"}
+    assert meta["arithmech_source_sha256"] == source_digest() and len(source_digest()) == 64
 
 
 def test_cache_contents(prepared):

@@ -9,6 +9,11 @@ import yaml
 from jsonschema import Draft202012Validator
 
 
+# The `evaluation` sections that name a data set, in the order the evaluate rule runs them. Here rather than
+# in `stages` so the Snakefile can read it without importing torch.
+EVAL_DATASETS = ("gsm8k", "svamp", "social_iqa", "strategyqa", "qa_wikidata", "wikitext")
+
+
 class ConfigError(ValueError):
     pass
 

@@ -16,6 +16,7 @@ Batches are left-padded (`prompts.encode`), so END, the position that predicts t
 from __future__ import annotations
 
 import contextlib
+import copy
 import math
 import re
 import string
@@ -98,6 +99,54 @@ def first_token_accuracy(
 # Greedy generation
 
 
+class SharedPrefix:
+    """The longest token prefix that all texts share, run once, and batches that continue from its cache.
+
+    `of` tokenizes every text (as `prompts.encode` does) and finds the common prefix of the token ids, so a
+    prefix never ends inside a token of one text's own tokenization; it keeps at least one token per text
+    to run (the END that predicts the first new token). `batch(rows)` returns generate() inputs:
+    input_ids and attention_mask [rows, prefix + longest rest], the rests left-padded after the prefix, and
+    past_key_values, a fresh copy of the prefix cache repeated over the rows (generate() extends it)."""
+
+    MIN_TOKENS = 8  # a shorter shared prefix is not worth a separate forward
+
+    def __init__(self, lm: LoadedModel, ids: list[list[int]], length: int):
+        self.lm, self.ids, self.length = lm, ids, length
+        self.tokens = torch.tensor(ids[0][:length], dtype=torch.long, device=lm.device)  # [prefix]
+        with torch.no_grad():
+            self.cache = lm.model(input_ids=self.tokens[None], use_cache=True).past_key_values
+
+    @classmethod
+    def of(cls, lm: LoadedModel, texts: Sequence[str]) -> SharedPrefix | None:
+        """The shared prefix of `texts`, or None when it is shorter than MIN_TOKENS."""
+        if not texts:
+            return None
+        ids = lm.tokenizer(list(texts))["input_ids"]
+        length = min(len(row) for row in ids) - 1
+        first = ids[0]
+        for row in ids[1:]:
+            common = 0
+            while common < length and row[common] == first[common]:
+                common += 1
+            length = common
+        return cls(lm, ids, length) if length >= cls.MIN_TOKENS else None
+
+    def batch(self, rows: Sequence[int]) -> dict:
+        rests = [self.ids[i][self.length :] for i in rows]
+        width = max(len(rest) for rest in rests)
+        pad = self.lm.tokenizer.pad_token_id
+        rest_ids = torch.tensor([[pad] * (width - len(r)) + r for r in rests], dtype=torch.long)
+        rest_mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rests], dtype=torch.long)
+        n = len(rests)
+        cache = copy.deepcopy(self.cache)
+        cache.batch_repeat_interleave(n)
+        return {
+            "input_ids": torch.cat([self.tokens[None].expand(n, -1).cpu(), rest_ids], 1).to(self.lm.device),
+            "attention_mask": torch.cat([torch.ones(n, self.length, dtype=torch.long), rest_mask], 1).to(self.lm.device),
+            "past_key_values": cache,
+        }
+
+
 @torch.no_grad()
 def greedy_generate(
     lm: LoadedModel,
@@ -108,6 +157,7 @@ def greedy_generate(
     return_logits: bool = False,
     stop_strings: Sequence[str] | None = None,
     progress: str | None = None,
+    share_prefix: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Greedy continuation token ids [n, max_new_tokens] (CPU); after a row's end-of-sequence token, and
     for rows that stop early, the pad token id. With `return_logits`, also the raw next-token logits of
@@ -121,8 +171,17 @@ def greedy_generate(
 
     `stop_strings`: a row also ends once its continuation contains one of them (the tokens that complete
     the string are kept; the pad token id follows), so a batch stops early when all its rows have.
-    `progress`: a tqdm progress bar over the batches (to stderr) with this description; None for none."""
+    `progress`: a tqdm progress bar over the batches (to stderr) with this description; None for none.
+
+    `share_prefix`: run the token prefix that all texts share (few-shot examples, a chat system turn) once
+    and start every batch from a copy of its KV cache; each row's own tokens follow it, left-padded
+    between prefix and row (positions come from the attention mask, so a row's positions are those of its
+    unpadded sequence). The same computation as without it, up to floating-point rounding (tested). Only
+    without hooks: a hook on "the last position of every forward" would also act on the prefix's end."""
     from transformers import GenerationConfig
+
+    if share_prefix and hooks_ctx is not None:
+        raise ValueError("greedy_generate: share_prefix needs hooks_ctx=None (hooks would act on the prefix)")
 
     tok = lm.tokenizer
     eos = lm.model.generation_config.eos_token_id
@@ -148,14 +207,16 @@ def greedy_generate(
         config.return_dict_in_generate = True
         config.output_logits = True
         all_logits = torch.full((len(texts), max_new_tokens, lm.unembed.weight.shape[0]), float("nan"))
+    prefix = SharedPrefix.of(lm, texts) if share_prefix else None
     with _outer(hooks_ctx):
         batches = list(_batches(len(texts), batch_size))
         for start, stop in tqdm(batches, desc=progress, disable=progress is None, file=sys.stderr):
-            enc = encode(tok, texts[start:stop], lm.device)
+            if prefix is None:
+                enc = encode(tok, texts[start:stop], lm.device)
+            else:
+                enc = prefix.batch(range(start, stop))
             with _inner(hooks_ctx, start, stop):
-                res = lm.model.generate(
-                    input_ids=enc["input_ids"], attention_mask=enc["attention_mask"], generation_config=config, **extra
-                )
+                res = lm.model.generate(**enc, generation_config=config, **extra)
             seq = res.sequences if return_logits else res
             new = seq[:, enc["input_ids"].shape[1] :].cpu()
             out[start:stop, : new.shape[1]] = new
@@ -265,9 +326,11 @@ def generate_texts(
     hooks_ctx: HooksCtx = None,
     stop_strings: Sequence[str] = (),
     progress: str | None = "generate",
+    share_prefix: bool = True,
 ) -> list[str]:
     """Greedy continuations of `prompts` (decoded, special tokens dropped, cut before the first stop string),
-    in the order of `prompts`.
+    in the order of `prompts`. Without hooks, the prompts' shared token prefix (few-shot examples) runs once
+    (`greedy_generate(share_prefix=True)`); `share_prefix=False` runs every prompt whole.
 
     Prompts are generated longest first, so each batch holds prompts of similar length (little padding) and
     an out-of-memory error shows in the first batch. Per-row hooks (`hooks_ctx` a callable) index rows by
@@ -281,7 +344,8 @@ def generate_texts(
         order = np.argsort(-lengths, kind="stable")
     ordered = [prompts[i] for i in order]
     ids = greedy_generate(
-        lm, ordered, max_new_tokens, batch_size, hooks_ctx, stop_strings=stop_strings, progress=progress
+        lm, ordered, max_new_tokens, batch_size, hooks_ctx, stop_strings=stop_strings, progress=progress,
+        share_prefix=share_prefix and hooks_ctx is None,
     )
     texts = lm.tokenizer.batch_decode(ids, skip_special_tokens=True)
     out = [""] * len(prompts)
@@ -298,14 +362,16 @@ def evaluate_generation(
     hooks_ctx: HooksCtx = None,
     stop_strings: Sequence[str] = MATH_STOP_STRINGS,
     progress: str | None = "generate",
+    share_prefix: bool = True,
 ) -> pd.DataFrame:
-    """Generated math solutions, scored by their final answer.
+    """Generated math solutions, scored by their final answer (prompts' shared prefix: `generate_texts`).
 
     `frame`: columns id, prompt (e.g. from `data.math_prompts`), gold (a number). Returns one row per input
     row, in the input order: id, prompt, output (the greedy continuation, cut before the first stop
     string), extracted (`extract_answer(output)`, NaN when none), gold, correct (extracted == gold)."""
     _require_columns(frame, ["id", "prompt", "gold"], "evaluate_generation")
-    outputs = generate_texts(lm, frame["prompt"], max_new_tokens, batch_size, hooks_ctx, stop_strings, progress)
+    outputs = generate_texts(lm, frame["prompt"], max_new_tokens, batch_size, hooks_ctx, stop_strings, progress,
+                             share_prefix)
     extracted = [extract_answer(text) for text in outputs]
     gold = frame["gold"].astype(float).to_numpy()
     correct = [v is not None and math.isclose(v, g, rel_tol=1e-9, abs_tol=1e-6) for v, g in zip(extracted, gold)]

@@ -6,6 +6,7 @@ never leaves a half-written result that a re-run would mistake for a finished on
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -62,14 +63,32 @@ def package_versions() -> dict[str, str]:
     return versions
 
 
+@functools.cache
+def source_digest() -> str:
+    """sha256 over the arithmech package's Python sources (relative path and content, in path order): which
+    code produced a result, whether or not the workflow sits in a git checkout. A library change does not
+    re-run finished jobs (Snakemake only watches rule scripts); compare this digest to see which results an
+    edit left stale, and force those rules with `snakemake -R <rule>`."""
+    return tree_digest(Path(__file__).resolve().parent)
+
+
+def tree_digest(root: Path) -> str:
+    """sha256 over the *.py files under `root`: relative path and content, in path order."""
+    digest = hashlib.sha256()
+    for path in sorted(Path(root).rglob("*.py")):
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
 def config_hash(config: dict) -> str:
     """A short, order-independent hash of a (sub-)config."""
     return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def provenance(**extra) -> dict:
-    """What to record next to a result: package versions plus whatever the caller adds (model, config hash)."""
-    return {"versions": package_versions(), **extra}
+    """What to record next to a result: package versions, the library's source digest, and whatever the
+    caller adds (model checksum and revision, config hash)."""
+    return {"versions": package_versions(), "arithmech_source_sha256": source_digest(), **extra}
 
 
 def write_parquet(df: pd.DataFrame, path: str | Path, meta: dict | None = None) -> None:

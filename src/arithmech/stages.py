@@ -22,6 +22,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 from . import effects as fx
+from .config import EVAL_DATASETS
 from .io import config_hash, provenance, read_parquet_meta, write_html_table, write_parquet, write_safetensors
 from .models import SOURCE_FILE, LoadedModel, load_model, prepare_model
 from .patching import AlignedMean, EndState, collect, direct_logits, effects_frame, total_logits
@@ -553,9 +554,6 @@ def load_finetuned(model_dir, finetune_dir, compute: dict) -> LoadedModel:
     finetune_dir = Path(finetune_dir)
     trained = finetune_dir / FULL_DIR if (finetune_dir / FULL_DIR).is_dir() else finetune_dir / TRAINED_FILE
     return load_trained(model_dir, trained, device=compute["device"], dtype=compute["dtype"])
-
-
-EVAL_DATASETS = ("gsm8k", "svamp", "social_iqa", "strategyqa", "qa_wikidata", "wikitext")
 
 
 def run_evaluate(model: str, model_dir, method: str, finetune_dir, data_paths: dict, evaluation: dict,

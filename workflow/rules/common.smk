@@ -84,14 +84,6 @@ def identify_targets():
 
 FINETUNE_METHODS = config["finetune"]["methods"]
 EVAL_METHODS = ["base", *FINETUNE_METHODS]
-EVAL_DATASETS = [
-    "gsm8k",
-    "svamp",
-    "social_iqa",
-    "strategyqa",
-    "qa_wikidata",
-    "wikitext",
-]
 
 
 def finetune_effects(wildcards):
