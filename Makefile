@@ -28,8 +28,10 @@ test: $(STAMP)
 
 benchmark: $(STAMP)
 	$(BIN)/python benchmarks/patching_speed.py
+	# the 16 heads precise SFT trains in the default run (results/smollm2-135m/finetune/precise/stats.json)
 	$(BIN)/python benchmarks/finetune_speed.py --model-dir results/smollm2-135m/model \
-		--heads L20H8,L14H6,L14H8,L23H3,L19H5,L21H2,L14H2,L29H1,L20H7
+		--batch-size 4 --seq-len 256 --steps 3 --warmup 1 \
+		--heads L20H8,L20H7,L29H0,L19H5,L14H8,L23H3,L14H2,L23H0,L25H5,L29H3,L14H6,L27H3,L24H4,L21H5,L28H3,L23H1
 
 report: $(STAMP)
 	$(BIN)/snakemake --cores $(CORES) --report results/report.html
