@@ -147,6 +147,41 @@ def test_labels_mask_the_prompt_and_truncation_keeps_the_target(tiny_lm):
     assert ft.batch_loss(tiny_lm.model, batch)[1] == len(t_ids) + 1 + 1 + 1  # targets and eos of both
 
 
+def sentencepiece_like_tokenizer():
+    """A tokenizer that normalizes like LLaMA-2's fast tokenizer: every text gets a leading "▁" and spaces
+    become "▁", so " Janet" alone is "▁", "▁Janet" but "▁Janet" after other text."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="never", split=True)
+    tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="always", split=True)
+    corpus = ["Question: Janet has 3 pens and buys 4 more. How many pens? Answer: Janet has 3 + 4 = 7 pens."] * 20
+    tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=80, special_tokens=["<unk>", "<s>", "</s>"]))
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
+
+
+def test_target_tokens_are_those_that_follow_the_prompt():
+    tok = sentencepiece_like_tokenizer()
+    prompt, target = "Question: How many pens? Answer:", " Janet has 7"
+    whole = tok(prompt + target)["input_ids"]
+    alone = tok(target, add_special_tokens=False)["input_ids"]
+    assert tok.convert_ids_to_tokens(alone)[0] == "▁" and alone[1:] == whole[-3:]  # what a separate call gives
+    ids, labels = ft.encode_example(tok, prompt, target, 64)
+    assert ids == whole + [tok.eos_token_id]
+    n_prompt = len(tok(prompt)["input_ids"])
+    assert labels == [-100] * n_prompt + whole[n_prompt:] + [tok.eos_token_id]
+    assert tok.convert_ids_to_tokens(ids[n_prompt:-1]) == ["▁Janet", "▁has", "▁7"]
+    # a token across the boundary: the prompt keeps its own tokens, the target is tokenized alone
+    p_ids, t_ids = tok("Answer: Jan")["input_ids"], tok("et has 7", add_special_tokens=False)["input_ids"]
+    assert tok("Answer: Janet has 7")["input_ids"][: len(p_ids)] != p_ids  # "▁Janet" spans the boundary
+    ids, labels = ft.encode_example(tok, "Answer: Jan", "et has 7", 64)
+    assert ids == p_ids + t_ids + [tok.eos_token_id]
+    assert labels == [-100] * len(p_ids) + t_ids + [tok.eos_token_id]
+
+
 def train_twice(tiny_dir, tmp_path, method, config, first_config=None, stop_at_step=None):
     """An uninterrupted run and a run that stops early (its first call: `first_config`, or `stop_at_step`)
     and then resumes from its checkpoint on a freshly loaded model; returns both [(FineTune, TrainStats)]."""
@@ -261,3 +296,26 @@ def test_epoch_order_and_lr_schedule():
     assert sorted(a) == list(range(10)) and list(a) != list(b) and list(a) == list(ft.epoch_order(0, 0, 10))
     assert [ft.lr_factor(s, 6, 2, "linear") for s in range(6)] == [0.5, 1.0, 1.0, 0.75, 0.5, 0.25]
     assert ft.lr_factor(2, 6, 2, "cosine") == 1.0 and ft.lr_factor(5, 6, 0, "constant") == 1.0
+
+
+@pytest.mark.parametrize("delta_dtype, want", [("model", torch.bfloat16), ("float32", torch.float32)])
+def test_bfloat16_model_trains_only_its_deltas(tiny_dir, tmp_path, delta_dtype, want):
+    """What a GPU run does (bf16 weights), on the CPU: frozen weights stay bit-identical, the deltas have the
+    configured dtype and learn, and the saved file applied to a fresh bf16 model gives the trained logits."""
+    lm = load_model(tiny_dir, device="cpu", dtype="bfloat16")
+    base = {n: p.detach().clone() for n, p in lm.model.named_parameters()}
+    run = ft.prepare(lm, {"method": "precise", "heads": [list(h) for h in HEADS], "delta_dtype": delta_dtype})
+    stats = ft.train(run, EXAMPLES, {**FAST, "max_steps": 6}, progress=False)
+    assert all(torch.isfinite(torch.tensor(stats.losses)))
+    for name, p in lm.model.named_parameters():
+        assert p.dtype == torch.bfloat16 and torch.equal(p, base[name]), name
+    assert all(p.dtype == want and p.abs().sum() > 0 for p in run.params.values())
+    trained = logits(lm.model, lm.tokenizer)
+    path = ft.save_trained(run, tmp_path / "deltas.safetensors")
+    fresh_bf16 = load_model(tiny_dir, device="cpu", dtype="bfloat16")
+    untrained = logits(fresh_bf16.model, fresh_bf16.tokenizer)
+    assert (untrained.float() - trained.float()).abs().max() > 1.0  # far beyond the tolerance below
+    applied = logits(ft.apply_trained(fresh_bf16, path), fresh_bf16.tokenizer)
+    assert applied.dtype == torch.bfloat16
+    # folding W + delta rounds once in bf16 where the hooked model adds two bf16 products: bf16-sized error
+    torch.testing.assert_close(applied.float(), trained.float(), atol=0.1, rtol=0.05)
