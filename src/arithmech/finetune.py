@@ -29,7 +29,9 @@ and head:
   model.layers.{l}.self_attn.q_proj.weight.head.{h}       [hd, d_model]   rows h*hd:(h+1)*hd
   model.layers.{l}.self_attn.o_proj.weight.head.{h}       [d_model, hd]   columns h*hd:(h+1)*hd
   model.layers.{l}.self_attn.k_proj.weight.kv_head.{g}    [hd, d_model]   rows g*hd:(g+1)*hd (v_proj alike)
-  model.layers.{l}.mlp.gate_proj.weight                   the whole matrix (MLP layers; every LoRA target)
+  model.layers.{l}.mlp.gate_proj.weight                   the whole matrix (MLP layers)
+  model.layers.{l}.self_attn.q_proj.weight.lora_A         [r, d_in]  (LoRA; .lora_B [d_out, r] with the
+                                                          scaling folded in: the update is lora_B @ lora_A)
 with the method, heads and shapes as JSON in the header (`read_trained_meta`). For full, a normal HF
 directory (save_pretrained plus the tokenizer), loaded with `models.load_model`.
 """
@@ -756,18 +758,28 @@ def _load_checkpoint(path: Path, ft: FineTune, optimizer: torch.optim.Optimizer,
 # Saving and applying what was trained
 
 
-def _lora_deltas(ft: FineTune) -> dict[str, torch.Tensor]:
-    """W_merged - W of every LoRA-adapted module, under `<module path in the base model>.weight`."""
+def _lora_factors(ft: FineTune) -> dict[str, torch.Tensor]:
+    """The trained LoRA factors of every adapted module, under `<module path in the base model>.weight.`
+    lora_A [r, d_in] and lora_B [d_out, r], the scaling alpha/r folded into lora_B, so that the update of
+    the weight is lora_B @ lora_A. A module that stores its weight transposed (fan_in_fan_out, GPT-2's
+    Conv1D) saves its whole update under `.weight` instead."""
     from peft.tuners.lora import LoraLayer
 
-    base = ft.model.get_base_model()
-    return {f"{name}.weight": module.get_delta_weight("default").detach()
-            for name, module in base.named_modules() if isinstance(module, LoraLayer)}
+    out = {}
+    for name, module in ft.model.get_base_model().named_modules():
+        if not isinstance(module, LoraLayer):
+            continue
+        if getattr(module, "fan_in_fan_out", False):
+            out[f"{name}.weight"] = module.get_delta_weight("default").detach()
+            continue
+        out[f"{name}.weight.lora_A"] = module.lora_A["default"].weight.detach().clone()
+        out[f"{name}.weight.lora_B"] = (module.lora_B["default"].weight * module.scaling["default"]).detach()
+    return out
 
 
 def save_trained(ft: FineTune, path: str | Path, meta: dict | None = None) -> Path:
-    """Save what was trained (module docstring): a safetensors file of deltas for precise, random_heads and
-    lora (the LoRA update B @ A * scaling of each adapted matrix), or an HF model directory for full.
+    """Save what was trained (module docstring): a safetensors file of deltas for precise and random_heads,
+    of the LoRA factors for lora, or an HF model directory for full.
     `meta` is added to the recorded metadata. Written atomically; returns `path`."""
     path = Path(path)
     lm = ft.lm
@@ -784,7 +796,7 @@ def save_trained(ft: FineTune, path: str | Path, meta: dict | None = None) -> Pa
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         return path
-    tensors = ft.deltas.named_tensors() if ft.deltas is not None else _lora_deltas(ft)
+    tensors = ft.deltas.named_tensors() if ft.deltas is not None else _lora_factors(ft)
     info = {**ft.method.describe(), "n_layers": lm.n_layers, "n_heads": lm.n_heads, "n_kv_heads": lm.n_kv_heads,
             "head_dim": lm.head_dim, "d_model": lm.d_model, "n_trainable": ft.n_trainable,
             "shapes": {k: list(v.shape) for k, v in tensors.items()}, **(meta or {})}
@@ -813,7 +825,16 @@ def apply_trained(model: LoadedModel | nn.Module, path: str | Path) -> nn.Module
         raise ValueError(f"{path} is a directory (a full fine-tune saves a whole model): load it with "
                          "arithmech.models.load_model instead of applying it to a base model")
     modules = dict(module.named_modules())
-    for key, delta in load_file(str(path)).items():
+    tensors = load_file(str(path))
+    factors = {key: tensors.pop(key) for key in [k for k in tensors if re.search(r"\.lora_[AB]$", k)]}
+    for key in sorted(k for k in factors if k.endswith(".lora_A")):
+        pair = key[: -len("A")] + "B"
+        if pair not in factors:
+            raise ValueError(f"{path}: {key} has no {pair}")
+        tensors[key[: -len(".lora_A")]] = factors.pop(pair).float() @ factors.pop(key).float()  # [d_out, d_in]
+    if factors:
+        raise ValueError(f"{path}: {sorted(factors)} without their lora_A")
+    for key, delta in tensors.items():
         m = re.fullmatch(r"(.+)\.weight(?:\.(head|kv_head)\.(\d+))?", key)
         if m is None or m[1] not in modules:
             raise ValueError(f"{path}: key {key!r} names no module of this model")
