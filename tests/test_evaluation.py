@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from arithmech.data import choice_prompt
+from arithmech.prompts import continuation_ids
 from arithmech.evaluation import (
-    _choice_token_ids,
     accuracy_interval,
     choice_loglik,
     evaluate_choice,
@@ -205,7 +205,7 @@ def test_choice_loglik_matches_unbatched_reference(tiny_lm, batch_size):
     tok = tiny_lm.tokenizer
     for context, choices in zip(CONTEXTS, CHOICES):
         for choice in choices:  # these never merge across the boundary, so the reference tokenizes apart
-            assert _choice_token_ids(tok, context, choice)[1] == tok(choice, add_special_tokens=False)["input_ids"]
+            assert continuation_ids(tok, context, choice)[1] == tok(choice, add_special_tokens=False)["input_ids"]
     scores = choice_loglik(tiny_lm, CONTEXTS, CHOICES, batch_size=batch_size)
     assert [s.shape for s in scores] == [(len(c),) for c in CHOICES]
     for got, context, choices in zip(scores, CONTEXTS, CHOICES):
@@ -221,7 +221,7 @@ def test_choice_loglik_matches_unbatched_reference(tiny_lm, batch_size):
 def test_choice_token_ids_keep_the_context_tokens(tiny_lm, context, choice, merges):
     tok = tiny_lm.tokenizer
     joint = tok(context + choice)["input_ids"]
-    ctx, cont = _choice_token_ids(tok, context, choice)
+    ctx, cont = continuation_ids(tok, context, choice)
     # "Answer: " + "yes" tokenizes jointly as ":", " yes": the context's own last token " " is not a prefix
     assert (joint[: len(ctx)] != ctx) == merges
     assert ctx == tok(context)["input_ids"]

@@ -49,7 +49,6 @@ steps (full answers); the first-token functions take its first step.
 
 from __future__ import annotations
 
-import copy
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterable, Iterator, Sequence
@@ -59,7 +58,7 @@ import torch
 
 from .hooks import patch_tail
 from .models import LoadedModel
-from .patching import AlignedMean, prefix_cache
+from .patching import AlignedMean, prefix_cache, repeated_cache
 from .prompts import encode
 
 POSITIONS = ("end", "aligned")
@@ -367,8 +366,7 @@ def greedy_end_sets(
             if per_set:
                 row_set = torch.arange(s0, s0 + c).repeat(b)
                 values = AlignedMean(set_heads[row_set], set_mlps[row_set])  # per-row END values
-            cache = copy.deepcopy(prefix)
-            cache.batch_repeat_interleave(c)
+            cache = repeated_cache(prefix, c)
             ids = enc["input_ids"][:, -1:].repeat_interleave(c, 0)
             mask = enc["attention_mask"].repeat_interleave(c, 0)
             pos = enc["position_ids"][:, -1:].repeat_interleave(c, 0)

@@ -16,7 +16,6 @@ Batches are left-padded (`prompts.encode`), so END, the position that predicts t
 from __future__ import annotations
 
 import contextlib
-import copy
 import math
 import re
 import string
@@ -31,7 +30,8 @@ from tqdm import tqdm
 
 from .data import choice_prompt
 from .models import LoadedModel
-from .prompts import encode
+from .patching import repeated_cache
+from .prompts import continuation_ids, encode
 
 HooksCtx = ContextManager | Callable[[int, int], ContextManager] | None
 
@@ -132,18 +132,12 @@ class SharedPrefix:
         return cls(lm, ids, length) if length >= cls.MIN_TOKENS else None
 
     def batch(self, rows: Sequence[int]) -> dict:
-        rests = [self.ids[i][self.length :] for i in rows]
-        width = max(len(rest) for rest in rests)
-        pad = self.lm.tokenizer.pad_token_id
-        rest_ids = torch.tensor([[pad] * (width - len(r)) + r for r in rests], dtype=torch.long)
-        rest_mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rests], dtype=torch.long)
-        n = len(rests)
-        cache = copy.deepcopy(self.cache)
-        cache.batch_repeat_interleave(n)
+        rests = _pad_left([self.ids[i][self.length :] for i in rows], self.lm.tokenizer.pad_token_id, self.lm.device)
+        n = len(rows)
         return {
-            "input_ids": torch.cat([self.tokens[None].expand(n, -1).cpu(), rest_ids], 1).to(self.lm.device),
-            "attention_mask": torch.cat([torch.ones(n, self.length, dtype=torch.long), rest_mask], 1).to(self.lm.device),
-            "past_key_values": cache,
+            "input_ids": torch.cat([self.tokens[None].expand(n, -1), rests["input_ids"]], 1),
+            "attention_mask": torch.cat([torch.ones_like(self.tokens)[None].expand(n, -1), rests["attention_mask"]], 1),
+            "past_key_values": repeated_cache(self.cache, n),
         }
 
 
@@ -391,20 +385,6 @@ def evaluate_generation(
 # Multiple choice by log-likelihood (BIG-bench social_iqa, strategyqa)
 
 
-def _choice_token_ids(tokenizer, context: str, choice: str) -> tuple[list[int], list[int]]:
-    """(context ids, choice ids) whose concatenation is what the model reads.
-
-    The context ids are always tokenize(context), so every choice of an item is conditioned on the same
-    tokens. The choice ids are the tail of tokenize(context + choice) when that starts with the context ids
-    (this keeps SentencePiece tokenizers from adding a spurious word-start marker to a choice tokenized
-    alone); when the joint tokenization merges across the boundary, the choice is tokenized on its own."""
-    ctx = tokenizer(context)["input_ids"]
-    full = tokenizer(context + choice)["input_ids"]
-    if len(full) > len(ctx) and full[: len(ctx)] == ctx:
-        return ctx, full[len(ctx) :]
-    return ctx, tokenizer(choice, add_special_tokens=False)["input_ids"]
-
-
 def _pad_left(seqs: list[list[int]], pad_id: int, device) -> dict[str, torch.Tensor]:
     """Left-padded batch like `prompts.encode`: input_ids, attention_mask, position_ids [batch, seq]."""
     width = max(len(s) for s in seqs)
@@ -434,7 +414,7 @@ def _choice_scores(
         if not choices:
             raise ValueError(f"item {item}: no choices")
         for choice in choices:
-            ctx, cont = _choice_token_ids(lm.tokenizer, context, choice)
+            ctx, cont = continuation_ids(lm.tokenizer, context, choice)
             if not ctx or not cont:
                 raise ValueError(
                     f"item {item}: the context {context[-40:]!r} or the choice {choice!r} has no tokens; both "
@@ -476,7 +456,7 @@ def choice_loglik(
 ) -> list[np.ndarray]:
     """Summed log-likelihood of each choice given its context: one [n_choices] float64 array per item.
 
-    Every (context, choice) pair is one sequence (context ids + choice ids, see `_choice_token_ids`), and
+    Every (context, choice) pair is one sequence (context ids + choice ids, see `prompts.continuation_ids`), and
     `batch_size` pairs go through one left-padded forward; only the choice tokens are scored. A choice
     usually starts with the space that separates it from the context (" Yes")."""
     return _choice_scores(lm, contexts, choices_per_item, batch_size, progress)[0]

@@ -62,6 +62,7 @@ from tqdm import tqdm
 
 from .io import atomic_path, config_hash, write_json, write_safetensors
 from .models import LoadedModel
+from .prompts import continuation_ids
 
 METHODS = ("precise", "random_heads", "full", "lora")
 HEAD_METHODS = ("precise", "random_heads")
@@ -253,23 +254,13 @@ def encode_example(tokenizer, prompt: str, target: str, max_length: int) -> tupl
     """Token ids and labels of one example: prompt ids (with the tokenizer's special tokens, e.g. BOS), then
     target ids (without), then eos. Labels are the ids on the target and eos, IGNORE_INDEX on the prompt.
     Too long: the prompt is cut from the left (its start, BOS included, goes) so the target stays whole;
-    a target (with eos) longer than max_length alone is an error.
-
-    The target ids are the tokens that follow the prompt's own tokens in the tokenization of prompt +
-    target, i.e. what the model would generate after the prompt. Tokenized on its own, a SentencePiece
-    target (LLaMA, Mistral) would gain a word-start "▁" token: " 42" -> "▁", "▁4", "2" instead of "▁4", "2".
-    Only when the whole text does not start with the prompt's tokens (a token spans the boundary, e.g. a
-    prompt ending in a space) is the target tokenized separately, so the prompt stays tokenized as at
-    inference."""
+    a target (with eos) longer than max_length alone is an error. The target ids are those that follow the
+    prompt in the whole text's tokenization (`prompts.continuation_ids`: no SentencePiece word-start token
+    of its own)."""
     if tokenizer.eos_token_id is None:
         raise ValueError("the tokenizer has no eos token; the target must end with one")
-    prompt_ids = list(tokenizer(prompt)["input_ids"])
-    whole = list(tokenizer(prompt + target)["input_ids"])
-    if whole[: len(prompt_ids)] == prompt_ids:
-        target_ids = whole[len(prompt_ids) :]
-    else:
-        target_ids = list(tokenizer(target, add_special_tokens=False)["input_ids"])
-    target_ids = target_ids + [tokenizer.eos_token_id]
+    prompt_ids, target_ids = continuation_ids(tokenizer, prompt, target)
+    prompt_ids, target_ids = list(prompt_ids), list(target_ids) + [tokenizer.eos_token_id]
     if len(target_ids) > max_length:
         raise ValueError(f"target {target!r} is {len(target_ids)} tokens with eos, longer than "
                          f"max_length={max_length} (finetune.train.max_length)")

@@ -202,12 +202,19 @@ def prefix_cache(lm: LoadedModel, enc: dict[str, torch.Tensor]):
     ).past_key_values
 
 
-def end_logits(lm: LoadedModel, enc: dict[str, torch.Tensor], prefix, copies: int) -> torch.Tensor:
-    """Logits at END [batch * copies, vocab] for `copies` copies of every row (row i * copies + j is copy j
-    of row i), recomputing only the END token on top of `prefix` (left untouched: a cache grows in place,
-    so each call extends its own copy). Hooks active around the call act on the copies."""
+def repeated_cache(prefix, copies: int):
+    """A new cache holding `copies` copies of every row of `prefix` (row i * copies + j is copy j of row i);
+    `prefix` is left untouched, because a cache grows in place as a forward extends it."""
     cache = copy.deepcopy(prefix)
     cache.batch_repeat_interleave(copies)
+    return cache
+
+
+def end_logits(lm: LoadedModel, enc: dict[str, torch.Tensor], prefix, copies: int) -> torch.Tensor:
+    """Logits at END [batch * copies, vocab] for `copies` copies of every row (row i * copies + j is copy j
+    of row i), recomputing only the END token on top of `prefix` (left untouched: `repeated_cache`). Hooks
+    active around the call act on the copies."""
+    cache = repeated_cache(prefix, copies)
     return lm.model(
         input_ids=enc["input_ids"][:, -1:].repeat_interleave(copies, 0),
         attention_mask=enc["attention_mask"].repeat_interleave(copies, 0),

@@ -161,6 +161,22 @@ def select_samples(
     return kept.reset_index(drop=True), pd.concat(dropped).sort_values("sample_id").reset_index(drop=True)
 
 
+def continuation_ids(tokenizer, context: str, continuation: str) -> tuple[list[int], list[int]]:
+    """(context ids, continuation ids) whose concatenation is what the model reads: a scored choice after
+    its question, a fine-tuning target after its prompt.
+
+    The context ids are always tokenize(context) (as at inference). The continuation ids are the tail of
+    tokenize(context + continuation) when that starts with the context ids: tokenized alone, a SentencePiece
+    continuation (LLaMA, Mistral) would gain a word-start token (" 42" -> "▁", "▁4", "2" instead of "▁4",
+    "2"). When the joint tokenization merges across the boundary (a context ending in a space), the
+    continuation is tokenized on its own."""
+    ctx = tokenizer(context)["input_ids"]
+    full = tokenizer(context + continuation)["input_ids"]
+    if len(full) > len(ctx) and full[: len(ctx)] == ctx:
+        return ctx, full[len(ctx) :]
+    return ctx, tokenizer(continuation, add_special_tokens=False)["input_ids"]
+
+
 def encode(tokenizer, texts: list[str], device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
     """Left-padded batch with explicit position ids (so padding never shifts a sequence's positions).
 
