@@ -4,6 +4,7 @@ from pathlib import Path
 
 from snakemake.utils import min_version
 
+from arithmech import study
 from arithmech.config import EVAL_DATASETS, validate_config
 
 min_version("9.0")
@@ -24,10 +25,14 @@ include: "workflow/rules/identify.smk"
 include: "workflow/rules/validate.smk"
 include: "workflow/rules/analyze.smk"
 include: "workflow/rules/finetune.smk"
+include: "workflow/rules/study.smk"
 
 
 rule all:
     default_target: True
     input:
         identify_targets(),
-        expand("results/{model}/eval/summary.png", model=MODELS),
+        expand("results/{model}/eval/summary.png", model=MODELS)
+        if FINETUNE_METHODS
+        else [],
+        expand("results/{model}/finetune/study.png", model=MODELS) if STUDY_ARMS else [],

@@ -329,3 +329,151 @@ def test_bfloat16_model_trains_only_its_deltas(tiny_dir, tmp_path, delta_dtype, 
     assert applied.dtype == torch.bfloat16
     # folding W + delta rounds once in bf16 where the hooked model adds two bf16 products: bf16-sized error
     torch.testing.assert_close(applied.float(), trained.float(), atol=0.1, rtol=0.05)
+
+
+def test_sgd_step_is_minus_lr_times_the_gradient(tiny_dir):
+    """optimizer: sgd is Algorithm 2's update theta <- theta - lr * grad: after one step (no clipping, no
+    warmup) every delta, which starts at 0, is exactly -lr times the gradient of the step's mean loss."""
+    lr, method = 0.05, {"method": "precise", "heads": [list(h) for h in HEADS], "train_kv": True, "mlp_layers": [0]}
+    config = {**FAST, "lr": lr, "batch_size": len(EXAMPLES), "max_steps": 1, "max_grad_norm": None,
+              "optimizer": "sgd"}
+    run = ft.prepare(fresh(tiny_dir), method)
+    stats = ft.train(run, EXAMPLES, config, progress=False)
+    assert stats.optimizer_state_bytes == 0  # plain SGD keeps no state
+    ref = ft.prepare(fresh(tiny_dir), method)  # the same step's gradient by an explicit backward
+    tok = ref.lm.tokenizer
+    encoded = [ft.encode_example(tok, *EXAMPLES[i], 256) for i in ft.epoch_order(FAST["seed"], 0, len(EXAMPLES))]
+    loss, n = ft.batch_loss(ref.model, ft.collate(encoded, tok.pad_token_id, "cpu"))
+    grads = torch.autograd.grad(loss / n, list(ref.params.values()))
+    assert stats.losses == [loss.item() / n]
+    for (name, p), g in zip(run.params.items(), grads):
+        assert g.abs().sum() > 0, name
+        assert torch.equal(p.detach(), -lr * g), name
+
+
+def test_unknown_optimizer_names_the_key():
+    assert ft.TrainConfig.from_dict({"epochs": 1}).optimizer == "adamw"
+    assert ft.TrainConfig.from_dict({"epochs": 1, "optimizer": "sgd"}).optimizer == "sgd"
+    with pytest.raises(ValueError, match=r"finetune\.train\.optimizer: expected one of \['adamw', 'sgd'\], got 'adam'"):
+        ft.TrainConfig.from_dict({"epochs": 1, "optimizer": "adam"})
+
+
+def test_killed_and_resumed_sgd_run_equals_uninterrupted(tiny_dir, tmp_path):
+    config = {**FAST, "max_steps": 5, "checkpoint_every": 2, "optimizer": "sgd", "weight_decay": 0.1,
+              "warmup_steps": 1, "schedule": "cosine"}
+    whole, stats, _ = train_twice(tiny_dir, tmp_path, {"method": "precise", "heads": ["L1H0", "L2H3"],
+                                                       "train_kv": True}, config, stop_at_step=3)
+    assert stats.resumed_from_step == 3 and stats.steps == 5
+    assert whole.optimizer_state_bytes == stats.optimizer_state_bytes == 0
+    with pytest.raises(ValueError, match=r"finetune\.train\.optimizer='sgd'"):  # the optimizer may not change
+        ft.train(ft.prepare(fresh(tiny_dir), {"method": "precise", "heads": ["L1H0", "L2H3"], "train_kv": True}),
+                 EXAMPLES, {**config, "optimizer": "adamw"}, checkpoint_dir=tmp_path / "checkpoint", progress=False)
+
+
+def chatml_tokenizer():
+    """The tiny tokenizer with ChatML turns whose end, <|im_end|>, is the eos token (as in SmolLM2-Instruct)."""
+    from arithmech.tiny import build_tiny_tokenizer
+
+    tok = build_tiny_tokenizer()
+    tok.add_special_tokens({"eos_token": "<|im_end|>", "additional_special_tokens": ["<|im_start|>"]})
+    tok.chat_template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+                         "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    return tok
+
+
+def test_eos_is_appended_only_when_the_target_does_not_end_with_it(tiny_lm):
+    tok = tiny_lm.tokenizer
+    eos, prompt = tok.eos_token_id, "23 minus 7 is equal to "
+    p_ids = tok(prompt)["input_ids"]
+
+    def target_ids(target):
+        return tok(target, add_special_tokens=False)["input_ids"]
+
+    ids, labels = ft.encode_example(tok, prompt, "16.", 64)  # a plain target: eos appended
+    assert ids == p_ids + target_ids("16.") + [eos] and labels[len(p_ids):] == target_ids("16.") + [eos]
+    for target in ("16.<|endoftext|>", "16.<|endoftext|>\n", "16.<|endoftext|> \n"):  # ends with eos: kept as is
+        ids, labels = ft.encode_example(tok, prompt, target, 64)
+        assert ids == p_ids + target_ids(target) and labels[len(p_ids):] == target_ids(target), target
+        assert ids.count(eos) == 1
+    ids, _ = ft.encode_example(tok, prompt, "16.<|endoftext|>17", 64)  # eos inside, not at the end
+    assert ids == p_ids + target_ids("16.<|endoftext|>17") + [eos]
+    # eos=False: the target alone (the few-shot arithmetic format never shows an eos after "16.")
+    ids, labels = ft.encode_example(tok, prompt, "16.", 64, eos=False)
+    assert ids == p_ids + target_ids("16.") and labels == [-100] * len(p_ids) + target_ids("16.")
+    with pytest.raises(ValueError, match="max_length"):
+        ft.encode_example(tok, prompt, "16.", len(target_ids("16.")))  # with eos it does not fit
+    assert len(ft.encode_example(tok, prompt, "16.", len(target_ids("16.")), eos=False)[0]) == len(target_ids("16."))
+
+
+def test_chat_target_ending_its_turn_gets_no_second_eos():
+    from arithmech import data
+
+    tok = chatml_tokenizer()
+    prompt, target = data.math_example("2+2?", "The answer is 4.", (), "chat", tok)
+    assert target == "The answer is 4.<|im_end|>\n"
+    ids, labels = ft.encode_example(tok, prompt, target, 128)
+    p_ids = tok(prompt)["input_ids"]
+    assert tok.convert_ids_to_tokens(ids[-2:]) == ["<|im_end|>", "Ċ"]  # the turn's end, no eos after its "\n"
+    assert ids == tok(prompt + target)["input_ids"] and labels == [-100] * len(p_ids) + ids[len(p_ids):]
+    assert ids[len(p_ids):].count(tok.eos_token_id) == 1  # (the user turn in the prompt ends with one too)
+    assert ft.encode_example(tok, prompt, target, 128, eos=False) == (ids, labels)  # the eos is the target's
+    ids, _ = ft.encode_example(tok, prompt, "The answer is 4.", 128)  # a plain target still gets one
+    assert ids[-1] == tok.eos_token_id and tok.decode(ids[-2:]) == ".<|im_end|>"
+
+
+def test_train_without_eos_learns_only_the_target(tiny_dir, tmp_path):
+    """append_eos=False: the first step's loss is over the target tokens alone, and a checkpoint written with
+    eos does not resume a run without it."""
+    examples = [("23 minus 7 is equal to ", "16."), ("3 plus 4 is equal to ", "7.")]
+    config = {**FAST, "batch_size": 2, "max_steps": 1}
+    run = ft.prepare(fresh(tiny_dir), {"method": "precise", "heads": ["L1H0"]})
+    tok = run.lm.tokenizer
+    losses = {}
+    for eos in (True, False):
+        encoded = [ft.encode_example(tok, *examples[i], 64, eos=eos) for i in ft.epoch_order(0, 0, 2)]
+        with torch.no_grad():
+            loss, n = ft.batch_loss(run.model, ft.collate(encoded, tok.pad_token_id, "cpu"))
+        losses[eos] = loss.item() / n
+    assert losses[True] != losses[False]
+    ft.train(run, examples, config, checkpoint_dir=tmp_path, append_eos=True, progress=False)
+    stats = ft.train(ft.prepare(fresh(tiny_dir), {"method": "precise", "heads": ["L1H0"]}), examples, config,
+                     append_eos=False, progress=False)
+    assert stats.losses == pytest.approx([losses[False]], rel=1e-6)
+    with pytest.raises(ValueError, match="append_eos"):
+        ft.train(ft.prepare(fresh(tiny_dir), {"method": "precise", "heads": ["L1H0"]}), examples,
+                 {**config, "max_steps": 2}, checkpoint_dir=tmp_path, append_eos=False, progress=False)
+
+
+@pytest.mark.parametrize("train_kv", [False, True])
+def test_train_kv_reaches_every_query_head_of_the_kv_group(tiny_dir, train_kv):
+    """Tiny GQA model: 4 query heads, 2 key/value heads, so heads 0 and 1 read K/V head 0. Training head 0 of
+    layer 1 with train_kv changes the output z of head 1 (unselected) through the shared K/V rows; without
+    train_kv head 1's q rows and every k/v row stay put, and so does its z. Heads 2 and 3 (K/V head 1) never
+    change."""
+    lm = fresh(tiny_dir)
+    assert (lm.n_heads, lm.n_kv_heads) == (4, 2)
+    prefix, hd = "model.layers.1.self_attn", lm.head_dim
+    base = {n: p.detach().clone() for n, p in lm.model.named_parameters()}
+    z = {}
+    lm.model.get_submodule(f"{prefix}.o_proj").register_forward_pre_hook(
+        lambda module, args: z.__setitem__("z", args[0].detach().clone()))
+    logits(lm.model, lm.tokenizer)
+    before = z["z"]
+    run = ft.prepare(lm, {"method": "precise", "heads": ["L1H0"], "train_kv": train_kv})
+    ft.train(run, EXAMPLES, {**FAST, "max_steps": 4}, progress=False)
+    logits(lm.model, lm.tokenizer)
+    after = z["z"]
+    q = run.deltas.effective_weight(f"{prefix}.q_proj")
+    assert not torch.equal(q[q_rows(0)], base[f"{prefix}.q_proj.weight"][q_rows(0)])
+    for head in (1, 2, 3):
+        assert torch.equal(q[q_rows(head)], base[f"{prefix}.q_proj.weight"][q_rows(head)]), head
+    for proj in ("k_proj", "v_proj"):
+        w, w0 = run.deltas.effective_weight(f"{prefix}.{proj}"), base[f"{prefix}.{proj}.weight"]
+        assert torch.equal(w[q_rows(0)], w0[q_rows(0)]) != train_kv, proj  # K/V head 0: trained iff train_kv
+        assert torch.equal(w[q_rows(1)], w0[q_rows(1)]), proj  # K/V head 1: never
+    assert not torch.equal(after[..., q_rows(0)], before[..., q_rows(0)])  # the trained head itself
+    assert torch.equal(after[..., q_rows(1)], before[..., q_rows(1)]) != train_kv  # its K/V group partner
+    if train_kv:  # visibly, not by rounding
+        assert (after[..., q_rows(1)] - before[..., q_rows(1)]).abs().max() > 1e-3
+    for head in (2, 3):  # the other K/V group: untouched either way
+        assert torch.equal(after[..., q_rows(head)], before[..., q_rows(head)]), head

@@ -37,7 +37,7 @@ def tiny_config(model_dir: Path) -> dict:
     config["transfer"]["formats"]["n"] = 3
     config["transfer"]["svamp"].update(n=3, n_shots=1)
     config["transfer"]["non_math"].update(n=3, n_shots=1, max_new_tokens=3)
-    config["finetune"].update(heads=2, mlps=1)
+    config["finetune"].update(heads=2, mlps=1, methods=["precise", "full", "random_heads", "lora"])
     config["finetune"]["data"].update(n=6, style="plain")  # the tiny tokenizer has no chat template
     config["finetune"]["train"].update(batch_size=2, grad_accumulation=1, max_steps=2, warmup_steps=0,
                                        checkpoint_every=1, max_length=512)
@@ -47,7 +47,26 @@ def tiny_config(model_dir: Path) -> dict:
     for name in ("gsm8k", "svamp", "qa_wikidata"):
         config["evaluation"][name]["max_new_tokens"] = 6
     config["evaluation"]["wikitext"].update(max_tokens=200, max_length=128, stride=64)
+    config["study"] = tiny_study(config["study"])
     return config
+
+
+def tiny_study(study: dict) -> dict:
+    """The study on the tiny model: every arm, two grid points, a second seed and draw, a few items."""
+    study["formats"] = {
+        "add2": {"task": "addition", "template": "{a} {op} {b} = ", "operator": "+", "a": [10, 19], "b": [10, 19]},
+        "mul_words": {"task": "multiplication", "template": "{a} {op} {b} is equal to ", "operator": "times",
+                      "a": [1, 4], "b": [1, 4]},
+    }
+    study.update(train_format="add2", splits={"train": 12, "validation": 6, "test": 10}, transfer_test=4,
+                 heads=2, mlps=1, random_draws=2, seeds={"precise": 2}, bootstrap=100)
+    study["lr_grid"] = {"precise": [1e-3, 3e-3], "precise_mlp": [1e-3], "random_heads": [1e-3],
+                        "full": [1e-4], "lora": [1e-3]}
+    study["train"].update(batch_size=4, max_steps=2, warmup_steps=0, checkpoint_every=1)
+    study["curve"] = {"every": 1, "test_items": 4}
+    study["off_target"].update(style="plain", gsm8k_n=3, svamp_n=3, social_iqa_n=3, strategyqa_n=3,
+                               qa_wikidata_n=3, qa_max_new_tokens=3, wikitext={"max_tokens": 200, "window": 64})
+    return study
 
 
 def snakemake(workdir: Path, *args: str) -> subprocess.CompletedProcess:

@@ -52,8 +52,39 @@ def validate_config(config: dict, schema_path: str | Path) -> None:
             problems.append("config key 'finetune.train': give exactly one of epochs or max_steps")
         if config["evaluation"]["wikitext"]["stride"] >= config["evaluation"]["wikitext"]["max_length"]:
             problems.append("config key 'evaluation.wikitext.stride': must be smaller than max_length")
+        problems += _study_problems(config["study"])
         pairs = (ops["max"] - ops["min"] + 1) ** 2
         if config["prompts"]["n_shots"] >= pairs // 2:
             problems.append(f"config key 'prompts.n_shots': {config['prompts']['n_shots']} is too many for the operand range")
     if problems:
         raise ConfigError("invalid configuration:\n  " + "\n  ".join(problems))
+
+
+def _study_problems(study: dict) -> list[str]:
+    """What the schema cannot say about the `study` section: cross-references, ranges, split sizes."""
+    from .study import Format
+
+    problems = []
+    for name, cfg in study["formats"].items():
+        try:
+            Format.from_config(name, cfg)
+        except ValueError as err:
+            problems.append(str(err))
+        if cfg["a"][0] > cfg["a"][1] or cfg["b"][0] > cfg["b"][1]:
+            problems.append(f"config key 'study.formats.{name}': a range's low is larger than its high")
+    if study["train_format"] not in study["formats"]:
+        problems.append(f"config key 'study.train_format': {study['train_format']!r} is not one of study.formats "
+                        f"({', '.join(study['formats'])})")
+    for arm in study["arms"]:
+        if arm not in study["lr_grid"]:
+            problems.append(f"config key 'study.lr_grid.{arm}': missing; arm {arm!r} is in study.arms")
+    for arm in study["seeds"]:
+        if arm not in study["arms"]:
+            problems.append(f"config key 'study.seeds.{arm}': {arm!r} is not in study.arms")
+    train = study["train"]
+    if (train.get("epochs") is None) == (train.get("max_steps") is None):
+        problems.append("config key 'study.train': give exactly one of epochs or max_steps")
+    low, high = study["base_band"]
+    if low > high:
+        problems.append(f"config key 'study.base_band': low ({low}) is larger than high ({high})")
+    return problems

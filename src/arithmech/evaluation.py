@@ -607,3 +607,114 @@ def accuracy_interval(correct, confidence: float = 0.95) -> tuple[float, float, 
     center = (p + z * z / (2 * n)) / denom
     half = z / denom * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
     return float(p), float(max(0.0, center - half)), float(min(1.0, center + half))
+
+
+# ---------------------------------------------------------------------------------------------------
+# Teacher-forced scoring of known targets, and divergence from a reference model
+
+
+@torch.no_grad()
+def score_targets(
+    lm: LoadedModel,
+    prompts: Sequence[str],
+    targets: Sequence[str],
+    batch_size: int,
+    progress: str | None = None,
+) -> pd.DataFrame:
+    """Teacher-forced scores of each target after its prompt, one forward per batch.
+
+    Returns one row per item, in input order: n_tokens (target tokens, `prompts.continuation_ids`), nll
+    (summed negative log-likelihood of the target tokens, nats, float64) and greedy_match (every target token
+    is the argmax given the prompt and the target tokens before it). greedy_match is exactly whether greedy
+    decoding would produce the target's tokens first (a target "68." after "23 + 45 = " is the greedy full
+    answer 68, cut at the "."), without a decoding loop (tested against `generate_texts`).
+
+    The token prefix that all prompts share (few-shot examples) runs once (as in `SharedPrefix`) and every
+    batch continues from a copy of its cache; rows are right-padded after it, so each real token keeps the
+    position it has in its own unpadded sequence and padding only follows it (causal attention)."""
+    prompts, targets = list(prompts), list(targets)
+    if len(prompts) != len(targets):
+        raise ValueError(f"score_targets: {len(prompts)} prompts but {len(targets)} targets")
+    pairs = [continuation_ids(lm.tokenizer, p, t) for p, t in zip(prompts, targets)]
+    for i, (ctx, cont) in enumerate(pairs):
+        if not ctx or not cont:
+            raise ValueError(f"score_targets: item {i} has an empty prompt or target after tokenization")
+    # The shared prefix of the context ids, leaving every context at least one token of its own.
+    shared = min(len(ctx) for ctx, _ in pairs) - 1 if pairs else 0
+    first = pairs[0][0] if pairs else []
+    for ctx, _ in pairs[1:]:
+        common = 0
+        while common < shared and ctx[common] == first[common]:
+            common += 1
+        shared = common
+    if shared < SharedPrefix.MIN_TOKENS:
+        shared = 0
+    prefix_cache = None
+    if shared:
+        prefix_ids = torch.tensor(first[:shared], dtype=torch.long, device=lm.device)[None]
+        prefix_cache = lm.model(input_ids=prefix_ids, use_cache=True).past_key_values
+    pad = lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else 0
+    nll, n_tok, match = np.zeros(len(pairs)), np.zeros(len(pairs), dtype=int), np.zeros(len(pairs), dtype=bool)
+    order = sorted(range(len(pairs)), key=lambda i: -(len(pairs[i][0]) + len(pairs[i][1])))
+    batches = list(_batches(len(order), batch_size))
+    for start, stop in tqdm(batches, desc=progress, disable=progress is None, file=sys.stderr):
+        rows = order[start:stop]
+        seqs = [pairs[i][0][shared:] + pairs[i][1] for i in rows]
+        width = max(len(s) for s in seqs)
+        ids = torch.full((len(rows), width), pad, dtype=torch.long)
+        mask = torch.zeros((len(rows), shared + width), dtype=torch.long)
+        mask[:, :shared] = 1
+        for r, seq in enumerate(seqs):
+            ids[r, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+            mask[r, shared : shared + len(seq)] = 1
+        kwargs = {"past_key_values": repeated_cache(prefix_cache, len(rows))} if shared else {}
+        logits = lm.model(input_ids=ids.to(lm.device), attention_mask=mask.to(lm.device), **kwargs).logits
+        logp = logits.float().log_softmax(-1).cpu()  # [rows, width, vocab]
+        for r, i in enumerate(rows):
+            n_ctx, cont = len(pairs[i][0]) - shared, torch.tensor(pairs[i][1])
+            step = logp[r, n_ctx - 1 : n_ctx - 1 + len(cont)]  # the positions that predict the target tokens
+            nll[i] = -float(step.gather(-1, cont[:, None]).double().sum())
+            n_tok[i] = len(cont)
+            match[i] = bool((step.argmax(-1) == cont).all())
+    return pd.DataFrame({"n_tokens": n_tok, "nll": nll, "greedy_match": match})
+
+
+@torch.no_grad()
+def divergence_windows(
+    lm: LoadedModel,
+    reference: LoadedModel | None,
+    text: str,
+    max_tokens: int,
+    window: int,
+    progress: str | None = None,
+) -> pd.DataFrame:
+    """Next-token KL divergence KL(reference || lm) and negative log-likelihoods on the first `max_tokens`
+    tokens of `text`, in non-overlapping windows of `window` tokens (the first token of each window is
+    context only, so every other token is scored exactly once, with the context of its window).
+
+    One row per window: window, n_tokens (scored), kl (summed over the scored tokens, nats), nll (lm's summed
+    negative log-likelihood of the actual next tokens) and ref_nll (the reference's). `reference` None: kl
+    is 0 and ref_nll equals nll (the reference is the model itself). Per-token KL over a text is
+    sum(kl) / sum(n_tokens); perplexity exp(sum(nll) / sum(n_tokens))."""
+    if window < 2:
+        raise ValueError(f"divergence_windows needs window >= 2, got {window}")
+    ids = lm.tokenizer(text, verbose=False)["input_ids"][:max_tokens]
+    if len(ids) < 2:
+        raise ValueError(f"divergence_windows needs a text of at least 2 tokens, got {len(ids)}")
+    rows = []
+    starts = list(range(0, len(ids) - 1, window))
+    for k, start in enumerate(tqdm(starts, desc=progress, disable=progress is None, file=sys.stderr)):
+        chunk = torch.tensor(ids[start : start + window], dtype=torch.long)[None]
+        if chunk.shape[1] < 2:
+            continue
+        target = chunk[0, 1:]
+        logp = lm.model(input_ids=chunk.to(lm.device)).logits[0, :-1].float().log_softmax(-1).cpu()
+        nll = -float(logp.gather(-1, target[:, None]).double().sum())
+        if reference is None:
+            kl, ref_nll = 0.0, nll
+        else:
+            ref = reference.model(input_ids=chunk.to(reference.device)).logits[0, :-1].float().log_softmax(-1).cpu()
+            kl = float((ref.exp() * (ref - logp)).sum(-1).double().sum())
+            ref_nll = -float(ref.gather(-1, target[:, None]).double().sum())
+        rows.append({"window": k, "n_tokens": len(target), "kl": kl, "nll": nll, "ref_nll": ref_nll})
+    return pd.DataFrame(rows)

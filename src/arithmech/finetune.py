@@ -8,7 +8,8 @@ Methods (`Method`, or a config dict through `parse_method`):
                  o_proj.weight (what it writes). Optionally (`train_kv`) the rows of k_proj/v_proj of the
                  key/value head g = h // (n_heads // n_kv_heads) it reads; with grouped-query attention that
                  head is shared by its group, so it is trained once however many of its query heads are
-                 selected. Optionally (`mlp_layers`) the whole gate/up/down weights of key MLP layers.
+                 selected, and the change reaches every query head of the group (selected or not).
+                 Optionally (`mlp_layers`) the whole gate/up/down weights of key MLP layers.
   random_heads   the same with a head list the caller drew at random (the baseline).
   full           every parameter.
   lora           peft LoRA adapters (r, alpha, dropout, target_modules), merged for evaluation.
@@ -20,8 +21,8 @@ effective weight is W + scatter(delta) (`HeadDeltas.effective_weight`) without e
   cols (o_proj):      out += x[..., cols(h)] @ delta_h.T          delta_h: [d_out, hd]
   full (MLP weights): out += x @ delta.T                          delta:   [d_out, d_in]
 Only the deltas require gradients, so autograd computes no gradient for any base weight, and the optimizer
-(AdamW) holds state for the deltas only. Biases (Qwen2's q/k/v) are not trained. Weight decay pulls the
-deltas towards 0, i.e. towards the base weights.
+(`TrainConfig.optimizer`: AdamW, or plain SGD, which keeps no state) holds state for the deltas only. Biases
+(Qwen2's q/k/v) are not trained. Weight decay pulls the deltas towards 0, i.e. towards the base weights.
 
 Saved artifacts (`save_trained`): for precise, random_heads and lora one safetensors file of deltas, which
 `apply_trained` adds to a base model in place (a plain HF model afterwards, no hooks); keys name the module
@@ -50,7 +51,7 @@ import time
 from dataclasses import asdict, dataclass, field, fields
 from functools import partial
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -67,6 +68,7 @@ from .prompts import continuation_ids
 METHODS = ("precise", "random_heads", "full", "lora")
 HEAD_METHODS = ("precise", "random_heads")
 SCHEDULES = ("constant", "linear", "cosine")
+OPTIMIZERS = ("adamw", "sgd")
 MLP_PROJS = ("gate_proj", "up_proj", "down_proj")
 IGNORE_INDEX = -100  # label of positions that carry no loss (prompt, padding)
 # Training-config fields a resumed run may change: how long it runs and how often it checkpoints.
@@ -84,8 +86,13 @@ class Method:
     """What to train.
 
     name: one of METHODS.  heads: (layer, query head) pairs (precise, random_heads).  train_kv: also train
-    the K/V rows of the selected heads' key/value heads.  mlp_layers: layers whose whole MLP weights are
-    trained (precise, random_heads).  grad_scale: factor on the head deltas' gradients (`resolve_grad_scale`).
+    the K/V rows (W_K, W_V) of the key/value head g = h // (n_heads // n_kv_heads) that each selected query
+    head h reads, so that a head's W_Q, W_K, W_V and W_O slices are all trained. With grouped-query
+    attention (n_kv_heads < n_heads) key/value head g is shared: training it changes the attention pattern
+    and output of EVERY query head h' of that layer with h' // (n_heads // n_kv_heads) == g, selected or not.
+    Without train_kv only the selected heads' q rows and o columns change, and no other head's q, k or v.
+    mlp_layers: layers whose whole MLP weights are trained (precise, random_heads).  grad_scale: an optional
+    factor on the head deltas' gradients (`resolve_grad_scale`).
     delta_dtype: "model" (deltas in the model's dtype) or "float32" (fp32 deltas, cast to the activations'
     dtype in the forward: fp32 master weights for a bf16 model). bf16 deltas start at 0, where bf16 is
     finest, but like bf16 weights they drop updates below ~1/256 of their value.  lora: {r, alpha, dropout,
@@ -183,7 +190,9 @@ class TrainConfig:
     over warmup_steps from lr/warmup_steps to lr, then `schedule` (constant, or linear/cosine decay to 0 at
     the last step). max_grad_norm: clip the global gradient norm (null: no clipping). max_length: tokens
     per example (prompt + target + eos). checkpoint_every: optimizer steps between checkpoints (null: only
-    at the end of the call). seed: the data order and dropout.
+    at the end of the call). seed: the data order and dropout. optimizer: "adamw" (torch AdamW, decoupled
+    weight decay) or "sgd" (torch SGD without momentum, the update theta <- theta - lr * grad written out
+    in the paper's Algorithm 2; weight_decay is then added to the gradient, L2 style; no optimizer state).
     """
 
     lr: float = 1e-4
@@ -198,6 +207,7 @@ class TrainConfig:
     max_length: int = 256
     seed: int = 0
     checkpoint_every: int | None = None
+    optimizer: str = "adamw"
 
     @classmethod
     def from_dict(cls, cfg: dict | None, where: str = "finetune.train") -> TrainConfig:
@@ -233,7 +243,15 @@ class TrainConfig:
             raise ValueError(f"{where}.max_grad_norm: expected a positive number or null, got {self.max_grad_norm!r}")
         if self.schedule not in SCHEDULES:
             raise ValueError(f"{where}.schedule: expected one of {list(SCHEDULES)}, got {self.schedule!r}")
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"{where}.optimizer: expected one of {list(OPTIMIZERS)}, got {self.optimizer!r}")
         return self
+
+    def make_optimizer(self, params: list[nn.Parameter]) -> torch.optim.Optimizer:
+        """The configured optimizer over `params` (its lr is reset every step by the schedule)."""
+        if self.optimizer == "sgd":
+            return torch.optim.SGD(params, lr=self.lr, momentum=0, weight_decay=self.weight_decay)
+        return torch.optim.AdamW(params, lr=self.lr, weight_decay=self.weight_decay)
 
 
 def lr_factor(step: int, total: int, warmup: int, schedule: str) -> float:
@@ -250,20 +268,43 @@ def lr_factor(step: int, total: int, warmup: int, schedule: str) -> float:
 # Data
 
 
-def encode_example(tokenizer, prompt: str, target: str, max_length: int) -> tuple[list[int], list[int]]:
+def ends_with_eos(tokenizer, ids: Sequence[int]) -> bool:
+    """Whether the last token of `ids` that is not whitespace only is the tokenizer's eos token: a chat
+    target ends its turn with it (SmolLM2-Instruct: "<|im_end|>", its eos) and the template often adds a
+    "\n" after it."""
+    for i in reversed(ids):
+        if i == tokenizer.eos_token_id:
+            return True
+        if tokenizer.decode([i]).strip():
+            return False
+    return False
+
+
+def encode_example(tokenizer, prompt: str, target: str, max_length: int,
+                   eos: bool = True) -> tuple[list[int], list[int]]:
     """Token ids and labels of one example: prompt ids (with the tokenizer's special tokens, e.g. BOS), then
     target ids (without), then eos. Labels are the ids on the target and eos, IGNORE_INDEX on the prompt.
+
+    eos: append the eos token, unless the target already ends with it (`ends_with_eos`: the last token
+    that is not whitespace only is eos, as in a chat turn "...<|im_end|>\n"; the target's ids are then
+    kept as they are). eos=False appends none: the model learns the target and nothing after it (e.g. a
+    few-shot answer "16." that the prompt format never ends with eos).
     Too long: the prompt is cut from the left (its start, BOS included, goes) so the target stays whole;
-    a target (with eos) longer than max_length alone is an error. The target ids are those that follow the
-    prompt in the whole text's tokenization (`prompts.continuation_ids`: no SentencePiece word-start token
-    of its own)."""
-    if tokenizer.eos_token_id is None:
-        raise ValueError("the tokenizer has no eos token; the target must end with one")
+    a target (with its eos) longer than max_length alone is an error. The target ids are those that follow
+    the prompt in the whole text's tokenization (`prompts.continuation_ids`: no SentencePiece word-start
+    token of its own)."""
+    if eos and tokenizer.eos_token_id is None:
+        raise ValueError("the tokenizer has no eos token; the target must end with one (or train with "
+                         "append_eos=False)")
     prompt_ids, target_ids = continuation_ids(tokenizer, prompt, target)
-    prompt_ids, target_ids = list(prompt_ids), list(target_ids) + [tokenizer.eos_token_id]
+    prompt_ids, target_ids = list(prompt_ids), list(target_ids)
+    if eos and not ends_with_eos(tokenizer, target_ids):
+        target_ids.append(tokenizer.eos_token_id)
+    if not target_ids:
+        raise ValueError(f"target {target!r} has no tokens to train on")
     if len(target_ids) > max_length:
-        raise ValueError(f"target {target!r} is {len(target_ids)} tokens with eos, longer than "
-                         f"max_length={max_length} (finetune.train.max_length)")
+        raise ValueError(f"target {target!r} is {len(target_ids)} tokens{' with eos' if eos else ''}, longer "
+                         f"than max_length={max_length} (finetune.train.max_length)")
     keep = max_length - len(target_ids)
     prompt_ids = prompt_ids[len(prompt_ids) - keep:] if keep else []
     return prompt_ids + target_ids, [IGNORE_INDEX] * len(prompt_ids) + target_ids
@@ -473,14 +514,15 @@ class FineTune:
 
 
 def resolve_grad_scale(grad_scale: float | str | None, lm: LoadedModel, n_selected: int) -> float:
-    """The factor on the head deltas' gradients: None -> 1; "heads_ratio" -> H / h with H = n_layers *
-    n_heads (all query heads of the model) and h = n_selected (the trained ones); a number -> itself.
+    """The factor on the head deltas' gradients: None -> 1 (the default: no multiplier); "heads_ratio" ->
+    H / h with H = n_layers * n_heads (all query heads of the model) and h = n_selected (the trained ones);
+    a number -> itself.
 
-    The idea, as specified for this project (not checked against the paper's text, which could not be
-    consulted offline): only h of H heads learn, so their updates are scaled up by H/h. It is applied after
-    gradient clipping, so clipping does not undo it. Note that AdamW is invariant to a
-    constant gradient factor (m scales by c, sqrt(v) by c) except through eps: with AdamW the factor
-    mostly makes eps relatively smaller. Scale lr to change the step size itself."""
+    An optional gradient multiplier, off unless configured: with "heads_ratio" the h trained heads' updates
+    are scaled up by H/h. It is applied after gradient clipping, so clipping does not undo it, and not to
+    MLP deltas. With SGD it multiplies the head deltas' step (the same as an lr H/h times larger for them).
+    AdamW is invariant to a constant gradient factor (m scales by c, sqrt(v) by c) except through eps: with
+    AdamW the factor mostly makes eps relatively smaller. Scale lr to change the step size itself."""
     if grad_scale is None:
         return 1.0
     if grad_scale == "heads_ratio":
@@ -539,7 +581,7 @@ class TrainStats:
     (forwards, backwards, optimizer).  peak_memory_bytes: on CUDA torch.cuda.max_memory_allocated during
     this call; on CPU the peak resident set size of the whole PROCESS over its lifetime (getrusage), which
     includes the model, the data and anything the process did before.  optimizer_state_bytes: the tensors
-    in optimizer.state (exp_avg, exp_avg_sq, step)."""
+    in optimizer.state (AdamW: exp_avg, exp_avg_sq, step; SGD without momentum: none, 0 bytes)."""
 
     method: str
     n_trainable: int
@@ -551,6 +593,7 @@ class TrainStats:
     peak_memory_bytes: int
     peak_memory_kind: str
     resumed_from_step: int | None = None
+    evaluations: list[dict] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -571,10 +614,13 @@ def _peak_memory(device: torch.device) -> tuple[int, str]:
 
 def train(ft: FineTune, examples: Sequence[tuple[str, str]], config: TrainConfig | dict, *,
           checkpoint_dir: str | Path | None = None, stop_at_step: int | None = None,
-          progress: bool = True) -> TrainStats:
-    """Train `ft` on (prompt, target) pairs with AdamW over its trained parameters only.
+          progress: bool = True, append_eos: bool = True,
+          evaluate: Callable[[int], dict] | None = None, evaluate_every: int | None = None) -> TrainStats:
+    """Train `ft` on (prompt, target) pairs with the configured optimizer (AdamW or SGD) over its trained
+    parameters only.
 
-    Loss: cross-entropy on the target tokens and eos (`encode_example`), averaged over all target tokens
+    Loss: cross-entropy on the target tokens and eos (`encode_example`; append_eos=False: no eos is
+    appended, and a target that ends with eos keeps it either way), averaged over all target tokens
     of an optimizer step (so grad_accumulation x batch_size is exactly one large batch). Examples are
     shuffled per epoch (`epoch_order`); the last step of an epoch may be smaller. Dropout follows the model
     config (train mode during the call, eval mode after) and lora.dropout; its RNG is seeded with `seed`
@@ -585,6 +631,12 @@ def train(ft: FineTune, examples: Sequence[tuple[str, str]], config: TrainConfig
     uninterrupted run. stop_at_step: end the call after this many optimizer steps in all (resumed ones
     included), without changing the schedule, as if the job were killed there (or to split a long run over
     time-limited jobs).
+
+    evaluate, evaluate_every: after every `evaluate_every`-th optimizer step (and after the last one)
+    `evaluate(step)` is called with the model in eval mode and no gradients, and the dict it returns is kept
+    in `TrainStats.evaluations` (and in checkpoints, so a resumed run keeps the earlier ones): learning
+    curves without saving a model per point. It must not use the torch RNG's state for anything that
+    matters (greedy decoding does not), since the training RNG continues after it.
     """
     config = TrainConfig.from_dict(config) if isinstance(config, dict) else config._checked("finetune.train")
     lm, device = ft.lm, ft.lm.device
@@ -595,7 +647,7 @@ def train(ft: FineTune, examples: Sequence[tuple[str, str]], config: TrainConfig
             raise ValueError(f"examples[{i}]: expected a (prompt, target) pair of strings, got {ex!r}")
     if not examples:
         raise ValueError("examples: nothing to train on (empty list)")
-    encoded = [encode_example(tokenizer, p, t, config.max_length) for p, t in examples]
+    encoded = [encode_example(tokenizer, p, t, config.max_length, eos=append_eos) for p, t in examples]
     per_step = config.batch_size * config.grad_accumulation
     steps_per_epoch = math.ceil(len(encoded) / per_step)
     total = config.max_steps or config.epochs * steps_per_epoch
@@ -603,9 +655,10 @@ def train(ft: FineTune, examples: Sequence[tuple[str, str]], config: TrainConfig
 
     params = list(ft.params.values())
     scaled = [ft.params[n] for n in ft.scaled] if ft.grad_scale != 1.0 else []
-    optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
+    optimizer = config.make_optimizer(params)
     fingerprint = {"config": asdict(config), "method": ft.method.describe(),
-                   "data": config_hash([list(ex) for ex in examples]), "n_trainable": ft.n_trainable}
+                   "data": config_hash([list(ex) for ex in examples]), "append_eos": append_eos,
+                   "n_trainable": ft.n_trainable}
     history = {"losses": [], "step_times_s": []}
     start, resumed = 0, None
     checkpoint = latest_checkpoint(checkpoint_dir) if checkpoint_dir is not None else None
@@ -651,6 +704,11 @@ def train(ft: FineTune, examples: Sequence[tuple[str, str]], config: TrainConfig
                 history["step_times_s"].append(time.perf_counter() - t0)
                 bar.update(1)
                 bar.set_postfix(loss=f"{history['losses'][-1]:.4f}")
+                if evaluate is not None and ((step + 1) % (evaluate_every or total) == 0 or step + 1 == total):
+                    ft.model.eval()
+                    with torch.no_grad():
+                        history.setdefault("evaluations", []).append({"step": step + 1, **evaluate(step + 1)})
+                    ft.model.train()
                 if checkpoint_dir is not None and config.checkpoint_every and (step + 1) % config.checkpoint_every == 0:
                     save_checkpoint(checkpoint_dir, ft, optimizer, step + 1, steps_per_epoch, fingerprint, history)
                     saved_at = step + 1
@@ -662,7 +720,8 @@ def train(ft: FineTune, examples: Sequence[tuple[str, str]], config: TrainConfig
             save_checkpoint(checkpoint_dir, ft, optimizer, done, steps_per_epoch, fingerprint, history)
     peak, kind = _peak_memory(device)
     return TrainStats(ft.method.name, ft.n_trainable, optimizer_state_bytes(optimizer), done, total,
-                      history["losses"], history["step_times_s"], peak, kind, resumed)
+                      history["losses"], history["step_times_s"], peak, kind, resumed,
+                      history.get("evaluations", []))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -685,7 +744,7 @@ def save_checkpoint(checkpoint_dir: str | Path, ft: FineTune, optimizer: torch.o
     """Write checkpoint_dir/step-{step:08d}/ atomically (built in a temporary folder, renamed into place,
     then named in checkpoint_dir/latest; older checkpoints are removed after). It holds:
       trainable.safetensors   the trained tensors (ft.params)
-      optimizer.pt            the AdamW state dict
+      optimizer.pt            the optimizer's state dict (AdamW moments; SGD: hyperparameters only)
       rng.pt                  the torch CPU (and CUDA) RNG states after `step` steps
       trainer.json            step, epoch and position in it, the lr schedule's position, the run's
                               fingerprint (config, method, data hash) and the loss/time history."""
@@ -723,13 +782,16 @@ def _load_checkpoint(path: Path, ft: FineTune, optimizer: torch.optim.Optimizer,
     """Restore parameters, optimizer and RNG from checkpoint `path`; return (step, history)."""
     state = json.loads((path / "trainer.json").read_text())
     saved = state["fingerprint"]
-    for key in ("method", "data", "n_trainable"):
+    saved.setdefault("append_eos", True)  # written before append_eos existed
+    for key in ("method", "data", "append_eos", "n_trainable"):
         if saved[key] != fingerprint[key]:
             raise ValueError(f"checkpoint {path} belongs to another run: its {key} is {saved[key]!r}, this run's "
                              f"is {fingerprint[key]!r}; use another checkpoint_dir or delete it")
+    defaults = {f.name: f.default for f in fields(TrainConfig)}  # keys added since the checkpoint was written
     for key, value in fingerprint["config"].items():
-        if key not in RESUMABLE_CHANGES and saved["config"].get(key) != value:
-            raise ValueError(f"checkpoint {path} was written with finetune.train.{key}={saved['config'].get(key)!r}, "
+        if key not in RESUMABLE_CHANGES and saved["config"].get(key, defaults[key]) != value:
+            raise ValueError(f"checkpoint {path} was written with finetune.train.{key}="
+                             f"{saved['config'].get(key, defaults[key])!r}, "
                              f"this run has {value!r}; only {list(RESUMABLE_CHANGES)} may change on resume")
     tensors = load_file(str(path / "trainable.safetensors"))
     if set(tensors) != set(ft.params):

@@ -283,16 +283,22 @@ def describe_model_dir(model_dir: Path) -> dict:
     return {**shape, "n_parameters": n_params}
 
 
-def load_model(model_dir: str | Path, device: str = "auto", dtype: str = "auto") -> LoadedModel:
-    """Load a prepared model directory (following `source.json`'s pointer) or any HF directory, in eval
-    mode and without gradients."""
-    from transformers import AutoModelForCausalLM
-
+def resolve_model_dir(model_dir: str | Path) -> Path:
+    """The HF directory behind a prepared model directory (`source.json`'s pointer), or `model_dir` itself."""
     model_dir = Path(model_dir)
     record_file = model_dir / SOURCE_FILE
     if record_file.is_file():
         load_from = json.loads(record_file.read_text())["load_from"]
         model_dir = model_dir if load_from == "." else Path(load_from)
+    return model_dir
+
+
+def load_model(model_dir: str | Path, device: str = "auto", dtype: str = "auto") -> LoadedModel:
+    """Load a prepared model directory (following `source.json`'s pointer) or any HF directory, in eval
+    mode and without gradients."""
+    from transformers import AutoModelForCausalLM
+
+    model_dir = resolve_model_dir(model_dir)
     if not (model_dir / "config.json").is_file():
         raise ModelSourceError(f"no model at {model_dir} (no config.json); run the prepare_model rule first")
     dev = resolve_device(device)

@@ -295,3 +295,47 @@ def eval_summary(summary: pd.DataFrame, datasets: list[str], title: str, path: s
     ax.legend(fontsize=7, ncol=2)
     ax.set_title(title, fontsize=10)
     _save(fig, path)
+
+
+def study_accuracy(table: pd.DataFrame, train_format: str, title: str, path: str | Path) -> None:
+    """Left: exact match (%) on the trained format's test set, one point per scored model (seeds and draws
+    side by side) with its interval, arms in rows. Right: KL to the base model (nats per token) per model."""
+    table = table.reset_index(drop=True)
+    arms = list(dict.fromkeys(table["arm"]))
+    colors = dict(zip(arms, sns.color_palette("colorblind", len(arms))))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 0.45 * len(table) + 1.6), sharey=True,
+                                      gridspec_kw={"width_ratios": [3, 2]})
+    y = np.arange(len(table))[::-1]
+    for yi, r in zip(y, table.to_dict("records")):
+        acc = 100 * r["accuracy"]
+        left.errorbar(acc, yi, xerr=[[acc - 100 * r["accuracy_low"]], [100 * r["accuracy_high"] - acc]], fmt="o",
+                      color=colors[r["arm"]], capsize=3)
+        right.barh(yi, r.get("kl_to_base", np.nan) if np.isfinite(r.get("kl_to_base", np.nan)) else 0,
+                   color=colors[r["arm"]])
+    base = table.loc[table["arm"] == "base", "accuracy"]
+    if len(base):
+        left.axvline(100 * base.iloc[0], color="grey", ls="--", lw=1, label="base")
+        left.legend(fontsize=8, loc="lower right")
+    left.set_yticks(y, [f"{a} {r}" for a, r in zip(table["arm"], table["run"])])
+    left.set_xlabel(f"greedy exact match on the held-out {train_format} test set (%)")
+    right.set_xlabel("KL(base || model) on WikiText-2 (nats/token)")
+    left.set_title(title, fontsize=10)
+    _save(fig, path)
+
+
+def study_curves(curves: pd.DataFrame, title: str, path: str | Path) -> None:
+    """Exact match on the validation split and on a fixed test subset against the training step, one line
+    per run, coloured by arm."""
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), sharey=True)
+    if len(curves):
+        frame = curves.melt(id_vars=["arm", "run", "step"], value_vars=["val_accuracy", "test_accuracy"],
+                            var_name="split", value_name="exact match")
+        frame["exact match"] *= 100
+        for ax, split in zip(axes, ["val_accuracy", "test_accuracy"]):
+            part = frame[frame["split"] == split]
+            sns.lineplot(part, x="step", y="exact match", hue="arm", units="run", estimator=None, marker="o",
+                         ax=ax, palette="colorblind")
+            ax.set_title(split.replace("_accuracy", "").replace("val", "validation"), fontsize=9)
+            ax.set_ylim(0, 100)
+    fig.suptitle(title, fontsize=10)
+    _save(fig, path)

@@ -9,6 +9,9 @@ wildcard_constraints:
     model="|".join(map(re.escape, MODELS)),
     task="|".join(TASKS),
     layer=r"\d+",
+    method="|".join(["base", "precise", "random_heads", "full", "lora"]),
+    arm="|".join(["base", *study.ARMS]),
+    run=r"lr\d+|seed\d+|draw\d+|chosen|base",
 
 
 def model_resource(key):
@@ -115,3 +118,88 @@ def finetune_params(wildcards):
 def evaluation_files():
     files = {d: workflow_path(config["evaluation"][d]["file"]) for d in EVAL_DATASETS}
     return files | {"gsm8k_train": workflow_path(config["finetune"]["data"]["file"])}
+
+
+# The precise-SFT study (workflow/rules/study.smk)
+
+STUDY = config["study"]
+STUDY_ARMS = STUDY["arms"]
+
+
+def study_params(*keys):
+    """Only the study settings a rule reads, so that changing another one does not re-run it."""
+    return {key: STUDY[key] for key in keys}
+
+
+def study_train_params(wildcards):
+    """A run's settings: the items' format, its arm's grid and method settings, training, curves."""
+    used = study_params("train_format", "train", "curve", "heads", "mlps", "kv")
+    used["lr_grid"] = {wildcards.arm: STUDY["lr_grid"][wildcards.arm]}
+    if wildcards.arm == "lora":
+        used["lora"] = STUDY["lora"]
+    if wildcards.arm == "random_heads":
+        used["random_draws"] = STUDY["random_draws"]
+    return used
+
+
+def study_train_inputs(wildcards):
+    """Head arms rank heads by patching effect; runs after the grid read their arm's chosen lr."""
+    files = {}
+    if wildcards.arm in study.HEAD_ARMS:
+        files |= {
+            f"effects_{t}": f"results/{wildcards.model}/effects/{t}.parquet"
+            for t in TASKS
+        }
+    if not wildcards.run.startswith("lr"):
+        files["selection"] = (
+            f"results/{wildcards.model}/finetune/study/select/{wildcards.arm}.json"
+        )
+    return files
+
+
+def study_evaluate_inputs(wildcards):
+    """The run to score: none for base; the chosen grid run (all grid runs plus the choice) for `chosen`."""
+    if wildcards.arm == "base":
+        return {}
+    root = f"results/{wildcards.model}/finetune/study"
+    if wildcards.run == "chosen":
+        return {
+            "selection": f"{root}/select/{wildcards.arm}.json",
+            "grid": [
+                f"{root}/runs/{wildcards.arm}/{r}"
+                for r in study.grid_runs(wildcards.arm, STUDY)
+            ],
+        }
+    return {"run": f"{root}/runs/{wildcards.arm}/{wildcards.run}"}
+
+
+def study_data_files():
+    off = STUDY["off_target"]["files"]
+    return {name: workflow_path(path) for name, path in off.items()}
+
+
+def study_final_models():
+    """(arm, run) of every scored model: base, and per arm the chosen run, more seeds and draws."""
+    return [("base", "base")] + [
+        (arm, run) for arm in STUDY_ARMS for run in study.final_runs(arm, STUDY)
+    ]
+
+
+def study_summary_inputs(wildcards):
+    root = f"results/{wildcards.model}/finetune/study"
+    files = {
+        f"eval_{arm}_{run}": f"{root}/eval/{arm}/{run}.parquet"
+        for arm, run in study_final_models()
+    }
+    files |= {f"select_{arm}": f"{root}/select/{arm}.json" for arm in STUDY_ARMS}
+    for arm in STUDY_ARMS:
+        files |= {
+            f"grid_{arm}_{r}": f"{root}/runs/{arm}/{r}"
+            for r in study.grid_runs(arm, STUDY)
+        }
+        files |= {
+            f"run_{arm}_{r}": f"{root}/runs/{arm}/{r}"
+            for r in study.final_runs(arm, STUDY)
+            if r != "chosen"
+        }
+    return files

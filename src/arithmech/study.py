@@ -1,0 +1,344 @@
+"""The precise-SFT study: does training only the key heads improve arithmetic as much as training more,
+and does it keep what the model knew? (Zhang et al., ICML 2024, stage 4, on a target the model can move on.)
+
+Data. Arithmetic items in named formats (`study.formats`: a task, a template, an operator word and operand
+ranges), built with the workflow's prompt machinery (`prompts.render`, `prompts.split_answer`). Every item
+is one operand pair; pairs are split without overlap:
+  identify    the pairs the identify stage used for that task (results/{model}/pairs/{task}.parquet): never
+              trained on or scored here;
+  train, validation, test   of the trained format (`study.train_format`), disjoint, seeded sizes;
+  test        of every other format (transfer), also disjoint from the trained format's train and
+              validation pairs of the same task.
+All prompts of a format share one fixed few-shot prefix (`study.n_shots` solved pairs that are in no test
+split), so the shared prefix runs once. An item's target is the answer and the separator's end ("68."):
+its greedy exact match is `evaluation.score_targets`' greedy_match.
+
+Arms (`study.arms`): precise (the top `study.heads` heads by patching effect averaged over the tasks: the
+W_Q rows and W_O columns, with `study.kv: shared` also the K/V rows of their key/value heads), precise_mlp
+(the same plus the top `study.mlps` MLP layers), random_heads (as many heads, drawn LAYER-MATCHED: the same
+number in each layer as the key heads, never a key head; `study.random_draws` draws, so the same parameter
+count), full and lora. Every arm's lr is chosen on the validation split from its own grid
+(`study.lr_grid`), the same number of steps for all; the chosen lr is then trained with more seeds.
+
+Runs (results/{model}/finetune/study/runs/{arm}/{run}): `lr{i}` is grid point i with seed 0 (draw 0);
+`seed{s}` is seed s at the chosen lr; `draw{d}` is random-head draw d (seed 0) at the chosen lr. The
+models scored on the test sets are the chosen grid run (`chosen`), the seeds and the draws.
+
+This module is pure pandas/numpy (no torch): the DAG and the summary rules import it cheaply."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from . import stats
+
+ARMS = ("precise", "precise_mlp", "random_heads", "full", "lora")
+HEAD_ARMS = ("precise", "precise_mlp", "random_heads")
+STUDY_TASKS = ("addition", "subtraction", "multiplication", "division")
+SPLITS = ("train", "validation", "test")
+RUN_NAME = re.compile(r"(lr|seed|draw)(\d+)")
+# Arm pairs compared on every metric (a - b): the study's questions.
+COMPARISONS = (
+    ("precise", "random_heads"),  # are the key heads special, at the same parameter count and layers?
+    ("precise", "full"),  # does training 1% of the model match training all of it?
+    ("precise", "lora"),
+    ("precise_mlp", "precise"),  # do the key MLPs add anything?
+    ("precise", "base"),  # does precise SFT help at all?
+    ("full", "base"),
+    ("random_heads", "base"),
+    ("lora", "base"),
+    ("precise_mlp", "base"),
+)
+
+
+def answer(task: str, a: int, b: int) -> int:
+    return {"addition": a + b, "subtraction": a - b, "multiplication": a * b, "division": a // b}[task]
+
+
+@dataclass(frozen=True)
+class Format:
+    """One item format. Operands: a in a_range, b in b_range (inclusive); subtraction keeps a >= b (answers
+    are non-negative); division reads a_range as the QUOTIENT range and b_range as the divisor's, so the
+    item is (q * b) / b and every answer is exact."""
+
+    name: str
+    task: str
+    template: str
+    operator: str
+    a_range: tuple[int, int]
+    b_range: tuple[int, int]
+
+    @classmethod
+    def from_config(cls, name: str, cfg: dict) -> Format:
+        where = f"config key 'study.formats.{name}'"
+        if cfg.get("task") not in STUDY_TASKS:
+            raise ValueError(f"{where}.task: expected one of {list(STUDY_TASKS)}, got {cfg.get('task')!r}")
+        for key in ("a", "b"):
+            r = cfg.get(key)
+            if not (isinstance(r, list) and len(r) == 2 and all(isinstance(x, int) for x in r) and 0 <= r[0] <= r[1]):
+                raise ValueError(f"{where}.{key}: expected [low, high] integers with 0 <= low <= high, got {r!r}")
+        if cfg["task"] == "division" and cfg["b"][0] < 1:
+            raise ValueError(f"{where}.b: a divisor range must start at 1 or more, got {cfg['b']!r}")
+        for field in ("{a}", "{op}", "{b}"):
+            if field not in cfg.get("template", ""):
+                raise ValueError(f"{where}.template: must contain {field}, got {cfg.get('template')!r}")
+        return cls(name, cfg["task"], cfg["template"], str(cfg["operator"]), tuple(cfg["a"]), tuple(cfg["b"]))
+
+    def pairs(self) -> list[tuple[int, int]]:
+        """Every operand pair (a, b) of the format, in a fixed order."""
+        (a0, a1), (b0, b1) = self.a_range, self.b_range
+        if self.task == "division":
+            return [(q * b, b) for q in range(a0, a1 + 1) for b in range(b0, b1 + 1)]
+        out = [(a, b) for a in range(a0, a1 + 1) for b in range(b0, b1 + 1)]
+        return [(a, b) for a, b in out if a >= b] if self.task == "subtraction" else out
+
+    def line(self, a: int, b: int) -> str:
+        from .prompts import render
+
+        return render(self.template, a=a, op=self.operator, b=b).text
+
+
+def parse_formats(study: dict) -> dict[str, Format]:
+    formats = {name: Format.from_config(name, cfg) for name, cfg in study["formats"].items()}
+    if study["train_format"] not in formats:
+        raise ValueError(f"config key 'study.train_format': {study['train_format']!r} is not one of study.formats "
+                         f"({', '.join(formats)})")
+    return formats
+
+
+def _draw(pool: list, n: int, rng: np.random.Generator) -> list:
+    return [pool[i] for i in rng.permutation(len(pool))[:n]]
+
+
+def build_items(tokenizer, study: dict, identify_pairs: dict[str, set], separator: str, seed: int) -> pd.DataFrame:
+    """Every study item (module docstring). `identify_pairs`: task -> {(a, b)} used by the identify stage.
+
+    Columns: format, task, split, a, b, pair ("task:a:b", the cluster for intervals), answer, prompt (ends
+    where the answer starts), target (the rest of the line: "68."), shots (the few-shot pairs, JSON)."""
+    formats = parse_formats(study)
+    sizes = study["splits"]
+    trained = formats[study["train_format"]]
+    end = separator.rstrip("\n") or separator
+    rows = []
+    taken: set[tuple[str, int, int]] = set()  # the trained format's train + validation pairs
+    order = [trained] + [f for f in formats.values() if f is not trained]
+    for k, fmt in enumerate(order):
+        rng = np.random.default_rng([seed, 7, k])
+        pool = [p for p in fmt.pairs() if p not in identify_pairs.get(fmt.task, set())
+                and (fmt.task, *p) not in taken]
+        if fmt is trained:
+            need = sizes["train"] + sizes["validation"] + sizes["test"]
+            if len(pool) < need + study["n_shots"]:
+                raise ValueError(f"config key 'study.splits': format {fmt.name!r} has {len(pool)} operand pairs left "
+                                 f"after removing the identify stage's, fewer than the {need} asked for plus "
+                                 f"{study['n_shots']} shots")
+            drawn = _draw(pool, need, rng)
+            split_of = (["train"] * sizes["train"] + ["validation"] * sizes["validation"] + ["test"] * sizes["test"])
+            taken |= {(fmt.task, a, b) for (a, b), s in zip(drawn, split_of) if s != "test"}
+            shots = [p for p, s in zip(drawn, split_of) if s == "train"][: study["n_shots"]]
+        else:
+            rest = _draw(pool, len(pool), rng)
+            shots, tests = rest[: study["n_shots"]], rest[study["n_shots"] : study["n_shots"] + study["transfer_test"]]
+            if not tests:
+                raise ValueError(f"config key 'study.formats.{fmt.name}': no operand pair is left for its test set")
+            drawn, split_of = tests, ["test"] * len(tests)
+        prefix = "".join(fmt.line(a, b) + str(answer(fmt.task, a, b)) + separator for a, b in shots)
+        for (a, b), split in zip(drawn, split_of):
+            gold = answer(fmt.task, a, b)
+            prompt = _prompt(tokenizer, prefix + fmt.line(a, b), str(gold))
+            full = prefix + fmt.line(a, b) + str(gold) + end
+            rows.append({"format": fmt.name, "task": fmt.task, "split": split, "a": a, "b": b,
+                         "pair": f"{fmt.task}:{a}:{b}", "answer": gold, "prompt": prompt,
+                         "target": full[len(prompt):], "shots": json.dumps(shots)})
+    return pd.DataFrame(rows)
+
+
+def _prompt(tokenizer, text: str, answer_text: str) -> str:
+    """The prompt cut so that the next token starts the answer (`prompts.split_answer`)."""
+    from .prompts import split_answer
+
+    prompt, _ = split_answer(tokenizer, text, answer_text)
+    return prompt
+
+
+def format_summary(items: pd.DataFrame) -> pd.DataFrame:
+    """Items and distinct operand pairs per format and split."""
+    return (items.groupby(["format", "task", "split"], sort=False)
+            .agg(items=("pair", "size"), pairs=("pair", "nunique")).reset_index())
+
+
+# ---------------------------------------------------------------------------------------------------
+# Arms
+
+
+def layer_matched_heads(key_heads: list[tuple[int, int]], n_heads: int, seed: int) -> list[tuple[int, int]]:
+    """As many heads as `key_heads` in each of their layers, drawn (seeded) among that layer's other heads:
+    the random control at the same layers and parameter count. Fails when a layer has too few other heads."""
+    key = set(key_heads)
+    per_layer: dict[int, int] = {}
+    for layer, _ in key_heads:
+        per_layer[layer] = per_layer.get(layer, 0) + 1
+    rng = np.random.default_rng(seed)
+    out = []
+    for layer in sorted(per_layer):
+        pool = [(layer, h) for h in range(n_heads) if (layer, h) not in key]
+        if len(pool) < per_layer[layer]:
+            raise ValueError(f"layer {layer} has {per_layer[layer]} key heads and only {len(pool)} other heads: "
+                             "no layer-matched random draw exists (lower study.heads)")
+        out += [pool[i] for i in rng.choice(len(pool), size=per_layer[layer], replace=False)]
+    return out
+
+
+def parse_run(run: str) -> tuple[str, int]:
+    m = RUN_NAME.fullmatch(run)
+    if m is None:
+        raise ValueError(f"run name {run!r}: expected lr<i>, seed<s> or draw<d>")
+    return m[1], int(m[2])
+
+
+def arm_method(arm: str, run: str, study: dict, ranked_heads: list, ranked_mlps: list, n_heads: int,
+               seed: int) -> dict:
+    """The `finetune.parse_method` dict of one run of `arm` (ranked_*: nodes by patching effect, best first)."""
+    if arm not in ARMS:
+        raise ValueError(f"study arm {arm!r}: expected one of {list(ARMS)}")
+    kind, index = parse_run(run)
+    if arm in ("full", "lora"):
+        return {"method": arm, **({"lora": study["lora"]} if arm == "lora" else {})}
+    n = study["heads"]
+    if n > len(ranked_heads):
+        raise ValueError(f"config key 'study.heads': {n} heads asked for, the model has {len(ranked_heads)}")
+    heads = [tuple(map(int, h)) for h in ranked_heads[:n]]
+    mlps: list[int] = []
+    if arm == "random_heads":
+        draw = index if kind == "draw" else 0
+        heads = layer_matched_heads(heads, n_heads, seed=int(np.random.SeedSequence([seed, 11, draw]).generate_state(1)[0]))
+    if arm == "precise_mlp":
+        mlps = [int(m) for m in ranked_mlps[: study["mlps"]]]
+    return {"method": "random_heads" if arm == "random_heads" else "precise", "heads": [list(h) for h in heads],
+            "mlp_layers": mlps, "train_kv": study["kv"] == "shared"}
+
+
+def final_runs(arm: str, study: dict) -> list[str]:
+    """The runs of `arm` scored on the test sets: the chosen grid run, more seeds, more draws."""
+    runs = ["chosen"]
+    runs += [f"seed{s}" for s in range(1, study["seeds"].get(arm, 1))]
+    if arm == "random_heads":
+        runs += [f"draw{d}" for d in range(1, study["random_draws"])]
+    return runs
+
+
+def grid_runs(arm: str, study: dict) -> list[str]:
+    return [f"lr{i}" for i in range(len(study["lr_grid"][arm]))]
+
+
+def select_lr(val_by_run: dict[str, pd.DataFrame], grid: list[float]) -> dict:
+    """The grid run with the highest validation exact match; ties go to the lower mean answer NLL. Returns
+    {"run", "lr", "grid": [{run, lr, val_accuracy, val_nll}]}."""
+    table = []
+    for run, frame in val_by_run.items():
+        _, i = parse_run(run)
+        table.append({"run": run, "lr": grid[i], "val_accuracy": float(frame["correct"].mean()),
+                      "val_nll": float(frame["nll"].sum() / frame["n_tokens"].sum()), "val_n": len(frame)})
+    best = sorted(table, key=lambda r: (-r["val_accuracy"], r["val_nll"]))[0]
+    return {"run": best["run"], "lr": best["lr"], "grid": table}
+
+
+# ---------------------------------------------------------------------------------------------------
+# Study table and comparisons
+
+
+def per_item(evals: dict[tuple[str, str], pd.DataFrame]) -> pd.DataFrame:
+    """All scored rows of every model: (arm, run) -> its eval frame, stacked with arm and run columns."""
+    return pd.concat([f.assign(arm=arm, run=run) for (arm, run), f in evals.items()], ignore_index=True)
+
+
+def model_rows(rows: pd.DataFrame, train_format: str, confidence: float, n_boot: int, seed: int) -> pd.DataFrame:
+    """One row per scored model: exact match on every format's test set (intervals resample operand pairs),
+    answer NLL per token on the trained format, off-target metrics (KL to base per token, perplexity, gold
+    NLL per token on GSM8K and SVAMP solutions, non-math accuracies)."""
+    out = []
+    for (arm, run), frame in rows.groupby(["arm", "run"], sort=False):
+        rec: dict = {"arm": arm, "run": run}
+        for dataset, part in frame.groupby("dataset", sort=False):
+            if part["kind"].iloc[0] == "arithmetic":
+                est = stats.cluster_bootstrap(part["correct"].astype(float).to_numpy(), part["cluster"].to_numpy(),
+                                              n_boot=n_boot, seed=seed, confidence=confidence)
+                prefix = "accuracy" if dataset == train_format else f"transfer_{dataset}"
+                rec |= {prefix: est["estimate"], f"{prefix}_low": est["ci_low"], f"{prefix}_high": est["ci_high"]}
+                if dataset == train_format:
+                    rec |= {"test_n": est["n_items"], "test_pairs": est["n_clusters"],
+                            "answer_nll": float(part["nll"].sum() / part["n_tokens"].sum())}
+            elif part["kind"].iloc[0] == "nll":
+                rec[f"{dataset}_nll"] = float(part["nll"].sum() / part["n_tokens"].sum())
+            elif part["kind"].iloc[0] == "choice":
+                rec[dataset] = float(part["correct"].mean())
+            elif part["kind"].iloc[0] == "divergence":
+                n = part["n_tokens"].sum()
+                rec |= {"kl_to_base": float(part["kl"].sum() / n), "perplexity": float(np.exp(part["nll"].sum() / n)),
+                        "kl_tokens": int(n)}
+        out.append(rec)
+    return pd.DataFrame(out)
+
+
+def _aligned(rows: pd.DataFrame, arm: str, dataset: str, value: str) -> pd.DataFrame:
+    """Per item (cluster-labelled) value of `arm` on `dataset`, averaged over the arm's models (seeds, draws)."""
+    part = rows[(rows["arm"] == arm) & (rows["dataset"] == dataset)]
+    return part.groupby("item", sort=True).agg(value=(value, "mean"), cluster=("cluster", "first"),
+                                                weight=("n_tokens", "first") if "n_tokens" in part else ("item", "size"))
+
+
+def comparisons(rows: pd.DataFrame, arms: list[str], train_format: str, confidence: float, n_boot: int,
+                seed: int) -> pd.DataFrame:
+    """Arm against arm on the same items, for every metric (COMPARISONS that both arms of this run have).
+    Exact match: difference of accuracy, McNemar's exact test when each arm is one model, else a paired
+    bootstrap over operand pairs; per-token NLL and KL: paired bootstrap of the ratio estimates over items
+    or windows. p_holm adjusts every p-value of one metric family (all rows) with Holm's method."""
+    present = set(rows["arm"])
+    out = []
+    for a, b in COMPARISONS:
+        if a not in present or b not in present:
+            continue
+        for dataset, part in rows[rows["arm"] == a].groupby("dataset", sort=False):
+            kind = part["kind"].iloc[0]
+            specs = {"arithmetic": [("correct", True, "accuracy" if dataset == train_format else f"transfer_{dataset}")],
+                     "choice": [("correct", True, dataset)],
+                     "nll": [("nll", False, f"{dataset}_nll")],
+                     "divergence": [("kl", False, "kl_to_base"), ("nll", False, "wikitext_nll")]}[kind]
+            if kind == "arithmetic" and dataset == train_format:
+                specs.append(("nll", False, "answer_nll"))
+            for value, binary, metric in specs:
+                if metric == "kl_to_base" and "base" in (a, b):
+                    continue  # the base model's KL to itself is 0 by definition
+                xa, xb = _aligned(rows, a, dataset, value), _aligned(rows, b, dataset, value)
+                joined = xa.join(xb, rsuffix="_b", how="inner")
+                weights = None if binary else joined["weight"].to_numpy(float)
+                res = stats.compare(joined["value"].to_numpy(float), joined["value_b"].to_numpy(float),
+                                    joined["cluster"].to_numpy(), binary=binary, weights=weights, n_boot=n_boot,
+                                    seed=seed, confidence=confidence)
+                out.append({"arm_a": a, "arm_b": b, "metric": metric, "dataset": dataset,
+                            "n_models_a": rows[rows["arm"] == a]["run"].nunique(),
+                            "n_models_b": rows[rows["arm"] == b]["run"].nunique(), **res})
+    frame = pd.DataFrame(out)
+    if len(frame):
+        frame["p_holm"] = stats.holm(frame["p_value"].to_numpy(float))
+    return frame
+
+
+def curves(stats_by_run: dict[tuple[str, str], dict]) -> pd.DataFrame:
+    """Learning curves: exact match on the validation split and on a fixed test subset at every evaluated
+    step, per run (from the training jobs' `evaluations`)."""
+    rows = []
+    for (arm, run), record in stats_by_run.items():
+        for point in record.get("evaluations", []):
+            rows.append({"arm": arm, "run": run, **point})
+    return pd.DataFrame(rows)
+
+
+def read_json(path) -> dict:
+    return json.loads(Path(path).read_text())

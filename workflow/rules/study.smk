@@ -1,0 +1,139 @@
+# The precise-SFT study (arithmech.study): arithmetic items with disjoint operand-pair splits, every arm's
+# lr chosen on the validation split, the chosen lr trained with more seeds and random-head draws, every
+# model scored on held-out test sets and off-target sets, arm against arm on the same items.
+
+
+rule study_items:
+    input:
+        model="results/{model}/model",
+        pairs=expand("results/{{model}}/pairs/{task}.parquet", task=TASKS),
+    output:
+        "results/{model}/finetune/study/items.parquet",
+    log:
+        "results/{model}/logs/study/items.log",
+    conda:
+        "../../envs/arithmech.yaml"
+    resources:
+        **CPU_RESOURCES,
+    params:
+        study=study_params(
+            "formats", "train_format", "splits", "transfer_test", "n_shots"
+        ),
+        prompts=config["prompts"],
+        seed=config["seed"],
+        tasks=TASKS,
+    script:
+        "../scripts/study_items.py"
+
+
+rule study_train:
+    input:
+        unpack(study_train_inputs),
+        model="results/{model}/model",
+        study_items="results/{model}/finetune/study/items.parquet",
+    output:
+        directory("results/{model}/finetune/study/runs/{arm}/{run}"),
+    log:
+        "results/{model}/logs/study/train/{arm}/{run}.log",
+    conda:
+        "../../envs/arithmech.yaml"
+    threads: 2
+    resources:
+        **GPU_RESOURCES,
+    params:
+        study=study_train_params,
+        compute=config["compute"],
+        seed=config["seed"],
+        checkpoints=lambda wc: f"results/{wc.model}/finetune/study/.checkpoints",
+    script:
+        "../scripts/study_train.py"
+
+
+rule study_select:
+    input:
+        runs=lambda wc: expand(
+            "results/{model}/finetune/study/runs/{arm}/{run}",
+            model=wc.model,
+            arm=wc.arm,
+            run=study.grid_runs(wc.arm, STUDY),
+        ),
+    output:
+        "results/{model}/finetune/study/select/{arm}.json",
+    log:
+        "results/{model}/logs/study/select/{arm}.log",
+    conda:
+        "../../envs/arithmech.yaml"
+    resources:
+        **CPU_RESOURCES,
+    params:
+        lr_grid=lambda wc: STUDY["lr_grid"][wc.arm],
+        runs=lambda wc: study.grid_runs(wc.arm, STUDY),
+    script:
+        "../scripts/study_select.py"
+
+
+rule study_evaluate:
+    input:
+        unpack(study_evaluate_inputs),
+        **study_data_files(),
+        model="results/{model}/model",
+        study_items="results/{model}/finetune/study/items.parquet",
+    output:
+        "results/{model}/finetune/study/eval/{arm}/{run}.parquet",
+    log:
+        "results/{model}/logs/study/eval/{arm}/{run}.log",
+    conda:
+        "../../envs/arithmech.yaml"
+    threads: 2
+    resources:
+        **GPU_RESOURCES,
+    params:
+        study=study_params("off_target"),
+        compute=config["compute"],
+        seed=config["seed"],
+    script:
+        "../scripts/study_evaluate.py"
+
+
+rule study_summary:
+    input:
+        unpack(study_summary_inputs),
+        study_items="results/{model}/finetune/study/items.parquet",
+    output:
+        study="results/{model}/finetune/study.parquet",
+        comparisons="results/{model}/finetune/comparisons.parquet",
+        markdown="results/{model}/finetune/study.md",
+        html=report(
+            "results/{model}/finetune/study.html",
+            caption="../report/study_table.rst",
+            category="4. Precise SFT",
+            subcategory="{model}",
+            labels={"model": "{model}", "figure": "study table"},
+        ),
+        figure=report(
+            "results/{model}/finetune/study.png",
+            caption="../report/study_figure.rst",
+            category="4. Precise SFT",
+            subcategory="{model}",
+            labels={"model": "{model}", "figure": "study: exact match and KL"},
+        ),
+        curves=report(
+            "results/{model}/finetune/study_curves.png",
+            caption="../report/study_curves.rst",
+            category="4. Precise SFT",
+            subcategory="{model}",
+            labels={"model": "{model}", "figure": "study: learning curves"},
+        ),
+    log:
+        "results/{model}/logs/study/summary.log",
+    conda:
+        "../../envs/arithmech.yaml"
+    resources:
+        **CPU_RESOURCES,
+    params:
+        study=study_params(
+            "train_format", "confidence", "bootstrap", "base_band", "arms"
+        ),
+        seed=config["seed"],
+    script:
+        "../scripts/study_summary.py"

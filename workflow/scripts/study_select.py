@@ -1,0 +1,10 @@
+from arithmech.stages import job
+from arithmech.study_stages import run_study_select
+
+with job(snakemake):
+    run_study_select(
+        arm=snakemake.wildcards.arm,
+        study={"lr_grid": {snakemake.wildcards.arm: snakemake.params.lr_grid}},
+        run_dirs=dict(zip(snakemake.params.runs, snakemake.input.runs)),
+        out_path=snakemake.output[0],
+    )

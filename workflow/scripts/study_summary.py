@@ -1,0 +1,31 @@
+from pathlib import Path
+
+from arithmech.stages import STATS_FILE, job
+from arithmech.study_stages import run_study_summary
+
+inputs = snakemake.input
+
+
+def keyed(prefix):
+    """{(arm, run): path} of the inputs named <prefix>_<arm>_<run> (arm names hold underscores)."""
+    return {tuple(k[len(prefix) + 1 :].rsplit("_", 1)): v for k, v in inputs.items() if k.startswith(prefix + "_")}
+
+
+with job(snakemake):
+    arms = snakemake.params.study["arms"]
+    runs = {**keyed("grid"), **keyed("run")}
+    run_study_summary(
+        model=snakemake.wildcards.model,
+        study=snakemake.params.study,
+        items_path=inputs.study_items,
+        selection_paths={a: inputs[f"select_{a}"] for a in arms},
+        eval_paths=keyed("eval"),
+        stats_paths={key: str(Path(path) / STATS_FILE) for key, path in runs.items()},
+        seed=snakemake.params.seed,
+        out_study=snakemake.output.study,
+        out_comparisons=snakemake.output.comparisons,
+        out_md=snakemake.output.markdown,
+        out_html=snakemake.output.html,
+        out_png=snakemake.output.figure,
+        out_curves=snakemake.output.curves,
+    )

@@ -1,0 +1,18 @@
+from arithmech.stages import job
+from arithmech.study_stages import run_study_train
+
+inputs = snakemake.input
+with job(snakemake):
+    run_study_train(
+        model_dir=inputs.model,
+        items_path=inputs.study_items,
+        effects_paths={k[len("effects_"):]: v for k, v in inputs.items() if k.startswith("effects_")},
+        arm=snakemake.wildcards.arm,
+        run=snakemake.wildcards.run,
+        study=snakemake.params.study,
+        compute=snakemake.params.compute,
+        seed=snakemake.params.seed,
+        selection_path=inputs.get("selection"),
+        out_dir=snakemake.output[0],
+        checkpoint_root=snakemake.params.checkpoints,
+    )
