@@ -25,6 +25,8 @@ def cluster_run(tmp_path_factory):
     state.mkdir()
     config = tiny_config(build_tiny_model(work / "tiny-src", n_layers=2))
     config["run"]["tasks"] = ["addition"]
+    config["study"].update(arms=["precise", "full"], seeds={}, random_draws=1)  # the study's rules, few jobs
+    config["study"]["lr_grid"]["precise"] = [1e-3]
     config["models"]["tiny"]["resources"] = {"gpus": 1, "gpu_model": "a100", "mem_mb": 8000, "runtime": 30}
     (work / "config.yaml").write_text(yaml.safe_dump(config))
     env = {
@@ -53,7 +55,8 @@ def test_every_job_went_through_sbatch_and_finished(cluster_run):
     assert {r: len(c) for r, c in calls.items()} == {
         "build_pairs": 1, "cache_activations": 2, "patch_layer": 2, "aggregate_effects": 1,
         "summarize_key_components": 1, "knockout": 1, "transfer": 1, "analyze": 1, "finetune": 4, "evaluate": 5,
-        "summarize_eval": 1,
+        "summarize_eval": 1, "study_items": 1, "study_train": 2, "study_select": 2, "study_evaluate": 3,
+        "study_summary": 1,
     }
     assert "prepare_model" not in calls  # a local rule: downloads stay on the submit host
     assert len(pd.read_parquet(work / "results/tiny/effects/addition.parquet")) == 2 * (4 + 1)
@@ -61,11 +64,11 @@ def test_every_job_went_through_sbatch_and_finished(cluster_run):
 
 def test_gpu_rules_ask_for_gpus_memory_runtime_account_partition(cluster_run):
     _, calls = cluster_run
-    for rule in ("build_pairs", "patch_layer", "finetune", "evaluate"):
+    for rule in ("build_pairs", "patch_layer", "finetune", "evaluate", "study_train", "study_evaluate"):
         for call in calls[rule]:
             assert "--gpus=a100:1" in call and "--mem 8000" in call and "-t 30" in call
             assert "-A proj42" in call and "-p gpu-short" in call
-    for rule in ("aggregate_effects", "summarize_key_components", "summarize_eval"):
+    for rule in ("aggregate_effects", "summarize_key_components", "summarize_eval", "study_items", "study_summary"):
         (call,) = calls[rule]
         assert "--gpus" not in call and "--mem 4000" in call and "-A proj42" in call
 

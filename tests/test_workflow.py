@@ -247,7 +247,11 @@ def planned_rules(proc: subprocess.CompletedProcess) -> dict[str, int]:
 
 # What a change upstream of the patching effects re-runs of stage 4: the two head methods rank heads by
 # effect (full fine-tuning and LoRA do not), their evaluations, and the summary.
-HEAD_SFT = {"finetune": 2, "evaluate": 2, "summarize_eval": 1}
+# The study likewise: the head arms' grid runs, second seed and draw, their lr choices and evaluations.
+HEAD_SFT = {"finetune": 2, "evaluate": 2, "summarize_eval": 1, "study_train": 6, "study_select": 3,
+            "study_evaluate": 5, "study_summary": 1}
+# What a change of the identify stage's operand pairs re-runs of the study: all of it.
+STUDY_ALL = {"study_items": 1, "study_train": 8, "study_select": 5, "study_evaluate": 8, "study_summary": 1}
 
 
 def with_config(run: Path, edit) -> Path:
@@ -283,7 +287,8 @@ def test_prompt_change_reruns_from_pairs(run):
     proc = snakemake(run, "--cores", "1", "--dry-run", "--configfile", str(path))
     assert planned_rules(proc) == {
         "build_pairs": 2, "cache_activations": 2, "patch_layer": 3, "aggregate_effects": 2,
-        "summarize_key_components": 1, "knockout": 2, "analyze": 2, "transfer": 1, **HEAD_SFT, "all": 1,
+        "summarize_key_components": 1, "knockout": 2, "analyze": 2, "transfer": 1, **HEAD_SFT, **STUDY_ALL,
+        "all": 1,
     }
 
 
@@ -306,6 +311,57 @@ def test_evaluation_change_reruns_only_evaluation(run):
     path = with_config(run, lambda c: c["evaluation"]["gsm8k"].update(n=4))
     proc = snakemake(run, "--cores", "1", "--dry-run", "--configfile", str(path))
     assert planned_rules(proc) == {"evaluate": 5, "summarize_eval": 1, "all": 1}
+
+
+def test_study_changes_rerun_only_what_they_touch(run):
+    """One arm's lr grid re-runs that arm's grid run, its choice, evaluation and the summary; the
+    off-target sets re-run every evaluation; the confidence level only the summary; items all the study."""
+    cases = [
+        (lambda c: c["study"]["lr_grid"].update(full=[2e-4]),
+         {"study_train": 1, "study_select": 1, "study_evaluate": 1, "study_summary": 1}),
+        (lambda c: c["study"]["off_target"].update(svamp_n=4), {"study_evaluate": 8, "study_summary": 1}),
+        (lambda c: c["study"].update(confidence=0.9), {"study_summary": 1}),
+        (lambda c: c["study"]["lora"].update(r=4),
+         {"study_train": 1, "study_select": 1, "study_evaluate": 1, "study_summary": 1}),
+        (lambda c: c["study"]["splits"].update(test=9), STUDY_ALL),
+    ]
+    for edit, expected in cases:
+        path = with_config(run, edit)
+        proc = snakemake(run, "--cores", "1", "--dry-run", "--configfile", str(path))
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert planned_rules(proc) == {**expected, "all": 1}
+
+
+def test_study_outputs(run):
+    """Items split by operand pair; every scored model one row; lr chosen by validation; comparisons."""
+    res = run / "results/tiny/finetune"
+    items = pd.read_parquet(res / "study/items.parquet")
+    trained = items[items["format"] == "add2"]
+    assert trained.groupby("split").size().to_dict() == {"test": 10, "train": 12, "validation": 6}
+    assert trained["pair"].is_unique
+    identify = pd.read_parquet(run / "results/tiny/pairs/addition.parquet")
+    assert not {f"addition:{a}:{b}" for a, b in zip(identify["a"], identify["b"])} & set(items["pair"])
+    study = pd.read_parquet(res / "study.parquet")
+    assert list(zip(study["arm"], study["run"])) == [
+        ("base", "base"), ("precise", "chosen"), ("precise", "seed1"), ("precise_mlp", "chosen"),
+        ("random_heads", "chosen"), ("random_heads", "draw1"), ("full", "chosen"), ("lora", "chosen")]
+    assert (study["test_n"] == 10).all() and (study.loc[study["arm"] == "base", "kl_to_base"] == 0).all()
+    assert ((study["accuracy_low"] <= study["accuracy"]) & (study["accuracy"] <= study["accuracy_high"])).all()
+    precise = study.set_index(["arm", "run"]).loc[("precise", "chosen")]
+    choice = json.loads((res / "study/select/precise.json").read_text())
+    best = max(choice["grid"], key=lambda g: (g["val_accuracy"], -g["val_nll"]))
+    assert choice["run"] == best["run"] and precise["lr"] == best["lr"] and precise["trained_run"] == best["run"]
+    assert study.set_index(["arm", "run"]).loc[("precise", "seed1"), "seed"] == precise["seed"] + 1
+    stats = json.loads((res / f"study/runs/precise/{choice['run']}/stats.json").read_text())
+    assert [p["step"] for p in stats["evaluations"]] == [1, 2] and stats["train"]["optimizer"] == "adamw"
+    assert precise["trainable_params"] < study.set_index(["arm", "run"]).loc[("full", "chosen"), "trainable_params"]
+    comp = pd.read_parquet(res / "comparisons.parquet")
+    assert {("precise", "random_heads"), ("precise", "full"), ("precise", "base")} <= set(zip(comp["arm_a"], comp["arm_b"]))
+    assert comp["p_value"].between(0, 1).all() and (comp["ci_low"] <= comp["ci_high"]).all()
+    assert "| precise | chosen |" in (res / "study.md").read_text()
+    for name in ("study.png", "study_curves.png"):
+        assert (res / name).read_bytes()[:4] == b"\x89PNG"
+    assert not any((res / "study/.checkpoints").glob("*/step-*"))
 
 
 def test_transfer_change_reruns_only_transfer(run):
@@ -331,11 +387,12 @@ def test_slurm_profile_dry_run_asks_for_gpus_only_where_the_model_runs(run):
         elif line.strip().startswith("resources:") and rule:
             jobs.setdefault(rule, set()).add(line.strip())
     for rule in ("build_pairs", "cache_activations", "patch_layer", "knockout", "analyze", "transfer", "finetune",
-                 "evaluate"):
+                 "evaluate", "study_train", "study_evaluate"):
         (resources,) = jobs[rule]
         assert "gpu=2" in resources and "gpu_model=a100" in resources and "mem_mb=12000" in resources
         assert "slurm_account=proj42" in resources and "slurm_partition=gpu-short" in resources
-    for rule in ("aggregate_effects", "summarize_key_components", "summarize_eval"):
+    for rule in ("aggregate_effects", "summarize_key_components", "summarize_eval", "study_items", "study_select",
+                 "study_summary"):
         (resources,) = jobs[rule]
         assert "gpu=" not in resources and "mem_mb=4000" in resources
 

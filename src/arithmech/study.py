@@ -316,7 +316,7 @@ def comparisons(rows: pd.DataFrame, arms: list[str], train_format: str, confiden
                 if metric == "kl_to_base" and "base" in (a, b):
                     continue  # the base model's KL to itself is 0 by definition
                 xa, xb = _aligned(rows, a, dataset, value), _aligned(rows, b, dataset, value)
-                joined = xa.join(xb, rsuffix="_b", how="inner")
+                joined = xa.merge(xb, left_index=True, right_index=True, suffixes=("", "_b"))
                 weights = None if binary else joined["weight"].to_numpy(float)
                 res = stats.compare(joined["value"].to_numpy(float), joined["value_b"].to_numpy(float),
                                     joined["cluster"].to_numpy(), binary=binary, weights=weights, n_boot=n_boot,

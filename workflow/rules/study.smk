@@ -19,7 +19,7 @@ rule study_items:
         study=study_params(
             "formats", "train_format", "splits", "transfer_test", "n_shots"
         ),
-        prompts=config["prompts"],
+        prompts={"shot_separator": config["prompts"]["shot_separator"]},
         seed=config["seed"],
         tasks=TASKS,
     script:

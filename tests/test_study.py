@@ -1,0 +1,279 @@
+"""The precise-SFT study's parts on the tiny CPU model: teacher-forced exact match against greedy decoding,
+KL windows against a one-forward reference, the item splits, the layer-matched random heads, the arms, the
+lr choice, learning-curve callbacks across a resume, comparisons and the config checks."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+import yaml
+
+from arithmech import finetune as ft
+from arithmech import study as sd
+from arithmech.config import ConfigError, validate_config
+from arithmech.evaluation import divergence_windows, greedy_generate, score_targets
+from arithmech.models import load_model
+from arithmech.prompts import continuation_ids
+from arithmech.study_stages import run_study_items
+
+from test_workflow import ROOT, tiny_study
+
+SCHEMA = ROOT / "workflow/schemas/config.schema.yaml"
+
+
+def _study() -> dict:
+    config = yaml.safe_load((ROOT / "config.yaml").read_text())
+    return tiny_study(config["study"])
+
+
+# ---------------------------------------------------------------------------------------------------
+# scoring
+
+
+@pytest.mark.parametrize("shared", [True, False])
+@pytest.mark.parametrize("biased", [True, False])
+def test_greedy_match_is_greedy_decoding_and_nll_is_the_unbatched_sum(tiny_lm, shared, biased):
+    """greedy_match is whether greedy decoding starts with the target's tokens, and the NLL is the sum of
+    -log p of the target tokens from one plain forward per item. `biased`: a hook on the unembedding makes
+    "7" every greedy token, so targets "777" match and "778" / "77" + "." fail on their last token."""
+    prefix = "12 + 13 = 25.\n14 + 11 = 25.\n" if shared else ""
+    prompts = [f"{prefix}{a} + {b} = " for a, b in [(10, 12), (17, 19), (15, 11), (13, 13), (19, 10)]]
+    prompts[2] = ("x " if not shared else "") + prompts[2]
+    targets = ["777", "778", "777", "77.", "777"]
+    seven = tiny_lm.tokenizer("7", add_special_tokens=False)["input_ids"][-1]
+
+    def bias(module, args, output):
+        output = output.clone()
+        output[..., seven] += 100.0
+        return output
+
+    handle = tiny_lm.model.lm_head.register_forward_hook(bias) if biased else None
+    try:
+        scores = score_targets(tiny_lm, prompts, targets, batch_size=2)
+        generated = greedy_generate(tiny_lm, prompts, 4, batch_size=8)
+        for i, (p, t) in enumerate(zip(prompts, targets)):
+            ctx, cont = continuation_ids(tiny_lm.tokenizer, p, t)
+            with torch.no_grad():
+                logp = tiny_lm.model(input_ids=torch.tensor([ctx + cont])).logits[0].float().log_softmax(-1)
+            steps = logp[len(ctx) - 1 : len(ctx) - 1 + len(cont)]
+            assert scores["n_tokens"][i] == len(cont)
+            assert scores["nll"][i] == pytest.approx(-float(steps.gather(-1, torch.tensor(cont)[:, None]).sum()),
+                                                     rel=1e-4, abs=1e-4)
+            assert bool(scores["greedy_match"][i]) == (generated[i].tolist()[: len(cont)] == cont)
+    finally:
+        if handle is not None:
+            handle.remove()
+    assert scores["greedy_match"].tolist() == ([True, False, True, False, True] if biased else [False] * 5)
+
+
+def test_score_targets_errors(tiny_lm):
+    with pytest.raises(ValueError, match="2 prompts but 1 targets"):
+        score_targets(tiny_lm, ["a", "b"], ["c"], 2)
+
+
+def test_divergence_windows_against_one_forward(tiny_dir, tiny_lm):
+    text = " ".join(f"{i} plus {i + 1} is {2 * i + 1}." for i in range(40))
+    base_rows = divergence_windows(tiny_lm, None, text, max_tokens=150, window=64)
+    assert (base_rows["kl"] == 0).all() and np.allclose(base_rows["nll"], base_rows["ref_nll"])
+    ids = tiny_lm.tokenizer(text)["input_ids"][:150]
+    assert base_rows["n_tokens"].sum() == sum(len(ids[s : s + 64]) - 1 for s in range(0, 149, 64))
+    other = load_model(tiny_dir, device="cpu")
+    with torch.no_grad():
+        other.model.model.layers[1].mlp.down_proj.weight.mul_(1.5)
+    rows = divergence_windows(other, tiny_lm, text, max_tokens=150, window=64)
+    with torch.no_grad():  # the first window by hand
+        chunk = torch.tensor([ids[:64]])
+        p = tiny_lm.model(input_ids=chunk).logits[0, :-1].float().log_softmax(-1)
+        q = other.model(input_ids=chunk).logits[0, :-1].float().log_softmax(-1)
+    assert rows["kl"][0] == pytest.approx(float((p.exp() * (p - q)).sum()), rel=1e-4)
+    assert rows["ref_nll"].sum() == pytest.approx(base_rows["nll"].sum(), rel=1e-6)
+    assert (rows["kl"] > 0).all()
+
+
+# ---------------------------------------------------------------------------------------------------
+# items and arms
+
+
+def _items(tiny_dir, study, identify=None):
+    from arithmech.models import LoadedModel
+
+    tok = LoadedModel.load_tokenizer(tiny_dir)
+    return sd.build_items(tok, study, identify or {}, ".\n", seed=0)
+
+
+def test_items_split_operand_pairs_without_overlap(tiny_dir):
+    study = _study()
+    identify = {"addition": {(10, 10), (11, 12)}, "multiplication": {(2, 3)}}
+    items = _items(tiny_dir, study, identify)
+    add = items[items["format"] == "add2"]
+    sizes = add.groupby("split").size()
+    assert sizes.to_dict() == {"test": 10, "train": 12, "validation": 6}
+    assert add["pair"].is_unique  # one item per operand pair, so splits are disjoint in pairs
+    assert not {(10, 10), (11, 12)} & set(zip(items.loc[items["task"] == "addition", "a"], items.loc[items["task"] == "addition", "b"]))
+    assert not ((items["task"] == "multiplication") & (items["a"] == 2) & (items["b"] == 3)).any()
+    mul = items[items["format"] == "mul_words"]
+    assert set(mul["split"]) == {"test"} and len(mul) == 4  # transfer_test
+    assert (items["answer"] == [sd.answer(t, a, b) for t, a, b in zip(items["task"], items["a"], items["b"])]).all()
+    for r in items.to_dict("records"):  # the prompt ends where the answer starts; the target ends the line
+        assert (r["prompt"] + r["target"]).endswith(f"{r['a']} {'+' if r['task'] == 'addition' else 'times'} {r['b']}"
+                                                    + (" = " if r["task"] == "addition" else " is equal to ")
+                                                    + f"{r['answer']}.")
+        shots = {tuple(p) for p in json.loads(r["shots"])}
+        test_pairs = set(zip(items.loc[(items["format"] == r["format"]) & (items["split"] == "test"), "a"],
+                             items.loc[(items["format"] == r["format"]) & (items["split"] == "test"), "b"]))
+        assert not shots & test_pairs
+    prefixes = items["prompt"].map(lambda p: p[: p.rfind("\n") + 1])
+    assert prefixes.groupby(items["format"]).nunique().tolist() == [1, 1]  # one fixed few-shot prefix per format
+    assert prefixes.str.count("\n").eq(study["n_shots"]).all()
+
+
+def test_transfer_tests_skip_the_trained_formats_train_pairs(tiny_dir):
+    study = _study()
+    study["formats"]["add_words"] = {"task": "addition", "template": "{a} {op} {b} is equal to ", "operator": "plus",
+                                     "a": [10, 19], "b": [10, 19]}
+    study["transfer_test"] = 100
+    items = _items(tiny_dir, study)
+    trained = items[(items["format"] == "add2") & (items["split"] != "test")]
+    other = items[items["format"] == "add_words"]
+    assert not set(trained["pair"]) & set(other["pair"])
+    assert len(other) == 100 - 12 - 6 - study["n_shots"]  # every pair left but the shots
+
+
+def test_too_few_pairs_names_the_key(tiny_dir):
+    study = _study()
+    study["splits"]["train"] = 1000
+    with pytest.raises(ValueError, match="config key 'study.splits'.*add2"):
+        _items(tiny_dir, study)
+
+
+def test_layer_matched_heads():
+    key = [(5, 0), (5, 3), (7, 1), (9, 2)]
+    drawn = sd.layer_matched_heads(key, n_heads=6, seed=3)
+    assert sorted(layer for layer, _ in drawn) == sorted(layer for layer, _ in key)
+    assert not set(drawn) & set(key) and len(set(drawn)) == len(drawn)
+    assert drawn == sd.layer_matched_heads(key, n_heads=6, seed=3)
+    assert any(sd.layer_matched_heads(key, n_heads=6, seed=s) != drawn for s in range(4, 10))
+    with pytest.raises(ValueError, match="layer 5 has 2 key heads and only 1"):
+        sd.layer_matched_heads([(5, 0), (5, 1), (7, 1)], n_heads=3, seed=0)
+
+
+def test_arm_methods():
+    study = _study() | {"heads": 2, "mlps": 1, "kv": "none"}
+    ranked, mlps = [[2, 1], [0, 3], [1, 1], [2, 0]], [2, 0, 1]
+    precise = sd.arm_method("precise", "lr0", study, ranked, mlps, n_heads=4, seed=0)
+    assert precise == {"method": "precise", "heads": [[2, 1], [0, 3]], "mlp_layers": [], "train_kv": False}
+    with_mlp = sd.arm_method("precise_mlp", "seed1", study, ranked, mlps, n_heads=4, seed=0)
+    assert with_mlp["mlp_layers"] == [2] and with_mlp["heads"] == precise["heads"]
+    assert sd.arm_method("precise", "lr0", study | {"kv": "shared"}, ranked, mlps, 4, 0)["train_kv"] is True
+    draws = [sd.arm_method("random_heads", r, study, ranked, mlps, 4, 0)["heads"] for r in ("lr0", "lr1", "draw1", "draw2")]
+    assert draws[0] == draws[1]  # every grid point trains draw 0
+    assert len({json.dumps(sorted(d)) for d in draws}) > 1
+    for d in draws:
+        assert sorted(h[0] for h in d) == [0, 2] and not {tuple(h) for h in d} & {(2, 1), (0, 3)}
+    assert sd.arm_method("full", "lr0", study, ranked, mlps, 4, 0) == {"method": "full"}
+    assert sd.arm_method("lora", "lr0", study, ranked, mlps, 4, 0)["lora"] == study["lora"]
+    with pytest.raises(ValueError, match="run name 'best'"):
+        sd.arm_method("full", "best", study, ranked, mlps, 4, 0)
+
+
+def test_final_runs_and_select_lr():
+    study = _study() | {"seeds": {"precise": 3}, "random_draws": 4}
+    assert sd.final_runs("precise", study) == ["chosen", "seed1", "seed2"]
+    assert sd.final_runs("random_heads", study) == ["chosen", "draw1", "draw2", "draw3"]
+    assert sd.final_runs("full", study) == ["chosen"]
+    frame = lambda correct, nll: pd.DataFrame({"correct": correct, "nll": nll, "n_tokens": [2] * len(correct)})
+    vals = {"lr0": frame([1, 0, 0], [1.0, 1, 1]), "lr1": frame([1, 1, 0], [9.0, 9, 9]), "lr2": frame([0, 1, 1], [2.0, 2, 2])}
+    choice = sd.select_lr(vals, [1e-4, 3e-4, 1e-3])
+    assert choice["run"] == "lr2" and choice["lr"] == 1e-3  # tie on accuracy: the lower NLL
+    assert [g["val_accuracy"] for g in choice["grid"]] == pytest.approx([1 / 3, 2 / 3, 2 / 3])
+
+
+def test_comparisons_pair_items_and_pick_the_test():
+    rng = np.random.default_rng(0)
+    n = 300
+    clusters = [f"addition:{i // 2}:{i % 2}" for i in range(n)]
+    base = rng.random(n) < 0.3
+    good = base | (rng.random(n) < 0.5)
+    frames = {("base", "base"): base, ("precise", "chosen"): good, ("random_heads", "chosen"): base.copy(),
+              ("random_heads", "draw1"): base ^ (rng.random(n) < 0.05)}  # a few flips both ways
+    rows = sd.per_item({key: pd.DataFrame({"dataset": "add2", "kind": "arithmetic", "item": clusters, "cluster": clusters,
+                                           "correct": c.astype(float), "nll": 1.0, "n_tokens": 2})
+                        for key, c in frames.items()})
+    comp = sd.comparisons(rows, ["precise", "random_heads"], "add2", 0.95, 500, 0).set_index(["arm_a", "arm_b", "metric"])
+    one = comp.loc[("precise", "base", "accuracy")]
+    assert one["test"] == "mcnemar_exact" and one["p_value"] < 1e-6
+    assert one["difference"] == pytest.approx(good.mean() - base.mean())
+    two = comp.loc[("precise", "random_heads", "accuracy")]
+    assert two["test"] == "paired_cluster_bootstrap" and two["n_models_b"] == 2
+    assert two["difference"] == pytest.approx(good.mean() - (base.mean() + frames[("random_heads", "draw1")].mean()) / 2)
+    assert comp.loc[("random_heads", "base", "accuracy")]["p_value"] > 0.01
+    assert (comp["p_holm"] >= comp["p_value"] - 1e-12).all()
+    table = sd.model_rows(rows, "add2", 0.95, 200, 0)
+    assert list(table["arm"]) == ["base", "precise", "random_heads", "random_heads"]
+    assert ((table["accuracy_low"] <= table["accuracy"]) & (table["accuracy"] <= table["accuracy_high"])).all()
+
+
+# ---------------------------------------------------------------------------------------------------
+# training callbacks, the items stage and the config
+
+
+def test_evaluation_callback_points_survive_a_resume(tiny_dir, tmp_path):
+    examples = [(f"{a} + {b} = ", f"{a + b}.") for a in range(10, 14) for b in range(10, 13)]
+    cfg = {"lr": 1e-3, "batch_size": 4, "max_steps": 5, "checkpoint_every": 1}
+    calls = []
+
+    def run(stop):
+        lm = load_model(tiny_dir, device="cpu")
+        run = ft.prepare(lm, {"method": "precise", "heads": ["L1H0"]})
+
+        def evaluate(step):
+            calls.append(step)
+            assert not lm.model.training and not torch.is_grad_enabled()
+            return {"val_accuracy": 0.5, "delta_norm": float(run.deltas.deltas["L1_q_proj"].norm())}
+
+        return ft.train(run, examples, cfg, checkpoint_dir=tmp_path, stop_at_step=stop, progress=False,
+                        append_eos=False, evaluate=evaluate, evaluate_every=2)
+
+    run(3)
+    stats = run(None)
+    assert calls == [2, 4, 5]
+    assert [p["step"] for p in stats.evaluations] == [2, 4, 5]
+    uninterrupted = ft.train(ft.prepare(load_model(tiny_dir, device="cpu"), {"method": "precise", "heads": ["L1H0"]}),
+                             examples, cfg, progress=False, append_eos=False)
+    assert stats.losses == pytest.approx(uninterrupted.losses, rel=1e-6)  # evaluating does not change training
+
+
+def test_items_stage_leaves_out_identify_pairs(tiny_dir, tmp_path):
+    pairs = tmp_path / "addition.parquet"
+    pd.DataFrame({"a": [10, 11], "b": [10, 11]}).to_parquet(pairs)
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    (model_dir / "source.json").write_text(json.dumps({"source": {"path": str(tiny_dir)}, "load_from": str(tiny_dir)}))
+    out = tmp_path / "items.parquet"
+    run_study_items(model_dir=model_dir, pairs_paths={"addition": pairs}, study=_study(),
+                    prompts={"shot_separator": ".\n"}, seed=0, out_items=out)
+    items = pd.read_parquet(out)
+    assert not {"addition:10:10", "addition:11:11"} & set(items["pair"])
+    from arithmech.io import read_parquet_meta
+
+    assert read_parquet_meta(out)["params"]["identify_pairs"] == {"addition": 2}
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda s: s.update(train_format="nope"), "config key 'study.train_format'"),
+    (lambda s: s["lr_grid"].pop("lora"), "config key 'study.lr_grid.lora'"),
+    (lambda s: s["formats"]["add2"].update(template="{a} plus {b}"), "config key 'study.formats.add2.template'"),
+    (lambda s: s["formats"]["add2"].update(a=[20, 10]), "study.formats.add2"),
+    (lambda s: s["train"].update(epochs=2), "config key 'study.train'"),
+    (lambda s: s.update(kv="all"), "config key 'study.kv'"),
+])
+def test_bad_study_config_names_the_key(edit, message):
+    config = yaml.safe_load((ROOT / "config.yaml").read_text())
+    edit(config["study"])
+    with pytest.raises(ConfigError, match=message.replace(".", r"\.").replace("*", ".*")):
+        validate_config(copy.deepcopy(config), SCHEMA)
