@@ -10,7 +10,8 @@ Each method runs in its own subprocess, so a CPU peak RSS belongs to that method
 ratios full/precise of step time and optimizer state.
 
 Usage: python benchmarks/finetune_speed.py [--model-dir results/smollm2-135m/model] [--batch-size 4]
-           [--seq-len 64] [--steps 5] [--warmup 2] [--heads L20H8,L14H6 | --n-heads 10]
+           [--seq-len 64] [--steps 5] [--warmup 2] [--heads L20H8,L14H6 | --n-heads 10] [--mlps 24,29]
+The arithmetic study's sequences are about 30 tokens in batches of 16: --batch-size 16 --seq-len 32.
 Without --model-dir it builds the tiny test model. The default heads are the last --n-heads heads of the
 model (the last layers'), where the backward is shortest; give the key heads with --heads for the real case.
 """
@@ -61,8 +62,9 @@ def run_one(args, method: str) -> dict:
     lm = load_model(args.model_dir, device=args.device, dtype=args.dtype)
     heads = args.heads.split(",") if args.heads else last_heads(lm.n_layers, lm.n_heads, args.n_heads)
     cfg = {"method": method}
-    if method == "precise":
-        cfg.update(heads=heads, train_kv=args.train_kv)
+    if method in ("precise", "precise_mlp"):  # precise_mlp: the same heads plus the whole --mlps layers
+        cfg = {"method": "precise", "heads": heads, "train_kv": args.train_kv,
+               "mlp_layers": [int(x) for x in args.mlps.split(",")] if method == "precise_mlp" else []}
     if method == "lora":
         cfg["lora"] = {"r": args.lora_r, "alpha": 2 * args.lora_r, "dropout": 0.0,
                        "target_modules": args.lora_targets.split(",")}
@@ -74,7 +76,7 @@ def run_one(args, method: str) -> dict:
         out = ft.save_trained(run, Path(tmp) / ("model" if method == "full" else "deltas.safetensors"))
         size = artifact_bytes(out)
     times = stats.step_times_s[args.warmup:]
-    return {"method": method, "heads": heads if method == "precise" else None, "n_trainable": stats.n_trainable,
+    return {"method": method, "heads": heads if method.startswith("precise") else None, "n_trainable": stats.n_trainable,
             "optimizer_state_bytes": stats.optimizer_state_bytes, "step_s": statistics.mean(times),
             "step_sd": statistics.stdev(times) if len(times) > 1 else 0.0, "peak_memory_bytes": stats.peak_memory_bytes,
             "peak_memory_kind": stats.peak_memory_kind, "artifact_bytes": size, "device": str(lm.device),
@@ -96,6 +98,7 @@ def main() -> None:
     parser.add_argument("--heads", default=None, help="comma-separated heads such as L20H8,L14H6")
     parser.add_argument("--n-heads", type=int, default=10, help="without --heads: this many heads of the last layers")
     parser.add_argument("--train-kv", action="store_true", help="precise also trains the heads' K/V rows")
+    parser.add_argument("--mlps", default=None, help="comma-separated MLP layers: also time precise + these MLPs")
     parser.add_argument("--lora-r", type=int, default=8)
     parser.add_argument("--lora-targets", default="q_proj,v_proj")
     parser.add_argument("--device", default="auto")
@@ -112,7 +115,7 @@ def main() -> None:
         if args.model_dir is None:
             args.model_dir = build_tiny_model(Path(tmp) / "tiny")
         results = []
-        for method in METHODS:
+        for method in (*METHODS, "precise_mlp") if args.mlps else METHODS:
             result = Path(tmp) / f"{method}.json"
             child = {"args": {**vars(args), "model_dir": str(args.model_dir)}, "method": method, "result": str(result)}
             subprocess.run([sys.executable, __file__, "--child", json.dumps(child)], check=True)
@@ -126,10 +129,10 @@ def main() -> None:
     print(f"precise heads ({len(by['precise']['heads'])}{', with K/V' if args.train_kv else ''}): "
           f"{','.join(by['precise']['heads'])}; lora r={args.lora_r} on {args.lora_targets}")
     print()
-    print(f"{'method':8s} {'trainable':>12s} {'optimizer state':>16s} {'step time':>18s} {'peak memory':>14s} "
+    print(f"{'method':11s} {'trainable':>12s} {'optimizer state':>16s} {'step time':>18s} {'peak memory':>14s} "
           f"{'artifact':>13s}")
     for r in results:
-        print(f"{r['method']:8s} {r['n_trainable']:12,d} {mb(r['optimizer_state_bytes']):>16s} "
+        print(f"{r['method']:11s} {r['n_trainable']:12,d} {mb(r['optimizer_state_bytes']):>16s} "
               f"{r['step_s']:9.4f} ± {r['step_sd']:.4f} s {mb(r['peak_memory_bytes']):>14s} {mb(r['artifact_bytes'])}")
     print(f"(peak memory: {first['peak_memory_kind']})")
     print()

@@ -502,7 +502,7 @@ def run_finetune(model: str, model_dir, method: str, effects_paths: dict, data_p
     """Fine-tune with one method and save what was trained into `out_dir`: the deltas (`trained.safetensors`)
     or, for full, a model directory (`model/`), plus `stats.json` (trainable parameters, step times, peak
     memory, losses). A killed job resumes from `checkpoint_root/<method>-<hash of the settings>`."""
-    from .finetune import parse_method, prepare, save_trained, train
+    from .finetune import parse_method, prepare, train
 
     lm = _load(model_dir, compute)
     spec: dict = {"method": method}
@@ -521,24 +521,40 @@ def run_finetune(model: str, model_dir, method: str, effects_paths: dict, data_p
     ft = prepare(lm, spec, seed)
     start = time.perf_counter()
     stats = train(ft, examples, train_cfg, checkpoint_dir=checkpoints)
-    wall = time.perf_counter() - start
+    meta = _meta(model_dir, "finetune", method=method, settings=settings)
+    record = save_training_run(ft=ft, stats=stats, wall_s=time.perf_counter() - start, out_dir=out_dir,
+                               checkpoints=checkpoints, meta=meta,
+                               record={"n_examples": len(examples), "spec": spec, "train": train_cfg})
+    print(f"{method}: {stats.n_trainable} trainable parameters, {record['mean_step_s']:.2f} s/step, "
+          f"final loss {stats.losses[-1]:.3f}")
+
+
+def save_training_run(*, ft, stats, wall_s: float, out_dir, checkpoints, meta: dict, record: dict,
+                      write_extra=None) -> dict:
+    """Write a finished training run into `out_dir` atomically (built in a temporary sibling, renamed into
+    place): what was trained (`trained.safetensors`, or `model/` for full), whatever `write_extra(tmp_dir)`
+    adds, and `stats.json` (the TrainStats, `record`, wall time, mean step time, artifact bytes, provenance,
+    model size, device and dtype). Then remove the run's checkpoints: a rerun starts afresh. Returns the
+    stats record."""
+    from .finetune import save_trained
+
     out_dir = Path(out_dir)
     tmp = out_dir.with_name(f".{out_dir.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    meta = _meta(model_dir, "finetune", method=method, settings=settings)
-    save_trained(ft, tmp / (FULL_DIR if method == "full" else TRAINED_FILE), {"provenance": meta})
-    record = {**stats.to_dict(), "n_examples": len(examples), "wall_s_this_run": wall,
-              "mean_step_s": float(np.mean(stats.step_times_s)) if stats.step_times_s else float("nan"),
-              "artifact_bytes": _tree_bytes(tmp), "spec": spec, "train": train_cfg, "provenance": meta,
-              "n_parameters": lm.describe()["n_parameters"], "device": str(lm.device), "dtype": str(lm.dtype)}
-    (tmp / STATS_FILE).write_text(json.dumps(record, indent=2) + "\n")
+    save_trained(ft, tmp / (FULL_DIR if ft.method.name == "full" else TRAINED_FILE), {"provenance": meta})
+    if write_extra is not None:
+        write_extra(tmp)
+    full = {**stats.to_dict(), **record, "wall_s_this_run": wall_s,
+            "mean_step_s": float(np.mean(stats.step_times_s)) if stats.step_times_s else float("nan"),
+            "artifact_bytes": _tree_bytes(tmp), "provenance": meta, "n_parameters": ft.lm.describe()["n_parameters"],
+            "device": str(ft.lm.device), "dtype": str(ft.lm.dtype)}
+    (tmp / STATS_FILE).write_text(json.dumps(full, indent=2) + "\n")
     if out_dir.exists():
         shutil.rmtree(out_dir)
     tmp.rename(out_dir)
-    shutil.rmtree(checkpoints, ignore_errors=True)  # done: a rerun starts afresh
-    print(f"{method}: {stats.n_trainable} trainable parameters, {record['mean_step_s']:.2f} s/step, "
-          f"final loss {stats.losses[-1]:.3f}")
+    shutil.rmtree(checkpoints, ignore_errors=True)
+    return full
 
 
 def _tree_bytes(path: Path) -> int:

@@ -3,8 +3,6 @@ an arm's lr, score one model, summarise. Keyword-only, so a script cannot swap t
 
 from __future__ import annotations
 
-import json
-import shutil
 import time
 from pathlib import Path
 
@@ -13,7 +11,7 @@ import pandas as pd
 
 from . import study as sd
 from .io import atomic_path, config_hash, provenance, write_html_table, write_json, write_parquet
-from .stages import FULL_DIR, STATS_FILE, TRAINED_FILE, _load, _meta, _tree_bytes, load_finetuned, model_record
+from .stages import _load, _meta, load_finetuned, model_record, save_training_run
 
 VAL_FILE = "val.parquet"
 
@@ -74,7 +72,7 @@ def run_study_train(*, model_dir, items_path, effects_paths: dict, arm: str, run
     from `checkpoint_root/<arm>-<run>-<hash of the settings>`."""
     import torch
 
-    from .finetune import parse_method, prepare, save_trained, train
+    from .finetune import parse_method, prepare, train
 
     lm = _load(model_dir, compute)
     items = pd.read_parquet(items_path)
@@ -112,23 +110,11 @@ def run_study_train(*, model_dir, items_path, effects_paths: dict, arm: str, run
     if scored is None:  # resumed after the last step: score again
         with torch.no_grad():
             scored = _score(lm, val, bs)
-    out_dir = Path(out_dir)
-    tmp = out_dir.with_name(f".{out_dir.name}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
     meta = _meta(model_dir, "study_train", arm=arm, run=run, settings=settings)
-    save_trained(ft, tmp / (FULL_DIR if spec["method"] == "full" else TRAINED_FILE), {"provenance": meta})
-    write_parquet(scored, tmp / VAL_FILE, meta)
-    record = {**stats.to_dict(), "arm": arm, "run": run, "lr": lr, "seed": train_cfg["seed"],
-              "n_examples": len(examples), "wall_s_this_run": wall,
-              "mean_step_s": float(np.mean(stats.step_times_s)) if stats.step_times_s else float("nan"),
-              "artifact_bytes": _tree_bytes(tmp), "spec": spec, "train": train_cfg, "provenance": meta,
-              "n_parameters": lm.describe()["n_parameters"], "device": str(lm.device), "dtype": str(lm.dtype)}
-    (tmp / STATS_FILE).write_text(json.dumps(record, indent=2) + "\n")
-    if out_dir.exists():
-        shutil.rmtree(out_dir)
-    tmp.rename(out_dir)
-    shutil.rmtree(checkpoints, ignore_errors=True)
+    record = save_training_run(ft=ft, stats=stats, wall_s=wall, out_dir=out_dir, checkpoints=checkpoints, meta=meta,
+                               record={"arm": arm, "run": run, "lr": lr, "seed": train_cfg["seed"],
+                                       "n_examples": len(examples), "spec": spec, "train": train_cfg},
+                               write_extra=lambda tmp: write_parquet(scored, tmp / VAL_FILE, meta))
     print(f"{arm} {run}: lr {lr:g}, {stats.n_trainable} trained parameters, {record['mean_step_s']:.2f} s/step, "
           f"validation exact match {scored['correct'].mean():.3f}")
 
@@ -182,7 +168,8 @@ def _off_target_rows(lm, base, study: dict, data_paths: dict, seed: int, bs: int
 
 def run_study_evaluate(*, model_dir, items_path, arm: str, run: str, run_dir, study: dict, data_paths: dict,
                        compute: dict, seed: int, out_path) -> None:
-    """Score one model (base when run_dir is None) on every format's test items and the off-target sets.
+    """Score one model (base when run_dir is None) on every format's test items and the off-target sets
+    (with `off_target.runs: chosen`, only the base model and each arm's chosen run get the off-target sets).
     Long format, one row per scored item or WikiText window: dataset, kind (arithmetic, nll, choice,
     divergence), item, cluster (the operand pair for arithmetic), correct, nll, n_tokens, kl, ref_nll."""
     import torch
@@ -198,7 +185,8 @@ def run_study_evaluate(*, model_dir, items_path, arm: str, run: str, run_dir, st
             scored = _score(lm, part, bs, progress=f"{arm} {run} {fmt}")
             frames.append(scored.assign(dataset=fmt, kind="arithmetic"))
             print(f"{arm} {run} {fmt}: exact match {scored['correct'].mean():.3f} on {len(scored)}")
-        frames += _off_target_rows(lm, base, study, data_paths, seed, bs)
+        if study["off_target"]["runs"] == "all" or run in ("base", "chosen"):
+            frames += _off_target_rows(lm, base, study, data_paths, seed, bs)
     rows = pd.concat(frames, ignore_index=True)
     rows["correct"] = rows["correct"].astype(float)  # NaN where a kind has no correctness
     meta = _meta(model_dir, "study_evaluate", arm=arm, run=run, off_target=study["off_target"], seed=seed)
