@@ -408,7 +408,8 @@ def test_report_contains_every_figure_and_table(run, tmp_path):
         assert all(f"analysis/{task}_{name}.png" in html for name in ("roles", "example", "probes"))
     assert "key_components/shared.png" in html and "key_components/shared.html" in html
     assert "knockout/transfer.png" in html and "eval/summary.png" in html and "eval/summary.html" in html
-    assert "Zhang et al." in html  # the workflow description
+    assert "finetune/study.png" in html and "finetune/study_curves.png" in html and "finetune/study.html" in html
+    assert "Zhang et al." in html and "Precise SFT" in html  # the workflow description, all four stages
 
 
 def test_analysis_outputs(run):
