@@ -297,12 +297,19 @@ def eval_summary(summary: pd.DataFrame, datasets: list[str], title: str, path: s
     _save(fig, path)
 
 
+STUDY_ARMS = ("base", "precise", "precise_mlp", "random_heads", "full", "lora")
+
+
+def _arm_colors() -> dict:
+    """One colour per study arm, the same in every study figure."""
+    return dict(zip(STUDY_ARMS, sns.color_palette("colorblind", len(STUDY_ARMS))))
+
+
 def study_accuracy(table: pd.DataFrame, train_format: str, title: str, path: str | Path) -> None:
     """Left: exact match (%) on the trained format's test set, one point per scored model (seeds and draws
     side by side) with its interval, arms in rows. Right: KL to the base model (nats per token) per model."""
     table = table.reset_index(drop=True)
-    arms = list(dict.fromkeys(table["arm"]))
-    colors = dict(zip(arms, sns.color_palette("colorblind", len(arms))))
+    colors = _arm_colors()
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 0.45 * len(table) + 1.6), sharey=True,
                                       gridspec_kw={"width_ratios": [3, 2]})
     y = np.arange(len(table))[::-1]
@@ -317,6 +324,7 @@ def study_accuracy(table: pd.DataFrame, train_format: str, title: str, path: str
         left.axvline(100 * base.iloc[0], color="grey", ls="--", lw=1, label="base")
         left.legend(fontsize=8, loc="lower right")
     left.set_yticks(y, [f"{a} {r}" for a, r in zip(table["arm"], table["run"])])
+    left.set_xlim(0, 100)
     left.set_xlabel(f"greedy exact match on the held-out {train_format} test set (%)")
     right.set_xlabel("KL(base || model) on WikiText-2 (nats/token)")
     left.set_title(title, fontsize=10)
@@ -334,7 +342,7 @@ def study_curves(curves: pd.DataFrame, title: str, path: str | Path) -> None:
         for ax, split in zip(axes, ["val_accuracy", "test_accuracy"]):
             part = frame[frame["split"] == split]
             sns.lineplot(part, x="step", y="exact match", hue="arm", units="run", estimator=None, marker="o",
-                         ax=ax, palette="colorblind")
+                         ax=ax, palette=_arm_colors(), hue_order=[a for a in STUDY_ARMS if a in set(part["arm"])])
             ax.set_title(split.replace("_accuracy", "").replace("val", "validation"), fontsize=9)
             ax.set_ylim(0, 100)
     fig.suptitle(title, fontsize=10)
