@@ -7,7 +7,7 @@ TORCH ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.arithmech-installed
 
-.PHONY: setup run test benchmark report clean-results
+.PHONY: setup run study test benchmark report clean-results
 
 $(STAMP): requirements.txt envs/default-model.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,6 +22,10 @@ setup: $(STAMP)
 
 run: $(STAMP)
 	$(BIN)/snakemake --cores $(CORES)
+
+# The powered precise-SFT study (configs/sft-study.yaml) on the default model; reuses the identify stage.
+study: $(STAMP)
+	$(BIN)/snakemake --cores $(CORES) --configfile config.yaml configs/sft-study.yaml
 
 test: $(STAMP)
 	$(BIN)/python -m pytest

@@ -58,7 +58,7 @@ def tiny_study(study: dict) -> dict:
         "mul_words": {"task": "multiplication", "template": "{a} {op} {b} is equal to ", "operator": "times",
                       "a": [1, 4], "b": [1, 4]},
     }
-    study.update(train_format="add2", splits={"train": 12, "validation": 6, "test": 10}, transfer_test=4,
+    study.update(arms=["precise", "precise_mlp", "random_heads", "full", "lora"], train_format="add2", splits={"train": 12, "validation": 6, "test": 10}, transfer_test=4,
                  heads=2, mlps=1, random_draws=2, seeds={"precise": 2}, bootstrap=100)
     study["lr_grid"] = {"precise": [1e-3, 3e-3], "precise_mlp": [1e-3], "random_heads": [1e-3],
                         "full": [1e-4], "lora": [1e-3]}
