@@ -93,6 +93,7 @@ def test_paper_configs_merge_into_valid_configs(config, model_file):
 
 def test_finetune_needs_exactly_one_length_and_an_lr_per_method(config):
     config["finetune"]["train"]["epochs"] = 2
+    config["finetune"]["methods"] = ["precise", "lora"]  # the default config trains none
     config["finetune"]["lr"].pop("lora")
     check_fails(config, "config key 'finetune.train': give exactly one of epochs or max_steps",
                 "config key 'finetune.lr.lora': missing")
