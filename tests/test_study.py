@@ -204,7 +204,7 @@ def test_comparisons_pair_items_and_pick_the_test():
     rows = sd.per_item({key: pd.DataFrame({"dataset": "add2", "kind": "arithmetic", "item": clusters, "cluster": clusters,
                                            "correct": c.astype(float), "nll": 1.0, "n_tokens": 2})
                         for key, c in frames.items()})
-    comp = sd.comparisons(rows, ["precise", "random_heads"], "add2", 0.95, 500, 0).set_index(["arm_a", "arm_b", "metric"])
+    comp = sd.comparisons(rows, "add2", 0.95, 500, 0).set_index(["arm_a", "arm_b", "metric"])
     one = comp.loc[("precise", "base", "accuracy")]
     assert one["test"] == "mcnemar_exact" and one["p_value"] < 1e-6
     assert one["difference"] == pytest.approx(good.mean() - base.mean())

@@ -293,12 +293,12 @@ def _aligned(rows: pd.DataFrame, arm: str, dataset: str, value: str) -> pd.DataF
                                                 weight=("n_tokens", "first") if "n_tokens" in part else ("item", "size"))
 
 
-def comparisons(rows: pd.DataFrame, arms: list[str], train_format: str, confidence: float, n_boot: int,
+def comparisons(rows: pd.DataFrame, train_format: str, confidence: float, n_boot: int,
                 seed: int) -> pd.DataFrame:
     """Arm against arm on the same items, for every metric (COMPARISONS that both arms of this run have).
     Exact match: difference of accuracy, McNemar's exact test when each arm is one model, else a paired
     bootstrap over operand pairs; per-token NLL and KL: paired bootstrap of the ratio estimates over items
-    or windows. p_holm adjusts every p-value of one metric family (all rows) with Holm's method."""
+    or windows. p_holm adjusts all p-values of the table together (one family) with Holm's method."""
     present = set(rows["arm"])
     out = []
     for a, b in COMPARISONS:

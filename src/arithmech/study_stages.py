@@ -223,7 +223,7 @@ def run_study_summary(*, model: str, study: dict, items_path, selection_paths: d
                       "artifact_mb": rec["artifact_bytes"] / 2**20 if rec else np.nan,
                       "final_loss": rec["losses"][-1] if rec else np.nan})
     table = pd.concat([table, pd.DataFrame(extra)], axis=1)
-    comp = sd.comparisons(rows, list(table["arm"].unique()), fmt, study["confidence"], study["bootstrap"], seed)
+    comp = sd.comparisons(rows, fmt, study["confidence"], study["bootstrap"], seed)
     curves = sd.curves(records)
     base_acc = float(table.loc[table["arm"] == "base", "accuracy"].iloc[0]) if (table["arm"] == "base").any() else np.nan
     low, high = study["base_band"]
