@@ -78,9 +78,6 @@ def _study_problems(study: dict) -> list[str]:
     for arm in study["arms"]:
         if arm not in study["lr_grid"]:
             problems.append(f"config key 'study.lr_grid.{arm}': missing; arm {arm!r} is in study.arms")
-    for arm in study["seeds"]:
-        if arm not in study["arms"]:
-            problems.append(f"config key 'study.seeds.{arm}': {arm!r} is not in study.arms")
     train = study["train"]
     if (train.get("epochs") is None) == (train.get("max_steps") is None):
         problems.append("config key 'study.train': give exactly one of epochs or max_steps")
