@@ -99,6 +99,19 @@ def first_token_accuracy(
 # Greedy generation
 
 
+def shared_prefix_length(ids: Sequence[Sequence[int]]) -> int:
+    """The number of leading token ids that all rows share, leaving every row at least one id of its own
+    (the END that predicts what follows)."""
+    length = min(len(row) for row in ids) - 1
+    first = ids[0]
+    for row in ids[1:]:
+        common = 0
+        while common < length and row[common] == first[common]:
+            common += 1
+        length = common
+    return length
+
+
 class SharedPrefix:
     """The longest token prefix that all texts share, run once, and batches that continue from its cache.
 
@@ -122,13 +135,7 @@ class SharedPrefix:
         if not texts:
             return None
         ids = lm.tokenizer(list(texts))["input_ids"]
-        length = min(len(row) for row in ids) - 1
-        first = ids[0]
-        for row in ids[1:]:
-            common = 0
-            while common < length and row[common] == first[common]:
-                common += 1
-            length = common
+        length = shared_prefix_length(ids)
         return cls(lm, ids, length) if length >= cls.MIN_TOKENS else None
 
     def batch(self, rows: Sequence[int]) -> dict:
@@ -639,19 +646,12 @@ def score_targets(
     for i, (ctx, cont) in enumerate(pairs):
         if not ctx or not cont:
             raise ValueError(f"score_targets: item {i} has an empty prompt or target after tokenization")
-    # The shared prefix of the context ids, leaving every context at least one token of its own.
-    shared = min(len(ctx) for ctx, _ in pairs) - 1 if pairs else 0
-    first = pairs[0][0] if pairs else []
-    for ctx, _ in pairs[1:]:
-        common = 0
-        while common < shared and ctx[common] == first[common]:
-            common += 1
-        shared = common
+    shared = shared_prefix_length([ctx for ctx, _ in pairs]) if pairs else 0
     if shared < SharedPrefix.MIN_TOKENS:
         shared = 0
     prefix_cache = None
     if shared:
-        prefix_ids = torch.tensor(first[:shared], dtype=torch.long, device=lm.device)[None]
+        prefix_ids = torch.tensor(pairs[0][0][:shared], dtype=torch.long, device=lm.device)[None]
         prefix_cache = lm.model(input_ids=prefix_ids, use_cache=True).past_key_values
     pad = lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else 0
     nll, n_tok, match = np.zeros(len(pairs)), np.zeros(len(pairs), dtype=int), np.zeros(len(pairs), dtype=bool)
