@@ -463,16 +463,22 @@ def select_finetune_nodes(method: str, effects_paths: dict, finetune: dict, n_la
     random (seeded) among the others, and no MLPs."""
     from .ablation import random_heads
 
-    effects = {t: pd.read_parquet(p) for t, p in effects_paths.items()}
-    ranked = fx.rank_across_tasks(effects, "head")
+    ranked, ranked_mlps = ranked_nodes(effects_paths)
     n = finetune["heads"]
     if n > len(ranked):
         raise ValueError(f"config key 'finetune.heads': {n} heads asked for, the model has {len(ranked)}")
-    top = [(int(l), int(h)) for l, h in ranked[["layer", "head"]].to_numpy()[:n]]
+    top = ranked[:n]
     if method == "random_heads":
         return random_heads(n_layers, n_heads, n, seed=seed, exclude=top), []
-    mlps = fx.rank_across_tasks(effects, "mlp")["layer"].astype(int).tolist()[: finetune["mlps"]]
-    return top, mlps
+    return top, ranked_mlps[: finetune["mlps"]]
+
+
+def ranked_nodes(effects_paths: dict) -> tuple[list[tuple[int, int]], list[int]]:
+    """Every head as (layer, head) and every MLP layer, ranked by patching effect averaged over the tasks
+    whose effects tables are given (most negative first)."""
+    effects = {t: pd.read_parquet(p) for t, p in effects_paths.items()}
+    heads = [(int(l), int(h)) for l, h in fx.rank_across_tasks(effects, "head")[["layer", "head"]].to_numpy()]
+    return heads, fx.rank_across_tasks(effects, "mlp")["layer"].astype(int).tolist()
 
 
 def finetune_examples(lm, data: dict, seed: int) -> list[tuple[str, str]]:

@@ -11,7 +11,7 @@ import pandas as pd
 
 from . import study as sd
 from .io import atomic_path, config_hash, provenance, write_html_table, write_json, write_parquet
-from .stages import _load, _meta, load_finetuned, model_record, save_training_run
+from .stages import _load, _meta, load_finetuned, model_record, ranked_nodes, save_training_run
 
 VAL_FILE = "val.parquet"
 
@@ -32,15 +32,6 @@ def run_study_items(*, model_dir, pairs_paths: dict, study: dict, prompts: dict,
                  seed=seed, identify_pairs={t: len(p) for t, p in identify.items()},
                  summary=summary.to_dict("records"))
     write_parquet(items, out_items, meta)
-
-
-def _ranked(effects_paths: dict) -> tuple[list, list]:
-    from . import effects as fx
-
-    effects = {t: pd.read_parquet(p) for t, p in effects_paths.items()}
-    heads = fx.rank_across_tasks(effects, "head")[["layer", "head"]].astype(int).to_numpy().tolist()
-    mlps = fx.rank_across_tasks(effects, "mlp")["layer"].astype(int).tolist()
-    return heads, mlps
 
 
 def _score(lm, items: pd.DataFrame, batch_size: int, progress=None) -> pd.DataFrame:
@@ -79,7 +70,7 @@ def run_study_train(*, model_dir, items_path, effects_paths: dict, arm: str, run
     fmt = items[items["format"] == study["train_format"]]
     train_items, val = fmt[fmt["split"] == "train"], fmt[fmt["split"] == "validation"]
     curve_test = fmt[fmt["split"] == "test"].head(study["curve"]["test_items"])
-    heads, mlps = _ranked(effects_paths) if arm in sd.HEAD_ARMS else ([], [])
+    heads, mlps = ranked_nodes(effects_paths) if arm in sd.HEAD_ARMS else ([], [])
     spec = sd.arm_method(arm, run, study, heads, mlps, lm.n_heads, seed)
     if spec["method"] in ("precise", "random_heads") and lm.dtype != torch.float32:
         spec["delta_dtype"] = "float32"
