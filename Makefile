@@ -7,7 +7,7 @@ TORCH ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.arithmech-installed
 
-.PHONY: setup run study test benchmark report clean-results
+.PHONY: setup run study test benchmark report clean-results slurm-profile
 
 $(STAMP): requirements.txt envs/default-model.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -42,3 +42,14 @@ report: $(STAMP)
 
 clean-results:
 	rm -rf results .snakemake
+
+# The SLURM profile as the user profile named `slurm`, where `snakemake --profile slurm` looks for it
+# ($XDG_CONFIG_HOME/snakemake, else ~/.config/snakemake). A different profile of that name is left alone.
+PROFILE_HOME ?= $(or $(XDG_CONFIG_HOME),$(HOME)/.config)/snakemake
+slurm-profile:
+	@if [ -e "$(PROFILE_HOME)/slurm" ] && ! diff -r -q workflow/profiles/slurm "$(PROFILE_HOME)/slurm" >/dev/null; then \
+		echo "error: $(PROFILE_HOME)/slurm exists and differs from workflow/profiles/slurm; not overwriting it" \
+			"(compare: diff -r workflow/profiles/slurm $(PROFILE_HOME)/slurm)" >&2; exit 1; fi
+	mkdir -p "$(PROFILE_HOME)/slurm"
+	cp workflow/profiles/slurm/config.yaml "$(PROFILE_HOME)/slurm/config.yaml"
+	@echo "installed: snakemake --profile slurm now uses $(PROFILE_HOME)/slurm"

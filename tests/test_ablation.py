@@ -27,6 +27,7 @@ from arithmech.evaluation import (
     full_answer_accuracy,
     greedy_answers,
     greedy_generate,
+    number_settled,
 )
 from arithmech.hooks import capture, hooks, patch_end, patch_tail
 from arithmech.patching import AlignedMean, collect
@@ -458,6 +459,30 @@ def test_extract_number(text, value):
     assert extract_number(text) == value
 
 
+@pytest.mark.parametrize("text, settled", [
+    ("8", False), ("8.", False), ("8.5", False), ("8.\n", True), ("8\n", True), ("8 apples", True),
+    ("12,", False), ("12,5", False), ("12, and", True), ("1,234", False), ("1,234 ", True),
+    ("The answer is", False), ("", False), ("-", False), ("$5 ", True), ("8\ufffd", False), ("x 3 y", True),
+])
+def test_number_settled(text, settled):
+    assert number_settled(text) is settled
+
+
+def test_a_settled_number_stays_the_first_number_whatever_follows():
+    rng = np.random.default_rng(0)
+    alphabet = list("0123456789.,-$ a\n") + ["\u2212", "\ufffd", "\u0663"]  # U+0663: an Arabic-Indic digit
+    n_settled = 0
+    for _ in range(3000):
+        text = "".join(rng.choice(alphabet, size=rng.integers(0, 9)))
+        if not number_settled(text):
+            continue
+        n_settled += 1
+        for _ in range(5):
+            tail = "".join(rng.choice(alphabet, size=rng.integers(1, 6)))
+            assert extract_number(text + tail) == extract_number(text), (text, tail)
+    assert n_settled > 300
+
+
 def test_answer_accuracy():
     assert answer_correct("12.\nWhat", 12) and answer_correct(" 1,000 ", "1000") and answer_correct("3.50", 3.5)
     assert not answer_correct("13", 12) and not answer_correct("no number", 12)
@@ -502,3 +527,30 @@ def test_greedy_end_sets_with_a_mean_per_set(tiny_lm, data):
         want = greedy_generate(tiny_lm, texts, 3, 8, hooks_ctx=mean_ablate(tiny_lm, head_sets[s], mlp_sets[s], m))
         assert torch.equal(got.tokens[s], want), s
     assert not torch.equal(got.tokens[0], got.tokens[1])
+
+
+@pytest.mark.parametrize("per_set", [False, True])
+def test_greedy_end_sets_stops_settled_rows_and_keeps_the_rest_exact(tiny_lm, data, per_set):
+    """A row that is settled leaves the forwards: its tokens up to that step are those of the run without
+    stopping, the rest are the pad id; the rows still running (and their cache and ablation) are unchanged."""
+    texts, mean = data["texts"], data["mean"]
+    other = AlignedMean(mean.heads.flip(2) * 3, mean.mlps * -3)  # varied tokens among the rows that go on
+    head_sets, mlp_sets = [[], RANKED[:2], [(0, 2)], RANKED], [[], [1], [], [0]]
+    means = [mean, other, mean, other] if per_set else mean
+    full = greedy_end_sets(tiny_lm, texts, head_sets, means, N_NEW, mlp_sets, batch_size=3, copies_per_forward=7)
+
+    def settled(ids):  # the tiny model's bytes decode to nothing useful: stop some rows at step 1, by id
+        return len(ids) == 2 and ids[-1] in (25, 110)
+
+    got = greedy_end_sets(tiny_lm, texts, head_sets, means, N_NEW, mlp_sets, batch_size=3, copies_per_forward=7,
+                          settled=settled)
+    n_stopped = 0
+    for s in range(len(head_sets)):
+        for i in range(len(texts)):
+            row = full.tokens[s, i]
+            stop = next((t for t in range(N_NEW) if settled(row[: t + 1].tolist())), N_NEW - 1)
+            assert torch.equal(got.tokens[s, i, : stop + 1], row[: stop + 1]), (s, i)
+            assert (got.tokens[s, i, stop + 1 :] == tiny_lm.tokenizer.pad_token_id).all(), (s, i)
+            n_stopped += stop < N_NEW - 1
+    assert 0 < n_stopped < len(head_sets) * len(texts)  # some rows stopped early, others ran to the end
+    assert _n_hooks(tiny_lm.model) == 0

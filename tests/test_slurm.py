@@ -38,7 +38,7 @@ def cluster_run(tmp_path_factory):
         "SLURM_PARTITION": "gpu-short",
     }
     cmd = [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "--directory", str(work),
-           "--profile", str(ROOT / "profiles/slurm"), "--slurm-status-command", "sacct",
+           "--profile", str(ROOT / "workflow/profiles/slurm"), "--slurm-status-command", "sacct",
            "--slurm-init-seconds-before-status-checks", "1", "--seconds-between-status-checks", "1"]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
@@ -78,3 +78,28 @@ def test_failed_job_is_retried_with_more_memory_and_time(cluster_run):
     first, retry = calls["cache_activations"]
     assert "--mem 8000" in first and "-t 30" in first
     assert "--mem 16000" in retry and "-t 60" in retry
+
+
+def test_make_slurm_profile_lets_the_documented_command_resolve(tmp_path):
+    """`make slurm-profile`, then exactly `snakemake --profile slurm -n` from the checkout (README)."""
+    env = {**os.environ, "HOME": str(tmp_path), "XDG_CONFIG_HOME": "", "SLURM_ACCOUNT": "proj42",
+           "SLURM_PARTITION": "gpu-short",
+           "PATH": f"{ROOT / 'tests/fake_slurm'}:{Path(sys.executable).parent}:{os.environ['PATH']}"}
+
+    def run(*cmd):
+        return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env, timeout=600)
+
+    before = run("snakemake", "--profile", "slurm", "-n")
+    assert before.returncode != 0 and "profile" in before.stderr + before.stdout
+    installed = tmp_path / ".config/snakemake/slurm/config.yaml"
+    assert run("make", "-s", "slurm-profile").returncode == 0
+    assert installed.read_text() == (ROOT / "workflow/profiles/slurm/config.yaml").read_text()
+    assert run("make", "-s", "slurm-profile").returncode == 0  # the same profile again: nothing to refuse
+    dry = run("snakemake", "--profile", "slurm", "-n")
+    assert dry.returncode == 0, dry.stdout[-2000:] + dry.stderr[-3000:]
+    assert "Using profile slurm" in dry.stderr and "This was a dry-run" in dry.stdout
+    installed.write_text(installed.read_text() + "no-such-option: 1\n")  # the user's own profile of that name
+    refused = run("make", "-s", "slurm-profile")
+    assert refused.returncode != 0 and "not overwriting" in refused.stderr
+    assert installed.read_text().endswith("no-such-option: 1\n")
+    assert "no-such-option" in (lambda p: p.stdout + p.stderr)(run("snakemake", "--profile", "slurm", "-n"))  # read from there

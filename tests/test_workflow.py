@@ -376,7 +376,7 @@ def test_slurm_profile_dry_run_asks_for_gpus_only_where_the_model_runs(run):
     path = with_config(run, lambda c: c["models"]["tiny"]["resources"].update(gpus=2, gpu_model="a100", mem_mb=12000))
     env = {"SLURM_ACCOUNT": "proj42", "SLURM_PARTITION": "gpu-short"}
     cmd = [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "--directory", str(run),
-           "--profile", str(ROOT / "profiles/slurm"), "--dry-run", "--forcerun", "build_pairs", "--configfile", str(path)]
+           "--profile", str(ROOT / "workflow/profiles/slurm"), "--dry-run", "--forcerun", "build_pairs", "--configfile", str(path)]
     proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **env}, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     jobs = {}

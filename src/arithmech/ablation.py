@@ -51,7 +51,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterable, Iterator, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -307,6 +307,7 @@ def greedy_end_sets(
     answer_ids: torch.Tensor | None = None,
     batch_size: int = 16,
     copies_per_forward: int = 256,
+    settled: Callable[[list[int]], bool] | None = None,
 ) -> GreedyKnockout:
     """Greedy generation of `max_new_tokens` tokens with node set s (head_sets[s] and mlp_sets[s]) mean-
     ablated at END and at each generated position: what `evaluation.greedy_generate` does inside
@@ -314,9 +315,9 @@ def greedy_end_sets(
 
     The prompt minus END runs once per batch (an END-only ablation changes nothing before END), and each
     chunk of c = max(1, copies_per_forward // b) sets continues from a copy of that prefix cache with one
-    token per forward (row i*c + j is text i with set j of the chunk). A row keeps being computed after its
-    end-of-sequence token (its tokens are then replaced by the pad id), so all rows of a forward stay
-    aligned.
+    token per forward (row i*c + j is text i with set j of the chunk). A row stops at its end-of-sequence
+    token, or as soon as `settled(its tokens so far)` is true (`evaluation.settled_number`: when its score
+    cannot change any more); its later tokens are the pad id, and it leaves the forwards.
 
     means: one shared AlignedMean, or one per set (set s is ablated with means[s]'s END values: e.g. each
     task's key heads with that task's counterfactual mean, all sharing one prefix pass).
@@ -352,6 +353,7 @@ def greedy_end_sets(
     texts = list(texts)
     out = torch.full((n_sets, len(texts), max_new_tokens), tok.pad_token_id, dtype=torch.long)
     first = torch.full((n_sets, len(texts)), float("nan"))
+    eos_ids = torch.tensor(sorted(eos))
     for start in range(0, len(texts), batch_size):
         enc = encode(tok, texts[start : start + batch_size], lm.device)
         b, S = enc["input_ids"].shape
@@ -362,31 +364,37 @@ def greedy_end_sets(
         for s0 in range(0, n_sets, chunk):
             c = min(chunk, n_sets - s0)
             row_masks = set_masks[s0 : s0 + c].repeat(b, 1)  # row i*c + j -> set s0 + j
-            values = means
-            if per_set:
-                row_set = torch.arange(s0, s0 + c).repeat(b)
-                values = AlignedMean(set_heads[row_set], set_mlps[row_set])  # per-row END values
+            row_set = torch.arange(s0, s0 + c).repeat(b)
             cache = repeated_cache(prefix, c)
             ids = enc["input_ids"][:, -1:].repeat_interleave(c, 0)
             mask = enc["attention_mask"].repeat_interleave(c, 0)
             pos = enc["position_ids"][:, -1:].repeat_interleave(c, 0)
-            steps, ended = [], torch.zeros(b * c, dtype=torch.bool)
-            with mean_ablate(lm, heads, mlps, values, "end", row_masks):
-                for step in range(max_new_tokens):
+            gen = torch.full((b * c, max_new_tokens), tok.pad_token_id, dtype=torch.long)  # [rows, steps]
+            live = torch.arange(b * c)  # the chunk rows still being generated, in forward order
+            for step in range(max_new_tokens):
+                values = means
+                if per_set:
+                    values = AlignedMean(set_heads[row_set[live]], set_mlps[row_set[live]])  # per-row END values
+                with mean_ablate(lm, heads, mlps, values, "end", row_masks[live]):
                     logits = lm.model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache)
-                    logits = logits.logits[:, -1].float()
-                    if step == 0 and answer_ids is not None:
-                        answers = torch.as_tensor(answer_ids)[start : start + b].to(logits.device)
-                        picked = logits.gather(1, answers.repeat_interleave(c)[:, None])[:, 0]
-                        first[s0 : s0 + c, start : start + b] = picked.view(b, c).T.cpu()
-                    nxt = logits.argmax(-1)
-                    steps.append(torch.where(ended, tok.pad_token_id, nxt.cpu()))
-                    ended |= torch.isin(nxt.cpu(), torch.tensor(sorted(eos)))
-                    if bool(ended.all()):
-                        break
-                    ids = nxt[:, None]
-                    mask = torch.cat([mask, mask.new_ones(b * c, 1)], 1)
-                    pos = pos + 1
-            gen = torch.stack(steps, 1).view(b, c, -1)  # [b, c, steps]
-            out[s0 : s0 + c, start : start + b, : gen.shape[2]] = gen.transpose(0, 1)
+                logits = logits.logits[:, -1].float()
+                if step == 0 and answer_ids is not None:
+                    answers = torch.as_tensor(answer_ids)[start : start + b].to(logits.device)
+                    picked = logits.gather(1, answers.repeat_interleave(c)[:, None])[:, 0]
+                    first[s0 : s0 + c, start : start + b] = picked.view(b, c).T.cpu()
+                nxt = logits.argmax(-1).cpu()
+                gen[live, step] = nxt
+                done = torch.isin(nxt, eos_ids)
+                if settled is not None:
+                    done |= torch.tensor([settled(row) for row in gen[live, : step + 1].tolist()], dtype=torch.bool)
+                if bool(done.all()) or step == max_new_tokens - 1:
+                    break
+                keep = (~done).nonzero()[:, 0]
+                if len(keep) < len(live):  # drop finished rows from the forwards (and from the cache)
+                    live, mask, pos, nxt = live[keep], mask[keep], pos[keep], nxt[keep]
+                    cache.batch_select_indices(keep.to(lm.device))
+                ids = nxt[:, None].to(lm.device)
+                mask = torch.cat([mask, mask.new_ones(len(live), 1)], 1)
+                pos = pos + 1
+            out[s0 : s0 + c, start : start + b] = gen.view(b, c, -1).transpose(0, 1)
     return GreedyKnockout(out, first)

@@ -261,6 +261,36 @@ def _number_value(match: re.Match | None) -> float | None:
     return -value if (match["s1"] or match["s2"]) else value
 
 
+def number_settled(text: str) -> bool:
+    """Whether `extract_number` (and so `answer_correct`) can no longer change, whatever text is appended:
+    the first number is followed by a character that cannot continue it (not a digit, not an undecoded
+    partial character), or by "." or "," and then such a character ("8.\n" is settled, "8." is not: "8.5").
+    A greedy answer can stop there (`settled_number`).
+
+    Exact because a number continues only through a digit, "." + digit or "," + digits, so no match can
+    span those characters: the first match cannot grow, and one that starts earlier would have had to end
+    before them, inside `text`, where it would already have been found."""
+    match = _NUMBER.search(text)
+    if match is None:
+        return False
+
+    def stops(char: str) -> bool:
+        return not (char.isdigit() or char == "\ufffd")
+
+    after = text[match.end() : match.end() + 2]
+    if not after:
+        return False
+    if after[0] in ".,":
+        return len(after) == 2 and stops(after[1])
+    return stops(after[0])
+
+
+def settled_number(tokenizer) -> Callable[[list[int]], bool]:
+    """`number_settled` on generated token ids (decoded without special tokens), for `settled=` of
+    `ablation.greedy_end_sets`."""
+    return lambda ids: number_settled(tokenizer.decode(ids, skip_special_tokens=True))
+
+
 def answer_correct(text: str, gold: float | int | str, rel_tol: float = 1e-9, abs_tol: float = 1e-9) -> bool:
     """Whether the first number in `text` equals `gold` (a number or a numeric string)."""
     value = extract_number(text)
@@ -652,7 +682,7 @@ def score_targets(
     prefix_cache = None
     if shared:
         prefix_ids = torch.tensor(pairs[0][0][:shared], dtype=torch.long, device=lm.device)[None]
-        prefix_cache = lm.model(input_ids=prefix_ids, use_cache=True).past_key_values
+        prefix_cache = lm.model(input_ids=prefix_ids, use_cache=True, logits_to_keep=1).past_key_values
     pad = lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else 0
     nll, n_tok, match = np.zeros(len(pairs)), np.zeros(len(pairs), dtype=int), np.zeros(len(pairs), dtype=bool)
     order = sorted(range(len(pairs)), key=lambda i: -(len(pairs[i][0]) + len(pairs[i][1])))

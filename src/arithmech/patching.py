@@ -199,6 +199,7 @@ def prefix_cache(lm: LoadedModel, enc: dict[str, torch.Tensor]):
         attention_mask=enc["attention_mask"][:, :-1],
         position_ids=enc["position_ids"][:, :-1],
         use_cache=True,
+        logits_to_keep=1,  # only the cache is wanted; the vocabulary projection of every position is not
     ).past_key_values
 
 

@@ -273,12 +273,14 @@ def answer_tokens(tokenizer, answers) -> int:
 
 def _set_answers(lm, texts, head_sets, mlp_sets, means, positions, max_new_tokens, batch_size, copies):
     """Greedy answer tokens [n_sets, n, max_new_tokens] with each node set mean-ablated: END positions on
-    the prefix-cache fast path, aligned positions with one ablated generation per set (the reference)."""
+    the prefix-cache fast path (each answer stops once its number is settled, which leaves its score as it
+    is), aligned positions with one ablated generation per set (the reference)."""
     from .ablation import greedy_end_sets, mean_ablate
-    from .evaluation import greedy_generate
+    from .evaluation import greedy_generate, settled_number
 
     if positions == "end":
-        return greedy_end_sets(lm, texts, head_sets, means, max_new_tokens, mlp_sets, None, batch_size, copies).tokens
+        return greedy_end_sets(lm, texts, head_sets, means, max_new_tokens, mlp_sets, None, batch_size, copies,
+                               settled=settled_number(lm.tokenizer)).tokens
     return torch.stack([
         greedy_generate(lm, texts, max_new_tokens, batch_size, mean_ablate(lm, hs, ms, means, positions))
         for hs, ms in zip(head_sets, mlp_sets)
@@ -401,7 +403,7 @@ def run_transfer(
     "accuracy after knockout" on data filtered to correct answers)."""
     from . import plots
     from .ablation import greedy_end_sets, random_heads
-    from .evaluation import qa_correct
+    from .evaluation import qa_correct, settled_number
 
     lm = _load(model_dir, compute)
     # the empty set ablates nothing; any mean will do
@@ -419,12 +421,13 @@ def run_transfer(
     set_means = [means[s["mean"]] for s in sets]
     rows = []
     for target in _transfer_targets(lm, tasks, pairs_paths, svamp_path, non_math_path, transfer, prompts_cfg, seed):
+        # numbers compared by value (an answer stops once its number is settled); the non-math answers by text
+        non_math = target["kind"] == "non_math"
+        judge = qa_correct if non_math else None
         result = greedy_end_sets(
             lm, target["texts"], [s["nodes"] for s in sets], set_means, target["max_new_tokens"],
-            batch_size=compute["batch_size"],
+            batch_size=compute["batch_size"], settled=None if non_math else settled_number(lm.tokenizer),
         )
-        # numbers compared by value; the non-math answers by text
-        judge = qa_correct if target["kind"] == "non_math" else None
         correct = _answers_correct(lm.tokenizer, result.tokens, target["golds"], judge)  # [n_sets, n]
         base = correct[0]
         first = None
