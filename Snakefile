@@ -26,6 +26,7 @@ include: "workflow/rules/validate.smk"
 include: "workflow/rules/analyze.smk"
 include: "workflow/rules/finetune.smk"
 include: "workflow/rules/study.smk"
+include: "workflow/rules/findings.smk"
 
 
 rule all:
@@ -36,3 +37,4 @@ rule all:
         if FINETUNE_METHODS
         else [],
         expand("results/{model}/finetune/study.png", model=MODELS) if STUDY_ARMS else [],
+        expand("results/{model}/findings.html", model=MODELS),

@@ -56,7 +56,7 @@ def test_every_job_went_through_sbatch_and_finished(cluster_run):
         "build_pairs": 1, "cache_activations": 2, "patch_layer": 2, "aggregate_effects": 1,
         "summarize_key_components": 1, "knockout": 1, "transfer": 1, "analyze": 1, "finetune": 4, "evaluate": 5,
         "summarize_eval": 1, "study_items": 1, "study_train": 2, "study_select": 2, "study_evaluate": 3,
-        "study_summary": 1,
+        "study_summary": 1, "findings": 1,
     }
     assert "prepare_model" not in calls  # a local rule: downloads stay on the submit host
     assert len(pd.read_parquet(work / "results/tiny/effects/addition.parquet")) == 2 * (4 + 1)

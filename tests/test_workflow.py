@@ -269,7 +269,7 @@ def test_patching_change_reruns_patching_not_pairs_or_activations(run):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert planned_rules(proc) == {
         "patch_layer": 3, "aggregate_effects": 2, "summarize_key_components": 1, "knockout": 2, "analyze": 2,
-        "transfer": 1, **HEAD_SFT, "all": 1,
+        "transfer": 1, **HEAD_SFT, "findings": 1, "all": 1,
     }
 
 
@@ -278,7 +278,7 @@ def test_key_rule_change_reruns_only_aggregation(run):
     proc = snakemake(run, "--cores", "1", "--dry-run", "--configfile", str(path))
     assert planned_rules(proc) == {
         "aggregate_effects": 2, "summarize_key_components": 1, "knockout": 2, "analyze": 2, "transfer": 1,
-        **HEAD_SFT, "all": 1,
+        **HEAD_SFT, "findings": 1, "all": 1,
     }
 
 
@@ -288,14 +288,14 @@ def test_prompt_change_reruns_from_pairs(run):
     assert planned_rules(proc) == {
         "build_pairs": 2, "cache_activations": 2, "patch_layer": 3, "aggregate_effects": 2,
         "summarize_key_components": 1, "knockout": 2, "analyze": 2, "transfer": 1, **HEAD_SFT, **STUDY_ALL,
-        "all": 1,
+        "findings": 1, "all": 1,
     }
 
 
 def test_ablation_change_reruns_only_knockout(run):
     path = with_config(run, lambda c: c["ablation"].update(random_seeds=3))
     proc = snakemake(run, "--cores", "1", "--dry-run", "--configfile", str(path))
-    assert planned_rules(proc) == {"knockout": 2, "all": 1}
+    assert planned_rules(proc) == {"knockout": 2, "findings": 1, "all": 1}
 
 
 def test_finetune_change_reruns_only_that_method_and_its_evaluation(run):
@@ -329,7 +329,7 @@ def test_study_changes_rerun_only_what_they_touch(run):
         path = with_config(run, edit)
         proc = snakemake(run, "--cores", "1", "--dry-run", "--configfile", str(path))
         assert proc.returncode == 0, proc.stderr[-2000:]
-        assert planned_rules(proc) == {**expected, "all": 1}
+        assert planned_rules(proc) == {**expected, "findings": 1, "all": 1}  # the findings page reads the study
 
 
 def test_study_outputs(run):
@@ -362,6 +362,8 @@ def test_study_outputs(run):
     for name in ("study.png", "study_curves.png"):
         assert (res / name).read_bytes()[:4] == b"\x89PNG"
     assert not any((res / "study/.checkpoints").glob("*/step-*"))
+    page = (run / "results/tiny/findings.html").read_text()  # the report's first page repeats these tables
+    assert all(f"<td>{task}</td>" in page for task in TASKS) and "precise - random_heads" in page
 
 
 def test_transfer_change_reruns_only_transfer(run):
@@ -410,6 +412,7 @@ def test_report_contains_every_figure_and_table(run, tmp_path):
     assert "knockout/transfer.png" in html and "eval/summary.png" in html and "eval/summary.html" in html
     assert "finetune/study.png" in html and "finetune/study_curves.png" in html and "finetune/study.html" in html
     assert "Zhang et al." in html and "Precise SFT" in html  # the workflow description, all four stages
+    assert "findings.html" in html and "0. Findings" in html
 
 
 def test_analysis_outputs(run):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import html
 import json
 import os
 import platform
@@ -118,12 +119,25 @@ def write_safetensors(tensors: dict[str, torch.Tensor], path: str | Path, meta: 
 
 def write_html_table(df: pd.DataFrame, path: str | Path, title: str, float_format: str = "{:.4g}") -> None:
     """A standalone HTML page with one table (what the Snakemake report shows for a Parquet result)."""
-    table = df.to_html(index=False, na_rep="", float_format=float_format.format, border=0)
+    write_html_page([("", df, "")], path, title, float_format)
+
+
+def write_html_page(sections: list[tuple[str, pd.DataFrame, str]], path: str | Path, title: str,
+                    float_format: str = "{:.4g}") -> None:
+    """A standalone HTML page: the title, then per section (heading, table, note) its heading, the table and
+    the note below it (plain text; empty strings are left out)."""
+    body = [f"<h2>{html.escape(title)}</h2>"]
+    for heading, df, note in sections:
+        if heading:
+            body.append(f"<h3>{html.escape(heading)}</h3>")
+        body.append(df.to_html(index=False, na_rep="", float_format=float_format.format, border=0))
+        if note:
+            body.append(f"<p>{html.escape(note)}</p>")
     page = (
-        f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{title}</title>"
-        "<style>body{font-family:sans-serif}table{border-collapse:collapse}"
+        f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+        "<style>body{font-family:sans-serif}table{border-collapse:collapse}p{max-width:60em}"
         "td,th{padding:2px 8px;border-bottom:1px solid #ddd;text-align:right}</style></head>"
-        f"<body><h3>{title}</h3>{table}</body></html>\n"
+        f"<body>{''.join(body)}</body></html>\n"
     )
     with atomic_path(path) as tmp:
         tmp.write_text(page)

@@ -1,0 +1,15 @@
+from arithmech.findings import run_findings
+from arithmech.stages import job
+
+inputs = snakemake.input
+
+with job(snakemake):
+    tasks = snakemake.params.tasks
+    run_findings(
+        model=snakemake.wildcards.model,
+        key_paths={t: inputs[f"key_{t}"] for t in tasks},
+        knockout_paths={t: inputs[f"knockout_{t}"] for t in tasks},
+        study_path=inputs.get("study"),
+        comparisons_path=inputs.get("comparisons"),
+        out_html=snakemake.output.html,
+    )
