@@ -348,12 +348,10 @@ def greedy_end_sets(
     for s, (hs, ms) in enumerate(zip(head_sets, mlp_sets)):
         set_masks[s, [col[("h", h)] for h in hs] + [col[("m", m)] for m in ms]] = True
     tok = lm.tokenizer
-    eos = lm.model.generation_config.eos_token_id
-    eos = set(eos if isinstance(eos, list) else [eos if eos is not None else tok.eos_token_id])
     texts = list(texts)
     out = torch.full((n_sets, len(texts), max_new_tokens), tok.pad_token_id, dtype=torch.long)
     first = torch.full((n_sets, len(texts)), float("nan"))
-    eos_ids = torch.tensor(sorted(eos))
+    eos_ids = torch.tensor(lm.eos_ids)
     for start in range(0, len(texts), batch_size):
         enc = encode(tok, texts[start : start + batch_size], lm.device)
         b, S = enc["input_ids"].shape

@@ -185,16 +185,13 @@ def greedy_generate(
         raise ValueError("greedy_generate: share_prefix needs hooks_ctx=None (hooks would act on the prefix)")
 
     tok = lm.tokenizer
-    eos = lm.model.generation_config.eos_token_id
-    if eos is None:
-        eos = tok.eos_token_id
     config = GenerationConfig(
         do_sample=False,
         num_beams=1,
         max_new_tokens=max_new_tokens,
         min_new_tokens=0,
         pad_token_id=tok.pad_token_id,
-        eos_token_id=eos,
+        eos_token_id=lm.eos_ids,
         bos_token_id=lm.model.generation_config.bos_token_id,
         use_cache=True,
         stop_strings=list(stop_strings) if stop_strings else None,

@@ -202,6 +202,15 @@ class LoadedModel:
             tokenizer.pad_token = tokenizer.eos_token
         return tokenizer
 
+    @property
+    def eos_ids(self) -> list[int]:
+        """The token ids that end a greedy answer: the model's generation config's eos (one id or a list),
+        else the tokenizer's."""
+        eos = self.model.generation_config.eos_token_id
+        if eos is None:
+            eos = self.tokenizer.eos_token_id
+        return sorted(set(eos if isinstance(eos, list) else [eos]))
+
     def __post_init__(self):
         shape = config_shape(self.model.config)
         self.n_layers: int = shape["n_layers"]
