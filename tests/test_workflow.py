@@ -139,7 +139,9 @@ def test_knockout_table(run):
     key = pd.read_parquet(res / "key_components/addition.parquet")
     mlp = table[table["curve"] == "key_mlps"]
     assert mlp["nodes"].item().split() == [f"L{l}MLP" for l in key.loc[key["component"] == "mlp", "layer"]]
-    assert ((table["accuracy"] >= 0) & (table["accuracy"] <= 1)).all()
+    for col in ("accuracy", "full_accuracy"):  # shares of the n pairs, each pair scored once
+        np.testing.assert_allclose(table[col] * len(pairs), (table[col] * len(pairs)).round(), atol=1e-9)
+    assert (table["n"] == len(pairs)).all()
     # full greedy answers can only be right where the first token is
     assert (table["full_accuracy"] <= table["accuracy"] + 1e-9).all()
     assert (res / "knockout/addition.png").read_bytes()[:4] == b"\x89PNG"
