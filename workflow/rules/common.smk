@@ -203,3 +203,25 @@ def study_summary_inputs(wildcards):
             if r != "chosen"
         }
     return files
+
+
+# The findings page
+
+
+def findings_inputs(wildcards):
+    inputs = {
+        **{
+            f"key_{t}": f"results/{wildcards.model}/key_components/{t}.parquet"
+            for t in TASKS
+        },
+        **{
+            f"knockout_{t}": f"results/{wildcards.model}/knockout/{t}.parquet"
+            for t in TASKS
+        },
+    }
+    if STUDY_ARMS:
+        inputs["study"] = f"results/{wildcards.model}/finetune/study.parquet"
+        inputs["comparisons"] = (
+            f"results/{wildcards.model}/finetune/comparisons.parquet"
+        )
+    return inputs
