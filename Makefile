@@ -51,5 +51,5 @@ slurm-profile:
 		echo "error: $(PROFILE_HOME)/slurm exists and differs from workflow/profiles/slurm; not overwriting it" \
 			"(compare: diff -r workflow/profiles/slurm $(PROFILE_HOME)/slurm)" >&2; exit 1; fi
 	mkdir -p "$(PROFILE_HOME)/slurm"
-	cp workflow/profiles/slurm/config.yaml "$(PROFILE_HOME)/slurm/config.yaml"
+	cp -r workflow/profiles/slurm/. "$(PROFILE_HOME)/slurm/"
 	@echo "installed: snakemake --profile slurm now uses $(PROFILE_HOME)/slurm"

@@ -31,7 +31,7 @@ from arithmech.ablation import greedy_end_sets, random_heads
 from arithmech.evaluation import settled_number
 from arithmech.models import load_model
 from arithmech.patching import AlignedMean
-from arithmech.stages import _answers_correct, _transfer_targets, answer_tokens
+from arithmech.stages import _answers_correct, _transfer_targets, answer_tokens, knockout_node_sets
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -80,19 +80,10 @@ def main() -> None:
 
     # knockout: the rule's sets for one operator
     pairs = pd.read_parquet(args.results / f"pairs/{args.task}.parquet").head(args.limit)
-    effects = pd.read_parquet(args.results / f"effects/{args.task}.parquet")
-    heads = effects[effects["component"] == "head"].sort_values("mean_effect", kind="stable")
-    ab = config["ablation"]
-    K = min(ab["max_heads"], len(heads))
-    ranked = [(int(l), int(h)) for l, h in zip(heads["layer"][:K], heads["head"][:K])]
-    sets = [ranked[:k] for k in range(K + 1)]
-    for s in range(ab["random_seeds"]):
-        drawn = random_heads(lm.n_layers, lm.n_heads, K, seed=config["seed"] * 1000 + s, exclude=ranked)
-        sets += [drawn[:k] for k in range(1, K + 1)]
     key = pd.read_parquet(args.results / f"key_components/{args.task}.parquet")
-    key_mlps = [int(l) for l in key.loc[key["component"] == "mlp", "layer"]]
-    mlp_sets = [[] for _ in sets] + [key_mlps]
-    sets.append([])
+    node_sets = knockout_node_sets(pd.read_parquet(args.results / f"effects/{args.task}.parquet"), key,
+                                   config["ablation"], lm.n_layers, lm.n_heads, config["seed"])
+    sets, mlp_sets = [s[3] for s in node_sets], [s[4] for s in node_sets]
     for i, t in enumerate(compare(lm, f"knockout {args.task}", list(pairs["prompt"]), list(pairs["answer"]), sets,
                                   mlp_sets, means[args.task], answer_tokens(lm.tokenizer, pairs["answer"]),
                                   batch_size)):

@@ -362,7 +362,10 @@ def greedy_end_sets(
         for s0 in range(0, n_sets, chunk):
             c = min(chunk, n_sets - s0)
             row_masks = set_masks[s0 : s0 + c].repeat(b, 1)  # row i*c + j -> set s0 + j
-            row_set = torch.arange(s0, s0 + c).repeat(b)
+            values = means
+            if per_set:
+                row_set = torch.arange(s0, s0 + c).repeat(b)
+                values = AlignedMean(set_heads[row_set], set_mlps[row_set])  # per-row END values
             cache = repeated_cache(prefix, c)
             ids = enc["input_ids"][:, -1:].repeat_interleave(c, 0)
             mask = enc["attention_mask"].repeat_interleave(c, 0)
@@ -370,10 +373,7 @@ def greedy_end_sets(
             gen = torch.full((b * c, max_new_tokens), tok.pad_token_id, dtype=torch.long)  # [rows, steps]
             live = torch.arange(b * c)  # the chunk rows still being generated, in forward order
             for step in range(max_new_tokens):
-                values = means
-                if per_set:
-                    values = AlignedMean(set_heads[row_set[live]], set_mlps[row_set[live]])  # per-row END values
-                with mean_ablate(lm, heads, mlps, values, "end", row_masks[live]):
+                with mean_ablate(lm, heads, mlps, values, "end", row_masks):
                     logits = lm.model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache)
                 logits = logits.logits[:, -1].float()
                 if step == 0 and answer_ids is not None:
@@ -388,8 +388,10 @@ def greedy_end_sets(
                 if bool(done.all()) or step == max_new_tokens - 1:
                     break
                 keep = (~done).nonzero()[:, 0]
-                if len(keep) < len(live):  # drop finished rows from the forwards (and from the cache)
-                    live, mask, pos, nxt = live[keep], mask[keep], pos[keep], nxt[keep]
+                if len(keep) < len(live):  # drop finished rows from the forwards, the cache and the ablation
+                    live, mask, pos, nxt, row_masks = live[keep], mask[keep], pos[keep], nxt[keep], row_masks[keep]
+                    if per_set:
+                        values = AlignedMean(values.heads[keep], values.mlps[keep])
                     cache.batch_select_indices(keep.to(lm.device))
                 ids = nxt[:, None].to(lm.device)
                 mask = torch.cat([mask, mask.new_ones(len(live), 1)], 1)

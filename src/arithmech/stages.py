@@ -299,6 +299,23 @@ def _answers_correct(tokenizer, tokens: torch.Tensor, golds, judge=None) -> np.n
     return np.array(flat, dtype=bool).reshape(tokens.shape[:2])
 
 
+def knockout_node_sets(effects: pd.DataFrame, key: pd.DataFrame, ablation: dict, n_layers: int, n_heads: int,
+                       seed: int) -> list[tuple]:
+    """The knockout rule's node sets, each (curve, seed, k, heads, mlps): the top k heads by patching effect
+    (k = 0..K, K = ablation.max_heads), k random other heads over `ablation.random_seeds` draws, the key MLPs."""
+    from .ablation import random_heads
+
+    heads = effects[effects["component"] == "head"].sort_values("mean_effect", kind="stable")
+    K = min(ablation["max_heads"], len(heads))
+    ranked = [(int(l), int(h)) for l, h in zip(heads["layer"][:K], heads["head"][:K])]
+    sets = [("top_heads", -1, k, ranked[:k], []) for k in range(K + 1)]
+    for s in range(ablation["random_seeds"]):
+        drawn = random_heads(n_layers, n_heads, K, seed=seed * 1000 + s, exclude=ranked)
+        sets += [("random_heads", s, k, drawn[:k], []) for k in range(1, K + 1)]
+    key_mlps = [int(l) for l in key.loc[key["component"] == "mlp", "layer"]]
+    return sets + [("key_mlps", -1, len(key_mlps), [], key_mlps)]
+
+
 def run_knockout(
     model: str, task: str, model_dir, pairs_path, cache_path, effects_path, key_path,
     ablation: dict, compute: dict, seed: int, out_table, out_png,
@@ -307,24 +324,14 @@ def run_knockout(
     against as many random heads over several seeds, and with the key MLPs knocked out. Both the first
     answer token (`accuracy`, what path patching measured) and the full greedy answer (`full_accuracy`)."""
     from . import plots
-    from .ablation import random_heads
 
     lm = _load(model_dir, compute)
     pairs = pd.read_parquet(pairs_path)
     texts, answers = list(pairs["prompt"]), torch.tensor(pairs["answer_token_id"].to_numpy())
     cache = load_file(str(cache_path))
     means = AlignedMean(cache["cf_mean_heads"], cache["cf_mean_mlps"])
-    effects = pd.read_parquet(effects_path)
-    heads = effects[effects["component"] == "head"].sort_values("mean_effect", kind="stable")
-    K = min(ablation["max_heads"], len(heads))
-    ranked = [(int(l), int(h)) for l, h in zip(heads["layer"][:K], heads["head"][:K])]
-    sets = [("top_heads", -1, k, ranked[:k], []) for k in range(K + 1)]
-    for s in range(ablation["random_seeds"]):
-        drawn = random_heads(lm.n_layers, lm.n_heads, K, seed=seed * 1000 + s, exclude=ranked)
-        sets += [("random_heads", s, k, drawn[:k], []) for k in range(1, K + 1)]
     key = pd.read_parquet(key_path)
-    key_mlps = [int(l) for l in key.loc[key["component"] == "mlp", "layer"]]
-    sets.append(("key_mlps", -1, len(key_mlps), [], key_mlps))
+    sets = knockout_node_sets(pd.read_parquet(effects_path), key, ablation, lm.n_layers, lm.n_heads, seed)
     tokens = _set_answers(
         lm, texts, [s[3] for s in sets], [s[4] for s in sets], means, ablation["positions"],
         answer_tokens(lm.tokenizer, pairs["answer"]), compute["batch_size"], 256,
