@@ -16,6 +16,8 @@ import torch
 from arithmech.data import choice_prompt
 from arithmech.prompts import continuation_ids
 from arithmech.evaluation import (
+    _batches,
+    _length_batches,
     accuracy_interval,
     choice_loglik,
     evaluate_choice,
@@ -388,3 +390,18 @@ def test_bfloat16_model(tiny_dir, tiny_lm, math_frame):
     assert ppl["nll"] == pytest.approx(perplexity(tiny_lm, TEXT, 16, 5, progress=None)["nll"], rel=0.05)
     res = evaluate_generation(bf16, math_frame, 4, batch_size=2, progress=None)
     assert len(res) == len(math_frame) and res["correct"].dtype == bool
+
+
+@pytest.mark.parametrize("batch_size", [1, 2, 3, 64])
+def test_length_batches_cover_rows_in_order_and_bound_padding(batch_size):
+    lengths = sorted([370, 300, 290, 200, 160, 150, 149, 80, 79, 78, 12, 11, 10, 9], reverse=True)
+    batches = _length_batches(lengths, batch_size)
+    assert [r for a, b in batches for r in range(a, b)] == list(range(len(lengths)))  # every row once, in order
+    for a, b in batches:
+        assert 1 <= b - a <= batch_size
+        assert min(lengths[a:b]) >= 0.75 * lengths[a]  # padding under a quarter of the batch's longest row
+    # a batch only ends early where the next row would break the bound
+    assert all(b - a == batch_size or b == len(lengths) or lengths[b] < 0.75 * lengths[a] for a, b in batches)
+    assert _length_batches([9, 9, 8, 8, 7], batch_size) == list(_batches(5, batch_size))
+    with pytest.raises(ValueError, match="sorted longest first"):
+        _length_batches([1, 2], batch_size)
