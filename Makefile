@@ -7,7 +7,7 @@ TORCH ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.arithmech-installed
 
-.PHONY: setup run study test benchmark report clean-results slurm-profile
+.PHONY: setup run study test gpu-check benchmark report clean-results slurm-profile
 
 $(STAMP): requirements.txt envs/default-model.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,13 @@ study: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest
+
+# On a GPU machine: the device tests on CUDA (bf16 closed form, knockout, precise SFT on bf16, peak memory),
+# then the patching benchmark there. Fails rather than skipping when no CUDA device is visible.
+gpu-check: $(STAMP)
+	$(BIN)/python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'gpu-check: no CUDA device')"
+	$(BIN)/python -m pytest -m gpu -v tests/test_devices.py
+	$(BIN)/python benchmarks/patching_speed.py --device cuda --dtype bfloat16
 
 benchmark: $(STAMP)
 	$(BIN)/python benchmarks/patching_speed.py

@@ -31,7 +31,7 @@ from arithmech.ablation import greedy_end_sets, random_heads
 from arithmech.evaluation import settled_number
 from arithmech.models import load_model
 from arithmech.patching import AlignedMean
-from arithmech.stages import _answers_correct, _transfer_targets, answer_tokens, knockout_node_sets
+from arithmech.stages.validate import _answers_correct, _transfer_targets, answer_tokens, knockout_node_sets
 
 ROOT = Path(__file__).resolve().parents[1]
 

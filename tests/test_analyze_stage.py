@@ -5,7 +5,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from arithmech import stages
+from arithmech.stages import analyze as analyze_stage
+from arithmech.stages import identify
 from arithmech.analysis import ROLES
 from arithmech.io import read_parquet_meta, write_parquet
 from arithmech.tiny import build_tiny_model
@@ -39,8 +40,9 @@ def effects_table() -> pd.DataFrame:
 def prepared(tmp_path_factory):
     root = tmp_path_factory.mktemp("analyze")
     src = build_tiny_model(root / "src", n_layers=N_LAYERS, n_heads=N_HEADS, n_kv_heads=2)
-    stages.run_prepare_model({"path": str(src)}, root / "model")
-    stages.run_build_pairs(root / "model", "addition", PROMPTS, COMPUTE, 0, root / "pairs.parquet", root / "dropped.parquet")
+    identify.run_prepare_model(source={"path": str(src)}, out_dir=root / "model")
+    identify.run_build_pairs(model_dir=root / "model", task="addition", prompts=PROMPTS, compute=COMPUTE, seed=0,
+                             out_pairs=root / "pairs.parquet", out_dropped=root / "dropped.parquet")
     write_parquet(effects_table(), root / "effects.parquet")
     # key heads listed out of rank order: the stage follows `rank`
     key = pd.DataFrame({"node": ["L2H0", "L0H3", "L1MLP"], "layer": [2, 0, 1], "head": [0, 3, None],
@@ -54,8 +56,10 @@ def analyze(root, key_name: str, out: str):
     out_dir = root / out
     paths = {name: out_dir / f"addition_{name}" for name in
              ("roles.parquet", "probes.parquet", "roles.png", "example.png", "probes.png")}
-    stages.run_analyze("tiny", "addition", root / "model", root / "pairs.parquet", root / key_name,
-                       root / "effects.parquet", ANALYSIS, COMPUTE, 0, *paths.values())
+    out = dict(zip(("out_roles", "out_probes", "out_roles_png", "out_example_png", "out_probes_png"), paths.values()))
+    analyze_stage.run_analyze(model="tiny", task="addition", model_dir=root / "model", pairs_path=root / "pairs.parquet",
+                              key_path=root / key_name, effects_path=root / "effects.parquet", analysis=ANALYSIS,
+                              compute=COMPUTE, seed=0, **out)
     return paths
 
 

@@ -195,7 +195,7 @@ def test_prepare_package_wrong_sha256_fails_before_loading(tmp_path, monkeypatch
 
 
 def test_prepare_source_without_kind(tmp_path):
-    with pytest.raises(ModelSourceError, match="needs one of hub, path or package") as err:
+    with pytest.raises(ModelSourceError, match="needs one of hub, path, package or tiny") as err:
         prepare_model({"url": "http://example.com/m", "sha256": "ab"}, tmp_path / "out")
     assert "url" in str(err.value)
     assert list(tmp_path.iterdir()) == []
@@ -321,3 +321,14 @@ def test_atomic_files_follow_the_umask(tmp_path):
     finally:
         os.umask(old)
     assert (tmp_path / "x.json").stat().st_mode & 0o777 == 0o644
+
+
+def test_prepare_tiny_source_builds_the_same_model_every_time(tmp_path):
+    """`source: {tiny: ...}` (the smoke configuration's model) is built offline, with its weights' checksums."""
+    a = prepare_model({"tiny": {"seed": 3, "n_layers": 2}}, tmp_path / "a")
+    b = prepare_model({"tiny": {"seed": 3, "n_layers": 2}}, tmp_path / "b")
+    assert a["load_from"] == "." and a["architecture"]["n_layers"] == 2
+    assert a["sha256"] == b["sha256"] and a["sha256"]  # deterministic weights
+    other = prepare_model({"tiny": {"seed": 4, "n_layers": 2}}, tmp_path / "c")
+    assert other["sha256"] != a["sha256"]
+    assert load_model(tmp_path / "a", device="cpu").n_layers == 2

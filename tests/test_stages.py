@@ -7,7 +7,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from arithmech import stages
+from arithmech.stages import identify, validate
+from arithmech.stages.figures import run_plot_knockout, run_plot_transfer
 from arithmech.io import read_parquet_meta, source_digest
 from arithmech.models import load_model
 from arithmech.patching import reference_logits
@@ -30,9 +31,11 @@ COMPUTE = {"device": "cpu", "dtype": "float32", "batch_size": 5}
 def prepared(tmp_path_factory):
     root = tmp_path_factory.mktemp("stages")
     src = build_tiny_model(root / "src", n_layers=2)
-    stages.run_prepare_model({"path": str(src)}, root / "model")
-    stages.run_build_pairs(root / "model", "division", PROMPTS, COMPUTE, 0, root / "pairs.parquet", root / "dropped.parquet")
-    stages.run_cache_activations(root / "model", root / "pairs.parquet", COMPUTE, root / "cache.safetensors")
+    identify.run_prepare_model(source={"path": str(src)}, out_dir=root / "model")
+    identify.run_build_pairs(model_dir=root / "model", task="division", prompts=PROMPTS, compute=COMPUTE, seed=0,
+                             out_pairs=root / "pairs.parquet", out_dropped=root / "dropped.parquet")
+    identify.run_cache_activations(model_dir=root / "model", pairs_path=root / "pairs.parquet", compute=COMPUTE,
+                                   out_path=root / "cache.safetensors")
     return root
 
 
@@ -63,12 +66,13 @@ def test_cache_contents(prepared):
 @pytest.mark.parametrize("mode", ["direct", "total"])
 def test_patch_layer_matches_reference(prepared, mode):
     out = prepared / f"layer1-{mode}.parquet"
-    patching = {"mode": mode, "metric": "prob_change", "copies_per_forward": 7}
-    stages.run_patch_layer(prepared / "model", 1, patching, COMPUTE, [prepared / "pairs.parquet"],
-                           [prepared / "cache.safetensors"], [out])
+    patching = {"mode": mode, "with_probs": True, "copies_per_forward": 7}
+    identify.run_patch_layer(model_dir=prepared / "model", layer=1, patching=patching, compute=COMPUTE,
+                           pairs_paths=[prepared / "pairs.parquet"], cache_paths=[prepared / "cache.safetensors"],
+                           out_paths=[out])
     frame = pd.read_parquet(out)
     lm = load_model(prepared / "model", device="cpu")
-    ref, cf, answers, _ = stages.load_states(prepared / "cache.safetensors")
+    ref, cf, answers, _ = identify.load_states(prepared / "cache.safetensors")
     texts = list(pd.read_parquet(prepared / "pairs.parquet")["prompt"])
     logits, logprobs = reference_logits(lm, texts, answers, ref, cf, [1], mode)
     assert len(frame) == 12 * (lm.n_heads + 1)
@@ -79,16 +83,17 @@ def test_patch_layer_matches_reference(prepared, mode):
 
 def test_patch_layer_rejects_a_layer_out_of_range(prepared):
     with pytest.raises(ValueError, match="layer 5 out of range: the model has 2 layers"):
-        stages.run_patch_layer(prepared / "model", 5,
-                               {"mode": "direct", "metric": "relative_logit", "copies_per_forward": 4}, COMPUTE,
-                               [prepared / "pairs.parquet"], [prepared / "cache.safetensors"], [prepared / "never.parquet"])
+        identify.run_patch_layer(model_dir=prepared / "model", layer=5, patching={"mode": "direct", "with_probs": False},
+                               compute=COMPUTE, pairs_paths=[prepared / "pairs.parquet"],
+                               cache_paths=[prepared / "cache.safetensors"], out_paths=[prepared / "never.parquet"])
     assert not (prepared / "never.parquet").exists()
 
 
 def test_build_pairs_fails_clearly_when_nothing_is_correct(prepared, tmp_path):
     prompts = {**PROMPTS, "keep_only_correct": True, "operands": {"min": 7, "max": 9}}
     with pytest.raises(RuntimeError, match="answered none of the"):
-        stages.run_build_pairs(prepared / "model", "addition", prompts, COMPUTE, 0, tmp_path / "p.parquet", tmp_path / "d.parquet")
+        identify.run_build_pairs(model_dir=prepared / "model", task="addition", prompts=prompts, compute=COMPUTE, seed=0,
+                                 out_pairs=tmp_path / "p.parquet", out_dropped=tmp_path / "d.parquet")
     assert list(tmp_path.iterdir()) == []
 
 
@@ -111,9 +116,12 @@ def test_transfer_matches_an_explicit_ablated_generation(prepared, tmp_path):
     key = pd.DataFrame({"component": ["head", "head", "mlp"], "layer": [1, 0, 1], "head": [2, 3, -1]})
     key.to_parquet(tmp_path / "key.parquet")
     out = [tmp_path / "t.parquet", tmp_path / "t.html", tmp_path / "t.png"]
-    stages.run_transfer("tiny", prepared / "model", ["division"], [prepared / "pairs.parquet"],
-                        [prepared / "cache.safetensors"], [tmp_path / "key.parquet"], root / "svamp/SVAMP.json",
-                        root / "bigbench/qa_wikidata/task.json", TRANSFER, PROMPTS, COMPUTE, 0, *out)
+    validate.run_transfer(model="tiny", model_dir=prepared / "model", tasks=["division"],
+                        pairs_paths=[prepared / "pairs.parquet"], cache_paths=[prepared / "cache.safetensors"],
+                        key_paths=[tmp_path / "key.parquet"], svamp_path=root / "svamp/SVAMP.json",
+                        non_math_path=root / "bigbench/qa_wikidata/task.json", transfer=TRANSFER, prompts_cfg=PROMPTS,
+                        compute=COMPUTE, seed=0, out_table=out[0])
+    run_plot_transfer(model="tiny", transfer_path=out[0], out_html=out[1], out_png=out[2])
     table = pd.read_parquet(out[0])
     targets = ["division", "division multi-digit", "division decimal", "SVAMP", "qa_wikidata"]
     assert list(dict.fromkeys(table["target"])) == targets
@@ -127,7 +135,7 @@ def test_transfer_matches_an_explicit_ablated_generation(prepared, tmp_path):
     pairs = subsample(pd.read_parquet(prepared / "pairs.parquet"), 8, 0)
     cache = load_file(str(prepared / "cache.safetensors"))
     mean = AlignedMean(cache["cf_mean_heads"], cache["cf_mean_mlps"])
-    n_new = stages.answer_tokens(lm.tokenizer, pairs["answer"])
+    n_new = validate.answer_tokens(lm.tokenizer, pairs["answer"])
     plain = greedy_answers(lm, list(pairs["prompt"]), n_new, 3)
     with mean_ablate(lm, [(1, 2), (0, 3)], [], mean):
         ablated = greedy_answers(lm, list(pairs["prompt"]), n_new, 3)
@@ -156,8 +164,12 @@ def test_knockout_scores_first_tokens_and_full_answers(prepared, tmp_path, posit
     pd.DataFrame({"component": ["head", "mlp"], "layer": [1, 0], "head": [3, -1]}).to_parquet(tmp_path / "key.parquet")
     ablation = {"positions": positions, "max_heads": 2, "random_seeds": 1}
     out = [tmp_path / "k.parquet", tmp_path / "k.png"]
-    stages.run_knockout("tiny", "division", prepared / "model", prepared / "pairs.parquet", prepared / "cache.safetensors",
-                        tmp_path / "effects.parquet", tmp_path / "key.parquet", ablation, COMPUTE, 0, *out)
+    validate.run_knockout(model="tiny", task="division", model_dir=prepared / "model", pairs_path=prepared / "pairs.parquet",
+                        cache_path=prepared / "cache.safetensors", effects_path=tmp_path / "effects.parquet",
+                        key_path=tmp_path / "key.parquet", ablation=ablation, compute=COMPUTE, seed=0, out_table=out[0])
+    run_plot_knockout(model="tiny", task="division", knockout_path=out[0], key_path=tmp_path / "key.parquet",
+                      out_png=out[1])
+    assert out[1].read_bytes()[:4] == b"\x89PNG"
     table = pd.read_parquet(out[0])
     assert list(table["curve"]) == ["top_heads"] * 3 + ["random_heads"] * 2 + ["key_mlps"]
     assert table["nodes"].iloc[2] == "L1H3 L1H2" and table["nodes"].iloc[-1] == "L0MLP"
@@ -165,7 +177,7 @@ def test_knockout_scores_first_tokens_and_full_answers(prepared, tmp_path, posit
     pairs = pd.read_parquet(prepared / "pairs.parquet")
     cache = load_file(str(prepared / "cache.safetensors"))
     mean = AlignedMean(cache["cf_mean_heads"], cache["cf_mean_mlps"])
-    n_new = stages.answer_tokens(lm.tokenizer, pairs["answer"])
+    n_new = validate.answer_tokens(lm.tokenizer, pairs["answer"])
     with mean_ablate(lm, [(1, 3), (1, 2)], [], mean, positions):
         texts = greedy_answers(lm, list(pairs["prompt"]), n_new, 4)
     want = sum(answer_correct(t, g) for t, g in zip(texts, pairs["answer"])) / len(pairs)

@@ -12,76 +12,65 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
-
-from arithmech.tiny import build_tiny_model
+from snakemake.utils import update_config
 
 ROOT = Path(__file__).resolve().parents[1]
 TASKS = ["addition", "division"]  # two operators keep the run short; all four share the code
 
 
-def tiny_config(model_dir: Path) -> dict:
+TINY_CONFIG = ROOT / "tests/config/tiny.yaml"  # the runnable smoke configuration: every rule on a tiny model
+
+
+def tiny_config(model_dir: Path | None = None) -> dict:
+    """config.yaml with tests/config/tiny.yaml merged over it, as `snakemake --configfile` merges them; with
+    `model_dir`, the tiny model is that directory instead of one built by prepare_model."""
     config = yaml.safe_load((ROOT / "config.yaml").read_text())
-    config["run"] = {"models": ["tiny"], "tasks": TASKS}
-    config["models"] = {"tiny": {"source": {"path": str(model_dir)}, "resources": {"gpus": 1, "mem_mb": 8000, "runtime": 30}}}
-    config["compute"]["batch_size"] = 8
-    config["prompts"].update(
-        operands={"min": 1, "max": 3},
-        n_shots=1,
-        templates=config["prompts"]["templates"][:2],
-        keep_only_correct=False,  # a random tiny model is rarely right; the filter is unit-tested
-        max_samples=10,
-    )
-    config["key_components"] = {"heads": {"rule": "top_k", "k": 3}, "mlps": {"rule": "top_k", "k": 1}}
-    config["ablation"] = {"positions": "end", "max_heads": 3, "random_seeds": 2}
-    config["transfer"].update(max_samples=6, random_seeds=1)
-    config["transfer"]["formats"]["n"] = 3
-    config["transfer"]["svamp"].update(n=3, n_shots=1)
-    config["transfer"]["non_math"].update(n=3, n_shots=1, max_new_tokens=3)
-    config["finetune"].update(heads=2, mlps=1, methods=["precise", "full", "random_heads", "lora"])
-    config["finetune"]["data"].update(n=6, style="plain")  # the tiny tokenizer has no chat template
-    config["finetune"]["train"].update(batch_size=2, grad_accumulation=1, max_steps=2, warmup_steps=0,
-                                       checkpoint_every=1, max_length=512)
-    config["evaluation"].update(n_shots=1, batch_size=4, style="plain")
-    for name in ("gsm8k", "svamp", "social_iqa", "strategyqa", "qa_wikidata"):
-        config["evaluation"][name]["n"] = 3
-    for name in ("gsm8k", "svamp", "qa_wikidata"):
-        config["evaluation"][name]["max_new_tokens"] = 6
-    config["evaluation"]["wikitext"].update(max_tokens=200, max_length=128, stride=64)
-    config["study"] = tiny_study(config["study"])
+    update_config(config, yaml.safe_load(TINY_CONFIG.read_text()))
+    if model_dir is not None:
+        config["models"]["tiny"]["source"] = {"path": str(model_dir)}
     return config
 
 
-def tiny_study(study: dict) -> dict:
-    """The study on the tiny model: every arm, two grid points, a second seed and draw, a few items."""
-    study["formats"] = {
-        "add2": {"task": "addition", "template": "{a} {op} {b} = ", "operator": "+", "a": [10, 19], "b": [10, 19]},
-        "mul_words": {"task": "multiplication", "template": "{a} {op} {b} is equal to ", "operator": "times",
-                      "a": [1, 4], "b": [1, 4]},
-    }
-    study.update(arms=["precise", "precise_mlp", "random_heads", "full", "lora"], train_format="add2", splits={"train": 12, "validation": 6, "test": 10}, transfer_test=4,
-                 heads=2, mlps=1, random_draws=2, seeds={"precise": 2}, bootstrap=100)
-    study["lr_grid"] = {"precise": [1e-3, 3e-3], "precise_mlp": [1e-3], "random_heads": [1e-3],
-                        "full": [1e-4], "lora": [1e-3]}
-    study["train"].update(batch_size=4, max_steps=2, warmup_steps=0, checkpoint_every=1)
-    study["curve"] = {"every": 1, "test_items": 4}
-    study["off_target"].update(style="plain", gsm8k_n=3, svamp_n=3, social_iqa_n=3, strategyqa_n=3,
-                               qa_wikidata_n=3, qa_max_new_tokens=3, wikitext={"max_tokens": 200, "window": 64})
-    return study
+PROJECT = ("Snakefile", "workflow", "envs", "src", "resources")  # what a checkout needs to run
 
 
-def snakemake(workdir: Path, *args: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "--directory", str(workdir)]
-    env = {**os.environ, "PYTHONHASHSEED": "0"}
-    return subprocess.run([*cmd, *args], capture_output=True, text=True, env=env, timeout=900)
+def copy_project(dest: Path) -> Path:
+    """The workflow as a user has it: a checkout (these files) whose results land inside it."""
+    for name in PROJECT:
+        source = ROOT / name
+        if source.is_dir():
+            shutil.copytree(source, dest / name, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+        else:
+            shutil.copy2(source, dest / name)
+    return dest
+
+
+def snakemake(workdir: Path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run snakemake in `workdir`: from its own checkout (its Snakefile, and its src/ first on the Python
+    path) where it is one, else the repository's Snakefile with `--directory workdir`."""
+    env = {**os.environ, "PYTHONHASHSEED": "0", **(env or {})}
+    if (workdir / "Snakefile").is_file():
+        cmd = [sys.executable, "-m", "snakemake"]
+        env["PYTHONPATH"] = os.pathsep.join([str(workdir / "src"), *filter(None, [env.get("PYTHONPATH")])])
+    else:
+        cmd = [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "--directory", str(workdir)]
+    return subprocess.run([*cmd, *args], capture_output=True, text=True, env=env, cwd=workdir, timeout=900)
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    work = tmp_path_factory.mktemp("workflow")
-    model_dir = build_tiny_model(work / "tiny-src", n_layers=3, n_heads=4, n_kv_heads=2)
-    (work / "config.yaml").write_text(yaml.safe_dump(tiny_config(model_dir)))
-    proc = snakemake(work, "--cores", "2")
+    """The smoke configuration run as a user runs it: `snakemake --cores 2 --configfile tests/config/tiny.yaml`
+    in a checkout (a copy of this one). Its merged config is then saved as the checkout's config.yaml, so the
+    dry runs below (`--configfile edited.yaml`) start from exactly what ran."""
+    work = copy_project(tmp_path_factory.mktemp("checkout"))
+    shutil.copy2(ROOT / "config.yaml", work / "config.yaml")
+    (work / "tests/config").mkdir(parents=True)
+    shutil.copy2(TINY_CONFIG, work / "tests/config/tiny.yaml")
+    proc = snakemake(work, "--cores", "2", "--configfile", "tests/config/tiny.yaml")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    (work / "config.yaml").write_text(yaml.safe_dump(tiny_config()))
+    again = snakemake(work, "--cores", "1", "--dry-run")
+    assert "Nothing to be done" in again.stdout + again.stderr  # the same config
     return work
 
 
@@ -248,12 +237,28 @@ def planned_rules(proc: subprocess.CompletedProcess) -> dict[str, int]:
 
 
 # What a change upstream of the patching effects re-runs of stage 4: the two head methods rank heads by
-# effect (full fine-tuning and LoRA do not), their evaluations, and the summary.
+# effect (full fine-tuning and LoRA do not), their evaluations (6 data sets each), and the summary.
 # The study likewise: the head arms' grid runs, second seed and draw, their lr choices and evaluations.
-HEAD_SFT = {"finetune": 2, "evaluate": 2, "summarize_eval": 1, "study_train": 6, "study_select": 3,
+HEAD_SFT = {"finetune": 2, "evaluate": 12, "summarize_eval": 1, "study_train": 6, "study_select": 3,
             "study_evaluate": 5, "study_summary": 1}
 # What a change of the identify stage's operand pairs re-runs of the study: all of it.
 STUDY_ALL = {"study_items": 1, "study_train": 8, "study_select": 5, "study_evaluate": 8, "study_summary": 1}
+# What new patching effects re-run: aggregation, and everything that reads the effects or key components.
+FROM_EFFECTS = {
+    "aggregate_effects": 2, "plot_effects": 2, "summarize_key_components": 1, "knockout": 2, "plot_knockout": 2,
+    "analyze": 2, "transfer": 1, "plot_transfer": 1, **HEAD_SFT, "findings": 1, "all": 1,
+}
+
+
+def planned_jobs(proc: subprocess.CompletedProcess, rule: str) -> list[dict[str, str]]:
+    """The wildcards of every job of `rule` in a dry run's log."""
+    jobs, current = [], None
+    for line in (proc.stdout + proc.stderr).splitlines():
+        if line.startswith(("rule ", "localrule ", "checkpoint ")):
+            current = line.split()[1].rstrip(":")
+        elif current == rule and line.strip().startswith("wildcards:"):
+            jobs.append(dict(part.split("=", 1) for part in line.strip().removeprefix("wildcards:").strip().split(", ")))
+    return jobs
 
 
 def with_config(run: Path, edit) -> Path:
@@ -265,54 +270,58 @@ def with_config(run: Path, edit) -> Path:
     return path
 
 
-def test_patching_change_reruns_patching_not_pairs_or_activations(run):
-    path = with_config(run, lambda c: c["patching"].update(metric="logit_diff"))
-    proc = snakemake(run, "--cores", "1", "--dry-run", "--configfile", str(path))
+def dry_run(run: Path, edit) -> subprocess.CompletedProcess:
+    proc = snakemake(run, "--cores", "1", "--dry-run", "--configfile", str(with_config(run, edit)))
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert planned_rules(proc) == {
-        "patch_layer": 3, "aggregate_effects": 2, "summarize_key_components": 1, "knockout": 2, "analyze": 2,
-        "transfer": 1, **HEAD_SFT, "findings": 1, "all": 1,
-    }
+    return proc
+
+
+def test_patching_change_reruns_patching_not_pairs_or_activations(run):
+    proc = dry_run(run, lambda c: c["patching"].update(mode="total"))
+    assert planned_rules(proc) == {"patch_layer": 3, **FROM_EFFECTS}
+
+
+def test_metric_change_reruns_aggregation_not_patching(run):
+    """relative_logit -> logit_diff changes only how the stored logits are averaged."""
+    assert planned_rules(dry_run(run, lambda c: c["patching"].update(metric="logit_diff"))) == FROM_EFFECTS
+    # prob_change needs the answer probabilities, which only patching can store
+    assert planned_rules(dry_run(run, lambda c: c["patching"].update(metric="prob_change")))["patch_layer"] == 3
 
 
 def test_key_rule_change_reruns_only_aggregation(run):
-    path = with_config(run, lambda c: c["key_components"]["heads"].update(k=2))
-    proc = snakemake(run, "--cores", "1", "--dry-run", "--configfile", str(path))
-    assert planned_rules(proc) == {
-        "aggregate_effects": 2, "summarize_key_components": 1, "knockout": 2, "analyze": 2, "transfer": 1,
-        **HEAD_SFT, "findings": 1, "all": 1,
-    }
+    assert planned_rules(dry_run(run, lambda c: c["key_components"]["heads"].update(k=2))) == FROM_EFFECTS
 
 
 def test_prompt_change_reruns_from_pairs(run):
-    path = with_config(run, lambda c: c["prompts"].update(n_shots=2))
-    proc = snakemake(run, "--cores", "1", "--dry-run", "--configfile", str(path))
-    assert planned_rules(proc) == {
-        "build_pairs": 2, "cache_activations": 2, "patch_layer": 3, "aggregate_effects": 2,
-        "summarize_key_components": 1, "knockout": 2, "analyze": 2, "transfer": 1, **HEAD_SFT, **STUDY_ALL,
-        "findings": 1, "all": 1,
-    }
+    proc = dry_run(run, lambda c: c["prompts"].update(n_shots=2))
+    assert planned_rules(proc) == {"build_pairs": 2, "cache_activations": 2, "patch_layer": 3, **FROM_EFFECTS,
+                                   **STUDY_ALL}
 
 
 def test_ablation_change_reruns_only_knockout(run):
-    path = with_config(run, lambda c: c["ablation"].update(random_seeds=3))
-    proc = snakemake(run, "--cores", "1", "--dry-run", "--configfile", str(path))
-    assert planned_rules(proc) == {"knockout": 2, "findings": 1, "all": 1}
+    proc = dry_run(run, lambda c: c["ablation"].update(random_seeds=3))
+    assert planned_rules(proc) == {"knockout": 2, "plot_knockout": 2, "findings": 1, "all": 1}
 
 
 def test_finetune_change_reruns_only_that_method_and_its_evaluation(run):
-    path = with_config(run, lambda c: c["finetune"]["lr"].update(precise=3e-4))
-    proc = snakemake(run, "--cores", "1", "--dry-run", "--configfile", str(path))
-    assert planned_rules(proc) == {"finetune": 1, "evaluate": 1, "summarize_eval": 1, "all": 1}
-    path = with_config(run, lambda c: c["finetune"]["train"].update(max_steps=3))
-    proc = snakemake(run, "--cores", "1", "--dry-run", "--configfile", str(path))
-    assert planned_rules(proc) == {"finetune": 4, "evaluate": 4, "summarize_eval": 1, "all": 1}
+    proc = dry_run(run, lambda c: c["finetune"]["lr"].update(precise=3e-4))
+    assert planned_rules(proc) == {"finetune": 1, "evaluate": 6, "summarize_eval": 1, "all": 1}
+    proc = dry_run(run, lambda c: c["finetune"]["train"].update(max_steps=3))
+    assert planned_rules(proc) == {"finetune": 4, "evaluate": 24, "summarize_eval": 1, "all": 1}
 
 
-def test_evaluation_change_reruns_only_evaluation(run):
-    path = with_config(run, lambda c: c["evaluation"]["gsm8k"].update(n=4))
-    proc = snakemake(run, "--cores", "1", "--dry-run", "--configfile", str(path))
+def test_task_change_retrains_only_the_methods_that_rank_heads(run):
+    """Full fine-tuning and LoRA never read the identify stage: dropping an operator leaves them alone."""
+    proc = dry_run(run, lambda c: c["run"].update(tasks=["addition"]))
+    assert sorted(j["method"] for j in planned_jobs(proc, "finetune")) == ["precise", "random_heads"]
+
+
+def test_evaluation_change_reruns_only_that_data_set(run):
+    proc = dry_run(run, lambda c: c["evaluation"]["gsm8k"].update(n=4))
     assert planned_rules(proc) == {"evaluate": 5, "summarize_eval": 1, "all": 1}
+    assert {j["dataset"] for j in planned_jobs(proc, "evaluate")} == {"gsm8k"}  # WikiText is not recomputed
+    proc = dry_run(run, lambda c: c["evaluation"].update(confidence=0.9))
+    assert planned_rules(proc) == {"summarize_eval": 1, "all": 1}
 
 
 def test_study_changes_rerun_only_what_they_touch(run):
@@ -371,7 +380,7 @@ def test_study_outputs(run):
 def test_transfer_change_reruns_only_transfer(run):
     path = with_config(run, lambda c: c["transfer"]["formats"].update(n=4))
     proc = snakemake(run, "--cores", "1", "--dry-run", "--configfile", str(path))
-    assert planned_rules(proc) == {"transfer": 1, "all": 1}
+    assert planned_rules(proc) == {"transfer": 1, "plot_transfer": 1, "all": 1}
 
 
 def test_slurm_profile_dry_run_asks_for_gpus_only_where_the_model_runs(run):
@@ -379,9 +388,8 @@ def test_slurm_profile_dry_run_asks_for_gpus_only_where_the_model_runs(run):
     resources for rules that run the model, none for aggregation; account/partition from the environment."""
     path = with_config(run, lambda c: c["models"]["tiny"]["resources"].update(gpus=2, gpu_model="a100", mem_mb=12000))
     env = {"SLURM_ACCOUNT": "proj42", "SLURM_PARTITION": "gpu-short"}
-    cmd = [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "--directory", str(run),
-           "--profile", str(ROOT / "workflow/profiles/slurm"), "--dry-run", "--forcerun", "build_pairs", "--configfile", str(path)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **env}, timeout=300)
+    proc = snakemake(run, "--profile", str(run / "workflow/profiles/slurm"), "--dry-run", "--forcerun", "build_pairs",
+                     "--configfile", str(path), env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     jobs = {}
     rule = None
@@ -395,8 +403,8 @@ def test_slurm_profile_dry_run_asks_for_gpus_only_where_the_model_runs(run):
         (resources,) = jobs[rule]
         assert "gpu=2" in resources and "gpu_model=a100" in resources and "mem_mb=12000" in resources
         assert "slurm_account=proj42" in resources and "slurm_partition=gpu-short" in resources
-    for rule in ("aggregate_effects", "summarize_key_components", "summarize_eval", "study_items", "study_select",
-                 "study_summary"):
+    for rule in ("aggregate_effects", "plot_effects", "plot_knockout", "plot_transfer", "summarize_key_components",
+                 "summarize_eval", "study_items", "study_select", "study_summary"):
         (resources,) = jobs[rule]
         assert "gpu=" not in resources and "mem_mb=4000" in resources
 
@@ -425,13 +433,59 @@ def test_analysis_outputs(run):
         key = pd.read_parquet(res / f"key_components/{task}.parquet")
         key_heads = list(key.loc[key["component"] == "head", "node"])
         nodes = list(dict.fromkeys(roles["node"]))
-        if key_heads:  # in rank order
-            assert nodes == key_heads and set(roles["selection"]) == {"key"}
-        else:  # the rule selected no head: analysis.fallback_heads heads of strongest effect
-            assert len(nodes) == 3 and set(roles["selection"]) == {"top"}
+        # the tiny config's rule (top 3 among negative effects) selects heads on this model; the fallback
+        # for a rule that selects none is tested in test_analyze_stage
+        assert key_heads and nodes == key_heads and set(roles["selection"]) == {"key"}  # in rank order
         np.testing.assert_allclose(roles.groupby("node")["attention"].sum(), 1.0, atol=1e-5)
         assert (roles["n_texts"] == 10).all()  # all 10 pairs (analysis.max_samples is 64)
         probes = pd.read_parquet(res / f"analysis/{task}_probes.parquet")
         assert len(probes) == 3 * 3 * 4  # layers x vectors x targets
         for name in ("roles", "example", "probes"):
             assert (res / f"analysis/{task}_{name}.png").read_bytes()[:4] == b"\x89PNG"
+
+
+# ---------------------------------------------------------------------------------------------------
+# Re-running exactly what changed: library code and the checkout's location
+
+
+def moved_checkout(run: Path, tmp_path: Path) -> Path:
+    """The whole checkout, results and Snakemake's records included, copied to another directory (a clone
+    on the cluster's scratch, a renamed folder); file times are kept, as a move keeps them."""
+    return Path(shutil.copytree(run, tmp_path / "elsewhere" / "renamed", symlinks=True))
+
+
+def test_a_moved_checkout_reruns_nothing(run, tmp_path):
+    proc = snakemake(moved_checkout(run, tmp_path), "--cores", "1", "--dry-run")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "Nothing to be done" in proc.stdout + proc.stderr, proc.stdout[-3000:]
+
+
+def test_library_edits_rerun_exactly_the_rules_that_run_the_edited_code(run, tmp_path):
+    """Each rule's params carry the digest of the library code its script reaches (arithmech.code_digest):
+    a figure edit re-draws figures and re-runs no model job; an edit to direct-mode patching re-runs
+    patching and what reads its effects; a comment re-runs nothing."""
+    checkout = moved_checkout(run, tmp_path)
+
+    def planned_after(module: str, old: str, new: str) -> dict[str, int]:
+        path = checkout / "src/arithmech" / module
+        original = path.read_text()
+        assert original.count(old) == 1, old
+        path.write_text(original.replace(old, new))
+        try:
+            proc = snakemake(checkout, "--cores", "1", "--dry-run")
+            assert proc.returncode == 0, proc.stderr[-2000:]
+            return planned_rules(proc)
+        finally:
+            path.write_text(original)
+
+    # every figure goes through plots._save
+    assert planned_after("plots.py", "def _save(fig, path: str | Path) -> None:\n",
+                         "def _save(fig, path: str | Path) -> None:\n    fig.set_dpi(fig.get_dpi())\n") == {
+        "plot_effects": 2, "plot_knockout": 2, "plot_transfer": 1, "summarize_key_components": 1, "analyze": 2,
+        "summarize_eval": 1, "study_summary": 1, "findings": 1, "all": 1,
+    }
+    assert planned_after("patching.py", "def direct_logits(", "def _unused_helper():\n    return 0\n\n\ndef direct_logits(") == {}
+    assert planned_after("patching.py", "def direct_logits(", "# a comment\ndef direct_logits(") == {}
+    assert planned_after("patching.py", '"""Final norm + unembedding', '"""Final norm and unembedding') == {
+        "patch_layer": 3, **FROM_EFFECTS,
+    }

@@ -21,8 +21,6 @@ from typing import Iterator
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
-import torch
-from safetensors.torch import save_file
 
 PROVENANCE_KEY = b"arithmech"
 _VERSIONED = ("arithmech", "torch", "transformers", "numpy", "pandas", "pyarrow", "safetensors", "snakemake")
@@ -109,8 +107,10 @@ def read_parquet_meta(path: str | Path) -> dict:
     return json.loads(raw) if raw else {}
 
 
-def write_safetensors(tensors: dict[str, torch.Tensor], path: str | Path, meta: dict | None = None) -> None:
+def write_safetensors(tensors: dict, path: str | Path, meta: dict | None = None) -> None:
     """Write tensors atomically; `meta` is stored as one JSON string in the safetensors header."""
+    from safetensors.torch import save_file  # torch only for the jobs that write tensors
+
     tensors = {k: v.detach().contiguous().cpu() for k, v in tensors.items()}
     header = {"arithmech": json.dumps(meta, sort_keys=True, default=str)} if meta is not None else None
     with atomic_path(path) as tmp:

@@ -97,13 +97,19 @@ def prepare_model(source: dict, out_dir: str | Path) -> dict:
                 raise ModelSourceError(f"{path} is not a Hugging Face model directory (no config.json)")
             record["load_from"] = str(path)
             record["sha256"] = _weight_checksums(path)
+        elif "tiny" in source:  # a tiny random Llama (tests, the smoke configuration): built, not downloaded
+            from .tiny import build_tiny_model
+
+            build_tiny_model(tmp, **source["tiny"])
+            record["load_from"] = "."
+            record["sha256"] = _weight_checksums(tmp)
         elif "hub" in source:
             path = _snapshot(source["hub"], source.get("revision"))
             record["load_from"] = str(path)
             record["revision"] = path.name  # snapshot folders are named by commit
             record["sha256"] = _weight_checksums(path)
         else:
-            raise ModelSourceError(f"model source needs one of hub, path or package; got {sorted(source)}")
+            raise ModelSourceError(f"model source needs one of hub, path, package or tiny; got {sorted(source)}")
         # Check config and tokenizer (and record the shape) before declaring the directory ready; the
         # weights are not loaded here: this runs on a login node, where a 13B model does not fit.
         model_dir = tmp if record["load_from"] == "." else Path(record["load_from"])

@@ -47,6 +47,7 @@ rule analyze:
     resources:
         **GPU_RESOURCES,
     params:
+        code=library_code("analyze"),
         analysis=config["analysis"],
         compute=config["compute"],
         seed=config["seed"],

@@ -1,5 +1,8 @@
 import json
+import os
 import re
+
+from arithmech.code_digest import script_digest
 
 MODELS = config["run"]["models"]
 TASKS = config["run"]["tasks"]
@@ -10,6 +13,7 @@ wildcard_constraints:
     task="|".join(TASKS),
     layer=r"\d+",
     method="|".join(["base", "precise", "random_heads", "full", "lora"]),
+    dataset="|".join(EVAL_DATASETS),
     arm="|".join(["base", *study.ARMS]),
     run=r"lr\d+|seed\d+|draw\d+|chosen|base",
 
@@ -41,10 +45,35 @@ CPU_RESOURCES = {
 
 def workflow_path(path):
     """A data file named in the config: relative paths are taken from the workflow's directory (where
-    `resources/` is), so a run with `--directory` elsewhere still finds the vendored data.
+    `resources/` is), so a run with `--directory` elsewhere still finds the vendored data. They are given
+    to Snakemake relative to the working directory: it records a rule's input paths, and absolute ones would
+    make a moved or renamed checkout re-run everything that reads data ("Set of input files has changed").
     """
     path = Path(path).expanduser()
-    return str(path if path.is_absolute() else Path(workflow.basedir) / path)
+    if path.is_absolute():
+        return str(path)
+    return os.path.relpath(Path(workflow.basedir) / path)
+
+
+def library_code(script):
+    """Digest of the arithmech code that workflow/scripts/{script}.py runs (arithmech.code_digest), as a
+    param: Snakemake re-runs a rule when its params change, so a library edit re-runs exactly the rules
+    whose jobs can execute the edited code, and nothing else.
+    """
+    return script_digest(
+        Path(workflow.basedir) / "workflow" / "scripts" / f"{script}.py"
+    )
+
+
+def patching_params():
+    """What patch_layer reads: the mode, the copies per forward only in total mode, and whether the metric
+    needs probabilities. Switching relative_logit <-> logit_diff changes only the aggregation.
+    """
+    cfg = config["patching"]
+    used = {"mode": cfg["mode"], "with_probs": cfg["metric"] == "prob_change"}
+    if cfg["mode"] == "total":
+        used["copies_per_forward"] = cfg["copies_per_forward"]
+    return used
 
 
 def n_layers(model):
@@ -115,9 +144,30 @@ def finetune_params(wildcards):
     return used
 
 
-def evaluation_files():
-    files = {d: workflow_path(config["evaluation"][d]["file"]) for d in EVAL_DATASETS}
-    return files | {"gsm8k_train": workflow_path(config["finetune"]["data"]["file"])}
+MATH_DATASETS = ("gsm8k", "svamp")
+
+
+def evaluate_inputs(wildcards):
+    """The data set's file, the trained run (none for base) and, for math, the few-shot examples' file."""
+    files = {"data": workflow_path(config["evaluation"][wildcards.dataset]["file"])}
+    if wildcards.method != "base":
+        files["trained"] = f"results/{wildcards.model}/finetune/{wildcards.method}"
+    if wildcards.dataset in MATH_DATASETS:
+        files["shots"] = workflow_path(config["finetune"]["data"]["file"])
+    return files
+
+
+def evaluate_params(wildcards):
+    """Only what one data set's evaluation reads (not its file, an input; not confidence, the summary's)."""
+    cfg, dataset = config["evaluation"], wildcards.dataset
+    used = {
+        "style": cfg["style"],
+        "batch_size": cfg["batch_size"],
+        dataset: {k: v for k, v in cfg[dataset].items() if k != "file"},
+    }
+    if dataset in MATH_DATASETS:
+        used["n_shots"] = cfg["n_shots"]
+    return used
 
 
 # The precise-SFT study (workflow/rules/study.smk)

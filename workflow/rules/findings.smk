@@ -17,6 +17,7 @@ rule findings:
     conda:
         "../../envs/arithmech.yaml"
     params:
+        code=library_code("findings"),
         tasks=TASKS,
     script:
         "../scripts/findings.py"

@@ -17,37 +17,32 @@ rule finetune:
     resources:
         **GPU_RESOURCES,
     params:
+        code=library_code("finetune"),
         finetune=finetune_params,
         compute=config["compute"],
         seed=config["seed"],
-        tasks=TASKS,
         checkpoints=lambda wc: f"results/{wc.model}/finetune/.checkpoints",
     script:
         "../scripts/finetune.py"
 
 
+# One job per model and data set: changing one set's size re-runs only that set.
 rule evaluate:
     input:
-        unpack(
-            lambda wc: (
-                {}
-                if wc.method == "base"
-                else {"trained": f"results/{wc.model}/finetune/{wc.method}"}
-            )
-        ),
-        **evaluation_files(),
+        unpack(evaluate_inputs),
         model="results/{model}/model",
     output:
-        **{d: f"results/{{model}}/eval/{{method}}/{d}.parquet" for d in EVAL_DATASETS},
+        "results/{model}/eval/{method}/{dataset}.parquet",
     log:
-        "results/{model}/logs/evaluate/{method}.log",
+        "results/{model}/logs/evaluate/{method}/{dataset}.log",
     conda:
         "../../envs/arithmech.yaml"
     threads: 2
     resources:
         **GPU_RESOURCES,
     params:
-        evaluation=config["evaluation"],
+        code=library_code("evaluate"),
+        evaluation=evaluate_params,
         compute=config["compute"],
         seed=config["seed"],
     script:
@@ -86,6 +81,7 @@ rule summarize_eval:
     resources:
         **CPU_RESOURCES,
     params:
+        code=library_code("summarize_eval"),
         methods=EVAL_METHODS,
         datasets=EVAL_DATASETS,
         confidence=config["evaluation"]["confidence"],

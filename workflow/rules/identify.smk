@@ -10,6 +10,7 @@ checkpoint prepare_model:
     conda:
         "../../envs/arithmech.yaml"
     params:
+        code=library_code("prepare_model"),
         source=lambda w: config["models"][w.model]["source"],
     script:
         "../scripts/prepare_model.py"
@@ -29,6 +30,7 @@ rule build_pairs:
     resources:
         **GPU_RESOURCES,
     params:
+        code=library_code("build_pairs"),
         prompts=config["prompts"],
         compute=config["compute"],
         seed=config["seed"],
@@ -50,6 +52,7 @@ rule cache_activations:
     resources:
         **GPU_RESOURCES,
     params:
+        code=library_code("cache_activations"),
         compute=config["compute"],
         seed=config["seed"],
     script:
@@ -72,7 +75,8 @@ rule patch_layer:
     resources:
         **GPU_RESOURCES,
     params:
-        patching=config["patching"],
+        code=library_code("patch_layer"),
+        patching=patching_params(),
         compute=config["compute"],
         seed=config["seed"],
     script:
@@ -84,17 +88,6 @@ rule aggregate_effects:
         layer_outputs,
     output:
         effects="results/{model}/effects/{task}.parquet",
-        heatmap=report(
-            "results/{model}/effects/{task}.png",
-            caption="../report/effects_heatmap.rst",
-            category="1. Identify",
-            subcategory="{model}",
-            labels={
-                "model": "{model}",
-                "task": "{task}",
-                "figure": "patching heatmap",
-            },
-        ),
         key="results/{model}/key_components/{task}.parquet",
         key_html=report(
             "results/{model}/key_components/{task}.html",
@@ -114,10 +107,41 @@ rule aggregate_effects:
     resources:
         **CPU_RESOURCES,
     params:
+        code=library_code("aggregate_effects"),
         metric=config["patching"]["metric"],
         key_rules=config["key_components"],
     script:
         "../scripts/aggregate_effects.py"
+
+
+# Figures are rules of their own: a change to a figure re-draws it and re-runs nothing that reads the table.
+rule plot_effects:
+    input:
+        effects="results/{model}/effects/{task}.parquet",
+        key="results/{model}/key_components/{task}.parquet",
+    output:
+        report(
+            "results/{model}/effects/{task}.png",
+            caption="../report/effects_heatmap.rst",
+            category="1. Identify",
+            subcategory="{model}",
+            labels={
+                "model": "{model}",
+                "task": "{task}",
+                "figure": "patching heatmap",
+            },
+        ),
+    log:
+        "results/{model}/logs/plot_effects/{task}.log",
+    conda:
+        "../../envs/arithmech.yaml"
+    resources:
+        **CPU_RESOURCES,
+    params:
+        code=library_code("plot_effects"),
+        metric=config["patching"]["metric"],
+    script:
+        "../scripts/plot_effects.py"
 
 
 rule summarize_key_components:
@@ -155,6 +179,7 @@ rule summarize_key_components:
     resources:
         **CPU_RESOURCES,
     params:
+        code=library_code("summarize_key_components"),
         tasks=TASKS,
     script:
         "../scripts/summarize_key_components.py"

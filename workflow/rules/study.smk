@@ -16,6 +16,7 @@ rule study_items:
     resources:
         **CPU_RESOURCES,
     params:
+        code=library_code("study_items"),
         study=study_params(
             "formats", "train_format", "splits", "transfer_test", "n_shots"
         ),
@@ -41,6 +42,7 @@ rule study_train:
     resources:
         **GPU_RESOURCES,
     params:
+        code=library_code("study_train"),
         study=study_train_params,
         compute=config["compute"],
         seed=config["seed"],
@@ -66,6 +68,7 @@ rule study_select:
     resources:
         **CPU_RESOURCES,
     params:
+        code=library_code("study_select"),
         lr_grid=lambda wc: STUDY["lr_grid"][wc.arm],
         runs=lambda wc: study.grid_runs(wc.arm, STUDY),
     script:
@@ -88,6 +91,7 @@ rule study_evaluate:
     resources:
         **GPU_RESOURCES,
     params:
+        code=library_code("study_evaluate"),
         study=study_params("off_target"),
         compute=config["compute"],
         seed=config["seed"],
@@ -131,6 +135,7 @@ rule study_summary:
     resources:
         **CPU_RESOURCES,
     params:
+        code=library_code("study_summary"),
         study=study_params(
             "train_format", "confidence", "bootstrap", "base_band", "arms"
         ),

@@ -10,13 +10,6 @@ rule knockout:
         key="results/{model}/key_components/{task}.parquet",
     output:
         table="results/{model}/knockout/{task}.parquet",
-        curve=report(
-            "results/{model}/knockout/{task}.png",
-            caption="../report/knockout.rst",
-            category="2. Validate",
-            subcategory="{model}",
-            labels={"model": "{model}", "task": "{task}", "figure": "knockout curve"},
-        ),
     log:
         "results/{model}/logs/knockout/{task}.log",
     conda:
@@ -25,6 +18,7 @@ rule knockout:
     resources:
         **GPU_RESOURCES,
     params:
+        code=library_code("knockout"),
         ablation=config["ablation"],
         compute=config["compute"],
         seed=config["seed"],
@@ -42,6 +36,52 @@ rule transfer:
         non_math=workflow_path(config["transfer"]["non_math"]["file"]),
     output:
         table="results/{model}/knockout/transfer.parquet",
+    log:
+        "results/{model}/logs/transfer.log",
+    conda:
+        "../../envs/arithmech.yaml"
+    threads: 2
+    resources:
+        **GPU_RESOURCES,
+    params:
+        code=library_code("transfer"),
+        tasks=TASKS,
+        transfer=config["transfer"],
+        prompts=config["prompts"],
+        compute=config["compute"],
+        seed=config["seed"],
+    script:
+        "../scripts/transfer.py"
+
+
+rule plot_knockout:
+    input:
+        table="results/{model}/knockout/{task}.parquet",
+        key="results/{model}/key_components/{task}.parquet",
+    output:
+        report(
+            "results/{model}/knockout/{task}.png",
+            caption="../report/knockout.rst",
+            category="2. Validate",
+            subcategory="{model}",
+            labels={"model": "{model}", "task": "{task}", "figure": "knockout curve"},
+        ),
+    log:
+        "results/{model}/logs/plot_knockout/{task}.log",
+    conda:
+        "../../envs/arithmech.yaml"
+    resources:
+        **CPU_RESOURCES,
+    params:
+        code=library_code("plot_knockout"),
+    script:
+        "../scripts/plot_knockout.py"
+
+
+rule plot_transfer:
+    input:
+        "results/{model}/knockout/transfer.parquet",
+    output:
         html=report(
             "results/{model}/knockout/transfer.html",
             caption="../report/transfer.rst",
@@ -57,17 +97,12 @@ rule transfer:
             labels={"model": "{model}", "task": "all", "figure": "transfer matrix"},
         ),
     log:
-        "results/{model}/logs/transfer.log",
+        "results/{model}/logs/plot_transfer.log",
     conda:
         "../../envs/arithmech.yaml"
-    threads: 2
     resources:
-        **GPU_RESOURCES,
+        **CPU_RESOURCES,
     params:
-        tasks=TASKS,
-        transfer=config["transfer"],
-        prompts=config["prompts"],
-        compute=config["compute"],
-        seed=config["seed"],
+        code=library_code("plot_transfer"),
     script:
-        "../scripts/transfer.py"
+        "../scripts/plot_transfer.py"

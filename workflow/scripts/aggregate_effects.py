@@ -1,14 +1,14 @@
-from arithmech.stages import job, run_aggregate_effects
+from arithmech.jobs import job
+from arithmech.stages.identify import run_aggregate_effects
 
 with job(snakemake):
     run_aggregate_effects(
-        snakemake.wildcards.model,
-        snakemake.wildcards.task,
-        list(snakemake.input),
-        snakemake.params.metric,
-        snakemake.params.key_rules,
-        snakemake.output.effects,
-        snakemake.output.heatmap,
-        snakemake.output.key,
-        snakemake.output.key_html,
+        model=snakemake.wildcards.model,
+        task=snakemake.wildcards.task,
+        layer_paths=list(snakemake.input),
+        metric=snakemake.params.metric,
+        key_rules=snakemake.params.key_rules,
+        out_effects=snakemake.output.effects,
+        out_key=snakemake.output.key,
+        out_key_html=snakemake.output.key_html,
     )

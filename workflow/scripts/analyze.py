@@ -1,19 +1,20 @@
-from arithmech.stages import job, run_analyze
+from arithmech.jobs import job
+from arithmech.stages.analyze import run_analyze
 
 with job(snakemake):
     run_analyze(
-        snakemake.wildcards.model,
-        snakemake.wildcards.task,
-        snakemake.input.model,
-        snakemake.input.pairs,
-        snakemake.input.key,
-        snakemake.input.effects,
-        snakemake.params.analysis,
-        snakemake.params.compute,
-        snakemake.params.seed,
-        snakemake.output.roles,
-        snakemake.output.probes,
-        snakemake.output.roles_png,
-        snakemake.output.example_png,
-        snakemake.output.probes_png,
+        model=snakemake.wildcards.model,
+        task=snakemake.wildcards.task,
+        model_dir=snakemake.input.model,
+        pairs_path=snakemake.input.pairs,
+        key_path=snakemake.input.key,
+        effects_path=snakemake.input.effects,
+        analysis=snakemake.params.analysis,
+        compute=snakemake.params.compute,
+        seed=snakemake.params.seed,
+        out_roles=snakemake.output.roles,
+        out_probes=snakemake.output.probes,
+        out_roles_png=snakemake.output.roles_png,
+        out_example_png=snakemake.output.example_png,
+        out_probes_png=snakemake.output.probes_png,
     )

@@ -1,13 +1,13 @@
-from arithmech.stages import job, run_build_pairs
+from arithmech.jobs import job
+from arithmech.stages.identify import run_build_pairs
 
 with job(snakemake):
-    p = snakemake.params
     run_build_pairs(
-        snakemake.input.model,
-        snakemake.wildcards.task,
-        p.prompts,
-        p.compute,
-        p.seed,
-        snakemake.output.pairs,
-        snakemake.output.dropped,
+        model_dir=snakemake.input.model,
+        task=snakemake.wildcards.task,
+        prompts=snakemake.params.prompts,
+        compute=snakemake.params.compute,
+        seed=snakemake.params.seed,
+        out_pairs=snakemake.output.pairs,
+        out_dropped=snakemake.output.dropped,
     )

@@ -1,4 +1,10 @@
-from arithmech.stages import job, run_cache_activations
+from arithmech.jobs import job
+from arithmech.stages.identify import run_cache_activations
 
 with job(snakemake):
-    run_cache_activations(snakemake.input.model, snakemake.input.pairs, snakemake.params.compute, snakemake.output[0])
+    run_cache_activations(
+        model_dir=snakemake.input.model,
+        pairs_path=snakemake.input.pairs,
+        compute=snakemake.params.compute,
+        out_path=snakemake.output[0],
+    )

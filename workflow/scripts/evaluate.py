@@ -1,14 +1,17 @@
-from arithmech.stages import EVAL_DATASETS, job, run_evaluate
+from arithmech.jobs import job
+from arithmech.stages.finetune import run_evaluate
 
 with job(snakemake):
     run_evaluate(
-        snakemake.wildcards.model,
-        snakemake.input.model,
-        snakemake.wildcards.method,
-        snakemake.input.get("trained"),
-        {d: snakemake.input[d] for d in (*EVAL_DATASETS, "gsm8k_train")},
-        snakemake.params.evaluation,
-        snakemake.params.compute,
-        snakemake.params.seed,
-        {d: snakemake.output[d] for d in EVAL_DATASETS},
+        model=snakemake.wildcards.model,
+        model_dir=snakemake.input.model,
+        method=snakemake.wildcards.method,
+        dataset=snakemake.wildcards.dataset,
+        finetune_dir=snakemake.input.get("trained"),
+        data_path=snakemake.input.data,
+        shots_path=snakemake.input.get("shots"),
+        evaluation=snakemake.params.evaluation,
+        compute=snakemake.params.compute,
+        seed=snakemake.params.seed,
+        out_path=snakemake.output[0],
     )

@@ -1,5 +1,5 @@
 from arithmech.findings import run_findings
-from arithmech.stages import job
+from arithmech.jobs import job
 
 inputs = snakemake.input
 

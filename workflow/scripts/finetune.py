@@ -1,15 +1,17 @@
-from arithmech.stages import job, run_finetune
+from arithmech.jobs import job
+from arithmech.stages.finetune import run_finetune
 
 with job(snakemake):
     run_finetune(
-        snakemake.wildcards.model,
-        snakemake.input.model,
-        snakemake.wildcards.method,
-        {t: snakemake.input[f"effects_{t}"] for t in snakemake.params.tasks if f"effects_{t}" in snakemake.input.keys()},
-        snakemake.input.data,
-        snakemake.params.finetune,
-        snakemake.params.compute,
-        snakemake.params.seed,
-        snakemake.output[0],
-        snakemake.params.checkpoints,
+        model=snakemake.wildcards.model,
+        model_dir=snakemake.input.model,
+        method=snakemake.wildcards.method,
+        # head methods get one effects table per task (inputs effects_<task>); full and LoRA none
+        effects_paths={k.removeprefix("effects_"): v for k, v in snakemake.input.items() if k.startswith("effects_")},
+        data_path=snakemake.input.data,
+        finetune=snakemake.params.finetune,
+        compute=snakemake.params.compute,
+        seed=snakemake.params.seed,
+        out_dir=snakemake.output[0],
+        checkpoint_root=snakemake.params.checkpoints,
     )

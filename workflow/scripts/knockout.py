@@ -1,17 +1,17 @@
-from arithmech.stages import job, run_knockout
+from arithmech.jobs import job
+from arithmech.stages.validate import run_knockout
 
 with job(snakemake):
     run_knockout(
-        snakemake.wildcards.model,
-        snakemake.wildcards.task,
-        snakemake.input.model,
-        snakemake.input.pairs,
-        snakemake.input.cache,
-        snakemake.input.effects,
-        snakemake.input.key,
-        snakemake.params.ablation,
-        snakemake.params.compute,
-        snakemake.params.seed,
-        snakemake.output.table,
-        snakemake.output.curve,
+        model=snakemake.wildcards.model,
+        task=snakemake.wildcards.task,
+        model_dir=snakemake.input.model,
+        pairs_path=snakemake.input.pairs,
+        cache_path=snakemake.input.cache,
+        effects_path=snakemake.input.effects,
+        key_path=snakemake.input.key,
+        ablation=snakemake.params.ablation,
+        compute=snakemake.params.compute,
+        seed=snakemake.params.seed,
+        out_table=snakemake.output.table,
     )

@@ -1,12 +1,13 @@
-from arithmech.stages import job, run_patch_layer
+from arithmech.jobs import job
+from arithmech.stages.identify import run_patch_layer
 
 with job(snakemake):
     run_patch_layer(
-        snakemake.input.model,
-        int(snakemake.wildcards.layer),
-        snakemake.params.patching,
-        snakemake.params.compute,
-        list(snakemake.input.pairs),
-        list(snakemake.input.cache),
-        list(snakemake.output),
+        model_dir=snakemake.input.model,
+        layer=int(snakemake.wildcards.layer),
+        patching=snakemake.params.patching,
+        compute=snakemake.params.compute,
+        pairs_paths=list(snakemake.input.pairs),
+        cache_paths=list(snakemake.input.cache),
+        out_paths=list(snakemake.output),
     )

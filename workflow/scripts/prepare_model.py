@@ -1,4 +1,5 @@
-from arithmech.stages import job, run_prepare_model
+from arithmech.jobs import job
+from arithmech.stages.identify import run_prepare_model
 
 with job(snakemake):
-    run_prepare_model(snakemake.params.source, snakemake.output[0])
+    run_prepare_model(source=snakemake.params.source, out_dir=snakemake.output[0])

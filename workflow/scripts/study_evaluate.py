@@ -1,5 +1,5 @@
-from arithmech.stages import job
-from arithmech.study_stages import chosen_dir, run_study_evaluate
+from arithmech.jobs import job
+from arithmech.stages.study import chosen_dir, run_study_evaluate
 
 inputs, wildcards = snakemake.input, snakemake.wildcards
 if wildcards.arm == "base":

@@ -1,5 +1,5 @@
-from arithmech.stages import job
-from arithmech.study_stages import run_study_select
+from arithmech.jobs import job
+from arithmech.stages.study import run_study_select
 
 with job(snakemake):
     run_study_select(

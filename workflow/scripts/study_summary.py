@@ -1,7 +1,8 @@
 from pathlib import Path
 
-from arithmech.stages import STATS_FILE, job
-from arithmech.study_stages import run_study_summary
+from arithmech.jobs import job
+from arithmech.stages.common import STATS_FILE
+from arithmech.stages.study import run_study_summary
 
 inputs = snakemake.input
 

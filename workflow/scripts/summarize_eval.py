@@ -1,6 +1,8 @@
 from pathlib import Path
 
-from arithmech.stages import STATS_FILE, job, run_summarize_eval
+from arithmech.jobs import job
+from arithmech.stages.common import STATS_FILE
+from arithmech.stages.finetune import run_summarize_eval
 
 with job(snakemake):
     methods, datasets = snakemake.params.methods, snakemake.params.datasets
@@ -8,13 +10,13 @@ with job(snakemake):
     eval_paths = {m: {d: next(evals) for d in datasets} for m in methods}
     stats_paths = {Path(p).name: str(Path(p) / STATS_FILE) for p in snakemake.input.trained}
     run_summarize_eval(
-        snakemake.wildcards.model,
-        methods,
-        eval_paths,
-        stats_paths,
-        snakemake.params.confidence,
-        snakemake.output.table,
-        snakemake.output.markdown,
-        snakemake.output.html,
-        snakemake.output.figure,
+        model=snakemake.wildcards.model,
+        methods=methods,
+        eval_paths=eval_paths,
+        stats_paths=stats_paths,
+        confidence=snakemake.params.confidence,
+        out_table=snakemake.output.table,
+        out_md=snakemake.output.markdown,
+        out_html=snakemake.output.html,
+        out_png=snakemake.output.figure,
     )

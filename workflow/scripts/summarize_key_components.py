@@ -1,12 +1,13 @@
-from arithmech.stages import job, run_summarize_key_components
+from arithmech.jobs import job
+from arithmech.stages.identify import run_summarize_key_components
 
 with job(snakemake):
     run_summarize_key_components(
-        snakemake.wildcards.model,
-        list(snakemake.params.tasks),
-        list(snakemake.input.effects),
-        list(snakemake.input.key),
-        snakemake.output.table,
-        snakemake.output.table_html,
-        snakemake.output.heatmap,
+        model=snakemake.wildcards.model,
+        tasks=list(snakemake.params.tasks),
+        effects_paths=list(snakemake.input.effects),
+        key_paths=list(snakemake.input.key),
+        out_table=snakemake.output.table,
+        out_html=snakemake.output.table_html,
+        out_png=snakemake.output.heatmap,
     )

@@ -1,20 +1,19 @@
-from arithmech.stages import job, run_transfer
+from arithmech.jobs import job
+from arithmech.stages.validate import run_transfer
 
 with job(snakemake):
     run_transfer(
-        snakemake.wildcards.model,
-        snakemake.input.model,
-        snakemake.params.tasks,
-        snakemake.input.pairs,
-        snakemake.input.caches,
-        snakemake.input.key_tables,
-        snakemake.input.svamp,
-        snakemake.input.non_math,
-        snakemake.params.transfer,
-        snakemake.params.prompts,
-        snakemake.params.compute,
-        snakemake.params.seed,
-        snakemake.output.table,
-        snakemake.output.html,
-        snakemake.output.heatmap,
+        model=snakemake.wildcards.model,
+        model_dir=snakemake.input.model,
+        tasks=snakemake.params.tasks,
+        pairs_paths=snakemake.input.pairs,
+        cache_paths=snakemake.input.caches,
+        key_paths=snakemake.input.key_tables,
+        svamp_path=snakemake.input.svamp,
+        non_math_path=snakemake.input.non_math,
+        transfer=snakemake.params.transfer,
+        prompts_cfg=snakemake.params.prompts,
+        compute=snakemake.params.compute,
+        seed=snakemake.params.seed,
+        out_table=snakemake.output.table,
     )

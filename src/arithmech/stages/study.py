@@ -9,9 +9,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from . import study as sd
-from .io import atomic_path, config_hash, provenance, write_html_table, write_json, write_parquet
-from .stages import _load, _meta, load_finetuned, model_record, ranked_nodes, save_training_run
+from .. import study as sd
+from ..io import atomic_path, config_hash, provenance, write_html_table, write_json, write_parquet
+from .common import load_finetuned, load_stage_model, model_record, save_training_run, stage_meta
+from .finetune import ranked_nodes
 
 VAL_FILE = "val.parquet"
 
@@ -19,7 +20,7 @@ VAL_FILE = "val.parquet"
 def run_study_items(*, model_dir, pairs_paths: dict, study: dict, prompts: dict, seed: int, out_items) -> None:
     """All study items (train/validation/test of the trained format, test of the others), the identify
     stage's operand pairs left out."""
-    from .models import LoadedModel, resolve_model_dir
+    from ..models import LoadedModel, resolve_model_dir
 
     identify = {task: set(zip(*(pd.read_parquet(p)[c].astype(int) for c in ("a", "b"))))
                 for task, p in pairs_paths.items()}
@@ -27,7 +28,7 @@ def run_study_items(*, model_dir, pairs_paths: dict, study: dict, prompts: dict,
     items = sd.build_items(tokenizer, study, identify, prompts["shot_separator"], seed)
     summary = sd.format_summary(items)
     print(summary.to_string(index=False))
-    meta = _meta(model_dir, "study_items", study={k: study[k] for k in ("formats", "train_format", "splits",
+    meta = stage_meta(model_dir, "study_items", study={k: study[k] for k in ("formats", "train_format", "splits",
                                                                           "transfer_test", "n_shots")},
                  seed=seed, identify_pairs={t: len(p) for t, p in identify.items()},
                  summary=summary.to_dict("records"))
@@ -36,7 +37,7 @@ def run_study_items(*, model_dir, pairs_paths: dict, study: dict, prompts: dict,
 
 def _score(lm, items: pd.DataFrame, batch_size: int, progress=None) -> pd.DataFrame:
     """Greedy exact match (teacher-forced, `evaluation.score_targets`) and answer NLL per item."""
-    from .evaluation import score_targets
+    from ..evaluation import score_targets
 
     scores = score_targets(lm, items["prompt"].tolist(), items["target"].tolist(), batch_size, progress)
     return pd.DataFrame({"item": items["pair"].to_numpy(), "cluster": items["pair"].to_numpy(),
@@ -63,9 +64,9 @@ def run_study_train(*, model_dir, items_path, effects_paths: dict, arm: str, run
     from `checkpoint_root/<arm>-<run>-<hash of the settings>`."""
     import torch
 
-    from .finetune import parse_method, prepare, train
+    from ..finetune import parse_method, prepare, train
 
-    lm = _load(model_dir, compute)
+    lm = load_stage_model(model_dir, compute)
     items = pd.read_parquet(items_path)
     fmt = items[items["format"] == study["train_format"]]
     train_items, val = fmt[fmt["split"] == "train"], fmt[fmt["split"] == "validation"]
@@ -101,7 +102,7 @@ def run_study_train(*, model_dir, items_path, effects_paths: dict, arm: str, run
     if scored is None:  # resumed after the last step: score again
         with torch.no_grad():
             scored = _score(lm, val, bs)
-    meta = _meta(model_dir, "study_train", arm=arm, run=run, settings=settings)
+    meta = stage_meta(model_dir, "study_train", arm=arm, run=run, settings=settings)
     record = save_training_run(ft=ft, stats=stats, wall_s=wall, out_dir=out_dir, checkpoints=checkpoints, meta=meta,
                                record={"arm": arm, "run": run, "lr": lr, "seed": train_cfg["seed"],
                                        "n_examples": len(examples), "spec": spec, "train": train_cfg},
@@ -125,8 +126,8 @@ def chosen_dir(selection_path, grid_dirs: dict) -> Path:
 
 
 def _off_target_rows(lm, base, study: dict, data_paths: dict, seed: int, bs: int) -> list[pd.DataFrame]:
-    from . import data as ds
-    from . import evaluation as ev
+    from .. import data as ds
+    from .. import evaluation as ev
 
     cfg, frames = study["off_target"], []
     style = cfg["style"]
@@ -166,7 +167,7 @@ def run_study_evaluate(*, model_dir, items_path, arm: str, run: str, run_dir, st
     import torch
 
     lm = load_finetuned(model_dir, run_dir, compute)
-    base = None if run_dir is None else _load(model_dir, compute)
+    base = None if run_dir is None else load_stage_model(model_dir, compute)
     items = pd.read_parquet(items_path)
     tests = items[items["split"] == "test"]
     bs = compute["batch_size"]
@@ -180,7 +181,7 @@ def run_study_evaluate(*, model_dir, items_path, arm: str, run: str, run_dir, st
             frames += _off_target_rows(lm, base, study, data_paths, seed, bs)
     rows = pd.concat(frames, ignore_index=True)
     rows["correct"] = rows["correct"].astype(float)  # NaN where a kind has no correctness
-    meta = _meta(model_dir, "study_evaluate", arm=arm, run=run, off_target=study["off_target"], seed=seed)
+    meta = stage_meta(model_dir, "study_evaluate", arm=arm, run=run, off_target=study["off_target"], seed=seed)
     write_parquet(rows, out_path, meta)
 
 
@@ -189,7 +190,7 @@ def run_study_summary(*, model: str, study: dict, items_path, selection_paths: d
                       out_curves) -> None:
     """study.parquet (one row per scored model), comparisons.parquet (arm against arm), the Markdown and
     HTML table, the accuracy figure and the learning curves."""
-    from . import plots
+    from .. import plots
 
     rows = sd.per_item({key: pd.read_parquet(p) for key, p in eval_paths.items()})
     fmt = study["train_format"]

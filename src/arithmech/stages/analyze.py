@@ -1,0 +1,70 @@
+"""Stage 3, analyze: rule entry point for the key heads' attention by token role and the MLP probes."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from ..io import read_parquet_meta, write_parquet
+from .common import load_stage_model, stage_meta
+
+
+def analysis_heads(key_path, effects_path, fallback: int) -> tuple[list[tuple[int, int]], str]:
+    """The heads to analyse and how they were chosen: the key heads in rank order ('key'), or, when the
+    rule selected none, the `fallback` heads of most negative mean effect ('top')."""
+    key = pd.read_parquet(key_path)
+    key = key[key["component"] == "head"].sort_values("rank", kind="stable")
+    if len(key):
+        return [(int(l), int(h)) for l, h in zip(key["layer"], key["head"])], "key"
+    effects = pd.read_parquet(effects_path)
+    top = effects[effects["component"] == "head"].sort_values("mean_effect", kind="stable").head(fallback)
+    return [(int(l), int(h)) for l, h in zip(top["layer"], top["head"])], "top"
+
+
+def run_analyze(
+    *, model: str, task: str, model_dir, pairs_path, key_path, effects_path, analysis: dict, compute: dict, seed: int,
+    out_roles, out_probes, out_roles_png, out_example_png, out_probes_png,
+) -> None:
+    """Explain the key heads and the MLPs on up to `analysis.max_samples` pairs (a seeded draw): the
+    attention of each key head from END on each token role, an example prompt with its attention, and the
+    MLP probes (cosine of MLP input/output/change with the unembedding rows of A, B and the answer C)."""
+    from .. import plots
+    from ..analysis import attention_rows, first_role_tokens, mlp_probes, role_attention, token_roles
+
+    lm = load_stage_model(model_dir, compute)
+    pairs = pd.read_parquet(pairs_path)
+    if len(pairs) > analysis["max_samples"]:
+        pairs = pairs.sample(n=analysis["max_samples"], random_state=seed).sort_values("sample_id", kind="stable")
+    pairs = pairs.reset_index(drop=True)
+    texts = list(pairs["prompt"])
+    heads, selection = analysis_heads(key_path, effects_path, analysis["fallback_heads"])
+    labels = [f"L{l}H{h}" for l, h in heads]
+    chosen = "key heads" if selection == "key" else f"no key heads: top {len(heads)} heads by patching effect"
+    meta = stage_meta(model_dir, "analyze", task=task, analysis=analysis, seed=seed, heads=labels, selection=selection,
+                 pairs=read_parquet_meta(pairs_path).get("params_hash"))
+    roles = [token_roles(lm.tokenizer, row["prompt"], row) for row in pairs.to_dict("records")]
+    rows = attention_rows(lm, texts, heads, compute["batch_size"])
+    table = role_attention(rows, roles)
+    rank = {hd: i + 1 for i, hd in enumerate(heads)}
+    table.insert(0, "node", [f"L{l}H{h}" for l, h in zip(table["layer"], table["head"])])
+    table = table.assign(rank=[rank[(l, h)] for l, h in zip(table["layer"], table["head"])], selection=selection,
+                         task=task)
+    write_parquet(table, out_roles, meta)
+    n = len(texts)
+    plots.role_attention_heatmap(
+        table, f"{model}, {task}: attention from END by token role ({chosen}; mean of {n} prompts)", out_roles_png
+    )
+    example = pairs.iloc[0]
+    ids = lm.tokenizer(example["prompt"])["input_ids"]
+    plots.attention_example(
+        [lm.tokenizer.decode([i]) for i in ids], rows.row(0).numpy(), labels, roles[0],
+        f"{model}, {task}: attention from END, sample {example['sample_id']} ({chosen})", out_example_png,
+    )
+    probes = mlp_probes(
+        lm, texts, first_role_tokens(lm.tokenizer, pairs, "operand_a"), first_role_tokens(lm.tokenizer, pairs, "operand_b"),
+        pairs["answer_token_id"].tolist(), compute["batch_size"], analysis["n_random"], seed,
+    ).assign(task=task)
+    write_parquet(probes, out_probes, meta)
+    plots.mlp_probe_lines(
+        probes, f"{model}, {task}: MLP vectors at END against the unembedding of A, B and the answer C "
+        f"(mean of {n} prompts)", out_probes_png,
+    )

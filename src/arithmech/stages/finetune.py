@@ -1,0 +1,199 @@
+"""Stage 4 on GSM8K (the paper's recipe, configs/paper.yaml): rule entry points to fine-tune with one
+method, evaluate one model on one data set, and summarise (the paper's Table 1)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from .. import effects as fx
+from ..config import EVAL_DATASETS
+from ..io import config_hash, provenance, write_html_table, write_parquet
+from .common import load_finetuned, load_stage_model, model_record, save_training_run, stage_meta
+
+
+def select_finetune_nodes(method: str, effects_paths: dict, finetune: dict, n_layers: int, n_heads: int,
+                          seed: int) -> tuple[list, list]:
+    """(heads, mlp layers) a head method trains: precise, the top `finetune.heads` heads (and top
+    `finetune.mlps` MLPs) by patching effect averaged over the tasks; random_heads, as many heads drawn at
+    random (seeded) among the others, and no MLPs."""
+    from ..ablation import random_heads
+
+    ranked, ranked_mlps = ranked_nodes(effects_paths)
+    n = finetune["heads"]
+    if n > len(ranked):
+        raise ValueError(f"config key 'finetune.heads': {n} heads asked for, the model has {len(ranked)}")
+    top = ranked[:n]
+    if method == "random_heads":
+        return random_heads(n_layers, n_heads, n, seed=seed, exclude=top), []
+    return top, ranked_mlps[: finetune["mlps"]]
+
+
+def ranked_nodes(effects_paths: dict) -> tuple[list[tuple[int, int]], list[int]]:
+    """Every head as (layer, head) and every MLP layer, ranked by patching effect averaged over the tasks
+    whose effects tables are given (most negative first)."""
+    effects = {t: pd.read_parquet(p) for t, p in effects_paths.items()}
+    heads = [(int(l), int(h)) for l, h in fx.rank_across_tasks(effects, "head")[["layer", "head"]].to_numpy()]
+    return heads, fx.rank_across_tasks(effects, "mlp")["layer"].astype(int).tolist()
+
+
+def finetune_examples(lm, data: dict, seed: int) -> list[tuple[str, str]]:
+    """(prompt, target) pairs from GSM8K train: the question in the configured style, the worked solution
+    ending "The answer is N." as the target (zero-shot: the model learns the format, not from examples)."""
+    from ..data import load_gsm8k, math_prompts, subsample
+
+    train = subsample(load_gsm8k(data["file"]), data["n"], seed)
+    frame = math_prompts(train, (), data["style"], lm.tokenizer)
+    return list(zip(frame["prompt"], frame["target"]))
+
+
+def fitting_examples(tokenizer, examples: list[tuple[str, str]], max_length: int) -> list[tuple[str, str]]:
+    """The examples whose prompt, target and eos fit in `max_length` tokens (no truncated question)."""
+    def n_tokens(text):
+        return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    fit = [(p, t) for p, t in examples if n_tokens(p) + n_tokens(t) + 2 <= max_length]  # + bos/eos
+    print(f"{len(fit)} of {len(examples)} training examples fit in max_length={max_length} tokens")
+    if not fit:
+        raise ValueError(f"config key 'finetune.train.max_length': no training example fits in {max_length} tokens")
+    return fit
+
+
+def run_finetune(*, model: str, model_dir, method: str, effects_paths: dict, data_path, finetune: dict, compute: dict,
+                 seed: int, out_dir, checkpoint_root) -> None:
+    """Fine-tune with one method and save what was trained into `out_dir`: the deltas (`trained.safetensors`)
+    or, for full, a model directory (`model/`), plus `stats.json` (trainable parameters, step times, peak
+    memory, losses). A killed job resumes from `checkpoint_root/<method>-<hash of the settings>`."""
+    from ..finetune import parse_method, prepare, train
+
+    lm = load_stage_model(model_dir, compute)
+    spec: dict = {"method": method}
+    if method in ("precise", "random_heads"):
+        heads, mlps = select_finetune_nodes(method, effects_paths, finetune, lm.n_layers, lm.n_heads, seed)
+        spec |= {"heads": [list(h) for h in heads], "mlp_layers": mlps, "train_kv": finetune["train_kv"],
+                 "grad_scale": finetune["grad_scale"], "delta_dtype": "float32" if lm.dtype != torch.float32 else "model"}
+    elif method == "lora":
+        spec["lora"] = finetune["lora"]
+    parse_method(spec)  # fail on a bad method before loading data
+    train_cfg = {**finetune["train"], "lr": finetune["lr"][method], "seed": seed}
+    examples = finetune_examples(lm, {**finetune["data"], "file": data_path}, seed)
+    examples = fitting_examples(lm.tokenizer, examples, train_cfg["max_length"])
+    settings = {"spec": spec, "train": train_cfg, "data": finetune["data"], "model": model_record(model_dir).get("sha256")}
+    checkpoints = Path(checkpoint_root) / f"{method}-{config_hash(settings)[:12]}"
+    ft = prepare(lm, spec, seed)
+    start = time.perf_counter()
+    stats = train(ft, examples, train_cfg, checkpoint_dir=checkpoints)
+    meta = stage_meta(model_dir, "finetune", method=method, settings=settings)
+    record = save_training_run(ft=ft, stats=stats, wall_s=time.perf_counter() - start, out_dir=out_dir,
+                               checkpoints=checkpoints, meta=meta,
+                               record={"n_examples": len(examples), "spec": spec, "train": train_cfg})
+    print(f"{method}: {stats.n_trainable} trainable parameters, {record['mean_step_s']:.2f} s/step, "
+          f"final loss {stats.losses[-1]:.3f}")
+
+
+def run_evaluate(*, model: str, model_dir, method: str, dataset: str, finetune_dir, data_path, shots_path,
+                 evaluation: dict, compute: dict, seed: int, out_path) -> None:
+    """Evaluate one model (base or fine-tuned by `method`) on one data set: per-item rows (math: id, prompt,
+    output, extracted, gold, correct; choice: prediction, correct; perplexity: one row). `evaluation`: style
+    and batch_size, n_shots for the math sets (solved GSM8K train examples from `shots_path`), and the data
+    set's own settings under its name."""
+    from .. import data as ds
+    from .. import evaluation as ev
+
+    if dataset not in EVAL_DATASETS:
+        raise ValueError(f"unknown evaluation data set {dataset!r}; expected one of {list(EVAL_DATASETS)}")
+    lm = load_finetuned(model_dir, finetune_dir, compute)
+    bs, cfg, progress = evaluation["batch_size"], evaluation[dataset], f"{method} {dataset}"
+    if dataset in ("gsm8k", "svamp"):
+        shots = ds.few_shot_examples(ds.load_gsm8k(shots_path), evaluation["n_shots"], seed)
+        items = ds.subsample((ds.load_gsm8k if dataset == "gsm8k" else ds.load_svamp)(data_path), cfg["n"], seed)
+        items = ds.math_prompts(items.drop(columns=["solution"], errors="ignore"), shots, evaluation["style"],
+                                lm.tokenizer)
+        rows = ev.evaluate_generation(lm, items, cfg["max_new_tokens"], bs, progress=progress)
+    elif dataset in ("social_iqa", "strategyqa"):
+        rows = ev.evaluate_choice(lm, ds.subsample(ds.load_bigbench_choice(data_path), cfg["n"], seed), bs,
+                                  progress=progress)
+    elif dataset == "qa_wikidata":
+        items = ds.subsample(ds.load_bigbench_generation(data_path), cfg["n"], seed)
+        rows = ev.evaluate_qa_generation(lm, items, cfg["max_new_tokens"], bs, progress=progress)
+    else:
+        result = ev.perplexity(lm, ds.load_text(data_path), cfg["max_length"], cfg["stride"], cfg["max_tokens"],
+                               progress=progress)
+        rows = pd.DataFrame([result])
+    rows = rows.assign(method=method, dataset=dataset)
+    meta = stage_meta(model_dir, "evaluate", method=method, dataset=dataset, evaluation=evaluation, seed=seed)
+    write_parquet(rows, out_path, meta)
+    if "correct" in rows:
+        print(f"{method} {dataset}: accuracy {rows['correct'].mean():.3f} on {len(rows)}")
+    else:
+        print(f"{method} {dataset}: perplexity {rows['perplexity'].iloc[0]:.2f}")
+
+
+def eval_summary(eval_paths: dict, stats_paths: dict, confidence: float) -> pd.DataFrame:
+    """The paper's Table 1: one row per method (base first), per data set the accuracy with its Wilson
+    interval (WikiText-2: perplexity), and the training cost: trainable parameters, mean step time, train
+    wall time, peak memory, optimizer state and saved artifact sizes."""
+    from ..evaluation import accuracy_interval
+
+    rows = []
+    for method, paths in eval_paths.items():
+        row: dict = {"method": method}
+        for name, path in paths.items():
+            frame = pd.read_parquet(path)
+            if "correct" in frame:
+                acc, low, high = accuracy_interval(frame["correct"].to_numpy(), confidence)
+                row |= {f"{name}": 100 * acc, f"{name}_low": 100 * low, f"{name}_high": 100 * high,
+                        f"{name}_n": len(frame)}
+            else:
+                row |= {f"{name}_ppl": float(frame["perplexity"].iloc[0]), f"{name}_tokens": int(frame["n_tokens"].iloc[0])}
+        stats = json.loads(Path(stats_paths[method]).read_text()) if method in stats_paths else None
+        row |= {
+            "trainable_params": stats["n_trainable"] if stats else 0,
+            "trainable_share": stats["n_trainable"] / stats["n_parameters"] if stats else 0.0,
+            "train_steps": stats["steps"] if stats else 0,
+            "mean_step_s": stats["mean_step_s"] if stats else float("nan"),
+            "train_time_s": float(np.sum(stats["step_times_s"])) if stats else float("nan"),
+            "peak_memory_mb": stats["peak_memory_bytes"] / 2**20 if stats else float("nan"),
+            "peak_memory_kind": stats["peak_memory_kind"] if stats else "",
+            "optimizer_state_mb": stats["optimizer_state_bytes"] / 2**20 if stats else float("nan"),
+            "artifact_mb": stats["artifact_bytes"] / 2**20 if stats else float("nan"),
+            "final_loss": stats["losses"][-1] if stats else float("nan"),
+        }
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def markdown_table(summary: pd.DataFrame, datasets: list[str]) -> str:
+    """Table 1 as Markdown: accuracies as 'value [low, high]', perplexity, trainable parameters, step time."""
+    head = ["method", *[d for d in datasets if d != "wikitext"], "WikiText-2 ppl", "trainable params", "s/step",
+            "train s", "peak MB"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in summary.to_dict("records"):
+        cells = [r["method"]]
+        cells += [f"{r[d]:.1f} [{r[d + '_low']:.1f}, {r[d + '_high']:.1f}]" for d in datasets if d != "wikitext"]
+        cells += [f"{r.get('wikitext_ppl', float('nan')):.2f}", f"{r['trainable_params']:,}",
+                  f"{r['mean_step_s']:.2f}", f"{r['train_time_s']:.0f}", f"{r['peak_memory_mb']:.0f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def run_summarize_eval(*, model: str, methods: list[str], eval_paths: dict, stats_paths: dict, confidence: float,
+                       out_table, out_md, out_html, out_png) -> None:
+    from .. import plots
+    from ..io import atomic_path
+
+    summary = eval_summary(eval_paths, stats_paths, confidence)
+    datasets = list(next(iter(eval_paths.values())))
+    meta = provenance(stage="summarize_eval", model=model, methods=methods, confidence=confidence)
+    write_parquet(summary, out_table, meta)
+    with atomic_path(out_md) as tmp:
+        Path(tmp).write_text(f"# {model}: base vs fine-tuned (accuracy %, {100 * confidence:.0f}% Wilson intervals)\n\n"
+                             + markdown_table(summary, datasets))
+    write_html_table(summary, out_html, f"{model}: evaluation of every fine-tuning method")
+    plots.eval_summary(summary, [d for d in datasets if d != "wikitext"],
+                       f"{model}: accuracy after fine-tuning on GSM8K ({100 * confidence:.0f}% intervals)", out_png)

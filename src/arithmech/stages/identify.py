@@ -1,0 +1,140 @@
+"""Stage 1, identify (the paper's path patching): rule entry points from the prepared model to the key
+components."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file
+
+from .. import effects as fx
+from ..io import provenance, read_parquet_meta, write_html_table, write_parquet, write_safetensors
+from ..models import prepare_model
+from ..patching import EndState, collect, direct_logits, effects_frame, total_logits
+from ..prompts import build_prompts, select_samples
+from .common import load_stage_model, stage_meta
+
+
+def run_prepare_model(*, source: dict, out_dir: str | Path) -> None:
+    prepare_model(source, out_dir)
+
+
+def run_build_pairs(*, model_dir, task: str, prompts: dict, compute: dict, seed: int, out_pairs, out_dropped) -> None:
+    """All candidate pairs of `task`, checked against the model; writes kept and dropped samples."""
+    lm = load_stage_model(model_dir, compute)
+    candidates = build_prompts(lm.tokenizer, task, prompts, seed)
+    answers = torch.tensor(candidates["answer_token_id"].to_numpy())
+    state, _ = collect(lm, list(candidates["prompt"]), answers, compute["batch_size"], desc=f"check {task}")
+    kept, dropped = select_samples(
+        candidates, state.predicted.tolist(), prompts["max_samples"], prompts["keep_only_correct"], seed
+    )
+    if kept.empty:
+        raise RuntimeError(
+            f"{task}: the model answered none of the {len(candidates)} prompts correctly; "
+            "check prompts.templates / n_shots, or set prompts.keep_only_correct: false"
+        )
+    meta = stage_meta(model_dir, "build_pairs", task=task, prompts=prompts, seed=seed)
+    meta["counts"] = {"candidates": len(candidates), "kept": len(kept), **dropped["drop_reason"].value_counts().to_dict()}
+    meta["accuracy"] = float(state.predicted.eq(answers).float().mean())
+    print(f"{task}: first-token accuracy {meta['accuracy']:.3f}; counts {meta['counts']}")
+    write_parquet(kept, out_pairs, meta)
+    write_parquet(dropped, out_dropped, meta)
+
+
+STATE_FIELDS = ("heads", "mlps", "resid", "logits", "logprobs", "predicted")
+
+
+def run_cache_activations(*, model_dir, pairs_path, compute: dict, out_path) -> None:
+    """Node outputs at END for reference and counterfactual prompts, plus the counterfactual means
+    (at END and aligned back from END over the shortest prompt) that mean ablation uses."""
+    lm = load_stage_model(model_dir, compute)
+    pairs = pd.read_parquet(pairs_path)
+    answers = torch.tensor(pairs["answer_token_id"].to_numpy())
+    ref, _ = collect(lm, list(pairs["prompt"]), answers, compute["batch_size"], desc="reference")
+    n_aligned = min(len(lm.tokenizer(t)["input_ids"]) for t in pairs["cf_prompt"])
+    cf, mean = collect(
+        lm, list(pairs["cf_prompt"]), answers, compute["batch_size"], aligned_positions=n_aligned, desc="counterfactual"
+    )
+    tensors = {f"ref_{k}": getattr(ref, k) for k in STATE_FIELDS}
+    tensors |= {f"cf_{k}": getattr(cf, k) for k in STATE_FIELDS}
+    tensors |= {
+        "answer_ids": answers,
+        "sample_ids": torch.tensor(pairs["sample_id"].to_numpy()),
+        "cf_mean_heads": mean.heads,  # [n_aligned, L, H, head_dim]; index 0 is END
+        "cf_mean_mlps": mean.mlps,  # [n_aligned, L, d_model]
+    }
+    meta = stage_meta(model_dir, "cache_activations", compute=compute, pairs=read_parquet_meta(pairs_path).get("params_hash"))
+    meta["dtype"] = str(lm.dtype)
+    write_safetensors(tensors, out_path, meta)
+
+
+def load_states(cache_path) -> tuple[EndState, EndState, torch.Tensor, torch.Tensor]:
+    """(reference, counterfactual, answer_ids [n], sample_ids [n]) from a cache file."""
+    t = load_file(str(cache_path))
+    ref = EndState(**{k: t[f"ref_{k}"] for k in STATE_FIELDS})
+    cf = EndState(**{k: t[f"cf_{k}"] for k in STATE_FIELDS})
+    return ref, cf, t["answer_ids"], t["sample_ids"]
+
+
+def cache_meta(cache_path) -> dict:
+    with safe_open(str(cache_path), "pt") as f:
+        return json.loads((f.metadata() or {}).get("arithmech", "{}"))
+
+
+def run_patch_layer(*, model_dir, layer: int, patching: dict, compute: dict, pairs_paths: list, cache_paths: list,
+                    out_paths: list) -> None:
+    """Patch every node of `layer`, for each task (one pairs/cache/output path per task): per sample and
+    node, logit_o, logit_p, relative effect (and probabilities when `patching.with_probs`, for the metric
+    prob_change). `patching`: mode (direct or total), with_probs, copies_per_forward (total mode).
+
+    All tasks share one job so the model is loaded once per layer: on a CPU the job's start-up costs far
+    more than the closed form itself, and a cluster still runs the layers in parallel."""
+    lm = load_stage_model(model_dir, compute)
+    if not 0 <= layer < lm.n_layers:
+        raise ValueError(f"layer {layer} out of range: the model has {lm.n_layers} layers")
+    with_probs = patching["with_probs"]
+    for pairs_path, cache_path, out_path in zip(pairs_paths, cache_paths, out_paths, strict=True):
+        ref, cf, answers, sample_ids = load_states(cache_path)
+        if patching["mode"] == "direct":
+            logit_p, logprob_p = direct_logits(lm, ref, cf, answers, [layer], compute["batch_size"], with_probs)
+        else:
+            texts = list(pd.read_parquet(pairs_path, columns=["prompt"])["prompt"])
+            logit_p, logprob_p = total_logits(
+                lm, texts, answers, cf, [layer], compute["batch_size"], patching["copies_per_forward"]
+            )
+        frame = effects_frame(
+            lm, sample_ids.tolist(), [layer], ref.logits, logit_p,
+            ref.logprobs if with_probs else None, logprob_p if with_probs else None,
+        )
+        cache_hash = cache_meta(cache_path).get("params_hash")
+        meta = stage_meta(model_dir, "patch_layer", layer=layer, patching=patching, cache=cache_hash)
+        write_parquet(frame, out_path, meta)
+
+
+def run_aggregate_effects(*, model: str, task: str, layer_paths, metric: str, key_rules: dict, out_effects, out_key,
+                          out_key_html) -> None:
+    """Mean effect per node over samples (the `metric`) and the key components the rules select."""
+    patching = pd.concat([pd.read_parquet(p) for p in layer_paths], ignore_index=True)
+    effects = fx.aggregate(patching, metric)
+    key = fx.key_components(effects, key_rules["heads"], key_rules["mlps"])
+    meta = provenance(stage="aggregate_effects", model=model, task=task, metric=metric, key_components=key_rules)
+    write_parquet(effects, out_effects, meta)
+    write_parquet(key, out_key, meta)
+    write_html_table(key, out_key_html, f"{model}, {task}: key components ({metric})")
+
+
+def run_summarize_key_components(
+    *, model: str, tasks: list[str], effects_paths, key_paths, out_table, out_html, out_png
+) -> None:
+    from .. import plots
+
+    effects = {t: pd.read_parquet(p) for t, p in zip(tasks, effects_paths)}
+    keys = {t: pd.read_parquet(p) for t, p in zip(tasks, key_paths)}
+    summary = fx.shared_summary(effects, keys)
+    write_parquet(summary, out_table, provenance(stage="summarize_key_components", model=model, tasks=tasks))
+    write_html_table(summary, out_html, f"{model}: key components shared across operators")
+    plots.shared_heatmap(summary, tasks, f"{model}: key components across operators (* = key)", out_png)

@@ -1,0 +1,200 @@
+"""Stage 2, validate (the paper's mean-ablation knockout): rule entry points for the knockout curves and
+the transfer of each operator's key heads to other data."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+from safetensors.torch import load_file
+
+from ..io import write_parquet
+from ..patching import AlignedMean
+from .common import load_stage_model, stage_meta
+
+
+def answer_tokens(tokenizer, answers) -> int:
+    """Greedy steps that read every answer in full: the longest answer's tokens (after the prompt's trailing
+    space) plus one, so that "1" followed by "2" is read as 12, not 1."""
+    return 1 + max(len(tokenizer(" " + str(a), add_special_tokens=False)["input_ids"]) for a in answers)
+
+
+def _set_answers(lm, texts, head_sets, mlp_sets, means, positions, max_new_tokens, batch_size, copies):
+    """Greedy answer tokens [n_sets, n, max_new_tokens] with each node set mean-ablated: END positions on
+    the prefix-cache fast path (each answer stops once its number is settled, which leaves its score as it
+    is), aligned positions with one ablated generation per set (the reference)."""
+    from ..ablation import greedy_end_sets, mean_ablate
+    from ..evaluation import greedy_generate, settled_number
+
+    if positions == "end":
+        return greedy_end_sets(lm, texts, head_sets, means, max_new_tokens, mlp_sets, None, batch_size, copies,
+                               settled=settled_number(lm.tokenizer)).tokens
+    return torch.stack([
+        greedy_generate(lm, texts, max_new_tokens, batch_size, mean_ablate(lm, hs, ms, means, positions))
+        for hs, ms in zip(head_sets, mlp_sets)
+    ])
+
+
+def _answers_correct(tokenizer, tokens: torch.Tensor, golds, judge=None) -> np.ndarray:
+    """[n_sets, n] bool: whether each decoded greedy answer matches its gold, by `judge(text, gold)`
+    (default `evaluation.answer_correct`: the first number, compared by value)."""
+    from ..evaluation import answer_correct
+
+    judge = judge or answer_correct
+    golds = list(golds)
+    texts = tokenizer.batch_decode(tokens.flatten(0, 1), skip_special_tokens=True)
+    flat = [judge(t, golds[i % len(golds)]) for i, t in enumerate(texts)]
+    return np.array(flat, dtype=bool).reshape(tokens.shape[:2])
+
+
+def knockout_node_sets(effects: pd.DataFrame, key: pd.DataFrame, ablation: dict, n_layers: int, n_heads: int,
+                       seed: int) -> list[tuple]:
+    """The knockout rule's node sets, each (curve, seed, k, heads, mlps): the top k heads by patching effect
+    (k = 0..K, K = ablation.max_heads), k random other heads over `ablation.random_seeds` draws, the key MLPs."""
+    from ..ablation import random_heads
+
+    heads = effects[effects["component"] == "head"].sort_values("mean_effect", kind="stable")
+    K = min(ablation["max_heads"], len(heads))
+    ranked = [(int(l), int(h)) for l, h in zip(heads["layer"][:K], heads["head"][:K])]
+    sets = [("top_heads", -1, k, ranked[:k], []) for k in range(K + 1)]
+    for s in range(ablation["random_seeds"]):
+        drawn = random_heads(n_layers, n_heads, K, seed=seed * 1000 + s, exclude=ranked)
+        sets += [("random_heads", s, k, drawn[:k], []) for k in range(1, K + 1)]
+    key_mlps = [int(l) for l in key.loc[key["component"] == "mlp", "layer"]]
+    return sets + [("key_mlps", -1, len(key_mlps), [], key_mlps)]
+
+
+def run_knockout(
+    *, model: str, task: str, model_dir, pairs_path, cache_path, effects_path, key_path,
+    ablation: dict, compute: dict, seed: int, out_table,
+) -> None:
+    """Mean-ablation knockout: accuracy with the top k heads (by patching effect) knocked out, k = 0..max_heads,
+    against as many random heads over several seeds, and with the key MLPs knocked out. Both the first
+    answer token (`accuracy`, what path patching measured) and the full greedy answer (`full_accuracy`)."""
+    lm = load_stage_model(model_dir, compute)
+    pairs = pd.read_parquet(pairs_path)
+    texts, answers = list(pairs["prompt"]), torch.tensor(pairs["answer_token_id"].to_numpy())
+    cache = load_file(str(cache_path))
+    means = AlignedMean(cache["cf_mean_heads"], cache["cf_mean_mlps"])
+    key = pd.read_parquet(key_path)
+    sets = knockout_node_sets(pd.read_parquet(effects_path), key, ablation, lm.n_layers, lm.n_heads, seed)
+    tokens = _set_answers(
+        lm, texts, [s[3] for s in sets], [s[4] for s in sets], means, ablation["positions"],
+        answer_tokens(lm.tokenizer, pairs["answer"]), compute["batch_size"], 256,
+    )
+    first = (tokens[..., 0] == answers[None]).float().mean(1).numpy()
+    full = _answers_correct(lm.tokenizer, tokens, pairs["answer"]).mean(1)
+    rows = [
+        {"curve": c, "seed": sd, "k": k,
+         "nodes": " ".join([f"L{l}H{h}" for l, h in hs] + [f"L{l}MLP" for l in ms]),
+         "accuracy": float(a), "full_accuracy": float(f)}
+        for (c, sd, k, hs, ms), a, f in zip(sets, first, full)
+    ]
+    table = pd.DataFrame(rows).assign(n=len(texts), positions=ablation["positions"])
+    meta = stage_meta(model_dir, "knockout", task=task, ablation=ablation, seed=seed)
+    write_parquet(table, out_table, meta)
+
+
+def _transfer_targets(
+    lm, tasks, pairs_paths, svamp_path, non_math_path, transfer: dict, prompts_cfg: dict, seed: int
+) -> list[dict]:
+    """The data sets the key heads are knocked out on: every operator's kept pairs, the other number
+    formats of every operator, SVAMP (direct answers) and the non-math control (BIG-bench qa_wikidata).
+    Each: name, kind, texts, golds (numbers, or lists of accepted strings), answer_ids (first answer token,
+    operator pairs only), max_new_tokens."""
+    from ..data import load_bigbench_generation, load_svamp, subsample
+    from ..prompts import format_prompts, question_prompts
+
+    targets = []
+    for task, path in zip(tasks, pairs_paths, strict=True):
+        pairs = subsample(pd.read_parquet(path), transfer["max_samples"], seed)
+        targets.append({
+            "name": task, "kind": "operator", "texts": list(pairs["prompt"]), "golds": list(pairs["answer"]),
+            "answer_ids": torch.tensor(pairs["answer_token_id"].to_numpy()),
+            "max_new_tokens": answer_tokens(lm.tokenizer, pairs["answer"]),
+        })
+    fmt_cfg = transfer["formats"]
+    for fmt in ("multi_digit", "decimal"):
+        for task in tasks:
+            df = format_prompts(task, fmt, fmt_cfg[fmt], prompts_cfg, fmt_cfg["n"], seed)
+            targets.append({
+                "name": f"{task} {fmt.replace('_', '-')}", "kind": fmt, "texts": list(df["prompt"]),
+                "golds": list(df["gold"]), "answer_ids": None,
+                "max_new_tokens": answer_tokens(lm.tokenizer, df["answer"]),
+            })
+    sv = transfer["svamp"]
+    svamp = load_svamp(svamp_path).assign(answer=lambda d: [f"{g:g}" for g in d["gold"]], index=lambda d: d.index)
+    keep = subsample(svamp, sv["n"], seed)
+    targets.append({
+        "name": "SVAMP", "kind": "svamp", "golds": list(keep["gold"]), "answer_ids": None,
+        "texts": question_prompts(list(svamp["question"]), list(svamp["answer"]), sv["n_shots"], seed, keep["index"]),
+        "max_new_tokens": answer_tokens(lm.tokenizer, keep["answer"]),
+    })
+    nm = transfer["non_math"]
+    qa = load_bigbench_generation(non_math_path).assign(index=lambda d: d.index)
+    keep = subsample(qa, nm["n"], seed)
+    texts = question_prompts(list(qa["input"]), [t[0] for t in qa["targets"]], nm["n_shots"], seed, keep["index"],
+                             question_prefix="", answer_prefix="", separator="\n")
+    targets.append({
+        "name": Path(non_math_path).parent.name, "kind": "non_math", "texts": texts, "golds": list(keep["targets"]),
+        "answer_ids": None, "max_new_tokens": nm["max_new_tokens"],
+    })
+    return targets
+
+
+def run_transfer(
+    *, model: str, model_dir, tasks: list[str], pairs_paths, cache_paths, key_paths, svamp_path, non_math_path,
+    transfer: dict, prompts_cfg: dict, compute: dict, seed: int, out_table,
+) -> None:
+    """Do the key heads of one operator matter for the others, other number formats, SVAMP, and not for
+    non-math questions? For each source task X, X's key heads are mean-ablated (with X's counterfactual
+    mean, at END and every generated position) on every target set, against as many random heads
+    (`transfer.random_seeds` draws, same mean); greedy answers are scored against the gold answers.
+    `retained` is the share of the items the unablated model gets right that stay right (the paper's
+    "accuracy after knockout" on data filtered to correct answers)."""
+    from ..ablation import greedy_end_sets, random_heads
+    from ..evaluation import qa_correct, settled_number
+
+    lm = load_stage_model(model_dir, compute)
+    # the empty set ablates nothing; any mean will do
+    sets = [{"source": "none", "heads": "none", "seed": -1, "nodes": [], "mean": tasks[0]}]
+    means = {}
+    for task, cache_path, key_path in zip(tasks, cache_paths, key_paths, strict=True):
+        cache = load_file(str(cache_path))
+        means[task] = AlignedMean(cache["cf_mean_heads"], cache["cf_mean_mlps"])
+        key = pd.read_parquet(key_path)
+        key_heads = [(int(l), int(h)) for l, h in key.loc[key["component"] == "head", ["layer", "head"]].to_numpy()]
+        sets.append({"source": task, "heads": "key", "seed": -1, "nodes": key_heads, "mean": task})
+        for s in range(transfer["random_seeds"]):
+            drawn = random_heads(lm.n_layers, lm.n_heads, len(key_heads), seed=seed * 1000 + s, exclude=key_heads)
+            sets.append({"source": task, "heads": "random", "seed": s, "nodes": drawn, "mean": task})
+    set_means = [means[s["mean"]] for s in sets]
+    rows = []
+    for target in _transfer_targets(lm, tasks, pairs_paths, svamp_path, non_math_path, transfer, prompts_cfg, seed):
+        # numbers compared by value (an answer stops once its number is settled); the non-math answers by text
+        non_math = target["kind"] == "non_math"
+        judge = qa_correct if non_math else None
+        result = greedy_end_sets(
+            lm, target["texts"], [s["nodes"] for s in sets], set_means, target["max_new_tokens"],
+            batch_size=compute["batch_size"], settled=None if non_math else settled_number(lm.tokenizer),
+        )
+        correct = _answers_correct(lm.tokenizer, result.tokens, target["golds"], judge)  # [n_sets, n]
+        base = correct[0]
+        first = None
+        if target["answer_ids"] is not None:
+            first = (result.first_tokens == target["answer_ids"][None]).float().mean(1).numpy()
+        for i, s in enumerate(sets):
+            rows.append({
+                "source": s["source"], "heads": s["heads"], "seed": s["seed"], "n_heads": len(s["nodes"]),
+                "nodes": " ".join(f"L{l}H{h}" for l, h in s["nodes"]), "target": target["name"],
+                "target_kind": target["kind"], "n": len(base), "n_base_correct": int(base.sum()),
+                "accuracy": float(correct[i].mean()), "base_accuracy": float(base.mean()),
+                "retained": float(correct[i][base].mean()) if base.any() else float("nan"),
+                "first_token_accuracy": float(first[i]) if first is not None else float("nan"),
+            })
+        print(f"{target['name']}: base {base.mean():.3f} on {len(base)}")
+    table = pd.DataFrame(rows)
+    meta = stage_meta(model_dir, "transfer", tasks=tasks, transfer=transfer, prompts=prompts_cfg, seed=seed)
+    write_parquet(table, out_table, meta)

@@ -1,0 +1,87 @@
+"""The paths a GPU run takes (bf16 weights, the closed form in bf16, precise SFT on a bf16 model, knockout,
+peak memory), each on every device this machine has: always the CPU, and CUDA when it is available (those
+cases are marked `gpu`; `make gpu-check` runs them on a GPU machine, and CI, without one, skips them)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from arithmech import finetune as ft
+from arithmech.ablation import greedy_end_sets
+from arithmech.models import load_model
+from arithmech.patching import AlignedMean, collect, direct_logits
+from arithmech.prompts import build_prompts
+
+DEVICES = [
+    "cpu",
+    pytest.param("cuda", marks=[pytest.mark.gpu,
+                                pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")]),
+]
+EXAMPLES = [(f"{a} plus {b} is equal to ", str(a + b)) for a, b in [(1, 2), (3, 4), (2, 2), (4, 1)]]
+
+
+@pytest.fixture(scope="module")
+def prompts(tiny_dir, base_prompt_cfg):
+    lm = load_model(tiny_dir, device="cpu")
+    df = build_prompts(lm.tokenizer, "addition", base_prompt_cfg, seed=0).head(12)
+    return df["prompt"].tolist(), df["cf_prompt"].tolist(), torch.tensor(df["answer_token_id"].to_numpy())
+
+
+@pytest.fixture(scope="module")
+def fp32_direct(tiny_dir, prompts):
+    """The closed-form patched answer logits in float32 on the CPU: [samples, nodes]."""
+    lm = load_model(tiny_dir, device="cpu")
+    texts, cf_texts, answers = prompts
+    ref, _ = collect(lm, texts, answers, batch_size=4)
+    cf, _ = collect(lm, cf_texts, answers, batch_size=4)
+    return direct_logits(lm, ref, cf, answers, list(range(lm.n_layers)), batch_size=8)[0]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_bf16_closed_form_tracks_fp32(tiny_dir, prompts, fp32_direct, device):
+    """bf16 weights and activations: the patched logits stay within bf16 rounding of the fp32 ones (a bf16
+    step near |x| is |x| / 128), and the ranking of the nodes by effect barely moves."""
+    lm = load_model(tiny_dir, device=device, dtype="bfloat16")
+    assert lm.dtype == torch.bfloat16 and lm.device.type == device
+    texts, cf_texts, answers = prompts
+    ref, _ = collect(lm, texts, answers, batch_size=4)
+    cf, _ = collect(lm, cf_texts, answers, batch_size=4)
+    got = direct_logits(lm, ref, cf, answers, list(range(lm.n_layers)), batch_size=8)[0].float().cpu()
+    assert got.shape == fp32_direct.shape and torch.isfinite(got).all()
+    scale = fp32_direct.abs().max()
+    assert (got - fp32_direct).abs().max() <= 4 * scale / 128  # measured on the CPU: about 1 step
+    mean_bf16, mean_fp32 = got.mean(0), fp32_direct.mean(0)
+    assert torch.corrcoef(torch.stack([mean_bf16, mean_fp32]))[0, 1] > 0.99
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_knockout_answers_match_the_cpu(tiny_dir, prompts, device):
+    """Greedy answers with head sets mean-ablated (the validate stage) on the device, in float32, are the
+    CPU's tokens."""
+    texts, cf_texts, answers = prompts
+    sets = [[], [(1, 0)], [(0, 1), (2, 3)]]
+
+    def answers_on(dev):
+        lm = load_model(tiny_dir, device=dev)
+        _, mean = collect(lm, cf_texts, answers, batch_size=4, aligned_positions=1)
+        return greedy_end_sets(lm, texts, sets, mean, max_new_tokens=3, batch_size=5).tokens
+
+    cpu, other = answers_on("cpu"), answers_on(device)
+    assert torch.equal(other.cpu(), cpu)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_precise_sft_on_a_bf16_model_keeps_frozen_weights_and_fp32_deltas(tiny_dir, device):
+    lm = load_model(tiny_dir, device=device, dtype="bfloat16")
+    base = {n: p.detach().clone() for n, p in lm.model.named_parameters()}
+    run = ft.prepare(lm, {"method": "precise", "heads": [[1, 0], [2, 3]], "delta_dtype": "float32"})
+    stats = ft.train(run, EXAMPLES, {"lr": 3e-2, "batch_size": 2, "max_grad_norm": 1.0, "seed": 0, "max_steps": 4},
+                     progress=False)
+    assert all(torch.isfinite(torch.tensor(stats.losses)))
+    for name, p in lm.model.named_parameters():
+        assert p.dtype == torch.bfloat16 and torch.equal(p, base[name]), name
+    assert all(p.dtype == torch.float32 and p.device.type == device and p.abs().sum() > 0
+               for p in run.params.values())
+    assert stats.peak_memory_bytes > 0
+    assert stats.peak_memory_kind == ("cuda_max_memory_allocated" if device == "cuda" else "process_peak_rss")

@@ -1,0 +1,12 @@
+from arithmech.stages.figures import run_plot_effects
+from arithmech.jobs import job
+
+with job(snakemake):
+    run_plot_effects(
+        model=snakemake.wildcards.model,
+        task=snakemake.wildcards.task,
+        metric=snakemake.params.metric,
+        effects_path=snakemake.input.effects,
+        key_path=snakemake.input.key,
+        out_png=snakemake.output[0],
+    )

@@ -1,0 +1,10 @@
+from arithmech.stages.figures import run_plot_transfer
+from arithmech.jobs import job
+
+with job(snakemake):
+    run_plot_transfer(
+        model=snakemake.wildcards.model,
+        transfer_path=snakemake.input[0],
+        out_html=snakemake.output.html,
+        out_png=snakemake.output.heatmap,
+    )
