@@ -11,10 +11,6 @@ import torch
 from arithmech.ablation import (
     greedy_end_sets,
     knockout,
-    knockout_curve,
-    knockout_end_cached,
-    knockout_end_sets,
-    knockout_sets,
     mean_ablate,
     random_heads,
 )
@@ -92,8 +88,7 @@ def test_ablating_nothing_reproduces_the_baseline_exactly(tiny_lm, data):
         for a, b in zip(got, base):
             torch.testing.assert_close(a, b, atol=0, rtol=0)
     assert first_token_accuracy(tiny_lm, texts, own, 3, mean_ablate(tiny_lm, [], [], data["mean"])) == 1.0
-    curve = knockout_curve(tiny_lm, texts, own, RANKED, 0, data["mean"], "end", batch_size=3)
-    assert curve.tolist() == [1.0]
+    assert knockout(tiny_lm, texts, own, RANKED, 0, data["mean"], "end", batch_size=3).accuracy.tolist() == [1.0]
 
 
 def _own_values(lm, texts, P):
@@ -194,8 +189,6 @@ def test_batched_knockout_equals_separate_evaluations(tiny_lm, data, positions):
         torch.testing.assert_close(ko.answer_logits[k], logit, atol=1e-5, rtol=0)
         assert ko.accuracy[k] == pytest.approx(float((pred == own).float().mean()))
     assert ko.accuracy[0] == 1.0 and ko.accuracy.min() < 1.0  # the ablation bites on the tiny model
-    curve = knockout_curve(tiny_lm, texts, own, RANKED, K, mean, positions, batch_size=8)
-    assert curve.tolist() == ko.accuracy.tolist()
 
 
 def test_knockout_rejects_k_beyond_the_ranking(tiny_lm, data):
@@ -203,27 +196,33 @@ def test_knockout_rejects_k_beyond_the_ranking(tiny_lm, data):
         knockout(tiny_lm, data["texts"], data["own"], RANKED, len(RANKED) + 1, data["mean"])
 
 
-# knockout fast path (prefix KV cache, END token only)
+# knockout fast path (prefix KV cache, END token only): the first step of greedy_end_sets
+
+
+def first_step(lm, texts, answers, head_sets, mean, batch_size, copies):
+    """greedy_end_sets' first step: (first tokens, answer logits) [n_sets, n] of each head set."""
+    got = greedy_end_sets(lm, texts, head_sets, mean, 1, answer_ids=answers, batch_size=batch_size,
+                          copies_per_forward=copies)
+    return got.first_tokens, got.first_answer_logits
 
 
 @pytest.mark.parametrize(
     "K, batch_size, copies",
     [(5, 3, 7), (5, 8, 13), (3, 5, 1), (2, 8, 256), (0, 3, 4)],  # chunks of sets that do not divide K + 1
 )
-def test_knockout_end_cached_equals_the_reference(tiny_lm, data, K, batch_size, copies):
+def test_first_step_of_the_fast_path_equals_the_reference(tiny_lm, data, K, batch_size, copies):
     texts, own, mean = data["texts"], data["own"], data["mean"]
     want = knockout(tiny_lm, texts, own, RANKED, K, mean, "end", batch_size=3)
-    got = knockout_end_cached(tiny_lm, texts, own, RANKED, K, mean, batch_size=batch_size, copies_per_forward=copies)
-    assert got.predicted.shape == got.answer_logits.shape == (K + 1, len(texts))
-    assert torch.equal(got.predicted, want.predicted)
-    torch.testing.assert_close(got.answer_logits, want.answer_logits, atol=1e-5, rtol=0)
-    assert got.accuracy.tolist() == want.accuracy.tolist()
+    tokens, logits = first_step(tiny_lm, texts, own, [RANKED[:k] for k in range(K + 1)], mean, batch_size, copies)
+    assert tokens.shape == logits.shape == (K + 1, len(texts))
+    assert torch.equal(tokens, want.predicted)
+    torch.testing.assert_close(logits, want.answer_logits, atol=1e-5, rtol=0)
     if K == len(RANKED):
-        assert got.accuracy[0] == 1.0 and got.accuracy.min() < 1.0
+        assert want.accuracy[0] == 1.0 and want.accuracy.min() < 1.0
     assert _n_hooks(tiny_lm.model) == 0
 
 
-def test_knockout_end_cached_left_padding_is_exact(tiny_lm, data):
+def test_fast_path_left_padding_is_exact(tiny_lm, data):
     """A long and a short prompt in one batch: the short one carries many pad tokens in the cache."""
     texts, own = data["texts"], data["own"]
     lengths = [len(tiny_lm.tokenizer(t)["input_ids"]) for t in texts]
@@ -234,47 +233,42 @@ def test_knockout_end_cached_left_padding_is_exact(tiny_lm, data):
     K = len(RANKED)
     want = knockout(tiny_lm, sub, ans, RANKED, K, data["mean"], "end", batch_size=4)
     for bs in (1, 2, 4):  # unpadded and padded batches agree
-        got = knockout_end_cached(tiny_lm, sub, ans, RANKED, K, data["mean"], batch_size=bs, copies_per_forward=5)
-        assert torch.equal(got.predicted, want.predicted)
-        torch.testing.assert_close(got.answer_logits, want.answer_logits, atol=1e-5, rtol=0)
+        tokens, logits = first_step(tiny_lm, sub, ans, [RANKED[:k] for k in range(K + 1)], data["mean"], bs, 5)
+        assert torch.equal(tokens, want.predicted)
+        torch.testing.assert_close(logits, want.answer_logits, atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize("batch_size, copies", [(3, 5), (8, 11), (8, 1000)])
-def test_knockout_sets_equal_separate_evaluations(tiny_lm, data, batch_size, copies):
+def test_fast_path_head_sets_equal_separate_evaluations(tiny_lm, data, batch_size, copies):
     texts, own, mean = data["texts"], data["own"], data["mean"]
     L, H = tiny_lm.n_layers, tiny_lm.n_heads
     sets = [random_heads(L, H, 3, seed=s, exclude=RANKED[:3]) for s in range(4)]
     sets += [[], RANKED[:3], [(1, 2)], [(0, 1), (0, 1), (2, 2)], []]  # baseline twice, a duplicated head
-    acc = knockout_sets(tiny_lm, texts, own, sets, mean, batch_size=batch_size, copies_per_forward=copies)
-    full = knockout_end_sets(tiny_lm, texts, own, sets, mean, batch_size=batch_size, copies_per_forward=copies)
-    assert isinstance(acc, np.ndarray) and acc.shape == (len(sets),)
-    assert acc.tolist() == full.accuracy.tolist()
+    tokens, logits = first_step(tiny_lm, texts, own, sets, mean, batch_size, copies)
+    accuracy = (tokens == own[None]).float().mean(1)
     base_pred, base_logit, _ = first_token_scores(tiny_lm, texts, own, 8)
     for s, hs in enumerate(sets):
         pred, logit, _ = first_token_scores(tiny_lm, texts, own, 8, mean_ablate(tiny_lm, hs, [], mean, "end"))
-        assert torch.equal(full.predicted[s], pred), s
-        torch.testing.assert_close(full.answer_logits[s], logit, atol=1e-5, rtol=0)
-        assert acc[s] == pytest.approx(float((pred == own).float().mean()))
+        assert torch.equal(tokens[s], pred), s
+        torch.testing.assert_close(logits[s], logit, atol=1e-5, rtol=0)
         if not hs:
-            assert torch.equal(full.predicted[s], base_pred) and acc[s] == 1.0
-            torch.testing.assert_close(full.answer_logits[s], base_logit, atol=1e-5, rtol=0)
-    assert acc.min() < 1.0
+            assert torch.equal(tokens[s], base_pred) and accuracy[s] == 1.0
+            torch.testing.assert_close(logits[s], base_logit, atol=1e-5, rtol=0)
+    assert accuracy.min() < 1.0
     assert _n_hooks(tiny_lm.model) == 0
 
 
-def test_knockout_sets_edge_cases(tiny_lm, data):
+def test_fast_path_edge_cases(tiny_lm, data):
     texts, own, mean = data["texts"], data["own"], data["mean"]
-    assert knockout_sets(tiny_lm, texts, own, [], mean).shape == (0,)
-    assert knockout_sets(tiny_lm, texts, own, [[], []], mean, batch_size=3, copies_per_forward=1).tolist() == [1.0, 1.0]
-    empty = knockout_end_sets(tiny_lm, [], own[:0], [[(0, 0)]], mean)
-    assert empty.predicted.shape == (1, 0)
+    assert first_step(tiny_lm, texts, own, [], mean, 16, 256)[0].shape == (0, len(texts))
+    tokens, _ = first_step(tiny_lm, texts, own, [[], []], mean, 3, 1)
+    assert torch.equal(tokens[0], tokens[1])
+    assert first_step(tiny_lm, [], own[:0], [[(0, 0)]], mean, 16, 256)[0].shape == (1, 0)
     with pytest.raises(ValueError, match="out of range"):
-        knockout_sets(tiny_lm, texts, own, [[(0, tiny_lm.n_heads)]], mean)
-    with pytest.raises(ValueError, match="K must be"):
-        knockout_end_cached(tiny_lm, texts, own, RANKED, len(RANKED) + 1, mean)
+        first_step(tiny_lm, texts, own, [[(0, tiny_lm.n_heads)]], mean, 16, 256)
     per_row = AlignedMean(mean.heads[None].expand(2, -1, -1, -1, -1), mean.mlps[None].expand(2, -1, -1, -1))
     with pytest.raises(ValueError, match="shared mean"):
-        knockout_sets(tiny_lm, texts, own, [[(0, 0)]], per_row)
+        first_step(tiny_lm, texts, own, [[(0, 0)]], per_row, 16, 256)
     assert _n_hooks(tiny_lm.model) == 0
 
 
@@ -507,10 +501,9 @@ def test_greedy_end_sets_matches_greedy_generate_per_set(tiny_lm, data):
         scores = first_token_scores(tiny_lm, texts, own, 4, mean_ablate(tiny_lm, hs, ms, mean, "end"))
         assert torch.equal(got.first_tokens[s], scores[0]), s
         torch.testing.assert_close(got.first_answer_logits[s], scores[1], atol=2e-5, rtol=0)
-    # the empty set is the plain model; its first tokens are the knockout_end_sets predictions
+    # the empty set is the plain model; the first two sets' first tokens are the reference knockout's k = 0, 1
     assert torch.equal(got.tokens[0], greedy_generate(tiny_lm, texts, N_NEW, 8))
-    fast = knockout_end_sets(tiny_lm, texts, own, head_sets[:2], mean, batch_size=3)
-    assert torch.equal(got.first_tokens[:2], fast.predicted)
+    assert torch.equal(got.first_tokens[:2], knockout(tiny_lm, texts, own, RANKED, 1, mean, "end").predicted)
     assert len({tuple(got.tokens[s].flatten().tolist()) for s in range(len(head_sets))}) > 1
     assert _n_hooks(tiny_lm.model) == 0
     with pytest.raises(ValueError, match="MLP sets"):

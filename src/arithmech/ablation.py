@@ -34,17 +34,16 @@ INTO the last position). "aligned" is a stronger, different intervention: it als
 write at the operand and operator positions, which path patching at END never measured, so it is the
 setting for a robustness check rather than for replicating the paper's figure.
 
-Knockout curves: `knockout` (and `knockout_curve`, its accuracy) ablates the first k of a ranked head list
-for k = 0..K in ONE forward per batch, by stacking K+1 copies of the batch and giving copy k a per-row mask
-that ablates heads[:k]. It runs every position of every copy and takes either `positions`: the REFERENCE.
+Knockout curves: `knockout` ablates the first k of a ranked head list for k = 0..K in ONE forward per
+batch, by stacking K+1 copies of the batch and giving copy k a per-row mask that ablates heads[:k]. It
+runs every position of every copy and takes either `positions`: the REFERENCE.
 
-Fast path for positions="end": an END-only ablation changes nothing at earlier positions, so
-`knockout_end_sets` runs the prefix (all tokens but END) once per batch with a KV cache and then only the
-END token for many ablated copies (`patching.total_logits` uses the same trick). `knockout_end_cached` is
-`knockout(..., positions="end")` on that path (same `Knockout`, equal up to float rounding), and
-`knockout_sets` gives the accuracy of arbitrary head sets (random-head controls, the empty set = baseline).
-`greedy_end_sets` is the mechanism under them: it continues from the shared prefix for several greedy
-steps (full answers); the first-token functions take its first step.
+The fast path, for positions="end" (what the rules run): an END-only ablation changes nothing at earlier
+positions, so `greedy_end_sets` runs the prefix (all tokens but END) once per batch with a KV cache and
+then only the END token, and each later generated token, for many ablated copies (`patching.total_logits`
+uses the same trick). Its first step is the first-token knockout of any head sets (tested against
+`knockout`); its later steps are the full greedy answers (tested against `evaluation.greedy_generate`
+inside `mean_ablate`).
 """
 
 from __future__ import annotations
@@ -160,8 +159,7 @@ def random_heads(n_layers: int, n_heads: int, k: int, seed: int, exclude: Iterab
 
 @dataclass
 class Knockout:
-    """First-token results with the first k heads of a ranking ablated, k = 0..K (row k of each tensor);
-    from `knockout_end_sets`, row s ablates head_sets[s] instead.
+    """First-token results with the first k heads of a ranking ablated, k = 0..K (row k of each tensor).
 
     predicted: [K+1, n] greedy token ids;  answer_logits: [K+1, n];  accuracy: [K+1]"""
 
@@ -208,78 +206,6 @@ def knockout(
     return Knockout(predicted, answer_logits, accuracy)
 
 
-def knockout_curve(
-    lm: LoadedModel,
-    texts: list[str],
-    answer_ids: torch.Tensor,
-    ranked_heads: Sequence[Head],
-    K: int,
-    means: AlignedMean,
-    positions: str = "end",
-    batch_size: int = 8,
-) -> np.ndarray:
-    """First-token accuracy [K+1] with the first k of `ranked_heads` mean-ablated, k = 0 (no ablation) .. K."""
-    return knockout(lm, texts, answer_ids, ranked_heads, K, means, positions, batch_size).accuracy
-
-
-@torch.no_grad()
-def knockout_end_sets(
-    lm: LoadedModel,
-    texts: list[str],
-    answer_ids: torch.Tensor,
-    head_sets: Sequence[Sequence[Head]],
-    means: AlignedMean,
-    batch_size: int = 16,
-    copies_per_forward: int = 256,
-) -> Knockout:
-    """First-token results with each head set mean-ablated at END, via the prefix KV cache (module
-    docstring). Row s of the result ablates head_sets[s] (an empty set is the baseline).
-
-    Per batch of b texts: one prefix forward [b, S-1], then END-only forwards of c * b rows, c = sets per
-    forward = max(1, copies_per_forward // b); row i*c + j is text i with set j of the chunk.
-    Returns Knockout with predicted, answer_logits [n_sets, n] and accuracy [n_sets]. This is the first step
-    of `greedy_end_sets`."""
-    answer_ids = torch.as_tensor(answer_ids)
-    first = greedy_end_sets(lm, texts, head_sets, means, 1, answer_ids=answer_ids, batch_size=batch_size,
-                            copies_per_forward=copies_per_forward)
-    accuracy = (first.first_tokens == answer_ids[None]).float().mean(1).numpy().astype(float)
-    return Knockout(first.first_tokens, first.first_answer_logits, accuracy)
-
-
-def knockout_end_cached(
-    lm: LoadedModel,
-    texts: list[str],
-    answer_ids: torch.Tensor,
-    ranked_heads: Sequence[Head],
-    K: int,
-    means: AlignedMean,
-    batch_size: int = 16,
-    copies_per_forward: int = 256,
-) -> Knockout:
-    """`knockout(..., positions="end")` on the prefix-cache fast path: row k of the Knockout ([K+1, n],
-    accuracy [K+1]) ablates ranked_heads[:k] at END. `copies_per_forward` bounds the rows of an END forward."""
-    ranked_heads = list(ranked_heads)
-    if not 0 <= K <= len(ranked_heads):
-        raise ValueError(f"K must be in 0..{len(ranked_heads)} (the number of ranked heads); got {K}")
-    sets = [ranked_heads[:k] for k in range(K + 1)]
-    return knockout_end_sets(lm, texts, answer_ids, sets, means, batch_size, copies_per_forward)
-
-
-def knockout_sets(
-    lm: LoadedModel,
-    texts: list[str],
-    answer_ids: torch.Tensor,
-    head_sets: Sequence[Sequence[Head]],
-    means: AlignedMean,
-    batch_size: int = 16,
-    copies_per_forward: int = 256,
-) -> np.ndarray:
-    """First-token accuracy [len(head_sets)] with each head set mean-ablated at END (e.g. random heads over
-    several seeds; [] = baseline), all sets in one prefix pass per batch. Answer logits:
-    `knockout_end_sets`."""
-    return knockout_end_sets(lm, texts, answer_ids, head_sets, means, batch_size, copies_per_forward).accuracy
-
-
 @dataclass
 class GreedyKnockout:
     """Greedy answers with each node set mean-ablated at END and at every generated position.
@@ -292,7 +218,7 @@ class GreedyKnockout:
 
     @property
     def first_tokens(self) -> torch.Tensor:
-        """[n_sets, n]: the greedy token at END (what `knockout_end_sets` predicts)."""
+        """[n_sets, n]: the greedy token at END (the first-token knockout of each set)."""
         return self.tokens[..., 0]
 
 
