@@ -34,6 +34,6 @@ def test_source_digest_follows_every_source_byte(tmp_path):
     (copy / "__pycache__").mkdir()
     (copy / "__pycache__" / "x.pyc").write_bytes(b"not source")
     assert tree_digest(copy) == source_digest()  # only *.py counts
-    stages = copy / "stages.py"
+    stages = copy / "stages" / "identify.py"  # a module of a subpackage counts too
     stages.write_text(stages.read_text() + "\n")
     assert tree_digest(copy) != source_digest()

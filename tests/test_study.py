@@ -119,9 +119,9 @@ def test_items_split_operand_pairs_without_overlap(tiny_dir):
     assert set(mul["split"]) == {"test"} and len(mul) == 4  # transfer_test
     assert (items["answer"] == [sd.answer(t, a, b) for t, a, b in zip(items["task"], items["a"], items["b"])]).all()
     for r in items.to_dict("records"):  # the prompt ends where the answer starts; the target ends the line
-        assert (r["prompt"] + r["target"]).endswith(f"{r['a']} {'+' if r['task'] == 'addition' else 'times'} {r['b']}"
-                                                    + (" = " if r["task"] == "addition" else " is equal to ")
-                                                    + f"{r['answer']}.")
+        fmt = study["formats"][r["format"]]
+        question = fmt["template"].format(a=r["a"], op=fmt["operator"], b=r["b"])
+        assert (r["prompt"] + r["target"]).endswith(f"{question}{r['answer']}.")
         shots = {tuple(p) for p in json.loads(r["shots"])}
         test_pairs = set(zip(items.loc[(items["format"] == r["format"]) & (items["split"] == "test"), "a"],
                              items.loc[(items["format"] == r["format"]) & (items["split"] == "test"), "b"]))

@@ -1,5 +1,6 @@
 """End to end: the real Snakefile on the tiny model, in a temporary directory, through snakemake."""
 
+import copy
 import hashlib
 import json
 import os
@@ -24,8 +25,12 @@ TINY_CONFIG = ROOT / "tests/config/tiny.yaml"  # the runnable smoke configuratio
 def tiny_config(model_dir: Path | None = None) -> dict:
     """config.yaml with tests/config/tiny.yaml merged over it, as `snakemake --configfile` merges them; with
     `model_dir`, the tiny model is that directory instead of one built by prepare_model."""
-    config = yaml.safe_load((ROOT / "config.yaml").read_text())
-    update_config(config, yaml.safe_load(TINY_CONFIG.read_text()))
+    # In the order Snakemake 9 merges: the --configfile's keys first, then config.yaml's others, then the
+    # --configfile's values again. Snakemake compares dict params in order, so another order re-runs jobs.
+    tiny = yaml.safe_load(TINY_CONFIG.read_text())
+    config = copy.deepcopy(tiny)
+    update_config(config, yaml.safe_load((ROOT / "config.yaml").read_text()))
+    update_config(config, tiny)
     if model_dir is not None:
         config["models"]["tiny"]["source"] = {"path": str(model_dir)}
     return config
@@ -68,7 +73,8 @@ def run(tmp_path_factory):
     shutil.copy2(TINY_CONFIG, work / "tests/config/tiny.yaml")
     proc = snakemake(work, "--cores", "2", "--configfile", "tests/config/tiny.yaml")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-    (work / "config.yaml").write_text(yaml.safe_dump(tiny_config()))
+    # key order kept: Snakemake compares dict params in order, so a sorted dump would look like new params
+    (work / "config.yaml").write_text(yaml.safe_dump(tiny_config(), sort_keys=False))
     again = snakemake(work, "--cores", "1", "--dry-run")
     assert "Nothing to be done" in again.stdout + again.stderr  # the same config
     return work
@@ -266,7 +272,7 @@ def with_config(run: Path, edit) -> Path:
     config = yaml.safe_load((run / "config.yaml").read_text())
     edit(config)
     path = run / "edited.yaml"
-    path.write_text(yaml.safe_dump(config))
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
     return path
 
 
@@ -484,7 +490,8 @@ def test_library_edits_rerun_exactly_the_rules_that_run_the_edited_code(run, tmp
         "plot_effects": 2, "plot_knockout": 2, "plot_transfer": 1, "summarize_key_components": 1, "analyze": 2,
         "summarize_eval": 1, "study_summary": 1, "findings": 1, "all": 1,
     }
-    assert planned_after("patching.py", "def direct_logits(", "def _unused_helper():\n    return 0\n\n\ndef direct_logits(") == {}
+    assert planned_after("patching.py", "@torch.no_grad()\ndef direct_logits(",
+                         "def _unused_helper():\n    return 0\n\n\n@torch.no_grad()\ndef direct_logits(") == {}
     assert planned_after("patching.py", "def direct_logits(", "# a comment\ndef direct_logits(") == {}
     assert planned_after("patching.py", '"""Final norm + unembedding', '"""Final norm and unembedding') == {
         "patch_layer": 3, **FROM_EFFECTS,
