@@ -5,7 +5,7 @@ from pathlib import Path
 from snakemake.utils import min_version
 
 from arithmech import study
-from arithmech.config import EVAL_DATASETS, validate_config
+from arithmech.config import EVAL_DATASETS, MATH_DATASETS, validate_config
 
 min_version("9.0")
 

@@ -10,7 +10,7 @@ import torch
 from arithmech import finetune as ft
 from arithmech.ablation import greedy_end_sets
 from arithmech.models import load_model
-from arithmech.patching import AlignedMean, collect, direct_logits
+from arithmech.patching import collect, direct_logits
 from arithmech.prompts import build_prompts
 
 DEVICES = [

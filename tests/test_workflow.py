@@ -343,10 +343,7 @@ def test_study_changes_rerun_only_what_they_touch(run):
         (lambda c: c["study"]["splits"].update(test=9), STUDY_ALL),
     ]
     for edit, expected in cases:
-        path = with_config(run, edit)
-        proc = snakemake(run, "--cores", "1", "--dry-run", "--configfile", str(path))
-        assert proc.returncode == 0, proc.stderr[-2000:]
-        assert planned_rules(proc) == {**expected, "findings": 1, "all": 1}  # the findings page reads the study
+        assert planned_rules(dry_run(run, edit)) == {**expected, "findings": 1, "all": 1}  # the findings page reads the study
 
 
 def test_study_outputs(run):
@@ -384,9 +381,8 @@ def test_study_outputs(run):
 
 
 def test_transfer_change_reruns_only_transfer(run):
-    path = with_config(run, lambda c: c["transfer"]["formats"].update(n=4))
-    proc = snakemake(run, "--cores", "1", "--dry-run", "--configfile", str(path))
-    assert planned_rules(proc) == {"transfer": 1, "plot_transfer": 1, "all": 1}
+    assert planned_rules(dry_run(run, lambda c: c["transfer"]["formats"].update(n=4))) == {
+        "transfer": 1, "plot_transfer": 1, "all": 1}
 
 
 def test_slurm_profile_dry_run_asks_for_gpus_only_where_the_model_runs(run):

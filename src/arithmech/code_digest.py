@@ -94,7 +94,8 @@ class CodeGraph:
             path = self.package_dir.joinpath(*rel).with_suffix(".py") if rel else self.package_dir / "__init__.py"
             if not path.is_file():
                 path = self.package_dir.joinpath(*rel, "__init__.py")
-            self._modules[name] = _parsed(name, path, path.stat().st_mtime_ns, path.stat().st_size) if path.is_file() else None
+            stat = path.stat() if path.is_file() else None
+            self._modules[name] = _parsed(name, path, stat.st_mtime_ns, stat.st_size) if stat else None
         return self._modules[name]
 
     def reach(self, roots: list[tuple[str, str | None]]) -> dict[str, set[str] | None]:
@@ -111,9 +112,9 @@ class CodeGraph:
                 if self.module(submodule) is not None:
                     todo.append((submodule, None))
                 continue
-            parents = module_name.split(".")[:-1]  # importing a.b.c runs a/__init__ and a/b/__init__
-            todo += [(".".join(parents[: i + 1]), None) for i in range(len(parents)) if reached.get(
-                ".".join(parents[: i + 1]), set()) is not None]
+            if module_name not in reached:  # importing a.b.c runs a/__init__ and a/b/__init__ whole
+                parts = module_name.split(".")
+                todo += [(".".join(parts[:i]), None) for i in range(1, len(parts))]
             done = reached.get(module_name, set())
             if done is None or (name is not None and name in done):
                 continue

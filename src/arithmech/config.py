@@ -12,6 +12,7 @@ from jsonschema import Draft202012Validator
 # The `evaluation` sections that name a data set, in the order the evaluate rule runs them. Here rather than
 # in `stages` so the Snakefile can read it without importing torch.
 EVAL_DATASETS = ("gsm8k", "svamp", "social_iqa", "strategyqa", "qa_wikidata", "wikitext")
+MATH_DATASETS = ("gsm8k", "svamp")  # greedy answers after few-shot solved GSM8K examples
 
 
 class ConfigError(ValueError):

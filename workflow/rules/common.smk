@@ -144,9 +144,6 @@ def finetune_params(wildcards):
     return used
 
 
-MATH_DATASETS = ("gsm8k", "svamp")
-
-
 def evaluate_inputs(wildcards):
     """The data set's file, the trained run (none for base) and, for math, the few-shot examples' file."""
     files = {"data": workflow_path(config["evaluation"][wildcards.dataset]["file"])}

@@ -40,7 +40,7 @@ def run_analyze(
     labels = [f"L{l}H{h}" for l, h in heads]
     chosen = "key heads" if selection == "key" else f"no key heads: top {len(heads)} heads by patching effect"
     meta = stage_meta(model_dir, "analyze", task=task, analysis=analysis, seed=seed, heads=labels, selection=selection,
-                 pairs=read_parquet_meta(pairs_path).get("params_hash"))
+                      pairs=read_parquet_meta(pairs_path).get("params_hash"))
     roles = [token_roles(lm.tokenizer, row["prompt"], row) for row in pairs.to_dict("records")]
     rows = attention_rows(lm, texts, heads, compute["batch_size"])
     table = role_attention(rows, roles)

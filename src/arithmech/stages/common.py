@@ -34,11 +34,7 @@ def load_stage_model(model_dir, compute: dict) -> LoadedModel:
 
 
 TRAINED_FILE = "trained.safetensors"  # precise, random_heads, lora: the deltas
-
-
 FULL_DIR = "model"  # full: a whole HF model directory
-
-
 STATS_FILE = "stats.json"
 
 

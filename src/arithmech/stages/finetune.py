@@ -12,7 +12,7 @@ import pandas as pd
 import torch
 
 from .. import effects as fx
-from ..config import EVAL_DATASETS
+from ..config import EVAL_DATASETS, MATH_DATASETS
 from ..io import config_hash, provenance, write_html_table, write_parquet
 from .common import load_finetuned, load_stage_model, model_record, save_training_run, stage_meta
 
@@ -109,7 +109,7 @@ def run_evaluate(*, model: str, model_dir, method: str, dataset: str, finetune_d
         raise ValueError(f"unknown evaluation data set {dataset!r}; expected one of {list(EVAL_DATASETS)}")
     lm = load_finetuned(model_dir, finetune_dir, compute)
     bs, cfg, progress = evaluation["batch_size"], evaluation[dataset], f"{method} {dataset}"
-    if dataset in ("gsm8k", "svamp"):
+    if dataset in MATH_DATASETS:
         shots = ds.few_shot_examples(ds.load_gsm8k(shots_path), evaluation["n_shots"], seed)
         items = ds.subsample((ds.load_gsm8k if dataset == "gsm8k" else ds.load_svamp)(data_path), cfg["n"], seed)
         items = ds.math_prompts(items.drop(columns=["solution"], errors="ignore"), shots, evaluation["style"],

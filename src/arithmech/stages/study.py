@@ -28,10 +28,9 @@ def run_study_items(*, model_dir, pairs_paths: dict, study: dict, prompts: dict,
     items = sd.build_items(tokenizer, study, identify, prompts["shot_separator"], seed)
     summary = sd.format_summary(items)
     print(summary.to_string(index=False))
-    meta = stage_meta(model_dir, "study_items", study={k: study[k] for k in ("formats", "train_format", "splits",
-                                                                          "transfer_test", "n_shots")},
-                 seed=seed, identify_pairs={t: len(p) for t, p in identify.items()},
-                 summary=summary.to_dict("records"))
+    used = {k: study[k] for k in ("formats", "train_format", "splits", "transfer_test", "n_shots")}
+    meta = stage_meta(model_dir, "study_items", study=used, seed=seed,
+                      identify_pairs={t: len(p) for t, p in identify.items()}, summary=summary.to_dict("records"))
     write_parquet(items, out_items, meta)
 
 
