@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from arithmech.ablation import (
+    ablation_hooks,
     greedy_end_sets,
     knockout,
     mean_ablate,
@@ -87,7 +88,7 @@ def test_ablating_nothing_reproduces_the_baseline_exactly(tiny_lm, data):
             got = first_token_scores(tiny_lm, texts, own, batch_size=3)
         for a, b in zip(got, base):
             torch.testing.assert_close(a, b, atol=0, rtol=0)
-    assert first_token_accuracy(tiny_lm, texts, own, 3, mean_ablate(tiny_lm, [], [], data["mean"])) == 1.0
+    assert first_token_accuracy(tiny_lm, texts, own, 3, ablation_hooks(tiny_lm, [], [], data["mean"])) == 1.0
     assert knockout(tiny_lm, texts, own, RANKED, 0, data["mean"], "end", batch_size=3).accuracy.tolist() == [1.0]
 
 
@@ -183,7 +184,7 @@ def test_batched_knockout_equals_separate_evaluations(tiny_lm, data, positions):
     ko = knockout(tiny_lm, texts, own, RANKED, K, mean, positions, batch_size=3)  # 3 + 3 + 2 texts
     assert ko.predicted.shape == ko.answer_logits.shape == (K + 1, len(texts))
     for k in range(K + 1):
-        ablate = mean_ablate(tiny_lm, RANKED[:k], [], mean, positions)
+        ablate = ablation_hooks(tiny_lm, RANKED[:k], [], mean, positions)
         pred, logit, _ = first_token_scores(tiny_lm, texts, own, 8, ablate)
         assert torch.equal(ko.predicted[k], pred), k
         torch.testing.assert_close(ko.answer_logits[k], logit, atol=1e-5, rtol=0)
@@ -248,7 +249,7 @@ def test_fast_path_head_sets_equal_separate_evaluations(tiny_lm, data, batch_siz
     accuracy = (tokens == own[None]).float().mean(1)
     base_pred, base_logit, _ = first_token_scores(tiny_lm, texts, own, 8)
     for s, hs in enumerate(sets):
-        pred, logit, _ = first_token_scores(tiny_lm, texts, own, 8, mean_ablate(tiny_lm, hs, [], mean, "end"))
+        pred, logit, _ = first_token_scores(tiny_lm, texts, own, 8, ablation_hooks(tiny_lm, hs, [], mean, "end"))
         assert torch.equal(tokens[s], pred), s
         torch.testing.assert_close(logits[s], logit, atol=1e-5, rtol=0)
         if not hs:
@@ -404,19 +405,24 @@ def test_ablation_applies_at_every_generated_step(tiny_lm, data, generated, posi
     # the ablation changes the logits of every step
     assert ((ablated[1] - plain[1]).abs().amax(dim=(0, 2)) > 1e-3).all()
     if positions == "end":
-        # hooks passed per batch (the callable form) give the same, and so does the cache-free definition
-        per_batch = greedy_generate(
-            tiny_lm, texts, N_NEW, 3, hooks_ctx=lambda s, e: mean_ablate(tiny_lm, RANKED, [1], mean, "end"),
-            return_logits=True,
-        )
-        _same(per_batch, ablated)
+        # the same ablation passed as per-forward hooks gives the same, and so does the cache-free definition
+        per_forward = greedy_generate(tiny_lm, texts, N_NEW, 3, hooks=ablation_hooks(tiny_lm, RANKED, [1], mean, "end"),
+                                      return_logits=True)
+        _same(per_forward, ablated)
+        # per-row masks are numbered like the texts: odd rows ablated, even rows the plain model
+        odd = (torch.arange(len(texts)) % 2 == 1)[:, None].expand(-1, len(RANKED) + 1)
+        mixed = greedy_generate(tiny_lm, texts, N_NEW, 3, hooks=ablation_hooks(tiny_lm, RANKED, [1], mean, "end", odd),
+                                return_logits=True)
+        rows = odd[:, 0]
+        _same((mixed[0][rows], mixed[1][rows]), (ablated[0][rows], ablated[1][rows]))
+        _same((mixed[0][~rows], mixed[1][~rows]), (plain[0][~rows], plain[1][~rows]))
         _same(ablated, _recompute_greedy_end_ablation(tiny_lm, texts, N_NEW, RANKED, [1], mean))
         # control: ablating only the prompt (the first forward) agrees at the first step, not after it
         only_prompt = _manual_greedy(tiny_lm, texts, N_NEW, mean_ablate(tiny_lm, RANKED, [1], mean, "end"))
         torch.testing.assert_close(only_prompt[1][:, 0], ablated[1][:, 0], atol=2e-5, rtol=0)
         assert ((only_prompt[1][:, 1:] - ablated[1][:, 1:]).abs().amax(dim=(0, 2)) > 1e-3).all()
         # the first generated token is the ablated first-token prediction
-        first = first_token_predictions(tiny_lm, texts, 8, mean_ablate(tiny_lm, RANKED, [1], mean, "end"))
+        first = first_token_predictions(tiny_lm, texts, 8, ablation_hooks(tiny_lm, RANKED, [1], mean, "end"))
         assert torch.equal(ablated[0][:, 0], first)
     assert _n_hooks(tiny_lm.model) == 0
 
@@ -496,9 +502,9 @@ def test_greedy_end_sets_matches_greedy_generate_per_set(tiny_lm, data):
     got = greedy_end_sets(tiny_lm, texts, head_sets, mean, N_NEW, mlp_sets, own, batch_size=3, copies_per_forward=7)
     assert got.tokens.shape == (len(head_sets), len(texts), N_NEW)
     for s, (hs, ms) in enumerate(zip(head_sets, mlp_sets)):
-        want = greedy_generate(tiny_lm, texts, N_NEW, 4, hooks_ctx=mean_ablate(tiny_lm, hs, ms, mean, "end"))
+        want = greedy_generate(tiny_lm, texts, N_NEW, 4, hooks=ablation_hooks(tiny_lm, hs, ms, mean, "end"))
         assert torch.equal(got.tokens[s], want), s
-        scores = first_token_scores(tiny_lm, texts, own, 4, mean_ablate(tiny_lm, hs, ms, mean, "end"))
+        scores = first_token_scores(tiny_lm, texts, own, 4, ablation_hooks(tiny_lm, hs, ms, mean, "end"))
         assert torch.equal(got.first_tokens[s], scores[0]), s
         torch.testing.assert_close(got.first_answer_logits[s], scores[1], atol=2e-5, rtol=0)
     # the empty set is the plain model; the first two sets' first tokens are the reference knockout's k = 0, 1
@@ -517,7 +523,7 @@ def test_greedy_end_sets_with_a_mean_per_set(tiny_lm, data):
     got = greedy_end_sets(tiny_lm, texts, head_sets, [mean, other, other], 3, mlp_sets, batch_size=3,
                           copies_per_forward=4)
     for s, m in enumerate([mean, other, other]):
-        want = greedy_generate(tiny_lm, texts, 3, 8, hooks_ctx=mean_ablate(tiny_lm, head_sets[s], mlp_sets[s], m))
+        want = greedy_generate(tiny_lm, texts, 3, 8, hooks=ablation_hooks(tiny_lm, head_sets[s], mlp_sets[s], m))
         assert torch.equal(got.tokens[s], want), s
     assert not torch.equal(got.tokens[0], got.tokens[1])
 

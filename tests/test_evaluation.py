@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from arithmech.data import choice_prompt
+from arithmech.hooks import hooks
 from arithmech.prompts import continuation_ids
 from arithmech.evaluation import (
     _batches,
@@ -24,6 +25,7 @@ from arithmech.evaluation import (
     evaluate_generation,
     evaluate_qa_generation,
     extract_answer,
+    generate_texts,
     extract_number,
     greedy_answers,
     greedy_generate,
@@ -127,16 +129,28 @@ def test_evaluate_generation_stops_at_stop_strings(tiny_lm, math_frame):
     assert done < 12 and (ids[done:] == tiny_lm.tokenizer.pad_token_id).all()
 
 
-def test_per_row_hooks_see_rows_in_input_order(tiny_lm, math_frame):
-    calls = []
+def test_hooks_see_rows_numbered_as_the_prompts(tiny_lm, math_frame):
+    """generate_texts sorts prompts by length and rows leave the forwards as they end; hooks still get each
+    row's index in the given prompts: a hook that forces one token on row 2 changes row 2 alone."""
+    forced = tiny_lm.tokenizer("7", add_special_tokens=False)["input_ids"][0]
+    seen = []
 
-    def per_row(start, stop):
-        calls.append((start, stop))
-        return contextlib.nullcontext()
+    def force_row_2(rows):
+        seen.append(rows.tolist())
+        hit = (rows == 2).to(tiny_lm.device)
 
-    res = evaluate_generation(tiny_lm, math_frame, 4, batch_size=2, hooks_ctx=per_row, progress=None)
-    assert calls == [(0, 2), (2, 4), (4, 5)]
-    assert res["id"].tolist() == math_frame["id"].tolist()
+        def bias(module, args, output):
+            output = output.clone()
+            output[hit, :, forced] += 1e4
+            return output
+
+        return hooks(post=[(tiny_lm.unembed, bias)])
+
+    free = generate_texts(tiny_lm, math_frame["prompt"], 4, 2, progress=None)
+    got = generate_texts(tiny_lm, math_frame["prompt"], 4, 2, hooks=force_row_2, progress=None)
+    assert got[2] == "7777" and free[2] != "7777"
+    assert [g for i, g in enumerate(got) if i != 2] == [f for i, f in enumerate(free) if i != 2]
+    assert sorted({r for rows in seen for r in rows}) == list(range(5))
 
 
 SHOTS = "Question: Ann has 3 pens and buys 4 more. How many pens does she have?\nAnswer: 3 + 4 = 7. #### 7\n\n"
@@ -166,8 +180,8 @@ def test_shared_prefix_generation_matches_whole_prompts(tiny_lm, batch_size):
 def test_shared_prefix_needs_a_prefix_and_no_hooks(tiny_lm):
     assert SharedPrefix.of(tiny_lm, MATH_PROMPTS[:1] + ["Tom has 12 apples."]) is None  # nothing shared
     assert SharedPrefix.of(tiny_lm, [SHOTS, SHOTS]).length == len(tiny_lm.tokenizer(SHOTS)["input_ids"]) - 1
-    with pytest.raises(ValueError, match="share_prefix needs hooks_ctx=None"):
-        greedy_generate(tiny_lm, [SHOTS], 2, 1, hooks_ctx=contextlib.nullcontext(), share_prefix=True)
+    with pytest.raises(ValueError, match="share_prefix needs hooks=None"):
+        greedy_generate(tiny_lm, [SHOTS], 2, 1, hooks=lambda rows: contextlib.nullcontext(), share_prefix=True)
 
 
 def test_evaluate_generation_names_missing_columns(tiny_lm):

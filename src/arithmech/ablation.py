@@ -55,6 +55,7 @@ from typing import Callable, Iterable, Iterator, Sequence
 import numpy as np
 import torch
 
+from .decoding import Hooks, greedy_decode
 from .hooks import patch_tail
 from .models import LoadedModel
 from .patching import AlignedMean, prefix_cache, repeated_cache
@@ -145,6 +146,27 @@ def mean_ablate(
     head_patches, mlp_patches = ablation_patches(lm, heads, mlps, means, positions, row_masks)
     with patch_tail(lm, head_patches, mlp_patches):
         yield
+
+
+def ablation_hooks(
+    lm: LoadedModel,
+    heads: Sequence[Head],
+    mlps: Sequence[int],
+    means: AlignedMean,
+    positions: str = "end",
+    row_masks: torch.Tensor | None = None,
+) -> Hooks:
+    """`decoding.Hooks` of `mean_ablate` whose per-row values (a leading batch axis of `means`) and
+    `row_masks` [N, nodes] are numbered like the rows the hooks are called with: a forward over rows r
+    ablates with means[r] and row_masks[r]. Without per-row values or masks, every forward alike."""
+    per_row_h, per_row_m = means.heads.dim() == 5, means.mlps.dim() == 4
+
+    def hooks(rows: torch.Tensor):
+        values = AlignedMean(means.heads[rows] if per_row_h else means.heads,
+                             means.mlps[rows] if per_row_m else means.mlps)
+        return mean_ablate(lm, heads, mlps, values, positions, None if row_masks is None else row_masks[rows])
+
+    return hooks
 
 
 def random_heads(n_layers: int, n_heads: int, k: int, seed: int, exclude: Iterable[Head] = ()) -> list[Head]:
@@ -273,13 +295,11 @@ def greedy_end_sets(
     set_masks = torch.zeros(n_sets, len(col), dtype=torch.bool)  # [n_sets, heads + mlps]
     for s, (hs, ms) in enumerate(zip(head_sets, mlp_sets)):
         set_masks[s, [col[("h", h)] for h in hs] + [col[("m", m)] for m in ms]] = True
-    tok = lm.tokenizer
     texts = list(texts)
-    out = torch.full((n_sets, len(texts), max_new_tokens), tok.pad_token_id, dtype=torch.long)
+    out = torch.full((n_sets, len(texts), max_new_tokens), lm.tokenizer.pad_token_id, dtype=torch.long)
     first = torch.full((n_sets, len(texts)), float("nan"))
-    eos_ids = torch.tensor(lm.eos_ids)
     for start in range(0, len(texts), batch_size):
-        enc = encode(tok, texts[start : start + batch_size], lm.device)
+        enc = encode(lm.tokenizer, texts[start : start + batch_size], lm.device)
         b, S = enc["input_ids"].shape
         if S < 2:
             raise ValueError("greedy_end_sets needs prompts of at least two tokens (a prefix and END)")
@@ -287,40 +307,23 @@ def greedy_end_sets(
         chunk = max(1, copies_per_forward // b)
         for s0 in range(0, n_sets, chunk):
             c = min(chunk, n_sets - s0)
-            row_masks = set_masks[s0 : s0 + c].repeat(b, 1)  # row i*c + j -> set s0 + j
-            values = means
-            if per_set:
-                row_set = torch.arange(s0, s0 + c).repeat(b)
-                values = AlignedMean(set_heads[row_set], set_mlps[row_set])  # per-row END values
-            cache = repeated_cache(prefix, c)
-            ids = enc["input_ids"][:, -1:].repeat_interleave(c, 0)
-            mask = enc["attention_mask"].repeat_interleave(c, 0)
-            pos = enc["position_ids"][:, -1:].repeat_interleave(c, 0)
-            gen = torch.full((b * c, max_new_tokens), tok.pad_token_id, dtype=torch.long)  # [rows, steps]
-            live = torch.arange(b * c)  # the chunk rows still being generated, in forward order
-            for step in range(max_new_tokens):
-                with mean_ablate(lm, heads, mlps, values, "end", row_masks):
-                    logits = lm.model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache)
-                logits = logits.logits[:, -1].float()
+            row_set = torch.arange(s0, s0 + c).repeat(b)  # row i*c + j is text start + i with set s0 + j
+            values = AlignedMean(set_heads[row_set], set_mlps[row_set]) if per_set else means  # per-row END values
+            hooks = ablation_hooks(lm, heads, mlps, values, "end", set_masks[row_set])
+
+            def first_logits(step, rows, logits):  # called within this iteration
                 if step == 0 and answer_ids is not None:
                     answers = torch.as_tensor(answer_ids)[start : start + b].to(logits.device)
                     picked = logits.gather(1, answers.repeat_interleave(c)[:, None])[:, 0]
                     first[s0 : s0 + c, start : start + b] = picked.view(b, c).T.cpu()
-                nxt = logits.argmax(-1).cpu()
-                gen[live, step] = nxt
-                done = torch.isin(nxt, eos_ids)
-                if settled is not None:
-                    done |= torch.tensor([settled(row) for row in gen[live, : step + 1].tolist()], dtype=torch.bool)
-                if bool(done.all()) or step == max_new_tokens - 1:
-                    break
-                keep = (~done).nonzero()[:, 0]
-                if len(keep) < len(live):  # drop finished rows from the forwards, the cache and the ablation
-                    live, mask, pos, nxt, row_masks = live[keep], mask[keep], pos[keep], nxt[keep], row_masks[keep]
-                    if per_set:
-                        values = AlignedMean(values.heads[keep], values.mlps[keep])
-                    cache.batch_select_indices(keep.to(lm.device))
-                ids = nxt[:, None].to(lm.device)
-                mask = torch.cat([mask, mask.new_ones(len(live), 1)], 1)
-                pos = pos + 1
+
+            gen = greedy_decode(  # [b * c, max_new_tokens]
+                lm,
+                input_ids=enc["input_ids"][:, -1:].repeat_interleave(c, 0),
+                attention_mask=enc["attention_mask"].repeat_interleave(c, 0),
+                position_ids=enc["position_ids"][:, -1:].repeat_interleave(c, 0),
+                past_key_values=repeated_cache(prefix, c),
+                max_new_tokens=max_new_tokens, hooks=hooks, stop=settled, on_logits=first_logits,
+            )
             out[s0 : s0 + c, start : start + b] = gen.view(b, c, -1).transpose(0, 1)
     return GreedyKnockout(out, first)

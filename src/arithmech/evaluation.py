@@ -4,24 +4,20 @@ benchmarks that check a fine-tuned model (`arithmech.data`): generated math solu
 multiple choice by log-likelihood and short generated answers (BIG-bench), perplexity (WikiText-2), with
 Wilson intervals for accuracies.
 
-`hooks_ctx` everywhere is one of
-  None                                  no hooks;
-  a context manager                     entered once around all batches (e.g. `ablation.mean_ablate(...)`
-                                        without per-row values), so it applies to every forward;
-  a callable (start, stop) -> context   called per batch with the rows' slice of `texts`, for hooks whose
-                                        masks or values are per row (their batch axis must match).
-Batches are left-padded (`prompts.encode`), so END, the position that predicts the next token, is index -1.
+`hooks` everywhere is `decoding.Hooks`: None, or hooks(rows) -> the context manager entered around each
+forward, rows (LongTensor) the indices in `texts` of the forward's rows; hooks acting on every row alike
+ignore them (`lambda rows: ablation.mean_ablate(...)`), per-row ones select with them
+(`ablation.ablation_hooks`). Batches are left-padded (`prompts.encode`), so END, the position that predicts the next token, is index -1.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
 import re
 import string
 import sys
 from statistics import NormalDist
-from typing import Callable, ContextManager, Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 import pandas as pd
@@ -29,22 +25,10 @@ import torch
 from tqdm import tqdm
 
 from .data import choice_prompt
+from .decoding import Hooks, entered, greedy_decode
 from .models import LoadedModel
 from .patching import repeated_cache
 from .prompts import continuation_ids, encode
-
-HooksCtx = ContextManager | Callable[[int, int], ContextManager] | None
-
-
-def _outer(hooks_ctx: HooksCtx) -> ContextManager:
-    return hooks_ctx if hasattr(hooks_ctx, "__enter__") else contextlib.nullcontext()
-
-
-def _inner(hooks_ctx: HooksCtx, start: int, stop: int) -> ContextManager:
-    if hooks_ctx is None or hasattr(hooks_ctx, "__enter__"):
-        return contextlib.nullcontext()
-    return hooks_ctx(start, stop)
-
 
 def _batches(n: int, batch_size: int) -> Iterator[tuple[int, int]]:
     if batch_size < 1:
@@ -71,32 +55,31 @@ def _length_batches(lengths: Sequence[int], batch_size: int, min_fill: float = 0
 
 
 @torch.no_grad()
-def first_token_logits(lm: LoadedModel, texts: list[str], batch_size: int, hooks_ctx: HooksCtx = None) -> Iterator:
+def first_token_logits(lm: LoadedModel, texts: list[str], batch_size: int, hooks: Hooks = None) -> Iterator:
     """Yield (start, stop, logits [rows, vocab] float32 on the model's device) at END, batch by batch."""
     texts = list(texts)
-    with _outer(hooks_ctx):
-        for start, stop in _batches(len(texts), batch_size):
-            enc = encode(lm.tokenizer, texts[start:stop], lm.device)
-            with _inner(hooks_ctx, start, stop):
-                logits = lm.model(**enc, logits_to_keep=1).logits[:, -1].float()
-            yield start, stop, logits
+    for start, stop in _batches(len(texts), batch_size):
+        enc = encode(lm.tokenizer, texts[start:stop], lm.device)
+        with entered(hooks, torch.arange(start, stop)):
+            logits = lm.model(**enc, logits_to_keep=1).logits[:, -1].float()
+        yield start, stop, logits
 
 
 def first_token_predictions(
-    lm: LoadedModel, texts: list[str], batch_size: int, hooks_ctx: HooksCtx = None
+    lm: LoadedModel, texts: list[str], batch_size: int, hooks: Hooks = None
 ) -> torch.Tensor:
     """Greedy first answer token for every text: [n] token ids (CPU)."""
-    out = [logits.argmax(-1).cpu() for _, _, logits in first_token_logits(lm, texts, batch_size, hooks_ctx)]
+    out = [logits.argmax(-1).cpu() for _, _, logits in first_token_logits(lm, texts, batch_size, hooks)]
     return torch.cat(out) if out else torch.zeros(0, dtype=torch.long)
 
 
 def first_token_scores(
-    lm: LoadedModel, texts: list[str], answer_ids: torch.Tensor, batch_size: int, hooks_ctx: HooksCtx = None
+    lm: LoadedModel, texts: list[str], answer_ids: torch.Tensor, batch_size: int, hooks: Hooks = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(predicted ids [n], answer logits [n], answer log-probabilities [n]), all on the CPU."""
     answer_ids = torch.as_tensor(answer_ids)
     pred, lo, lp = [], [], []
-    for start, stop, logits in first_token_logits(lm, texts, batch_size, hooks_ctx):
+    for start, stop, logits in first_token_logits(lm, texts, batch_size, hooks):
         idx = answer_ids[start:stop].to(logits.device)[:, None]
         pred.append(logits.argmax(-1).cpu())
         lo.append(logits.gather(1, idx)[:, 0].cpu())
@@ -105,10 +88,10 @@ def first_token_scores(
 
 
 def first_token_accuracy(
-    lm: LoadedModel, texts: list[str], answer_ids: torch.Tensor, batch_size: int, hooks_ctx: HooksCtx = None
+    lm: LoadedModel, texts: list[str], answer_ids: torch.Tensor, batch_size: int, hooks: Hooks = None
 ) -> float:
     """Share of texts whose greedy next token is the answer's first token."""
-    pred = first_token_predictions(lm, texts, batch_size, hooks_ctx)
+    pred = first_token_predictions(lm, texts, batch_size, hooks)
     return float((pred == torch.as_tensor(answer_ids)).float().mean()) if len(pred) else float("nan")
 
 
@@ -136,7 +119,7 @@ class SharedPrefix:
     prefix never ends inside a token of one text's own tokenization; it keeps at least one token per text
     to run (the END that predicts the first new token). `batch(rows)` returns generate() inputs:
     input_ids and attention_mask [rows, prefix + longest rest], the rests left-padded after the prefix, and
-    past_key_values, a fresh copy of the prefix cache repeated over the rows (generate() extends it)."""
+    past_key_values, a fresh copy of the prefix cache repeated over the rows (decoding extends it)."""
 
     MIN_TOKENS = 8  # a shorter shared prefix is not worth a separate forward
 
@@ -159,7 +142,7 @@ class SharedPrefix:
         rests = _pad_left([self.ids[i][self.length :] for i in rows], self.lm.tokenizer.pad_token_id, self.lm.device)
         n = len(rows)
         return {
-            "input_ids": torch.cat([self.tokens[None].expand(n, -1), rests["input_ids"]], 1),
+            "input_ids": rests["input_ids"],
             "attention_mask": torch.cat([torch.ones_like(self.tokens)[None].expand(n, -1), rests["attention_mask"]], 1),
             "past_key_values": repeated_cache(self.cache, n),
         }
@@ -171,7 +154,7 @@ def greedy_generate(
     texts: list[str],
     max_new_tokens: int,
     batch_size: int,
-    hooks_ctx: HooksCtx = None,
+    hooks: Hooks = None,
     return_logits: bool = False,
     stop_strings: Sequence[str] | None = None,
     progress: str | None = None,
@@ -179,16 +162,16 @@ def greedy_generate(
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Greedy continuation token ids [n, max_new_tokens] (CPU); after a row's end-of-sequence token, and
     for rows that stop early, the pad token id. With `return_logits`, also the raw next-token logits of
-    every step, [n, max_new_tokens, vocab] float32 (NaN for steps a batch did not run because all its rows
-    had ended); mind the size with a large vocabulary.
+    every step, [n, max_new_tokens, vocab] float32 (NaN for steps a row did not run because it had ended);
+    mind the size with a large vocabulary.
 
-    Uses `model.generate(do_sample=False)` on left-padded batches with a KV cache: the prompt is one
-    forward (its END is the last position) and each later step is a forward over the one new token, so
-    hooks that act on the last position of every forward (`ablation.mean_ablate(positions="end")`) act on
-    the prompt's END and then on every generated position, exactly once each.
+    `decoding.greedy_decode` on left-padded batches of `batch_size` texts: the prompt is one forward (its
+    END is the last position) and each later step a forward over the one new token, so hooks that act on
+    the last position of every forward (`ablation.mean_ablate(positions="end")`) act on the prompt's END
+    and then on every generated position, exactly once each. `hooks` get row indices into `texts`.
 
-    `stop_strings`: a row also ends once its continuation contains one of them (the tokens that complete
-    the string are kept; the pad token id follows), so a batch stops early when all its rows have.
+    `stop_strings`: a row also ends once its decoded continuation contains one of them (the tokens that
+    complete the string are kept; the pad token id follows).
     `progress`: a tqdm progress bar over the batches (to stderr) with this description; None for none.
 
     `share_prefix`: run the token prefix that all texts share (few-shot examples, a chat system turn) once
@@ -196,56 +179,41 @@ def greedy_generate(
     between prefix and row (positions come from the attention mask, so a row's positions are those of its
     unpadded sequence). The same computation as without it, up to floating-point rounding (tested). Only
     without hooks: a hook on "the last position of every forward" would also act on the prefix's end."""
-    from transformers import GenerationConfig
-
-    if share_prefix and hooks_ctx is not None:
-        raise ValueError("greedy_generate: share_prefix needs hooks_ctx=None (hooks would act on the prefix)")
-
+    if share_prefix and hooks is not None:
+        raise ValueError("greedy_generate: share_prefix needs hooks=None (hooks would act on the prefix)")
     tok = lm.tokenizer
-    config = GenerationConfig(
-        do_sample=False,
-        num_beams=1,
-        max_new_tokens=max_new_tokens,
-        min_new_tokens=0,
-        pad_token_id=tok.pad_token_id,
-        eos_token_id=lm.eos_ids,
-        bos_token_id=lm.model.generation_config.bos_token_id,
-        use_cache=True,
-        stop_strings=list(stop_strings) if stop_strings else None,
-    )
-    # generate() needs the tokenizer to find stop strings in token ids
-    extra = {"tokenizer": tok} if stop_strings else {}
+    stop = None
+    if stop_strings:
+        stop_strings = list(stop_strings)
+        stop = lambda row: any(s in tok.decode(row, skip_special_tokens=True) for s in stop_strings)  # noqa: E731
     texts = list(texts)
     out = torch.full((len(texts), max_new_tokens), tok.pad_token_id, dtype=torch.long)
     all_logits = None
     if return_logits:
-        config.return_dict_in_generate = True
-        config.output_logits = True
         all_logits = torch.full((len(texts), max_new_tokens, lm.unembed.weight.shape[0]), float("nan"))
+
+        def keep_logits(step, rows, logits):
+            all_logits[rows, step] = logits.cpu()
+
     prefix = SharedPrefix.of(lm, texts) if share_prefix else None
-    with _outer(hooks_ctx):
-        batches = list(_batches(len(texts), batch_size))
-        for start, stop in tqdm(batches, desc=progress, disable=progress is None, file=sys.stderr):
-            if prefix is None:
-                enc = encode(tok, texts[start:stop], lm.device)
-            else:
-                enc = prefix.batch(range(start, stop))
-            with _inner(hooks_ctx, start, stop):
-                res = lm.model.generate(**enc, generation_config=config, **extra)
-            seq = res.sequences if return_logits else res
-            new = seq[:, enc["input_ids"].shape[1] :].cpu()
-            out[start:stop, : new.shape[1]] = new
-            if return_logits:
-                steps = torch.stack(res.logits, 1).float().cpu()  # [rows, steps, vocab]
-                all_logits[start:stop, : steps.shape[1]] = steps
+    for start, stop_row in tqdm(list(_batches(len(texts), batch_size)), desc=progress, disable=progress is None,
+                                file=sys.stderr):
+        if prefix is None:
+            enc = encode(tok, texts[start:stop_row], lm.device)
+        else:
+            enc = prefix.batch(range(start, stop_row))
+        out[start:stop_row] = greedy_decode(
+            lm, **enc, max_new_tokens=max_new_tokens, hooks=hooks, row_ids=torch.arange(start, stop_row),
+            stop=stop, on_logits=keep_logits if return_logits else None,
+        )
     return (out, all_logits) if return_logits else out
 
 
 def greedy_answers(
-    lm: LoadedModel, texts: list[str], max_new_tokens: int, batch_size: int, hooks_ctx: HooksCtx = None
+    lm: LoadedModel, texts: list[str], max_new_tokens: int, batch_size: int, hooks: Hooks = None
 ) -> list[str]:
     """Decoded greedy continuations (special tokens dropped), one per text. See `greedy_generate`."""
-    ids = greedy_generate(lm, texts, max_new_tokens, batch_size, hooks_ctx)
+    ids = greedy_generate(lm, texts, max_new_tokens, batch_size, hooks)
     return lm.tokenizer.batch_decode(ids, skip_special_tokens=True)
 
 
@@ -368,7 +336,7 @@ def generate_texts(
     prompts: Sequence[str],
     max_new_tokens: int,
     batch_size: int,
-    hooks_ctx: HooksCtx = None,
+    hooks: Hooks = None,
     stop_strings: Sequence[str] = (),
     progress: str | None = "generate",
     share_prefix: bool = True,
@@ -378,19 +346,17 @@ def generate_texts(
     (`greedy_generate(share_prefix=True)`); `share_prefix=False` runs every prompt whole.
 
     Prompts are generated longest first, so each batch holds prompts of similar length (little padding) and
-    an out-of-memory error shows in the first batch. Per-row hooks (`hooks_ctx` a callable) index rows by
-    their position in `prompts`, so then the order is kept as given."""
+    an out-of-memory error shows in the first batch. `hooks` get row indices into `prompts`."""
     prompts = list(prompts)
-    per_row = hooks_ctx is not None and not hasattr(hooks_ctx, "__enter__")
-    if per_row:
-        order = np.arange(len(prompts))
-    else:
-        lengths = np.array([len(ids) for ids in lm.tokenizer(prompts)["input_ids"]]) if prompts else np.zeros(0)
-        order = np.argsort(-lengths, kind="stable")
+    lengths = np.array([len(ids) for ids in lm.tokenizer(prompts)["input_ids"]]) if prompts else np.zeros(0)
+    order = np.argsort(-lengths, kind="stable")
     ordered = [prompts[i] for i in order]
+    if hooks is not None:  # the decoder numbers rows as `ordered`
+        order_t, given = torch.as_tensor(order, dtype=torch.long), hooks
+        hooks = lambda rows: given(order_t[rows])  # noqa: E731
     ids = greedy_generate(
-        lm, ordered, max_new_tokens, batch_size, hooks_ctx, stop_strings=stop_strings, progress=progress,
-        share_prefix=share_prefix and hooks_ctx is None,
+        lm, ordered, max_new_tokens, batch_size, hooks, stop_strings=stop_strings, progress=progress,
+        share_prefix=share_prefix and hooks is None,
     )
     texts = lm.tokenizer.batch_decode(ids, skip_special_tokens=True)
     out = [""] * len(prompts)
@@ -404,7 +370,7 @@ def evaluate_generation(
     frame: pd.DataFrame,
     max_new_tokens: int,
     batch_size: int,
-    hooks_ctx: HooksCtx = None,
+    hooks: Hooks = None,
     stop_strings: Sequence[str] = MATH_STOP_STRINGS,
     progress: str | None = "generate",
     share_prefix: bool = True,
@@ -415,7 +381,7 @@ def evaluate_generation(
     row, in the input order: id, prompt, output (the greedy continuation, cut before the first stop
     string), extracted (`extract_answer(output)`, NaN when none), gold, correct (extracted == gold)."""
     _require_columns(frame, ["id", "prompt", "gold"], "evaluate_generation")
-    outputs = generate_texts(lm, frame["prompt"], max_new_tokens, batch_size, hooks_ctx, stop_strings, progress,
+    outputs = generate_texts(lm, frame["prompt"], max_new_tokens, batch_size, hooks, stop_strings, progress,
                              share_prefix)
     extracted = [extract_answer(text) for text in outputs]
     gold = frame["gold"].astype(float).to_numpy()
@@ -594,7 +560,7 @@ def evaluate_qa_generation(
     frame: pd.DataFrame,
     max_new_tokens: int,
     batch_size: int,
-    hooks_ctx: HooksCtx = None,
+    hooks: Hooks = None,
     progress: str | None = "qa",
 ) -> pd.DataFrame:
     """Short answers generated greedily up to the first newline, scored by `qa_correct`.
@@ -604,7 +570,7 @@ def evaluate_qa_generation(
     id, prompt, output (the first line of the continuation), correct (bool), in the input order."""
     _require_columns(frame, ["id", "input", "targets"], "evaluate_qa_generation")
     prompts = frame["prompt"].tolist() if "prompt" in frame else frame["input"].tolist()
-    outputs = generate_texts(lm, prompts, max_new_tokens, batch_size, hooks_ctx, ("\n",), progress)
+    outputs = generate_texts(lm, prompts, max_new_tokens, batch_size, hooks, ("\n",), progress)
     return pd.DataFrame(
         {
             "id": frame["id"].astype(str).to_numpy(),

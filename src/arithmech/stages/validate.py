@@ -25,14 +25,14 @@ def _set_answers(lm, texts, head_sets, mlp_sets, means, positions, max_new_token
     """Greedy answer tokens [n_sets, n, max_new_tokens] with each node set mean-ablated: END positions on
     the prefix-cache fast path (each answer stops once its number is settled, which leaves its score as it
     is), aligned positions with one ablated generation per set (the reference)."""
-    from ..ablation import greedy_end_sets, mean_ablate
+    from ..ablation import ablation_hooks, greedy_end_sets
     from ..evaluation import greedy_generate, settled_number
 
     if positions == "end":
         return greedy_end_sets(lm, texts, head_sets, means, max_new_tokens, mlp_sets, None, batch_size, copies,
                                settled=settled_number(lm.tokenizer)).tokens
     return torch.stack([
-        greedy_generate(lm, texts, max_new_tokens, batch_size, mean_ablate(lm, hs, ms, means, positions))
+        greedy_generate(lm, texts, max_new_tokens, batch_size, ablation_hooks(lm, hs, ms, means, positions))
         for hs, ms in zip(head_sets, mlp_sets)
     ])
 
