@@ -48,6 +48,7 @@ import shutil
 import sys
 import tempfile
 import time
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field, fields
 from functools import partial
 from pathlib import Path
@@ -61,6 +62,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from tqdm import tqdm
 
+from .hooks import hooks
 from .io import atomic_path, config_hash, write_json, write_safetensors
 from .models import LoadedModel
 from .prompts import continuation_ids
@@ -389,44 +391,46 @@ class HeadDeltas(nn.Module):
         self.deltas = nn.ParameterDict()
         self.slots: dict[str, _Slot] = {}
         self._index: dict[str, torch.Tensor] = {}
-        self._handles: list = []
-        self._modules_by_name = dict(lm.model.named_modules())
+        self._module_at = lm.model.get_submodule  # module path -> module (a method: no submodule registered)
+        self._attached: ExitStack | None = None
         by_layer: dict[int, list[int]] = {}
         for layer, head in heads:
             by_layer.setdefault(layer, []).append(head)
         for layer, hs in sorted(by_layer.items()):
             hs = sorted(hs)
             kv = sorted({h // self.group for h in hs})
-            self._add(f"model.layers.{layer}.self_attn.q_proj", "rows", hs, "head", dtype)
-            self._add(f"model.layers.{layer}.self_attn.o_proj", "cols", hs, "head", dtype)
+            self._add(lm, layer, lm.attn_proj(layer, "q_proj"), "q_proj", "rows", hs, "head", dtype)
+            self._add(lm, layer, lm.attn_proj(layer, "o_proj"), "o_proj", "cols", hs, "head", dtype)
             if train_kv:
-                self._add(f"model.layers.{layer}.self_attn.k_proj", "rows", kv, "kv_head", dtype)
-                self._add(f"model.layers.{layer}.self_attn.v_proj", "rows", kv, "kv_head", dtype)
+                self._add(lm, layer, lm.attn_proj(layer, "k_proj"), "k_proj", "rows", kv, "kv_head", dtype)
+                self._add(lm, layer, lm.attn_proj(layer, "v_proj"), "v_proj", "rows", kv, "kv_head", dtype)
         for layer in sorted(mlp_layers):
             for proj in MLP_PROJS:
-                self._add(f"model.layers.{layer}.mlp.{proj}", "full", (), "", dtype)
+                self._add(lm, layer, lm.mlp_proj(layer, proj), proj, "full", (), "", dtype)
 
-    def _add(self, module_name: str, kind: str, heads: Sequence[int], label: str, dtype) -> None:
-        weight = self._modules_by_name[module_name].weight
+    def _add(self, lm: LoadedModel, layer: int, module: nn.Linear, proj: str, kind: str, heads: Sequence[int],
+             label: str, dtype) -> None:
+        weight = module.weight
         out_f, in_f = weight.shape
         shape = {"rows": (len(heads), self.head_dim, in_f), "cols": (len(heads), out_f, self.head_dim),
                  "full": (out_f, in_f)}[kind]
-        key = "L" + module_name.split(".")[2] + "_" + module_name.rsplit(".", 1)[1]
+        key, path = f"L{layer}_{proj}", lm.module_path(module)
         self.deltas[key] = nn.Parameter(torch.zeros(shape, dtype=dtype or weight.dtype, device=weight.device))
-        self.slots[key] = _Slot(module_name, kind, tuple(heads), label)
+        self.slots[key] = _Slot(path, kind, tuple(heads), label)
         self._index[key] = _head_index(heads, self.head_dim, weight.device) if heads else None
 
     def attach(self) -> HeadDeltas:
-        if not self._handles:
-            for key, slot in self.slots.items():
-                module = self._modules_by_name[slot.module_name]
-                self._handles.append(module.register_forward_hook(partial(self._hook, key)))
+        """Register the hooks (`hooks.hooks`) until `detach`; a second attach does nothing."""
+        if self._attached is None:
+            self._attached = ExitStack()
+            post = [(self._module_at(slot.module_name), partial(self._hook, key)) for key, slot in self.slots.items()]
+            self._attached.enter_context(hooks(post=post))
         return self
 
     def detach(self) -> None:
-        for handle in self._handles:
-            handle.remove()
-        self._handles = []
+        if self._attached is not None:
+            self._attached.close()
+            self._attached = None
 
     def _hook(self, key: str, module: nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor:
         """output + x @ scatter(delta).T, computed on the selected slices only. x: [..., d_in]."""
@@ -443,7 +447,7 @@ class HeadDeltas(nn.Module):
     @torch.no_grad()
     def effective_weight(self, module_name: str) -> torch.Tensor:
         """W + scatter(delta) of one module (a new tensor; the base weight is untouched)."""
-        weight = self._modules_by_name[module_name].weight.detach().clone()
+        weight = self._module_at(module_name).weight.detach().clone()
         for key, slot in self.slots.items():
             if slot.module_name == module_name:
                 _add_into(weight, slot.kind, self._index[key], self.deltas[key])
@@ -454,7 +458,7 @@ class HeadDeltas(nn.Module):
         """Add the deltas into the base weights in place and remove the hooks: a plain HF model remains."""
         self.detach()
         for key, slot in self.slots.items():
-            _add_into(self._modules_by_name[slot.module_name].weight, slot.kind, self._index[key], self.deltas[key])
+            _add_into(self._module_at(slot.module_name).weight, slot.kind, self._index[key], self.deltas[key])
 
     def named_tensors(self) -> dict[str, torch.Tensor]:
         """The deltas one per head under the saved-file keys (module docstring)."""

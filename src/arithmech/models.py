@@ -242,6 +242,22 @@ class LoadedModel:
     def mlp(self, layer: int) -> nn.Module:
         return self.layer(layer).mlp
 
+    def attn_proj(self, layer: int, name: str) -> nn.Linear:
+        """An attention projection of `layer`: q_proj, k_proj, v_proj or o_proj."""
+        return getattr(self.layer(layer).self_attn, name)
+
+    def mlp_proj(self, layer: int, name: str) -> nn.Linear:
+        """A weight matrix of `layer`'s MLP: gate_proj, up_proj or down_proj."""
+        return getattr(self.mlp(layer), name)
+
+    def module_path(self, module: nn.Module) -> str:
+        """The module's dotted path in the model ("model.layers.3.self_attn.q_proj"): the names saved files
+        use, so that they load into any copy of the model."""
+        for name, candidate in self.model.named_modules():
+            if candidate is module:
+                return name
+        raise ValueError(f"{type(module).__name__} is not a module of this model")
+
     @property
     def final_norm(self) -> nn.Module:
         return self.model.model.norm
