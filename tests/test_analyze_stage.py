@@ -6,6 +6,7 @@ import pandas as pd
 import pytest
 
 from arithmech.stages import analyze as analyze_stage
+from arithmech.stages import figures
 from arithmech.stages import identify
 from arithmech.analysis import ROLES
 from arithmech.io import read_parquet_meta, write_parquet
@@ -55,11 +56,15 @@ def prepared(tmp_path_factory):
 def analyze(root, key_name: str, out: str):
     out_dir = root / out
     paths = {name: out_dir / f"addition_{name}" for name in
-             ("roles.parquet", "probes.parquet", "roles.png", "example.png", "probes.png")}
-    out = dict(zip(("out_roles", "out_probes", "out_roles_png", "out_example_png", "out_probes_png"), paths.values()))
+             ("roles.parquet", "example.parquet", "probes.parquet", "roles.png", "example.png", "probes.png")}
     analyze_stage.run_analyze(model="tiny", task="addition", model_dir=root / "model", pairs_path=root / "pairs.parquet",
                               key_path=root / key_name, effects_path=root / "effects.parquet", analysis=ANALYSIS,
-                              compute=COMPUTE, seed=0, **out)
+                              compute=COMPUTE, seed=0, out_roles=paths["roles.parquet"],
+                              out_example=paths["example.parquet"], out_probes=paths["probes.parquet"])
+    figures.run_plot_analysis(model="tiny", task="addition", roles_path=paths["roles.parquet"],
+                              example_path=paths["example.parquet"], probes_path=paths["probes.parquet"],
+                              out_roles_png=paths["roles.png"], out_example_png=paths["example.png"],
+                              out_probes_png=paths["probes.png"])
     return paths
 
 
@@ -94,6 +99,22 @@ def test_mlp_probes_table(key_run):
     assert np.isfinite(probes["mean"]).all()
     assert set(probes.loc[probes["target"] == "random", "n"]) == {ANALYSIS["n_random"]}
     assert set(probes.loc[probes["target"] != "random", "n"]) == {ANALYSIS["max_samples"]}
+
+
+def test_example_table_is_one_prompt_per_head(prepared, key_run):
+    """The example figure's table: the first drawn pair's tokens, in order, for each key head in rank order,
+    with the attention END pays each of them (the whole prompt, so each head's row sums to one)."""
+    example = pd.read_parquet(key_run["example.parquet"])
+    pairs = pd.read_parquet(prepared / "pairs.parquet")
+    prompt = pairs.set_index("sample_id").loc[example["sample_id"].iloc[0], "prompt"]
+    assert list(dict.fromkeys(example["node"])) == ["L0H3", "L2H0"] and example["sample_id"].nunique() == 1
+    for node, part in example.groupby("node"):
+        assert part["position"].tolist() == list(range(len(part)))
+        assert "".join(part["token"]).endswith(prompt)
+        assert {"operand_a", "operand_b", "operator"} <= set(part["role"])
+        assert part["attention"].sum() == pytest.approx(1.0, abs=1e-5)
+    first, second = (example[example["node"] == n]["attention"].to_numpy() for n in ("L0H3", "L2H0"))
+    assert not np.allclose(first, second)  # two heads, two attention patterns
 
 
 def test_figures_are_written(key_run):

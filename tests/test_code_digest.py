@@ -154,7 +154,8 @@ def test_the_workflow_scripts_reach_what_they_run():
     scripts = sorted((ROOT / "workflow/scripts").glob("*.py"))
     reached = {s.stem: graph.reach(script_roots(s)) for s in scripts}
     assert "arithmech.plots" not in reached["patch_layer"] and "arithmech.plots" not in reached["study_train"]
-    for figure in ("plot_effects", "plot_knockout", "plot_transfer"):
+    assert "arithmech.plots" not in reached["analyze"]
+    for figure in ("plot_effects", "plot_knockout", "plot_transfer", "plot_analysis"):
         assert "arithmech.plots" in reached[figure]
         assert not {"arithmech.models", "arithmech.patching", "arithmech.hooks"} & set(reached[figure])
     assert "direct_logits" in reached["patch_layer"]["arithmech.patching"]

@@ -252,7 +252,7 @@ STUDY_ALL = {"study_items": 1, "study_train": 8, "study_select": 5, "study_evalu
 # What new patching effects re-run: aggregation, and everything that reads the effects or key components.
 FROM_EFFECTS = {
     "aggregate_effects": 2, "plot_effects": 2, "summarize_key_components": 1, "knockout": 2, "plot_knockout": 2,
-    "analyze": 2, "transfer": 1, "plot_transfer": 1, **HEAD_SFT, "findings": 1, "all": 1,
+    "analyze": 2, "plot_analysis": 2, "transfer": 1, "plot_transfer": 1, **HEAD_SFT, "findings": 1, "all": 1,
 }
 
 
@@ -405,8 +405,8 @@ def test_slurm_profile_dry_run_asks_for_gpus_only_where_the_model_runs(run):
         (resources,) = jobs[rule]
         assert "gpu=2" in resources and "gpu_model=a100" in resources and "mem_mb=12000" in resources
         assert "slurm_account=proj42" in resources and "slurm_partition=gpu-short" in resources
-    for rule in ("aggregate_effects", "plot_effects", "plot_knockout", "plot_transfer", "summarize_key_components",
-                 "summarize_eval", "study_items", "study_select", "study_summary"):
+    for rule in ("aggregate_effects", "plot_effects", "plot_knockout", "plot_transfer", "plot_analysis",
+                 "summarize_key_components", "summarize_eval", "study_items", "study_select", "study_summary"):
         (resources,) = jobs[rule]
         assert "gpu=" not in resources and "mem_mb=4000" in resources
 
@@ -483,7 +483,7 @@ def test_library_edits_rerun_exactly_the_rules_that_run_the_edited_code(run, tmp
     # every figure goes through plots._save
     assert planned_after("plots.py", "def _save(fig, path: str | Path) -> None:\n",
                          "def _save(fig, path: str | Path) -> None:\n    fig.set_dpi(fig.get_dpi())\n") == {
-        "plot_effects": 2, "plot_knockout": 2, "plot_transfer": 1, "summarize_key_components": 1, "analyze": 2,
+        "plot_effects": 2, "plot_knockout": 2, "plot_transfer": 1, "summarize_key_components": 1, "plot_analysis": 2,
         "summarize_eval": 1, "study_summary": 1, "findings": 1, "all": 1,
     }
     assert planned_after("patching.py", "@torch.no_grad()\ndef direct_logits(",

@@ -9,7 +9,31 @@ rule analyze:
         effects="results/{model}/effects/{task}.parquet",
     output:
         roles="results/{model}/analysis/{task}_roles.parquet",
+        example="results/{model}/analysis/{task}_example.parquet",
         probes="results/{model}/analysis/{task}_probes.parquet",
+    log:
+        "results/{model}/logs/analyze/{task}.log",
+    conda:
+        "../../envs/arithmech.yaml"
+    threads: 2
+    resources:
+        **GPU_RESOURCES,
+    params:
+        code=library_code("analyze"),
+        analysis=config["analysis"],
+        compute=config["compute"],
+        seed=config["seed"],
+    script:
+        "../scripts/analyze.py"
+
+
+# The analyze figures from its tables: torch-free, so a figure change re-draws without re-running the model.
+rule plot_analysis:
+    input:
+        roles="results/{model}/analysis/{task}_roles.parquet",
+        example="results/{model}/analysis/{task}_example.parquet",
+        probes="results/{model}/analysis/{task}_probes.parquet",
+    output:
         roles_png=report(
             "results/{model}/analysis/{task}_roles.png",
             caption="../report/analysis_roles.rst",
@@ -40,16 +64,12 @@ rule analyze:
             labels={"model": "{model}", "task": "{task}", "figure": "MLP probes"},
         ),
     log:
-        "results/{model}/logs/analyze/{task}.log",
+        "results/{model}/logs/plot_analysis/{task}.log",
     conda:
         "../../envs/arithmech.yaml"
-    threads: 2
     resources:
-        **GPU_RESOURCES,
+        **CPU_RESOURCES,
     params:
-        code=library_code("analyze"),
-        analysis=config["analysis"],
-        compute=config["compute"],
-        seed=config["seed"],
+        code=library_code("plot_analysis"),
     script:
-        "../scripts/analyze.py"
+        "../scripts/plot_analysis.py"

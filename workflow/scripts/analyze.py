@@ -13,8 +13,6 @@ with job(snakemake):
         compute=snakemake.params.compute,
         seed=snakemake.params.seed,
         out_roles=snakemake.output.roles,
+        out_example=snakemake.output.example,
         out_probes=snakemake.output.probes,
-        out_roles_png=snakemake.output.roles_png,
-        out_example_png=snakemake.output.example_png,
-        out_probes_png=snakemake.output.probes_png,
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 
 from ..io import read_parquet_meta, write_parquet
@@ -22,12 +23,13 @@ def analysis_heads(key_path, effects_path, fallback: int) -> tuple[list[tuple[in
 
 def run_analyze(
     *, model: str, task: str, model_dir, pairs_path, key_path, effects_path, analysis: dict, compute: dict, seed: int,
-    out_roles, out_probes, out_roles_png, out_example_png, out_probes_png,
+    out_roles, out_example, out_probes,
 ) -> None:
     """Explain the key heads and the MLPs on up to `analysis.max_samples` pairs (a seeded draw): the
-    attention of each key head from END on each token role, an example prompt with its attention, and the
-    MLP probes (cosine of MLP input/output/change with the unembedding rows of A, B and the answer C)."""
-    from .. import plots
+    attention of each key head from END on each token role, an example prompt with its attention (one row
+    per head and token: node, rank, position, token, role, attention, sample_id), and the MLP probes
+    (cosine of MLP input/output/change with the unembedding rows of A, B and the answer C). The figures are
+    drawn from these tables by `figures.run_plot_analysis`."""
     from ..analysis import attention_rows, first_role_tokens, mlp_probes, role_attention, token_roles
 
     lm = load_stage_model(model_dir, compute)
@@ -38,7 +40,6 @@ def run_analyze(
     texts = list(pairs["prompt"])
     heads, selection = analysis_heads(key_path, effects_path, analysis["fallback_heads"])
     labels = [f"L{l}H{h}" for l, h in heads]
-    chosen = "key heads" if selection == "key" else f"no key heads: top {len(heads)} heads by patching effect"
     meta = stage_meta(model_dir, "analyze", task=task, analysis=analysis, seed=seed, heads=labels, selection=selection,
                       pairs=read_parquet_meta(pairs_path).get("params_hash"))
     roles = [token_roles(lm.tokenizer, row["prompt"], row) for row in pairs.to_dict("records")]
@@ -49,22 +50,16 @@ def run_analyze(
     table = table.assign(rank=[rank[(l, h)] for l, h in zip(table["layer"], table["head"])], selection=selection,
                          task=task)
     write_parquet(table, out_roles, meta)
-    n = len(texts)
-    plots.role_attention_heatmap(
-        table, f"{model}, {task}: attention from END by token role ({chosen}; mean of {n} prompts)", out_roles_png
-    )
     example = pairs.iloc[0]
-    ids = lm.tokenizer(example["prompt"])["input_ids"]
-    plots.attention_example(
-        [lm.tokenizer.decode([i]) for i in ids], rows.row(0).numpy(), labels, roles[0],
-        f"{model}, {task}: attention from END, sample {example['sample_id']} ({chosen})", out_example_png,
-    )
+    tokens = [lm.tokenizer.decode([i]) for i in lm.tokenizer(example["prompt"])["input_ids"]]
+    weights = rows.row(0).numpy()  # [heads, tokens]
+    write_parquet(pd.DataFrame({
+        "node": np.repeat(labels, len(tokens)), "rank": np.repeat(np.arange(1, len(labels) + 1), len(tokens)),
+        "position": np.tile(np.arange(len(tokens)), len(labels)), "token": tokens * len(labels),
+        "role": roles[0] * len(labels), "attention": weights.reshape(-1), "sample_id": example["sample_id"],
+    }), out_example, meta)
     probes = mlp_probes(
         lm, texts, first_role_tokens(lm.tokenizer, pairs, "operand_a"), first_role_tokens(lm.tokenizer, pairs, "operand_b"),
         pairs["answer_token_id"].tolist(), compute["batch_size"], analysis["n_random"], seed,
     ).assign(task=task)
     write_parquet(probes, out_probes, meta)
-    plots.mlp_probe_lines(
-        probes, f"{model}, {task}: MLP vectors at END against the unembedding of A, B and the answer C "
-        f"(mean of {n} prompts)", out_probes_png,
-    )

@@ -1,4 +1,4 @@
-"""Rule entry points that draw the figures of the identify and validate stages from their tables.
+"""Rule entry points that draw the figures of the identify, validate and analyze stages from their tables.
 
 Separate rules from the ones that compute the tables, so that a change to a figure (arithmech.plots)
 re-draws it without re-running the model jobs, or anything downstream of their tables. Torch-free."""
@@ -33,3 +33,29 @@ def run_plot_transfer(*, model: str, transfer_path, out_html, out_png) -> None:
     table = pd.read_parquet(transfer_path)
     write_html_table(plots.transfer_summary(table), out_html, f"{model}: knockout transfer (retained accuracy, %)")
     plots.transfer_heatmap(table, f"{model}: key heads of one operator knocked out on other data", out_png)
+
+
+def run_plot_analysis(*, model: str, task: str, roles_path, example_path, probes_path, out_roles_png,
+                      out_example_png, out_probes_png) -> None:
+    """The analyze stage's figures: attention from END by token role per head, the attention on one example
+    prompt, and the MLP probes against the unembedding of A, B and the answer C."""
+    roles, example, probes = (pd.read_parquet(p) for p in (roles_path, example_path, probes_path))
+    labels = list(dict.fromkeys(example.sort_values(["rank", "position"], kind="stable")["node"]))
+    if (roles["selection"] == "key").all():
+        chosen = "key heads"
+    else:
+        chosen = f"no key heads: top {len(labels)} heads by patching effect"
+    n = int(roles["n_texts"].iloc[0])
+    plots.role_attention_heatmap(
+        roles, f"{model}, {task}: attention from END by token role ({chosen}; mean of {n} prompts)", out_roles_png
+    )
+    first = example[example["node"] == labels[0]].sort_values("position")
+    weights = example.pivot(index="node", columns="position", values="attention").loc[labels].to_numpy()
+    plots.attention_example(
+        first["token"].tolist(), weights, labels, first["role"].tolist(),
+        f"{model}, {task}: attention from END, sample {first['sample_id'].iloc[0]} ({chosen})", out_example_png,
+    )
+    plots.mlp_probe_lines(
+        probes, f"{model}, {task}: MLP vectors at END against the unembedding of A, B and the answer C "
+        f"(mean of {n} prompts)", out_probes_png,
+    )
