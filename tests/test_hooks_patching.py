@@ -376,6 +376,25 @@ def test_total_matches_reference_total(tiny_lm, data, states, layers, ref_total,
     torch.testing.assert_close(lp, ref_total[1], atol=1e-4, rtol=0)
 
 
+def test_layers_from_runs_the_rest_of_the_model(tiny_lm, data):
+    """The model's own forward from layer l, given the residual stream entering layer l, is the whole
+    forward; the model has all its layers again afterwards, also after an error inside the block."""
+    enc = encode(tiny_lm.tokenizer, data["texts"], tiny_lm.device)
+    with torch.no_grad():
+        full = tiny_lm.model(**enc, output_hidden_states=True)
+        for layer in range(tiny_lm.n_layers):
+            with tiny_lm.layers_from(layer):
+                assert len(tiny_lm.model.model.layers) == tiny_lm.n_layers - layer
+                got = tiny_lm.model(inputs_embeds=full.hidden_states[layer], attention_mask=enc["attention_mask"],
+                                    position_ids=enc["position_ids"]).logits
+            torch.testing.assert_close(got, full.logits, atol=1e-5, rtol=0)
+    with pytest.raises(RuntimeError, match="inside"), tiny_lm.layers_from(1):
+        raise RuntimeError("inside")
+    assert len(tiny_lm.model.model.layers) == tiny_lm.n_layers
+    with pytest.raises(ValueError, match="out of range"), tiny_lm.layers_from(tiny_lm.n_layers):
+        pass
+
+
 def test_total_layer_subset(tiny_lm, data, states, ref_total):
     _, cf = states
     logits, _ = total_logits(tiny_lm, data["texts"], data["answers"], cf, [1], batch_size=4, copies_per_forward=8)

@@ -14,6 +14,7 @@ at it, with the sha256 of every weight file, and `load_model` follows the pointe
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.metadata
 import json
@@ -22,6 +23,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 import torch
 from torch import nn
@@ -257,6 +259,30 @@ class LoadedModel:
             if candidate is module:
                 return name
         raise ValueError(f"{type(module).__name__} is not a module of this model")
+
+    @contextlib.contextmanager
+    def layers_from(self, start: int) -> Iterator[None]:
+        """Within the block, the model's own forward runs only decoder layers `start`..L-1: pass the residual
+        stream entering layer `start` as `inputs_embeds` [batch, seq, d_model]. The skipped layers' work is
+        saved where their result is known (a patch at layer `start` changes nothing below it).
+
+        The attention modules keep their layer index, so a KV cache of the whole model stays aligned: layers
+        from `start` on extend their entries, the skipped ones are left as they are (only the cache's layer
+        0 length, which the mask is built from, must count the positions before the new tokens). No
+        supported architecture (`LLAMA_FAMILY`) scales `inputs_embeds`, so the residual passes unchanged."""
+        if not 0 <= start < self.n_layers:
+            raise ValueError(f"start layer {start} out of range for {self.n_layers} layers")
+        inner, config = self.model.model, self.model.model.config
+        layers, types = inner.layers, getattr(config, "layer_types", None)
+        inner.layers = layers[start:]
+        if types is not None:  # indexed by position in the loop (Qwen2/3's sliding-window layers)
+            config.layer_types = types[start:]
+        try:
+            yield
+        finally:
+            inner.layers = layers
+            if types is not None:
+                config.layer_types = types
 
     @property
     def final_norm(self) -> nn.Module:

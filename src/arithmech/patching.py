@@ -10,7 +10,8 @@ and the ground-truth answer logit is read off. Three implementations of the same
   samples at once, from two captured forwards.
 - `total_logits` (downstream recomputed): an END-position patch changes nothing at earlier positions, so
   the reference prefix's keys and values are reused and only the END token is recomputed, for many
-  patched copies per forward.
+  patched copies per forward; and a patch at layer l changes nothing below l, so each copy runs END
+  through layers l..L-1 only, from the reference residual entering layer l.
 - `reference_logits`: one explicit hooked forward of the whole prompt per node, in either mode. Slow and
   obviously correct; the fast paths are tested against it.
 """
@@ -211,17 +212,21 @@ def repeated_cache(prefix, copies: int):
     return cache
 
 
-def end_logits(lm: LoadedModel, enc: dict[str, torch.Tensor], prefix, copies: int) -> torch.Tensor:
-    """Logits at END [batch * copies, vocab] for `copies` copies of every row (row i * copies + j is copy j
-    of row i), recomputing only the END token on top of `prefix` (left untouched: `repeated_cache`). Hooks
-    active around the call act on the copies."""
-    cache = repeated_cache(prefix, copies)
+def end_forward(lm: LoadedModel, enc: dict[str, torch.Tensor], prefix, copies: int,
+                inputs_embeds: torch.Tensor | None = None, output_hidden_states: bool = False):
+    """The model's output at END for `copies` copies of every row (row i * copies + j is copy j of row i),
+    computing only the END token on top of `prefix` (left untouched: `repeated_cache`). `inputs_embeds`
+    [batch, 1, d_model], repeated like the rows, replaces END's embedding (inside `layers_from`: the
+    residual entering the first layer run). Hooks active around the call act on the copies."""
+    ids = {"input_ids": enc["input_ids"][:, -1:]} if inputs_embeds is None else {"inputs_embeds": inputs_embeds}
     return lm.model(
-        input_ids=enc["input_ids"][:, -1:].repeat_interleave(copies, 0),
+        **{k: v.repeat_interleave(copies, 0) for k, v in ids.items()},
         attention_mask=enc["attention_mask"].repeat_interleave(copies, 0),
         position_ids=enc["position_ids"][:, -1:].repeat_interleave(copies, 0),
-        past_key_values=cache,
-    ).logits[:, -1]
+        past_key_values=repeated_cache(prefix, copies),
+        output_hidden_states=output_hidden_states,
+        logits_to_keep=1,
+    )
 
 
 @torch.no_grad()
@@ -235,29 +240,39 @@ def total_logits(
     copies_per_forward: int = 256,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Answer logit and log-prob with one node patched to its counterfactual END value and everything
-    downstream recomputed. Returns ([n_samples, n_nodes], [n_samples, n_nodes]) in `nodes_of` order."""
+    downstream recomputed. Returns ([n_samples, n_nodes], [n_samples, n_nodes]) in `nodes_of` order.
+
+    Per batch: the prefix (all but END) runs once and END once more, unpatched, for the residual stream
+    entering every layer. A node of layer l changes nothing below l, so its patched copies run END through
+    layers l..L-1 only (`LoadedModel.layers_from`), from that residual and a copy of the prefix cache; the
+    copies of one layer's nodes share a forward (up to `copies_per_forward` rows)."""
     nodes = nodes_of(lm, layers)
     out_logits, out_lp = [], []
-    # Copies of a sample batch per forward: whole node chunks, at least one.
-    chunk = max(1, copies_per_forward // max(1, batch_size))
+    by_layer: dict[int, list[int]] = {}  # layer -> indices into `nodes`
+    for i, (l, _) in enumerate(nodes):
+        by_layer.setdefault(l, []).append(i)
     for start in tqdm(range(0, len(texts), batch_size), desc="total", leave=False):
         enc = encode(lm.tokenizer, texts[start : start + batch_size], lm.device)
         n = enc["input_ids"].shape[0]
         answers = answer_ids[start : start + n].to(lm.device)
         prefix = prefix_cache(lm, enc)
-        logit_cols, lp_cols = [], []
-        for c0 in range(0, len(nodes), chunk):
-            part = nodes[c0 : c0 + chunk]
-            k = len(part)
-            rows = torch.arange(start, start + n).repeat_interleave(k)  # row b*k + j patches part[j]
-            heads, mlps = _node_patches(lm, part, cf, rows, base=None)
-            with patch_end(lm, heads, mlps):
-                logits = end_logits(lm, enc, prefix, k)
-            lo, lp = _scores(logits, answers.repeat_interleave(k))
-            logit_cols.append(lo.view(n, k).cpu())
-            lp_cols.append(lp.view(n, k).cpu())
-        out_logits.append(torch.cat(logit_cols, 1))
-        out_lp.append(torch.cat(lp_cols, 1))
+        resid = end_forward(lm, enc, prefix, 1, output_hidden_states=True).hidden_states  # [L+1] x [n, 1, d]
+        logit_out = torch.empty(n, len(nodes))
+        lp_out = torch.empty(n, len(nodes))
+        chunk = max(1, copies_per_forward // n)  # copies of the batch per forward, at least one
+        for layer, idx in sorted(by_layer.items()):
+            for c0 in range(0, len(idx), chunk):
+                cols = idx[c0 : c0 + chunk]
+                part, k = [nodes[i] for i in cols], len(cols)
+                rows = torch.arange(start, start + n).repeat_interleave(k)  # row b*k + j patches part[j]
+                heads, mlps = _node_patches(lm, part, cf, rows, base=None)
+                with patch_end(lm, heads, mlps), lm.layers_from(layer):
+                    logits = end_forward(lm, enc, prefix, k, inputs_embeds=resid[layer]).logits[:, -1]
+                lo, lp = _scores(logits, answers.repeat_interleave(k))
+                logit_out[:, cols] = lo.view(n, k).cpu()
+                lp_out[:, cols] = lp.view(n, k).cpu()
+        out_logits.append(logit_out)
+        out_lp.append(lp_out)
     return torch.cat(out_logits), torch.cat(out_lp)
 
 
