@@ -6,7 +6,7 @@ from arithmech.code_digest import script_digest
 
 MODELS = config["run"]["models"]
 TASKS = config["run"]["tasks"]
-# The sets the evaluate rule runs (validated: names of arithmech.eval_sets.REGISTRY, each with its block).
+# The evaluation sets to run (validated: names of arithmech.eval_sets.REGISTRY, each with its block).
 EVAL_DATASETS = config["evaluation"]["datasets"]
 
 
