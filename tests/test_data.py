@@ -407,3 +407,18 @@ def test_chat_math_prompt_and_target():
         )
     )
     assert target == "The answer is 4.<|im_end|>\n"
+
+
+def test_loaders_never_open_a_connection(tmp_path, monkeypatch):
+    """Local files only: with every socket connection refused, the `datasets`-backed loaders still read."""
+    import socket
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a loader tried to open a network connection")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket, "create_connection", refuse)
+    assert len(data.load_gsm8k(D / "gsm8k/test.jsonl")) == 1319
+    assert len(data.load_svamp(D / "svamp/SVAMP.json")) == 1000
+    path = hub_file(tmp_path, "mmlu", {"question": ["q"], "choices": [["a", "b"]], "answer": [0]})
+    assert data.load_mmlu(path)["correct"].tolist() == [0]
