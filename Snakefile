@@ -5,7 +5,8 @@ from pathlib import Path
 from snakemake.utils import min_version
 
 from arithmech import study
-from arithmech.config import EVAL_DATASETS, MATH_DATASETS, validate_config
+from arithmech.config import validate_config
+from arithmech.eval_sets import REGISTRY as EVAL_REGISTRY, hub_file
 
 min_version("9.0")
 

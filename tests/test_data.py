@@ -1,10 +1,13 @@
-"""Tests for arithmech.data: the vendored files (checksums, record counts), the loaders and their errors on
-malformed files, seeded subsampling, and the prompt formats shared by evaluation and fine-tuning."""
+"""Tests for arithmech.data: the vendored files (checksums, record counts), the loaders (read through
+Hugging Face `datasets`, equal to a plain JSON parse; the Hub's layouts, built as local files, never fetched)
+and their errors on malformed files, seeded subsampling, and the prompt formats shared by evaluation and
+fine-tuning."""
 
 from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -118,6 +121,165 @@ def test_bigbench_loaders():
 
 
 # ---------------------------------------------------------------------------------------------------
+# read through `datasets`: the same frames as a plain JSON parse of the vendored files
+
+
+def test_gsm8k_through_datasets_equals_a_plain_json_parse():
+    for name in ("train", "test"):
+        path = D / f"gsm8k/{name}.jsonl"
+        records = [json.loads(line) for line in path.read_text().splitlines()]
+        expected = pd.DataFrame(
+            {
+                "id": [f"gsm8k-{name}-{i}" for i in range(len(records))],
+                "question": [r["question"] for r in records],
+                "answer": [r["answer"] for r in records],
+                "solution": [data.gsm8k_solution(r["answer"])[0] for r in records],
+                "gold": [data.gsm8k_solution(r["answer"])[1] for r in records],
+            }
+        )
+        pd.testing.assert_frame_equal(data.load_gsm8k(path), expected)
+
+
+def test_svamp_through_datasets_equals_a_plain_json_parse():
+    records = json.loads((D / "svamp/SVAMP.json").read_text())
+    expected = pd.DataFrame(
+        {
+            "id": [r["ID"] for r in records],
+            "question": [" ".join(f"{r['Body']} {r['Question']}".split()) for r in records],
+            "equation": [r["Equation"] for r in records],
+            "gold": [float(r["Answer"]) for r in records],
+            "type": [r["Type"].replace("Common-Divison", "Common-Division") for r in records],
+        }
+    )
+    pd.testing.assert_frame_equal(data.load_svamp(D / "svamp/SVAMP.json"), expected)
+
+
+def test_reading_leaves_no_cache_behind(tmp_path, monkeypatch):
+    """The Arrow cache `datasets` writes lives in a temporary folder that is gone after the read."""
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", None)  # re-read TMPDIR
+    data.load_svamp(D / "svamp/SVAMP.json")
+    assert list(tmp_path.iterdir()) == []
+
+
+# ---------------------------------------------------------------------------------------------------
+# the Hub's layouts (local files with the columns the Hub serves; nothing is downloaded)
+
+
+def hub_file(tmp_path, name, columns: dict):
+    """A Parquet file as `fetch_hub` writes it: a `datasets` table with the Hub's columns."""
+    from datasets import Dataset
+
+    path = tmp_path / f"{name}.parquet"
+    Dataset.from_dict(columns).to_parquet(str(path))
+    return path
+
+
+def test_gsm8k_and_svamp_in_the_hubs_layout(tmp_path):
+    records = [json.loads(line) for line in (D / "gsm8k/test.jsonl").read_text().splitlines()[:5]]
+    path = hub_file(tmp_path, "gsm8k", {"question": [r["question"] for r in records],
+                                        "answer": [r["answer"] for r in records]})
+    hub = data.load_gsm8k(path)
+    vendored = data.load_gsm8k(D / "gsm8k/test.jsonl").head(5)
+    assert hub["id"].tolist() == [f"gsm8k-gsm8k-{i}" for i in range(5)]
+    pd.testing.assert_frame_equal(hub.drop(columns="id"), vendored.drop(columns="id"))
+    # ChilleD/SVAMP: the vendored columns, Answer a float, plus a column the loader ignores
+    svamp = json.loads((D / "svamp/SVAMP.json").read_text())[:4]
+    columns = {k: [r[k] for r in svamp] for k in ("ID", "Body", "Question", "Equation", "Answer", "Type")}
+    columns["Question_concat"] = [f"{r['Body']} {r['Question']}" for r in svamp]
+    hub = data.load_svamp(hub_file(tmp_path, "svamp", columns))
+    pd.testing.assert_frame_equal(hub, data.load_svamp(D / "svamp/SVAMP.json").head(4))
+
+
+def test_mmlu_in_the_hubs_layout(tmp_path):
+    path = hub_file(tmp_path, "mmlu", {
+        "question": ["What is 2 + 3?", "Which gas do plants absorb?"],
+        "subject": ["elementary_mathematics", "biology"],
+        "choices": [["4", "5", "6", "7"], ["Oxygen", "Nitrogen", "Carbon dioxide", "Helium"]],
+        "answer": [1, 2],
+    })
+    df = data.load_mmlu(path)
+    assert df.to_dict("records") == [
+        {"id": "mmlu-0", "input": "What is 2 + 3?", "choices": ["4", "5", "6", "7"], "correct": 1,
+         "subject": "elementary_mathematics"},
+        {"id": "mmlu-1", "input": "Which gas do plants absorb?",
+         "choices": ["Oxygen", "Nitrogen", "Carbon dioxide", "Helium"], "correct": 2, "subject": "biology"},
+    ]
+    assert all(isinstance(c, list) for c in df["choices"])  # as the BIG-bench loader gives them
+    bad = hub_file(tmp_path, "bad_mmlu", {"question": ["q"], "choices": [["a", "b"]], "answer": [2]})
+    with pytest.raises(ValueError, match=r"bad_mmlu.parquet, record 0: expected MMLU records"):
+        data.load_mmlu(bad)
+    with pytest.raises(ValueError, match=r"record 0: expected MMLU records .* question, choices, answer"):
+        data.load_mmlu(hub_file(tmp_path, "csqa_as_mmlu", {"question": ["q"], "answerKey": ["A"]}))
+
+
+def test_commonsense_qa_in_the_hubs_layout(tmp_path):
+    columns = {
+        "id": ["075e483d21c29a511267ef62bedc0461", "61fe6e879ff18686d7552425a36344c8"],
+        "question": ["The sanctions against the school were a punishing blow, and they seemed to what the "
+                     "efforts the school had made to change?", "Sammy wanted to go to where the people were. "
+                     "Where might he go?"],
+        "question_concept": ["punishing", "people"],
+        "choices": [{"label": ["A", "B", "C", "D", "E"],
+                     "text": ["ignore", "enforce", "authoritarian", "yell at", "avoid"]},
+                    {"label": ["A", "B", "C", "D", "E"],
+                     "text": ["race track", "populated areas", "the desert", "apartment", "roadblock"]}],
+        "answerKey": ["A", "B"],
+    }
+    df = data.load_commonsense_qa(hub_file(tmp_path, "commonsense_qa", columns))
+    assert df["id"].tolist() == columns["id"] and df["correct"].tolist() == [0, 1]
+    assert df.loc[1, "choices"] == ["race track", "populated areas", "the desert", "apartment", "roadblock"]
+    assert df.loc[1, "input"] == columns["question"][1]
+    columns["answerKey"] = ["A", ""]  # the test split: no answers
+    with pytest.raises(ValueError, match=r"record 1 \(id 61fe6e879ff18686d7552425a36344c8\): answerKey '' is not"):
+        data.load_commonsense_qa(hub_file(tmp_path, "test_split", columns))
+
+
+def test_wikitext_in_the_hubs_layout(tmp_path):
+    lines = (D / "wikitext-2/test.txt").read_text().splitlines(keepends=True)[:50]
+    assert data.load_text(hub_file(tmp_path, "wikitext", {"text": lines})) == "".join(lines)
+    with pytest.raises(ValueError, match="expected a Parquet table with a text column"):
+        data.load_text(hub_file(tmp_path, "no_text", {"line": lines}))
+
+
+def test_hub_layout_errors_name_the_file(tmp_path):
+    with pytest.raises(FileNotFoundError, match="mmlu.parquet"):
+        data.load_mmlu(tmp_path / "mmlu.parquet")
+    broken = _write(tmp_path, "gsm8k.parquet", "not parquet")
+    with pytest.raises(ValueError, match=r"gsm8k.parquet: not a readable Parquet file.*expected GSM8K records"):
+        data.load_gsm8k(broken)
+    no_answer = hub_file(tmp_path, "svamp", {"ID": ["a"], "Body": ["b"], "Question": ["q"], "Equation": ["e"],
+                                             "Type": ["Addition"]})
+    with pytest.raises(ValueError, match=r"svamp.parquet, record 0: missing \['Answer'\]"):
+        data.load_svamp(no_answer)
+
+
+def test_fetch_hub_writes_the_checked_parquet_file_atomically(tmp_path, monkeypatch):
+    """`load_dataset` is replaced by a local table (no network): the file is the table, checked by the loader;
+    a table the loader rejects leaves no file."""
+    import datasets
+
+    calls = []
+
+    def fake_load_dataset(path, name=None, split=None, revision=None, cache_dir=None):
+        calls.append((path, name, split, revision))
+        assert Path(cache_dir).parent.parent == tmp_path / "results/data"  # not ~/.cache
+        return datasets.Dataset.from_dict({"question": ["What is 2 + 3?"], "choices": [["4", "5"]], "answer": [1]})
+
+    monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
+    out = tmp_path / "results/data/mmlu.parquet"
+    data.fetch_hub({"path": "cais/mmlu", "name": "all", "split": "test"}, out, data.load_mmlu)
+    assert calls == [("cais/mmlu", "all", "test", None)]
+    assert data.load_mmlu(out)["choices"].tolist() == [["4", "5"]]
+    assert sorted(p.name for p in out.parent.iterdir()) == ["mmlu.parquet"]  # no temporary left
+    with pytest.raises(ValueError, match="record 0: expected an object with keys 'question' and 'answer'"):
+        data.fetch_hub({"path": "cais/mmlu", "split": "test"}, tmp_path / "results/data/gsm8k.parquet", data.load_gsm8k)
+    assert sorted(p.name for p in out.parent.iterdir()) == ["mmlu.parquet"]
+
+
+# ---------------------------------------------------------------------------------------------------
 # errors on malformed files
 
 
@@ -136,9 +298,11 @@ def test_missing_file(tmp_path):
     "text, message",
     [
         ('{"question": "q", "answer": "a\\n#### 3"}\n{"question": "q"\n', r"line 2: not valid JSON"),
-        ('{"question": "q", "answer": "no final line"}\n', r"line 1: expected the answer's last line to be '#### "),
-        ('{"question": "q", "answer": "a\\n#### three"}\n', r"line 1: expected a number, got 'three'"),
-        ('{"q": "q", "answer": "a"}\n', r"line 1: expected an object with keys 'question' and 'answer'"),
+        ('{"question": "q", "answer": "no final line"}\n', r"record 0: expected the answer's last line to be '#### "),
+        ('{"question": "q", "answer": "a\\n#### 1"}\n{"question": "q", "answer": "a\\n#### three"}\n',
+         r"record 1: expected a number, got 'three'"),
+        ('{"q": "q", "answer": "a"}\n', r"record 0: expected an object with keys 'question' and 'answer'"),
+        ('{"question": "q", "answer": 3}\n', r"record 0: expected an object with keys 'question' and 'answer'"),
         ("\n", r"no records"),
     ],
 )
@@ -243,3 +407,18 @@ def test_chat_math_prompt_and_target():
         )
     )
     assert target == "The answer is 4.<|im_end|>\n"
+
+
+def test_loaders_never_open_a_connection(tmp_path, monkeypatch):
+    """Local files only: with every socket connection refused, the `datasets`-backed loaders still read."""
+    import socket
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a loader tried to open a network connection")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket, "create_connection", refuse)
+    assert len(data.load_gsm8k(D / "gsm8k/test.jsonl")) == 1319
+    assert len(data.load_svamp(D / "svamp/SVAMP.json")) == 1000
+    path = hub_file(tmp_path, "mmlu", {"question": ["q"], "choices": [["a", "b"]], "answer": [0]})
+    assert data.load_mmlu(path)["correct"].tolist() == [0]

@@ -218,6 +218,35 @@ def test_bad_config_fails_before_any_job(tmp_path):
     assert not (tmp_path / "results").exists()
 
 
+def test_hub_data_sets_are_fetched_once_and_read_by_evaluate_dry(tmp_path):
+    """A Hub-sourced set is one fetch_dataset job, shared by every method's evaluation, which reads the local
+    Parquet file; a vendored set is read where it is. A dry run only: nothing is downloaded."""
+    config = tiny_config(tmp_path / "nowhere")
+    config["evaluation"]["datasets"] = ["gsm8k", "mmlu", "wikitext"]
+    config["evaluation"]["gsm8k"] |= {"file": None, "hub": {"path": "openai/gsm8k", "name": "main", "split": "test"}}
+    config["evaluation"]["mmlu"] = {"hub": {"path": "cais/mmlu", "name": "all", "split": "test"}, "n": 3}
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    proc = snakemake(tmp_path, "--cores", "1", "--dry-run")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    jobs = planned_rules(proc)
+    assert jobs["fetch_dataset"] == 2 and jobs["evaluate"] == 3 * (1 + len(config["finetune"]["methods"]))
+    assert sorted(j["dataset"] for j in planned_jobs(proc, "fetch_dataset")) == ["gsm8k", "mmlu"]
+    inputs = [line.split("input: ", 1)[1].split(", ") for line in proc.stdout.splitlines() if "input: " in line]
+    base = [paths for paths in inputs if paths[-1] == "results/tiny/model" and not any("finetune/" in x for x in paths)]
+    assert [p for p in base if p[0] == "results/data/gsm8k.parquet"][0][1].endswith("resources/data/gsm8k/train.jsonl")
+    assert [p for p in base if p[0] == "results/data/mmlu.parquet"] == [["results/data/mmlu.parquet", "results/tiny/model"]]
+    assert any(p[0].endswith("resources/data/wikitext-2/test.txt") for p in base)
+
+
+def test_unknown_evaluation_set_fails_before_any_job_dry(tmp_path):
+    config = tiny_config(tmp_path / "nowhere")
+    config["evaluation"]["datasets"].append("gsm9k")
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    proc = snakemake(tmp_path, "--cores", "1", "--dry-run")
+    assert proc.returncode != 0
+    assert "config key 'evaluation.datasets.6': unknown data set 'gsm9k'" in proc.stdout + proc.stderr
+
+
 def test_missing_model_fails_with_one_clear_message(tmp_path):
     config = tiny_config(tmp_path / "no-such-model")
     config["run"]["tasks"] = ["addition"]

@@ -9,12 +9,6 @@ import yaml
 from jsonschema import Draft202012Validator
 
 
-# The `evaluation` sections that name a data set, in the order the evaluate rule runs them. Here rather than
-# in `stages` so the Snakefile can read it without importing torch.
-EVAL_DATASETS = ("gsm8k", "svamp", "social_iqa", "strategyqa", "qa_wikidata", "wikitext")
-MATH_DATASETS = ("gsm8k", "svamp")  # greedy answers after few-shot solved GSM8K examples
-
-
 class ConfigError(ValueError):
     pass
 
@@ -25,6 +19,8 @@ def _key(path) -> str:
 
 def validate_config(config: dict, schema_path: str | Path) -> None:
     """Raise ConfigError listing every problem, each as "config key 'a.b.c': what was expected"."""
+    from .eval_sets import config_problems
+
     schema = yaml.safe_load(Path(schema_path).read_text())
     errors = sorted(Draft202012Validator(schema).iter_errors(config), key=lambda e: list(map(str, e.absolute_path)))
     problems = [f"config key '{_key(e.absolute_path)}': {e.message}" for e in errors]
@@ -51,8 +47,7 @@ def validate_config(config: dict, schema_path: str | Path) -> None:
         train = config["finetune"]["train"]
         if (train.get("epochs") is None) == (train.get("max_steps") is None):
             problems.append("config key 'finetune.train': give exactly one of epochs or max_steps")
-        if config["evaluation"]["wikitext"]["stride"] >= config["evaluation"]["wikitext"]["max_length"]:
-            problems.append("config key 'evaluation.wikitext.stride': must be smaller than max_length")
+        problems += config_problems(config["evaluation"])  # the evaluation sets (arithmech.eval_sets)
         problems += _study_problems(config["study"])
         pairs = (ops["max"] - ops["min"] + 1) ** 2
         if config["prompts"]["n_shots"] >= pairs // 2:

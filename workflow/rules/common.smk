@@ -6,6 +6,8 @@ from arithmech.code_digest import script_digest
 
 MODELS = config["run"]["models"]
 TASKS = config["run"]["tasks"]
+# The evaluation sets to run (validated: names of arithmech.eval_sets.REGISTRY, each with its block).
+EVAL_DATASETS = config["evaluation"]["datasets"]
 
 
 wildcard_constraints:
@@ -144,25 +146,34 @@ def finetune_params(wildcards):
     return used
 
 
+def evaluation_data(dataset):
+    """Where an evaluation set's data is: its file, or the Parquet file fetch_dataset writes from the Hub."""
+    cfg = config["evaluation"][dataset]
+    if cfg.get("hub") is not None:
+        return hub_file(dataset)
+    return workflow_path(cfg["file"])
+
+
 def evaluate_inputs(wildcards):
     """The data set's file, the trained run (none for base) and, for math, the few-shot examples' file."""
-    files = {"data": workflow_path(config["evaluation"][wildcards.dataset]["file"])}
+    files = {"data": evaluation_data(wildcards.dataset)}
     if wildcards.method != "base":
         files["trained"] = f"results/{wildcards.model}/finetune/{wildcards.method}"
-    if wildcards.dataset in MATH_DATASETS:
+    if EVAL_REGISTRY[wildcards.dataset].kind == "math":
         files["shots"] = workflow_path(config["finetune"]["data"]["file"])
     return files
 
 
 def evaluate_params(wildcards):
-    """Only what one data set's evaluation reads (not its file, an input; not confidence, the summary's)."""
-    cfg, dataset = config["evaluation"], wildcards.dataset
+    """Only what one data set's evaluation reads: its kind's keys (not its file or hub: the data is an
+    input), and n_shots for math (not confidence, the summary's)."""
+    cfg, spec = config["evaluation"], EVAL_REGISTRY[wildcards.dataset]
     used = {
         "style": cfg["style"],
         "batch_size": cfg["batch_size"],
-        dataset: {k: v for k, v in cfg[dataset].items() if k != "file"},
+        spec.name: {k: v for k, v in cfg[spec.name].items() if k in spec.keys},
     }
-    if dataset in MATH_DATASETS:
+    if spec.kind == "math":
         used["n_shots"] = cfg["n_shots"]
     return used
 

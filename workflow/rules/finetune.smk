@@ -26,6 +26,23 @@ rule finetune:
         "../scripts/finetune.py"
 
 
+# An evaluation set given as `hub:` is downloaded once, shared by every model, on the machine that runs
+# Snakemake (cluster nodes are often offline); jobs read the local Parquet file.
+rule fetch_dataset:
+    output:
+        "results/data/{dataset}.parquet",
+    log:
+        "results/logs/fetch_dataset/{dataset}.log",
+    localrule: True
+    conda:
+        "../../envs/arithmech.yaml"
+    params:
+        code=library_code("fetch_dataset"),
+        hub=lambda w: config["evaluation"][w.dataset]["hub"],
+    script:
+        "../scripts/fetch_dataset.py"
+
+
 # One job per model and data set: changing one set's size re-runs only that set.
 rule evaluate:
     input:

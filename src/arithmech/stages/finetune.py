@@ -12,7 +12,7 @@ import pandas as pd
 import torch
 
 from .. import effects as fx
-from ..config import EVAL_DATASETS, MATH_DATASETS
+from ..eval_sets import REGISTRY
 from ..io import config_hash, provenance, write_html_table, write_parquet
 from .common import load_finetuned, load_stage_model, model_record, save_training_run, stage_meta
 
@@ -98,31 +98,32 @@ def run_finetune(*, model: str, model_dir, method: str, effects_paths: dict, dat
 
 def run_evaluate(*, model: str, model_dir, method: str, dataset: str, finetune_dir, data_path, shots_path,
                  evaluation: dict, compute: dict, seed: int, out_path) -> None:
-    """Evaluate one model (base or fine-tuned by `method`) on one data set: per-item rows (math: id, prompt,
-    output, extracted, gold, correct; choice: prediction, correct; perplexity: one row). `evaluation`: style
-    and batch_size, n_shots for the math sets (solved GSM8K train examples from `shots_path`), and the data
+    """Evaluate one model (base or fine-tuned by `method`) on one data set of the registry
+    (`arithmech.eval_sets`), scored by its kind: per-item rows (math: id, prompt, output, extracted, gold,
+    correct; choice: prediction, correct; qa: output, correct; perplexity: one row). `evaluation`: style and
+    batch_size, n_shots for the math sets (solved GSM8K train examples from `shots_path`), and the data
     set's own settings under its name."""
     from .. import data as ds
     from .. import evaluation as ev
 
-    if dataset not in EVAL_DATASETS:
-        raise ValueError(f"unknown evaluation data set {dataset!r}; expected one of {list(EVAL_DATASETS)}")
+    spec = REGISTRY.get(dataset)
+    if spec is None:
+        raise ValueError(f"unknown evaluation data set {dataset!r}; expected one of {list(REGISTRY)}")
     lm = load_finetuned(model_dir, finetune_dir, compute)
     bs, cfg, progress = evaluation["batch_size"], evaluation[dataset], f"{method} {dataset}"
-    if dataset in MATH_DATASETS:
+    if spec.kind == "math":
         shots = ds.few_shot_examples(ds.load_gsm8k(shots_path), evaluation["n_shots"], seed)
-        items = ds.subsample((ds.load_gsm8k if dataset == "gsm8k" else ds.load_svamp)(data_path), cfg["n"], seed)
+        items = ds.subsample(spec.load(data_path), cfg["n"], seed)
         items = ds.math_prompts(items.drop(columns=["solution"], errors="ignore"), shots, evaluation["style"],
                                 lm.tokenizer)
         rows = ev.evaluate_generation(lm, items, cfg["max_new_tokens"], bs, progress=progress)
-    elif dataset in ("social_iqa", "strategyqa"):
-        rows = ev.evaluate_choice(lm, ds.subsample(ds.load_bigbench_choice(data_path), cfg["n"], seed), bs,
-                                  progress=progress)
-    elif dataset == "qa_wikidata":
-        items = ds.subsample(ds.load_bigbench_generation(data_path), cfg["n"], seed)
+    elif spec.kind == "choice":
+        rows = ev.evaluate_choice(lm, ds.subsample(spec.load(data_path), cfg["n"], seed), bs, progress=progress)
+    elif spec.kind == "qa":
+        items = ds.subsample(spec.load(data_path), cfg["n"], seed)
         rows = ev.evaluate_qa_generation(lm, items, cfg["max_new_tokens"], bs, progress=progress)
     else:
-        result = ev.perplexity(lm, ds.load_text(data_path), cfg["max_length"], cfg["stride"], cfg["max_tokens"],
+        result = ev.perplexity(lm, spec.load(data_path), cfg["max_length"], cfg["stride"], cfg["max_tokens"],
                                progress=progress)
         rows = pd.DataFrame([result])
     rows = rows.assign(method=method, dataset=dataset)
@@ -168,14 +169,20 @@ def eval_summary(eval_paths: dict, stats_paths: dict, confidence: float) -> pd.D
     return pd.DataFrame(rows)
 
 
+def accuracy_sets(datasets: list[str]) -> list[str]:
+    """The sets scored by accuracy (all but the perplexity ones), in order."""
+    return [d for d in datasets if REGISTRY[d].kind != "perplexity"]
+
+
 def markdown_table(summary: pd.DataFrame, datasets: list[str]) -> str:
     """Table 1 as Markdown: accuracies as 'value [low, high]', perplexity, trainable parameters, step time."""
-    head = ["method", *[d for d in datasets if d != "wikitext"], "WikiText-2 ppl", "trainable params", "s/step",
+    scored = accuracy_sets(datasets)
+    head = ["method", *scored, "WikiText-2 ppl", "trainable params", "s/step",
             "train s", "peak MB"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in summary.to_dict("records"):
         cells = [r["method"]]
-        cells += [f"{r[d]:.1f} [{r[d + '_low']:.1f}, {r[d + '_high']:.1f}]" for d in datasets if d != "wikitext"]
+        cells += [f"{r[d]:.1f} [{r[d + '_low']:.1f}, {r[d + '_high']:.1f}]" for d in scored]
         cells += [f"{r.get('wikitext_ppl', float('nan')):.2f}", f"{r['trainable_params']:,}",
                   f"{r['mean_step_s']:.2f}", f"{r['train_time_s']:.0f}", f"{r['peak_memory_mb']:.0f}"]
         lines.append("| " + " | ".join(cells) + " |")
@@ -195,5 +202,5 @@ def run_summarize_eval(*, model: str, methods: list[str], eval_paths: dict, stat
         Path(tmp).write_text(f"# {model}: base vs fine-tuned (accuracy %, {100 * confidence:.0f}% Wilson intervals)\n\n"
                              + markdown_table(summary, datasets))
     write_html_table(summary, out_html, f"{model}: evaluation of every fine-tuning method")
-    plots.eval_summary(summary, [d for d in datasets if d != "wikitext"],
+    plots.eval_summary(summary, accuracy_sets(datasets),
                        f"{model}: accuracy after fine-tuning on GSM8K ({100 * confidence:.0f}% intervals)", out_png)

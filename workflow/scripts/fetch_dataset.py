@@ -1,0 +1,5 @@
+from arithmech.eval_sets import fetch
+from arithmech.jobs import job
+
+with job(snakemake):
+    fetch(name=snakemake.wildcards.dataset, hub=snakemake.params.hub, out_path=snakemake.output[0])
