@@ -7,7 +7,7 @@ TORCH ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.arithmech-installed
 
-.PHONY: setup run study test gpu-check benchmark report clean-results slurm-profile
+.PHONY: setup run study test gpu-check benchmark peer-benchmark report clean-results slurm-profile
 
 $(STAMP): requirements.txt envs/default-model.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -45,6 +45,16 @@ benchmark: $(STAMP)
 	$(BIN)/python benchmarks/finetune_speed.py --model-dir results/smollm2-135m/model \
 		--batch-size 4 --seq-len 256 --steps 3 --warmup 1 \
 		--heads L20H8,L20H7,L29H0,L19H5,L14H8,L23H3,L14H2,L23H0,L25H5,L29H3,L14H6,L27H3,L24H4,L21H5,L28H3,L23H1
+
+# Total-effect patching against TransformerLens (benchmarks/peer_speed.py). TransformerLens and what it
+# imports beyond .venv go to .venv-peer/ (pinned, --no-deps), put in front of .venv on PYTHONPATH.
+PEER := .venv-peer
+$(PEER)/.installed: benchmarks/requirements-peer.txt $(STAMP)
+	$(BIN)/python -m pip install --quiet --no-deps --target $(PEER) -r benchmarks/requirements-peer.txt
+	touch $@
+
+peer-benchmark: $(PEER)/.installed
+	PYTHONPATH=$(PEER) $(BIN)/python benchmarks/peer_speed.py
 
 report: $(STAMP)
 	$(BIN)/snakemake --cores $(CORES) --report results/report.html

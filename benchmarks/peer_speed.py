@@ -3,15 +3,18 @@
 The quantity: for every attention head and MLP of the default model (SmolLM2-135M), the answer logit with
 that node's output at END replaced by its value on the counterfactual prompt, everything downstream
 recomputed (`patching.total_logits`), and from it the paper's relative effect per sample and node. The
-peer computes it the way a TransformerLens user would: `TransformerBridge` around the SAME loaded HF
-model (`hf_model=`, so both sides run the same weights and kernels), the counterfactual `hook_z` /
-`hook_mlp_out` values at END from `run_with_cache`, then one `run_with_hooks` forward per node over the
-whole batch (left-padded, so END is the last position) that overwrites that node at END.
+peer computes it the way a TransformerLens user would: `TransformerBridge` around a second copy of the same
+HF model (`hf_model=`; the bridge replaces its modules in place and switches it to eager attention, so it
+cannot share arithmech's copy), the counterfactual `hook_z` / `hook_mlp_out` values at END from
+`run_with_cache`, then one `run_with_hooks` forward per node over the whole batch (left-padded, so END is
+the last position) that overwrites that node at END.
 
-Both sides time everything from the prompts to the logits (the counterfactual forward included; arithmech
-also runs its prefix and END passes). The effects must agree within --tolerance before any time is
-printed: a comparison that does not compute the same numbers is not a speed comparison. TransformerLens
-is a benchmark-only dependency (benchmarks/requirements-peer.txt, installed by `make peer-benchmark`).
+Both sides are timed from the prompts to the logits (the counterfactual forward included). arithmech runs
+as the workflow runs it (SDPA attention). The numbers are then compared on the same kernels: arithmech
+again with eager attention against the bridge, within --tolerance, before any time is printed (a
+comparison that does not compute the same numbers is not a speed comparison); the SDPA-vs-eager gap is
+printed beside it. TransformerLens is a benchmark-only dependency (benchmarks/requirements-peer.txt,
+installed by `make peer-benchmark`).
 
 Usage: python benchmarks/peer_speed.py [--model-dir results/smollm2-135m/model] [--samples 16]
 """
@@ -90,12 +93,11 @@ def main() -> None:
     layers = list(range(lm.n_layers))
     nodes = nodes_of(lm, layers)
     n = args.samples
-    # the bridge wraps the very model arithmech runs (it may switch it to eager attention, which both
-    # sides then use: the numbers are compared on the same kernels)
-    bridge = TransformerBridge.boot_transformers(str(args.model_dir), hf_model=lm.model, tokenizer=lm.tokenizer,
+    peer_model = load_model(args.model_dir, device="cpu", dtype="float32").model  # the bridge's own copy
+    bridge = TransformerBridge.boot_transformers(str(args.model_dir), hf_model=peer_model, tokenizer=lm.tokenizer,
                                                  device="cpu", dtype=torch.float32)
-    print(f"model {lm.describe()}, attention {lm.model.config._attn_implementation}, "
-          f"threads {torch.get_num_threads()}")
+    print(f"model {lm.describe()}, arithmech attention {lm.model.config._attn_implementation}, "
+          f"bridge attention {peer_model.config._attn_implementation}, threads {torch.get_num_threads()}")
     print(f"{n} addition prompts of {pairs['n_tokens'].min()}-{pairs['n_tokens'].max()} tokens, {len(nodes)} nodes")
 
     def ours():
@@ -111,17 +113,22 @@ def main() -> None:
         logit_o = logit_o.gather(1, answers[:, None])[:, 0].cpu()
         return logit_o, peer_total_logits(bridge, lm, texts, cf_texts, answers, nodes)
 
+    def effects(logit_o, logit_p):
+        return (logit_p - logit_o[:, None]) / logit_o[:, None]
+
     t_ours, (o_ours, p_ours) = timed(ours)
     t_peer, (o_peer, p_peer) = timed(peer)
-    effect_ours = (p_ours - o_ours[:, None]) / o_ours[:, None]
-    effect_peer = (p_peer - o_peer[:, None]) / o_peer[:, None]
-    gap = float((effect_ours - effect_peer).abs().max())
-    print(f"largest |effect difference| over {effect_ours.numel()} (sample, node) pairs: {gap:.2e} "
-          f"(largest |effect| {float(effect_ours.abs().max()):.3f}); logits differ by at most "
-          f"{float((p_ours - p_peer).abs().max()):.2e}")
+    lm.model.set_attn_implementation("eager")  # the bridge's kernels, for the agreement check
+    effect_eager = effects(*ours())
+    effect_ours, effect_peer = effects(o_ours, p_ours), effects(o_peer, p_peer)
+    gap = float((effect_eager - effect_peer).abs().max())
+    print(f"largest |effect difference| over {effect_peer.numel()} (sample, node) pairs, largest |effect| "
+          f"{float(effect_peer.abs().max()):.3f}:")
+    print(f"  arithmech (eager) vs TransformerLens: {gap:.2e}")
+    print(f"  arithmech SDPA vs eager:              {float((effect_ours - effect_eager).abs().max()):.2e}")
     if not gap <= args.tolerance:
         raise SystemExit(f"the two computations disagree (>{args.tolerance:g}): no speed comparison")
-    print(f"arithmech total_logits         {t_ours:8.2f} s")
+    print(f"arithmech total_logits                {t_ours:8.2f} s")
     print(f"TransformerLens, one forward per node {t_peer:8.2f} s")
     print(f"arithmech is {t_peer / t_ours:.1f}x faster (target >= 50x)")
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from arithmech import data
+from arithmech import data, formatting
 from arithmech.io import sha256_file
 from arithmech.tiny import build_tiny_tokenizer
 
@@ -369,17 +369,17 @@ def test_plain_math_prompt_and_target(gsm8k_train):
     shots = data.few_shot_examples(gsm8k_train, 2, seed=3)
     assert shots == data.few_shot_examples(gsm8k_train, 2, seed=3) != data.few_shot_examples(gsm8k_train, 2, seed=4)
     (q1, s1), (q2, s2) = shots
-    prompt = data.math_prompt("How many?", shots)
+    prompt = formatting.math_prompt("How many?", shots)
     assert prompt == f"Question: {q1}\nAnswer: {s1}\n\nQuestion: {q2}\nAnswer: {s2}\n\nQuestion: How many?\nAnswer:"
-    assert data.math_example("How many?", "2 + 2 = 4.\nThe answer is 4.", shots) == (
+    assert formatting.math_example("How many?", "2 + 2 = 4.\nThe answer is 4.", shots) == (
         prompt,
         " 2 + 2 = 4.\nThe answer is 4.",
     )
-    assert data.math_prompt("How many?") == "Question: How many?\nAnswer:"
-    frame = data.math_prompts(gsm8k_train.head(3), shots)
-    assert frame["prompt"].tolist() == [data.math_prompt(q, shots) for q in gsm8k_train.head(3)["question"]]
+    assert formatting.math_prompt("How many?") == "Question: How many?\nAnswer:"
+    frame = formatting.math_prompts(gsm8k_train.head(3), shots)
+    assert frame["prompt"].tolist() == [formatting.math_prompt(q, shots) for q in gsm8k_train.head(3)["question"]]
     assert frame["target"].tolist() == [" " + s for s in gsm8k_train.head(3)["solution"]]
-    svamp = data.math_prompts(pd.DataFrame({"id": ["s"], "question": ["Q?"], "gold": [1.0]}))
+    svamp = formatting.math_prompts(pd.DataFrame({"id": ["s"], "question": ["Q?"], "gold": [1.0]}))
     assert "target" not in svamp and svamp["prompt"].tolist() == ["Question: Q?\nAnswer:"]
 
 
@@ -392,15 +392,15 @@ CHATML = (
 def test_chat_math_prompt_and_target():
     tok = build_tiny_tokenizer()
     with pytest.raises(ValueError, match="needs a tokenizer with a chat template"):
-        data.math_prompt("Q?", style="chat", tokenizer=tok)
+        formatting.math_prompt("Q?", style="chat", tokenizer=tok)
     with pytest.raises(ValueError, match="unknown prompt style 'fancy'"):
-        data.math_prompt("Q?", style="fancy")
+        formatting.math_prompt("Q?", style="fancy")
     tok.chat_template = CHATML
     shots = [("1+1?", "The answer is 2.")]
-    prompt, target = data.math_example("2+2?", "The answer is 4.", shots, "chat", tok)
+    prompt, target = formatting.math_example("2+2?", "The answer is 4.", shots, "chat", tok)
     assert (
         prompt
-        == data.math_prompt("2+2?", shots, "chat", tok)
+        == formatting.math_prompt("2+2?", shots, "chat", tok)
         == (
             "<|im_start|>user\n1+1?<|im_end|>\n<|im_start|>assistant\nThe answer is 2.<|im_end|>\n"
             "<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n"
@@ -422,3 +422,14 @@ def test_loaders_never_open_a_connection(tmp_path, monkeypatch):
     assert len(data.load_svamp(D / "svamp/SVAMP.json")) == 1000
     path = hub_file(tmp_path, "mmlu", {"question": ["q"], "choices": [["a", "b"]], "answer": [0]})
     assert data.load_mmlu(path)["correct"].tolist() == [0]
+
+
+def test_one_question_answer_format():
+    """qa_prompt writes the format every user shares: math prompts, choice contexts, few-shot answers."""
+    shots = [("a?", "1"), ("b?", "2")]
+    assert formatting.qa_prompt("Q?", shots) == "Question: a?\nAnswer: 1\n\nQuestion: b?\nAnswer: 2\n\nQuestion: Q?\nAnswer:"
+    assert formatting.math_prompt("Q?", shots) == formatting.qa_prompt("Q?", shots)
+    assert formatting.choice_prompt("  Is it?\n") == "Question: Is it?\nAnswer:"
+    completion = formatting.qa_prompt("The capital of X is", [("The capital of Y is", "Z")], "", "", "\n")
+    assert completion == "The capital of Y is Z\nThe capital of X is"
+    assert formatting.question_prompts(["a?", "Q?"], ["1", "2"], 1, seed=0, items=[1]) == [formatting.qa_prompt("Q?", [("a?", "1")])]

@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 import torch
 
-from arithmech.data import choice_prompt
+from arithmech.formatting import choice_prompt
 from arithmech.hooks import hooks
 from arithmech.prompts import continuation_ids
 from arithmech.evaluation import (

@@ -11,6 +11,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from arithmech import finetune as ft
+from arithmech import formatting
 from arithmech.models import load_model
 from arithmech.prompts import encode
 
@@ -406,10 +407,8 @@ def test_eos_is_appended_only_when_the_target_does_not_end_with_it(tiny_lm):
 
 
 def test_chat_target_ending_its_turn_gets_no_second_eos():
-    from arithmech import data
-
     tok = chatml_tokenizer()
-    prompt, target = data.math_example("2+2?", "The answer is 4.", (), "chat", tok)
+    prompt, target = formatting.math_example("2+2?", "The answer is 4.", (), "chat", tok)
     assert target == "The answer is 4.<|im_end|>\n"
     ids, labels = ft.encode_example(tok, prompt, target, 128)
     p_ids = tok(prompt)["input_ids"]
@@ -452,7 +451,7 @@ def test_train_kv_reaches_every_query_head_of_the_kv_group(tiny_dir, train_kv):
     change."""
     lm = fresh(tiny_dir)
     assert (lm.n_heads, lm.n_kv_heads) == (4, 2)
-    prefix, hd = "model.layers.1.self_attn", lm.head_dim
+    prefix = "model.layers.1.self_attn"
     base = {n: p.detach().clone() for n, p in lm.model.named_parameters()}
     z = {}
     lm.model.get_submodule(f"{prefix}.o_proj").register_forward_pre_hook(

@@ -420,7 +420,7 @@ def test_format_prompts_are_exact_and_few_shot(prompt_cfg, task, fmt):
 
 
 def test_question_prompts_draw_other_items_as_shots():
-    from arithmech.prompts import question_prompts
+    from arithmech.formatting import question_prompts
 
     qs, ans = [f"q{i}?" for i in range(6)], [str(10 * i) for i in range(6)]
     prompts = question_prompts(qs, ans, 2, seed=0)

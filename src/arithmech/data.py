@@ -1,23 +1,12 @@
 """Evaluation and fine-tuning data sets (vendored under `resources/data/`, see its PROVENANCE.md, or fetched
-once from the Hugging Face Hub into a local Parquet file, `fetch_hub`), and the prompt formats that
-evaluation and fine-tuning share.
+once from the Hugging Face Hub into a local Parquet file, `fetch_hub`). How their questions are put to the
+model is `arithmech.formatting`.
 
 Every loader returns a pandas DataFrame with a stable string `id` column (the same file gives the same ids)
 and raises `FileNotFoundError` for a missing file and `ValueError`, naming the file, the record and the
 expected format, for a malformed one. Record files (JSON, JSON Lines, Parquet) are read with Hugging Face
 `datasets`, so a local file and a Hub download go through the same reader and types; the loaders accept the
 Hub's column layout of each set (GSM8K's and SVAMP's are those of the vendored files).
-
-Math prompts (GSM8K and SVAMP; the solved few-shot examples come from GSM8K train, `few_shot_examples`):
-  style "plain":  prompt = "Question: {shot q}\\nAnswer: {shot solution}\\n\\n" * k + "Question: {q}\\nAnswer:"
-                  target = " " + solution
-  style "chat":   prompt = the tokenizer's chat template over the messages (user: shot q, assistant: shot
-                  solution) * k + (user: q), with the generation prompt (the assistant turn's header);
-                  target = the rest of the template rendered with (assistant: solution) appended, i.e. the
-                  solution and the template's end-of-turn marker.
-The prompt is what the model is given (evaluation generates from it); the target is what fine-tuning teaches
-it to continue with (loss on the target tokens only). Neither adds an end-of-sequence token: a fine-tuning
-step that wants the model to stop appends `tokenizer.eos_token` itself.
 """
 
 from __future__ import annotations
@@ -33,7 +22,6 @@ import numpy as np
 import pandas as pd
 
 DATA_DIR = Path(__file__).resolve().parents[2] / "resources" / "data"
-STYLES = ("plain", "chat")
 
 _CALCULATOR = re.compile(r"<<[^<>]*>>")  # GSM8K calculator annotations: "48/2 = <<48/2=24>>24"
 _GSM8K_FINAL = re.compile(r"(?:\A|\n)#### (?P<gold>[^\n]+)\s*$")
@@ -328,10 +316,6 @@ def subsample(df: pd.DataFrame, n: int | None, seed: int) -> pd.DataFrame:
     return df.iloc[chosen].reset_index(drop=True)
 
 
-# ---------------------------------------------------------------------------------------------------
-# Prompt formats
-
-
 def few_shot_examples(train: pd.DataFrame, k: int, seed: int) -> list[tuple[str, str]]:
     """k solved examples (question, solution) drawn without replacement from a `load_gsm8k` frame; the same
     k for every evaluated question, so the prompts differ only in the question."""
@@ -339,74 +323,3 @@ def few_shot_examples(train: pd.DataFrame, k: int, seed: int) -> list[tuple[str,
         raise ValueError(f"few_shot_examples: asked for {k} shots from {len(train)} examples")
     picked = subsample(train, k, seed)
     return list(zip(picked["question"], picked["solution"]))
-
-
-def _check_style(style: str, tokenizer) -> None:
-    if style not in STYLES:
-        raise ValueError(f"unknown prompt style {style!r}; expected one of {', '.join(STYLES)}")
-    if style == "chat" and (tokenizer is None or not getattr(tokenizer, "chat_template", None)):
-        raise ValueError("prompt style 'chat' needs a tokenizer with a chat template")
-
-
-def _chat(tokenizer, messages: list[dict], generation_prompt: bool) -> str:
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
-    # Templates that write the BOS token into the text (LLaMA-2) would get a second one when the text is
-    # tokenized with special tokens (`prompts.encode`); drop the written one.
-    bos = tokenizer.bos_token
-    if bos and text.startswith(bos) and tokenizer("x")["input_ids"][:1] == [tokenizer.bos_token_id]:
-        text = text[len(bos) :]
-    return text
-
-
-def _messages(question: str, shots: Sequence[tuple[str, str]]) -> list[dict]:
-    messages = []
-    for q, s in shots:
-        messages += [{"role": "user", "content": q}, {"role": "assistant", "content": s}]
-    return messages + [{"role": "user", "content": question}]
-
-
-def math_prompt(question: str, shots: Sequence[tuple[str, str]] = (), style: str = "plain", tokenizer=None) -> str:
-    """The prompt for one math question (see the module docstring); `tokenizer` is needed for "chat"."""
-    _check_style(style, tokenizer)
-    if style == "chat":
-        return _chat(tokenizer, _messages(question, shots), generation_prompt=True)
-    solved = "".join(f"Question: {q}\nAnswer: {s}\n\n" for q, s in shots)
-    return f"{solved}Question: {question}\nAnswer:"
-
-
-def math_example(
-    question: str, solution: str, shots: Sequence[tuple[str, str]] = (), style: str = "plain", tokenizer=None
-) -> tuple[str, str]:
-    """(prompt, target) for fine-tuning: prompt == math_prompt(question, shots, style, tokenizer), and
-    prompt + target is the whole solved example."""
-    prompt = math_prompt(question, shots, style, tokenizer)
-    if style == "plain":
-        return prompt, " " + solution
-    full = _chat(tokenizer, _messages(question, shots) + [{"role": "assistant", "content": solution}], False)
-    if not full.startswith(prompt):
-        raise ValueError(
-            "the chat template does not render the conversation with the answer as the prompt (with the "
-            "generation prompt) plus a continuation, so no fine-tuning target can be cut from it"
-        )
-    return prompt, full[len(prompt) :]
-
-
-def math_prompts(
-    df: pd.DataFrame, shots: Sequence[tuple[str, str]] = (), style: str = "plain", tokenizer=None
-) -> pd.DataFrame:
-    """A copy of a GSM8K or SVAMP frame with a `prompt` column, and a `target` column when it has a
-    `solution` column (GSM8K)."""
-    out = df.copy()
-    if "solution" in df:
-        pairs = [math_example(q, s, shots, style, tokenizer) for q, s in zip(df["question"], df["solution"])]
-        out["prompt"] = [p for p, _ in pairs]
-        out["target"] = [t for _, t in pairs]
-    else:
-        out["prompt"] = [math_prompt(q, shots, style, tokenizer) for q in df["question"]]
-    return out
-
-
-def choice_prompt(text: str) -> str:
-    """The context for a multiple-choice question: "Question: {text}\\nAnswer:"; each choice is scored as the
-    continuation " " + choice."""
-    return f"Question: {text.strip()}\nAnswer:"

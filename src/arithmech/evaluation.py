@@ -24,7 +24,7 @@ import pandas as pd
 import torch
 from tqdm import tqdm
 
-from .data import choice_prompt
+from .formatting import choice_prompt
 from .decoding import Hooks, entered, greedy_decode
 from .models import LoadedModel
 from .patching import repeated_cache
@@ -377,7 +377,7 @@ def evaluate_generation(
 ) -> pd.DataFrame:
     """Generated math solutions, scored by their final answer (prompts' shared prefix: `generate_texts`).
 
-    `frame`: columns id, prompt (e.g. from `data.math_prompts`), gold (a number). Returns one row per input
+    `frame`: columns id, prompt (e.g. from `formatting.math_prompts`), gold (a number). Returns one row per input
     row, in the input order: id, prompt, output (the greedy continuation, cut before the first stop
     string), extracted (`extract_answer(output)`, NaN when none), gold, correct (extracted == gold)."""
     _require_columns(frame, ["id", "prompt", "gold"], "evaluate_generation")
@@ -506,7 +506,7 @@ def evaluate_choice(
     """Multiple-choice accuracy by log-likelihood.
 
     `frame`: columns id, input, choices (list of str), correct (index), as `data.load_bigbench_choice`
-    gives, and optionally prompt (the context; by default `data.choice_prompt(input)`). Each choice is
+    gives, and optionally prompt (the context; by default `formatting.choice_prompt(input)`). Each choice is
     scored as the continuation " " + choice. Returns one row per item: id, prediction (the choice with the
     highest summed log-likelihood; the first on a tie), correct_index, correct (bool; the main accuracy),
     n_choices, loglik (the summed scores), and prediction_norm / correct_norm, the same by the mean

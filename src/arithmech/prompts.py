@@ -265,26 +265,3 @@ def format_prompts(task: str, fmt: str, fmt_cfg: dict, prompts_cfg: dict, n: int
              "prompt": prefix + line(a, b)}
         )
     return pd.DataFrame(rows)
-
-
-def question_prompts(
-    questions: list[str], answers: list[str], n_shots: int, seed: int, items: Iterable[int] | None = None,
-    question_prefix: str = "Question: ", answer_prefix: str = "\nAnswer:", separator: str = "\n\n",
-) -> list[str]:
-    """Few-shot direct-answer prompts for the questions at `items` (default: all): for item i, `n_shots`
-    other questions of the set (a seeded draw) solved, then question i:
-    "Question: {q}\nAnswer: {a}\n\n" ... "Question: {q_i}\nAnswer:". The model's first generated words
-    are the answer (SVAMP with a number; BIG-bench qa_wikidata with `question_prefix=""`,
-    `answer_prefix=""`, whose inputs end where the answer starts)."""
-    if len(questions) != len(answers):
-        raise ValueError(f"{len(questions)} questions but {len(answers)} answers")
-    if len(questions) <= n_shots:
-        raise ValueError(f"need more than n_shots={n_shots} items to draw shots from, got {len(questions)}")
-    rng = np.random.default_rng(seed)
-    out = []
-    for i in range(len(questions)) if items is None else items:
-        shots = rng.choice(len(questions) - 1, size=n_shots, replace=False)
-        shots = shots + (shots >= i)  # every index but i
-        prefix = "".join(f"{question_prefix}{questions[j]}{answer_prefix} {answers[j]}{separator}" for j in shots)
-        out.append(f"{prefix}{question_prefix}{questions[i]}{answer_prefix}")
-    return out

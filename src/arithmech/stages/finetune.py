@@ -45,7 +45,8 @@ def ranked_nodes(effects_paths: dict) -> tuple[list[tuple[int, int]], list[int]]
 def finetune_examples(lm, data: dict, seed: int) -> list[tuple[str, str]]:
     """(prompt, target) pairs from GSM8K train: the question in the configured style, the worked solution
     ending "The answer is N." as the target (zero-shot: the model learns the format, not from examples)."""
-    from ..data import load_gsm8k, math_prompts, subsample
+    from ..data import load_gsm8k, subsample
+    from ..formatting import math_prompts
 
     train = subsample(load_gsm8k(data["file"]), data["n"], seed)
     frame = math_prompts(train, (), data["style"], lm.tokenizer)
@@ -105,6 +106,7 @@ def run_evaluate(*, model: str, model_dir, method: str, dataset: str, finetune_d
     set's own settings under its name."""
     from .. import data as ds
     from .. import evaluation as ev
+    from ..formatting import math_prompts
 
     spec = REGISTRY.get(dataset)
     if spec is None:
@@ -114,7 +116,7 @@ def run_evaluate(*, model: str, model_dir, method: str, dataset: str, finetune_d
     if spec.kind == "math":
         shots = ds.few_shot_examples(ds.load_gsm8k(shots_path), evaluation["n_shots"], seed)
         items = ds.subsample(spec.load(data_path), cfg["n"], seed)
-        items = ds.math_prompts(items.drop(columns=["solution"], errors="ignore"), shots, evaluation["style"],
+        items = math_prompts(items.drop(columns=["solution"], errors="ignore"), shots, evaluation["style"],
                                 lm.tokenizer)
         rows = ev.evaluate_generation(lm, items, cfg["max_new_tokens"], bs, progress=progress)
     elif spec.kind == "choice":

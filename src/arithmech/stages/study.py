@@ -127,14 +127,15 @@ def chosen_dir(selection_path, grid_dirs: dict) -> Path:
 def _off_target_rows(lm, base, study: dict, data_paths: dict, seed: int, bs: int) -> list[pd.DataFrame]:
     from .. import data as ds
     from .. import evaluation as ev
+    from ..formatting import math_prompts
 
     cfg, frames = study["off_target"], []
     style = cfg["style"]
     gsm = ds.subsample(ds.load_gsm8k(data_paths["gsm8k"]), cfg["gsm8k_n"], seed)
-    gsm = ds.math_prompts(gsm, (), style, lm.tokenizer)
+    gsm = math_prompts(gsm, (), style, lm.tokenizer)
     svamp = ds.subsample(ds.load_svamp(data_paths["svamp"]), cfg["svamp_n"], seed)
     svamp["solution"] = [f"The answer is {g:g}." for g in svamp["gold"]]
-    svamp = ds.math_prompts(svamp, (), style, lm.tokenizer)
+    svamp = math_prompts(svamp, (), style, lm.tokenizer)
     for name, frame in (("gsm8k", gsm), ("svamp", svamp)):
         s = ev.score_targets(lm, frame["prompt"].tolist(), frame["target"].tolist(), bs, progress=f"{name} NLL")
         ids = frame["id"].astype(str).to_numpy()

@@ -105,7 +105,8 @@ def _transfer_targets(
     Each: name, kind, texts, golds (numbers, or lists of accepted strings), answer_ids (first answer token,
     operator pairs only), max_new_tokens."""
     from ..data import load_bigbench_generation, load_svamp, subsample
-    from ..prompts import format_prompts, question_prompts
+    from ..formatting import question_prompts
+    from ..prompts import format_prompts
 
     targets = []
     for task, path in zip(tasks, pairs_paths, strict=True):
