@@ -15,16 +15,15 @@ Usage: python benchmarks/patching_speed.py [--model-dir results/smollm2-135m/mod
 from __future__ import annotations
 
 import argparse
-import tempfile
 import time
 from pathlib import Path
 
 import torch
-import yaml
 
-from arithmech.models import load_model, prepare_model
+from addition_prompts import addition_pairs, default_model_dir
+from arithmech.models import load_model
 from arithmech.patching import collect, direct_logits, nodes_of, reference_logits, total_logits
-from arithmech.prompts import build_prompts, encode
+from arithmech.prompts import encode
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -48,14 +47,10 @@ def main() -> None:
     parser.add_argument("--dtype", default="auto")
     args = parser.parse_args()
 
-    config = yaml.safe_load((ROOT / "config.yaml").read_text())
-    if not (args.model_dir / "source.json").is_file():
-        args.model_dir = Path(tempfile.mkdtemp()) / "model"
-        print(f"preparing the default model into {args.model_dir} ...")
-        prepare_model(config["models"]["smollm2-135m"]["source"], args.model_dir)
+    args.model_dir = default_model_dir(args.model_dir)
     torch.manual_seed(0)
     lm = load_model(args.model_dir, device=args.device, dtype=args.dtype)
-    pairs = build_prompts(lm.tokenizer, "addition", config["prompts"], seed=0).sample(args.samples, random_state=0)
+    pairs = addition_pairs(lm.tokenizer, args.samples)
     texts, cf_texts = list(pairs["prompt"]), list(pairs["cf_prompt"])
     answers = torch.tensor(pairs["answer_token_id"].to_numpy())
     batch = args.samples  # one batch: the comparison is per forward, not about batching

@@ -1,11 +1,15 @@
-"""Shared fixtures: one offline tiny Llama model per test session, loaded on CPU, and a prompt config."""
+"""Shared fixtures: one offline tiny Llama model per test session, loaded on CPU, a prompt config, the default
+config.yaml, and `check_fails` (a bad config raises a ConfigError naming the expected fragments)."""
 
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import pytest
+import yaml
 
+from arithmech.config import ConfigError, validate_config
 from arithmech.models import load_model
 from arithmech.tiny import build_tiny_model
 
@@ -45,3 +49,27 @@ def base_prompt_cfg():
 def prompt_cfg():
     """A fresh copy per test, so a test that edits it cannot leak into another."""
     return copy.deepcopy(PROMPT_CFG)
+
+
+ROOT = Path(__file__).resolve().parents[1]
+SCHEMA = ROOT / "workflow/schemas/config.schema.yaml"
+
+
+@pytest.fixture
+def config():
+    """The default config.yaml, read afresh for each test (tests edit it)."""
+    return yaml.safe_load((ROOT / "config.yaml").read_text())
+
+
+@pytest.fixture
+def check_fails():
+    """check_fails(config, *fragments): validating `config` raises a ConfigError whose message holds every
+    fragment (the key it names, what was expected)."""
+
+    def check(config, *fragments):
+        with pytest.raises(ConfigError) as err:
+            validate_config(config, SCHEMA)
+        for fragment in fragments:
+            assert fragment in str(err.value)
+
+    return check

@@ -11,24 +11,12 @@ import pytest
 import yaml
 
 from arithmech import data, eval_sets
-from arithmech.config import ConfigError, validate_config
+from arithmech.config import validate_config
 from arithmech.eval_sets import KIND_KEYS, REGISTRY
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = ROOT / "workflow/schemas/config.schema.yaml"
 KIND_BLOCKS = {"math": "generation", "qa": "generation", "choice": "choice", "perplexity": "perplexity"}
-
-
-@pytest.fixture
-def config():
-    return yaml.safe_load((ROOT / "config.yaml").read_text())
-
-
-def check_fails(config, *fragments):
-    with pytest.raises(ConfigError) as err:
-        validate_config(config, SCHEMA)
-    for fragment in fragments:
-        assert fragment in str(err.value)
 
 
 def test_registry_and_schema_agree():
@@ -83,19 +71,19 @@ def test_hub_sets_merge_into_a_valid_config(config):
     assert eval_sets.config_problems(config["evaluation"]) == []
 
 
-def test_unknown_data_set_names_the_key(config):
+def test_unknown_data_set_names_the_key(config, check_fails):
     config["evaluation"]["datasets"].append("gsm9k")
     check_fails(config, "config key 'evaluation.datasets.6': unknown data set 'gsm9k'", "known: gsm8k, svamp")
     config["evaluation"]["gsm9k"] = {"file": "x.jsonl", "n": 3, "max_new_tokens": 4}
     check_fails(config, "config key 'evaluation'", "'gsm9k' was unexpected")
 
 
-def test_listed_set_needs_its_block(config):
+def test_listed_set_needs_its_block(config, check_fails):
     config["evaluation"]["datasets"].append("mmlu")
     check_fails(config, "config key 'evaluation.mmlu': missing; data set 'mmlu' is in evaluation.datasets")
 
 
-def test_exactly_one_of_file_and_hub(config):
+def test_exactly_one_of_file_and_hub(config, check_fails):
     bad = copy.deepcopy(config)
     bad["evaluation"]["svamp"]["file"] = None
     check_fails(bad, "config key 'evaluation.svamp': give exactly one of file and hub")
@@ -107,7 +95,7 @@ def test_exactly_one_of_file_and_hub(config):
     check_fails(config, "config key 'evaluation.svamp': give exactly one of file and hub")
 
 
-def test_hub_needs_a_split_and_a_set_whose_loader_reads_the_hub(config):
+def test_hub_needs_a_split_and_a_set_whose_loader_reads_the_hub(config, check_fails):
     bad = copy.deepcopy(config)
     bad["evaluation"]["gsm8k"] = {"hub": {"path": "openai/gsm8k", "name": "main"}, "n": 3, "max_new_tokens": 4}
     check_fails(bad, "config key 'evaluation.gsm8k.hub': 'split' is a required property")
@@ -116,7 +104,7 @@ def test_hub_needs_a_split_and_a_set_whose_loader_reads_the_hub(config):
     check_fails(config, "config key 'evaluation.social_iqa.hub': the social_iqa loader reads only the vendored")
 
 
-def test_stride_below_window_for_perplexity_sets(config):
+def test_stride_below_window_for_perplexity_sets(config, check_fails):
     config["evaluation"]["wikitext"]["stride"] = 512
     check_fails(config, "config key 'evaluation.wikitext.stride': must be smaller than max_length")
 
