@@ -370,10 +370,14 @@ def test_direct_with_cf_equal_ref_gives_reference_logits(tiny_lm, data, states, 
 )
 def test_total_matches_reference_total(tiny_lm, data, states, layers, ref_total, batch_size, copies):
     _, cf = states
-    logits, lp = total_logits(tiny_lm, data["texts"], data["answers"], cf, layers, batch_size, copies)
+    logits, lp = total_logits(tiny_lm, data["texts"], data["answers"], cf, layers, batch_size, copies, True)
     assert logits.shape == lp.shape == ref_total[0].shape == (7, 15)
     torch.testing.assert_close(logits, ref_total[0], atol=1e-4, rtol=0)
     torch.testing.assert_close(lp, ref_total[1], atol=1e-4, rtol=0)
+    # without log-probs only the answers' unembedding rows are read: the same logits
+    alone, none = total_logits(tiny_lm, data["texts"], data["answers"], cf, layers, batch_size, copies)
+    assert none is None
+    torch.testing.assert_close(alone, logits, atol=1e-5, rtol=0)
 
 
 def test_layers_from_runs_the_rest_of_the_model(tiny_lm, data):

@@ -285,6 +285,12 @@ class LoadedModel:
                 config.layer_types = types
 
     @property
+    def body(self) -> nn.Module:
+        """The model without its unembedding (`get_decoder()`): its `last_hidden_state` is the residual
+        stream after the final norm, which `unembed` maps to logits."""
+        return self.model.get_decoder()
+
+    @property
     def final_norm(self) -> nn.Module:
         return self.model.model.norm
 

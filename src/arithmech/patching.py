@@ -114,7 +114,12 @@ def _head_deltas(lm: LoadedModel, layer: int, dz: torch.Tensor) -> torch.Tensor:
 
 def _answer_scores(lm: LoadedModel, resid: torch.Tensor, answer_ids: torch.Tensor, with_logprobs: bool):
     """Final norm + unembedding of residuals [B, N, d] -> answer logits [B, N] (and log-probs)."""
-    normed = lm.final_norm(resid.to(lm.final_norm.weight.device))
+    return _unembed_scores(lm, lm.final_norm(resid.to(lm.final_norm.weight.device)), answer_ids, with_logprobs)
+
+
+def _unembed_scores(lm: LoadedModel, normed: torch.Tensor, answer_ids: torch.Tensor, with_logprobs: bool):
+    """Unembedding of final-normed residuals [B, N, d] -> answer logits [B, N] (and log-probs [B, N]).
+    Without log-probs only the answers' rows of the unembedding are read, not the whole vocabulary."""
     unembed = lm.unembed
     normed, answer_ids = normed.to(unembed.weight.device), answer_ids.to(unembed.weight.device)
     if not with_logprobs:
@@ -214,18 +219,18 @@ def repeated_cache(prefix, copies: int):
 
 def end_forward(lm: LoadedModel, enc: dict[str, torch.Tensor], prefix, copies: int,
                 inputs_embeds: torch.Tensor | None = None, output_hidden_states: bool = False):
-    """The model's output at END for `copies` copies of every row (row i * copies + j is copy j of row i),
-    computing only the END token on top of `prefix` (left untouched: `repeated_cache`). `inputs_embeds`
-    [batch, 1, d_model], repeated like the rows, replaces END's embedding (inside `layers_from`: the
-    residual entering the first layer run). Hooks active around the call act on the copies."""
+    """The model body's output at END (`LoadedModel.body`: last_hidden_state after the final norm, no
+    unembedding) for `copies` copies of every row (row i * copies + j is copy j of row i), computing only the
+    END token on top of `prefix` (left untouched: `repeated_cache`). `inputs_embeds` [batch, 1, d_model],
+    repeated like the rows, replaces END's embedding (inside `layers_from`: the residual entering the first
+    layer run). Hooks active around the call act on the copies."""
     ids = {"input_ids": enc["input_ids"][:, -1:]} if inputs_embeds is None else {"inputs_embeds": inputs_embeds}
-    return lm.model(
+    return lm.body(
         **{k: v.repeat_interleave(copies, 0) for k, v in ids.items()},
         attention_mask=enc["attention_mask"].repeat_interleave(copies, 0),
         position_ids=enc["position_ids"][:, -1:].repeat_interleave(copies, 0),
         past_key_values=repeated_cache(prefix, copies),
         output_hidden_states=output_hidden_states,
-        logits_to_keep=1,
     )
 
 
@@ -238,14 +243,16 @@ def total_logits(
     layers: list[int],
     batch_size: int = 16,
     copies_per_forward: int = 256,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Answer logit and log-prob with one node patched to its counterfactual END value and everything
-    downstream recomputed. Returns ([n_samples, n_nodes], [n_samples, n_nodes]) in `nodes_of` order.
+    with_logprobs: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Answer logit (and log-prob) with one node patched to its counterfactual END value and everything
+    downstream recomputed. Returns ([n_samples, n_nodes], [n_samples, n_nodes] or None) in `nodes_of` order.
 
     Per batch: the prefix (all but END) runs once and END once more, unpatched, for the residual stream
     entering every layer. A node of layer l changes nothing below l, so its patched copies run END through
     layers l..L-1 only (`LoadedModel.layers_from`), from that residual and a copy of the prefix cache; the
-    copies of one layer's nodes share a forward (up to `copies_per_forward` rows)."""
+    copies of one layer's nodes share a forward (up to `copies_per_forward` rows). Without log-probs only
+    the answers' unembedding rows are applied (`LoadedModel.body`), not the whole vocabulary."""
     nodes = nodes_of(lm, layers)
     out_logits, out_lp = [], []
     by_layer: dict[int, list[int]] = {}  # layer -> indices into `nodes`
@@ -267,13 +274,14 @@ def total_logits(
                 rows = torch.arange(start, start + n).repeat_interleave(k)  # row b*k + j patches part[j]
                 heads, mlps = _node_patches(lm, part, cf, rows, base=None)
                 with patch_end(lm, heads, mlps), lm.layers_from(layer):
-                    logits = end_forward(lm, enc, prefix, k, inputs_embeds=resid[layer]).logits[:, -1]
-                lo, lp = _scores(logits, answers.repeat_interleave(k))
+                    normed = end_forward(lm, enc, prefix, k, inputs_embeds=resid[layer]).last_hidden_state
+                lo, lp = _unembed_scores(lm, normed, answers.repeat_interleave(k), with_logprobs)  # [n*k, 1]
                 logit_out[:, cols] = lo.view(n, k).cpu()
-                lp_out[:, cols] = lp.view(n, k).cpu()
+                if with_logprobs:
+                    lp_out[:, cols] = lp.view(n, k).cpu()
         out_logits.append(logit_out)
         out_lp.append(lp_out)
-    return torch.cat(out_logits), torch.cat(out_lp)
+    return torch.cat(out_logits), (torch.cat(out_lp) if with_logprobs else None)
 
 
 @torch.no_grad()

@@ -104,7 +104,7 @@ def run_patch_layer(*, model_dir, layer: int, patching: dict, compute: dict, pai
         else:
             texts = list(pd.read_parquet(pairs_path, columns=["prompt"])["prompt"])
             logit_p, logprob_p = total_logits(
-                lm, texts, answers, cf, [layer], compute["batch_size"], patching["copies_per_forward"]
+                lm, texts, answers, cf, [layer], compute["batch_size"], patching["copies_per_forward"], with_probs
             )
         frame = effects_frame(
             lm, sample_ids.tolist(), [layer], ref.logits, logit_p,
