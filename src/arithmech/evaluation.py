@@ -117,9 +117,10 @@ class SharedPrefix:
 
     `of` tokenizes every text (as `prompts.encode` does) and finds the common prefix of the token ids, so a
     prefix never ends inside a token of one text's own tokenization; it keeps at least one token per text
-    to run (the END that predicts the first new token). `batch(rows)` returns generate() inputs:
-    input_ids and attention_mask [rows, prefix + longest rest], the rests left-padded after the prefix, and
-    past_key_values, a fresh copy of the prefix cache repeated over the rows (decoding extends it)."""
+    to run (the END that predicts the first new token). `batch(rows)` returns `decoding.greedy_decode`
+    inputs: input_ids [rows, longest rest] (each row's own tokens, left-padded), attention_mask
+    [rows, prefix + longest rest] and past_key_values, a fresh copy of the prefix cache repeated over the
+    rows (decoding extends it)."""
 
     MIN_TOKENS = 8  # a shorter shared prefix is not worth a separate forward
 
