@@ -58,7 +58,7 @@ import torch
 from .decoding import Hooks, greedy_decode
 from .hooks import patch_tail
 from .models import LoadedModel
-from .patching import AlignedMean, prefix_cache, repeated_cache
+from .patching import AlignedMean, end_copies, prefix_cache
 from .prompts import encode
 
 POSITIONS = ("end", "aligned")
@@ -318,12 +318,8 @@ def greedy_end_sets(
                     first[s0 : s0 + c, start : start + b] = picked.view(b, c).T.cpu()
 
             gen = greedy_decode(  # [b * c, max_new_tokens]
-                lm,
-                input_ids=enc["input_ids"][:, -1:].repeat_interleave(c, 0),
-                attention_mask=enc["attention_mask"].repeat_interleave(c, 0),
-                position_ids=enc["position_ids"][:, -1:].repeat_interleave(c, 0),
-                past_key_values=repeated_cache(prefix, c),
-                max_new_tokens=max_new_tokens, hooks=hooks, stop=settled, on_logits=first_logits,
+                lm, **end_copies(enc, prefix, c), max_new_tokens=max_new_tokens, hooks=hooks, stop=settled,
+                on_logits=first_logits,
             )
             out[s0 : s0 + c, start : start + b] = gen.view(b, c, -1).transpose(0, 1)
     return GreedyKnockout(out, first)

@@ -7,7 +7,8 @@ Wilson intervals for accuracies.
 `hooks` everywhere is `decoding.Hooks`: None, or hooks(rows) -> the context manager entered around each
 forward, rows (LongTensor) the indices in `texts` of the forward's rows; hooks acting on every row alike
 ignore them (`lambda rows: ablation.mean_ablate(...)`), per-row ones select with them
-(`ablation.ablation_hooks`). Batches are left-padded (`prompts.encode`), so END, the position that predicts the next token, is index -1.
+(`ablation.ablation_hooks`). Batches are left-padded (`prompts.encode`), so END, the position that predicts
+the next token, is index -1.
 """
 
 from __future__ import annotations
@@ -24,8 +25,8 @@ import pandas as pd
 import torch
 from tqdm import tqdm
 
-from .formatting import choice_prompt
 from .decoding import Hooks, entered, greedy_decode
+from .formatting import choice_prompt
 from .models import LoadedModel
 from .patching import repeated_cache
 from .prompts import continuation_ids, encode

@@ -272,7 +272,7 @@ class LoadedModel:
         supported architecture (`LLAMA_FAMILY`) scales `inputs_embeds`, so the residual passes unchanged."""
         if not 0 <= start < self.n_layers:
             raise ValueError(f"start layer {start} out of range for {self.n_layers} layers")
-        inner, config = self.model.model, self.model.model.config
+        inner, config = self.body, self.body.config
         layers, types = inner.layers, getattr(config, "layer_types", None)
         inner.layers = layers[start:]
         if types is not None:  # indexed by position in the loop (Qwen2/3's sliding-window layers)

@@ -217,6 +217,18 @@ def repeated_cache(prefix, copies: int):
     return cache
 
 
+def end_copies(enc: dict[str, torch.Tensor], prefix, copies: int) -> dict:
+    """Forward inputs for `copies` copies of every row of a left-padded batch (row i * copies + j is copy j
+    of row i) that run the END token alone on top of `prefix`: input_ids and position_ids [batch * copies, 1],
+    attention_mask [batch * copies, seq], past_key_values a fresh copy (`repeated_cache`)."""
+    return {
+        "input_ids": enc["input_ids"][:, -1:].repeat_interleave(copies, 0),
+        "attention_mask": enc["attention_mask"].repeat_interleave(copies, 0),
+        "position_ids": enc["position_ids"][:, -1:].repeat_interleave(copies, 0),
+        "past_key_values": repeated_cache(prefix, copies),
+    }
+
+
 def end_forward(lm: LoadedModel, enc: dict[str, torch.Tensor], prefix, copies: int,
                 inputs_embeds: torch.Tensor | None = None, output_hidden_states: bool = False):
     """The model body's output at END (`LoadedModel.body`: last_hidden_state after the final norm, no
@@ -224,14 +236,11 @@ def end_forward(lm: LoadedModel, enc: dict[str, torch.Tensor], prefix, copies: i
     END token on top of `prefix` (left untouched: `repeated_cache`). `inputs_embeds` [batch, 1, d_model],
     repeated like the rows, replaces END's embedding (inside `layers_from`: the residual entering the first
     layer run). Hooks active around the call act on the copies."""
-    ids = {"input_ids": enc["input_ids"][:, -1:]} if inputs_embeds is None else {"inputs_embeds": inputs_embeds}
-    return lm.body(
-        **{k: v.repeat_interleave(copies, 0) for k, v in ids.items()},
-        attention_mask=enc["attention_mask"].repeat_interleave(copies, 0),
-        position_ids=enc["position_ids"][:, -1:].repeat_interleave(copies, 0),
-        past_key_values=repeated_cache(prefix, copies),
-        output_hidden_states=output_hidden_states,
-    )
+    inputs = end_copies(enc, prefix, copies)
+    if inputs_embeds is not None:
+        del inputs["input_ids"]
+        inputs["inputs_embeds"] = inputs_embeds.repeat_interleave(copies, 0)
+    return lm.body(**inputs, output_hidden_states=output_hidden_states)
 
 
 @torch.no_grad()
