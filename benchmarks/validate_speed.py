@@ -27,11 +27,13 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from arithmech.ablation import greedy_end_sets, random_heads
+from arithmech.ablation import greedy_end_sets
+from arithmech.controls import random_heads
 from arithmech.evaluation import settled_number
 from arithmech.models import load_model
 from arithmech.patching import AlignedMean
-from arithmech.stages.validate import _answers_correct, _transfer_targets, answer_tokens, knockout_node_sets
+from arithmech.evaluation import answer_tokens
+from arithmech.stages.validate import _answers_correct, _transfer_targets, knockout_node_sets
 
 ROOT = Path(__file__).resolve().parents[1]
 

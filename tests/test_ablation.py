@@ -13,8 +13,8 @@ from arithmech.ablation import (
     greedy_end_sets,
     knockout,
     mean_ablate,
-    random_heads,
 )
+from arithmech.controls import random_heads
 from arithmech.evaluation import (
     answer_correct,
     extract_number,

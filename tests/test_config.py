@@ -90,3 +90,22 @@ def test_finetune_needs_exactly_one_length_and_an_lr_per_method(config, check_fa
 def test_unknown_finetune_method_names_the_key(config, check_fails):
     config["finetune"]["methods"] = ["precise", "magic"]
     check_fails(config, "config key 'finetune.methods.1'")
+
+
+def test_split_share_that_empties_a_split_fails_naming_the_key(config, check_fails):
+    config["prompts"]["splits"]["validation_share"] = 0.001  # 45 subtraction pairs: none held out
+    check_fails(config, "config key 'prompts.splits.validation_share'", "leaves no validation pair")
+    config["prompts"]["splits"]["validation_share"] = 0.999
+    check_fails(config, "config key 'prompts.splits.validation_share'", "leaves no identification pair")
+    config["prompts"]["splits"]["validation_share"] = 1.5
+    check_fails(config, "config key 'prompts.splits.validation_share'")
+
+
+def test_unknown_rigour_options_fail_naming_the_key(config, check_fails):
+    bad = {("prompts", "keep_only_correct"): True, ("prompts", "counterfactual_shots"): "none",
+           ("ablation", "positions"): ["end", "aligned"]}
+    for (section, key), value in bad.items():
+        broken = {**config, section: {**config[section], key: value}}
+        check_fails(broken, f"config key '{section}.{key}")
+    del config["prompts"]["splits"]["max_samples"]["validation"]
+    check_fails(config, "config key 'prompts.splits.max_samples'", "'validation' is a required property")

@@ -17,8 +17,11 @@ def _knockout():
     rows = [("top_heads", -1, k, acc, acc - 0.1) for k, acc in [(0, 1.0), (1, 0.8), (2, 0.3)]]
     rows += [("random_heads", s, k, acc, acc) for s, accs in [(0, [0.9, 0.7]), (1, [1.0, 0.9])]
              for k, acc in zip([1, 2], accs)]
+    rows += [("random_layer_matched", s, 2, acc, acc) for s, acc in [(0, 0.6), (1, 0.4)]]
     rows.append(("key_mlps", -1, 1, 0.5, 0.5))
-    return pd.DataFrame(rows, columns=["curve", "seed", "k", "accuracy", "full_accuracy"]).assign(n=20, positions="end")
+    end = pd.DataFrame(rows, columns=["curve", "seed", "k", "accuracy", "full_accuracy"]).assign(n=20, positions="end")
+    every = end.assign(positions="all", n=8, accuracy=end["accuracy"] / 2)
+    return pd.concat([end, every], ignore_index=True)
 
 
 def test_key_components_strongest_first():
@@ -30,11 +33,13 @@ def test_key_components_strongest_first():
 
 
 def test_knockout_rows_read_the_largest_k_and_the_random_draws():
-    (row,) = knockout_rows({"addition": _knockout()}).to_dict("records")
-    assert row["K"] == 2 and row["n"] == 20
+    row, every = knockout_rows({"addition": _knockout()}).to_dict("records")
+    assert row["K"] == 2 and row["n"] == 20 and row["positions"] == "end"
     assert row["first token: none"] == 100 and row["first token: top K"] == pytest.approx(30)
     assert row["full answer: top K"] == pytest.approx(20)
     assert row["first token: random K"] == "80.0 [70.0, 90.0]"
+    assert row["first token: layer-matched K"] == "50.0 [40.0, 60.0]"
+    assert every["positions"] == "all" and every["n"] == 8 and every["first token: top K"] == pytest.approx(15)
 
 
 def test_study_rows_and_page(tmp_path):

@@ -295,61 +295,88 @@ def test_build_prompts_too_many_shots_fails(tok, prompt_cfg):
 
 
 def _samples(n=10):
-    return pd.DataFrame({"sample_id": np.arange(n), "answer_token_id": np.arange(100, 100 + n)})
+    """n samples of distinct operand pairs (a, b) = (i, 0), with their checked answers all correct."""
+    df = pd.DataFrame({"sample_id": np.arange(n), "task": "addition", "a": np.arange(n), "b": 0,
+                       "answer_token_id": np.arange(100, 100 + n)})
+    checked = pd.DataFrame({"predicted_token_id": np.arange(100, 100 + n), "full_answer": [str(i) for i in range(n)],
+                            "correct_first_token": True, "correct_full": True})
+    return df, checked
 
 
-def test_select_drops_wrong_answers():
-    df = _samples(6)
-    predicted = [100, 0, 102, 103, 0, 105]
-    kept, dropped = select_samples(df, predicted, max_samples=None, keep_only_correct=True, seed=0)
-    assert kept["sample_id"].tolist() == [0, 2, 3, 5]
-    assert kept["correct"].all()
-    assert kept["predicted_token_id"].tolist() == [100, 102, 103, 105]
-    assert dropped["sample_id"].tolist() == [1, 4]
-    assert (dropped["drop_reason"] == "wrong_answer").all()
-    assert not dropped["correct"].any()
-    assert kept.index.tolist() == [0, 1, 2, 3]
+def _splits(share=0.5, identification=100, validation=100):
+    return {"validation_share": share, "max_samples": {"identification": identification, "validation": validation}}
 
 
-def test_select_max_samples_is_seeded_and_recorded():
-    df = _samples(10)
-    predicted = list(range(100, 110))
-    predicted[7] = 0  # one wrong
-    kept, dropped = select_samples(df, predicted, max_samples=4, keep_only_correct=True, seed=5)
-    again, dropped_again = select_samples(df, predicted, max_samples=4, keep_only_correct=True, seed=5)
+def test_select_drops_wrong_answers_by_the_keep_rule():
+    df, checked = _samples(6)
+    checked.loc[[1, 4], "correct_full"] = False  # wrong in full, first token right
+    checked.loc[[4], "correct_first_token"] = False
+    kept, dropped = select_samples(df, checked, "full", _splits(), seed=0)
+    assert kept["sample_id"].tolist() == [0, 2, 3, 5] and kept["correct"].all()
+    assert dropped["sample_id"].tolist() == [1, 4] and (dropped["drop_reason"] == "wrong_answer").all()
+    kept, dropped = select_samples(df, checked, "first_token", _splits(), seed=0)
+    assert kept["sample_id"].tolist() == [0, 1, 2, 3, 5] and dropped["sample_id"].tolist() == [4]
+    kept, dropped = select_samples(df, checked, False, _splits(), seed=0)
+    assert len(kept) == 6 and kept["correct"].tolist() == [True, False, True, True, False, True]  # the full answer
+    with pytest.raises(ValueError, match="keep_only_correct must be full, first_token or false"):
+        select_samples(df, checked, True, _splits(), seed=0)
+
+
+def test_splits_are_disjoint_operand_pairs_and_seeded():
+    df = pd.DataFrame({"sample_id": np.arange(40), "task": "addition", "a": np.arange(40) % 10, "b": 1,
+                       "answer_token_id": 0})  # 10 operand pairs, 4 templates each
+    checked = pd.DataFrame({"predicted_token_id": np.zeros(40, int), "full_answer": "", "correct_first_token": True,
+                            "correct_full": True})
+    kept, _ = select_samples(df, checked, "full", _splits(0.3), seed=1)
+    by_split = {s: set(g["a"]) for s, g in kept.groupby("split")}
+    assert len(by_split["validation"]) == 3 and len(by_split["identification"]) == 7
+    assert not by_split["validation"] & by_split["identification"]
+    assert (kept.groupby("a")["split"].nunique() == 1).all()  # every template of a pair in the same split
+    again, _ = select_samples(df, checked, "full", _splits(0.3), seed=1)
+    pd.testing.assert_frame_equal(kept, again)
+    other = {s: set(g["a"]) for s, g in select_samples(df, checked, "full", _splits(0.3), seed=2)[0].groupby("split")}
+    assert other != by_split
+    with pytest.raises(ValueError, match="leaves an empty split"):
+        select_samples(df, checked, "full", _splits(0.01), seed=1)
+
+
+def test_select_max_samples_per_split_is_seeded_and_recorded():
+    df, checked = _samples(20)
+    kept, dropped = select_samples(df, checked, "full", _splits(0.5, identification=3, validation=4), seed=5)
+    assert kept["split"].value_counts().to_dict() == {"validation": 4, "identification": 3}
+    assert kept["sample_id"].is_monotonic_increasing and dropped["sample_id"].is_monotonic_increasing
+    assert set(dropped["drop_reason"]) == {"over_max_samples"} and len(dropped) == 13
+    assert sorted([*dropped["sample_id"], *kept["sample_id"]]) == list(range(20))
+    again, dropped_again = select_samples(df, checked, "full", _splits(0.5, identification=3, validation=4), seed=5)
     pd.testing.assert_frame_equal(kept, again)
     pd.testing.assert_frame_equal(dropped, dropped_again)
-    assert len(kept) == 4 and 7 not in kept["sample_id"].tolist()
-    assert kept["sample_id"].is_monotonic_increasing
-    reasons = dict(zip(dropped["sample_id"], dropped["drop_reason"]))
-    assert reasons.pop(7) == "wrong_answer"
-    assert set(reasons.values()) == {"over_max_samples"}
-    assert sorted([*reasons, *kept["sample_id"]]) == [i for i in range(10) if i != 7]
-    assert dropped["sample_id"].is_monotonic_increasing
-    # the draw is the documented one: sorted rng(seed).choice over the correct samples
-    correct = [i for i in range(10) if i != 7]
-    chosen = np.sort(np.random.default_rng(5).choice(9, size=4, replace=False))
-    assert kept["sample_id"].tolist() == [correct[i] for i in chosen]
-    # another seed draws another subset (for these seeds)
-    other, _ = select_samples(df, predicted, max_samples=4, keep_only_correct=True, seed=6)
-    other_expected = [correct[i] for i in np.sort(np.random.default_rng(6).choice(9, size=4, replace=False))]
-    assert other["sample_id"].tolist() == other_expected
 
 
-def test_select_no_subsample_when_under_max():
-    df = _samples(5)
-    kept, dropped = select_samples(df, range(100, 105), max_samples=5, keep_only_correct=True, seed=0)
-    assert kept["sample_id"].tolist() == [0, 1, 2, 3, 4]
-    assert len(dropped) == 0
+def test_split_pairs_errors_name_the_problem():
+    from arithmech.prompts import split_pairs
+
+    with pytest.raises(ValueError, match="predates splits"):
+        split_pairs(pd.DataFrame({"a": [1]}), "validation", "p.parquet")
+    with pytest.raises(ValueError, match="no validation pairs"):
+        split_pairs(pd.DataFrame({"split": ["identification"]}), "validation", "p.parquet")
 
 
-def test_select_keep_wrong_answers():
-    df = _samples(5)
-    predicted = [100, 0, 0, 103, 104]
-    kept, dropped = select_samples(df, predicted, max_samples=None, keep_only_correct=False, seed=0)
-    assert kept["sample_id"].tolist() == [0, 1, 2, 3, 4]
-    assert kept["correct"].tolist() == [True, False, False, True, True]
-    assert len(dropped) == 0
+def test_counterfactual_shots_options(tok, prompt_cfg):
+    rows = {}
+    for option in ("keep", "blank", "zero_shot"):
+        rows[option] = build_prompts(tok, "addition", prompt_cfg | {"counterfactual_shots": option}, seed=0).iloc[3]
+    keep, blank, zero = rows["keep"], rows["blank"], rows["zero_shot"]
+    assert keep["prompt"] == blank["prompt"] == zero["prompt"]  # the reference is the same
+    query = keep["cf_prompt"][keep["cf_query_start"]:]
+    assert blank["cf_prompt"].endswith(query) and zero["cf_prompt"] == query
+    assert zero["cf_op_start"] == keep["cf_op_start"] - keep["cf_query_start"]
+    shot_answers = [line.rsplit(" ", 1)[-1] for line in keep["cf_prompt"][: keep["cf_query_start"]].split(".\n")[:-1]]
+    assert all(a.isdigit() for a in shot_answers)  # keep: the solved answers are there
+    blank_lines = blank["cf_prompt"][: blank["cf_query_start"]].split(".\n")[:-1]
+    assert len(blank_lines) == 2 and all(line.endswith("is equal to") or line.endswith("The answer is") for line in blank_lines)
+    assert blank["cf_prompt"][blank["cf_op_start"]:blank["cf_op_end"]] == blank["null_word"]
+    with pytest.raises(ValueError, match="counterfactual_shots"):
+        build_prompts(tok, "addition", prompt_cfg | {"counterfactual_shots": "nope"}, seed=0)
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -21,8 +21,9 @@ PROMPTS = {
     "templates": ["{a} {op} {b} is equal to ", "What is {a} {op} {b}? The answer is "],
     "operators": {"addition": ["plus"], "division": ["divided by"]},
     "null_words": ["nothing", "@"],
+    "counterfactual_shots": "blank",
     "keep_only_correct": False,
-    "max_samples": 12,
+    "splits": {"validation_share": 0.5, "max_samples": {"identification": 6, "validation": 6}},
 }
 COMPUTE = {"device": "cpu", "dtype": "float32", "batch_size": 5}
 
@@ -43,24 +44,50 @@ def test_pairs_and_provenance(prepared):
     pairs = pd.read_parquet(prepared / "pairs.parquet")
     assert len(pairs) == 12
     assert (pairs["a"] == pairs["b"] * pairs["answer"]).all()  # exact division
+    # 16 operand pairs, half held out: no operand pair in both splits
+    ident, val = (set(zip(g["a"], g["b"])) for _, g in pairs.groupby("split"))
+    assert not ident & val and pairs["split"].value_counts().to_dict() == {"identification": 6, "validation": 6}
     meta = read_parquet_meta(prepared / "pairs.parquet")
-    assert meta["counts"] == {"candidates": 2 * 16, "kept": 12, "over_max_samples": 20}
+    assert meta["counts"] == {"candidates": 2 * 16, "kept": 12, "over_max_samples": 20, "kept_identification": 6,
+                              "kept_validation": 6}
+    # the leak: the counterfactual's own answers, checked
+    assert set(meta["leak"]) == {"identification", "validation"}
+    assert meta["leak"]["validation"]["full"] == pytest.approx(pairs.loc[pairs["split"] == "validation", "cf_correct_full"].mean())
+    assert {"full_answer", "correct_full", "correct_first_token", "cf_full_answer"} <= set(pairs)
     assert meta["model_source"] == {"path": str(prepared / "src")}
     assert set(meta["versions"]) >= {"torch", "transformers", "python", "arithmech"}
     assert meta["arithmech_source_sha256"] == source_digest() and len(source_digest()) == 64
 
 
 def test_cache_contents(prepared):
+    from arithmech.hooks import capture
+
     t = load_file(str(prepared / "cache.safetensors"))
-    n, lm = 12, load_model(prepared / "model", device="cpu")
+    n, lm = 6, load_model(prepared / "model", device="cpu")
     assert t["ref_heads"].shape == (n, 2, lm.n_heads, lm.head_dim)
     assert t["cf_mlps"].shape == (n, 2, lm.d_model)
-    # Aligned means: index 0 is END, so it is the mean of the END states.
+    # The END mean is the mean of the END states.
     torch.testing.assert_close(t["cf_mean_heads"][0], t["cf_heads"].mean(0), atol=1e-6, rtol=1e-5)
     torch.testing.assert_close(t["cf_mean_mlps"][0], t["cf_mlps"].mean(0), atol=1e-6, rtol=1e-5)
     pairs = pd.read_parquet(prepared / "pairs.parquet")
-    assert t["cf_mean_heads"].shape[0] == min(len(lm.tokenizer(p)["input_ids"]) for p in pairs["cf_prompt"])
-    assert t["sample_ids"].tolist() == pairs["sample_id"].tolist()
+    ident = pairs[pairs["split"] == "identification"]
+    assert t["sample_ids"].tolist() == ident["sample_id"].tolist()
+    # Per-template means at every offset from END, against one unpadded forward per prompt.
+    for template, group in ident.groupby("template_id"):
+        states = []
+        for text in group["cf_prompt"]:
+            with capture(lm, end_only=False) as cap, torch.no_grad():
+                lm.model(**lm.tokenizer(text, return_tensors="pt"))
+            states.append((cap.stacked_heads()[0].flip(0), cap.stacked_mlps()[0].flip(0)))  # offset order
+        longest = max(h.shape[0] for h, _ in states)
+        assert int((t["cf_template_counts"][template] > 0).sum()) == longest
+        for j in range(longest):
+            reach = [(h[j], m[j]) for h, m in states if h.shape[0] > j]
+            assert t["cf_template_counts"][template, j] == len(reach)
+            torch.testing.assert_close(t["cf_template_heads"][template, j], torch.stack([h for h, _ in reach]).mean(0),
+                                       atol=1e-5, rtol=1e-4)
+            torch.testing.assert_close(t["cf_template_mlps"][template, j], torch.stack([m for _, m in reach]).mean(0),
+                                       atol=1e-5, rtol=1e-4)
 
 
 @pytest.mark.parametrize("mode", ["direct", "total"])
@@ -73,9 +100,10 @@ def test_patch_layer_matches_reference(prepared, mode):
     frame = pd.read_parquet(out)
     lm = load_model(prepared / "model", device="cpu")
     ref, cf, answers, _ = identify.load_states(prepared / "cache.safetensors")
-    texts = list(pd.read_parquet(prepared / "pairs.parquet")["prompt"])
+    pairs = pd.read_parquet(prepared / "pairs.parquet")
+    texts = list(pairs.loc[pairs["split"] == "identification", "prompt"])
     logits, logprobs = reference_logits(lm, texts, answers, ref, cf, [1], mode)
-    assert len(frame) == 12 * (lm.n_heads + 1)
+    assert len(frame) == 6 * (lm.n_heads + 1)
     assert frame["logit_p"].to_numpy() == pytest.approx(logits.reshape(-1).double().numpy(), abs=1e-4)
     assert frame["prob_p"].to_numpy() == pytest.approx(logprobs.exp().reshape(-1).double().numpy(), abs=1e-5)
     assert frame["logit_o"].to_numpy() == pytest.approx(ref.logits.repeat_interleave(lm.n_heads + 1).double().numpy(), abs=1e-5)
@@ -90,8 +118,8 @@ def test_patch_layer_rejects_a_layer_out_of_range(prepared):
 
 
 def test_build_pairs_fails_clearly_when_nothing_is_correct(prepared, tmp_path):
-    prompts = {**PROMPTS, "keep_only_correct": True, "operands": {"min": 7, "max": 9}}
-    with pytest.raises(RuntimeError, match="answered none of the"):
+    prompts = {**PROMPTS, "keep_only_correct": "full", "operands": {"min": 7, "max": 9}}
+    with pytest.raises(RuntimeError, match="no identification pair is left of 18 candidates"):
         identify.run_build_pairs(model_dir=prepared / "model", task="addition", prompts=prompts, compute=COMPUTE, seed=0,
                                  out_pairs=tmp_path / "p.parquet", out_dropped=tmp_path / "d.parquet")
     assert list(tmp_path.iterdir()) == []
@@ -109,8 +137,9 @@ TRANSFER = {
 def test_transfer_matches_an_explicit_ablated_generation(prepared, tmp_path):
     from arithmech.ablation import mean_ablate
     from arithmech.data import subsample
-    from arithmech.evaluation import answer_correct, greedy_answers
+    from arithmech.evaluation import answer_correct, answer_tokens, greedy_answers
     from arithmech.patching import AlignedMean
+    from arithmech.prompts import split_pairs
 
     root = Path(__file__).resolve().parents[1] / "resources/data"
     key = pd.DataFrame({"component": ["head", "head", "mlp"], "layer": [1, 0, 1], "head": [2, 3, -1]})
@@ -132,28 +161,29 @@ def test_transfer_matches_an_explicit_ablated_generation(prepared, tmp_path):
     assert (key_rows["nodes"] == "L1H2 L0H3").all() and (table.loc[table["heads"] == "random", "n_heads"] == 2).all()
     # the key-heads cell on the source task, recomputed by plain generation inside mean_ablate
     lm = load_model(prepared / "model", device="cpu")
-    pairs = subsample(pd.read_parquet(prepared / "pairs.parquet"), 8, 0)
+    pairs = subsample(split_pairs(pd.read_parquet(prepared / "pairs.parquet"), "validation"), 8, 0)
     cache = load_file(str(prepared / "cache.safetensors"))
     mean = AlignedMean(cache["cf_mean_heads"], cache["cf_mean_mlps"])
-    n_new = validate.answer_tokens(lm.tokenizer, pairs["answer"])
+    n_new = answer_tokens(lm.tokenizer, pairs["answer"])
     plain = greedy_answers(lm, list(pairs["prompt"]), n_new, 3)
     with mean_ablate(lm, [(1, 2), (0, 3)], [], mean):
         ablated = greedy_answers(lm, list(pairs["prompt"]), n_new, 3)
     base = [answer_correct(t, g) for t, g in zip(plain, pairs["answer"])]
     after = [answer_correct(t, g) for t, g in zip(ablated, pairs["answer"])]
     cell = key_rows[key_rows["target"] == "division"].iloc[0]
-    assert cell["accuracy"] == pytest.approx(sum(after) / 8)
-    assert none.iloc[0]["accuracy"] == pytest.approx(sum(base) / 8)
+    assert cell["accuracy"] == pytest.approx(sum(after) / len(pairs))
+    assert none.iloc[0]["accuracy"] == pytest.approx(sum(base) / len(pairs))
     kept = [a for a, b in zip(after, base) if b]
     assert cell["retained"] == (pytest.approx(sum(kept) / len(kept)) if kept else pytest.approx(float("nan"), nan_ok=True))
     assert out[2].read_bytes()[:4] == b"\x89PNG" and "retained" in out[1].read_text()
 
 
-@pytest.mark.parametrize("positions", ["end", "aligned"])
+@pytest.mark.parametrize("positions", ["end", "all"])
 def test_knockout_scores_first_tokens_and_full_answers(prepared, tmp_path, positions):
     from arithmech.ablation import mean_ablate
-    from arithmech.evaluation import answer_correct, greedy_answers
-    from arithmech.patching import AlignedMean
+    from arithmech.data import subsample
+    from arithmech.evaluation import answer_correct, answer_tokens, greedy_answers
+    from arithmech.patching import AlignedMean, GroupedMean
 
     lm = load_model(prepared / "model", device="cpu")
     heads = [(l, h) for l in range(lm.n_layers) for h in range(lm.n_heads)]
@@ -162,7 +192,7 @@ def test_knockout_scores_first_tokens_and_full_answers(prepared, tmp_path, posit
                             "mean_effect": [-0.01 * i for i in range(len(heads))]})
     effects.to_parquet(tmp_path / "effects.parquet")
     pd.DataFrame({"component": ["head", "mlp"], "layer": [1, 0], "head": [3, -1]}).to_parquet(tmp_path / "key.parquet")
-    ablation = {"positions": positions, "max_heads": 2, "random_seeds": 1}
+    ablation = {"positions": [positions], "max_heads": 2, "random_seeds": 1, "all_positions_samples": 5}
     out = [tmp_path / "k.parquet", tmp_path / "k.png"]
     validate.run_knockout(model="tiny", task="division", model_dir=prepared / "model", pairs_path=prepared / "pairs.parquet",
                         cache_path=prepared / "cache.safetensors", effects_path=tmp_path / "effects.parquet",
@@ -171,15 +201,30 @@ def test_knockout_scores_first_tokens_and_full_answers(prepared, tmp_path, posit
                       out_png=out[1])
     assert out[1].read_bytes()[:4] == b"\x89PNG"
     table = pd.read_parquet(out[0])
-    assert list(table["curve"]) == ["top_heads"] * 3 + ["random_heads"] * 2 + ["key_mlps"]
+    randoms = 2 if positions == "end" else 1  # k = 1..2, or k = max_heads only
+    assert list(table["curve"]) == (["top_heads"] * 3 + ["random_heads"] * randoms + ["random_layer_matched"] * randoms
+                                    + ["key_mlps"])
     assert table["nodes"].iloc[2] == "L1H3 L1H2" and table["nodes"].iloc[-1] == "L0MLP"
-    # the top-2 full-answer accuracy, recomputed by plain generation inside the ablation
+    matched = table[table["curve"] == "random_layer_matched"]["nodes"].iloc[-1].split()
+    assert [n[:2] for n in matched] == ["L1", "L1"] and not {"L1H3", "L1H2"} & set(matched)  # the top heads' layer
+    assert (table["split"] == "validation").all() and (table["positions"] == positions).all()
+    # the top-2 full-answer accuracy, recomputed by plain generation inside the ablation, on validation pairs
     pairs = pd.read_parquet(prepared / "pairs.parquet")
+    pairs = pairs[pairs["split"] == "validation"].reset_index(drop=True)
+    if positions == "all":
+        pairs = subsample(pairs, 5, 0).reset_index(drop=True)
+    assert (table["n"] == len(pairs)).all()
     cache = load_file(str(prepared / "cache.safetensors"))
-    mean = AlignedMean(cache["cf_mean_heads"], cache["cf_mean_mlps"])
-    n_new = validate.answer_tokens(lm.tokenizer, pairs["answer"])
-    with mean_ablate(lm, [(1, 3), (1, 2)], [], mean, positions):
-        texts = greedy_answers(lm, list(pairs["prompt"]), n_new, 4)
-    want = sum(answer_correct(t, g) for t, g in zip(texts, pairs["answer"])) / len(pairs)
-    assert table["full_accuracy"].iloc[2] == pytest.approx(want)
+    n_new = answer_tokens(lm.tokenizer, pairs["answer"])
+    correct = 0
+    for template, group in pairs.groupby("template_id"):
+        if positions == "end":
+            mean, where = AlignedMean(cache["cf_mean_heads"], cache["cf_mean_mlps"]), "end"
+        else:  # the template's own mean at every position its counterfactuals reach
+            grouped = GroupedMean(cache["cf_template_heads"], cache["cf_template_mlps"], cache["cf_template_counts"])
+            mean, where = grouped.group(template), "aligned"
+        with mean_ablate(lm, [(1, 3), (1, 2)], [], mean, where):
+            texts = greedy_answers(lm, list(group["prompt"]), n_new, 4)
+        correct += sum(answer_correct(t, g) for t, g in zip(texts, group["answer"]))
+    assert table["full_accuracy"].iloc[2] == pytest.approx(correct / len(pairs))
     assert (table["full_accuracy"] <= table["accuracy"] + 1e-9).all()

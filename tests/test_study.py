@@ -15,6 +15,7 @@ import yaml
 
 from arithmech import finetune as ft
 from arithmech import study as sd
+from arithmech.controls import layer_matched_heads
 from arithmech.config import ConfigError, validate_config
 from arithmech.evaluation import divergence_windows, greedy_generate, score_targets
 from arithmech.models import load_model
@@ -152,13 +153,14 @@ def test_too_few_pairs_names_the_key(tiny_dir):
 
 def test_layer_matched_heads():
     key = [(5, 0), (5, 3), (7, 1), (9, 2)]
-    drawn = sd.layer_matched_heads(key, n_heads=6, seed=3)
-    assert sorted(layer for layer, _ in drawn) == sorted(layer for layer, _ in key)
+    drawn = layer_matched_heads(key, n_heads=6, seed=3)
+    assert [layer for layer, _ in drawn] == [layer for layer, _ in key]  # in rank order: every prefix matches
     assert not set(drawn) & set(key) and len(set(drawn)) == len(drawn)
-    assert drawn == sd.layer_matched_heads(key, n_heads=6, seed=3)
-    assert any(sd.layer_matched_heads(key, n_heads=6, seed=s) != drawn for s in range(4, 10))
-    with pytest.raises(ValueError, match="layer 5 has 2 key heads and only 1"):
-        sd.layer_matched_heads([(5, 0), (5, 1), (7, 1)], n_heads=3, seed=0)
+    assert drawn == layer_matched_heads(key, n_heads=6, seed=3)
+    assert any(layer_matched_heads(key, n_heads=6, seed=s) != drawn for s in range(4, 10))
+    assert not set(layer_matched_heads(key, n_heads=6, seed=3, exclude=[(7, 0), (7, 2)])) & {(7, 0), (7, 2)}
+    with pytest.raises(ValueError, match="layer 5 has no head left"):
+        layer_matched_heads([(5, 0), (5, 1), (7, 1)], n_heads=3, seed=0)
 
 
 def test_arm_methods():

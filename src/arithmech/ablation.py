@@ -50,7 +50,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, Iterable, Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -167,16 +167,6 @@ def ablation_hooks(
         return mean_ablate(lm, heads, mlps, values, positions, None if row_masks is None else row_masks[rows])
 
     return hooks
-
-
-def random_heads(n_layers: int, n_heads: int, k: int, seed: int, exclude: Iterable[Head] = ()) -> list[Head]:
-    """k distinct heads drawn uniformly (seeded) from all heads not in `exclude`, in draw order."""
-    excluded = {(int(l), int(h)) for l, h in exclude}
-    pool = [(l, h) for l in range(n_layers) for h in range(n_heads) if (l, h) not in excluded]
-    if not 0 <= k <= len(pool):
-        raise ValueError(f"cannot draw {k} heads from the {len(pool)} heads left after excluding {len(excluded)}")
-    picks = np.random.default_rng(seed).choice(len(pool), size=k, replace=False)
-    return [pool[i] for i in picks]
 
 
 @dataclass

@@ -49,11 +49,27 @@ def validate_config(config: dict, schema_path: str | Path) -> None:
             problems.append("config key 'finetune.train': give exactly one of epochs or max_steps")
         problems += config_problems(config["evaluation"])  # the evaluation sets (arithmech.eval_sets)
         problems += _study_problems(config["study"])
+        problems += _split_problems(config["prompts"], config["run"]["tasks"])
         pairs = (ops["max"] - ops["min"] + 1) ** 2
         if config["prompts"]["n_shots"] >= pairs // 2:
             problems.append(f"config key 'prompts.n_shots': {config['prompts']['n_shots']} is too many for the operand range")
     if problems:
         raise ConfigError("invalid configuration:\n  " + "\n  ".join(problems))
+
+
+def _split_problems(prompts: dict, tasks: list[str]) -> list[str]:
+    """Each task's operand pairs must leave at least one pair in each split."""
+    from .prompts import operand_pairs
+
+    share = prompts["splits"]["validation_share"]
+    problems = []
+    for task in tasks:
+        n = len(operand_pairs(task, prompts["operands"]["min"], prompts["operands"]["max"]))
+        n_val = round(share * n)
+        if not 0 < n_val < n:
+            problems.append(f"config key 'prompts.splits.validation_share': {share} of the {n} operand pairs of "
+                            f"{task} leaves {'no validation' if n_val == 0 else 'no identification'} pair")
+    return problems
 
 
 def _study_problems(study: dict) -> list[str]:

@@ -219,6 +219,30 @@ def greedy_answers(
     return lm.tokenizer.batch_decode(ids, skip_special_tokens=True)
 
 
+def answer_tokens(tokenizer, answers) -> int:
+    """Greedy steps that read every answer in full: the longest answer's tokens (after the prompt's trailing
+    space) plus one, so that "1" followed by "2" is read as 12, not 1."""
+    return 1 + max(len(tokenizer(" " + str(a), add_special_tokens=False)["input_ids"]) for a in answers)
+
+
+def check_answers(lm: LoadedModel, texts: list[str], answers, answer_token_ids, batch_size: int,
+                  desc: str | None = None) -> pd.DataFrame:
+    """The model's greedy answer to each arithmetic prompt, read two ways: its first token against the
+    answer's first token (what path patching measures) and the whole greedy answer against the number
+    (`answer_correct`). One row per text: predicted_token_id, full_answer (the decoded greedy tokens),
+    correct_first_token, correct_full."""
+    answers = list(answers)
+    tokens = greedy_generate(lm, texts, answer_tokens(lm.tokenizer, answers), batch_size, progress=desc)
+    full = lm.tokenizer.batch_decode(tokens, skip_special_tokens=True)
+    first = tokens[:, 0].numpy()
+    return pd.DataFrame({
+        "predicted_token_id": first,
+        "full_answer": full,
+        "correct_first_token": first == np.asarray(list(answer_token_ids)),
+        "correct_full": [answer_correct(t, a) for t, a in zip(full, answers)],
+    })
+
+
 # ---------------------------------------------------------------------------------------------------
 # Reading numbers
 

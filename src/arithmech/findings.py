@@ -28,22 +28,28 @@ def key_component_rows(key_tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+CONTROLS = {"random_heads": "random K", "random_layer_matched": "layer-matched K"}
+
+
 def knockout_rows(knockout_tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
-    """One row per task: accuracy (%) with nothing, the top K heads and K random heads (mean and range over
-    the draws) knocked out, K = the curve's largest k; first answer token and full greedy answer."""
+    """One row per task and ablated positions: accuracy (%) on the validation pairs with nothing, the top K
+    heads, and K random heads drawn uniformly or in the top K's layers (mean and range over the draws)
+    knocked out, K = the curve's largest k; first answer token and full greedy answer."""
     rows = []
-    for task, table in knockout_tables.items():
-        top = table[table["curve"] == "top_heads"]
-        K = int(top["k"].max())
-        base, knocked = top[top["k"] == 0].iloc[0], top[top["k"] == K].iloc[0]
-        rand = table[(table["curve"] == "random_heads") & (table["k"] == K)]
-        row = {"task": task, "n": int(table["n"].iloc[0]), "K": K, "positions": table["positions"].iloc[0]}
-        for col, name in (("accuracy", "first token"), ("full_accuracy", "full answer")):
-            row[f"{name}: none"] = 100 * base[col]
-            row[f"{name}: top K"] = 100 * knocked[col]
-            row[f"{name}: random K"] = (f"{100 * rand[col].mean():.1f} [{100 * rand[col].min():.1f}, "
-                                        f"{100 * rand[col].max():.1f}]" if len(rand) else "")
-        rows.append(row)
+    for task, whole in knockout_tables.items():
+        for positions, table in whole.groupby("positions", sort=False):
+            top = table[table["curve"] == "top_heads"]
+            K = int(top["k"].max())
+            base, knocked = top[top["k"] == 0].iloc[0], top[top["k"] == K].iloc[0]
+            row = {"task": task, "positions": positions, "n": int(table["n"].iloc[0]), "K": K}
+            for col, name in (("accuracy", "first token"), ("full_accuracy", "full answer")):
+                row[f"{name}: none"] = 100 * base[col]
+                row[f"{name}: top K"] = 100 * knocked[col]
+                for curve, label in CONTROLS.items():
+                    rand = table.loc[(table["curve"] == curve) & (table["k"] == K), col]
+                    row[f"{name}: {label}"] = (f"{100 * rand.mean():.1f} [{100 * rand.min():.1f}, "
+                                               f"{100 * rand.max():.1f}]" if len(rand) else "")
+            rows.append(row)
     return pd.DataFrame(rows)
 
 
@@ -83,9 +89,10 @@ def run_findings(*, model: str, key_paths: dict, knockout_paths: dict, study_pat
          "logit (relative change; negative = the answer logit falls when the node gets its counterfactual "
          "value). Strongest first."),
         ("Knockout (validate)", knockout_rows(read(knockout_paths)),
-         "Accuracy in % on the operator's kept pairs with nothing, the top K heads by effect, or K random heads "
-         "(mean [min, max] over the draws) mean-ablated. The paper: accuracy collapses with the key heads "
-         "knocked out and not with random heads."),
+         "Accuracy in % on the operator's validation pairs (operand pairs not used to rank the heads or take "
+         "the means) with nothing, the top K heads by effect, or K random heads (uniform, or in the top K's "
+         "layers; mean [min, max] over the draws) mean-ablated, at END or at every position (per-template "
+         "means). The paper: accuracy collapses with the key heads knocked out and not with random heads."),
     ]
     if study_path is not None:
         arms, comp = study_rows(pd.read_parquet(study_path), pd.read_parquet(comparisons_path))

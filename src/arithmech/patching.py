@@ -61,6 +61,32 @@ class AlignedMean:
     mlps: torch.Tensor
 
 
+@dataclass
+class GroupedMean:
+    """Mean node outputs per group of prompts (e.g. per template), by position counted back from END (index
+    0 is END), each offset averaged over the group's prompts that reach it (prompts differ in length).
+
+    heads: [n_groups, n_positions, n_layers, n_heads, head_dim];  mlps: [n_groups, n_positions, n_layers, d_model]
+    counts: [n_groups, n_positions] prompts averaged at each offset (0 beyond a group's longest prompt)
+    """
+
+    heads: torch.Tensor
+    mlps: torch.Tensor
+    counts: torch.Tensor
+
+    def group(self, g: int) -> AlignedMean:
+        """Group g's mean over the offsets its prompts reach (for `ablation.mean_ablate(positions="aligned")`)."""
+        n = int((self.counts[g] > 0).sum())
+        return AlignedMean(self.heads[g, :n], self.mlps[g, :n])
+
+    def end(self) -> AlignedMean:
+        """The END mean over all prompts of all groups (count-weighted), P = 1."""
+        w = self.counts[:, 0].double()
+        heads = (self.heads[:, 0].double() * w[:, None, None, None]).sum(0) / w.sum()
+        mlps = (self.mlps[:, 0].double() * w[:, None, None]).sum(0) / w.sum()
+        return AlignedMean(heads[None].float(), mlps[None].float())
+
+
 def nodes_of(lm: LoadedModel, layers: list[int]) -> list[tuple[int, int | None]]:
     """Node order used everywhere: per layer, heads 0..H-1 then the MLP (head None)."""
     return [(l, h) for l in layers for h in [*range(lm.n_heads), None]]
@@ -74,19 +100,28 @@ def collect(
     batch_size: int,
     aligned_positions: int = 0,
     desc: str = "forward",
-) -> tuple[EndState, AlignedMean | None]:
-    """Run `texts` in left-padded batches and capture every node at END (and, if `aligned_positions`,
-    the mean of every node over the last that many positions; all prompts must be at least that long)."""
+    groups: list[int] | None = None,
+) -> tuple[EndState, AlignedMean | GroupedMean | None]:
+    """Run `texts` in left-padded batches and capture every node at END; and, if `aligned_positions`, the
+    mean of every node over the last that many positions (all prompts must be at least that long), or, with
+    `groups` (one group id 0..G-1 per text), each group's mean at every position its prompts reach
+    (`GroupedMean`)."""
     parts: dict[str, list[torch.Tensor]] = {k: [] for k in EndState.__dataclass_fields__}
     sums = None
+    grouped = None  # per group: [heads sum [P, L, H, D], mlps sum [P, L, d], counts [P]], P growing
+    if groups is not None and aligned_positions:
+        raise ValueError("collect: give aligned_positions or groups, not both")
     for start in tqdm(range(0, len(texts), batch_size), desc=desc, leave=False):
         enc = encode(lm.tokenizer, texts[start : start + batch_size], lm.device)
         answers = answer_ids[start : start + batch_size].to(lm.device)
         if aligned_positions and enc["attention_mask"].sum(-1).min() < aligned_positions:
             raise ValueError(f"a prompt is shorter than aligned_positions={aligned_positions}")
-        with capture(lm, end_only=not aligned_positions) as cap:
+        with capture(lm, end_only=not (aligned_positions or groups is not None)) as cap:
             logits = lm.model(**enc, logits_to_keep=1).logits[:, -1].float()
         heads, mlps, resid = cap.stacked_heads(), cap.stacked_mlps(), cap.resid_final
+        if groups is not None:
+            grouped = _add_group_sums(grouped, heads, mlps, enc["attention_mask"], groups[start : start + batch_size])
+            heads, mlps, resid = heads[:, -1], mlps[:, -1], resid[:, -1]
         if aligned_positions:
             # [B, S, ...] -> last positions reversed, so index 0 is END
             tail_h = heads[:, -aligned_positions:].flip(1).float().sum(0)
@@ -102,7 +137,43 @@ def collect(
         parts["predicted"].append(logits.argmax(-1).cpu())
     state = EndState(**{k: torch.cat(v) for k, v in parts.items()})
     mean = AlignedMean(sums[0] / len(texts), sums[1] / len(texts)) if sums is not None else None
+    if groups is not None:
+        mean = _group_means(grouped, max(groups) + 1)
     return state, mean
+
+
+def _add_group_sums(grouped, heads, mlps, mask, groups):
+    """Add one batch (heads [B, S, L, H, D], mlps [B, S, L, d], left-padded mask [B, S]) to the per-group
+    sums, END-aligned: offset j is position S-1-j; padding adds nothing."""
+    grouped = grouped or {}
+    valid = mask.flip(1).float()  # [B, S], offset order
+    h = heads.flip(1).float() * valid[..., None, None, None]
+    m = mlps.flip(1).float() * valid[..., None, None]
+    for g in sorted(set(groups)):
+        rows = torch.tensor([i for i, x in enumerate(groups) if x == g], device=h.device)
+        add = [h[rows].sum(0).cpu(), m[rows].sum(0).cpu(), valid[rows].sum(0).cpu()]
+        old = grouped.get(g)
+        if old is not None:  # grow both to the longer length, then add
+            n = max(old[2].shape[0], add[2].shape[0])
+            pad = lambda t: torch.nn.functional.pad(t, (0, 0) * (t.dim() - 1) + (0, n - t.shape[0]))  # noqa: E731
+            add = [pad(a) + pad(o) for a, o in zip(add, old)]
+        grouped[g] = add
+    return grouped
+
+
+def _group_means(grouped, n_groups: int) -> GroupedMean:
+    """GroupedMean from per-group sums, padded to the longest group (count 0 past a group's length)."""
+    n = max(c.shape[0] for _, _, c in grouped.values())
+    some = next(iter(grouped.values()))
+    heads = torch.zeros(n_groups, n, *some[0].shape[1:])
+    mlps = torch.zeros(n_groups, n, *some[1].shape[1:])
+    counts = torch.zeros(n_groups, n)
+    for g, (h, m, c) in grouped.items():
+        k = c.shape[0]
+        counts[g, :k] = c
+        heads[g, :k] = h / c.clamp_min(1)[:, None, None, None]
+        mlps[g, :k] = m / c.clamp_min(1)[:, None, None]
+    return GroupedMean(heads, mlps, counts)
 
 
 def _head_deltas(lm: LoadedModel, layer: int, dz: torch.Tensor) -> torch.Tensor:

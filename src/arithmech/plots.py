@@ -74,34 +74,48 @@ def shared_heatmap(summary: pd.DataFrame, tasks: list[str], title: str, path: st
     _save(fig, path)
 
 
+KNOCKOUT_CURVES = {"top_heads": "#b2182b", "random_heads": "#4d4d4d", "random_layer_matched": "#969696"}
+
+
 def knockout_curves(table: pd.DataFrame, n_key_heads: int, title: str, path: str | Path) -> None:
-    """Accuracy against the number of heads knocked out, for the first answer token (left) and the full
-    greedy answer (right, when the table has `full_accuracy`): the top heads by patching effect, and random
-    heads (mean and standard deviation over seeds); the key-MLP knockout as a level."""
-    heads = table[table["curve"] != "key_mlps"].copy()
-    base = heads[heads["k"] == 0]
-    # Every random curve starts from the same unablated model.
-    seeds = sorted(set(heads.loc[heads["curve"] == "random_heads", "seed"]))
-    heads = pd.concat([heads] + [base.assign(curve="random_heads", seed=s) for s in seeds], ignore_index=True)
-    mlp = table[table["curve"] == "key_mlps"]
+    """Accuracy against the number of heads knocked out, one row of panels per ablated position set
+    (`positions`), for the first answer token (left) and the full greedy answer (right): the top heads by
+    patching effect, and random heads drawn uniformly or in the top heads' layers (mean and standard deviation
+    over draws; where a control was drawn only at the largest k its line joins k = 0 to that point); the
+    key-MLP knockout as a level."""
+    if "positions" not in table:
+        table = table.assign(positions="end")
+    position_sets = list(dict.fromkeys(table["positions"]))
     metrics = [("accuracy", "first-token accuracy (%)")]
     if "full_accuracy" in table:
         metrics.append(("full_accuracy", "full-answer accuracy, greedy (%)"))
-    fig, axes = plt.subplots(1, len(metrics), figsize=(6.4 * len(metrics), 4.2), squeeze=False)
-    for ax, (column, label) in zip(axes[0], metrics):
-        sns.lineplot(heads.assign(value=100 * heads[column]), x="k", y="value", hue="curve", errorbar="sd",
-                     marker="o", ax=ax, hue_order=["top_heads", "random_heads"], palette=["#b2182b", "#4d4d4d"])
-        if len(mlp):  # a different intervention (MLPs, not heads): a level to compare with, not a point on k
-            ax.axhline(100 * mlp[column].iloc[0], ls="--", color="#2166ac", lw=1.2,
-                       label=f"key MLPs knocked out ({mlp['nodes'].iloc[0]})")
-        if 0 < n_key_heads <= heads["k"].max():
-            ax.axvline(n_key_heads, ls=":", color="black", lw=1, label=f"{n_key_heads} key heads")
-        elif n_key_heads:
-            ax.plot([], [], " ", label=f"{n_key_heads} key heads (beyond k = {heads['k'].max()})")
-        ax.set_xlabel("heads knocked out (k)")
-        ax.set_ylabel(label)
-        ax.set_ylim(-2, 102)
-        ax.legend(fontsize=8)
+    fig, axes = plt.subplots(len(position_sets), len(metrics), figsize=(6.4 * len(metrics), 4.2 * len(position_sets)),
+                             squeeze=False)
+    for row, positions in enumerate(position_sets):
+        part = table[table["positions"] == positions]
+        heads = part[part["curve"] != "key_mlps"].copy()
+        base = heads[(heads["curve"] == "top_heads") & (heads["k"] == 0)]
+        # Every random curve starts from the same unablated model.
+        starts = [base.assign(curve=c, seed=s) for c in KNOCKOUT_CURVES if c != "top_heads"
+                  for s in sorted(set(heads.loc[heads["curve"] == c, "seed"]))]
+        heads = pd.concat([heads, *starts], ignore_index=True)
+        curves = [c for c in KNOCKOUT_CURVES if (heads["curve"] == c).any()]
+        mlp = part[part["curve"] == "key_mlps"]
+        for ax, (column, label) in zip(axes[row], metrics):
+            sns.lineplot(heads.assign(value=100 * heads[column]), x="k", y="value", hue="curve", errorbar="sd",
+                         marker="o", ax=ax, hue_order=curves, palette=[KNOCKOUT_CURVES[c] for c in curves])
+            if len(mlp):  # a different intervention (MLPs, not heads): a level to compare with, not a point on k
+                ax.axhline(100 * mlp[column].iloc[0], ls="--", color="#2166ac", lw=1.2,
+                           label=f"key MLPs knocked out ({mlp['nodes'].iloc[0]})")
+            if 0 < n_key_heads <= heads["k"].max():
+                ax.axvline(n_key_heads, ls=":", color="black", lw=1, label=f"{n_key_heads} key heads")
+            elif n_key_heads:
+                ax.plot([], [], " ", label=f"{n_key_heads} key heads (beyond k = {heads['k'].max()})")
+            ax.set_xlabel("heads knocked out (k)")
+            ax.set_ylabel(label)
+            ax.set_ylim(-2, 102)
+            ax.set_title(f"positions: {positions} (n = {int(part['n'].iloc[0])})", fontsize=9)
+            ax.legend(fontsize=8)
     fig.suptitle(title, fontsize=10)
     _save(fig, path)
 

@@ -3,7 +3,11 @@
 A reference prompt is an optional few-shot prefix of solved lines plus a query line, e.g. with 2 shots:
     "4 plus 3 is equal to 7.\n1 plus 8 is equal to 9.\n2 plus 5 is equal to "
 Its counterfactual twin replaces the operator word with a null word in EVERY line (otherwise the solved
-examples still name the operation). The prompt ends so that the next token is the answer's first token:
+examples still name the operation). The solved answers of the few-shot lines still reveal the operation
+("4 nothing 3 is equal to 7."), so `counterfactual_shots` says what the counterfactual keeps of them:
+"keep" (the answers), "blank" (the lines end where their answer would start: "4 nothing 3 is equal to.")
+or "zero_shot" (no few-shot lines at all). How much the counterfactual still computes (its own accuracy on
+the answer, the leak) is measured by the build_pairs rule. The prompt ends so that the next token is the answer's first token:
 tokenizers that split digits and give a number's leading space its own token (LLaMA, SmolLM2) keep the
 template's trailing space in the prompt; tokenizers that glue the space to the number (GPT-2 style) get the
 space moved into the answer. Character spans of the query's operands and operator are recorded so later
@@ -15,11 +19,13 @@ from __future__ import annotations
 import string
 from decimal import Decimal
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 import pandas as pd
-import torch
+
+if TYPE_CHECKING:  # torch is imported by the tokenizer's return_tensors; config checks import this module
+    import torch
 
 TASKS: dict[str, Callable[[int, int], int]] = {
     "addition": lambda a, b: a + b,
@@ -89,12 +95,28 @@ def split_answer(tokenizer, text: str, answer: str) -> tuple[str, int]:
     raise PromptError(f"no split of {text!r} + {answer!r} makes the next token the answer's first token")
 
 
+COUNTERFACTUAL_SHOTS = ("keep", "blank", "zero_shot")
+
+
+def _counterfactual_prefix(template: str, shots, null: str, sep: str, cf_shots: str, line) -> str:
+    """The counterfactual's few-shot lines (operator nulled): with their answers ("keep"), without them
+    ("blank": the line ends where the answer would start), or none ("zero_shot")."""
+    if cf_shots == "zero_shot":
+        return ""
+    if cf_shots == "blank":
+        return "".join(render(template, a=x, op=null, b=y).text.rstrip(" ") + sep for x, y in shots)
+    return "".join(line(x, y, null) for x, y in shots)
+
+
 def build_prompts(tokenizer, task: str, cfg: dict, seed: int) -> pd.DataFrame:
     """All reference/counterfactual pairs of one task (before checking the model's answers).
 
     `cfg` is the config's `prompts` section. One row per (template, operator word, a, b)."""
     pairs = operand_pairs(task, cfg["operands"]["min"], cfg["operands"]["max"])
     sep = cfg["shot_separator"]
+    cf_shots = cfg.get("counterfactual_shots", "keep")
+    if cf_shots not in COUNTERFACTUAL_SHOTS:
+        raise PromptError(f"prompts.counterfactual_shots must be one of {', '.join(COUNTERFACTUAL_SHOTS)}; got {cf_shots!r}")
     rows = []
     for t_id, template in enumerate(cfg["templates"]):
         for op_id, op in enumerate(cfg["operators"][task]):
@@ -109,7 +131,7 @@ def build_prompts(tokenizer, task: str, cfg: dict, seed: int) -> pd.DataFrame:
                     return render(template, a=x, op=word, b=y).text + str(TASKS[task](x, y)) + sep
 
                 ref_prefix = "".join(line(x, y, op) for x, y in shots)
-                cf_prefix = "".join(line(x, y, null) for x, y in shots)
+                cf_prefix = _counterfactual_prefix(template, shots, null, sep, cf_shots, line)
                 ref_q, cf_q = render(template, a=a, op=op, b=b), render(template, a=a, op=null, b=b)
                 answer = TASKS[task](a, b)
                 prompt, answer_id = split_answer(tokenizer, ref_prefix + ref_q.text, str(answer))
@@ -142,23 +164,68 @@ def build_prompts(tokenizer, task: str, cfg: dict, seed: int) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+SPLITS = ("identification", "validation")
+KEEP_RULES = ("full", "first_token", False)
+
+
+def split_operands(df: pd.DataFrame, validation_share: float, seed: int) -> pd.Series:
+    """'identification' or 'validation' for every row of `df` (columns task, a, b): the task's distinct
+    operand pairs (a, b), shuffled with `seed`, give round(validation_share * n_pairs) pairs to validation and
+    the rest to identification. Every template of a pair shares its split, so the validation stages score
+    only operand pairs that played no part in choosing the heads or the ablation means."""
+    pairs = sorted(set(zip(df["a"], df["b"])))
+    n_val = round(validation_share * len(pairs))
+    if not 0 < n_val < len(pairs):
+        raise PromptError(f"prompts.splits.validation_share={validation_share} leaves an empty split of the "
+                          f"{len(pairs)} operand pairs")
+    task = df["task"].iloc[0]
+    order = np.random.default_rng([seed, list(TASKS).index(task), 7]).permutation(len(pairs))
+    validation = {pairs[i] for i in order[:n_val]}
+    return pd.Series(["validation" if p in validation else "identification" for p in zip(df["a"], df["b"])],
+                     index=df.index)
+
+
 def select_samples(
-    df: pd.DataFrame, predicted_ids: Iterable[int], max_samples: int | None, keep_only_correct: bool, seed: int
+    df: pd.DataFrame, checked: pd.DataFrame, keep_only_correct: str | bool, splits: dict, seed: int
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Keep the samples the model answers correctly (the paper's filter), then at most `max_samples` of
-    them (a seeded draw). Returns (kept, dropped), `dropped` with a `drop_reason` column."""
-    df = df.assign(predicted_token_id=list(predicted_ids))
-    df["correct"] = df["predicted_token_id"] == df["answer_token_id"]
+    """Assign every pair to a split (`split_operands`), keep the pairs the model answers correctly (the
+    paper's filter), then at most `splits.max_samples[split]` of each split (a seeded draw).
+
+    checked: `evaluation.check_answers` of the reference prompts, row for row.
+    keep_only_correct: "full" (the whole greedy answer is the number), "first_token" (the answer's first
+        token, what path patching reads) or False (keep every pair).
+    Returns (kept, dropped), both with the columns of `checked`, `split` and `correct` (the answer as the
+    keep rule reads it; the full answer when nothing is filtered); `dropped` adds `drop_reason`."""
+    if keep_only_correct not in KEEP_RULES:
+        raise ValueError(f"prompts.keep_only_correct must be full, first_token or false; got {keep_only_correct!r}")
+    df = pd.concat([df.reset_index(drop=True), checked.reset_index(drop=True)], axis=1)
+    df["split"] = split_operands(df, splits["validation_share"], seed)
+    df["correct"] = df["correct_first_token" if keep_only_correct == "first_token" else "correct_full"]
     wrong = ~df["correct"] if keep_only_correct else pd.Series(False, index=df.index)
-    dropped = [df[wrong].assign(drop_reason="wrong_answer")]
-    kept = df[~wrong]
-    if max_samples is not None and len(kept) > max_samples:
-        chosen = np.sort(np.random.default_rng(seed).choice(len(kept), size=max_samples, replace=False))
-        over = np.ones(len(kept), dtype=bool)
-        over[chosen] = False
-        dropped.append(kept[over].assign(drop_reason="over_max_samples"))
-        kept = kept.iloc[chosen]
-    return kept.reset_index(drop=True), pd.concat(dropped).sort_values("sample_id").reset_index(drop=True)
+    dropped, kept = [df[wrong].assign(drop_reason="wrong_answer")], []
+    for i, split in enumerate(SPLITS):
+        part = df[~wrong & (df["split"] == split)]
+        limit = splits["max_samples"][split]
+        if len(part) > limit:
+            chosen = np.sort(np.random.default_rng([seed, i]).choice(len(part), size=limit, replace=False))
+            over = np.ones(len(part), dtype=bool)
+            over[chosen] = False
+            dropped.append(part[over].assign(drop_reason="over_max_samples"))
+            part = part.iloc[chosen]
+        kept.append(part)
+    kept = pd.concat(kept).sort_values("sample_id").reset_index(drop=True)
+    return kept, pd.concat(dropped).sort_values("sample_id").reset_index(drop=True)
+
+
+def split_pairs(pairs: pd.DataFrame, split: str, where: str = "pairs") -> pd.DataFrame:
+    """The rows of one split (`SPLITS`) of a pairs table, in table order; a clear error when the table has
+    no split column (written before splits existed: re-run build_pairs) or the split is empty."""
+    if "split" not in pairs:
+        raise ValueError(f"{where}: no 'split' column; the pairs table predates splits, re-run build_pairs")
+    part = pairs[pairs["split"] == split].reset_index(drop=True)
+    if part.empty:
+        raise ValueError(f"{where}: no {split} pairs; see prompts.splits in the config")
+    return part
 
 
 def continuation_ids(tokenizer, context: str, continuation: str) -> tuple[list[int], list[int]]:

@@ -37,6 +37,7 @@ import numpy as np
 import pandas as pd
 
 from . import stats
+from .controls import layer_matched_heads
 
 ARMS = ("precise", "precise_mlp", "random_heads", "full", "lora")
 HEAD_ARMS = ("precise", "precise_mlp", "random_heads")
@@ -175,24 +176,6 @@ def format_summary(items: pd.DataFrame) -> pd.DataFrame:
 
 # ---------------------------------------------------------------------------------------------------
 # Arms
-
-
-def layer_matched_heads(key_heads: list[tuple[int, int]], n_heads: int, seed: int) -> list[tuple[int, int]]:
-    """As many heads as `key_heads` in each of their layers, drawn (seeded) among that layer's other heads:
-    the random control at the same layers and parameter count. Fails when a layer has too few other heads."""
-    key = set(key_heads)
-    per_layer: dict[int, int] = {}
-    for layer, _ in key_heads:
-        per_layer[layer] = per_layer.get(layer, 0) + 1
-    rng = np.random.default_rng(seed)
-    out = []
-    for layer in sorted(per_layer):
-        pool = [(layer, h) for h in range(n_heads) if (layer, h) not in key]
-        if len(pool) < per_layer[layer]:
-            raise ValueError(f"layer {layer} has {per_layer[layer]} key heads and only {len(pool)} other heads: "
-                             "no layer-matched random draw exists (lower study.heads)")
-        out += [pool[i] for i in rng.choice(len(pool), size=per_layer[layer], replace=False)]
-    return out
 
 
 def parse_run(run: str) -> tuple[str, int]:

@@ -6,6 +6,7 @@ import numpy as np
 import pandas as pd
 
 from ..io import read_parquet_meta, write_parquet
+from ..prompts import split_pairs
 from .common import load_stage_model, stage_meta
 
 
@@ -25,7 +26,7 @@ def run_analyze(
     *, model: str, task: str, model_dir, pairs_path, key_path, effects_path, analysis: dict, compute: dict, seed: int,
     out_roles, out_example, out_probes,
 ) -> None:
-    """Explain the key heads and the MLPs on up to `analysis.max_samples` pairs (a seeded draw): the
+    """Explain the key heads and the MLPs on up to `analysis.max_samples` validation pairs (a seeded draw): the
     attention of each key head from END on each token role, an example prompt with its attention (one row
     per head and token: node, rank, position, token, role, attention, sample_id), and the MLP probes
     (cosine of MLP input/output/change with the unembedding rows of A, B and the answer C). The figures are
@@ -33,7 +34,7 @@ def run_analyze(
     from ..analysis import attention_rows, first_role_tokens, mlp_probes, role_attention, token_roles
 
     lm = load_stage_model(model_dir, compute)
-    pairs = pd.read_parquet(pairs_path)
+    pairs = split_pairs(pd.read_parquet(pairs_path), "validation", str(pairs_path))
     if len(pairs) > analysis["max_samples"]:
         pairs = pairs.sample(n=analysis["max_samples"], random_state=seed).sort_values("sample_id", kind="stable")
     pairs = pairs.reset_index(drop=True)

@@ -22,7 +22,7 @@ def select_finetune_nodes(method: str, effects_paths: dict, finetune: dict, n_la
     """(heads, mlp layers) a head method trains: precise, the top `finetune.heads` heads (and top
     `finetune.mlps` MLPs) by patching effect averaged over the tasks; random_heads, as many heads drawn at
     random (seeded) among the others, and no MLPs."""
-    from ..ablation import random_heads
+    from ..controls import random_heads
 
     ranked, ranked_mlps = ranked_nodes(effects_paths)
     n = finetune["heads"]

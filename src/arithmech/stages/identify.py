@@ -15,7 +15,7 @@ from .. import effects as fx
 from ..io import provenance, read_parquet_meta, write_html_table, write_parquet, write_safetensors
 from ..models import prepare_model
 from ..patching import EndState, collect, direct_logits, effects_frame, total_logits
-from ..prompts import build_prompts, select_samples
+from ..prompts import SPLITS, build_prompts, select_samples, split_pairs
 from .common import load_stage_model, stage_meta
 
 
@@ -24,23 +24,38 @@ def run_prepare_model(*, source: dict, out_dir: str | Path) -> None:
 
 
 def run_build_pairs(*, model_dir, task: str, prompts: dict, compute: dict, seed: int, out_pairs, out_dropped) -> None:
-    """All candidate pairs of `task`, checked against the model; writes kept and dropped samples."""
+    """All candidate pairs of `task`, checked against the model (first token and full greedy answer), split
+    into identification and validation pairs by operand pair; writes kept and dropped samples. The kept
+    pairs' counterfactual prompts are checked too: how often they still give the answer (the leak) goes
+    into the table (cf_correct_first_token, cf_correct_full) and its metadata."""
+    from ..evaluation import check_answers
+
     lm = load_stage_model(model_dir, compute)
     candidates = build_prompts(lm.tokenizer, task, prompts, seed)
-    answers = torch.tensor(candidates["answer_token_id"].to_numpy())
-    state, _ = collect(lm, list(candidates["prompt"]), answers, compute["batch_size"], desc=f"check {task}")
-    kept, dropped = select_samples(
-        candidates, state.predicted.tolist(), prompts["max_samples"], prompts["keep_only_correct"], seed
-    )
-    if kept.empty:
-        raise RuntimeError(
-            f"{task}: the model answered none of the {len(candidates)} prompts correctly; "
-            "check prompts.templates / n_shots, or set prompts.keep_only_correct: false"
-        )
+    checked = check_answers(lm, list(candidates["prompt"]), candidates["answer"], candidates["answer_token_id"],
+                            compute["batch_size"], desc=f"check {task}")
+    kept, dropped = select_samples(candidates, checked, prompts["keep_only_correct"], prompts["splits"], seed)
+    for split in SPLITS:
+        if not (kept["split"] == split).any():
+            raise RuntimeError(
+                f"{task}: no {split} pair is left of {len(candidates)} candidates after prompts.keep_only_correct="
+                f"{prompts['keep_only_correct']}; widen prompts.operands, change prompts.splits.validation_share, "
+                "or set prompts.keep_only_correct: false"
+            )
+    cf = check_answers(lm, list(kept["cf_prompt"]), kept["answer"], kept["answer_token_id"], compute["batch_size"],
+                       desc=f"leak {task}")
+    kept = kept.assign(cf_full_answer=cf["full_answer"].to_numpy(),
+                       cf_correct_first_token=cf["correct_first_token"].to_numpy(),
+                       cf_correct_full=cf["correct_full"].to_numpy())
     meta = stage_meta(model_dir, "build_pairs", task=task, prompts=prompts, seed=seed)
-    meta["counts"] = {"candidates": len(candidates), "kept": len(kept), **dropped["drop_reason"].value_counts().to_dict()}
-    meta["accuracy"] = float(state.predicted.eq(answers).float().mean())
-    print(f"{task}: first-token accuracy {meta['accuracy']:.3f}; counts {meta['counts']}")
+    meta["counts"] = {"candidates": len(candidates), "kept": len(kept), **dropped["drop_reason"].value_counts().to_dict(),
+                      **{f"kept_{s}": int((kept["split"] == s).sum()) for s in SPLITS}}
+    meta["accuracy"] = {"first_token": float(checked["correct_first_token"].mean()),
+                        "full": float(checked["correct_full"].mean())}
+    meta["leak"] = {s: {"first_token": float(part["cf_correct_first_token"].mean()),
+                        "full": float(part["cf_correct_full"].mean()), "n": len(part)}
+                    for s, part in kept.groupby("split")}
+    print(f"{task}: accuracy {meta['accuracy']}; leak {meta['leak']}; counts {meta['counts']}")
     write_parquet(kept, out_pairs, meta)
     write_parquet(dropped, out_dropped, meta)
 
@@ -49,23 +64,26 @@ STATE_FIELDS = ("heads", "mlps", "resid", "logits", "logprobs", "predicted")
 
 
 def run_cache_activations(*, model_dir, pairs_path, compute: dict, out_path) -> None:
-    """Node outputs at END for reference and counterfactual prompts, plus the counterfactual means
-    (at END and aligned back from END over the shortest prompt) that mean ablation uses."""
+    """Node outputs at END for the identification pairs' reference and counterfactual prompts, plus the
+    counterfactual means that mean ablation uses: at END over all of them (`cf_mean_*`, [1, ...]) and per
+    template at every position counted back from END (`cf_template_*`, `patching.GroupedMean`)."""
     lm = load_stage_model(model_dir, compute)
-    pairs = pd.read_parquet(pairs_path)
+    pairs = split_pairs(pd.read_parquet(pairs_path), "identification", str(pairs_path))
     answers = torch.tensor(pairs["answer_token_id"].to_numpy())
     ref, _ = collect(lm, list(pairs["prompt"]), answers, compute["batch_size"], desc="reference")
-    n_aligned = min(len(lm.tokenizer(t)["input_ids"]) for t in pairs["cf_prompt"])
-    cf, mean = collect(
-        lm, list(pairs["cf_prompt"]), answers, compute["batch_size"], aligned_positions=n_aligned, desc="counterfactual"
-    )
+    cf, grouped = collect(lm, list(pairs["cf_prompt"]), answers, compute["batch_size"],
+                          groups=pairs["template_id"].tolist(), desc="counterfactual")
+    end_mean = grouped.end()
     tensors = {f"ref_{k}": getattr(ref, k) for k in STATE_FIELDS}
     tensors |= {f"cf_{k}": getattr(cf, k) for k in STATE_FIELDS}
     tensors |= {
         "answer_ids": answers,
         "sample_ids": torch.tensor(pairs["sample_id"].to_numpy()),
-        "cf_mean_heads": mean.heads,  # [n_aligned, L, H, head_dim]; index 0 is END
-        "cf_mean_mlps": mean.mlps,  # [n_aligned, L, d_model]
+        "cf_mean_heads": end_mean.heads,  # [1, L, H, head_dim]: END
+        "cf_mean_mlps": end_mean.mlps,  # [1, L, d_model]
+        "cf_template_heads": grouped.heads,  # [n_templates, P, L, H, head_dim]; P index 0 is END
+        "cf_template_mlps": grouped.mlps,  # [n_templates, P, L, d_model]
+        "cf_template_counts": grouped.counts,  # [n_templates, P]
     }
     meta = stage_meta(model_dir, "cache_activations", compute=compute, pairs=read_parquet_meta(pairs_path).get("params_hash"))
     meta["dtype"] = str(lm.dtype)
@@ -102,7 +120,11 @@ def run_patch_layer(*, model_dir, layer: int, patching: dict, compute: dict, pai
         if patching["mode"] == "direct":
             logit_p, logprob_p = direct_logits(lm, ref, cf, answers, [layer], compute["batch_size"], with_probs)
         else:
-            texts = list(pd.read_parquet(pairs_path, columns=["prompt"])["prompt"])
+            pairs = split_pairs(pd.read_parquet(pairs_path, columns=["sample_id", "prompt", "split"]), "identification",
+                                str(pairs_path))
+            if pairs["sample_id"].tolist() != sample_ids.tolist():
+                raise ValueError(f"{cache_path} does not hold the identification pairs of {pairs_path}; re-run it")
+            texts = list(pairs["prompt"])
             logit_p, logprob_p = total_logits(
                 lm, texts, answers, cf, [layer], compute["batch_size"], patching["copies_per_forward"], with_probs
             )

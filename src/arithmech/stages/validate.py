@@ -11,30 +11,38 @@ import torch
 from safetensors.torch import load_file
 
 from ..io import write_parquet
-from ..patching import AlignedMean
+from ..patching import AlignedMean, GroupedMean
+from ..prompts import split_pairs
 from .common import load_stage_model, stage_meta
 
 
-def answer_tokens(tokenizer, answers) -> int:
-    """Greedy steps that read every answer in full: the longest answer's tokens (after the prompt's trailing
-    space) plus one, so that "1" followed by "2" is read as 12, not 1."""
-    return 1 + max(len(tokenizer(" " + str(a), add_special_tokens=False)["input_ids"]) for a in answers)
+def _set_answers(lm, texts, template_ids, head_sets, mlp_sets, cache, positions, max_new_tokens, batch_size, copies):
+    """Greedy answer tokens [n_sets, n, max_new_tokens] with each node set mean-ablated.
 
-
-def _set_answers(lm, texts, head_sets, mlp_sets, means, positions, max_new_tokens, batch_size, copies):
-    """Greedy answer tokens [n_sets, n, max_new_tokens] with each node set mean-ablated: END positions on
-    the prefix-cache fast path (each answer stops once its number is settled, which leaves its score as it
-    is), aligned positions with one ablated generation per set (the reference)."""
+    "end": at END and every generated position, with the END mean over all identification counterfactuals,
+    on the prefix-cache fast path (each answer stops once its number is settled, which leaves its score as
+    it is). "all" (Wang et al.'s mean ablation): at every position, each prompt with the mean over the
+    identification counterfactuals of its own template at the same offset from END (`GroupedMean`), and
+    every generated position with its template's END mean; one ablated generation per set and template."""
     from ..ablation import ablation_hooks, greedy_end_sets
     from ..evaluation import greedy_generate, settled_number
 
     if positions == "end":
+        means = AlignedMean(cache["cf_mean_heads"], cache["cf_mean_mlps"])
         return greedy_end_sets(lm, texts, head_sets, means, max_new_tokens, mlp_sets, None, batch_size, copies,
                                settled=settled_number(lm.tokenizer)).tokens
-    return torch.stack([
-        greedy_generate(lm, texts, max_new_tokens, batch_size, ablation_hooks(lm, hs, ms, means, positions))
-        for hs, ms in zip(head_sets, mlp_sets)
-    ])
+    grouped = GroupedMean(cache["cf_template_heads"], cache["cf_template_mlps"], cache["cf_template_counts"])
+    template_ids = np.asarray(template_ids)
+    out = torch.empty(len(head_sets), len(texts), max_new_tokens, dtype=torch.long)
+    for t in np.unique(template_ids):
+        if t >= len(grouped.counts) or grouped.counts[t, 0] == 0:
+            raise ValueError(f"template {t} has no identification pair, so no mean to ablate its prompts with")
+        rows = np.flatnonzero(template_ids == t)
+        part = [texts[i] for i in rows]
+        for s, (hs, ms) in enumerate(zip(head_sets, mlp_sets)):
+            hooks = ablation_hooks(lm, hs, ms, grouped.group(int(t)), "aligned")
+            out[s, torch.as_tensor(rows)] = greedy_generate(lm, part, max_new_tokens, batch_size, hooks)
+    return out
 
 
 def _answers_correct(tokenizer, tokens: torch.Tensor, golds, judge=None) -> np.ndarray:
@@ -50,18 +58,24 @@ def _answers_correct(tokenizer, tokens: torch.Tensor, golds, judge=None) -> np.n
 
 
 def knockout_node_sets(effects: pd.DataFrame, key: pd.DataFrame, ablation: dict, n_layers: int, n_heads: int,
-                       seed: int) -> list[tuple]:
+                       seed: int, random_k: list[int] | None = None) -> list[tuple]:
     """The knockout rule's node sets, each (curve, seed, k, heads, mlps): the top k heads by patching effect
-    (k = 0..K, K = ablation.max_heads), k random other heads over `ablation.random_seeds` draws, the key MLPs."""
-    from ..ablation import random_heads
+    (k = 0..K, K = ablation.max_heads); two random controls over `ablation.random_seeds` draws each, k random
+    heads drawn uniformly among the others (`random_heads`) and k drawn in the layers of the top k
+    (`random_layer_matched`), for k = 1..K or the given `random_k`; the key MLPs."""
+    from ..controls import layer_matched_heads, random_heads
 
     heads = effects[effects["component"] == "head"].sort_values("mean_effect", kind="stable")
     K = min(ablation["max_heads"], len(heads))
     ranked = [(int(l), int(h)) for l, h in zip(heads["layer"][:K], heads["head"][:K])]
+    ks = range(1, K + 1) if random_k is None else [k for k in random_k if 1 <= k <= K]
     sets = [("top_heads", -1, k, ranked[:k], []) for k in range(K + 1)]
     for s in range(ablation["random_seeds"]):
         drawn = random_heads(n_layers, n_heads, K, seed=seed * 1000 + s, exclude=ranked)
-        sets += [("random_heads", s, k, drawn[:k], []) for k in range(1, K + 1)]
+        sets += [("random_heads", s, k, drawn[:k], []) for k in ks]
+    for s in range(ablation["random_seeds"]):
+        drawn = layer_matched_heads(ranked, n_heads, seed=seed * 1000 + 500 + s)
+        sets += [("random_layer_matched", s, k, drawn[:k], []) for k in ks]
     key_mlps = [int(l) for l in key.loc[key["component"] == "mlp", "layer"]]
     return sets + [("key_mlps", -1, len(key_mlps), [], key_mlps)]
 
@@ -70,31 +84,44 @@ def run_knockout(
     *, model: str, task: str, model_dir, pairs_path, cache_path, effects_path, key_path,
     ablation: dict, compute: dict, seed: int, out_table,
 ) -> None:
-    """Mean-ablation knockout: accuracy with the top k heads (by patching effect) knocked out, k = 0..max_heads,
-    against as many random heads over several seeds, and with the key MLPs knocked out. Both the first
-    answer token (`accuracy`, what path patching measured) and the full greedy answer (`full_accuracy`)."""
+    """Mean-ablation knockout on the VALIDATION pairs (operand pairs that played no part in ranking the heads
+    or in the means): accuracy with the top k heads (by patching effect) knocked out, k = 0..max_heads,
+    against random heads (uniform and layer-matched, several draws), and with the key MLPs knocked out; for
+    each of `ablation.positions` ("end", "all": see `_set_answers`; "all" on a seeded draw of
+    `ablation.all_positions_samples` pairs, its random controls at k = max_heads only, as each set is a full
+    forward of every prompt). Both the first answer token (`accuracy`, what path patching measured) and the
+    full greedy answer (`full_accuracy`)."""
+    from ..data import subsample
+    from ..evaluation import answer_tokens
+
     lm = load_stage_model(model_dir, compute)
-    pairs = pd.read_parquet(pairs_path)
-    texts, answers = list(pairs["prompt"]), torch.tensor(pairs["answer_token_id"].to_numpy())
+    pairs = split_pairs(pd.read_parquet(pairs_path), "validation", str(pairs_path))
     cache = load_file(str(cache_path))
-    means = AlignedMean(cache["cf_mean_heads"], cache["cf_mean_mlps"])
     key = pd.read_parquet(key_path)
-    sets = knockout_node_sets(pd.read_parquet(effects_path), key, ablation, lm.n_layers, lm.n_heads, seed)
-    tokens = _set_answers(
-        lm, texts, [s[3] for s in sets], [s[4] for s in sets], means, ablation["positions"],
-        answer_tokens(lm.tokenizer, pairs["answer"]), compute["batch_size"], 256,
-    )
-    first = (tokens[..., 0] == answers[None]).float().mean(1).numpy()
-    full = _answers_correct(lm.tokenizer, tokens, pairs["answer"]).mean(1)
-    rows = [
-        {"curve": c, "seed": sd, "k": k,
-         "nodes": " ".join([f"L{l}H{h}" for l, h in hs] + [f"L{l}MLP" for l in ms]),
-         "accuracy": float(a), "full_accuracy": float(f)}
-        for (c, sd, k, hs, ms), a, f in zip(sets, first, full)
-    ]
-    table = pd.DataFrame(rows).assign(n=len(texts), positions=ablation["positions"])
+    effects = pd.read_parquet(effects_path)
+    tables = []
+    for positions in ablation["positions"]:
+        scored, random_k = pairs, None
+        if positions == "all":
+            scored = subsample(pairs, ablation["all_positions_samples"], seed).reset_index(drop=True)
+            random_k = [ablation["max_heads"]]
+        sets = knockout_node_sets(effects, key, ablation, lm.n_layers, lm.n_heads, seed, random_k)
+        texts, answers = list(scored["prompt"]), torch.tensor(scored["answer_token_id"].to_numpy())
+        tokens = _set_answers(
+            lm, texts, scored["template_id"], [s[3] for s in sets], [s[4] for s in sets], cache, positions,
+            answer_tokens(lm.tokenizer, scored["answer"]), compute["batch_size"], 256,
+        )
+        first = (tokens[..., 0] == answers[None]).float().mean(1).numpy()
+        full = _answers_correct(lm.tokenizer, tokens, scored["answer"]).mean(1)
+        rows = [
+            {"curve": c, "seed": sd, "k": k,
+             "nodes": " ".join([f"L{l}H{h}" for l, h in hs] + [f"L{l}MLP" for l in ms]),
+             "accuracy": float(a), "full_accuracy": float(f)}
+            for (c, sd, k, hs, ms), a, f in zip(sets, first, full)
+        ]
+        tables.append(pd.DataFrame(rows).assign(n=len(texts), positions=positions, split="validation"))
     meta = stage_meta(model_dir, "knockout", task=task, ablation=ablation, seed=seed)
-    write_parquet(table, out_table, meta)
+    write_parquet(pd.concat(tables, ignore_index=True), out_table, meta)
 
 
 def _transfer_targets(
@@ -105,12 +132,13 @@ def _transfer_targets(
     Each: name, kind, texts, golds (numbers, or lists of accepted strings), answer_ids (first answer token,
     operator pairs only), max_new_tokens."""
     from ..data import load_bigbench_generation, load_svamp, subsample
+    from ..evaluation import answer_tokens
     from ..formatting import question_prompts
     from ..prompts import format_prompts
 
     targets = []
     for task, path in zip(tasks, pairs_paths, strict=True):
-        pairs = subsample(pd.read_parquet(path), transfer["max_samples"], seed)
+        pairs = subsample(split_pairs(pd.read_parquet(path), "validation", str(path)), transfer["max_samples"], seed)
         targets.append({
             "name": task, "kind": "operator", "texts": list(pairs["prompt"]), "golds": list(pairs["answer"]),
             "answer_ids": torch.tensor(pairs["answer_token_id"].to_numpy()),
@@ -151,11 +179,13 @@ def run_transfer(
 ) -> None:
     """Do the key heads of one operator matter for the others, other number formats, SVAMP, and not for
     non-math questions? For each source task X, X's key heads are mean-ablated (with X's counterfactual
-    mean, at END and every generated position) on every target set, against as many random heads
-    (`transfer.random_seeds` draws, same mean); greedy answers are scored against the gold answers.
+    mean, at END and every generated position) on every target set, against as many random heads in the
+    same layers (`transfer.random_seeds` layer-matched draws, same mean); the operators' own pairs are their
+    validation pairs; greedy answers are scored against the gold answers.
     `retained` is the share of the items the unablated model gets right that stay right (the paper's
     "accuracy after knockout" on data filtered to correct answers)."""
-    from ..ablation import greedy_end_sets, random_heads
+    from ..ablation import greedy_end_sets
+    from ..controls import layer_matched_heads
     from ..evaluation import qa_correct, settled_number
 
     lm = load_stage_model(model_dir, compute)
@@ -169,7 +199,7 @@ def run_transfer(
         key_heads = [(int(l), int(h)) for l, h in key.loc[key["component"] == "head", ["layer", "head"]].to_numpy()]
         sets.append({"source": task, "heads": "key", "seed": -1, "nodes": key_heads, "mean": task})
         for s in range(transfer["random_seeds"]):
-            drawn = random_heads(lm.n_layers, lm.n_heads, len(key_heads), seed=seed * 1000 + s, exclude=key_heads)
+            drawn = layer_matched_heads(key_heads, lm.n_heads, seed=seed * 1000 + s)
             sets.append({"source": task, "heads": "random", "seed": s, "nodes": drawn, "mean": task})
     set_means = [means[s["mean"]] for s in sets]
     rows = []
