@@ -4,11 +4,13 @@ eager attention weights, role attention, the cosine helper and the MLP probes, o
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
+from arithmech import plots
 from arithmech.analysis import (
     ROLES,
     attention_rows,
@@ -207,20 +209,37 @@ def test_cosine_matches_numpy():
     np.testing.assert_allclose(cosine(torch.tensor(u), torch.tensor(v), dim=0).numpy(), want0)
 
 
-def test_mlp_probes(tiny_lm, texts):
-    prompts = texts["prompt"].tolist()
+def _operand_ids(tok, texts):
     records = texts.to_dict("records")
+    a_ids = [role_token_ids(tok, r["prompt"], r, "operand_a")[0] for r in records]
+    b_ids = [role_token_ids(tok, r["prompt"], r, "operand_b")[0] for r in records]
+    return a_ids, b_ids
+
+
+def _cos_np(u, v):
+    return (u * v).sum(-1) / (np.linalg.norm(u, axis=-1) * np.linalg.norm(v, axis=-1))
+
+
+def test_mlp_probes(tiny_lm, texts):
+    """The `normed` variant on all texts: the MLP module's input (after the post-attention norm), its output
+    and unit(output) - unit(input), recomputed with NumPy; plus the table's shape and the seeded baseline."""
+    prompts = texts["prompt"].tolist()
     tok = tiny_lm.tokenizer
-    a_ids = [role_token_ids(tok, p, r, "operand_a")[0] for p, r in zip(prompts, records)]
-    b_ids = [role_token_ids(tok, p, r, "operand_b")[0] for p, r in zip(prompts, records)]
+    a_ids, b_ids = _operand_ids(tok, texts)
     assert first_role_tokens(tok, texts, "operand_a") == a_ids == [tok(str(a)[0])["input_ids"][0] for a in texts["a"]]
     assert first_role_tokens(tok, texts, "operand_b") == b_ids
     with pytest.raises(ValueError, match="no token"):
         first_role_tokens(tok, texts.assign(b_end=texts["b_start"]), "operand_b")
     c_ids = texts["answer_token_id"].tolist()
-    table = mlp_probes(tiny_lm, prompts, a_ids, b_ids, c_ids, batch_size=2, n_random=64, seed=3)
+    full = mlp_probes(tiny_lm, prompts, a_ids, b_ids, c_ids, batch_size=2, n_random=64, seed=3)
     L = tiny_lm.n_layers
-    assert len(table) == L * 3 * 4
+    n_distinct = sum(c != a and c != b for a, b, c in zip(a_ids, b_ids, c_ids))
+    assert 0 < n_distinct < len(prompts)  # both subsets are there, and differ
+    assert len(full) == 2 * 2 * L * 3 * 4  # variants x subsets x layers x vectors x targets
+    assert set(full["variant"]) == {"paper", "normed"} and set(full["subset"]) == {"all", "answer_distinct"}
+    assert full.groupby(["variant", "subset", "layer", "vector", "target"]).size().eq(1).all()
+    assert set(full.loc[full["subset"] == "answer_distinct", "n_texts"]) == {n_distinct}
+    table = full[(full["variant"] == "normed") & (full["subset"] == "all")]
     assert set(table["vector"]) == {"input", "output", "delta"} and set(table["target"]) == {"a", "b", "c", "random"}
     # independently: the MLP input is the post-attention norm's output; recompute with NumPy
     seen = {}
@@ -231,9 +250,6 @@ def test_mlp_probes(tiny_lm, texts):
         tiny_lm.model(**encode(tok, prompts), logits_to_keep=1)
     W = tiny_lm.unembed.weight.double().numpy()
 
-    def cos_np(u, v):
-        return (u * v).sum(-1) / (np.linalg.norm(u, axis=-1) * np.linalg.norm(v, axis=-1))
-
     for l in range(L):
         x_in, x_out = seen[("in", l)].double().numpy(), seen[("out", l)].double().numpy()
         unit = lambda v: v / np.linalg.norm(v, axis=-1, keepdims=True)  # noqa: E731
@@ -241,15 +257,96 @@ def test_mlp_probes(tiny_lm, texts):
         for vector, v in vecs.items():
             for target, ids in (("a", a_ids), ("b", b_ids), ("c", c_ids)):
                 cell = table.query(f"layer == {l} and vector == '{vector}' and target == '{target}'")
-                values = cos_np(v, W[ids])
+                values = _cos_np(v, W[ids])
                 assert cell["mean"].item() == pytest.approx(values.mean(), abs=1e-6)
                 assert cell["std"].item() == pytest.approx(values.std(ddof=1), abs=1e-6)
+                assert cell["n"].item() == cell["n_texts"].item() == len(prompts)
             rnd = table.query(f"layer == {l} and vector == '{vector}' and target == 'random'")
             assert rnd["n"].item() == 64 and 0 < rnd["std"].item() < 1
     # the random baseline is seeded
     again = mlp_probes(tiny_lm, prompts, a_ids, b_ids, c_ids, batch_size=5, n_random=64, seed=3)
-    np.testing.assert_allclose(again["mean"].to_numpy(), table["mean"].to_numpy(), atol=1e-6)  # other batches
+    np.testing.assert_allclose(again["mean"].to_numpy(), full["mean"].to_numpy(), atol=1e-6)  # other batches
     other = mlp_probes(tiny_lm, prompts, a_ids, b_ids, c_ids, batch_size=5, n_random=64, seed=4)
-    assert not np.allclose(other.query("target == 'random'")["mean"], table.query("target == 'random'")["mean"])
+    assert not np.allclose(other.query("target == 'random'")["mean"], full.query("target == 'random'")["mean"])
     with pytest.raises(ValueError):
         mlp_probes(tiny_lm, prompts, a_ids[:-1], b_ids, c_ids, batch_size=2)
+
+
+@pytest.fixture(scope="module")
+def gained_lm(tiny_dir):
+    """The tiny model with random post-attention norm gains: with the built model's unit gains the normed
+    MLP input is a positive multiple of the residual, and no cosine could tell the two apart."""
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32)
+    model.eval().requires_grad_(False)
+    gen = torch.Generator().manual_seed(0)
+    for layer in model.model.layers:
+        gain = layer.post_attention_layernorm.weight
+        gain.copy_(torch.rand(gain.shape, generator=gen) * 2 - 0.5)
+    return LoadedModel(model, tiny_dir)
+
+
+def test_mlp_probes_paper_variant_is_the_residual_entering_the_mlp_block(gained_lm, texts):
+    """The `paper` variant, slowly: the residual entering layer l's MLP block is the layer's input
+    (hidden_states[l]) plus the attention block's output; the MLP's output is what the layer adds after it
+    (hidden_states[l + 1] minus that residual, for every layer but the last, whose hidden state HF returns
+    after the final norm); the change is their difference."""
+    lm = gained_lm
+    prompts = texts["prompt"].tolist()
+    tok = lm.tokenizer
+    a_ids, b_ids = _operand_ids(tok, texts)
+    c_ids = texts["answer_token_id"].tolist()
+    full = mlp_probes(lm, prompts, a_ids, b_ids, c_ids, batch_size=2, n_random=8)
+    table = full[(full["variant"] == "paper") & (full["subset"] == "all")]
+    L = lm.n_layers
+    attn = {}
+    post = [(lm.layer(l).self_attn, lambda m, a, o, l=l: attn.__setitem__(l, o[0][:, -1])) for l in range(L)]
+    with torch.no_grad(), hooks(post=post):
+        hidden = lm.model(**encode(tok, prompts), output_hidden_states=True).hidden_states  # L + 1 x [B, S, d]
+    W = lm.unembed.weight.double().numpy()
+    for l in range(L):
+        resid_mid = (hidden[l][:, -1] + attn[l]).double().numpy()
+        vecs = {"input": resid_mid}
+        if l < L - 1:
+            out = hidden[l + 1][:, -1].double().numpy() - resid_mid
+            vecs |= {"output": out, "delta": out - resid_mid}
+        for vector, v in vecs.items():
+            for target, ids in (("a", a_ids), ("b", b_ids), ("c", c_ids)):
+                cell = table.query(f"layer == {l} and vector == '{vector}' and target == '{target}'")
+                values = _cos_np(v, W[ids])
+                assert cell["mean"].item() == pytest.approx(values.mean(), abs=1e-5)
+                assert cell["std"].item() == pytest.approx(values.std(ddof=1), abs=1e-5)
+    # the two definitions of the input differ (the norm's gain and scale), the output is the same MLP output
+    by = full[full["subset"] == "all"].set_index(["variant", "layer", "vector", "target"])["mean"]
+    assert not np.allclose(by["paper"].xs("input", level="vector"), by["normed"].xs("input", level="vector"))
+    np.testing.assert_allclose(by["paper"].xs("output", level="vector"), by["normed"].xs("output", level="vector"))
+
+
+def test_mlp_probes_answer_distinct_subset(tiny_lm, texts):
+    """answer_distinct rows are the probes of only the texts whose answer token is neither operand token:
+    here text 0's answer token is its A token and text 1's its B token, so the subset is texts 2, 3, 4."""
+    prompts = texts["prompt"].tolist()
+    tok = tiny_lm.tokenizer
+    a_ids, b_ids = _operand_ids(tok, texts)
+    digits = [tok.convert_tokens_to_ids(d) for d in "0123456789"]
+    c_ids = [a_ids[0], b_ids[1]] + [next(d for d in digits if d not in (a, b)) for a, b in zip(a_ids[2:], b_ids[2:])]
+    table = mlp_probes(tiny_lm, prompts, a_ids, b_ids, c_ids, batch_size=2, n_random=16, seed=1)
+    distinct = table[table["subset"] == "answer_distinct"].drop(columns="subset").reset_index(drop=True)
+    only = mlp_probes(tiny_lm, prompts[2:], a_ids[2:], b_ids[2:], c_ids[2:], batch_size=2, n_random=16, seed=1)
+    assert set(only["subset"]) == {"all", "answer_distinct"}  # every text of the three is distinct
+    expected = only[only["subset"] == "all"].drop(columns="subset").reset_index(drop=True)
+    pd.testing.assert_frame_equal(distinct, expected, atol=1e-9, rtol=0)
+    assert set(distinct["n_texts"]) == {3} and set(distinct.loc[distinct["target"] != "random", "n"]) == {3}
+    # and they differ from the rows on all five texts
+    all_rows = table[table["subset"] == "all"].drop(columns="subset").reset_index(drop=True)
+    assert not np.allclose(all_rows["mean"], distinct["mean"])
+
+
+def test_mlp_probes_empty_answer_distinct_subset_has_no_rows(tiny_lm, texts, tmp_path):
+    """Every answer token equal to an operand token: no answer_distinct rows, and the figure still draws."""
+    prompts = texts["prompt"].tolist()
+    a_ids, b_ids = _operand_ids(tiny_lm.tokenizer, texts)
+    c_ids = [b if i % 2 else a for i, (a, b) in enumerate(zip(a_ids, b_ids))]
+    table = mlp_probes(tiny_lm, prompts, a_ids, b_ids, c_ids, batch_size=5, n_random=8)
+    assert set(table["subset"]) == {"all"} and len(table) == 2 * tiny_lm.n_layers * 3 * 4
+    plots.mlp_probe_lines(table, "no distinct answers", tmp_path / "probes.png")
+    assert (tmp_path / "probes.png").read_bytes()[:4] == b"\x89PNG"

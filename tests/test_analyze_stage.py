@@ -93,12 +93,18 @@ def test_role_attention_of_the_key_heads(key_run):
 
 def test_mlp_probes_table(key_run):
     probes = pd.read_parquet(key_run["probes.parquet"])
-    assert len(probes) == N_LAYERS * 3 * 4  # layers x (input, output, delta) x (a, b, c, random)
+    # variants x subsets x layers x (input, output, delta) x (a, b, c, random); in addition of operands 1..4
+    # the answer's digit is never an operand's, so answer_distinct holds every prompt
+    assert len(probes) == 2 * 2 * N_LAYERS * 3 * 4
+    assert set(probes["variant"]) == {"paper", "normed"} and set(probes["subset"]) == {"all", "answer_distinct"}
     assert set(probes["vector"]) == {"input", "output", "delta"} and set(probes["target"]) == {"a", "b", "c", "random"}
-    assert probes.groupby(["layer", "vector", "target"]).size().eq(1).all()
+    assert probes.groupby(["variant", "subset", "layer", "vector", "target"]).size().eq(1).all()
     assert np.isfinite(probes["mean"]).all()
     assert set(probes.loc[probes["target"] == "random", "n"]) == {ANALYSIS["n_random"]}
     assert set(probes.loc[probes["target"] != "random", "n"]) == {ANALYSIS["max_samples"]}
+    assert set(probes["n_texts"]) == {ANALYSIS["max_samples"]}
+    by_subset = [part.drop(columns="subset").reset_index(drop=True) for _, part in probes.groupby("subset")]
+    pd.testing.assert_frame_equal(*by_subset)
 
 
 def test_example_table_is_one_prompt_per_head(prepared, key_run):

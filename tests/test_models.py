@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from arithmech import models
+from arithmech.hooks import hooks
 from arithmech.io import (
     atomic_path,
     config_hash,
@@ -57,11 +58,35 @@ def test_adapter_names_the_real_modules(tiny_lm):
         assert tiny_lm.layer(i) is hf.model.layers[i]
         assert tiny_lm.o_proj(i) is hf.model.layers[i].self_attn.o_proj
         assert tiny_lm.mlp(i) is hf.model.layers[i].mlp
+        assert tiny_lm.mlp_norm(i) is hf.model.layers[i].post_attention_layernorm
     assert tiny_lm.o_proj(0) is not tiny_lm.o_proj(1)
     assert tiny_lm.final_norm is hf.model.norm
     assert tiny_lm.unembed is hf.lm_head
     assert tiny_lm.o_proj(0).weight.shape == (tiny_lm.d_model, tiny_lm.n_heads * tiny_lm.head_dim)
     assert tiny_lm.unembed.weight.shape == (len(tiny_lm.tokenizer), tiny_lm.d_model)
+
+
+@pytest.mark.parametrize("model_type", models.LLAMA_FAMILY)
+def test_mlp_norm_input_is_the_residual_entering_the_mlp_block(model_type, tmp_path):
+    """Every supported architecture: the input of `mlp_norm(l)` is the layer's input plus its attention
+    block's output, and the MLP's input is that norm's output (a small random model of each type)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = AutoConfig.for_model(model_type, vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                               num_attention_heads=4, num_key_value_heads=2, head_dim=8)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg).eval().requires_grad_(False)
+    lm = LoadedModel(model, tmp_path)
+    seen = {}
+    pre = [(lm.mlp_norm(l), lambda m, a, l=l: seen.__setitem__(("norm_in", l), a[0])) for l in range(2)]
+    pre += [(lm.mlp(l), lambda m, a, l=l: seen.__setitem__(("mlp_in", l), a[0])) for l in range(2)]
+    post = [(lm.layer(l).self_attn, lambda m, a, o, l=l: seen.__setitem__(("attn", l), o[0])) for l in range(2)]
+    post += [(lm.mlp_norm(l), lambda m, a, o, l=l: seen.__setitem__(("norm_out", l), o)) for l in range(2)]
+    with torch.no_grad(), hooks(pre, post):
+        hidden = model(torch.tensor([[1, 5, 7, 9]]), output_hidden_states=True).hidden_states
+    for l in range(2):
+        torch.testing.assert_close(seen[("norm_in", l)], hidden[l] + seen[("attn", l)])
+        assert torch.equal(seen[("mlp_in", l)], seen[("norm_out", l)])
 
 
 def test_load_model_other_shapes_and_dtype(tmp_path):

@@ -470,7 +470,9 @@ def test_analysis_outputs(run):
         np.testing.assert_allclose(roles.groupby("node")["attention"].sum(), 1.0, atol=1e-5)
         assert (roles["n_texts"] == 10).all()  # all 10 pairs (analysis.max_samples is 64)
         probes = pd.read_parquet(res / f"analysis/{task}_probes.parquet")
-        assert len(probes) == 3 * 3 * 4  # layers x vectors x targets
+        paper = probes[(probes["variant"] == "paper") & (probes["subset"] == "all")]
+        assert len(paper) == 3 * 3 * 4  # layers x vectors x targets
+        assert set(probes["variant"]) == {"paper", "normed"}
         for name in ("roles", "example", "probes"):
             assert (res / f"analysis/{task}_{name}.png").read_bytes()[:4] == b"\x89PNG"
 

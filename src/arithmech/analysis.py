@@ -9,7 +9,9 @@
   against the eager implementation's weights. `role_attention` sums them per role.
 - `mlp_probes` compares, per layer, the MLP's input, output and the change it makes with the unembedding
   vectors of the operands' and the answer's first tokens (the paper's "MLPs process the operand
-  information into the answer"), against a random-token baseline.
+  information into the answer"), against a random-token baseline: with the paper's definitions (input =
+  the residual stream entering the MLP block) and with the normed input the MLP reads, on all prompts and
+  on those whose answer token is neither operand's token.
 """
 
 from __future__ import annotations
@@ -254,6 +256,8 @@ def _unit(x: torch.Tensor) -> torch.Tensor:
 
 VECTORS = ("input", "output", "delta")
 TARGETS = ("a", "b", "c", "random")
+# The two definitions of the MLP's input and change (see `mlp_probes`); `paper` is the default everywhere.
+VARIANTS = ("paper", "normed")
 
 
 @torch.no_grad()
@@ -269,19 +273,27 @@ def mlp_probes(
 ) -> pd.DataFrame:
     """Per layer, at END: cosine similarity of three MLP vectors with unembedding rows (lm_head weight rows)
     of the first tokens of operand A, operand B and the answer C, averaged over texts, plus a random-token
-    baseline.
+    baseline; under two definitions of the vectors (`variant`), on two sets of texts (`subset`).
 
-    Vectors (all at END):
-      input   the MLP module's input, i.e. the residual stream AFTER the layer's post_attention_layernorm
-              (RMSNorm with its gain), which is what the MLP actually reads;
+    Vectors (all at END), variant `paper` (the paper's definitions, the default):
+      input   the residual stream entering the MLP block: the input of the layer's post_attention_layernorm,
+              i.e. the layer's input plus the attention block's output, before any norm;
       output  the MLP module's output (what it adds to the residual stream);
-      delta   unit(output) - unit(input): the direction in which the MLP's output departs from what it
-              read. Both are normalised first because the normed input and the raw output live on very
-              different scales, so a plain output - input would be dominated by the larger one.
+      delta   (output - input) / ||output - input||; cosine is scale-invariant, so this is the cosine of
+              output - input.
+    Variant `normed`: input is the MLP module's own input, the residual AFTER the post-attention norm
+    (RMSNorm with its gain), which is what the MLP actually reads; output as above; delta is
+    unit(output) - unit(input), both normalised first because the normed input and the raw output live on
+    very different scales. All vectors of both variants come from one forward.
+    Subsets: `all` texts, and `answer_distinct`, the texts whose answer token id differs from both operand
+    token ids (when C's first token is A's or B's, the three cosines coincide for a trivial reason); every
+    target is recomputed on the subset, and an empty subset has no rows.
     Targets a, b, c: the given token ids per text. 'random': `n_random` distinct vocabulary rows drawn with
-    `seed`; its `mean` is the cosine averaged over texts and random rows, and its `std` is the spread over
-    random rows of the text-averaged cosine, the null spread of a text-averaged a/b/c value.
-    Returns columns layer, vector, target, mean, std (over texts for a/b/c), n."""
+    `seed` (the same rows for every variant and subset); its `mean` is the cosine averaged over texts and
+    random rows, and its `std` is the spread over random rows of the text-averaged cosine, the null spread
+    of a text-averaged a/b/c value.
+    Returns columns variant, subset, layer, vector, target, mean, std (over texts for a/b/c), n (texts for
+    a/b/c, random rows for random), n_texts (texts in the subset)."""
     given = {"a": a_token_ids, "b": b_token_ids, "c": c_token_ids}
     ids = {k: torch.as_tensor(list(v), dtype=torch.long) for k, v in given.items()}
     texts = list(texts)
@@ -292,51 +304,63 @@ def mlp_probes(
     gen = np.random.default_rng(seed)
     random_ids = torch.as_tensor(gen.choice(vocab, size=min(n_random, vocab), replace=False), dtype=torch.long)
     W_rand = W[random_ids.to(W.device)].double().cpu()  # [R, d]
-    L = lm.n_layers
-    # per text: cosines [n, L, vector, target(a,b,c)] and random [n, L, vector, R]
-    cos_abc = torch.zeros(len(texts), L, len(VECTORS), 3, dtype=torch.float64)
-    cos_rand = torch.zeros(len(texts), L, len(VECTORS), len(random_ids), dtype=torch.float64)
+    L, V = lm.n_layers, len(VARIANTS)
+    # per text: cosines [n, variant, L, vector, target(a,b,c)] and random [n, variant, L, vector, R]
+    cos_abc = torch.zeros(len(texts), V, L, len(VECTORS), 3, dtype=torch.float64)
+    cos_rand = torch.zeros(len(texts), V, L, len(VECTORS), len(random_ids), dtype=torch.float64)
     for start in range(0, len(texts), batch_size):
         enc = encode(lm.tokenizer, texts[start : start + batch_size], lm.device)
         B = enc["input_ids"].shape[0]
         seen: dict = {}
 
-        def pre_hook(layer):
+        def pre_hook(key):
             def fn(module, args):
-                seen[("input", layer)] = args[0][:, -1].detach()
+                seen[key] = args[0][:, -1].detach()
 
             return fn
 
-        def post_hook(layer):
+        def post_hook(key):
             def fn(module, args, output):
-                seen[("output", layer)] = output[:, -1].detach()
+                seen[key] = output[:, -1].detach()
 
             return fn
 
-        pre = [(lm.mlp(l), pre_hook(l)) for l in range(L)]
-        post = [(lm.mlp(l), post_hook(l)) for l in range(L)]
+        pre = [(lm.mlp_norm(l), pre_hook(("resid_mid", l))) for l in range(L)]
+        pre += [(lm.mlp(l), pre_hook(("normed", l))) for l in range(L)]
+        post = [(lm.mlp(l), post_hook(("output", l))) for l in range(L)]
         with hooks(pre, post):
             lm.model(**enc, logits_to_keep=1)
         sl = slice(start, start + B)
         targets = torch.stack([W[ids[k][sl].to(W.device)] for k in ("a", "b", "c")], 1).double().cpu()  # [B, 3, d]
         for l in range(L):
-            x_in, x_out = seen[("input", l)].double().cpu(), seen[("output", l)].double().cpu()
-            vecs = torch.stack([x_in, x_out, _unit(x_out) - _unit(x_in)], 1)  # [B, 3 vectors, d]
-            cos_abc[sl, l] = cosine(vecs[:, :, None, :], targets[:, None, :, :])
-            cos_rand[sl, l] = cosine(vecs[:, :, None, :], W_rand[None, None])
+            resid_mid, normed, out = (seen[(k, l)].double().cpu() for k in ("resid_mid", "normed", "output"))
+            # variant -> [B, 3 (input, output, delta), d]; paper's delta is scaled to unit length as the
+            # paper writes it, which no cosine sees
+            vecs = {"paper": torch.stack([resid_mid, out, _unit(out - resid_mid)], 1),
+                    "normed": torch.stack([normed, out, _unit(out) - _unit(normed)], 1)}
+            for v, variant in enumerate(VARIANTS):
+                cos_abc[sl, v, l] = cosine(vecs[variant][:, :, None, :], targets[:, None, :, :])
+                cos_rand[sl, v, l] = cosine(vecs[variant][:, :, None, :], W_rand[None, None])
+    # all texts, and those whose C cannot share its unembedding row with A or B
+    subsets = {"all": torch.ones(len(texts), dtype=torch.bool),
+               "answer_distinct": (ids["c"] != ids["a"]) & (ids["c"] != ids["b"])}
     records = []
-    n = len(texts)
-    for l in range(L):
-        for v, vector in enumerate(VECTORS):
-            for t, target in enumerate(("a", "b", "c")):
-                values = cos_abc[:, l, v, t]
-                records.append(
-                    {"layer": l, "vector": vector, "target": target, "mean": float(values.mean()),
-                     "std": float(values.std()) if n > 1 else 0.0, "n": n}
-                )
-            per_row = cos_rand[:, l, v].mean(0)  # [R]: text-averaged cosine of each random token
-            records.append(
-                {"layer": l, "vector": vector, "target": "random", "mean": float(per_row.mean()),
-                 "std": float(per_row.std()) if len(per_row) > 1 else 0.0, "n": len(per_row)}
-            )
-    return pd.DataFrame.from_records(records)
+    for v, variant in enumerate(VARIANTS):
+        for subset, keep in subsets.items():
+            n = int(keep.sum())
+            if n == 0:
+                continue
+            row = {"variant": variant, "subset": subset, "n_texts": n}
+            for l in range(L):
+                for j, vector in enumerate(VECTORS):
+                    for t, target in enumerate(("a", "b", "c")):
+                        values = cos_abc[keep, v, l, j, t]
+                        records.append({**row, "layer": l, "vector": vector, "target": target,
+                                        "mean": float(values.mean()), "std": float(values.std()) if n > 1 else 0.0,
+                                        "n": n})
+                    per_row = cos_rand[keep, v, l, j].mean(0)  # [R]: text-averaged cosine of each random token
+                    records.append({**row, "layer": l, "vector": vector, "target": "random",
+                                    "mean": float(per_row.mean()),
+                                    "std": float(per_row.std()) if len(per_row) > 1 else 0.0, "n": len(per_row)})
+    columns = ["variant", "subset", "layer", "vector", "target", "mean", "std", "n", "n_texts"]
+    return pd.DataFrame.from_records(records, columns=columns)

@@ -31,8 +31,8 @@ from torch import nn
 from .io import sha256_file
 
 SOURCE_FILE = "source.json"
-# Architectures whose decoder layers are `model.model.layers[i]` with `self_attn.o_proj` and `mlp`,
-# a final `model.model.norm` and an unembedding `model.lm_head`.
+# Architectures whose decoder layers are `model.model.layers[i]` with `self_attn.o_proj`, `mlp` and the norm
+# before it, `post_attention_layernorm`, a final `model.model.norm` and an unembedding `model.lm_head`.
 LLAMA_FAMILY = ("llama", "mistral", "qwen2", "qwen3")
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf", ".pt")
 
@@ -243,6 +243,12 @@ class LoadedModel:
 
     def mlp(self, layer: int) -> nn.Module:
         return self.layer(layer).mlp
+
+    def mlp_norm(self, layer: int) -> nn.Module:
+        """The norm in front of `layer`'s MLP (`post_attention_layernorm` in every supported architecture).
+        Its input [batch, seq, d_model] is the residual stream entering the MLP block (the layer's input plus
+        the attention block's output); its output is what the MLP reads."""
+        return self.layer(layer).post_attention_layernorm
 
     def attn_proj(self, layer: int, name: str) -> nn.Linear:
         """An attention projection of `layer`: q_proj, k_proj, v_proj or o_proj."""

@@ -213,15 +213,25 @@ def attention_example(
 
 
 PROBE_COLORS = {"a": ROLE_COLORS["operand_a"], "b": ROLE_COLORS["operand_b"], "c": "#2166ac"}
-PROBE_NAMES = {"input": "MLP input", "output": "MLP output", "delta": "unit(output) - unit(input)"}
+PROBE_NAMES = {
+    "paper": {"input": "MLP input: residual entering the MLP block", "output": "MLP output",
+              "delta": "change: output - input"},
+    "normed": {"input": "MLP input: after the post-attention norm", "output": "MLP output",
+               "delta": "change: unit(output) - unit(input)"},
+}
 
 
-def mlp_probe_lines(probes: pd.DataFrame, title: str, path: str | Path) -> None:
-    """Three panels (MLP input, output, normalised change): per layer, the mean cosine similarity with the
-    unembedding rows of the first tokens of A, B and the answer C; the grey band is the random-token
-    baseline, mean ± 2 std over random tokens (the null spread of a text-averaged cosine)."""
+def mlp_probe_lines(probes: pd.DataFrame, title: str, path: str | Path, variant: str = "paper") -> None:
+    """Three panels (MLP input, output, change) of one `variant` of the `mlp_probes` table: per layer, the
+    mean cosine similarity with the unembedding rows of the first tokens of A, B and the answer C on all
+    prompts; the grey band is the random-token baseline, mean ± 2 std over random tokens (the null spread of
+    a text-averaged cosine). A dashed line repeats C on the prompts whose answer token is neither operand's
+    token (subset answer_distinct), where the table has that subset."""
     from .analysis import VECTORS
 
+    probes = probes[probes["variant"] == variant]
+    distinct = probes[probes["subset"] == "answer_distinct"]
+    probes = probes[probes["subset"] == "all"]
     fig, axes = plt.subplots(1, len(VECTORS), figsize=(4.2 * len(VECTORS), 3.6), sharex=True)
     for ax, vector in zip(axes, VECTORS):
         part = probes[probes["vector"] == vector]
@@ -232,8 +242,12 @@ def mlp_probe_lines(probes: pd.DataFrame, title: str, path: str | Path) -> None:
         for target, name in (("a", "A (operand a)"), ("b", "B (operand b)"), ("c", "C (answer)")):
             line = part[part["target"] == target].sort_values("layer")
             ax.plot(line["layer"], line["mean"], marker="o", ms=3, lw=1.5, color=PROBE_COLORS[target], label=name)
+        line = distinct[(distinct["vector"] == vector) & (distinct["target"] == "c")].sort_values("layer")
+        if len(line):
+            ax.plot(line["layer"], line["mean"], ls="--", marker="o", ms=2.5, mfc="white", lw=1.2,
+                    color=PROBE_COLORS["c"], label=f"C, answer token ≠ A's, B's ({line['n'].iloc[0]} prompts)")
         ax.axhline(0, color="black", lw=0.5)
-        ax.set_title(PROBE_NAMES[vector], fontsize=10)
+        ax.set_title(PROBE_NAMES[variant][vector], fontsize=10)
         ax.set_xlabel("layer")
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("cosine with unembedding row")

@@ -38,7 +38,7 @@ def run_plot_transfer(*, model: str, transfer_path, out_html, out_png) -> None:
 def run_plot_analysis(*, model: str, task: str, roles_path, example_path, probes_path, out_roles_png,
                       out_example_png, out_probes_png) -> None:
     """The analyze stage's figures: attention from END by token role per head, the attention on one example
-    prompt, and the MLP probes against the unembedding of A, B and the answer C."""
+    prompt, and the MLP probes against the unembedding of A, B and the answer C (the `paper` variant)."""
     roles, example, probes = (pd.read_parquet(p) for p in (roles_path, example_path, probes_path))
     labels = list(dict.fromkeys(example.sort_values(["rank", "position"], kind="stable")["node"]))
     if (roles["selection"] == "key").all():
@@ -56,6 +56,6 @@ def run_plot_analysis(*, model: str, task: str, roles_path, example_path, probes
         f"{model}, {task}: attention from END, sample {first['sample_id'].iloc[0]} ({chosen})", out_example_png,
     )
     plots.mlp_probe_lines(
-        probes, f"{model}, {task}: MLP vectors at END against the unembedding of A, B and the answer C "
-        f"(mean of {n} prompts)", out_probes_png,
+        probes, f"{model}, {task}: MLP vectors at END (the paper's definitions) against the unembedding of A, B "
+        f"and the answer C (mean of {n} prompts)", out_probes_png,
     )
