@@ -93,10 +93,11 @@ def test_all_outputs_written(run):
 def test_tables_are_consistent(run):
     res = run / "results/tiny"
     pairs = pd.read_parquet(res / "pairs/addition.parquet")
-    assert len(pairs) == 10  # max_samples
+    # 9 operand pairs x 2 templates: 4 pairs held out (8 prompts, 6 kept), 5 for identification (10, 8 kept)
+    assert pairs["split"].value_counts().to_dict() == {"identification": 8, "validation": 6}
     layers = pd.concat(pd.read_parquet(res / f"patching/addition/layer{i}.parquet") for i in range(3))
-    assert len(layers) == 10 * 3 * (4 + 1)  # samples x layers x (heads + MLP)
-    assert set(layers["sample_id"]) == set(pairs["sample_id"])
+    assert len(layers) == 8 * 3 * (4 + 1)  # identification samples x layers x (heads + MLP)
+    assert set(layers["sample_id"]) == set(pairs.loc[pairs["split"] == "identification", "sample_id"])
     effects = pd.read_parquet(res / "effects/addition.parquet")
     assert len(effects) == 3 * 4 + 3
     l1h2 = effects[(effects["layer"] == 1) & (effects["head"] == 2)]["mean_effect"].item()
@@ -113,15 +114,18 @@ def test_tables_are_consistent(run):
     )
     dropped = pd.read_parquet(res / "pairs/addition_dropped.parquet")
     assert set(dropped["drop_reason"]) == {"over_max_samples"}
-    assert len(dropped) == 2 * 9 - 10  # 2 templates x 9 operand pairs, 10 kept
+    assert len(dropped) == 2 * 9 - 14  # 2 templates x 9 operand pairs, 14 kept
     assert "rel_effect" in layers and "prob_p" not in layers  # probabilities only for metric prob_change
 
 
 def test_knockout_table(run):
     """Top-k heads, random heads over seeds and key MLPs; k = 0 is the unablated model."""
     res = run / "results/tiny"
-    table = pd.read_parquet(res / "knockout/addition.parquet")
+    whole = pd.read_parquet(res / "knockout/addition.parquet")
+    assert list(dict.fromkeys(whole["positions"])) == ["end", "all"] and (whole["split"] == "validation").all()
+    table = whole[whole["positions"] == "end"]
     pairs = pd.read_parquet(res / "pairs/addition.parquet")
+    pairs = pairs[pairs["split"] == "validation"]
     top = table[table["curve"] == "top_heads"]
     assert list(top["k"]) == list(range(0, 4))  # max_heads 3 in the tiny config
     assert top["accuracy"].iloc[0] == pytest.approx(pairs["correct"].mean())  # nothing ablated = baseline
@@ -130,6 +134,13 @@ def test_knockout_table(run):
     assert top["nodes"].iloc[1] == strongest["node"].item()
     random = table[table["curve"] == "random_heads"]
     assert len(random) == 2 * 3 and set(random["seed"]) == {0, 1}
+    matched = table[table["curve"] == "random_layer_matched"]
+    assert len(matched) == 2 * 3
+    for k, nodes in zip(matched["k"], matched["nodes"]):  # the layers of the top k heads
+        assert sorted(n.split("H")[0] for n in nodes.split()) == sorted(n.split("H")[0] for n in top["nodes"].iloc[k].split())
+    every = whole[whole["positions"] == "all"]
+    assert (every["n"] == 4).all()  # ablation.all_positions_samples
+    assert set(every.loc[every["curve"].str.startswith("random"), "k"]) == {3}  # controls at k = max_heads only
     assert not set(" ".join(random["nodes"]).split()) & set(top["nodes"].iloc[-1].split())  # disjoint
     key = pd.read_parquet(res / "key_components/addition.parquet")
     mlp = table[table["curve"] == "key_mlps"]
@@ -468,7 +479,7 @@ def test_analysis_outputs(run):
         # for a rule that selects none is tested in test_analyze_stage
         assert key_heads and nodes == key_heads and set(roles["selection"]) == {"key"}  # in rank order
         np.testing.assert_allclose(roles.groupby("node")["attention"].sum(), 1.0, atol=1e-5)
-        assert (roles["n_texts"] == 10).all()  # all 10 pairs (analysis.max_samples is 64)
+        assert (roles["n_texts"] == 6).all()  # all 6 validation pairs (analysis.max_samples is 64)
         probes = pd.read_parquet(res / f"analysis/{task}_probes.parquet")
         paper = probes[(probes["variant"] == "paper") & (probes["subset"] == "all")]
         assert len(paper) == 3 * 3 * 4  # layers x vectors x targets
