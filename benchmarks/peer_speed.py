@@ -96,10 +96,9 @@ def main() -> None:
     print(f"{n} addition prompts of {pairs['n_tokens'].min()}-{pairs['n_tokens'].max()} tokens, {len(nodes)} nodes")
 
     def ours():
-        ref, _ = collect(lm, texts, answers, n)
         cf, _ = collect(lm, cf_texts, answers, n)
-        logit_p, _ = total_logits(lm, texts, answers, cf, layers, n)
-        return ref.logits, logit_p
+        out = total_logits(lm, texts, answers, cf, layers, n)  # logit_o from its own unpatched END forward
+        return out.logit_o, out.logit_p
 
     @torch.no_grad()
     def peer():

@@ -46,6 +46,15 @@ def test_bad_enum_and_rule_parameters(config, check_fails):
     check_fails(config, "config key 'patching.mode'", "config key 'key_components.heads'", "'threshold' is a required")
 
 
+def test_bootstrap_settings(config, check_fails):
+    bad = copy.deepcopy(config)
+    bad["key_components"]["bootstrap"]["confidence"] = 1.0
+    bad["key_components"]["bootstrap"]["resamples"] = 0
+    check_fails(bad, "config key 'key_components.bootstrap.confidence'", "config key 'key_components.bootstrap.resamples'")
+    del config["key_components"]["bootstrap"]
+    check_fails(config, "config key 'key_components'", "'bootstrap' is a required property")
+
+
 def test_model_source_needs_exactly_one_kind(config, check_fails):
     bad = copy.deepcopy(config)
     bad["models"]["smollm2-135m"]["source"] = {"hub": "a/b", "path": "/x"}

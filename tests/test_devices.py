@@ -1,4 +1,4 @@
-"""The paths a GPU run takes (bf16 weights, the closed form in bf16, precise SFT on a bf16 model, knockout,
+"""The paths a GPU run takes (bf16 weights, the closed form on a bf16 model, precise SFT on a bf16 model, knockout,
 peak memory), each on every device this machine has: always the CPU, and CUDA when it is available (those
 cases are marked `gpu`; `make gpu-check` runs them on a GPU machine, and CI, without one, skips them)."""
 
@@ -30,12 +30,12 @@ def prompts(tiny_dir, base_prompt_cfg):
 
 @pytest.fixture(scope="module")
 def fp32_direct(tiny_dir, prompts):
-    """The closed-form patched answer logits in float32 on the CPU: [samples, nodes]."""
+    """The closed form on the float32 model on the CPU (PatchedLogits: logit_o [samples], logit_p [samples, nodes])."""
     lm = load_model(tiny_dir, device="cpu")
     texts, cf_texts, answers = prompts
     ref, _ = collect(lm, texts, answers, batch_size=4)
     cf, _ = collect(lm, cf_texts, answers, batch_size=4)
-    return direct_logits(lm, ref, cf, answers, list(range(lm.n_layers)), batch_size=8)[0]
+    return direct_logits(lm, ref, cf, answers, list(range(lm.n_layers)), batch_size=8)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -47,12 +47,33 @@ def test_bf16_closed_form_tracks_fp32(tiny_dir, prompts, fp32_direct, device):
     texts, cf_texts, answers = prompts
     ref, _ = collect(lm, texts, answers, batch_size=4)
     cf, _ = collect(lm, cf_texts, answers, batch_size=4)
-    got = direct_logits(lm, ref, cf, answers, list(range(lm.n_layers)), batch_size=8)[0].float().cpu()
-    assert got.shape == fp32_direct.shape and torch.isfinite(got).all()
-    scale = fp32_direct.abs().max()
-    assert (got - fp32_direct).abs().max() <= 4 * scale / 128  # measured on the CPU: about 1 step
-    mean_bf16, mean_fp32 = got.mean(0), fp32_direct.mean(0)
+    want = fp32_direct.logit_p
+    got = direct_logits(lm, ref, cf, answers, list(range(lm.n_layers)), batch_size=8).logit_p.cpu()
+    assert got.shape == want.shape and torch.isfinite(got).all()
+    scale = want.abs().max()
+    assert (got - want).abs().max() <= 4 * scale / 128  # measured on the CPU: about 1 step
+    mean_bf16, mean_fp32 = got.mean(0), want.mean(0)
     assert torch.corrcoef(torch.stack([mean_bf16, mean_fp32]))[0, 1] > 0.99
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_bf16_model_effects_from_the_float32_closed_form(tiny_dir, prompts, fp32_direct, device):
+    """On a bf16 model the closed form still runs in float32, logit_o included (the same computation at
+    zero change): logit_p - logit_o then differs from the float32 model's only by the bf16 activations, well
+    within a bf16 step of the logits, and by less than a bf16-rounded logit_p minus the forward's bf16
+    logit (the path before: ref.logits as logit_o)."""
+    lm = load_model(tiny_dir, device=device, dtype="bfloat16")
+    texts, cf_texts, answers = prompts
+    ref, _ = collect(lm, texts, answers, batch_size=4)
+    cf, _ = collect(lm, cf_texts, answers, batch_size=4)
+    out = direct_logits(lm, ref, cf, answers, list(range(lm.n_layers)), batch_size=8)
+    assert out.logit_o.dtype == out.logit_p.dtype == torch.float32
+    want = fp32_direct.logit_p - fp32_direct.logit_o[:, None]  # [samples, nodes]
+    err = (out.logit_p - out.logit_o[:, None]).cpu() - want
+    step = fp32_direct.logit_o.abs().max() / 128  # a bf16 step at the largest unpatched logit
+    assert err.abs().max() <= step  # measured on the CPU: about step / 2
+    before = out.logit_p.bfloat16().float().cpu() - ref.logits.float().cpu()[:, None] - want
+    assert err.abs().mean() < 0.75 * before.abs().mean()  # measured on the CPU: 0.0005 against 0.0012
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -154,6 +154,23 @@ def test_node_label():
     assert fx.node_label(5, float("nan")) == "L5MLP"
 
 
+def test_relative_logit_leaves_out_nonpositive_logit_o_with_a_warning():
+    df = _patching()
+    df.loc[df["sample_id"] == 1, "logit_o"] = -20.0  # dividing by it would flip every effect's sign
+    df.loc[df["sample_id"] == 2, "logit_o"] = 0.0  # ... or make it infinite
+    assert fx.excluded_samples(df, "relative_logit") == [1, 2]
+    assert fx.excluded_samples(df, "logit_diff") == []  # the other metrics do not divide by logit_o
+    with pytest.warns(UserWarning, match="2 of 3 samples have logit_o <= 0"):
+        out = fx.aggregate(df, "relative_logit").set_index("node")
+    assert (out["n"] == 1).all()
+    assert out.loc["L0H1", "mean_effect"] == pytest.approx(-0.5)  # sample 0 alone
+    logit_diff = fx.aggregate(df, "logit_diff").set_index("node")  # no warning, nothing left out
+    assert (logit_diff["n"] == 3).all()
+    df["logit_o"] = -1.0
+    with pytest.raises(ValueError, match="all 3 samples have logit_o <= 0"):
+        fx.aggregate(df, "relative_logit")
+
+
 # ---------------------------------------------------------------------------------------------------
 # select
 
@@ -194,6 +211,107 @@ def test_select_relative_hand_computed():
 def test_select_unknown_rule():
     with pytest.raises(ValueError, match="'best'"):
         fx.select(pd.Series([-1.0]), {"rule": "best"})
+
+
+@pytest.mark.parametrize("rule", [
+    {"rule": "threshold", "threshold": -0.1}, {"rule": "top_k", "k": 3}, {"rule": "relative", "z": 1.0},
+])
+def test_select_rows_is_select_on_every_row(rule):
+    rng = np.random.default_rng(0)
+    values = np.round(rng.normal(size=(50, 12)), 1)  # rounded: ties for top_k
+    values[3, 4] = np.nan
+    got = fx.select_rows(values, rule)
+    for row, mask in zip(values, got):
+        assert mask.tolist() == fx.select(pd.Series(row), rule).tolist()
+
+
+# ---------------------------------------------------------------------------------------------------
+# bootstrap
+
+
+def _random_patching(n_samples: int, means: dict, seed: int = 0, sd: float = 1.0) -> pd.DataFrame:
+    """A logit_diff patching table: per (layer, head or None) node, effects drawn around its mean."""
+    rng = np.random.default_rng(seed)
+    rows = [(s, l, h, "mlp" if h is None else "head", 10.0, 10.0 + m + sd * rng.normal())
+            for s in range(n_samples) for (l, h), m in means.items()]
+    df = pd.DataFrame(rows, columns=["sample_id", "layer", "head", "component", "logit_o", "logit_p"])
+    df["head"] = df["head"].astype("Int64")
+    return df
+
+
+HEADS_RULE, MLP_RULE = {"rule": "top_k", "k": 1}, {"rule": "threshold", "threshold": 0.0}
+
+
+def _boot(df, **kw):
+    return fx.bootstrap(df, "logit_diff", HEADS_RULE, MLP_RULE, **kw).set_index("node")
+
+
+def test_bootstrap_interval_covers_the_mean_and_shrinks_with_samples():
+    means = {(0, 0): -1.0, (0, 1): 0.0, (0, None): 0.5}
+    widths = []
+    for n in (20, 320):
+        df = _random_patching(n, means)
+        boot, agg = _boot(df, resamples=500, seed=1), fx.aggregate(df, "logit_diff").set_index("node")
+        assert list(boot.columns) == ["layer", "head", "component", "ci_low", "ci_high", "stability"]
+        assert (boot["ci_low"] < agg["mean_effect"]).all() and (agg["mean_effect"] < boot["ci_high"]).all()
+        widths.append((boot["ci_high"] - boot["ci_low"]).to_numpy())
+    # sd 1: a 95% interval of the mean is about 2 * 1.96 / sqrt(n) wide, 4 times narrower for 16 times the samples
+    assert widths[0] == pytest.approx(2 * 1.96 / np.sqrt(20), rel=0.3)  # n = 20: the sample sd varies
+    assert widths[1] == pytest.approx(2 * 1.96 / np.sqrt(320), rel=0.15)
+    assert (widths[1] < widths[0] / 2.5).all()
+
+
+def test_bootstrap_resamples_clusters_as_units():
+    df = _random_patching(30, {(0, 0): -1.0, (0, None): 0.5})
+    copies = pd.concat([df, df.assign(sample_id=df["sample_id"] + 1000)], ignore_index=True)
+    same = {s: s % 1000 for s in copies["sample_id"].unique()}  # each sample and its copy: one cluster
+    base = _boot(df, seed=3)
+    clustered = _boot(copies, clusters=same, seed=3)
+    # the same draws of the same clusters: the same interval, not a narrower one
+    np.testing.assert_allclose(clustered[["ci_low", "ci_high"]], base[["ci_low", "ci_high"]], rtol=1e-12)
+    apart = _boot(copies, seed=3)  # each copy its own cluster: twice the evidence, a narrower interval
+    assert ((apart["ci_high"] - apart["ci_low"]) < 0.8 * (base["ci_high"] - base["ci_low"])).all()
+    with pytest.raises(ValueError, match="30 sample ids have no cluster"):
+        _boot(copies, clusters={s: 0 for s in range(30)})
+
+
+def test_bootstrap_stability():
+    means = {(0, 0): -5.0, (0, 1): 0.0, (0, 2): 0.1, (0, 3): 5.0, (1, 0): -0.05, (1, 1): 0.05,
+             (0, None): -3.0, (1, None): 3.0}
+    boot = fx.bootstrap(_random_patching(40, means, sd=0.5), "logit_diff", {"rule": "top_k", "k": 2}, MLP_RULE,
+                        seed=0).set_index("node")
+    assert boot.loc["L0H0", "stability"] == 1.0  # far below every other head: always in the top 2
+    assert boot.loc["L0H3", "stability"] == 0.0  # far above: never
+    # the second place goes to one of the four heads near 0, when that one is negative: each only sometimes
+    close = boot.loc[["L1H0", "L0H1", "L1H1", "L0H2"], "stability"]
+    assert 0.9 < close.sum() <= 1.0 and (close > 0).all() and (close < 1).all()
+    assert boot.loc["L0MLP", "stability"] == 1.0 and boot.loc["L1MLP", "stability"] == 0.0  # threshold 0
+
+
+def test_bootstrap_matches_a_slow_loop_over_resamples():
+    means = {(0, 0): -0.3, (0, 1): -0.2, (0, 2): 0.1, (1, 0): -0.25, (0, None): -0.1, (1, None): 0.05}
+    df = _random_patching(9, means, seed=5)
+    clusters = {s: s // 2 for s in range(9)}  # pairs of samples, one cluster of one: uneven sizes
+    heads, mlps = {"rule": "relative", "z": 0.5}, {"rule": "top_k", "k": 1}
+    got = fx.bootstrap(df, "relative_logit", heads, mlps, clusters=clusters, resamples=200, confidence=0.8,
+                       seed=11).set_index("node")
+    counts = fx.draw_clusters(5, 200, seed=11)  # the same draws
+    df = df.assign(effect=(df["logit_p"] - df["logit_o"]) / df["logit_o"],
+                   node=[fx.node_label(l, h) for l, h in zip(df["layer"], df["head"])])
+    means_b, chosen = [], []
+    for row in counts:
+        drawn = [s for s in range(9) for _ in range(row[clusters[s]])]  # every sample of a drawn cluster
+        sample = pd.concat([df[df["sample_id"] == s] for s in drawn])
+        mean = sample.groupby("node")["effect"].mean()
+        means_b.append(mean)
+        component = pd.Series({n: "mlp" if n.endswith("MLP") else "head" for n in mean.index})
+        chosen.append(pd.concat([fx.select(mean[component == "head"], heads),
+                                 fx.select(mean[component == "mlp"], mlps)]))
+    means_b, chosen = pd.DataFrame(means_b), pd.DataFrame(chosen)
+    np.testing.assert_allclose(got["ci_low"], means_b.quantile(0.1)[got.index], rtol=1e-10)
+    np.testing.assert_allclose(got["ci_high"], means_b.quantile(0.9)[got.index], rtol=1e-10)
+    np.testing.assert_allclose(got["stability"], chosen.mean()[got.index], rtol=1e-12)
+    assert 0 < got["stability"].min() < 1 or 0 < got["stability"].max() < 1  # not all certain
 
 
 # ---------------------------------------------------------------------------------------------------

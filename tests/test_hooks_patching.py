@@ -331,37 +331,42 @@ def test_direct_matches_reference_direct(tiny_lm, data, states, layers, ref_dire
     ref, cf = states
     n_nodes = len(nodes_of(tiny_lm, layers))
     for bs in (64, 3):
-        logits, lp = direct_logits(tiny_lm, ref, cf, data["answers"], layers, batch_size=bs)
-        assert lp is None
-        assert logits.shape == (7, n_nodes) == ref_direct[0].shape
-        torch.testing.assert_close(logits, ref_direct[0], atol=1e-4, rtol=0)
+        out = direct_logits(tiny_lm, ref, cf, data["answers"], layers, batch_size=bs)
+        assert out.logprob_o is None and out.logprob_p is None
+        assert out.logit_p.shape == (7, n_nodes) == ref_direct[0].shape
+        torch.testing.assert_close(out.logit_p, ref_direct[0], atol=1e-4, rtol=0)
     # the patch matters for some node (otherwise this test would prove nothing)
     assert (ref_direct[0] - ref.logits[:, None]).abs().max() > 1e-2
 
 
 def test_direct_with_logprobs_matches_reference(tiny_lm, data, states, layers, ref_direct):
     ref, cf = states
-    logits, lp = direct_logits(tiny_lm, ref, cf, data["answers"], layers, batch_size=5, with_logprobs=True)
-    torch.testing.assert_close(logits, ref_direct[0], atol=1e-4, rtol=0)
-    torch.testing.assert_close(lp, ref_direct[1], atol=1e-4, rtol=0)
-    assert (lp <= 0).all()
+    out = direct_logits(tiny_lm, ref, cf, data["answers"], layers, batch_size=5, with_logprobs=True)
+    torch.testing.assert_close(out.logit_p, ref_direct[0], atol=1e-4, rtol=0)
+    torch.testing.assert_close(out.logprob_p, ref_direct[1], atol=1e-4, rtol=0)
+    assert (out.logprob_p <= 0).all()
+    # the unpatched scores, from the closed form at zero change, are the forward's own
+    torch.testing.assert_close(out.logit_o, ref.logits, atol=1e-5, rtol=0)
+    torch.testing.assert_close(out.logprob_o, ref.logprobs, atol=1e-5, rtol=0)
 
 
 def test_direct_layer_subset_is_the_matching_columns(tiny_lm, data, states, layers, ref_direct):
     ref, cf = states
-    logits, _ = direct_logits(tiny_lm, ref, cf, data["answers"], [2])
+    logits = direct_logits(tiny_lm, ref, cf, data["answers"], [2]).logit_p
     H = tiny_lm.n_heads
     torch.testing.assert_close(logits, ref_direct[0][:, 2 * (H + 1) :], atol=1e-4, rtol=0)
 
 
 def test_direct_with_cf_equal_ref_gives_reference_logits(tiny_lm, data, states, layers):
     ref, _ = states
-    logits, lp = direct_logits(tiny_lm, ref, ref, data["answers"], layers, with_logprobs=True)
-    # zero change for every node: all columns are the same number...
-    assert torch.equal(logits, logits[:, :1].expand_as(logits))
+    out = direct_logits(tiny_lm, ref, ref, data["answers"], layers, with_logprobs=True)
+    logits, lp = out.logit_p, out.logprob_p
+    # zero change for every node: all columns are the same number, logit_o exactly (the same computation)...
+    assert torch.equal(logits, out.logit_o[:, None].expand_as(logits))
+    assert torch.equal(lp, out.logprob_o[:, None].expand_as(lp))
     # ... the model's own answer logit and log-prob
-    torch.testing.assert_close(logits, ref.logits[:, None].expand_as(logits), atol=1e-5, rtol=0)
-    torch.testing.assert_close(lp, ref.logprobs[:, None].expand_as(lp), atol=1e-5, rtol=0)
+    torch.testing.assert_close(out.logit_o, ref.logits, atol=1e-5, rtol=0)
+    torch.testing.assert_close(out.logprob_o, ref.logprobs, atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize(
@@ -369,15 +374,19 @@ def test_direct_with_cf_equal_ref_gives_reference_logits(tiny_lm, data, states, 
     [(3, 7), (2, 5), (7, 256), (4, 1), (5, 20)],  # chunks of 2, 2, 36, 1, 4 nodes for 15 nodes
 )
 def test_total_matches_reference_total(tiny_lm, data, states, layers, ref_total, batch_size, copies):
-    _, cf = states
-    logits, lp = total_logits(tiny_lm, data["texts"], data["answers"], cf, layers, batch_size, copies, True)
-    assert logits.shape == lp.shape == ref_total[0].shape == (7, 15)
-    torch.testing.assert_close(logits, ref_total[0], atol=1e-4, rtol=0)
-    torch.testing.assert_close(lp, ref_total[1], atol=1e-4, rtol=0)
+    ref, cf = states
+    out = total_logits(tiny_lm, data["texts"], data["answers"], cf, layers, batch_size, copies, True)
+    assert out.logit_p.shape == out.logprob_p.shape == ref_total[0].shape == (7, 15)
+    torch.testing.assert_close(out.logit_p, ref_total[0], atol=1e-4, rtol=0)
+    torch.testing.assert_close(out.logprob_p, ref_total[1], atol=1e-4, rtol=0)
+    # the unpatched END forward is the full forward
+    torch.testing.assert_close(out.logit_o, ref.logits, atol=1e-5, rtol=0)
+    torch.testing.assert_close(out.logprob_o, ref.logprobs, atol=1e-5, rtol=0)
     # without log-probs only the answers' unembedding rows are read: the same logits
-    alone, none = total_logits(tiny_lm, data["texts"], data["answers"], cf, layers, batch_size, copies)
-    assert none is None
-    torch.testing.assert_close(alone, logits, atol=1e-5, rtol=0)
+    alone = total_logits(tiny_lm, data["texts"], data["answers"], cf, layers, batch_size, copies)
+    assert alone.logprob_o is None and alone.logprob_p is None
+    torch.testing.assert_close(alone.logit_p, out.logit_p, atol=1e-5, rtol=0)
+    torch.testing.assert_close(alone.logit_o, out.logit_o, atol=1e-5, rtol=0)
 
 
 def test_layers_from_runs_the_rest_of_the_model(tiny_lm, data):
@@ -401,7 +410,7 @@ def test_layers_from_runs_the_rest_of_the_model(tiny_lm, data):
 
 def test_total_layer_subset(tiny_lm, data, states, ref_total):
     _, cf = states
-    logits, _ = total_logits(tiny_lm, data["texts"], data["answers"], cf, [1], batch_size=4, copies_per_forward=8)
+    logits = total_logits(tiny_lm, data["texts"], data["answers"], cf, [1], batch_size=4, copies_per_forward=8).logit_p
     H = tiny_lm.n_heads
     torch.testing.assert_close(logits, ref_total[0][:, H + 1 : 2 * (H + 1)], atol=1e-4, rtol=0)
 
@@ -464,8 +473,8 @@ def test_one_layer_model(tmp_path, data):
     texts, cf_texts, answers = data["texts"], data["cf_texts"], data["answers"]
     ref, _ = collect(lm, texts, answers, batch_size=4)
     cf, _ = collect(lm, cf_texts, answers, batch_size=4)
-    direct, _ = direct_logits(lm, ref, cf, answers, [0])
-    total, _ = total_logits(lm, texts, answers, cf, [0], batch_size=4, copies_per_forward=8)
+    direct = direct_logits(lm, ref, cf, answers, [0]).logit_p
+    total = total_logits(lm, texts, answers, cf, [0], batch_size=4, copies_per_forward=8).logit_p
     assert direct.shape == total.shape == (7, lm.n_heads + 1)
     torch.testing.assert_close(direct[:, -1], total[:, -1], atol=1e-4, rtol=0)
     r_direct, _ = reference_logits(lm, texts, answers, ref, cf, [0], "direct")

@@ -109,6 +109,37 @@ def test_patch_layer_matches_reference(prepared, mode):
     assert frame["logit_o"].to_numpy() == pytest.approx(ref.logits.repeat_interleave(lm.n_heads + 1).double().numpy(), abs=1e-5)
 
 
+def test_aggregate_effects_intervals_stability_and_exclusions(prepared):
+    """Both layers patched, then aggregated: every node with its interval and stability, the key components
+    carrying theirs, and the samples left out by relative_logit (logit_o <= 0) counted in the metadata."""
+    paths = [prepared / f"agg-layer{layer}.parquet" for layer in (0, 1)]
+    for layer, path in enumerate(paths):
+        identify.run_patch_layer(model_dir=prepared / "model", layer=layer, patching={"mode": "direct", "with_probs": False},
+                                 compute=COMPUTE, pairs_paths=[prepared / "pairs.parquet"],
+                                 cache_paths=[prepared / "cache.safetensors"], out_paths=[path])
+    patching = pd.concat(pd.read_parquet(p) for p in paths)
+    n_bad = patching.loc[patching["logit_o"] <= 0, "sample_id"].nunique()
+    assert 0 < n_bad < 6  # 6 identification samples of a random model: some of each, so the exclusion is exercised
+    rules = {"heads": {"rule": "top_k", "k": 2}, "mlps": {"rule": "top_k", "k": 1},
+             "bootstrap": {"resamples": 100, "confidence": 0.9}}
+    out = {k: prepared / f"agg-{k}" for k in ("effects.parquet", "key.parquet", "key.html")}
+    with pytest.warns(UserWarning, match=f"{n_bad} of 6 samples have logit_o <= 0"):
+        identify.run_aggregate_effects(model="tiny", task="division", layer_paths=paths,
+                                       pairs_path=prepared / "pairs.parquet", metric="relative_logit", key_rules=rules,
+                                       seed=0, out_effects=out["effects.parquet"], out_key=out["key.parquet"],
+                                       out_key_html=out["key.html"])
+    effects, key = pd.read_parquet(out["effects.parquet"]), pd.read_parquet(out["key.parquet"])
+    assert len(effects) == 2 * 5 and (effects["n"] == 6 - n_bad).all()
+    assert (effects["ci_low"] <= effects["mean_effect"]).all() and (effects["mean_effect"] <= effects["ci_high"]).all()
+    assert effects["stability"].between(0, 1).all()
+    total = effects.groupby("component")["stability"].sum()
+    assert total["head"] <= 2 + 1e-9 and total["mlp"] <= 1 + 1e-9  # top 2 heads and top 1 MLP per resample
+    assert len(key) and (key["stability"] > 0).all()  # selected on all samples: also on some resamples
+    assert set(key["node"]) <= set(effects["node"])
+    meta = read_parquet_meta(out["effects.parquet"])
+    assert meta["excluded_nonpositive_logit_o"] == n_bad and meta["seed"] == 0
+
+
 def test_patch_layer_rejects_a_layer_out_of_range(prepared):
     with pytest.raises(ValueError, match="layer 5 out of range: the model has 2 layers"):
         identify.run_patch_layer(model_dir=prepared / "model", layer=5, patching={"mode": "direct", "with_probs": False},

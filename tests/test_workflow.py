@@ -15,6 +15,8 @@ import pytest
 import yaml
 from snakemake.utils import update_config
 
+from arithmech.io import read_parquet_meta
+
 ROOT = Path(__file__).resolve().parents[1]
 TASKS = ["addition", "division"]  # two operators keep the run short; all four share the code
 
@@ -100,9 +102,12 @@ def test_tables_are_consistent(run):
     assert set(layers["sample_id"]) == set(pairs.loc[pairs["split"] == "identification", "sample_id"])
     effects = pd.read_parquet(res / "effects/addition.parquet")
     assert len(effects) == 3 * 4 + 3
-    l1h2 = effects[(effects["layer"] == 1) & (effects["head"] == 2)]["mean_effect"].item()
+    l1h2 = effects[(effects["layer"] == 1) & (effects["head"] == 2)]
     rows = layers[(layers["layer"] == 1) & (layers["head"] == 2)]
-    assert l1h2 == pytest.approx(((rows["logit_p"] - rows["logit_o"]) / rows["logit_o"]).mean())
+    assert l1h2["mean_effect"].item() == pytest.approx((rows["logit_p"] - rows["logit_o"]).mean())  # logit_diff
+    assert l1h2["ci_low"].item() <= l1h2["mean_effect"].item() <= l1h2["ci_high"].item()
+    assert effects["stability"].between(0, 1).all()
+    assert read_parquet_meta(res / "effects/addition.parquet")["excluded_nonpositive_logit_o"] == 0
     key = pd.read_parquet(res / "key_components/addition.parquet")
     heads = key[key["component"] == "head"]
     assert len(heads) <= 3 and (heads["mean_effect"] < 0).all()
@@ -328,8 +333,8 @@ def test_patching_change_reruns_patching_not_pairs_or_activations(run):
 
 
 def test_metric_change_reruns_aggregation_not_patching(run):
-    """relative_logit -> logit_diff changes only how the stored logits are averaged."""
-    assert planned_rules(dry_run(run, lambda c: c["patching"].update(metric="logit_diff"))) == FROM_EFFECTS
+    """logit_diff -> relative_logit changes only how the stored logits are averaged."""
+    assert planned_rules(dry_run(run, lambda c: c["patching"].update(metric="relative_logit"))) == FROM_EFFECTS
     # prob_change needs the answer probabilities, which only patching can store
     assert planned_rules(dry_run(run, lambda c: c["patching"].update(metric="prob_change")))["patch_layer"] == 3
 

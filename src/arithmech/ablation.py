@@ -1,38 +1,40 @@
 """Mean ablation of heads and MLPs: does the model still calculate without the key components?
 
 A node (a query head or an MLP) is mean-ablated by replacing its output (a head's slice of the o_proj
-input; the MLP module's output) with the mean of that output over the COUNTERFACTUAL prompts, which the
-cache stage stores aligned back from END (`patching.AlignedMean`, index 0 = END). The counterfactual mean
-keeps everything a node does on arithmetic-shaped text except what depends on the operator, so a drop in
-accuracy is attributable to the operation rather than to pushing the residual stream off-distribution
+input; the MLP module's output) with the mean of that output over the COUNTERFACTUAL prompts of the
+identification pairs, counted back from END (`patching.AlignedMean`, index 0 = END). The counterfactual
+mean keeps everything a node does on arithmetic-shaped text except what depends on the operator, so a drop
+in accuracy is attributable to the operation rather than to pushing the residual stream off-distribution
 (as zero ablation would).
 
-Positions (`positions=`):
+Positions (`positions=`, the mechanism):
   "end"      only the last position of every forward. On a prompt that is END, the one position whose
              output is read (the answer's first token) and the only position path patching patched. In
              greedy generation with a KV cache every later forward is the single new token, so each newly
              generated position is ablated too, once, with the END mean, and its cached keys/values are the
              ablated ones.
-  "aligned"  every one of the last P positions, P = the length of the aligned mean (the cache stage's
-             shortest counterfactual prompt), each with the mean at the same offset from END. Positions
-             further back than P are left untouched: there the counterfactual prompts do not all have a
-             token, so no mean over all of them exists, and what lies there is the few-shot prefix, whose
-             tokens differ from prompt to prompt. (On a prompt shorter than P the surplus values land on
-             left padding, which no real token attends to, or fall off the start of the sequence, so they
-             change nothing.) Offsets are counted in tokens, so where the operator word and the null word
-             tokenize to different lengths, positions before the operator meet the mean of a shifted
-             position. In generation each new token gets the END mean, as with "end".
+  "aligned"  every one of the last P positions, P = the length of the given mean, each with the mean at
+             the same offset from END; positions further back are left untouched. (On a prompt shorter than
+             P the surplus values land on left padding, which no real token attends to, or fall off the
+             start of the sequence, so they change nothing.) In generation each new token gets the END mean.
+
+The knockout rule's position sets (`ablation.positions`, stages.validate): "end" is the mechanism above
+with the END mean over all counterfactuals; "all" is Wang et al.'s mean ablation (IOI): every prompt gets
+"aligned" with the mean over the counterfactuals of ITS OWN template (`patching.GroupedMean`), so a
+position meets the mean of the same token slot of the same template, never of another template or shot
+count. With zero-shot counterfactuals (the default) those means cover the query line, whose tokens align
+exactly within a template (single-digit operands; a null word of the operator word's token count); the
+few-shot lines before it have no counterfactual and are left as they are.
 
 Which setting matches the paper. Zhang et al. identify the key heads by path patching at END (here
 `patching`, the paper's Algorithm 1) and then validate them by knocking them out (mean ablation) and
 comparing the accuracy drop with knocking out random heads. We could not consult the paper's text while
 writing this (offline), so the exact positions of its knockout are NOT confirmed from the source; the
-choice below is our reasoning, and the setting is configurable. "end" is the default because it ablates
-exactly the (node, position) pairs whose effect was measured when the nodes were selected, so the
-validation tests the same claim the identification made (the heads move operand/operator information
-INTO the last position). "aligned" is a stronger, different intervention: it also removes what the heads
-write at the operand and operator positions, which path patching at END never measured, so it is the
-setting for a robustness check rather than for replicating the paper's figure.
+choice below is our reasoning, and both are run. "end" is the headline because it ablates exactly the
+(node, position) pairs whose effect was measured when the nodes were selected, so the validation tests the
+same claim the identification made (the heads move operand/operator information INTO the last position).
+"all" is a stronger, different intervention: it also removes what the heads write at the operand and
+operator positions, which path patching at END never measured.
 
 Knockout curves: `knockout` ablates the first k of a ranked head list for k = 0..K in ONE forward per
 batch, by stacking K+1 copies of the batch and giving copy k a per-row mask that ablates heads[:k]. It

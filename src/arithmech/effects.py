@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pandas as pd
 
@@ -24,10 +26,34 @@ def metric_values(patching: pd.DataFrame, metric: str) -> pd.Series:
     return METRICS[metric](patching)
 
 
+def excluded_samples(patching: pd.DataFrame, metric: str) -> list:
+    """Sample ids the metric leaves out, sorted: for relative_logit those with logit_o <= 0, where dividing
+    by logit_o has no meaning (the sign of the effect flips, or it is infinite); none for other metrics."""
+    if metric != "relative_logit":
+        return []
+    return sorted(set(patching.loc[patching["logit_o"] <= 0, "sample_id"]))
+
+
+def _usable_rows(patching: pd.DataFrame, metric: str) -> pd.DataFrame:
+    """`patching` without the `excluded_samples` (with a warning naming how many of how many)."""
+    excluded = excluded_samples(patching, metric)
+    if not excluded:
+        return patching
+    n_samples = patching["sample_id"].nunique()
+    if len(excluded) == n_samples:
+        raise ValueError(f"all {n_samples} samples have logit_o <= 0: metric {metric!r} means nothing here; "
+                         "use patching.metric logit_diff")
+    warnings.warn(f"{len(excluded)} of {n_samples} samples have logit_o <= 0 and are left out of metric {metric!r}",
+                  stacklevel=3)
+    return patching[~patching["sample_id"].isin(excluded)]
+
+
 def aggregate(patching: pd.DataFrame, metric: str) -> pd.DataFrame:
-    """Mean, standard deviation and count of the per-sample effect for every node.
+    """Mean, standard deviation and count of the per-sample effect for every node (without the
+    `excluded_samples` of the metric).
 
     Returns columns node, layer, head (<NA> for MLPs), component, mean_effect, std_effect, n, metric."""
+    patching = _usable_rows(patching, metric)
     frame = patching.assign(effect=metric_values(patching, metric))
     out = (
         frame.groupby(NODE, dropna=False, sort=True)["effect"]
@@ -47,18 +73,89 @@ def select(effects: pd.Series, rule: dict) -> pd.Series:
          | {"rule": "top_k", "k": 10}                 the k most negative (only negative ones count)
          | {"rule": "relative", "z": 3.0}             below median - z * robust spread (1.4826 * MAD)
     """
+    mask = select_rows(effects.to_numpy(dtype=float)[None], rule)[0]
+    return pd.Series(mask, index=effects.index)
+
+
+def select_rows(effects: np.ndarray, rule: dict) -> np.ndarray:
+    """`select` on every row of `effects` [n_rows, n_nodes] at once (e.g. bootstrap resamples) -> bool
+    [n_rows, n_nodes]. NaN effects are never selected and do not count in the median."""
     kind = rule["rule"]
     if kind == "threshold":
         return effects < rule["threshold"]
     if kind == "top_k":
-        negative = effects[effects < 0]
-        chosen = negative.sort_values(kind="stable").index[: rule["k"]]
-        return pd.Series(effects.index.isin(chosen), index=effects.index)
+        # a stable sort puts the negative effects first, most negative first, ties by position
+        first = np.argsort(effects, axis=1, kind="stable")[:, : rule["k"]]
+        mask = np.zeros(effects.shape, dtype=bool)
+        np.put_along_axis(mask, first, True, axis=1)
+        return mask & (effects < 0)
     if kind == "relative":
-        median = effects.median()
-        spread = 1.4826 * (effects - median).abs().median()
+        median = np.nanmedian(effects, axis=1, keepdims=True)
+        spread = 1.4826 * np.nanmedian(np.abs(effects - median), axis=1, keepdims=True)
         return effects < median - rule["z"] * spread
     raise ValueError(f"key_components rule must be threshold, top_k or relative; got {kind!r}")
+
+
+def bootstrap(
+    patching: pd.DataFrame,
+    metric: str,
+    head_rule: dict,
+    mlp_rule: dict,
+    clusters=None,
+    resamples: int = 1000,
+    confidence: float = 0.95,
+    seed: int = 0,
+) -> pd.DataFrame:
+    """Per node, a percentile bootstrap interval of the mean effect over samples and its selection stability.
+
+    Each resample draws as many clusters as there are, with replacement (a cluster drawn twice counts
+    twice), and takes every node's mean effect over the drawn samples. `clusters` maps sample_id -> cluster
+    label (a dict or Series; e.g. the operand pair "a,b", whose templates are correlated); by default each
+    sample is its own cluster. stability is the share of resamples in which the component's rule
+    (`select_rows`, over that resample's means of all nodes of the component) selects the node.
+    The `excluded_samples` of the metric are left out first.
+
+    Returns columns node, layer, head, component, ci_low, ci_high, stability (one row per node)."""
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence must lie in (0, 1), got {confidence}")
+    patching = _usable_rows(patching, metric)
+    frame = patching.assign(effect=metric_values(patching, metric),
+                            node=[node_label(l, h) for l, h in zip(patching["layer"], patching["head"])])
+    wide = frame.pivot(index="sample_id", columns="node", values="effect")  # [n_samples, n_nodes]
+    if wide.isna().to_numpy().any():
+        raise ValueError("the patching table lacks some (sample, node) rows: every sample needs every node")
+    values = wide.to_numpy(dtype=float)
+    if clusters is None:
+        labels = wide.index.to_numpy()
+    else:
+        labels = pd.Series(clusters).reindex(wide.index)
+        if labels.isna().any():
+            missing = list(labels.index[labels.isna()])
+            raise ValueError(f"{len(missing)} sample ids have no cluster, e.g. {missing[:5]}")
+        labels = labels.to_numpy()
+    _, cluster = np.unique(labels, return_inverse=True)  # [n_samples] cluster index
+    n_clusters = int(cluster.max()) + 1
+    sums = np.zeros((n_clusters, values.shape[1]))
+    np.add.at(sums, cluster, values)  # [n_clusters, n_nodes]
+    sizes = np.bincount(cluster, minlength=n_clusters)  # [n_clusters]
+    counts = draw_clusters(n_clusters, resamples, seed)  # [resamples, n_clusters]
+    means = (counts @ sums) / (counts @ sizes)[:, None]  # [resamples, n_nodes]
+    alpha = 1.0 - confidence
+    low, high = np.quantile(means, [alpha / 2, 1 - alpha / 2], axis=0)
+    out = frame.drop_duplicates("node").set_index("node").loc[wide.columns, NODE].reset_index()
+    out["ci_low"], out["ci_high"] = low, high
+    out["stability"] = np.nan
+    for component, rule in (("head", head_rule), ("mlp", mlp_rule)):
+        cols = np.flatnonzero(out["component"].to_numpy() == component)
+        if len(cols):
+            out.loc[cols, "stability"] = select_rows(means[:, cols], rule).mean(0)
+    return out
+
+
+def draw_clusters(n_clusters: int, resamples: int, seed: int) -> np.ndarray:
+    """How often each cluster is drawn in each resample, [resamples, n_clusters] (rows sum to n_clusters)."""
+    rng = np.random.default_rng(seed)
+    return rng.multinomial(n_clusters, np.full(n_clusters, 1.0 / n_clusters), size=resamples)
 
 
 def describe_rule(rule: dict) -> str:

@@ -7,7 +7,8 @@ and the ground-truth answer logit is read off. Three implementations of the same
   path from the node to the logits is the residual stream, so the patched final residual is the
   reference one plus the node's change, delta = W_O[:, head] (z_cf - z_ref) (or mlp_cf - mlp_ref). That
   is pushed through the model's own final norm and the answer's unembedding row, for all heads and
-  samples at once, from two captured forwards.
+  samples at once, from two captured forwards. The closed form runs in float32 whatever the model dtype,
+  and the unpatched logit_o is the same closed form at zero change, not the forward's own logit.
 - `total_logits` (downstream recomputed): an END-position patch changes nothing at earlier positions, so
   the reference prefix's keys and values are reused and only the END token is recomputed, for many
   patched copies per forward; and a patch at layer l changes nothing below l, so each copy runs END
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import pandas as pd
 import torch
@@ -176,32 +178,57 @@ def _group_means(grouped, n_groups: int) -> GroupedMean:
     return GroupedMean(heads, mlps, counts)
 
 
+class PatchedLogits(NamedTuple):
+    """Answer scores, float32, unpatched (o) and with one node at a time patched (p, nodes in `nodes_of`
+    order). logit_o, logprob_o: [n_samples]; logit_p, logprob_p: [n_samples, n_nodes]. The log-probs are
+    None unless asked for. logit_o comes from the same computation as logit_p at zero change, so their
+    difference holds no rounding of a different path."""
+
+    logit_o: torch.Tensor
+    logit_p: torch.Tensor
+    logprob_o: torch.Tensor | None
+    logprob_p: torch.Tensor | None
+
+
 def _head_deltas(lm: LoadedModel, layer: int, dz: torch.Tensor) -> torch.Tensor:
-    """Residual-stream change from per-head output changes dz [B, H, head_dim] -> [B, H, d_model].
-    o_proj maps the concatenated heads; its bias (if any) cancels in a difference."""
-    w = lm.o_proj(layer).weight.view(lm.d_model, lm.n_heads, lm.head_dim)
-    return torch.einsum("bhk,dhk->bhd", dz.to(w.device, w.dtype), w)
+    """Residual-stream change from per-head output changes dz [B, H, head_dim] -> [B, H, d_model], in
+    float32. o_proj maps the concatenated heads; its bias (if any) cancels in a difference."""
+    w = lm.o_proj(layer).weight.float().view(lm.d_model, lm.n_heads, lm.head_dim)
+    return torch.einsum("bhk,dhk->bhd", dz.to(w.device, torch.float32), w)
 
 
-def _answer_scores(lm: LoadedModel, resid: torch.Tensor, answer_ids: torch.Tensor, with_logprobs: bool):
-    """Final norm + unembedding of residuals [B, N, d] -> answer logits [B, N] (and log-probs)."""
-    return _unembed_scores(lm, lm.final_norm(resid.to(lm.final_norm.weight.device)), answer_ids, with_logprobs)
+def _float_norm(lm: LoadedModel) -> torch.nn.Module:
+    """A float32 copy of the model's final norm (the model is left as it is): the closed form then rounds
+    nothing to the model dtype. A norm is d_model numbers, so one copy per call costs nothing."""
+    norm = copy.deepcopy(lm.final_norm).float()
+    if hasattr(norm, "_hf_hook"):  # a model spread over GPUs: the copy stays on its device, without the hook
+        from accelerate.hooks import remove_hook_from_module
+
+        remove_hook_from_module(norm)
+    return norm
 
 
-def _unembed_scores(lm: LoadedModel, normed: torch.Tensor, answer_ids: torch.Tensor, with_logprobs: bool):
-    """Unembedding of final-normed residuals [B, N, d] -> answer logits [B, N] (and log-probs [B, N]).
-    Without log-probs only the answers' rows of the unembedding are read, not the whole vocabulary."""
+def _float_unembed(lm: LoadedModel, with_logprobs: bool) -> torch.Tensor | None:
+    """The whole unembedding [V, d] in float32 when log-probs are wanted (made once per call), else None."""
+    return lm.unembed.weight.float() if with_logprobs else None
+
+
+def _unembed_scores(lm: LoadedModel, normed: torch.Tensor, answer_ids: torch.Tensor, full: torch.Tensor | None):
+    """Unembedding of final-normed residuals [B, N, d] in float32 -> answer logits [B, N] (and log-probs
+    [B, N] when `full`, the float32 unembedding of `_float_unembed`, is given; else None). Without it only
+    the answers' rows of the unembedding are read, not the whole vocabulary."""
     unembed = lm.unembed
-    normed, answer_ids = normed.to(unembed.weight.device), answer_ids.to(unembed.weight.device)
-    if not with_logprobs:
-        rows = unembed.weight[answer_ids]  # [B, d]
-        logits = torch.einsum("bnd,bd->bn", normed, rows).float()
-        if unembed.bias is not None:
-            logits = logits + unembed.bias[answer_ids][:, None].float()
+    normed, answer_ids = normed.to(unembed.weight.device, torch.float32), answer_ids.to(unembed.weight.device)
+    bias = unembed.bias.float() if unembed.bias is not None else None
+    if full is None:
+        rows = unembed.weight[answer_ids].float()  # [B, d]
+        logits = torch.einsum("bnd,bd->bn", normed, rows)
+        if bias is not None:
+            logits = logits + bias[answer_ids][:, None]
         return logits, None
-    full = unembed(normed).float()  # [B, N, V]
-    index = answer_ids[:, None, None].expand(-1, full.shape[1], 1)
-    return full.gather(-1, index)[..., 0], full.log_softmax(-1).gather(-1, index)[..., 0]
+    scores = torch.nn.functional.linear(normed, full, bias)  # [B, N, V]
+    index = answer_ids[:, None, None].expand(-1, scores.shape[1], 1)
+    return scores.gather(-1, index)[..., 0], scores.log_softmax(-1).gather(-1, index)[..., 0]
 
 
 @torch.no_grad()
@@ -213,23 +240,34 @@ def direct_logits(
     layers: list[int],
     batch_size: int = 64,
     with_logprobs: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
+) -> PatchedLogits:
     """Answer logit (and log-prob) with one node at a time patched to its counterfactual END value and all
-    other nodes frozen at their reference values. Returns [n_samples, n_nodes] in `nodes_of` order."""
+    other nodes frozen at their reference values, and unpatched (logit_o: the same closed form at zero
+    change). All in float32 whatever the model dtype: in bf16 a logit near 20 is rounded to 0.125, more
+    than most effects."""
+    norm, full = _float_norm(lm), _float_unembed(lm, with_logprobs)
+    dev = lm.final_norm.weight.device
     out_logits, out_lp = [], []
-    dev, dtype = lm.device, lm.dtype
     for start in range(0, len(answer_ids), batch_size):
         sl = slice(start, start + batch_size)
         deltas = []
         for layer in layers:
-            dz = cf.heads[sl, layer] - ref.heads[sl, layer]
+            dz = cf.heads[sl, layer].float() - ref.heads[sl, layer].float()
             deltas.append(_head_deltas(lm, layer, dz).to(dev))
-            deltas.append((cf.mlps[sl, layer] - ref.mlps[sl, layer]).to(dev, dtype)[:, None])
-        resid = ref.resid[sl].to(dev, dtype)[:, None] + torch.cat(deltas, 1)  # [B, N, d]
-        logits, lp = _answer_scores(lm, resid, answer_ids[sl].to(dev), with_logprobs)
+            deltas.append((cf.mlps[sl, layer].float() - ref.mlps[sl, layer].float()).to(dev)[:, None])
+        base = ref.resid[sl].to(dev, torch.float32)[:, None]  # [B, 1, d]
+        resid = torch.cat([base, base + torch.cat(deltas, 1)], 1)  # [B, 1 + N, d]; column 0 unpatched
+        logits, lp = _unembed_scores(lm, norm(resid), answer_ids[sl], full)
         out_logits.append(logits.cpu())
         out_lp.append(lp.cpu() if lp is not None else None)
-    return torch.cat(out_logits), (torch.cat(out_lp) if with_logprobs else None)
+    return _split_unpatched(torch.cat(out_logits), torch.cat(out_lp) if with_logprobs else None)
+
+
+def _split_unpatched(logits: torch.Tensor, lp: torch.Tensor | None) -> PatchedLogits:
+    """Scores [n, 1 + n_nodes] with the unpatched one in column 0 (log-probs likewise, or None) -> PatchedLogits."""
+    if lp is None:
+        return PatchedLogits(logits[:, 0], logits[:, 1:], None, None)
+    return PatchedLogits(logits[:, 0], logits[:, 1:], lp[:, 0], lp[:, 1:])
 
 
 def _node_patches(lm, nodes, values: EndState, rows: torch.Tensor, base: EndState | None):
@@ -324,9 +362,10 @@ def total_logits(
     batch_size: int = 16,
     copies_per_forward: int = 256,
     with_logprobs: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
+) -> PatchedLogits:
     """Answer logit (and log-prob) with one node patched to its counterfactual END value and everything
-    downstream recomputed. Returns ([n_samples, n_nodes], [n_samples, n_nodes] or None) in `nodes_of` order.
+    downstream recomputed, and unpatched (logit_o: the unpatched END forward, through the same float32
+    unembedding as the patched copies).
 
     Per batch: the prefix (all but END) runs once and END once more, unpatched, for the residual stream
     entering every layer. A node of layer l changes nothing below l, so its patched copies run END through
@@ -334,6 +373,7 @@ def total_logits(
     copies of one layer's nodes share a forward (up to `copies_per_forward` rows). Without log-probs only
     the answers' unembedding rows are applied (`LoadedModel.body`), not the whole vocabulary."""
     nodes = nodes_of(lm, layers)
+    full = _float_unembed(lm, with_logprobs)
     out_logits, out_lp = [], []
     by_layer: dict[int, list[int]] = {}  # layer -> indices into `nodes`
     for i, (l, _) in enumerate(nodes):
@@ -343,9 +383,14 @@ def total_logits(
         n = enc["input_ids"].shape[0]
         answers = answer_ids[start : start + n].to(lm.device)
         prefix = prefix_cache(lm, enc)
-        resid = end_forward(lm, enc, prefix, 1, output_hidden_states=True).hidden_states  # [L+1] x [n, 1, d]
-        logit_out = torch.empty(n, len(nodes))
-        lp_out = torch.empty(n, len(nodes))
+        plain = end_forward(lm, enc, prefix, 1, output_hidden_states=True)
+        resid = plain.hidden_states  # [L+1] x [n, 1, d]
+        logit_out = torch.empty(n, 1 + len(nodes))  # column 0 unpatched, then the nodes
+        lp_out = torch.empty(n, 1 + len(nodes))
+        lo, lp = _unembed_scores(lm, plain.last_hidden_state, answers, full)  # [n, 1]
+        logit_out[:, :1] = lo.cpu()
+        if with_logprobs:
+            lp_out[:, :1] = lp.cpu()
         chunk = max(1, copies_per_forward // n)  # copies of the batch per forward, at least one
         for layer, idx in sorted(by_layer.items()):
             for c0 in range(0, len(idx), chunk):
@@ -355,13 +400,13 @@ def total_logits(
                 heads, mlps = _node_patches(lm, part, cf, rows, base=None)
                 with patch_end(lm, heads, mlps), lm.layers_from(layer):
                     normed = end_forward(lm, enc, prefix, k, inputs_embeds=resid[layer]).last_hidden_state
-                lo, lp = _unembed_scores(lm, normed, answers.repeat_interleave(k), with_logprobs)  # [n*k, 1]
-                logit_out[:, cols] = lo.view(n, k).cpu()
+                lo, lp = _unembed_scores(lm, normed, answers.repeat_interleave(k), full)  # [n*k, 1]
+                logit_out[:, [1 + c for c in cols]] = lo.view(n, k).cpu()
                 if with_logprobs:
-                    lp_out[:, cols] = lp.view(n, k).cpu()
+                    lp_out[:, [1 + c for c in cols]] = lp.view(n, k).cpu()
         out_logits.append(logit_out)
         out_lp.append(lp_out)
-    return torch.cat(out_logits), (torch.cat(out_lp) if with_logprobs else None)
+    return _split_unpatched(torch.cat(out_logits), torch.cat(out_lp) if with_logprobs else None)
 
 
 @torch.no_grad()

@@ -16,6 +16,7 @@ from matplotlib.patches import Rectangle  # noqa: E402
 from .io import atomic_path  # noqa: E402
 
 CMAP = "RdBu"  # diverging: red = the patch lowers the answer logit (the node matters), blue = raises it
+STABLE = 0.8  # a key component selected in at least this share of bootstrap resamples is drawn as stable
 
 
 def _save(fig, path: str | Path) -> None:
@@ -31,7 +32,9 @@ def _symmetric(values: np.ndarray) -> float:
 
 def effects_heatmap(effects: pd.DataFrame, key: pd.DataFrame, title: str, path: str | Path) -> None:
     """Mean effect (in %) of every head (layers x heads) and, in its own colour scale, every MLP.
-    Key components are outlined. Diverging colours centred on 0."""
+    Key components are outlined (solid where at least 80% of the bootstrap resamples select them, dashed
+    where fewer) and labelled with that share in %, when `key` has a stability column. Diverging colours
+    centred on 0."""
     heads = effects[effects["component"] == "head"]
     grid = heads.pivot(index="layer", columns="head", values="mean_effect") * 100
     mlp = effects[effects["component"] == "mlp"].set_index("layer")["mean_effect"].reindex(grid.index) * 100
@@ -47,10 +50,12 @@ def effects_heatmap(effects: pd.DataFrame, key: pd.DataFrame, title: str, path: 
                 cbar_kws={"label": "MLP effect (%)"}, yticklabels=False)
     for _, row in key.iterrows():
         y = list(grid.index).index(row["layer"])
-        if row["component"] == "head":
-            ax_h.add_patch(Rectangle((list(grid.columns).index(row["head"]), y), 1, 1, fill=False, lw=1.8, ec="black"))
-        else:
-            ax_m.add_patch(Rectangle((0, y), 1, 1, fill=False, lw=1.8, ec="black"))
+        ax, x = (ax_h, list(grid.columns).index(row["head"])) if row["component"] == "head" else (ax_m, 0)
+        stability = row.get("stability", np.nan)
+        ls = "--" if stability < STABLE else "-"  # NaN (no bootstrap) compares False: solid
+        ax.add_patch(Rectangle((x, y), 1, 1, fill=False, lw=1.8, ec="black", ls=ls))
+        if pd.notna(stability):
+            ax.text(x + 0.5, y + 0.5, f"{100 * stability:.0f}", ha="center", va="center", fontsize=6)
     ax_h.set_xlabel("head")
     ax_h.set_ylabel("layer")
     ax_m.set_xlabel("")

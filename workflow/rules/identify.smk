@@ -85,7 +85,8 @@ rule patch_layer:
 
 rule aggregate_effects:
     input:
-        layer_outputs,
+        layers=layer_outputs,
+        pairs="results/{model}/pairs/{task}.parquet",  # operand pairs: the bootstrap's clusters
     output:
         effects="results/{model}/effects/{task}.parquet",
         key="results/{model}/key_components/{task}.parquet",
@@ -110,6 +111,7 @@ rule aggregate_effects:
         code=library_code("aggregate_effects"),
         metric=config["patching"]["metric"],
         key_rules=config["key_components"],
+        seed=config["seed"],
     script:
         "../scripts/aggregate_effects.py"
 

@@ -16,7 +16,8 @@ def run_plot_effects(*, model: str, task: str, metric: str, effects_path, key_pa
     effects, key = pd.read_parquet(effects_path), pd.read_parquet(key_path)
     n_key = int((key["component"] == "head").sum())
     share = 100 * n_key / max(1, int((effects["component"] == "head").sum()))
-    title = f"{model}, {task}: path patching at END ({metric}); {n_key} key heads ({share:.1f}%) outlined"
+    title = (f"{model}, {task}: path patching at END ({metric}); {n_key} key heads ({share:.1f}%) outlined,\n"
+             f"labelled with the % of bootstrap resamples that select them (dashed: under {100 * plots.STABLE:.0f}%)")
     plots.effects_heatmap(effects, key, title, out_png)
 
 

@@ -118,32 +118,41 @@ def run_patch_layer(*, model_dir, layer: int, patching: dict, compute: dict, pai
     for pairs_path, cache_path, out_path in zip(pairs_paths, cache_paths, out_paths, strict=True):
         ref, cf, answers, sample_ids = load_states(cache_path)
         if patching["mode"] == "direct":
-            logit_p, logprob_p = direct_logits(lm, ref, cf, answers, [layer], compute["batch_size"], with_probs)
+            out = direct_logits(lm, ref, cf, answers, [layer], compute["batch_size"], with_probs)
         else:
             pairs = split_pairs(pd.read_parquet(pairs_path, columns=["sample_id", "prompt", "split"]), "identification",
                                 str(pairs_path))
             if pairs["sample_id"].tolist() != sample_ids.tolist():
                 raise ValueError(f"{cache_path} does not hold the identification pairs of {pairs_path}; re-run it")
             texts = list(pairs["prompt"])
-            logit_p, logprob_p = total_logits(
+            out = total_logits(
                 lm, texts, answers, cf, [layer], compute["batch_size"], patching["copies_per_forward"], with_probs
             )
-        frame = effects_frame(
-            lm, sample_ids.tolist(), [layer], ref.logits, logit_p,
-            ref.logprobs if with_probs else None, logprob_p if with_probs else None,
-        )
+        # logit_o from the same float32 computation as logit_p, not the forward's ref.logits (bf16 on a GPU)
+        frame = effects_frame(lm, sample_ids.tolist(), [layer], out.logit_o, out.logit_p, out.logprob_o, out.logprob_p)
         cache_hash = cache_meta(cache_path).get("params_hash")
         meta = stage_meta(model_dir, "patch_layer", layer=layer, patching=patching, cache=cache_hash)
         write_parquet(frame, out_path, meta)
 
 
-def run_aggregate_effects(*, model: str, task: str, layer_paths, metric: str, key_rules: dict, out_effects, out_key,
-                          out_key_html) -> None:
-    """Mean effect per node over samples (the `metric`) and the key components the rules select."""
+def run_aggregate_effects(*, model: str, task: str, layer_paths, pairs_path, metric: str, key_rules: dict, seed: int,
+                          out_effects, out_key, out_key_html) -> None:
+    """Mean effect per node over samples (the `metric`), its bootstrap interval and selection stability
+    (resampling operand pairs: a pair's templates are correlated), and the key components the rules select.
+    The effects' metadata counts the samples the metric left out (logit_o <= 0 for relative_logit)."""
     patching = pd.concat([pd.read_parquet(p) for p in layer_paths], ignore_index=True)
-    effects = fx.aggregate(patching, metric)
+    pairs = pd.read_parquet(pairs_path, columns=["sample_id", "a", "b"])
+    clusters = pd.Series((pairs["a"].astype(str) + "," + pairs["b"].astype(str)).to_numpy(), index=pairs["sample_id"])
+    boot = key_rules["bootstrap"]
+    uncertainty = fx.bootstrap(
+        patching, metric, head_rule=key_rules["heads"], mlp_rule=key_rules["mlps"], clusters=clusters,
+        resamples=boot["resamples"], confidence=boot["confidence"], seed=seed,
+    )
+    effects = fx.aggregate(patching, metric).merge(uncertainty.drop(columns=fx.NODE), on="node", how="left")
     key = fx.key_components(effects, key_rules["heads"], key_rules["mlps"])
-    meta = provenance(stage="aggregate_effects", model=model, task=task, metric=metric, key_components=key_rules)
+    meta = provenance(stage="aggregate_effects", model=model, task=task, metric=metric, key_components=key_rules,
+                      seed=seed)
+    meta["excluded_nonpositive_logit_o"] = len(fx.excluded_samples(patching, metric))
     write_parquet(effects, out_effects, meta)
     write_parquet(key, out_key, meta)
     write_html_table(key, out_key_html, f"{model}, {task}: key components ({metric})")
