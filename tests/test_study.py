@@ -159,8 +159,12 @@ def test_layer_matched_heads():
     assert drawn == layer_matched_heads(key, n_heads=6, seed=3)
     assert any(layer_matched_heads(key, n_heads=6, seed=s) != drawn for s in range(4, 10))
     assert not set(layer_matched_heads(key, n_heads=6, seed=3, exclude=[(7, 0), (7, 2)])) & {(7, 0), (7, 2)}
-    with pytest.raises(ValueError, match="layer 5 has no head left"):
-        layer_matched_heads([(5, 0), (5, 1), (7, 1)], n_heads=3, seed=0)
+    # layer 5 has one free head: the second draw comes from the nearest layer with one, the lower first
+    first, second, third = layer_matched_heads([(5, 0), (5, 1), (7, 1)], n_heads=3, seed=0)
+    assert first == (5, 2) and second[0] == 4 and third[0] == 7
+    assert layer_matched_heads([(1, 0), (1, 1)], n_heads=2, seed=0, n_layers=2)[0][0] == 0  # no layer 2
+    with pytest.raises(ValueError, match="no head left"):
+        layer_matched_heads([(0, 0), (0, 1)], n_heads=2, seed=0)
 
 
 def test_arm_methods():

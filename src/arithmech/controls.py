@@ -20,19 +20,24 @@ def random_heads(n_layers: int, n_heads: int, k: int, seed: int, exclude: Iterab
     return [pool[i] for i in picks]
 
 
-def layer_matched_heads(ranked: Sequence[Head], n_heads: int, seed: int, exclude: Iterable[Head] = ()) -> list[Head]:
+def layer_matched_heads(ranked: Sequence[Head], n_heads: int, seed: int, exclude: Iterable[Head] = (),
+                        n_layers: int | None = None) -> list[Head]:
     """One random head per head of `ranked`, in the same layer, drawn (seeded) in rank order among that
     layer's heads not in `ranked`, not in `exclude` and not drawn before: every prefix [:k] has the layer
-    histogram of ranked[:k], the random control at the same layers. Fails when a layer runs out of heads."""
+    histogram of ranked[:k], the random control at the same layers. Where a layer has no head left (5 of its
+    9 heads ranked, say), the head comes from the nearest layer that has one (the lower first on a tie,
+    within 0..n_layers-1, default: up to the highest ranked layer); fails when no layer has one."""
     ranked = [(int(l), int(h)) for l, h in ranked]
     taken = set(ranked) | {(int(l), int(h)) for l, h in exclude}
+    top = n_layers if n_layers is not None else max((l for l, _ in ranked), default=-1) + 1
     rng = np.random.default_rng(seed)
     out = []
     for layer, _ in ranked:
-        pool = [(layer, h) for h in range(n_heads) if (layer, h) not in taken]
-        if not pool:
-            raise ValueError(f"layer {layer} has no head left for a layer-matched random draw "
-                             f"({sum(l == layer for l, _ in ranked)} of its {n_heads} heads are ranked)")
+        nearest = sorted(range(top), key=lambda other: (abs(other - layer), other))
+        pools = ([(other, h) for h in range(n_heads) if (other, h) not in taken] for other in nearest)
+        pool = next((p for p in pools if p), None)
+        if pool is None:
+            raise ValueError(f"no head left for a layer-matched random draw near layer {layer}")
         pick = pool[int(rng.integers(len(pool)))]
         taken.add(pick)
         out.append(pick)

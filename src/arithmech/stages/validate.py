@@ -74,7 +74,7 @@ def knockout_node_sets(effects: pd.DataFrame, key: pd.DataFrame, ablation: dict,
         drawn = random_heads(n_layers, n_heads, K, seed=seed * 1000 + s, exclude=ranked)
         sets += [("random_heads", s, k, drawn[:k], []) for k in ks]
     for s in range(ablation["random_seeds"]):
-        drawn = layer_matched_heads(ranked, n_heads, seed=seed * 1000 + 500 + s)
+        drawn = layer_matched_heads(ranked, n_heads, seed=seed * 1000 + 500 + s, n_layers=n_layers)
         sets += [("random_layer_matched", s, k, drawn[:k], []) for k in ks]
     key_mlps = [int(l) for l in key.loc[key["component"] == "mlp", "layer"]]
     return sets + [("key_mlps", -1, len(key_mlps), [], key_mlps)]
@@ -199,7 +199,7 @@ def run_transfer(
         key_heads = [(int(l), int(h)) for l, h in key.loc[key["component"] == "head", ["layer", "head"]].to_numpy()]
         sets.append({"source": task, "heads": "key", "seed": -1, "nodes": key_heads, "mean": task})
         for s in range(transfer["random_seeds"]):
-            drawn = layer_matched_heads(key_heads, lm.n_heads, seed=seed * 1000 + s)
+            drawn = layer_matched_heads(key_heads, lm.n_heads, seed=seed * 1000 + s, n_layers=lm.n_layers)
             sets.append({"source": task, "heads": "random", "seed": s, "nodes": drawn, "mean": task})
     set_means = [means[s["mean"]] for s in sets]
     rows = []
