@@ -266,7 +266,7 @@ def test_knockout_node_sets_draw_the_controls_at_the_given_k():
     heads = [(l, h) for l in range(4) for h in range(6)]
     effects = pd.DataFrame({"node": [f"L{l}H{h}" for l, h in heads], "layer": [l for l, _ in heads],
                             "head": [h for _, h in heads], "component": "head",
-                            "mean_effect": [-0.01 * i for i in range(len(heads))]})
+                            "mean_effect": [-0.01 * (4 * h + l + 1) for l, h in heads]})  # top 4: L3H5 L2H5 L1H5 L0H5
     key = pd.DataFrame({"component": ["mlp"], "layer": [2], "head": [-1]})
     ablation = {"max_heads": 4, "random_seeds": 3, "random_k": [1, 3, 9]}
     sets = validate.knockout_node_sets(effects, key, ablation, n_layers=4, n_heads=6, seed=0)
