@@ -58,18 +58,20 @@ def _answers_correct(tokenizer, tokens: torch.Tensor, golds, judge=None) -> np.n
 
 
 def knockout_node_sets(effects: pd.DataFrame, key: pd.DataFrame, ablation: dict, n_layers: int, n_heads: int,
-                       seed: int, random_k: list[int] | None = None) -> list[tuple]:
+                       seed: int, top_k: list[int] | None = None, random_k: list[int] | None = None) -> list[tuple]:
     """The knockout rule's node sets, each (curve, seed, k, heads, mlps): the top k heads by patching effect
-    (k = 0..K, K = ablation.max_heads); two random controls over `ablation.random_seeds` draws each, k random
-    heads drawn uniformly among the others (`random_heads`) and k drawn in the layers of the top k
-    (`random_layer_matched`), for k = 1..K or the given `random_k`; the key MLPs."""
+    (k = 0..K, K = ablation.max_heads, or the given `top_k`); two random controls over `ablation.random_seeds`
+    draws each, k random heads drawn uniformly among the others (`random_heads`) and k drawn in the layers of
+    the top k (`random_layer_matched`), for the given `random_k` (default `ablation.random_k`, capped at K);
+    the key MLPs."""
     from ..controls import layer_matched_heads, random_heads
 
     heads = effects[effects["component"] == "head"].sort_values("mean_effect", kind="stable")
     K = min(ablation["max_heads"], len(heads))
     ranked = [(int(l), int(h)) for l, h in zip(heads["layer"][:K], heads["head"][:K])]
-    ks = range(1, K + 1) if random_k is None else [k for k in random_k if 1 <= k <= K]
-    sets = [("top_heads", -1, k, ranked[:k], []) for k in range(K + 1)]
+    tops = range(K + 1) if top_k is None else sorted({min(k, K) for k in top_k})
+    ks = sorted({min(k, K) for k in (ablation["random_k"] if random_k is None else random_k)} - {0})
+    sets = [("top_heads", -1, k, ranked[:k], []) for k in tops]
     for s in range(ablation["random_seeds"]):
         drawn = random_heads(n_layers, n_heads, K, seed=seed * 1000 + s, exclude=ranked)
         sets += [("random_heads", s, k, drawn[:k], []) for k in ks]
@@ -86,10 +88,10 @@ def run_knockout(
 ) -> None:
     """Mean-ablation knockout on the VALIDATION pairs (operand pairs that played no part in ranking the heads
     or in the means): accuracy with the top k heads (by patching effect) knocked out, k = 0..max_heads,
-    against random heads (uniform and layer-matched, several draws), and with the key MLPs knocked out; for
-    each of `ablation.positions` ("end", "all": see `_set_answers`; "all" on a seeded draw of
-    `ablation.all_positions_samples` pairs, its random controls at k = max_heads only, as each set is a full
-    forward of every prompt). Both the first answer token (`accuracy`, what path patching measured) and the
+    against random heads (uniform and layer-matched, several draws, at k in `ablation.random_k`), and with the
+    key MLPs knocked out; for each of `ablation.positions` ("end", "all": see `_set_answers`; "all" on a seeded
+    draw of `ablation.all_positions_samples` pairs, the top heads at k in 0 and `ablation.random_k`, its
+    random controls at k = max_heads only, as each set is a full forward of every prompt). Both the first answer token (`accuracy`, what path patching measured) and the
     full greedy answer (`full_accuracy`)."""
     from ..data import subsample
     from ..evaluation import answer_tokens
@@ -101,11 +103,11 @@ def run_knockout(
     effects = pd.read_parquet(effects_path)
     tables = []
     for positions in ablation["positions"]:
-        scored, random_k = pairs, None
-        if positions == "all":
+        scored, top_k, random_k = pairs, None, None
+        if positions == "all":  # each set is a full forward of every prompt: fewer prompts and sets
             scored = subsample(pairs, ablation["all_positions_samples"], seed).reset_index(drop=True)
-            random_k = [ablation["max_heads"]]
-        sets = knockout_node_sets(effects, key, ablation, lm.n_layers, lm.n_heads, seed, random_k)
+            top_k, random_k = [0, *ablation["random_k"]], [ablation["max_heads"]]
+        sets = knockout_node_sets(effects, key, ablation, lm.n_layers, lm.n_heads, seed, top_k, random_k)
         texts, answers = list(scored["prompt"]), torch.tensor(scored["answer_token_id"].to_numpy())
         tokens = _set_answers(
             lm, texts, scored["template_id"], [s[3] for s in sets], [s[4] for s in sets], cache, positions,
