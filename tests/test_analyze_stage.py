@@ -19,8 +19,9 @@ PROMPTS = {
     "templates": ["{a} {op} {b} is equal to ", "What is {a} {op} {b}? The answer is "],
     "operators": {"addition": ["plus"]},
     "null_words": ["nothing"],
+    "counterfactual_shots": "zero_shot",
     "keep_only_correct": False,
-    "max_samples": 12,
+    "splits": {"validation_share": 0.5, "max_samples": {"identification": 12, "validation": 12}},
 }
 COMPUTE = {"device": "cpu", "dtype": "float32", "batch_size": 5}
 ANALYSIS = {"max_samples": 8, "fallback_heads": 2, "n_random": 32}
@@ -82,7 +83,7 @@ def test_role_attention_of_the_key_heads(key_run):
         assert list(part["role"]) == list(ROLES)
         assert part["attention"].sum() == pytest.approx(1.0, abs=1e-5)
         assert part["rank"].nunique() == 1
-    assert (roles["n_texts"] == ANALYSIS["max_samples"]).all()  # 12 pairs, 8 drawn
+    assert (roles["n_texts"] == ANALYSIS["max_samples"]).all()  # 12 validation pairs, 8 drawn
     tokens = roles.drop_duplicates("role").set_index("role")["tokens"]
     assert tokens["operand_a"] >= 1 and tokens["operand_b"] >= 1 and tokens["operator"] >= 1
     assert tokens["equals"] >= 1 and tokens["prefix"] >= 1  # one solved example before each query
