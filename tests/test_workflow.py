@@ -536,6 +536,6 @@ def test_library_edits_rerun_exactly_the_rules_that_run_the_edited_code(run, tmp
     assert planned_after("patching.py", "@torch.no_grad()\ndef direct_logits(",
                          "def _unused_helper():\n    return 0\n\n\n@torch.no_grad()\ndef direct_logits(") == {}
     assert planned_after("patching.py", "def direct_logits(", "# a comment\ndef direct_logits(") == {}
-    assert planned_after("patching.py", '"""Final norm + unembedding', '"""Final norm and unembedding') == {
+    assert planned_after("patching.py", '"""Unembedding of final-normed', '"""Unembedding of the final-normed') == {
         "patch_layer": 3, **FROM_EFFECTS,
     }
