@@ -36,7 +36,10 @@ RANKED = [(2, 1), (1, 3), (0, 0), (2, 3), (1, 0)]
 
 
 def _n_hooks(model: torch.nn.Module) -> int:
-    return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
+    """Hooks on the model, not counting the output-capturing hooks transformers installs on first use of
+    output_hidden_states / output_attentions (once, for good)."""
+    return sum(1 for m in model.modules() for d in (m._forward_hooks, m._forward_pre_hooks) for fn in d.values()
+               if "output_capturing_hook" not in getattr(fn, "__qualname__", ""))
 
 
 @pytest.fixture(scope="module")
@@ -45,12 +48,12 @@ def data(tiny_lm, base_prompt_cfg):
     assert df["n_tokens"].nunique() > 1
     texts, cf = df["prompt"].tolist(), df["cf_prompt"].tolist()
     answers = torch.tensor(df["answer_token_id"].to_numpy())
-    n_aligned = min(len(tiny_lm.tokenizer(t)["input_ids"]) for t in cf)
-    _, mean = collect(tiny_lm, cf, answers, batch_size=3, aligned_positions=n_aligned)
+    _, grouped = collect(tiny_lm, cf, answers, batch_size=3, groups=[0] * len(cf))
+    mean = grouped.group(0)  # one mean over all counterfactuals, by offset from END, as long as the longest
     # The random tiny model gets the gold answers wrong; its own greedy tokens make accuracy 1 at baseline,
     # so the knockout curve has somewhere to fall.
     own = first_token_predictions(tiny_lm, texts, batch_size=8)
-    return {"texts": texts, "answers": answers, "mean": mean, "own": own, "n_aligned": n_aligned}
+    return {"texts": texts, "answers": answers, "mean": mean, "own": own}
 
 
 def _logits(lm, texts, ctx=None):

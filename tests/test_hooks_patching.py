@@ -25,7 +25,10 @@ ROWS = [0, 5, 11, 16, 21, 27, 30]
 
 
 def _n_hooks(model: torch.nn.Module) -> int:
-    return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
+    """Hooks on the model, not counting the output-capturing hooks transformers installs on first use of
+    output_hidden_states / output_attentions (once, for good)."""
+    return sum(1 for m in model.modules() for d in (m._forward_hooks, m._forward_pre_hooks) for fn in d.values()
+               if "output_capturing_hook" not in getattr(fn, "__qualname__", ""))
 
 
 def _node_index(lm, layer, head):
@@ -291,32 +294,35 @@ def test_closed_form_clean_logit(tiny_lm, data, states):
     assert torch.equal(full.argmax(-1), ref.predicted)
 
 
-def test_collect_aligned_positions(tiny_lm, data, states):
+def test_collect_groups_means_each_group_by_offset_from_end(tiny_lm, data, states):
+    """collect(groups=...) gives each group's mean at every offset back from END, averaged over the group's
+    prompts that reach it, against one unpadded forward per prompt; and the END state is the plain one."""
     ref, _ = states
-    n_pos = 4
-    state, mean = collect(tiny_lm, data["texts"], data["answers"], batch_size=3, aligned_positions=n_pos)
-    L, H, D, d = tiny_lm.n_layers, tiny_lm.n_heads, tiny_lm.head_dim, tiny_lm.d_model
-    assert mean.heads.shape == (n_pos, L, H, D) and mean.mlps.shape == (n_pos, L, d)
+    groups = [i % 2 for i in range(len(data["texts"]))]
+    state, grouped = collect(tiny_lm, data["texts"], data["answers"], batch_size=3, groups=groups)
     for name in ("heads", "mlps", "resid", "logits"):
         torch.testing.assert_close(getattr(state, name), getattr(ref, name), atol=1e-5, rtol=0)
-    torch.testing.assert_close(mean.heads[0], state.heads.mean(0), atol=1e-6, rtol=0)
-    torch.testing.assert_close(mean.mlps[0], state.mlps.mean(0), atol=1e-6, rtol=0)
-    # position 2 back from END, computed one prompt at a time
-    h2, m2 = [], []
+    per_prompt = []  # (heads [S, L, H, D], mlps [S, L, d]) with offset 0 = END
     for text in data["texts"]:
-        e = encode(tiny_lm.tokenizer, [text])
         with torch.no_grad(), capture(tiny_lm, end_only=False) as cap:
-            tiny_lm.model(**e)
-        h2.append(cap.stacked_heads()[0, -3])
-        m2.append(cap.stacked_mlps()[0, -3])
-    torch.testing.assert_close(mean.heads[2], torch.stack(h2).mean(0), atol=1e-5, rtol=0)
-    torch.testing.assert_close(mean.mlps[2], torch.stack(m2).mean(0), atol=1e-5, rtol=0)
-    assert (mean.heads[2] - mean.heads[0]).abs().max() > 1e-4
-
-
-def test_collect_aligned_positions_too_long(tiny_lm, data):
-    with pytest.raises(ValueError, match="aligned_positions"):
-        collect(tiny_lm, data["texts"][:2], data["answers"][:2], batch_size=2, aligned_positions=1000)
+            tiny_lm.model(**encode(tiny_lm.tokenizer, [text]))
+        per_prompt.append((cap.stacked_heads()[0].flip(0), cap.stacked_mlps()[0].flip(0)))
+    longest = max(h.shape[0] for h, _ in per_prompt)
+    assert grouped.heads.shape == (2, longest, tiny_lm.n_layers, tiny_lm.n_heads, tiny_lm.head_dim)
+    for g in (0, 1):
+        mine = [hm for hm, x in zip(per_prompt, groups) if x == g]
+        lengths = sorted(h.shape[0] for h, _ in mine)
+        assert lengths[0] < lengths[-1]  # so the last offset below is reached by some of the group's prompts only
+        for j in (0, 2, lengths[0]):
+            reach = [(h[j], m[j]) for h, m in mine if h.shape[0] > j]
+            assert grouped.counts[g, j] == len(reach) > 0
+            torch.testing.assert_close(grouped.heads[g, j], torch.stack([h for h, _ in reach]).mean(0), atol=1e-5, rtol=0)
+            torch.testing.assert_close(grouped.mlps[g, j], torch.stack([m for _, m in reach]).mean(0), atol=1e-5, rtol=0)
+        n_g = max(h.shape[0] for h, _ in mine)
+        assert (grouped.counts[g, n_g:] == 0).all() and grouped.group(g).heads.shape[0] == n_g
+    end = grouped.end()  # over all prompts of all groups: the plain END mean
+    torch.testing.assert_close(end.heads[0], state.heads.mean(0), atol=1e-6, rtol=0)
+    torch.testing.assert_close(end.mlps[0], state.mlps.mean(0), atol=1e-6, rtol=0)
 
 
 # ---------------------------------------------------------------------------------------------------

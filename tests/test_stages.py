@@ -123,11 +123,12 @@ def test_aggregate_effects_intervals_stability_and_exclusions(prepared):
     rules = {"heads": {"rule": "top_k", "k": 2}, "mlps": {"rule": "top_k", "k": 1},
              "bootstrap": {"resamples": 100, "confidence": 0.9}}
     out = {k: prepared / f"agg-{k}" for k in ("effects.parquet", "key.parquet", "key.html")}
-    with pytest.warns(UserWarning, match=f"{n_bad} of 6 samples have logit_o <= 0"):
+    with pytest.warns(UserWarning, match=f"{n_bad} of 6 samples have logit_o <= 0") as caught:
         identify.run_aggregate_effects(model="tiny", task="division", layer_paths=paths,
                                        pairs_path=prepared / "pairs.parquet", metric="relative_logit", key_rules=rules,
                                        seed=0, out_effects=out["effects.parquet"], out_key=out["key.parquet"],
                                        out_key_html=out["key.html"])
+    assert sum("logit_o <= 0" in str(w.message) for w in caught) == 1  # filtered once, not in every helper
     effects, key = pd.read_parquet(out["effects.parquet"]), pd.read_parquet(out["key.parquet"])
     assert len(effects) == 2 * 5 and (effects["n"] == 6 - n_bad).all()
     assert (effects["ci_low"] <= effects["mean_effect"]).all() and (effects["mean_effect"] <= effects["ci_high"]).all()

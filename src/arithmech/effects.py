@@ -34,8 +34,9 @@ def excluded_samples(patching: pd.DataFrame, metric: str) -> list:
     return sorted(set(patching.loc[patching["logit_o"] <= 0, "sample_id"]))
 
 
-def _usable_rows(patching: pd.DataFrame, metric: str) -> pd.DataFrame:
-    """`patching` without the `excluded_samples` (with a warning naming how many of how many)."""
+def usable_rows(patching: pd.DataFrame, metric: str) -> pd.DataFrame:
+    """`patching` without the `excluded_samples` (with a warning naming how many of how many). `aggregate` and
+    `bootstrap` call it too; a caller that needs both filters once first, so the warning comes once."""
     excluded = excluded_samples(patching, metric)
     if not excluded:
         return patching
@@ -53,7 +54,7 @@ def aggregate(patching: pd.DataFrame, metric: str) -> pd.DataFrame:
     `excluded_samples` of the metric).
 
     Returns columns node, layer, head (<NA> for MLPs), component, mean_effect, std_effect, n, metric."""
-    patching = _usable_rows(patching, metric)
+    patching = usable_rows(patching, metric)
     frame = patching.assign(effect=metric_values(patching, metric))
     out = (
         frame.groupby(NODE, dropna=False, sort=True)["effect"]
@@ -118,7 +119,7 @@ def bootstrap(
     Returns columns node, layer, head, component, ci_low, ci_high, stability (one row per node)."""
     if not 0.0 < confidence < 1.0:
         raise ValueError(f"confidence must lie in (0, 1), got {confidence}")
-    patching = _usable_rows(patching, metric)
+    patching = usable_rows(patching, metric)
     frame = patching.assign(effect=metric_values(patching, metric),
                             node=[node_label(l, h) for l, h in zip(patching["layer"], patching["head"])])
     wide = frame.pivot(index="sample_id", columns="node", values="effect")  # [n_samples, n_nodes]

@@ -100,35 +100,21 @@ def collect(
     texts: list[str],
     answer_ids: torch.Tensor,
     batch_size: int,
-    aligned_positions: int = 0,
     desc: str = "forward",
     groups: list[int] | None = None,
-) -> tuple[EndState, AlignedMean | GroupedMean | None]:
-    """Run `texts` in left-padded batches and capture every node at END; and, if `aligned_positions`, the
-    mean of every node over the last that many positions (all prompts must be at least that long), or, with
-    `groups` (one group id 0..G-1 per text), each group's mean at every position its prompts reach
-    (`GroupedMean`)."""
+) -> tuple[EndState, GroupedMean | None]:
+    """Run `texts` in left-padded batches and capture every node at END; and, with `groups` (one group id
+    0..G-1 per text), each group's mean at every position its prompts reach (`GroupedMean`)."""
     parts: dict[str, list[torch.Tensor]] = {k: [] for k in EndState.__dataclass_fields__}
-    sums = None
     grouped = None  # per group: [heads sum [P, L, H, D], mlps sum [P, L, d], counts [P]], P growing
-    if groups is not None and aligned_positions:
-        raise ValueError("collect: give aligned_positions or groups, not both")
     for start in tqdm(range(0, len(texts), batch_size), desc=desc, leave=False):
         enc = encode(lm.tokenizer, texts[start : start + batch_size], lm.device)
         answers = answer_ids[start : start + batch_size].to(lm.device)
-        if aligned_positions and enc["attention_mask"].sum(-1).min() < aligned_positions:
-            raise ValueError(f"a prompt is shorter than aligned_positions={aligned_positions}")
-        with capture(lm, end_only=not (aligned_positions or groups is not None)) as cap:
+        with capture(lm, end_only=groups is None) as cap:
             logits = lm.model(**enc, logits_to_keep=1).logits[:, -1].float()
         heads, mlps, resid = cap.stacked_heads(), cap.stacked_mlps(), cap.resid_final
         if groups is not None:
             grouped = _add_group_sums(grouped, heads, mlps, enc["attention_mask"], groups[start : start + batch_size])
-            heads, mlps, resid = heads[:, -1], mlps[:, -1], resid[:, -1]
-        if aligned_positions:
-            # [B, S, ...] -> last positions reversed, so index 0 is END
-            tail_h = heads[:, -aligned_positions:].flip(1).float().sum(0)
-            tail_m = mlps[:, -aligned_positions:].flip(1).float().sum(0)
-            sums = (tail_h, tail_m) if sums is None else (sums[0] + tail_h, sums[1] + tail_m)
             heads, mlps, resid = heads[:, -1], mlps[:, -1], resid[:, -1]
         logprobs = logits.log_softmax(-1)
         parts["heads"].append(heads.cpu())
@@ -138,10 +124,7 @@ def collect(
         parts["logprobs"].append(logprobs.gather(1, answers[:, None])[:, 0].cpu())
         parts["predicted"].append(logits.argmax(-1).cpu())
     state = EndState(**{k: torch.cat(v) for k, v in parts.items()})
-    mean = AlignedMean(sums[0] / len(texts), sums[1] / len(texts)) if sums is not None else None
-    if groups is not None:
-        mean = _group_means(grouped, max(groups) + 1)
-    return state, mean
+    return state, (_group_means(grouped, max(groups) + 1) if groups is not None else None)
 
 
 def _add_group_sums(grouped, heads, mlps, mask, groups):

@@ -25,8 +25,9 @@ def run_plot_knockout(*, model: str, task: str, knockout_path, key_path, out_png
     """Knockout curves: accuracy against the number of top heads ablated, random heads, key MLPs."""
     table, key = pd.read_parquet(knockout_path), pd.read_parquet(key_path)
     n_key = int((key["component"] == "head").sum())
-    positions = table["positions"].iloc[0]
-    plots.knockout_curves(table, n_key, f"{model}, {task}: mean-ablation knockout at {positions}", out_png)
+    # one panel per position set (each titled there); held-out pairs only
+    split = ", ".join(dict.fromkeys(table["split"]))
+    plots.knockout_curves(table, n_key, f"{model}, {task}: mean-ablation knockout ({split} pairs)", out_png)
 
 
 def run_plot_transfer(*, model: str, transfer_path, out_html, out_png) -> None:

@@ -141,6 +141,8 @@ def run_aggregate_effects(*, model: str, task: str, layer_paths, pairs_path, met
     (resampling operand pairs: a pair's templates are correlated), and the key components the rules select.
     The effects' metadata counts the samples the metric left out (logit_o <= 0 for relative_logit)."""
     patching = pd.concat([pd.read_parquet(p) for p in layer_paths], ignore_index=True)
+    n_samples = patching["sample_id"].nunique()
+    patching = fx.usable_rows(patching, metric)  # warns once; aggregate and bootstrap then find nothing to drop
     pairs = pd.read_parquet(pairs_path, columns=["sample_id", "a", "b"])
     clusters = pd.Series((pairs["a"].astype(str) + "," + pairs["b"].astype(str)).to_numpy(), index=pairs["sample_id"])
     boot = key_rules["bootstrap"]
@@ -152,7 +154,7 @@ def run_aggregate_effects(*, model: str, task: str, layer_paths, pairs_path, met
     key = fx.key_components(effects, key_rules["heads"], key_rules["mlps"])
     meta = provenance(stage="aggregate_effects", model=model, task=task, metric=metric, key_components=key_rules,
                       seed=seed)
-    meta["excluded_nonpositive_logit_o"] = len(fx.excluded_samples(patching, metric))
+    meta["excluded_nonpositive_logit_o"] = n_samples - patching["sample_id"].nunique()
     write_parquet(effects, out_effects, meta)
     write_parquet(key, out_key, meta)
     write_html_table(key, out_key_html, f"{model}, {task}: key components ({metric})")
