@@ -287,3 +287,30 @@ def test_knockout_node_sets_draw_the_controls_at_the_given_k():
     only = validate.knockout_node_sets(effects, key, ablation, 4, 6, 0, top_k=[0, 2], random_k=[4])
     assert [(c, k) for c, _, k, _, _ in only if c != "key_mlps"] == (
         [("top_heads", 0), ("top_heads", 2)] + [("random_heads", 4)] * 3 + [("random_layer_matched", 4)] * 3)
+
+
+def test_all_positions_answers_batched_across_sets_are_each_sets_own_generation(prepared):
+    """positions "all" runs every node set in one generation per template (per-row masks); each set's tokens
+    are those of a plain greedy generation inside that set's per-template mean ablation."""
+    from arithmech.ablation import mean_ablate
+    from arithmech.evaluation import greedy_generate
+    from arithmech.patching import GroupedMean
+
+    lm = load_model(prepared / "model", device="cpu")
+    pairs = pd.read_parquet(prepared / "pairs.parquet")
+    assert pairs["template_id"].nunique() > 1
+    cache = load_file(str(prepared / "cache.safetensors"))
+    grouped = GroupedMean(cache["cf_template_heads"], cache["cf_template_mlps"], cache["cf_template_counts"])
+    pairs = pairs[pairs["template_id"].isin([t for t in range(len(grouped.counts)) if grouped.counts[t, 0] > 0])]
+    head_sets = [[], [(1, 3)], [(1, 3), (0, 1)], [(0, 2)], []]
+    mlp_sets = [[], [], [1], [], [0]]
+    texts, templates = list(pairs["prompt"]), pairs["template_id"].to_numpy()
+    got = validate._set_answers(lm, texts, templates, head_sets, mlp_sets, cache, "all", 3, 4, 256)
+    assert got.shape == (len(head_sets), len(texts), 3)
+    for s, (hs, ms) in enumerate(zip(head_sets, mlp_sets)):
+        for t in set(templates):
+            rows = [i for i, x in enumerate(templates) if x == t]
+            with mean_ablate(lm, hs, ms, grouped.group(int(t)), "aligned"):
+                want = greedy_generate(lm, [texts[i] for i in rows], 3, 2)
+            assert torch.equal(got[s, rows], want), (hs, ms, t)
+    assert not torch.equal(got[0], got[2])  # the ablations change some tokens, so the check has teeth

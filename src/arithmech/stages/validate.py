@@ -33,15 +33,24 @@ def _set_answers(lm, texts, template_ids, head_sets, mlp_sets, cache, positions,
                                settled=settled_number(lm.tokenizer)).tokens
     grouped = GroupedMean(cache["cf_template_heads"], cache["cf_template_mlps"], cache["cf_template_counts"])
     template_ids = np.asarray(template_ids)
+    # every set in one generation per template: row j * n_t + i is the template's prompt i with set j ablated
+    # (its row of `masks`), so batches hold many rows rather than one template's few prompts per set
+    heads = list(dict.fromkeys((int(l), int(h)) for hs in head_sets for l, h in hs))
+    mlps = list(dict.fromkeys(int(m) for ms in mlp_sets for m in ms))
+    set_masks = torch.zeros(len(head_sets), len(heads) + len(mlps), dtype=torch.bool)  # [n_sets, nodes]
+    for s, (hs, ms) in enumerate(zip(head_sets, mlp_sets)):
+        chosen = {(int(l), int(h)) for l, h in hs}
+        set_masks[s] = torch.tensor([h in chosen for h in heads] + [int(m) in set(ms) for m in mlps], dtype=torch.bool)
     out = torch.empty(len(head_sets), len(texts), max_new_tokens, dtype=torch.long)
     for t in np.unique(template_ids):
         if t >= len(grouped.counts) or grouped.counts[t, 0] == 0:
             raise ValueError(f"template {t} has no identification pair, so no mean to ablate its prompts with")
         rows = np.flatnonzero(template_ids == t)
-        part = [texts[i] for i in rows]
-        for s, (hs, ms) in enumerate(zip(head_sets, mlp_sets)):
-            hooks = ablation_hooks(lm, hs, ms, grouped.group(int(t)), "aligned")
-            out[s, torch.as_tensor(rows)] = greedy_generate(lm, part, max_new_tokens, batch_size, hooks)
+        part = [texts[i] for i in rows] * len(head_sets)  # [n_sets * n_t], set-major
+        masks = set_masks.repeat_interleave(len(rows), dim=0)  # [n_sets * n_t, nodes]
+        hooks = ablation_hooks(lm, heads, mlps, grouped.group(int(t)), "aligned", masks)
+        tokens = greedy_generate(lm, part, max_new_tokens, batch_size, hooks)  # [n_sets * n_t, max_new_tokens]
+        out[:, torch.as_tensor(rows)] = tokens.view(len(head_sets), len(rows), -1)
     return out
 
 
