@@ -498,21 +498,27 @@ def test_answer_accuracy():
 # greedy answers for many node sets (prefix-cache fast path)
 
 
-def test_greedy_end_sets_matches_greedy_generate_per_set(tiny_lm, data):
+@pytest.mark.parametrize("positions, n_pos", [("end", None), ("aligned", None), ("aligned", 5)])
+def test_greedy_end_sets_matches_greedy_generate_per_set(tiny_lm, data, positions, n_pos):
+    """Against plain generation inside each set's ablation. "aligned" with the whole mean (as long as the
+    longest prompt: no prefix to share in most batches) and with its last 5 offsets (a shared prefix)."""
     texts, mean, own = data["texts"], data["mean"], data["own"]
+    if n_pos is not None:
+        mean = AlignedMean(mean.heads[:n_pos], mean.mlps[:n_pos])
     head_sets = [[], RANKED[:1], RANKED[:3], [(0, 2), (1, 1)], RANKED]
     mlp_sets = [[], [], [1], [], [2, 0]]
-    got = greedy_end_sets(tiny_lm, texts, head_sets, mean, N_NEW, mlp_sets, own, batch_size=3, copies_per_forward=7)
+    got = greedy_end_sets(tiny_lm, texts, head_sets, mean, N_NEW, mlp_sets, own, batch_size=3, copies_per_forward=7,
+                          positions=positions)
     assert got.tokens.shape == (len(head_sets), len(texts), N_NEW)
     for s, (hs, ms) in enumerate(zip(head_sets, mlp_sets)):
-        want = greedy_generate(tiny_lm, texts, N_NEW, 4, hooks=ablation_hooks(tiny_lm, hs, ms, mean, "end"))
+        want = greedy_generate(tiny_lm, texts, N_NEW, 4, hooks=ablation_hooks(tiny_lm, hs, ms, mean, positions))
         assert torch.equal(got.tokens[s], want), s
-        scores = first_token_scores(tiny_lm, texts, own, 4, ablation_hooks(tiny_lm, hs, ms, mean, "end"))
+        scores = first_token_scores(tiny_lm, texts, own, 4, ablation_hooks(tiny_lm, hs, ms, mean, positions))
         assert torch.equal(got.first_tokens[s], scores[0]), s
         torch.testing.assert_close(got.first_answer_logits[s], scores[1], atol=2e-5, rtol=0)
     # the empty set is the plain model; the first two sets' first tokens are the reference knockout's k = 0, 1
     assert torch.equal(got.tokens[0], greedy_generate(tiny_lm, texts, N_NEW, 8))
-    assert torch.equal(got.first_tokens[:2], knockout(tiny_lm, texts, own, RANKED, 1, mean, "end").predicted)
+    assert torch.equal(got.first_tokens[:2], knockout(tiny_lm, texts, own, RANKED, 1, mean, positions).predicted)
     assert len({tuple(got.tokens[s].flatten().tolist()) for s in range(len(head_sets))}) > 1
     assert _n_hooks(tiny_lm.model) == 0
     with pytest.raises(ValueError, match="MLP sets"):

@@ -106,3 +106,47 @@ def test_precise_sft_on_a_bf16_model_keeps_frozen_weights_and_fp32_deltas(tiny_d
                for p in run.params.values())
     assert stats.peak_memory_bytes > 0
     assert stats.peak_memory_kind == ("cuda_max_memory_allocated" if device == "cuda" else "process_peak_rss")
+
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_tiny_workflow_end_to_end_on_cuda_in_bf16(tmp_path):
+    """Every rule of the smoke configuration (tests/config/tiny.yaml) on CUDA with bf16 weights, as a cluster
+    job runs it (`run_tiny_workflow`)."""
+    run_tiny_workflow(tmp_path, "cuda", "bfloat16")
+
+
+def run_tiny_workflow(tmp_path, device: str, dtype: str) -> None:
+    """The smoke configuration with compute.device/dtype set: the run completes, its effect and knockout tables
+    hold finite numbers, and every fine-tuning run reports the device's peak memory. (The CPU case is
+    test_workflow's; this is the GPU test's body, callable on the CPU in bf16 to check the test itself.)"""
+    import json
+    import shutil
+    import sys
+    from pathlib import Path
+
+    import numpy as np
+    import pandas as pd
+    import yaml
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_workflow import ROOT, TINY_CONFIG, copy_project, snakemake
+
+    work = copy_project(tmp_path)
+    shutil.copy2(ROOT / "config.yaml", work / "config.yaml")
+    overlay = yaml.safe_load(TINY_CONFIG.read_text())
+    overlay["compute"] = {**overlay.get("compute", {}), "device": device, "dtype": dtype}
+    (work / "device.yaml").write_text(yaml.safe_dump(overlay, sort_keys=False))
+    proc = snakemake(work, "--cores", "4", "--configfile", "device.yaml")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    res = work / "results/tiny"
+    for task in ("addition", "division"):
+        effects = pd.read_parquet(res / f"effects/{task}.parquet")
+        assert len(effects) and np.isfinite(effects["mean_effect"]).all()
+        knockout = pd.read_parquet(res / f"knockout/{task}.parquet")
+        assert set(knockout["positions"]) == {"end", "all"} and knockout["accuracy"].between(0, 1).all()
+    kind = "cuda_max_memory_allocated" if device == "cuda" else "process_peak_rss"
+    for method in ("precise", "full", "random_heads", "lora"):
+        stats = json.loads((res / f"finetune/{method}/stats.json").read_text())
+        assert stats["peak_memory_kind"] == kind and stats["peak_memory_bytes"] > 0, method

@@ -290,10 +290,11 @@ def test_knockout_node_sets_draw_the_controls_at_the_given_k():
 
 
 def test_all_positions_answers_batched_across_sets_are_each_sets_own_generation(prepared):
-    """positions "all" runs every node set in one generation per template (per-row masks); each set's tokens
-    are those of a plain greedy generation inside that set's per-template mean ablation."""
+    """positions "all" runs every node set at once per template (greedy_end_sets, positions "aligned": the
+    prefix the template's mean does not reach is shared); each set's tokens are those of a plain greedy
+    generation inside that set's per-template mean ablation, up to where the answer is settled."""
     from arithmech.ablation import mean_ablate
-    from arithmech.evaluation import greedy_generate
+    from arithmech.evaluation import greedy_generate, settled_number
     from arithmech.patching import GroupedMean
 
     lm = load_model(prepared / "model", device="cpu")
@@ -307,10 +308,14 @@ def test_all_positions_answers_batched_across_sets_are_each_sets_own_generation(
     texts, templates = list(pairs["prompt"]), pairs["template_id"].to_numpy()
     got = validate._set_answers(lm, texts, templates, head_sets, mlp_sets, cache, "all", 3, 4, 256)
     assert got.shape == (len(head_sets), len(texts), 3)
+    settled = settled_number(lm.tokenizer)
     for s, (hs, ms) in enumerate(zip(head_sets, mlp_sets)):
         for t in set(templates):
             rows = [i for i, x in enumerate(templates) if x == t]
             with mean_ablate(lm, hs, ms, grouped.group(int(t)), "aligned"):
                 want = greedy_generate(lm, [texts[i] for i in rows], 3, 2)
-            assert torch.equal(got[s, rows], want), (hs, ms, t)
+            for i, row in zip(rows, want):  # equal up to where the answer is settled, then the pad id
+                stop = next((j for j in range(3) if settled(row[: j + 1].tolist())), 2)
+                assert torch.equal(got[s, i, : stop + 1], row[: stop + 1]), (hs, ms, t)
+                assert (got[s, i, stop + 1 :] == lm.tokenizer.pad_token_id).all()
     assert not torch.equal(got[0], got[2])  # the ablations change some tokens, so the check has teeth

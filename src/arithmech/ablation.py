@@ -40,12 +40,13 @@ Knockout curves: `knockout` ablates the first k of a ranked head list for k = 0.
 batch, by stacking K+1 copies of the batch and giving copy k a per-row mask that ablates heads[:k]. It
 runs every position of every copy and takes either `positions`: the REFERENCE.
 
-The fast path, for positions="end" (what the rules run): an END-only ablation changes nothing at earlier
-positions, so `greedy_end_sets` runs the prefix (all tokens but END) once per batch with a KV cache and
-then only the END token, and each later generated token, for many ablated copies (`patching.total_logits`
-uses the same trick). Its first step is the first-token knockout of any head sets (tested against
-`knockout`); its later steps are the full greedy answers (tested against `evaluation.greedy_generate`
-inside `mean_ablate`).
+The fast path (what the rules run, for both position sets): an ablation of the last P positions (P = 1
+for "end") changes nothing before them, so `greedy_end_sets` runs the prefix (all tokens but those P) once
+per batch with a KV cache and then only the last P tokens, and each later generated token, for many
+ablated copies (`patching.total_logits` uses the same trick for END). With zero-shot counterfactuals the
+per-template means of "all" cover the query line, so the few-shot lines are the shared prefix. Its first
+step is the first-token knockout of any head sets (tested against `knockout`); its later steps are the
+full greedy answers (tested against `evaluation.greedy_generate` inside `mean_ablate`).
 """
 
 from __future__ import annotations
@@ -248,23 +249,30 @@ def greedy_end_sets(
     batch_size: int = 16,
     copies_per_forward: int = 256,
     settled: Callable[[list[int]], bool] | None = None,
+    positions: str = "end",
 ) -> GreedyKnockout:
     """Greedy generation of `max_new_tokens` tokens with node set s (head_sets[s] and mlp_sets[s]) mean-
-    ablated at END and at each generated position: what `evaluation.greedy_generate` does inside
-    `mean_ablate(..., positions="end")`, for many sets at once.
+    ablated at END (or, positions="aligned", at the prompt's last P positions, P = the mean's length) and at
+    each generated position: what `evaluation.greedy_generate` does inside `mean_ablate(..., positions)`,
+    for many sets at once.
 
-    The prompt minus END runs once per batch (an END-only ablation changes nothing before END), and each
-    chunk of c = max(1, copies_per_forward // b) sets continues from a copy of that prefix cache with one
-    token per forward (row i*c + j is text i with set j of the chunk). A row stops at its end-of-sequence
-    token, or as soon as `settled(its tokens so far)` is true (`evaluation.settled_number`: when its score
-    cannot change any more); its later tokens are the pad id, and it leaves the forwards.
+    The prompt minus its ablated tail (END, or the last P positions) runs once per batch, as the ablation
+    changes nothing before it, and each chunk of c = max(1, copies_per_forward // b) sets continues from a
+    copy of that prefix cache with the tail and then one token per forward (row i*c + j is text i with set j
+    of the chunk). Where the batch is no longer than P, every copy runs the whole prompt. A row stops at its
+    end-of-sequence token, or as soon as `settled(its tokens so far)` is true (`evaluation.settled_number`:
+    when its score cannot change any more); its later tokens are the pad id, and it leaves the forwards.
 
-    means: one shared AlignedMean, or one per set (set s is ablated with means[s]'s END values: e.g. each
-    task's key heads with that task's counterfactual mean, all sharing one prefix pass).
+    means: one shared AlignedMean, or (positions "end" only) one per set (set s is ablated with means[s]'s
+    END values: e.g. each task's key heads with that task's counterfactual mean, all sharing one prefix pass).
     Returns GreedyKnockout (tokens [n_sets, n, max_new_tokens]; `first_tokens` [n_sets, n])."""
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if positions not in POSITIONS:
+        raise ValueError(f"positions must be one of {', '.join(POSITIONS)}; got {positions!r}")
     per_set = not isinstance(means, AlignedMean)
+    if per_set and positions != "end":
+        raise ValueError("greedy_end_sets: one mean per set only with positions='end'")
     if per_set:
         if len(means) != len(head_sets):
             raise ValueError(f"{len(head_sets)} head sets but {len(means)} means")
@@ -293,15 +301,16 @@ def greedy_end_sets(
     for start in range(0, len(texts), batch_size):
         enc = encode(lm.tokenizer, texts[start : start + batch_size], lm.device)
         b, S = enc["input_ids"].shape
-        if S < 2:
+        if positions == "end" and S < 2:
             raise ValueError("greedy_end_sets needs prompts of at least two tokens (a prefix and END)")
-        prefix = prefix_cache(lm, enc)
+        tail = 1 if positions == "end" else means.heads.shape[0]
+        prefix = prefix_cache(lm, enc, tail) if tail < S else None
         chunk = max(1, copies_per_forward // b)
         for s0 in range(0, n_sets, chunk):
             c = min(chunk, n_sets - s0)
             row_set = torch.arange(s0, s0 + c).repeat(b)  # row i*c + j is text start + i with set s0 + j
             values = AlignedMean(set_heads[row_set], set_mlps[row_set]) if per_set else means  # per-row END values
-            hooks = ablation_hooks(lm, heads, mlps, values, "end", set_masks[row_set])
+            hooks = ablation_hooks(lm, heads, mlps, values, positions, set_masks[row_set])
 
             def first_logits(step, rows, logits):  # called within this iteration
                 if step == 0 and answer_ids is not None:
@@ -310,7 +319,7 @@ def greedy_end_sets(
                     first[s0 : s0 + c, start : start + b] = picked.view(b, c).T.cpu()
 
             gen = greedy_decode(  # [b * c, max_new_tokens]
-                lm, **end_copies(enc, prefix, c), max_new_tokens=max_new_tokens, hooks=hooks, stop=settled,
+                lm, **end_copies(enc, prefix, c, tail), max_new_tokens=max_new_tokens, hooks=hooks, stop=settled,
                 on_logits=first_logits,
             )
             out[s0 : s0 + c, start : start + b] = gen.view(b, c, -1).transpose(0, 1)

@@ -289,13 +289,16 @@ def _scores(logits: torch.Tensor, answers: torch.Tensor) -> tuple[torch.Tensor, 
     return logits.gather(1, idx)[:, 0], logits.log_softmax(-1).gather(1, idx)[:, 0]
 
 
-def prefix_cache(lm: LoadedModel, enc: dict[str, torch.Tensor]):
-    """Keys and values of every position but END of a left-padded batch (one forward). An END-position
-    intervention changes nothing before END, so many intervened copies can share this prefix."""
+def prefix_cache(lm: LoadedModel, enc: dict[str, torch.Tensor], tail: int = 1):
+    """Keys and values of every position but the last `tail` (default: all but END) of a left-padded batch
+    (one forward). An intervention on the last `tail` positions changes nothing before them, so many
+    intervened copies can share this prefix."""
+    if not 0 < tail < enc["input_ids"].shape[1]:
+        raise ValueError(f"a prefix cache needs 0 < tail < sequence length {enc['input_ids'].shape[1]}; got {tail}")
     return lm.model(
-        input_ids=enc["input_ids"][:, :-1],
-        attention_mask=enc["attention_mask"][:, :-1],
-        position_ids=enc["position_ids"][:, :-1],
+        input_ids=enc["input_ids"][:, :-tail],
+        attention_mask=enc["attention_mask"][:, :-tail],
+        position_ids=enc["position_ids"][:, :-tail],
         use_cache=True,
         logits_to_keep=1,  # only the cache is wanted; the vocabulary projection of every position is not
     ).past_key_values
@@ -309,15 +312,18 @@ def repeated_cache(prefix, copies: int):
     return cache
 
 
-def end_copies(enc: dict[str, torch.Tensor], prefix, copies: int) -> dict:
+def end_copies(enc: dict[str, torch.Tensor], prefix, copies: int, tail: int = 1) -> dict:
     """Forward inputs for `copies` copies of every row of a left-padded batch (row i * copies + j is copy j
-    of row i) that run the END token alone on top of `prefix`: input_ids and position_ids [batch * copies, 1],
-    attention_mask [batch * copies, seq], past_key_values a fresh copy (`repeated_cache`)."""
+    of row i) that run the last `tail` tokens (default END alone) on top of `prefix` (`prefix_cache` with the
+    same `tail`): input_ids and position_ids [batch * copies, tail], attention_mask [batch * copies, seq],
+    past_key_values a fresh copy (`repeated_cache`). With prefix None, the whole sequence and no cache."""
+    if prefix is None:
+        tail = enc["input_ids"].shape[1]
     return {
-        "input_ids": enc["input_ids"][:, -1:].repeat_interleave(copies, 0),
+        "input_ids": enc["input_ids"][:, -tail:].repeat_interleave(copies, 0),
         "attention_mask": enc["attention_mask"].repeat_interleave(copies, 0),
-        "position_ids": enc["position_ids"][:, -1:].repeat_interleave(copies, 0),
-        "past_key_values": repeated_cache(prefix, copies),
+        "position_ids": enc["position_ids"][:, -tail:].repeat_interleave(copies, 0),
+        "past_key_values": None if prefix is None else repeated_cache(prefix, copies),
     }
 
 

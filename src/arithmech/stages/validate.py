@@ -23,9 +23,10 @@ def _set_answers(lm, texts, template_ids, head_sets, mlp_sets, cache, positions,
     on the prefix-cache fast path (each answer stops once its number is settled, which leaves its score as
     it is). "all" (Wang et al.'s mean ablation): at every position, each prompt with the mean over the
     identification counterfactuals of its own template at the same offset from END (`GroupedMean`), and
-    every generated position with its template's END mean; one ablated generation per set and template."""
-    from ..ablation import ablation_hooks, greedy_end_sets
-    from ..evaluation import greedy_generate, settled_number
+    every generated position with its template's END mean; all sets at once per template, on the same
+    prefix-cache path (the prefix the template's mean does not reach is shared)."""
+    from ..ablation import greedy_end_sets
+    from ..evaluation import settled_number
 
     if positions == "end":
         means = AlignedMean(cache["cf_mean_heads"], cache["cf_mean_mlps"])
@@ -33,24 +34,16 @@ def _set_answers(lm, texts, template_ids, head_sets, mlp_sets, cache, positions,
                                settled=settled_number(lm.tokenizer)).tokens
     grouped = GroupedMean(cache["cf_template_heads"], cache["cf_template_mlps"], cache["cf_template_counts"])
     template_ids = np.asarray(template_ids)
-    # every set in one generation per template: row j * n_t + i is the template's prompt i with set j ablated
-    # (its row of `masks`), so batches hold many rows rather than one template's few prompts per set
-    heads = list(dict.fromkeys((int(l), int(h)) for hs in head_sets for l, h in hs))
-    mlps = list(dict.fromkeys(int(m) for ms in mlp_sets for m in ms))
-    set_masks = torch.zeros(len(head_sets), len(heads) + len(mlps), dtype=torch.bool)  # [n_sets, nodes]
-    for s, (hs, ms) in enumerate(zip(head_sets, mlp_sets)):
-        chosen = {(int(l), int(h)) for l, h in hs}
-        set_masks[s] = torch.tensor([h in chosen for h in heads] + [int(m) in set(ms) for m in mlps], dtype=torch.bool)
     out = torch.empty(len(head_sets), len(texts), max_new_tokens, dtype=torch.long)
     for t in np.unique(template_ids):
         if t >= len(grouped.counts) or grouped.counts[t, 0] == 0:
             raise ValueError(f"template {t} has no identification pair, so no mean to ablate its prompts with")
         rows = np.flatnonzero(template_ids == t)
-        part = [texts[i] for i in rows] * len(head_sets)  # [n_sets * n_t], set-major
-        masks = set_masks.repeat_interleave(len(rows), dim=0)  # [n_sets * n_t, nodes]
-        hooks = ablation_hooks(lm, heads, mlps, grouped.group(int(t)), "aligned", masks)
-        tokens = greedy_generate(lm, part, max_new_tokens, batch_size, hooks)  # [n_sets * n_t, max_new_tokens]
-        out[:, torch.as_tensor(rows)] = tokens.view(len(head_sets), len(rows), -1)
+        # the template's prompts with every set at once, sharing the prefix the template's mean does not reach
+        out[:, torch.as_tensor(rows)] = greedy_end_sets(
+            lm, [texts[i] for i in rows], head_sets, grouped.group(int(t)), max_new_tokens, mlp_sets, None,
+            batch_size, copies, settled=settled_number(lm.tokenizer), positions="aligned",
+        ).tokens
     return out
 
 
