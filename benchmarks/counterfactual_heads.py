@@ -10,7 +10,8 @@ example reader.
 Reads the identify stage's effect tables of two or more runs that differ only in counterfactual_shots, e.g.
 the default run and one in another directory:
 
-    snakemake --cores 2 --directory /tmp/cf-keep --configfile /tmp/cf-keep/keep.yaml \\
+    # /tmp/cf-keep holds config.yaml, a link to resources/ and keep.yaml (prompts: {counterfactual_shots: keep})
+    .venv/bin/snakemake -s Snakefile --directory /tmp/cf-keep --configfile /tmp/cf-keep/keep.yaml --cores 2 \\
         results/smollm2-135m/effects/{addition,subtraction,multiplication,division}.parquet
     .venv/bin/python benchmarks/counterfactual_heads.py zero_shot=results/smollm2-135m \\
         keep=/tmp/cf-keep/results/smollm2-135m [--top 10] [--out table.csv]
@@ -72,7 +73,7 @@ def main() -> None:
             summary.append({
                 "task": task, "option": option,
                 "leak_full": info["meta"].get("leak", {}).get("identification", {}).get("full", float("nan")),
-                "spearman_vs_" + base: b_eff["mean_effect"].corr(eff["mean_effect"], method="spearman"),
+                "spearman_vs_" + base: b_eff["mean_effect"].rank().corr(eff["mean_effect"].rank()),
                 f"top{args.top}_overlap": len(set(top) & set(eff["mean_effect"].nsmallest(args.top).index)),
                 "key_heads": len(keys), "key_overlap": len(keys & b_keys),
             })
