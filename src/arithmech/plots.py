@@ -122,6 +122,7 @@ def knockout_curves(table: pd.DataFrame, n_key_heads: int, title: str, path: str
             ax.set_title(f"positions: {positions} (n = {int(part['n'].iloc[0])})", fontsize=9)
             ax.legend(fontsize=8)
     fig.suptitle(title, fontsize=10)
+    fig.subplots_adjust(hspace=0.3)  # room between a row's x label and the next row's panel title
     _save(fig, path)
 
 
