@@ -7,6 +7,7 @@ import copy
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from arithmech.config import ConfigError, validate_config
@@ -73,3 +74,11 @@ def check_fails():
             assert fragment in str(err.value)
 
     return check
+
+
+def n_hooks(model: torch.nn.Module) -> int:
+    """Hooks on the model (to check that a context manager removed its own), not counting the
+    output-capturing hooks transformers installs on first use of output_hidden_states / output_attentions
+    (once, for good)."""
+    return sum(1 for m in model.modules() for d in (m._forward_hooks, m._forward_pre_hooks) for fn in d.values()
+               if "output_capturing_hook" not in getattr(fn, "__qualname__", ""))

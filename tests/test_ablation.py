@@ -30,16 +30,11 @@ from arithmech.hooks import capture, hooks, patch_end, patch_tail
 from arithmech.patching import AlignedMean, collect
 from arithmech.prompts import build_prompts, encode
 
+from conftest import n_hooks
+
 # both templates (30..42 tokens), so batches are padded
 ROWS = [0, 3, 9, 14, 17, 22, 26, 31]
 RANKED = [(2, 1), (1, 3), (0, 0), (2, 3), (1, 0)]
-
-
-def _n_hooks(model: torch.nn.Module) -> int:
-    """Hooks on the model, not counting the output-capturing hooks transformers installs on first use of
-    output_hidden_states / output_attentions (once, for good)."""
-    return sum(1 for m in model.modules() for d in (m._forward_hooks, m._forward_pre_hooks) for fn in d.values()
-               if "output_capturing_hook" not in getattr(fn, "__qualname__", ""))
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +82,7 @@ def test_ablating_nothing_reproduces_the_baseline_exactly(tiny_lm, data):
     base = first_token_scores(tiny_lm, texts, own, batch_size=3)
     for positions in ("end", "aligned"):
         with mean_ablate(tiny_lm, [], [], data["mean"], positions):
-            assert _n_hooks(tiny_lm.model) == 0
+            assert n_hooks(tiny_lm.model) == 0
             got = first_token_scores(tiny_lm, texts, own, batch_size=3)
         for a, b in zip(got, base):
             torch.testing.assert_close(a, b, atol=0, rtol=0)
@@ -116,7 +111,7 @@ def test_ablating_with_each_rows_own_values_is_a_no_op(tiny_lm, data, positions)
     # ... whereas the counterfactual mean changes the logits, and "aligned" changes them differently
     ablated = _logits(tiny_lm, texts, mean_ablate(tiny_lm, RANKED, [1], data["mean"], positions))
     assert (ablated - base).abs().max() > 1e-2
-    assert _n_hooks(tiny_lm.model) == 0
+    assert n_hooks(tiny_lm.model) == 0
 
 
 def test_end_and_aligned_write_exactly_where_they_should(tiny_lm, data):
@@ -173,7 +168,7 @@ def test_mean_ablate_rejects_bad_arguments(tiny_lm, data):
     with pytest.raises(ValueError, match="row_masks"):
         with mean_ablate(tiny_lm, [(0, 0)], [1], mean, row_masks=torch.ones(3, 1, dtype=torch.bool)):
             pass
-    assert _n_hooks(tiny_lm.model) == 0
+    assert n_hooks(tiny_lm.model) == 0
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -223,7 +218,7 @@ def test_first_step_of_the_fast_path_equals_the_reference(tiny_lm, data, K, batc
     torch.testing.assert_close(logits, want.answer_logits, atol=1e-5, rtol=0)
     if K == len(RANKED):
         assert want.accuracy[0] == 1.0 and want.accuracy.min() < 1.0
-    assert _n_hooks(tiny_lm.model) == 0
+    assert n_hooks(tiny_lm.model) == 0
 
 
 def test_fast_path_left_padding_is_exact(tiny_lm, data):
@@ -259,7 +254,7 @@ def test_fast_path_head_sets_equal_separate_evaluations(tiny_lm, data, batch_siz
             assert torch.equal(tokens[s], base_pred) and accuracy[s] == 1.0
             torch.testing.assert_close(logits[s], base_logit, atol=1e-5, rtol=0)
     assert accuracy.min() < 1.0
-    assert _n_hooks(tiny_lm.model) == 0
+    assert n_hooks(tiny_lm.model) == 0
 
 
 def test_fast_path_edge_cases(tiny_lm, data):
@@ -273,7 +268,7 @@ def test_fast_path_edge_cases(tiny_lm, data):
     per_row = AlignedMean(mean.heads[None].expand(2, -1, -1, -1, -1), mean.mlps[None].expand(2, -1, -1, -1))
     with pytest.raises(ValueError, match="shared mean"):
         first_step(tiny_lm, texts, own, [[(0, 0)]], per_row, 16, 256)
-    assert _n_hooks(tiny_lm.model) == 0
+    assert n_hooks(tiny_lm.model) == 0
 
 
 def test_random_heads():
@@ -427,7 +422,7 @@ def test_ablation_applies_at_every_generated_step(tiny_lm, data, generated, posi
         # the first generated token is the ablated first-token prediction
         first = first_token_predictions(tiny_lm, texts, 8, ablation_hooks(tiny_lm, RANKED, [1], mean, "end"))
         assert torch.equal(ablated[0][:, 0], first)
-    assert _n_hooks(tiny_lm.model) == 0
+    assert n_hooks(tiny_lm.model) == 0
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -520,7 +515,7 @@ def test_greedy_end_sets_matches_greedy_generate_per_set(tiny_lm, data, position
     assert torch.equal(got.tokens[0], greedy_generate(tiny_lm, texts, N_NEW, 8))
     assert torch.equal(got.first_tokens[:2], knockout(tiny_lm, texts, own, RANKED, 1, mean, positions).predicted)
     assert len({tuple(got.tokens[s].flatten().tolist()) for s in range(len(head_sets))}) > 1
-    assert _n_hooks(tiny_lm.model) == 0
+    assert n_hooks(tiny_lm.model) == 0
     with pytest.raises(ValueError, match="MLP sets"):
         greedy_end_sets(tiny_lm, texts, head_sets, mean, 2, mlp_sets[:2])
 
@@ -561,4 +556,4 @@ def test_greedy_end_sets_stops_settled_rows_and_keeps_the_rest_exact(tiny_lm, da
             assert (got.tokens[s, i, stop + 1 :] == tiny_lm.tokenizer.pad_token_id).all(), (s, i)
             n_stopped += stop < N_NEW - 1
     assert 0 < n_stopped < len(head_sets) * len(texts)  # some rows stopped early, others ran to the end
-    assert _n_hooks(tiny_lm.model) == 0
+    assert n_hooks(tiny_lm.model) == 0

@@ -108,7 +108,6 @@ def test_precise_sft_on_a_bf16_model_keeps_frozen_weights_and_fp32_deltas(tiny_d
     assert stats.peak_memory_kind == ("cuda_max_memory_allocated" if device == "cuda" else "process_peak_rss")
 
 
-
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 def test_tiny_workflow_end_to_end_on_cuda_in_bf16(tmp_path):

@@ -20,15 +20,10 @@ from arithmech.patching import (
 from arithmech.prompts import build_prompts, encode
 from arithmech.tiny import build_tiny_model
 
+from conftest import n_hooks
+
 # rows mixing both templates (30..44 tokens) and one- and two-digit answers
 ROWS = [0, 5, 11, 16, 21, 27, 30]
-
-
-def _n_hooks(model: torch.nn.Module) -> int:
-    """Hooks on the model, not counting the output-capturing hooks transformers installs on first use of
-    output_hidden_states / output_attentions (once, for good)."""
-    return sum(1 for m in model.modules() for d in (m._forward_hooks, m._forward_pre_hooks) for fn in d.values()
-               if "output_capturing_hook" not in getattr(fn, "__qualname__", ""))
 
 
 def _node_index(lm, layer, head):
@@ -83,12 +78,12 @@ def enc(tiny_lm, data):
 def test_hooks_run_inside_and_are_removed_after(tiny_lm, enc):
     calls = []
     o_proj, mlp = tiny_lm.o_proj(1), tiny_lm.mlp(2)
-    before = _n_hooks(tiny_lm.model)
+    before = n_hooks(tiny_lm.model)
     with hooks(pre=[(o_proj, lambda m, a: calls.append("pre"))], post=[(mlp, lambda m, a, o: calls.append("post"))]):
         assert len(o_proj._forward_pre_hooks) == 1 and len(mlp._forward_hooks) == 1
         tiny_lm.model(**enc, logits_to_keep=1)
     assert calls == ["pre", "post"]
-    assert _n_hooks(tiny_lm.model) == before == 0
+    assert n_hooks(tiny_lm.model) == before == 0
     tiny_lm.model(**enc, logits_to_keep=1)
     assert calls == ["pre", "post"]
 
@@ -98,17 +93,17 @@ def test_hooks_are_removed_when_the_block_raises(tiny_lm, enc, data, states):
     with pytest.raises(RuntimeError, match="boom"):
         with hooks(pre=[(tiny_lm.o_proj(0), lambda m, a: None)], post=[(tiny_lm.mlp(0), lambda m, a, o: None)]):
             raise RuntimeError("boom")
-    assert _n_hooks(tiny_lm.model) == 0
+    assert n_hooks(tiny_lm.model) == 0
     with pytest.raises(RuntimeError, match="boom"):
         with capture(tiny_lm):
             raise RuntimeError("boom")
-    assert _n_hooks(tiny_lm.model) == 0
+    assert n_hooks(tiny_lm.model) == 0
     n = len(data["texts"])
     heads = {1: (torch.ones(n, tiny_lm.n_heads, dtype=torch.bool), torch.zeros(n, tiny_lm.n_heads, tiny_lm.head_dim))}
     with pytest.raises(RuntimeError, match="boom"):
         with patch_end(tiny_lm, heads=heads):
             raise RuntimeError("boom")
-    assert _n_hooks(tiny_lm.model) == 0
+    assert n_hooks(tiny_lm.model) == 0
     # and the model is back to normal: the same logits as before
     with torch.no_grad():
         logits = tiny_lm.model(**enc, logits_to_keep=1).logits[:, -1]
@@ -209,7 +204,7 @@ def test_patch_end_with_own_values_changes_nothing(tiny_lm, enc):
     with patch_end(tiny_lm, heads, mlps):
         patched = _forward(tiny_lm, enc)
     assert (patched - clean).abs().max().item() <= 1e-6
-    assert _n_hooks(tiny_lm.model) == 0
+    assert n_hooks(tiny_lm.model) == 0
 
 
 def test_patch_end_all_false_mask_is_a_noop(tiny_lm, enc, states):
