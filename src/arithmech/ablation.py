@@ -60,8 +60,9 @@ import torch
 
 from .decoding import Hooks, greedy_decode
 from .hooks import patch_tail
+from .kvcache import end_copies, prefix_cache
 from .models import LoadedModel
-from .patching import AlignedMean, end_copies, prefix_cache
+from .patching import AlignedMean
 from .prompts import encode
 
 POSITIONS = ("end", "aligned")
@@ -319,7 +320,7 @@ def greedy_end_sets(
                     first[s0 : s0 + c, start : start + b] = picked.view(b, c).T.cpu()
 
             gen = greedy_decode(  # [b * c, max_new_tokens]
-                lm, **end_copies(enc, prefix, c, tail), max_new_tokens=max_new_tokens, hooks=hooks, stop=settled,
+                lm, **end_copies(enc, prefix, c, tail, room=tail + max_new_tokens - 1), max_new_tokens=max_new_tokens, hooks=hooks, stop=settled,
                 on_logits=first_logits,
             )
             out[s0 : s0 + c, start : start + b] = gen.view(b, c, -1).transpose(0, 1)

@@ -28,7 +28,7 @@ from tqdm import tqdm
 from .decoding import Hooks, entered, greedy_decode
 from .formatting import choice_prompt
 from .models import LoadedModel
-from .patching import repeated_cache
+from .kvcache import repeated_cache
 from .prompts import continuation_ids, encode
 
 def _batches(n: int, batch_size: int) -> Iterator[tuple[int, int]]:
@@ -140,13 +140,14 @@ class SharedPrefix:
         length = shared_prefix_length(ids)
         return cls(lm, ids, length) if length >= cls.MIN_TOKENS else None
 
-    def batch(self, rows: Sequence[int]) -> dict:
+    def batch(self, rows: Sequence[int], new_tokens: int = 0) -> dict:
+        """Decoding inputs for `rows`, the cache with room for their own tokens and `new_tokens` more."""
         rests = _pad_left([self.ids[i][self.length :] for i in rows], self.lm.tokenizer.pad_token_id, self.lm.device)
-        n = len(rows)
+        n, width = rests["input_ids"].shape
         return {
             "input_ids": rests["input_ids"],
             "attention_mask": torch.cat([torch.ones_like(self.tokens)[None].expand(n, -1), rests["attention_mask"]], 1),
-            "past_key_values": repeated_cache(self.cache, n),
+            "past_key_values": repeated_cache(self.cache, n, room=width + new_tokens),
         }
 
 
@@ -203,7 +204,7 @@ def greedy_generate(
         if prefix is None:
             enc = encode(tok, texts[start:stop_row], lm.device)
         else:
-            enc = prefix.batch(range(start, stop_row))
+            enc = prefix.batch(range(start, stop_row), new_tokens=max_new_tokens - 1)  # the last token is not run
         out[start:stop_row] = greedy_decode(
             lm, **enc, max_new_tokens=max_new_tokens, hooks=hooks, row_ids=torch.arange(start, stop_row),
             stop=stop, on_logits=keep_logits if return_logits else None,
@@ -725,7 +726,7 @@ def score_targets(
         for r, seq in enumerate(seqs):
             ids[r, : len(seq)] = torch.tensor(seq, dtype=torch.long)
             mask[r, shared : shared + len(seq)] = 1
-        kwargs = {"past_key_values": repeated_cache(prefix_cache, len(rows))} if shared else {}
+        kwargs = {"past_key_values": repeated_cache(prefix_cache, len(rows), room=width)} if shared else {}
         # Only positions from the shortest context's last token on predict a target token: the vocabulary
         # projection skips the rest (most of a GSM8K question). Positions as a tensor, not a count: HF then
         # gathers them into a contiguous copy, where a count slices a view that torch's CPU linear runs 3x slower.

@@ -28,6 +28,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .hooks import capture, patch_end
+from .kvcache import PrefixCopies, end_copies, prefix_cache
 from .models import LoadedModel
 from .prompts import encode
 
@@ -289,51 +290,14 @@ def _scores(logits: torch.Tensor, answers: torch.Tensor) -> tuple[torch.Tensor, 
     return logits.gather(1, idx)[:, 0], logits.log_softmax(-1).gather(1, idx)[:, 0]
 
 
-def prefix_cache(lm: LoadedModel, enc: dict[str, torch.Tensor], tail: int = 1):
-    """Keys and values of every position but the last `tail` (default: all but END) of a left-padded batch
-    (one forward). An intervention on the last `tail` positions changes nothing before them, so many
-    intervened copies can share this prefix."""
-    if not 0 < tail < enc["input_ids"].shape[1]:
-        raise ValueError(f"a prefix cache needs 0 < tail < sequence length {enc['input_ids'].shape[1]}; got {tail}")
-    return lm.model(
-        input_ids=enc["input_ids"][:, :-tail],
-        attention_mask=enc["attention_mask"][:, :-tail],
-        position_ids=enc["position_ids"][:, :-tail],
-        use_cache=True,
-        logits_to_keep=1,  # only the cache is wanted; the vocabulary projection of every position is not
-    ).past_key_values
-
-
-def repeated_cache(prefix, copies: int):
-    """A new cache holding `copies` copies of every row of `prefix` (row i * copies + j is copy j of row i);
-    `prefix` is left untouched, because a cache grows in place as a forward extends it."""
-    cache = copy.deepcopy(prefix)
-    cache.batch_repeat_interleave(copies)
-    return cache
-
-
-def end_copies(enc: dict[str, torch.Tensor], prefix, copies: int, tail: int = 1) -> dict:
-    """Forward inputs for `copies` copies of every row of a left-padded batch (row i * copies + j is copy j
-    of row i) that run the last `tail` tokens (default END alone) on top of `prefix` (`prefix_cache` with the
-    same `tail`): input_ids and position_ids [batch * copies, tail], attention_mask [batch * copies, seq],
-    past_key_values a fresh copy (`repeated_cache`). With prefix None, the whole sequence and no cache."""
-    if prefix is None:
-        tail = enc["input_ids"].shape[1]
-    return {
-        "input_ids": enc["input_ids"][:, -tail:].repeat_interleave(copies, 0),
-        "attention_mask": enc["attention_mask"].repeat_interleave(copies, 0),
-        "position_ids": enc["position_ids"][:, -tail:].repeat_interleave(copies, 0),
-        "past_key_values": None if prefix is None else repeated_cache(prefix, copies),
-    }
-
-
 def end_forward(lm: LoadedModel, enc: dict[str, torch.Tensor], prefix, copies: int,
                 inputs_embeds: torch.Tensor | None = None, output_hidden_states: bool = False):
     """The model body's output at END (`LoadedModel.body`: last_hidden_state after the final norm, no
     unembedding) for `copies` copies of every row (row i * copies + j is copy j of row i), computing only the
     END token on top of `prefix` (left untouched: `repeated_cache`). `inputs_embeds` [batch, 1, d_model],
     repeated like the rows, replaces END's embedding (inside `layers_from`: the residual entering the first
-    layer run). Hooks active around the call act on the copies."""
+    layer run). `prefix` may be a `kvcache.PrefixCopies`, whose copies serve forward after forward. Hooks
+    active around the call act on the copies."""
     inputs = end_copies(enc, prefix, copies)
     if inputs_embeds is not None:
         del inputs["input_ids"]
@@ -358,8 +322,9 @@ def total_logits(
 
     Per batch: the prefix (all but END) runs once and END once more, unpatched, for the residual stream
     entering every layer. A node of layer l changes nothing below l, so its patched copies run END through
-    layers l..L-1 only (`LoadedModel.layers_from`), from that residual and a copy of the prefix cache; the
-    copies of one layer's nodes share a forward (up to `copies_per_forward` rows). Without log-probs only
+    layers l..L-1 only (`LoadedModel.layers_from`), from that residual on the prefix cache, copied once for
+    all forwards (`kvcache.PrefixCopies`); the copies of one layer's nodes share a forward (up to
+    `copies_per_forward` rows). Without log-probs only
     the answers' unembedding rows are applied (`LoadedModel.body`), not the whole vocabulary."""
     nodes = nodes_of(lm, layers)
     full = _float_unembed(lm, with_logprobs)
@@ -373,6 +338,7 @@ def total_logits(
         answers = answer_ids[start : start + n].to(lm.device)
         prefix = prefix_cache(lm, enc)
         plain = end_forward(lm, enc, prefix, 1, output_hidden_states=True)
+        prefix_copies = PrefixCopies(prefix, room=1)  # copied once per number of copies, not per forward
         resid = plain.hidden_states  # [L+1] x [n, 1, d]
         logit_out = torch.empty(n, 1 + len(nodes))  # column 0 unpatched, then the nodes
         lp_out = torch.empty(n, 1 + len(nodes))
@@ -388,7 +354,7 @@ def total_logits(
                 rows = torch.arange(start, start + n).repeat_interleave(k)  # row b*k + j patches part[j]
                 heads, mlps = _node_patches(lm, part, cf, rows, base=None)
                 with patch_end(lm, heads, mlps), lm.layers_from(layer):
-                    normed = end_forward(lm, enc, prefix, k, inputs_embeds=resid[layer]).last_hidden_state
+                    normed = end_forward(lm, enc, prefix_copies, k, inputs_embeds=resid[layer]).last_hidden_state
                 lo, lp = _unembed_scores(lm, normed, answers.repeat_interleave(k), full)  # [n*k, 1]
                 logit_out[:, [1 + c for c in cols]] = lo.view(n, k).cpu()
                 if with_logprobs:

@@ -1,0 +1,112 @@
+"""The prefix cache and its copies (`arithmech.kvcache`): a cache with room written in place gives exactly
+what Hugging Face's own concatenating cache gives, and the prefix it was copied from is never touched."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers.cache_utils import DynamicCache, DynamicLayer, DynamicSlidingWindowLayer
+
+from arithmech.decoding import greedy_decode
+from arithmech.kvcache import PrefixCopies, RoomyLayer, end_copies, prefix_cache, repeated_cache
+from arithmech.prompts import encode
+
+TEXTS = ["1 plus 2 is equal to ", "What is 3 times 4? The answer is ", "4 minus 1 is equal to "]
+
+
+@pytest.fixture(scope="module")
+def enc(tiny_lm):
+    return encode(tiny_lm.tokenizer, TEXTS, tiny_lm.device)
+
+
+def _snapshot(cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    return [(layer.keys.clone(), layer.values.clone()) for layer in cache.layers]
+
+
+def _decode(lm, enc, cache_inputs, steps, stop=None):
+    """Greedy tokens [rows, steps] and every step's logits, from `end_copies`-style inputs."""
+    seen = []
+    out = greedy_decode(lm, **cache_inputs, max_new_tokens=steps, stop=stop,
+                        on_logits=lambda step, rows, logits: seen.append((step, rows.clone(), logits.clone())))
+    return out, seen
+
+
+@pytest.mark.parametrize("room", [1, 3, 6, 20])
+def test_decoding_on_a_roomy_cache_equals_the_concatenating_cache(tiny_lm, enc, room):
+    """Rows that stop at different steps (their cache rows dropped) and a room that runs out before the last
+    step (then it concatenates) give bit-identical logits and tokens."""
+    prefix = prefix_cache(tiny_lm, enc, tail=1)
+    stop = lambda row: len(row) >= 2 + (row[0] % 3)  # rows end after 2, 3 or 4 tokens  # noqa: E731
+    plain_inputs = end_copies(enc, prefix, 2, room=0)
+    assert all(type(layer) is DynamicLayer for layer in plain_inputs["past_key_values"].layers)
+    plain, plain_logits = _decode(tiny_lm, enc, plain_inputs, 6, stop)
+    roomy_inputs = end_copies(enc, prefix, 2, room=room)
+    assert all(type(layer) is RoomyLayer for layer in roomy_inputs["past_key_values"].layers)
+    roomy, roomy_logits = _decode(tiny_lm, enc, roomy_inputs, 6, stop)
+    assert torch.equal(plain, roomy)
+    assert len(plain_logits) == len(roomy_logits) >= 3
+    for (s1, r1, l1), (s2, r2, l2) in zip(plain_logits, roomy_logits):
+        assert s1 == s2 and torch.equal(r1, r2) and torch.equal(l1, l2)
+
+
+def test_a_roomy_cache_holds_the_prefix_then_the_new_positions(tiny_lm, enc):
+    prefix = prefix_cache(tiny_lm, enc, tail=2)
+    cache = repeated_cache(prefix, 3, room=4)
+    layer, source = cache.layers[1], prefix.layers[1]
+    n, h, length, d = source.keys.shape
+    assert layer.keys.shape == (n * 3, h, length, d) and cache.get_seq_length() == length
+    assert torch.equal(layer.keys, source.keys.repeat_interleave(3, 0))
+    assert torch.equal(layer.values, source.values.repeat_interleave(3, 0))
+    new_k, new_v = torch.randn(n * 3, h, 2, d), torch.randn(n * 3, h, 2, d)
+    keys, values = layer.update(new_k, new_v)
+    assert torch.equal(keys, torch.cat([source.keys.repeat_interleave(3, 0), new_k], -2))
+    assert torch.equal(values, torch.cat([source.values.repeat_interleave(3, 0), new_v], -2))
+    assert layer.get_seq_length() == length + 2
+    keys, _ = layer.update(new_k, new_v)  # the room is now full
+    assert keys.shape[-2] == length + 4
+    keys, _ = layer.update(new_k[..., :1, :], new_v[..., :1, :])  # past the room: concatenated
+    assert keys.shape[-2] == length + 5 and torch.equal(keys[..., -1:, :], new_k[..., :1, :])
+
+
+def test_the_prefix_is_left_untouched(tiny_lm, enc):
+    prefix = prefix_cache(tiny_lm, enc, tail=1)
+    before = _snapshot(prefix)
+    for room in (0, 1, 5):
+        inputs = end_copies(enc, prefix, 2, room=room)
+        _decode(tiny_lm, enc, inputs, 4, stop=lambda row: len(row) >= 1 + row[0] % 3)
+    after = _snapshot(prefix)
+    assert all(torch.equal(k0, k1) and torch.equal(v0, v1) for (k0, v0), (k1, v1) in zip(before, after))
+
+
+def test_prefix_copies_are_made_once_and_rewound_to_the_prefix(tiny_lm, enc):
+    """A forward on a reused copy gives exactly what it gives on a fresh copy, and the copy is not remade."""
+    prefix = prefix_cache(tiny_lm, enc, tail=1)
+    shared = PrefixCopies(prefix, room=1)
+    first = shared.get(3)
+    assert shared.get(3) is first and shared.get(2) is not first
+    for _ in range(3):  # the same forward again and again on the rewound copy
+        fresh = tiny_lm.model(**end_copies(enc, prefix, 3)).logits
+        reused = tiny_lm.model(**end_copies(enc, shared, 3)).logits
+        assert torch.equal(fresh, reused)
+    assert first.get_seq_length() == prefix.get_seq_length() + 1
+    with pytest.raises(ValueError, match="cannot rewind"):
+        first.layers[0].rewind(prefix.get_seq_length() + 2)
+
+
+def test_sliding_window_layers_are_copied_and_repeated():
+    keys, values = torch.randn(2, 1, 5, 4), torch.randn(2, 1, 5, 4)
+    prefix = DynamicCache(ddp_cache_data=[(keys, values, torch.tensor(8))])  # one sliding-window layer
+    layer = prefix.layers[0]
+    cache = repeated_cache(prefix, 3, room=2)
+    copied = cache.layers[0]
+    assert type(copied) is DynamicSlidingWindowLayer and copied is not layer
+    assert torch.equal(copied.keys, keys.repeat_interleave(3, 0))
+    copied.update(torch.randn(6, 1, 1, 4), torch.randn(6, 1, 1, 4))
+    assert torch.equal(layer.keys, keys) and prefix.get_seq_length() == 5
+
+
+@pytest.mark.parametrize("kwargs", [{"copies": 0}, {"copies": 2, "room": -1}])
+def test_repeated_cache_rejects_bad_arguments(tiny_lm, enc, kwargs):
+    prefix = prefix_cache(tiny_lm, enc, tail=1)
+    with pytest.raises(ValueError, match="repeated_cache needs"):
+        repeated_cache(prefix, **kwargs)
