@@ -319,9 +319,9 @@ def greedy_end_sets(
                     picked = logits.gather(1, answers.repeat_interleave(c)[:, None])[:, 0]
                     first[s0 : s0 + c, start : start + b] = picked.view(b, c).T.cpu()
 
+            inputs = end_copies(enc, prefix, c, tail, room=tail + max_new_tokens - 1)  # the last token is not run
             gen = greedy_decode(  # [b * c, max_new_tokens]
-                lm, **end_copies(enc, prefix, c, tail, room=tail + max_new_tokens - 1), max_new_tokens=max_new_tokens, hooks=hooks, stop=settled,
-                on_logits=first_logits,
+                lm, **inputs, max_new_tokens=max_new_tokens, hooks=hooks, stop=settled, on_logits=first_logits,
             )
             out[s0 : s0 + c, start : start + b] = gen.view(b, c, -1).transpose(0, 1)
     return GreedyKnockout(out, first)

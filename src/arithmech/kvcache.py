@@ -111,24 +111,26 @@ def repeated_cache(prefix, copies: int, room: int = 0):
 
 class PrefixCopies:
     """Copies of `prefix` for forwards that add at most `room` positions each and are not continued (total
-    mode: one END forward per layer's patched copies). `get(copies)` makes `repeated_cache(prefix, copies,
-    room)` once per number of copies and later returns that cache rewound to the prefix, whose part of the
-    buffers no forward writes, instead of copying the prefix again. A cache with other than `RoomyLayer`s
-    (sliding-window layers) is copied afresh every time."""
+    mode: one END forward per layer's patched copies). `get(copies)` returns the last cache it made, rewound
+    to the prefix (whose part of the buffers no forward writes), when it holds as many copies, instead of
+    copying the prefix again; else a new `repeated_cache(prefix, copies, room)`. Only one cache is kept, so
+    memory stays that of one copy. A cache with other than `RoomyLayer`s (sliding-window layers) is copied
+    afresh every time."""
 
     def __init__(self, prefix, room: int):
         self.prefix, self.room, self.length = prefix, room, prefix.get_seq_length()
-        self._made: dict[int, object] = {}
+        self._last: tuple[int, object] | None = None  # (copies, cache)
 
     def get(self, copies: int):
-        cache = self._made.get(copies)
-        if cache is None:
-            cache = repeated_cache(self.prefix, copies, self.room)
-            if all(isinstance(layer, RoomyLayer) for layer in cache.layers):
-                self._made[copies] = cache
+        if self._last is not None and self._last[0] == copies:
+            cache = self._last[1]
+            for layer in cache.layers:
+                layer.rewind(self.length)
             return cache
-        for layer in cache.layers:
-            layer.rewind(self.length)
+        self._last = None  # free the old copy before making the new one
+        cache = repeated_cache(self.prefix, copies, self.room)
+        if all(isinstance(layer, RoomyLayer) for layer in cache.layers):
+            self._last = (copies, cache)
         return cache
 
 
