@@ -129,7 +129,7 @@ class SharedPrefix:
         self.lm, self.ids, self.length = lm, ids, length
         self.tokens = torch.tensor(ids[0][:length], dtype=torch.long, device=lm.device)  # [prefix]
         with torch.no_grad():
-            self.cache = lm.model(input_ids=self.tokens[None], use_cache=True).past_key_values
+            self.cache = lm.model(input_ids=self.tokens[None], use_cache=True, logits_to_keep=1).past_key_values
 
     @classmethod
     def of(cls, lm: LoadedModel, texts: Sequence[str]) -> SharedPrefix | None:
