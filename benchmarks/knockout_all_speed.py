@@ -4,7 +4,7 @@ Reference: what the rule did before session 9, one greedy generation (`evaluatio
 node set and template inside `ablation.mean_ablate(..., "aligned")` with the template's counterfactual mean.
 Fast path (`stages.validate._set_answers`): every set at once per template on `ablation.greedy_end_sets`
 (positions "aligned"): the prefix the template's mean does not reach (with zero-shot counterfactuals, the
-few-shot lines) runs once per batch, and answers stop once their number is settled. Both arms get the
+few-shot lines) runs once per batch, and answers stop once their score is decided. Both arms get the
 rule's node sets and validation draw for one operator; the script checks that every set's first tokens and
 full-answer scores are equal, and prints seconds per arm and the ratio.
 
@@ -76,7 +76,8 @@ def main() -> None:
     ref = reference_answers(lm, texts, templates, head_sets, mlp_sets, grouped, n_new, batch_size)
     t_ref = time.perf_counter() - start
     start = time.perf_counter()
-    fast = _set_answers(lm, texts, templates, head_sets, mlp_sets, cache, "all", n_new, batch_size, 256)
+    fast = _set_answers(lm, texts, list(scored["answer"]), templates, head_sets, mlp_sets, cache, "all", n_new,
+                        batch_size, 256)
     t_fast = time.perf_counter() - start
     same_full = (_answers_correct(lm.tokenizer, ref, scored["answer"])
                  == _answers_correct(lm.tokenizer, fast, scored["answer"])).all()

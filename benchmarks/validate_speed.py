@@ -1,17 +1,21 @@
-"""Speed of the validate stage's greedy answers with and without stopping settled rows, measured in one run.
+"""Speed of the validate stage's greedy answers, by when a row stops, measured in one run.
 
 The knockout and transfer rules answer many ablated head sets greedily on the prefix KV cache
-(`ablation.greedy_end_sets`). A row whose first number is settled (`evaluation.number_settled`: followed by
-a character that cannot continue it) cannot change its score any more, so it leaves the forwards. This
-script times both ways on the same prompts and head sets, and checks that every score is the same.
+(`ablation.greedy_end_sets`). Three arms on the same prompts and head sets, every score checked equal:
+
+  none     every row runs all its steps (to its end-of-sequence token)
+  settled  a row stops once its first number is settled (`evaluation.number_settled`: followed by a
+           character that cannot continue it), session 5
+  decided  a row stops once its score is decided, right or wrong (`evaluation.answer_decided`: settled, or
+           its first number can no longer become the gold, "3" for 12), what the rules run since session 11
 
   knockout: one operator's kept pairs, the knockout rule's head sets (top 0..K, `random_seeds` x K random
             heads, the key MLPs), full greedy answers
   transfer: the transfer rule's number-answer targets (other operators' pairs, multi-digit, decimal, SVAMP)
             with the empty set, one operator's key heads and two random sets
 
-Prints seconds per arm and the ratio (reference / settled). Run after the identify stage (it reads the
-pairs, activations and key components under results/).
+Prints seconds per arm and the ratios none / decided and settled / decided. Run after the identify stage
+(it reads the pairs, activations and key components under results/).
 
 Usage: python benchmarks/validate_speed.py [--results results/smollm2-135m] [--task addition] [--limit N]
 """
@@ -29,7 +33,7 @@ from safetensors.torch import load_file
 
 from arithmech.ablation import greedy_end_sets
 from arithmech.controls import random_heads
-from arithmech.evaluation import settled_number
+from arithmech.evaluation import decided_answers, settled_number
 from arithmech.models import load_model
 from arithmech.patching import AlignedMean
 from arithmech.evaluation import answer_tokens
@@ -44,22 +48,26 @@ def timed(fn):
     return time.perf_counter() - start, out
 
 
-def compare(lm, name: str, texts, golds, head_sets, mlp_sets, means, max_new_tokens: int, batch_size: int):
-    """Times both arms on the same work; returns (reference s, settled s) after checking equal scores."""
-    def run(settled):
-        return greedy_end_sets(lm, texts, head_sets, means, max_new_tokens, mlp_sets, None, batch_size, 256,
-                               settled=settled).tokens
+ARMS = ("none", "settled", "decided")
 
-    t_ref, ref = timed(lambda: run(None))
-    t_fast, fast = timed(lambda: run(settled_number(lm.tokenizer)))
-    same = (_answers_correct(lm.tokenizer, ref, golds) == _answers_correct(lm.tokenizer, fast, golds)).all()
-    first = torch.equal(ref[..., 0], fast[..., 0])
-    if not (same and first):
-        raise SystemExit(f"{name}: the scores differ between the two arms")
+
+def compare(lm, name: str, texts, golds, head_sets, mlp_sets, means, max_new_tokens: int, batch_size: int):
+    """Times the three arms on the same work; returns their seconds after checking that the scores (the first
+    token and the full answer of every row) are equal."""
+    stops = {"none": None, "settled": settled_number(lm.tokenizer), "decided": decided_answers(lm.tokenizer, golds)}
+    seconds, scores = [], []
+    for arm in ARMS:
+        t, tokens = timed(lambda: greedy_end_sets(lm, texts, head_sets, means, max_new_tokens, mlp_sets, None,
+                                                  batch_size, 256, settled=stops[arm]).tokens)
+        seconds.append(t)
+        scores.append((tokens[..., 0], torch.as_tensor(_answers_correct(lm.tokenizer, tokens, golds))))
+    if not all(torch.equal(a, b) for first, full in scores[1:] for a, b in zip((first, full), scores[0])):
+        raise SystemExit(f"{name}: the scores differ between the arms")
     rows = len(head_sets) * len(texts)
-    print(f"{name:34s} {rows:6d} rows x {max_new_tokens} steps: reference {t_ref:7.1f} s, "
-          f"settled {t_fast:7.1f} s, ratio {t_ref / t_fast:.2f}x (same scores)")
-    return t_ref, t_fast
+    print(f"{name:34s} {rows:6d} rows x {max_new_tokens} steps: "
+          + ", ".join(f"{arm} {t:6.1f} s" for arm, t in zip(ARMS, seconds))
+          + f"; none/decided {seconds[0] / seconds[2]:.2f}x, settled/decided {seconds[1] / seconds[2]:.2f}x")
+    return seconds
 
 
 def main() -> None:
@@ -78,7 +86,7 @@ def main() -> None:
     print(f"{lm.device}, {lm.dtype}, {torch.get_num_threads()} threads, batch {batch_size}")
     caches = {t: load_file(str(args.results / f"activations/{t}.safetensors")) for t in config["run"]["tasks"]}
     means = {t: AlignedMean(c["cf_mean_heads"], c["cf_mean_mlps"]) for t, c in caches.items()}
-    totals = [0.0, 0.0]
+    totals = [0.0] * len(ARMS)
 
     # knockout: the rule's sets for one operator
     pairs = pd.read_parquet(args.results / f"pairs/{args.task}.parquet").head(args.limit)
@@ -108,8 +116,8 @@ def main() -> None:
         for i, t in enumerate(compare(lm, f"transfer {target['name']}", target["texts"], target["golds"], sets,
                                       [[] for _ in sets], means[args.task], target["max_new_tokens"], batch_size)):
             totals[i] += t
-    print(f"{'all of the above':34s} reference {totals[0]:.1f} s, settled {totals[1]:.1f} s, "
-          f"ratio {totals[0] / totals[1]:.2f}x")
+    print(f"{'all of the above':34s} " + ", ".join(f"{arm} {t:.1f} s" for arm, t in zip(ARMS, totals))
+          + f"; none/decided {totals[0] / totals[2]:.2f}x, settled/decided {totals[1] / totals[2]:.2f}x")
 
 
 if __name__ == "__main__":

@@ -36,7 +36,7 @@ def test_decoding_on_a_roomy_cache_equals_the_concatenating_cache(tiny_lm, enc, 
     """Rows that stop at different steps (their cache rows dropped) and a room that runs out before the last
     step (then it concatenates) give bit-identical logits and tokens."""
     prefix = prefix_cache(tiny_lm, enc, tail=1)
-    stop = lambda row: len(row) >= 2 + (row[0] % 3)  # rows end after 2, 3 or 4 tokens  # noqa: E731
+    stop = lambda _, row: len(row) >= 2 + (row[0] % 3)  # rows end after 2, 3 or 4 tokens  # noqa: E731
     plain_inputs = end_copies(enc, prefix, 2, room=0)
     assert all(type(layer) is DynamicLayer for layer in plain_inputs["past_key_values"].layers)
     plain, plain_logits = _decode(tiny_lm, enc, plain_inputs, 6, stop)
@@ -73,7 +73,7 @@ def test_the_prefix_is_left_untouched(tiny_lm, enc):
     before = _snapshot(prefix)
     for room in (0, 1, 5):
         inputs = end_copies(enc, prefix, 2, room=room)
-        _decode(tiny_lm, enc, inputs, 4, stop=lambda row: len(row) >= 1 + row[0] % 3)
+        _decode(tiny_lm, enc, inputs, 4, stop=lambda _, row: len(row) >= 1 + row[0] % 3)
     after = _snapshot(prefix)
     assert all(torch.equal(k0, k1) and torch.equal(v0, v1) for (k0, v0), (k1, v1) in zip(before, after))
 

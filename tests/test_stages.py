@@ -294,7 +294,7 @@ def test_all_positions_answers_batched_across_sets_are_each_sets_own_generation(
     prefix the template's mean does not reach is shared); each set's tokens are those of a plain greedy
     generation inside that set's per-template mean ablation, up to where the answer is settled."""
     from arithmech.ablation import mean_ablate
-    from arithmech.evaluation import greedy_generate, settled_number
+    from arithmech.evaluation import answer_correct, decided_answers, greedy_generate
     from arithmech.patching import GroupedMean
 
     lm = load_model(prepared / "model", device="cpu")
@@ -306,16 +306,20 @@ def test_all_positions_answers_batched_across_sets_are_each_sets_own_generation(
     head_sets = [[], [(1, 3)], [(1, 3), (0, 1)], [(0, 2)], []]
     mlp_sets = [[], [], [1], [], [0]]
     texts, templates = list(pairs["prompt"]), pairs["template_id"].to_numpy()
-    got = validate._set_answers(lm, texts, templates, head_sets, mlp_sets, cache, "all", 3, 4, 256)
+    golds = list(pairs["answer"])
+    got = validate._set_answers(lm, texts, golds, templates, head_sets, mlp_sets, cache, "all", 3, 4, 256)
     assert got.shape == (len(head_sets), len(texts), 3)
-    settled = settled_number(lm.tokenizer)
+    decided = decided_answers(lm.tokenizer, golds)
     for s, (hs, ms) in enumerate(zip(head_sets, mlp_sets)):
         for t in set(templates):
             rows = [i for i, x in enumerate(templates) if x == t]
             with mean_ablate(lm, hs, ms, grouped.group(int(t)), "aligned"):
                 want = greedy_generate(lm, [texts[i] for i in rows], 3, 2)
-            for i, row in zip(rows, want):  # equal up to where the answer is settled, then the pad id
-                stop = next((j for j in range(3) if settled(row[: j + 1].tolist())), 2)
+            for i, row in zip(rows, want):  # equal up to where the score is decided, then the pad id
+                stop = next((j for j in range(3) if decided(i, row[: j + 1].tolist())), 2)
                 assert torch.equal(got[s, i, : stop + 1], row[: stop + 1]), (hs, ms, t)
                 assert (got[s, i, stop + 1 :] == lm.tokenizer.pad_token_id).all()
+                text, gold = lm.tokenizer.decode(row, skip_special_tokens=True), golds[i]
+                assert answer_correct(lm.tokenizer.decode(got[s, i], skip_special_tokens=True), gold) == (
+                    answer_correct(text, gold))
     assert not torch.equal(got[0], got[2])  # the ablations change some tokens, so the check has teeth

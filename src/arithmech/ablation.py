@@ -249,7 +249,7 @@ def greedy_end_sets(
     answer_ids: torch.Tensor | None = None,
     batch_size: int = 16,
     copies_per_forward: int = 256,
-    settled: Callable[[list[int]], bool] | None = None,
+    settled: Callable[[int, list[int]], bool] | None = None,
     positions: str = "end",
 ) -> GreedyKnockout:
     """Greedy generation of `max_new_tokens` tokens with node set s (head_sets[s] and mlp_sets[s]) mean-
@@ -261,8 +261,9 @@ def greedy_end_sets(
     changes nothing before it, and each chunk of c = max(1, copies_per_forward // b) sets continues from a
     copy of that prefix cache with the tail and then one token per forward (row i*c + j is text i with set j
     of the chunk). Where the batch is no longer than P, every copy runs the whole prompt. A row stops at its
-    end-of-sequence token, or as soon as `settled(its tokens so far)` is true (`evaluation.settled_number`:
-    when its score cannot change any more); its later tokens are the pad id, and it leaves the forwards.
+    end-of-sequence token, or as soon as `settled(i, its tokens so far)` is true, i the index of its text in
+    `texts` (`evaluation.decided_answers`: when its score cannot change any more, right or wrong); its later
+    tokens are the pad id, and it leaves the forwards.
 
     means: one shared AlignedMean, or (positions "end" only) one per set (set s is ablated with means[s]'s
     END values: e.g. each task's key heads with that task's counterfactual mean, all sharing one prefix pass).
@@ -299,12 +300,12 @@ def greedy_end_sets(
     texts = list(texts)
     out = torch.full((n_sets, len(texts), max_new_tokens), lm.tokenizer.pad_token_id, dtype=torch.long)
     first = torch.full((n_sets, len(texts)), float("nan"))
+    tail = 1 if positions == "end" else means.heads.shape[0]  # the positions the ablation reaches
     for start in range(0, len(texts), batch_size):
         enc = encode(lm.tokenizer, texts[start : start + batch_size], lm.device)
         b, S = enc["input_ids"].shape
         if positions == "end" and S < 2:
             raise ValueError("greedy_end_sets needs prompts of at least two tokens (a prefix and END)")
-        tail = 1 if positions == "end" else means.heads.shape[0]
         prefix = prefix_cache(lm, enc, tail) if tail < S else None
         chunk = max(1, copies_per_forward // b)
         for s0 in range(0, n_sets, chunk):
@@ -319,9 +320,13 @@ def greedy_end_sets(
                     picked = logits.gather(1, answers.repeat_interleave(c)[:, None])[:, 0]
                     first[s0 : s0 + c, start : start + b] = picked.view(b, c).T.cpu()
 
+            def stop(row, ids):  # row i*c + j holds text start + i
+                return settled(start + row // c, ids)
+
             inputs = end_copies(enc, prefix, c, tail, room=tail + max_new_tokens - 1)  # the last token is not run
             gen = greedy_decode(  # [b * c, max_new_tokens]
-                lm, **inputs, max_new_tokens=max_new_tokens, hooks=hooks, stop=settled, on_logits=first_logits,
+                lm, **inputs, max_new_tokens=max_new_tokens, hooks=hooks, stop=None if settled is None else stop,
+                on_logits=first_logits,
             )
             out[s0 : s0 + c, start : start + b] = gen.view(b, c, -1).transpose(0, 1)
     return GreedyKnockout(out, first)

@@ -44,7 +44,7 @@ def greedy_decode(
     past_key_values=None,
     hooks: Hooks = None,
     row_ids: torch.Tensor | None = None,
-    stop: Callable[[list[int]], bool] | None = None,
+    stop: Callable[[int, list[int]], bool] | None = None,
     on_logits: Callable[[int, torch.Tensor, torch.Tensor], None] | None = None,
 ) -> torch.Tensor:
     """Greedy continuation token ids [rows, max_new_tokens] on the CPU; after a row has ended, the pad id.
@@ -55,9 +55,10 @@ def greedy_decode(
     position_ids:    [rows, S]; default from the attention mask (a row's positions are those of its
                      unpadded sequence, as `prompts.encode` gives them)
     past_key_values: a cache of the first `cached` positions of every row, or None; it is extended and
-                     shrunk in place, so pass a copy of one that is reused (`patching.repeated_cache`)
+                     shrunk in place, so pass a copy of one that is reused (`kvcache.repeated_cache`)
     hooks:           `Hooks`, called with `row_ids` of the forward's rows (default 0..rows-1)
-    stop:            a row also ends once stop(its tokens so far) is true (a settled number, a stop string)
+    stop:            a row also ends once stop(its row id, its tokens so far) is true (its score is decided,
+                     a stop string has appeared)
     on_logits:       on_logits(step, rows [live], logits [live, vocab] float32) after every forward, rows
                      numbered as `row_ids`
 
@@ -86,7 +87,8 @@ def greedy_decode(
         out[live, step] = nxt
         done = torch.isin(nxt, eos)
         if stop is not None:
-            done |= torch.tensor([stop(row) for row in out[live, : step + 1].tolist()], dtype=torch.bool)
+            rows_so_far = zip(row_ids[live].tolist(), out[live, : step + 1].tolist())
+            done |= torch.tensor([stop(r, row) for r, row in rows_so_far], dtype=torch.bool)
         if bool(done.all()) or step == max_new_tokens - 1:
             break
         keep = (~done).nonzero()[:, 0]

@@ -188,7 +188,7 @@ def greedy_generate(
     stop = None
     if stop_strings:
         stop_strings = list(stop_strings)
-        stop = lambda row: any(s in tok.decode(row, skip_special_tokens=True) for s in stop_strings)  # noqa: E731
+        stop = lambda _, row: any(s in tok.decode(row, skip_special_tokens=True) for s in stop_strings)  # noqa: E731
     texts = list(texts)
     out = torch.full((len(texts), max_new_tokens), tok.pad_token_id, dtype=torch.long)
     all_logits = None
@@ -294,10 +294,48 @@ def number_settled(text: str) -> bool:
     return stops(after[0])
 
 
-def settled_number(tokenizer) -> Callable[[list[int]], bool]:
+def answer_decided(text: str, gold: float | int | str) -> bool:
+    """Whether `answer_correct(text + suffix, gold)` is the same for every suffix: the first number is
+    settled (`number_settled`), or it can no longer become `gold`. A greedy answer can stop there
+    (`decided_answers`), as its score is known.
+
+    "Can no longer become gold" is decided only where it is simple to prove: the first number so far is
+    ASCII digits D alone (no sign, no "," or "." in it). Whatever follows, the final first number then
+    starts at the same place with all of D (the regex takes a digit run whole; a thousands group only
+    adds digits after it), so its integer part I, commas dropped, starts with D, and its value lies in
+    [I, I + 1). It can equal gold to `answer_correct`'s tolerance (under 0.2 for |gold| < 1e8) only if
+    |gold| - 1 - tol <= I <= |gold| + tol: for gold 9, I is 8 ("8.9999999999") or 9. So when D without
+    its leading zeros begins none of those integers, the answer is wrong whatever follows. Anything else
+    (no number yet, a sign, a decimal point, a grouped number, a gold that is not a number) counts as not
+    yet decided, which only costs decoding steps."""
+    if number_settled(text):
+        return True
+    match = _NUMBER.search(text)
+    gold_value = extract_number(gold) if isinstance(gold, str) else float(gold)
+    # past 1e8 the relative tolerance of `answer_correct` could span more than one integer
+    if match is None or gold_value is None or not abs(gold_value) < 1e8:
+        return False
+    digits = match["num"]
+    if match["s1"] or match["s2"] or not (digits.isascii() and digits.isdigit()):
+        return False
+    lead, gold_abs = digits.lstrip("0"), abs(gold_value)
+    tol = 1e-9 * (gold_abs + 2) + 1e-9  # more than answer_correct's, for any value below |gold| + 1
+    wholes = range(max(0, math.ceil(gold_abs - 1 - tol)), math.floor(gold_abs + tol) + 1)
+    return not any(str(i).startswith(lead) for i in wholes)
+
+
+def settled_number(tokenizer) -> Callable[[int, list[int]], bool]:
     """`number_settled` on generated token ids (decoded without special tokens), for `settled=` of
-    `ablation.greedy_end_sets`."""
-    return lambda ids: number_settled(tokenizer.decode(ids, skip_special_tokens=True))
+    `ablation.greedy_end_sets` (which calls it with the row's text index, unused here, and its tokens)."""
+    return lambda _, ids: number_settled(tokenizer.decode(ids, skip_special_tokens=True))
+
+
+def decided_answers(tokenizer, golds: Sequence) -> Callable[[int, list[int]], bool]:
+    """`answer_decided` on generated token ids (decoded without special tokens) against golds[i], for
+    `settled=` of `ablation.greedy_end_sets` (i: the index of the row's text): a row stops as soon as its
+    score is known, right or wrong."""
+    golds = list(golds)
+    return lambda i, ids: answer_decided(tokenizer.decode(ids, skip_special_tokens=True), golds[i])
 
 
 def answer_correct(text: str, gold: float | int | str, rel_tol: float = 1e-9, abs_tol: float = 1e-9) -> bool:

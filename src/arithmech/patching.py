@@ -324,8 +324,8 @@ def total_logits(
     entering every layer. A node of layer l changes nothing below l, so its patched copies run END through
     layers l..L-1 only (`LoadedModel.layers_from`), from that residual on the prefix cache, copied once for
     all forwards (`kvcache.PrefixCopies`); the copies of one layer's nodes share a forward (up to
-    `copies_per_forward` rows). Without log-probs only
-    the answers' unembedding rows are applied (`LoadedModel.body`), not the whole vocabulary."""
+    `copies_per_forward` rows). Without log-probs only the answers' unembedding rows are applied
+    (`LoadedModel.body`), not the whole vocabulary."""
     nodes = nodes_of(lm, layers)
     full = _float_unembed(lm, with_logprobs)
     out_logits, out_lp = [], []

@@ -16,22 +16,25 @@ from ..prompts import split_pairs
 from .common import load_stage_model, stage_meta
 
 
-def _set_answers(lm, texts, template_ids, head_sets, mlp_sets, cache, positions, max_new_tokens, batch_size, copies):
+def _set_answers(lm, texts, golds, template_ids, head_sets, mlp_sets, cache, positions, max_new_tokens, batch_size,
+                 copies):
     """Greedy answer tokens [n_sets, n, max_new_tokens] with each node set mean-ablated.
 
     "end": at END and every generated position, with the END mean over all identification counterfactuals,
-    on the prefix-cache fast path (each answer stops once its number is settled, which leaves its score as
-    it is). "all" (Wang et al.'s mean ablation): at every position, each prompt with the mean over the
-    identification counterfactuals of its own template at the same offset from END (`GroupedMean`), and
-    every generated position with its template's END mean; all sets at once per template, on the same
-    prefix-cache path (the prefix the template's mean does not reach is shared)."""
+    on the prefix-cache fast path. "all" (Wang et al.'s mean ablation): at every position, each prompt with
+    the mean over the identification counterfactuals of its own template at the same offset from END
+    (`GroupedMean`), and every generated position with its template's END mean; all sets at once per
+    template, on the same prefix-cache path (the prefix the template's mean does not reach is shared).
+    Either way an answer stops as soon as its score against its gold is decided, right or wrong
+    (`evaluation.decided_answers`), which leaves the score as it is."""
     from ..ablation import greedy_end_sets
-    from ..evaluation import settled_number
+    from ..evaluation import decided_answers
 
+    golds = list(golds)
     if positions == "end":
         means = AlignedMean(cache["cf_mean_heads"], cache["cf_mean_mlps"])
         return greedy_end_sets(lm, texts, head_sets, means, max_new_tokens, mlp_sets, None, batch_size, copies,
-                               settled=settled_number(lm.tokenizer)).tokens
+                               settled=decided_answers(lm.tokenizer, golds)).tokens
     grouped = GroupedMean(cache["cf_template_heads"], cache["cf_template_mlps"], cache["cf_template_counts"])
     template_ids = np.asarray(template_ids)
     out = torch.empty(len(head_sets), len(texts), max_new_tokens, dtype=torch.long)
@@ -42,7 +45,8 @@ def _set_answers(lm, texts, template_ids, head_sets, mlp_sets, cache, positions,
         # the template's prompts with every set at once, sharing the prefix the template's mean does not reach
         out[:, torch.as_tensor(rows)] = greedy_end_sets(
             lm, [texts[i] for i in rows], head_sets, grouped.group(int(t)), max_new_tokens, mlp_sets, None,
-            batch_size, copies, settled=settled_number(lm.tokenizer), positions="aligned",
+            batch_size, copies, settled=decided_answers(lm.tokenizer, [golds[i] for i in rows]),
+            positions="aligned",
         ).tokens
     return out
 
@@ -112,8 +116,8 @@ def run_knockout(
         sets = knockout_node_sets(effects, key, ablation, lm.n_layers, lm.n_heads, seed, top_k, random_k)
         texts, answers = list(scored["prompt"]), torch.tensor(scored["answer_token_id"].to_numpy())
         tokens = _set_answers(
-            lm, texts, scored["template_id"], [s[3] for s in sets], [s[4] for s in sets], cache, positions,
-            answer_tokens(lm.tokenizer, scored["answer"]), compute["batch_size"], 256,
+            lm, texts, scored["answer"], scored["template_id"], [s[3] for s in sets], [s[4] for s in sets], cache,
+            positions, answer_tokens(lm.tokenizer, scored["answer"]), compute["batch_size"], 256,
         )
         first = (tokens[..., 0] == answers[None]).float().mean(1).numpy()
         full = _answers_correct(lm.tokenizer, tokens, scored["answer"]).mean(1)
@@ -190,7 +194,7 @@ def run_transfer(
     "accuracy after knockout" on data filtered to correct answers)."""
     from ..ablation import greedy_end_sets
     from ..controls import layer_matched_heads
-    from ..evaluation import qa_correct, settled_number
+    from ..evaluation import decided_answers, qa_correct
 
     lm = load_stage_model(model_dir, compute)
     # the empty set ablates nothing; any mean will do
@@ -208,12 +212,13 @@ def run_transfer(
     set_means = [means[s["mean"]] for s in sets]
     rows = []
     for target in _transfer_targets(lm, tasks, pairs_paths, svamp_path, non_math_path, transfer, prompts_cfg, seed):
-        # numbers compared by value (an answer stops once its number is settled); the non-math answers by text
+        # numbers compared by value (an answer stops once its score is decided); the non-math answers by text
         non_math = target["kind"] == "non_math"
         judge = qa_correct if non_math else None
         result = greedy_end_sets(
             lm, target["texts"], [s["nodes"] for s in sets], set_means, target["max_new_tokens"],
-            batch_size=compute["batch_size"], settled=None if non_math else settled_number(lm.tokenizer),
+            batch_size=compute["batch_size"],
+            settled=None if non_math else decided_answers(lm.tokenizer, target["golds"]),
         )
         correct = _answers_correct(lm.tokenizer, result.tokens, target["golds"], judge)  # [n_sets, n]
         base = correct[0]
