@@ -4,7 +4,7 @@ each measured in fresh interpreters in one run (the median of --repeats).
   figure job    the imports of a torch-free figure rule (`arithmech.stages.figures`: pandas, seaborn)
   torch         `import torch`
   + load_model  torch, transformers and the default model loaded (`models.load_model`), what every model job
-                (patch_layer, knockout, analyze, ...) does first
+                (patch_all_layers, knockout, analyze, ...) does first
   weights       a second load_model in the same process: reading and placing the weights, imports done
 
 Prints seconds per step and how much of a model job's start-up is the weights rather than imports.

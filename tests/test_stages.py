@@ -94,9 +94,9 @@ def test_cache_contents(prepared):
 def test_patch_layer_matches_reference(prepared, mode):
     out = prepared / f"layer1-{mode}.parquet"
     patching = {"mode": mode, "with_probs": True, "copies_per_forward": 7}
-    identify.run_patch_layer(model_dir=prepared / "model", layer=1, patching=patching, compute=COMPUTE,
-                           pairs_paths=[prepared / "pairs.parquet"], cache_paths=[prepared / "cache.safetensors"],
-                           out_paths=[out])
+    identify.run_patch_layers(model_dir=prepared / "model", layers=[1], patching=patching, compute=COMPUTE,
+                              pairs_paths=[prepared / "pairs.parquet"], cache_paths=[prepared / "cache.safetensors"],
+                              out_paths=[out])
     frame = pd.read_parquet(out)
     lm = load_model(prepared / "model", device="cpu")
     ref, cf, answers, _ = identify.load_states(prepared / "cache.safetensors")
@@ -114,9 +114,10 @@ def test_aggregate_effects_intervals_stability_and_exclusions(prepared):
     carrying theirs, and the samples left out by relative_logit (logit_o <= 0) counted in the metadata."""
     paths = [prepared / f"agg-layer{layer}.parquet" for layer in (0, 1)]
     for layer, path in enumerate(paths):
-        identify.run_patch_layer(model_dir=prepared / "model", layer=layer, patching={"mode": "direct", "with_probs": False},
-                                 compute=COMPUTE, pairs_paths=[prepared / "pairs.parquet"],
-                                 cache_paths=[prepared / "cache.safetensors"], out_paths=[path])
+        identify.run_patch_layers(model_dir=prepared / "model", layers=[layer],
+                                  patching={"mode": "direct", "with_probs": False}, compute=COMPUTE,
+                                  pairs_paths=[prepared / "pairs.parquet"], cache_paths=[prepared / "cache.safetensors"],
+                                  out_paths=[path])
     patching = pd.concat(pd.read_parquet(p) for p in paths)
     n_bad = patching.loc[patching["logit_o"] <= 0, "sample_id"].nunique()
     assert 0 < n_bad < 6  # 6 identification samples of a random model: some of each, so the exclusion is exercised
@@ -143,10 +144,28 @@ def test_aggregate_effects_intervals_stability_and_exclusions(prepared):
 
 def test_patch_layer_rejects_a_layer_out_of_range(prepared):
     with pytest.raises(ValueError, match="layer 5 out of range: the model has 2 layers"):
-        identify.run_patch_layer(model_dir=prepared / "model", layer=5, patching={"mode": "direct", "with_probs": False},
-                               compute=COMPUTE, pairs_paths=[prepared / "pairs.parquet"],
-                               cache_paths=[prepared / "cache.safetensors"], out_paths=[prepared / "never.parquet"])
+        identify.run_patch_layers(model_dir=prepared / "model", layers=[0, 5],
+                                  patching={"mode": "direct", "with_probs": False}, compute=COMPUTE,
+                                  pairs_paths=[prepared / "pairs.parquet"], cache_paths=[prepared / "cache.safetensors"],
+                                  out_paths=[prepared / "never.parquet"])
     assert not (prepared / "never.parquet").exists()
+
+
+@pytest.mark.parametrize("mode", ["direct", "total"])
+def test_one_table_of_all_layers_is_the_per_layer_tables_concatenated(prepared, tmp_path, mode):
+    """What patch_all_layers writes (layers=None) equals what the patch_layer jobs write, concatenated in layer
+    order, value for value: the rules can take either without changing the effects."""
+    patching = {"mode": mode, "with_probs": True, "copies_per_forward": 7}
+    common = dict(patching=patching, compute=COMPUTE, pairs_paths=[prepared / "pairs.parquet"],
+                  cache_paths=[prepared / "cache.safetensors"])
+    identify.run_patch_layers(model_dir=prepared / "model", layers=None, out_paths=[tmp_path / "all.parquet"], **common)
+    for layer in (0, 1):
+        identify.run_patch_layers(model_dir=prepared / "model", layers=[layer],
+                                  out_paths=[tmp_path / f"layer{layer}.parquet"], **common)
+    per_layer = pd.concat([pd.read_parquet(tmp_path / f"layer{layer}.parquet") for layer in (0, 1)], ignore_index=True)
+    together = pd.read_parquet(tmp_path / "all.parquet")
+    assert together["layer"].tolist() == sorted(together["layer"]) and set(together["layer"]) == {0, 1}
+    pd.testing.assert_frame_equal(together, per_layer, check_exact=True)
 
 
 def test_build_pairs_fails_clearly_when_nothing_is_correct(prepared, tmp_path):

@@ -88,7 +88,8 @@ def test_all_outputs_written(run):
         for path in [f"pairs/{task}.parquet", f"pairs/{task}_dropped.parquet", f"activations/{task}.safetensors",
                      f"effects/{task}.parquet", f"effects/{task}.png", f"key_components/{task}.parquet"]:
             assert (res / path).stat().st_size > 0, path
-        assert sorted(p.name for p in (res / f"patching/{task}").iterdir()) == [f"layer{i}.parquet" for i in range(3)]
+        # direct mode (the tiny config's): one table of all layers, from one job (patch_all_layers)
+        assert sorted(p.name for p in (res / f"patching/{task}").iterdir()) == ["all_layers.parquet"]
     assert (res / "key_components/shared.png").read_bytes()[:4] == b"\x89PNG"
 
 
@@ -97,8 +98,9 @@ def test_tables_are_consistent(run):
     pairs = pd.read_parquet(res / "pairs/addition.parquet")
     # 9 operand pairs x 2 templates: 4 pairs held out (8 prompts, 6 kept), 5 for identification (10, 8 kept)
     assert pairs["split"].value_counts().to_dict() == {"identification": 8, "validation": 6}
-    layers = pd.concat(pd.read_parquet(res / f"patching/addition/layer{i}.parquet") for i in range(3))
+    layers = pd.read_parquet(res / "patching/addition/all_layers.parquet")
     assert len(layers) == 8 * 3 * (4 + 1)  # identification samples x layers x (heads + MLP)
+    assert layers["layer"].is_monotonic_increasing
     assert set(layers["sample_id"]) == set(pairs.loc[pairs["split"] == "identification", "sample_id"])
     effects = pd.read_parquet(res / "effects/addition.parquet")
     assert len(effects) == 3 * 4 + 3
@@ -206,11 +208,11 @@ def test_killed_job_reruns_identically(run):
     """A patch job killed mid-write (its result and everything after it missing, a stray temp file
     left) is re-made byte for byte (seeded, deterministic CPU); only it and what depends on it run."""
     res = run / "results/tiny"
-    target = res / "patching/division/layer1.parquet"
-    sibling = res / "patching/addition/layer1.parquet"  # written by the same job (all tasks of a layer)
+    target = res / "patching/division/all_layers.parquet"
+    sibling = res / "patching/addition/all_layers.parquet"  # written by the same job (all tasks and layers)
     before = hashlib.sha256(target.read_bytes()).hexdigest()
     before_sibling = hashlib.sha256(sibling.read_bytes()).hexdigest()
-    target.rename(target.with_name(".layer1.parquet.killed.tmp"))
+    target.rename(target.with_name(".all_layers.parquet.killed.tmp"))
     for downstream in ["effects/division.parquet", "effects/division.png", "key_components/division.parquet",
                        "key_components/division.html", "key_components/shared.parquet",
                        "key_components/shared.html", "key_components/shared.png", "knockout/division.parquet",
@@ -221,7 +223,7 @@ def test_killed_job_reruns_identically(run):
     assert hashlib.sha256(target.read_bytes()).hexdigest() == before
     assert hashlib.sha256(sibling.read_bytes()).hexdigest() == before_sibling
     log = proc.stdout + proc.stderr
-    assert "rule patch_layer" in log and "rule build_pairs" not in log and "rule cache_activations" not in log
+    assert "rule patch_all_layers" in log and "rule build_pairs" not in log and "rule cache_activations" not in log
 
 
 def test_bad_config_fails_before_any_job(tmp_path):
@@ -336,7 +338,7 @@ def test_metric_change_reruns_aggregation_not_patching(run):
     """logit_diff -> relative_logit changes only how the stored logits are averaged."""
     assert planned_rules(dry_run(run, lambda c: c["patching"].update(metric="relative_logit"))) == FROM_EFFECTS
     # prob_change needs the answer probabilities, which only patching can store
-    assert planned_rules(dry_run(run, lambda c: c["patching"].update(metric="prob_change")))["patch_layer"] == 3
+    assert planned_rules(dry_run(run, lambda c: c["patching"].update(metric="prob_change")))["patch_all_layers"] == 1
 
 
 def test_key_rule_change_reruns_only_aggregation(run):
@@ -345,7 +347,7 @@ def test_key_rule_change_reruns_only_aggregation(run):
 
 def test_prompt_change_reruns_from_pairs(run):
     proc = dry_run(run, lambda c: c["prompts"].update(n_shots=2))
-    assert planned_rules(proc) == {"build_pairs": 2, "cache_activations": 2, "patch_layer": 3, **FROM_EFFECTS,
+    assert planned_rules(proc) == {"build_pairs": 2, "cache_activations": 2, "patch_all_layers": 1, **FROM_EFFECTS,
                                    **STUDY_ALL}
 
 
@@ -445,7 +447,7 @@ def test_slurm_profile_dry_run_asks_for_gpus_only_where_the_model_runs(run):
             rule = line.split()[1].rstrip(":")
         elif line.strip().startswith("resources:") and rule:
             jobs.setdefault(rule, set()).add(line.strip())
-    for rule in ("build_pairs", "cache_activations", "patch_layer", "knockout", "analyze", "transfer", "finetune",
+    for rule in ("build_pairs", "cache_activations", "patch_all_layers", "knockout", "analyze", "transfer", "finetune",
                  "evaluate", "study_train", "study_evaluate"):
         (resources,) = jobs[rule]
         assert "gpu=2" in resources and "gpu_model=a100" in resources and "mem_mb=12000" in resources
@@ -537,5 +539,5 @@ def test_library_edits_rerun_exactly_the_rules_that_run_the_edited_code(run, tmp
                          "def _unused_helper():\n    return 0\n\n\n@torch.no_grad()\ndef direct_logits(") == {}
     assert planned_after("patching.py", "def direct_logits(", "# a comment\ndef direct_logits(") == {}
     assert planned_after("patching.py", '"""Unembedding of final-normed', '"""Unembedding of the final-normed') == {
-        "patch_layer": 3, **FROM_EFFECTS,
+        "patch_all_layers": 1, **FROM_EFFECTS,
     }

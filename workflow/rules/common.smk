@@ -68,7 +68,7 @@ def library_code(script):
 
 
 def patching_params():
-    """What patch_layer reads: the mode, the copies per forward only in total mode, and whether the metric
+    """What patch_all_layers and patch_layer read: the mode, the copies per forward only in total mode, and whether the metric
     needs probabilities. Switching relative_logit <-> logit_diff changes only the aggregation.
     """
     cfg = config["patching"]
@@ -86,6 +86,13 @@ def n_layers(model):
 
 
 def layer_outputs(wildcards):
+    """The patching tables of one model and task: direct mode's one table of all layers
+    (patch_all_layers), or total mode's one per layer (patch_layer).
+    """
+    if config["patching"]["mode"] == "direct":
+        return [
+            f"results/{wildcards.model}/patching/{wildcards.task}/all_layers.parquet"
+        ]
     return expand(
         "results/{model}/patching/{task}/layer{layer}.parquet",
         model=wildcards.model,

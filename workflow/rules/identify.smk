@@ -59,7 +59,33 @@ rule cache_activations:
         "../scripts/cache_activations.py"
 
 
-# One job per layer, for all tasks: the model loads once per layer, and a cluster runs layers in parallel.
+# Direct mode: one job for every layer and task. The closed form takes milliseconds, and a job's start-up
+# (importing torch and transformers, loading the model) about 5 s, so one job instead of one per layer.
+rule patch_all_layers:
+    input:
+        model="results/{model}/model",
+        pairs=expand("results/{{model}}/pairs/{task}.parquet", task=TASKS),
+        cache=expand("results/{{model}}/activations/{task}.safetensors", task=TASKS),
+    output:
+        expand("results/{{model}}/patching/{task}/all_layers.parquet", task=TASKS),
+    log:
+        "results/{model}/logs/patch_all_layers.log",
+    conda:
+        "../../envs/arithmech.yaml"
+    threads: 1
+    resources:
+        **GPU_RESOURCES,
+    params:
+        code=library_code("patch_all_layers"),
+        patching=patching_params(),
+        compute=config["compute"],
+        seed=config["seed"],
+    script:
+        "../scripts/patch_all_layers.py"
+
+
+# Total mode: one job per layer, for all tasks: the model loads once per layer, and a cluster runs layers in
+# parallel.
 rule patch_layer:
     input:
         model="results/{model}/model",

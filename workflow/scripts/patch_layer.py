@@ -1,10 +1,10 @@
 from arithmech.jobs import job
-from arithmech.stages.identify import run_patch_layer
+from arithmech.stages.identify import run_patch_layers
 
 with job(snakemake):
-    run_patch_layer(
+    run_patch_layers(
         model_dir=snakemake.input.model,
-        layer=int(snakemake.wildcards.layer),
+        layers=[int(snakemake.wildcards.layer)],
         patching=snakemake.params.patching,
         compute=snakemake.params.compute,
         pairs_paths=list(snakemake.input.pairs),

@@ -103,36 +103,46 @@ def cache_meta(cache_path) -> dict:
         return json.loads((f.metadata() or {}).get("arithmech", "{}"))
 
 
-def run_patch_layer(*, model_dir, layer: int, patching: dict, compute: dict, pairs_paths: list, cache_paths: list,
-                    out_paths: list) -> None:
-    """Patch every node of `layer`, for each task (one pairs/cache/output path per task): per sample and
-    node, logit_o, logit_p, relative effect (and probabilities when `patching.with_probs`, for the metric
-    prob_change). `patching`: mode (direct or total), with_probs, copies_per_forward (total mode).
+def run_patch_layers(*, model_dir, layers: list[int] | None, patching: dict, compute: dict, pairs_paths: list,
+                     cache_paths: list, out_paths: list) -> None:
+    """Patch every node of `layers` (None: all of the model's), for each task (one pairs/cache/output path per
+    task): per sample and node, logit_o, logit_p, relative effect (and probabilities when
+    `patching.with_probs`, for the metric prob_change). `patching`: mode (direct or total), with_probs,
+    copies_per_forward (total mode). Each task's table holds its layers' rows in layer order, each layer
+    computed alone, so one table of all layers equals the per-layer tables concatenated.
 
-    All tasks share one job so the model is loaded once per layer: on a CPU the job's start-up costs far
-    more than the closed form itself, and a cluster still runs the layers in parallel."""
+    All tasks share one job so the model is loaded once: on a CPU a job's start-up (importing torch and
+    transformers, about 5 s) costs far more than direct mode's closed form for every layer (milliseconds),
+    so the workflow runs direct mode as one job for all layers (`patch_all_layers`) and total mode as one
+    job per layer (`patch_layer`), which a cluster runs in parallel."""
     lm = load_stage_model(model_dir, compute)
-    if not 0 <= layer < lm.n_layers:
-        raise ValueError(f"layer {layer} out of range: the model has {lm.n_layers} layers")
+    layers = list(range(lm.n_layers)) if layers is None else [int(l) for l in layers]
+    for layer in layers:
+        if not 0 <= layer < lm.n_layers:
+            raise ValueError(f"layer {layer} out of range: the model has {lm.n_layers} layers")
     with_probs = patching["with_probs"]
     for pairs_path, cache_path, out_path in zip(pairs_paths, cache_paths, out_paths, strict=True):
         ref, cf, answers, sample_ids = load_states(cache_path)
-        if patching["mode"] == "direct":
-            out = direct_logits(lm, ref, cf, answers, [layer], compute["batch_size"], with_probs)
-        else:
+        texts = None
+        if patching["mode"] != "direct":
             pairs = split_pairs(pd.read_parquet(pairs_path, columns=["sample_id", "prompt", "split"]), "identification",
                                 str(pairs_path))
             if pairs["sample_id"].tolist() != sample_ids.tolist():
                 raise ValueError(f"{cache_path} does not hold the identification pairs of {pairs_path}; re-run it")
             texts = list(pairs["prompt"])
-            out = total_logits(
-                lm, texts, answers, cf, [layer], compute["batch_size"], patching["copies_per_forward"], with_probs
-            )
-        # logit_o from the same float32 computation as logit_p, not the forward's ref.logits (bf16 on a GPU)
-        frame = effects_frame(lm, sample_ids.tolist(), [layer], out.logit_o, out.logit_p, out.logprob_o, out.logprob_p)
+        frames = []
+        for layer in layers:
+            if texts is None:
+                out = direct_logits(lm, ref, cf, answers, [layer], compute["batch_size"], with_probs)
+            else:
+                out = total_logits(lm, texts, answers, cf, [layer], compute["batch_size"],
+                                   patching["copies_per_forward"], with_probs)
+            # logit_o from the same float32 computation as logit_p, not the forward's ref.logits (bf16 on a GPU)
+            frames.append(effects_frame(lm, sample_ids.tolist(), [layer], out.logit_o, out.logit_p, out.logprob_o,
+                                        out.logprob_p))
         cache_hash = cache_meta(cache_path).get("params_hash")
-        meta = stage_meta(model_dir, "patch_layer", layer=layer, patching=patching, cache=cache_hash)
-        write_parquet(frame, out_path, meta)
+        meta = stage_meta(model_dir, "patch_layers", layers=layers, patching=patching, cache=cache_hash)
+        write_parquet(pd.concat(frames, ignore_index=True), out_path, meta)
 
 
 def run_aggregate_effects(*, model: str, task: str, layer_paths, pairs_path, metric: str, key_rules: dict, seed: int,
