@@ -68,8 +68,9 @@ def library_code(script):
 
 
 def patching_params():
-    """What patch_all_layers and patch_layer read: the mode, the copies per forward only in total mode, and whether the metric
-    needs probabilities. Switching relative_logit <-> logit_diff changes only the aggregation.
+    """What patch_all_layers and patch_layer read: the mode, the copies per forward only in total mode,
+    and whether the metric needs probabilities. Switching relative_logit <-> logit_diff changes only the
+    aggregation.
     """
     cfg = config["patching"]
     used = {"mode": cfg["mode"], "with_probs": cfg["metric"] == "prob_change"}
