@@ -5,9 +5,9 @@ The knockout and transfer rules answer many ablated head sets greedily on the pr
 
   none     every row runs all its steps (to its end-of-sequence token)
   settled  a row stops once its first number is settled (`evaluation.number_settled`: followed by a
-           character that cannot continue it), session 5
+           character that cannot continue it), since 2026-11-22
   decided  a row stops once its score is decided, right or wrong (`evaluation.answer_decided`: settled, or
-           its first number can no longer become the gold, "3" for 12), what the rules run since session 11
+           its first number can no longer become the gold, "3" for 12), what the rules run since 2026-11-23
 
   knockout: one operator's kept pairs, the knockout rule's head sets (top 0..K, `random_seeds` x K random
             heads, the key MLPs), full greedy answers
