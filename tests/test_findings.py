@@ -1,15 +1,23 @@
-"""The findings page (arithmech.findings) repeats the stages' own numbers."""
+"""The findings page (arithmech.findings) repeats the stages' own numbers, formatted for reading."""
 
-import pandas as pd
-import pytest
+import base64
 
-from arithmech.findings import key_component_rows, knockout_rows, run_findings, study_rows
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from arithmech.findings import key_component_rows, knockout_rows, run_findings, study_rows  # noqa: E402
+from arithmech.io import write_parquet  # noqa: E402
+from claims_example import example_claims  # noqa: E402
 
 
 def _key():
     return pd.DataFrame({
         "node": ["L1H0", "L2H3", "L4MLP"], "layer": [1, 2, 4], "head": [0, 3, -1], "component": ["head", "head", "mlp"],
-        "mean_effect": [-0.01, -0.05, -0.02], "n_heads_total": 40,
+        "mean_effect": [-0.01, -0.05, -0.02], "n_heads_total": 40, "metric": "relative_logit",
+        "rule": "mean effect < median - 5 x 1.4826 MAD",
     })
 
 
@@ -26,49 +34,86 @@ def _knockout():
 
 def test_key_components_strongest_first():
     (row,) = key_component_rows({"addition": _key()}).to_dict("records")
-    assert row["key heads"] == "L2H3 L1H0" and row["key MLPs"] == "L4MLP" and row["heads selected"] == "2 of 40"
-    assert row["strongest effect"] == -0.05
+    assert row["key heads (effect)"] == "L2H3 -5.00%, L1H0 -1.00%" and row["key MLPs (effect)"] == "L4MLP -2.00%"
+    assert row["heads selected"] == "2 of 40 (5.0%)"
     empty = key_component_rows({"division": _key().iloc[:0].assign(n_heads_total=[])})
-    assert empty.loc[0, "key heads"] == "none"
+    assert empty.loc[0, "key heads (effect)"] == "none"
+    diff = key_component_rows({"addition": _key().assign(metric="logit_diff")})
+    assert diff.loc[0, "key heads (effect)"] == "L2H3 -0.0500, L1H0 -0.0100"
 
 
 def test_knockout_rows_read_the_largest_k_and_the_random_draws():
     row, every = knockout_rows({"addition": _knockout()}).to_dict("records")
-    assert row["K"] == 2 and row["n"] == 20 and row["positions"] == "end"
-    assert row["first token: none"] == 100 and row["first token: top K"] == pytest.approx(30)
-    assert row["full answer: top K"] == pytest.approx(20)
-    assert row["first token: random K"] == "80.0 [70.0, 90.0]"
-    assert row["first token: layer-matched K"] == "50.0 [40.0, 60.0]"
-    assert every["positions"] == "all" and every["n"] == 8 and every["first token: top K"] == pytest.approx(15)
+    assert row["K"] == 2 and row["n"] == "20" and row["positions"] == "end"
+    assert row["first token: none"] == "100.0%" and row["first token: top K"] == "30.0%"
+    assert row["full answer: top K"] == "20.0%"
+    assert row["first token: random K"] == "80.0% [70.0%, 90.0%]"
+    assert row["first token: layer-matched K"] == "50.0% [40.0%, 60.0%]"
+    assert every["positions"] == "all" and every["n"] == "8" and every["first token: top K"] == "15.0%"
 
 
-def test_study_rows_and_page(tmp_path):
+def _study():
     study = pd.DataFrame({
         "arm": ["base", "precise", "precise", "full"], "run": ["base", "chosen", "seed1", "chosen"],
         "accuracy": [0.2, 0.7, 0.6, 0.8], "accuracy_low": [0.1, 0.6, 0.5, 0.7], "accuracy_high": [0.3, 0.8, 0.7, 0.9],
-        "kl_to_base": [0.0, 0.01, float("nan"), 0.002], "trainable_params": [0, 10, 10, 100],
+        "kl_to_base": [0.0, 0.01, float("nan"), 0.002], "trainable_params": [0, 10, 10, 1179648],
     })
     comp = pd.DataFrame({
         "arm_a": ["precise", "precise", "full"], "arm_b": ["full", "full", "base"],
         "metric": ["accuracy", "kl_to_base", "accuracy"], "difference": [-0.1, 0.008, 0.6],
-        "ci_low": [-0.2, 0.001, 0.5], "ci_high": [0.0, 0.01, 0.7], "p_value": [0.04, 0.01, 0.001],
+        "ci_low": [-0.2, 0.001, 0.5], "ci_high": [0.0, 0.01, 0.7], "p_value": [1.79e-58, 0.01, 0.001],
         "p_holm": [0.08, 0.03, 0.003], "test": "paired_cluster_bootstrap",
     })
+    return study, comp
+
+
+def test_study_rows_format_for_reading():
+    study, comp = _study()
     arms, rows = study_rows(study, comp)
-    assert arms.set_index("arm").loc["precise", "exact match (chosen run)"] == "70.0 [60.0, 80.0]"
-    assert arms.set_index("arm").loc["precise", "mean over runs"] == pytest.approx(65)
+    precise = arms.set_index("arm").loc["precise"]
+    assert precise["exact match (chosen run)"] == "70.0% [60.0%, 80.0%]" and precise["mean over runs"] == "65.0%"
+    assert arms.set_index("arm").loc["full", "trainable parameters"] == "1,179,648"
     assert list(rows["comparison"]) == ["precise - full", "precise - full"]  # only the precise arm's rows
-    assert rows["difference"].iloc[0] == pytest.approx(-10) and rows["interval"].iloc[0] == "[-20.0, 0.0]"
-    assert rows["difference"].iloc[1] == pytest.approx(0.008)
-    paths = {}
+    assert rows["difference"].iloc[0] == "-10.0 points" and rows["interval"].iloc[0] == "[-20.0, 0.0]"
+    assert rows["difference"].iloc[1] == "0.0080 nats" and rows["p"].iloc[1] == "0.010"
+    assert rows["p"].iloc[0] == "< 0.001" and rows["p (Holm)"].iloc[0] == "0.080"
+
+
+def _figure(path):
+    plt.figure(figsize=(2, 1))
+    plt.plot([0, 1])
+    plt.savefig(path)
+    plt.close()
+    return path
+
+
+def test_page_opens_on_the_scorecard_and_embeds_its_figures(tmp_path):
+    study, comp = _study()
+    root = tmp_path / "results/m"
+    (root / "effects").mkdir(parents=True)
+    (root / "knockout").mkdir()
+    paths = {"claims": root / "claims.parquet"}
+    write_parquet(example_claims(), paths["claims"])
     for name, frame in [("key", _key()), ("ko", _knockout()), ("study", study), ("comp", comp)]:
-        paths[name] = tmp_path / f"{name}.parquet"
-        frame.to_parquet(paths[name])
+        paths[name] = root / f"{name}.parquet"
+        meta = {"model_sha256": "b179c9523d0e", "versions": {"torch": "2.13.0"}} if name == "ko" else None
+        write_parquet(frame, paths[name], meta)
+    figures = [_figure(root / "effects/addition.png"), _figure(root / "knockout/addition.png")]
     out = tmp_path / "findings.html"
-    run_findings(model="m", key_paths={"addition": paths["key"]}, knockout_paths={"addition": paths["ko"]},
-                 study_path=paths["study"], comparisons_path=paths["comp"], out_html=out)
+    run_findings(model="m", claims_path=paths["claims"], key_paths={"addition": paths["key"]},
+                 knockout_paths={"addition": paths["ko"]}, figure_paths=figures, study_path=paths["study"],
+                 comparisons_path=paths["comp"], out_html=out)
     page = out.read_text()
-    assert "L2H3 L1H0" in page and "80.0 [70.0, 90.0]" in page and "precise - full" in page
-    run_findings(model="m", key_paths={"addition": paths["key"]}, knockout_paths={"addition": paths["ko"]},
-                 out_html=out)
-    assert "Precise SFT" not in out.read_text()
+    assert page.index("Scorecard") < page.index("Figures") < page.index("Key components")
+    assert "class='verdict does-not-hold'" in page and "Of 9 claims: 4 hold" in page
+    # rows whose figure is on the page link to it; the others name the report entry of their table
+    assert "<a href='#fig-knockout-addition'>figure below</a>" in page and "id='fig-knockout-addition'" in page
+    assert "<code>finetune/study.md</code>" in page and "2. Validate: knockout/addition.png" in page
+    png = base64.b64encode(figures[0].read_bytes()).decode()
+    assert f"data:image/png;base64,{png}" in page and "src='effects" not in page  # self-contained
+    assert "L2H3 -5.00%" in page and "80.0% [70.0%, 90.0%]" in page and "1,179,648" in page
+    assert "model sha256 b179c952, torch 2.13.0" in page
+    run_findings(model="m", claims_path=paths["claims"], key_paths={"addition": paths["key"]},
+                 knockout_paths={"addition": paths["ko"]}, figure_paths=figures[:1], out_html=out)
+    page = out.read_text()
+    assert "Precise SFT study" not in page and "#fig-knockout-addition" not in page

@@ -26,7 +26,7 @@ def number(value, decimals: int = 1, sign: bool = False) -> str:
         return ""
     value = float(value)
     if round(value, decimals) == 0:
-        value = 0.0  # -0.0 reads as a sign error
+        return f"{0:.{decimals}f}"  # neither "-0.0" nor "+0.0": no direction to show
     return f"{value:+.{decimals}f}" if sign else f"{value:.{decimals}f}"
 
 

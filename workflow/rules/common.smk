@@ -275,7 +275,13 @@ def study_summary_inputs(wildcards):
 
 
 def findings_inputs(wildcards):
+    """The claims scorecard, the tables the page repeats, and the figures it embeds: the first task's
+    heatmap and knockout curve, and the study's figure when the study runs."""
+    root = f"results/{wildcards.model}"
     inputs = {
+        "claims": f"{root}/claims.parquet",
+        "figures": [f"{root}/effects/{TASKS[0]}.png", f"{root}/knockout/{TASKS[0]}.png"]
+        + ([f"{root}/finetune/study.png"] if STUDY_ARMS else []),
         **{
             f"key_{t}": f"results/{wildcards.model}/key_components/{t}.parquet"
             for t in TASKS
