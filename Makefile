@@ -7,7 +7,7 @@ TORCH ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.arithmech-installed
 
-.PHONY: setup run study test gpu-check benchmark peer-benchmark report clean-results slurm-profile
+.PHONY: setup run study test gpu-check benchmark peer-benchmark report clean-results slurm-profile docs
 
 $(STAMP): requirements.txt envs/default-model.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -58,6 +58,11 @@ peer-benchmark: $(PEER)/.installed
 
 report: $(STAMP)
 	$(BIN)/snakemake --cores $(CORES) --report results/report.html
+
+# README's scorecard block, docs/results.md and docs/figures/ from results/ of the config's first model
+# (MODEL=name for another). Generated, not typed: after `make run`, `make docs` leaves git status clean.
+docs: $(STAMP)
+	$(BIN)/python -m arithmech.docs_results $(if $(MODEL),--model $(MODEL))
 
 clean-results:
 	rm -rf results .snakemake

@@ -1,0 +1,307 @@
+"""`make docs`: the numbers of README's scorecard block and of docs/results.md, generated from one model's
+results/ so that no number is typed by hand. Running it twice on the same results writes the same bytes (no
+date of the run, figures copied only when they differ, sorted outputs), so after a default run
+`git status` shows whether the committed docs still say what the workflow finds.
+
+    python -m arithmech.docs_results [--model NAME] [--config config.yaml] [--results results]
+
+Torch-free: reads Parquet tables and copies PNGs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import filecmp
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pandas as pd
+import yaml
+
+from . import display
+from .findings import figure_caption, key_component_rows, knockout_rows, provenance_text, study_rows, table_metric
+from .io import atomic_path
+from .scorecard import claims_markdown, verdict_counts
+
+BEGIN = "<!-- BEGIN GENERATED: scorecard (make docs) -->"
+END = "<!-- END GENERATED: scorecard -->"
+
+
+class MissingResults(FileNotFoundError):
+    """A table or figure `make docs` needs is not in results/."""
+
+
+def require(path: Path) -> Path:
+    if not Path(path).is_file():
+        raise MissingResults(f"make docs: {path} is missing; run the workflow for this model first (make run)")
+    return Path(path)
+
+
+def markdown_table(df: pd.DataFrame) -> str:
+    """A GitHub Markdown table of already formatted cells."""
+    def cell(value) -> str:
+        return " ".join(("" if display.missing(value) else str(value)).split()).replace("|", "\\|")
+
+    lines = ["| " + " | ".join(cell(c) for c in df.columns) + " |", "|" + "---|" * len(df.columns)]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in df.itertuples(index=False)]
+    return "\n".join(lines) + "\n"
+
+
+def replace_block(text: str, block: str, where: str = "README.md") -> str:
+    """`text` with what lies between the BEGIN and END markers replaced by `block` (markers kept)."""
+    start, end = text.find(BEGIN), text.find(END)
+    if start < 0 or end < 0 or end < start:
+        raise ValueError(f"{where} has no generated block: put the lines\n{BEGIN}\n{END}\nwhere the scorecard goes")
+    return text[: start + len(BEGIN)] + "\n" + block.rstrip("\n") + "\n" + text[end:]
+
+
+def write_if_changed(path: Path, text: str) -> None:
+    """Write `text` unless the file already holds it (its time stamp then stays as it is)."""
+    path = Path(path)
+    if path.is_file() and path.read_text() == text:
+        return
+    with atomic_path(path) as tmp:
+        tmp.write_text(text)
+
+
+# ---------------------------------------------------------------------------------------------------
+# The figures: copied from results/{model}/ into docs/figures/, named after their path there
+
+
+def figure_name(source: str) -> str:
+    """docs/figures/ file name of a result path: "knockout/addition.png" -> "knockout_addition.png"."""
+    return source.replace("/", "_")
+
+
+def figure_sources(root: Path, tasks: list[str]) -> list[str]:
+    """The figures results.md shows, those of them the run wrote, in the page's order."""
+    wanted = [f"effects/{t}.png" for t in tasks] + ["key_components/shared.png"]
+    wanted += [f"knockout/{t}.png" for t in tasks] + ["knockout/transfer.png"]
+    wanted += [f"analysis/{t}_{kind}.png" for kind in ("roles", "probes") for t in tasks]
+    wanted += ["finetune/study.png", "finetune/study_curves.png", "eval/summary.png"]
+    return [s for s in wanted if (root / s).is_file()]
+
+
+def copy_figures(root: Path, sources: list[str], figures_dir: Path) -> None:
+    """Copy each figure unless an identical copy is there; remove the PNGs no result names any more."""
+    figures_dir.mkdir(parents=True, exist_ok=True)
+    names = {figure_name(s) for s in sources}
+    for stale in sorted(figures_dir.glob("*.png")):
+        if stale.name not in names:
+            stale.unlink()
+    for source in sources:
+        target = figures_dir / figure_name(source)
+        if not (target.is_file() and filecmp.cmp(root / source, target, shallow=False)):
+            with atomic_path(target) as tmp:
+                shutil.copyfile(root / source, tmp)
+
+
+# ---------------------------------------------------------------------------------------------------
+# docs/results.md, section by section
+
+
+def key_heads_table(key: pd.DataFrame) -> pd.DataFrame:
+    """One operator's key heads and MLPs, strongest first: effect with its 95% interval and how often the
+    rule selects the node across bootstrap resamples."""
+    metric = table_metric(key)
+    rows = []
+    for part in (key[key["component"] == "head"], key[key["component"] == "mlp"]):
+        for r in part.sort_values("mean_effect", kind="stable").to_dict("records"):
+            rows.append({
+                "node": r["node"], "layer": r["layer"], "effect": display.effect(r["mean_effect"], metric),
+                "95% interval": display.interval(r.get("ci_low"), r.get("ci_high"), lambda v: display.effect(v, metric)),
+                "selected in resamples": display.share(r.get("stability")),
+            })
+    return pd.DataFrame(rows, columns=["node", "layer", "effect", "95% interval", "selected in resamples"])
+
+
+def transfer_table(transfer: pd.DataFrame, tasks: list[str]) -> pd.DataFrame:
+    """Per target: accuracy with nothing knocked out, then per source operator its key heads knocked out
+    against as many layer-matched random heads (mean over draws)."""
+    rows = []
+    for target, part in transfer.groupby("target", sort=False):
+        row = {"target": target, "n": display.count(part["n"].iloc[0]),
+               "nothing knocked out": display.share(part["base_accuracy"].iloc[0])}
+        for source in tasks:
+            key = part.loc[(part["source"] == source) & (part["heads"] == "key"), "accuracy"]
+            rand = part.loc[(part["source"] == source) & (part["heads"] == "random"), "accuracy"]
+            row[f"{source} key / random"] = (f"{display.share(key.mean())} / {display.share(rand.mean())}"
+                                             if len(key) else "")
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def roles_table(roles: pd.DataFrame) -> pd.DataFrame:
+    """Per analysed head (rank order): its attention from END on each token role (shares of 1)."""
+    order = list(dict.fromkeys(roles["role"]))
+    wide = roles.pivot_table(index=["rank", "node"], columns="role", values="attention", sort=True)
+    out = wide.reset_index()[["node"]]
+    for role in order:
+        out[role.replace("_", " ")] = [display.share(v) for v in wide[role]]
+    return out
+
+
+def probes_table(probes: pd.DataFrame) -> pd.DataFrame:
+    """The MLP outputs at END against the unembedding of A, B, the answer C and random tokens (the paper's
+    vectors, all texts): the highest layer-mean cosine of each target and its layer, and the mean over the
+    last third of the layers."""
+    part = probes[(probes["variant"] == "paper") & (probes["subset"] == "all") & (probes["vector"] == "output")]
+    layers = sorted(part["layer"].unique())
+    late = set(layers[len(layers) - max(1, len(layers) // 3):])
+    rows = []
+    names = {"a": "operand A", "b": "operand B", "c": "answer C", "random": "random tokens"}
+    for target, name in names.items():
+        t = part[part["target"] == target]
+        if t.empty:
+            continue
+        peak = t.loc[t["mean"].idxmax()]
+        rows.append({"target": name, "highest cosine": display.number(peak["mean"], 3), "at layer": int(peak["layer"]),
+                     f"mean, layers {min(late)}-{max(late)}": display.number(t.loc[t["layer"].isin(late), "mean"].mean(), 3)})
+    return pd.DataFrame(rows)
+
+
+def image(source: str, tasks: list[str], prefix: str) -> str:
+    caption = figure_caption(source, tasks)
+    return f"![{caption}]({prefix}{figure_name(source)})\n\n*{caption}*\n"
+
+
+def results_markdown(root: Path, model: str, tasks: list[str], figures: list[str], prefix: str = "figures/") -> str:
+    """docs/results.md: every table of the default run a reader needs, numbers formatted for reading; the
+    figures are linked as `prefix` + their docs/figures/ name."""
+    claims = pd.read_parquet(require(root / "claims.parquet"))
+    keys = {t: pd.read_parquet(require(root / f"key_components/{t}.parquet")) for t in tasks}
+    knockouts = {t: pd.read_parquet(require(root / f"knockout/{t}.parquet")) for t in tasks}
+    shown = set(figures)
+
+    def link(source: str) -> str | None:
+        return f"{prefix}{figure_name(source)}" if source in shown else None
+
+    def figure(source: str) -> list[str]:
+        return [image(source, tasks, prefix)] if source in shown else []
+
+    origin = provenance_text(root / f"knockout/{tasks[0]}.parquet")
+    out = [f"# Results of the default run: {model}\n",
+           f"Generated by `make docs` from `results/{model}/` ({origin}); do not edit by hand: after `make run`, "
+           "`make docs` rewrites this page and README's scorecard.\n",
+           "## Scorecard\n", f"{verdict_counts(claims)} Each claim is the paper's (Zhang et al., ICML 2024, "
+           "on LLaMA2-7B); the rule in its row decided the verdict, and each sub-row is one part of the claim "
+           "(an operator, a target, a position set).\n", claims_markdown(claims, sub_rows=True, link=link)]
+
+    out += ["## Key components (identify)\n",
+            "Heads and MLPs selected by their path-patching effect at END on the answer logit (the relative change "
+            "of the answer logit when the node gets its counterfactual value; negative: it falls), with 95% "
+            "intervals from resampling operand pairs.\n", markdown_table(key_component_rows(keys))]
+    out += figure("key_components/shared.png")
+    for task in tasks:
+        out += [f"### {task}\n", markdown_table(key_heads_table(keys[task]))]
+        out += figure(f"effects/{task}.png")
+
+    out += ["## Knockout (validate)\n",
+            "Accuracy on each operator's validation pairs with nothing, the top K heads, or K random heads "
+            "(uniform, or in the top K's layers; mean [min, max] over the draws) mean-ablated, at END (`end`) or "
+            "at every position (`all`); first answer token and full greedy answer.\n",
+            markdown_table(knockout_rows(knockouts))]
+    for task in tasks:
+        out += figure(f"knockout/{task}.png")
+
+    transfer_path = root / "knockout/transfer.parquet"
+    if transfer_path.is_file():
+        out += ["## Transfer of the key heads (validate)\n",
+                "Full-answer accuracy on each target with one operator's key heads knocked out, against as many "
+                "layer-matched random heads (key / random). The paper: other operators, formats and word problems "
+                "suffer, the non-math control does not.\n",
+                markdown_table(transfer_table(pd.read_parquet(transfer_path), tasks))]
+        out += figure("knockout/transfer.png")
+
+    analysis = [(t, root / f"analysis/{t}_roles.parquet", root / f"analysis/{t}_probes.parquet") for t in tasks]
+    if any(r.is_file() or p.is_file() for _, r, p in analysis):
+        out += ["## Attention and MLP probes (analyze)\n",
+                "Where each analysed head looks from END (share of its attention on each token role, mean over "
+                "validation prompts), and how much the MLP outputs at END point to the unembedding of the operands "
+                "and of the answer (cosine).\n"]
+        for task, roles_path, probes_path in analysis:
+            out.append(f"### {task}\n")
+            if roles_path.is_file():
+                out.append(markdown_table(roles_table(pd.read_parquet(roles_path))))
+                out += figure(f"analysis/{task}_roles.png")
+            if probes_path.is_file():
+                out.append(markdown_table(probes_table(pd.read_parquet(probes_path))))
+                out += figure(f"analysis/{task}_probes.png")
+
+    study_path, comp_path = root / "finetune/study.parquet", root / "finetune/comparisons.parquet"
+    out.append("## Precise SFT study (finetune)\n")
+    if study_path.is_file():
+        arms, comp = study_rows(pd.read_parquet(study_path), pd.read_parquet(require(comp_path)))
+        out += ["Greedy full-answer exact match on the held-out test pairs of the trained format (the chosen run's "
+                "95% interval resamples operand pairs), KL(base || model) in nats per WikiText-2 token, and the "
+                "parameters each arm trains.\n", markdown_table(arms),
+                "The precise arm against the others, on the same test items (exact match in percentage points, KL "
+                "in nats), with intervals and p-values (McNemar where each arm is one model, else the paired "
+                "cluster bootstrap), Holm-adjusted over the whole comparison table.\n", markdown_table(comp)]
+        out += figure("finetune/study.png") + figure("finetune/study_curves.png")
+    else:
+        out.append("The study did not run in this configuration (`study.arms` is empty).\n")
+    out += figure("eval/summary.png")
+    return "\n".join(out)
+
+
+def scorecard_block(root: Path, model: str, tasks: list[str], figures: list[str], prefix: str = "docs/figures/") -> str:
+    """README's generated block: the scorecard's headline rows, each claim linking to its figure, and where
+    the numbers come from."""
+    claims = pd.read_parquet(require(root / "claims.parquet"))
+    shown = set(figures)
+
+    def link(source: str) -> str | None:
+        return f"{prefix}{figure_name(source)}" if source in shown else None
+
+    origin = provenance_text(root / f"knockout/{tasks[0]}.parquet")
+    return (claims_markdown(claims, sub_rows=False, link=link)
+            + f"\n{verdict_counts(claims)} Model `{model}` ({origin}); generated by `make docs` from "
+              f"`results/{model}/`.\n")
+
+
+def relative_folder(folder, start) -> str:
+    """`folder` as seen from `start`, with a trailing slash: "figures/"."""
+    return Path(os.path.relpath(Path(folder).resolve(), Path(start).resolve())).as_posix() + "/"
+
+
+def make_docs(*, results_dir, model: str, tasks: list[str], readme, out_md, figures_dir) -> None:
+    """Fill README's scorecard block and write docs/results.md and docs/figures/ from results/{model}/."""
+    root = Path(results_dir) / model
+    require(root / "claims.parquet")
+    readme = Path(readme)
+    text = require(readme).read_text()
+    figures = figure_sources(root, tasks)
+    # figure links relative to the file that shows them
+    page = results_markdown(root, model, tasks, figures, relative_folder(figures_dir, Path(out_md).parent))
+    block = scorecard_block(root, model, tasks, figures, relative_folder(figures_dir, readme.parent))
+    copy_figures(root, figures, Path(figures_dir))
+    write_if_changed(Path(out_md), page)
+    write_if_changed(readme, replace_block(text, block, str(readme)))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", default="config.yaml", help="the run's config: its run.models[0] and run.tasks")
+    parser.add_argument("--model", help="the model to document (default: the config's first model)")
+    parser.add_argument("--results", default="results")
+    parser.add_argument("--readme", default="README.md")
+    parser.add_argument("--out", default="docs/results.md")
+    parser.add_argument("--figures", default="docs/figures")
+    args = parser.parse_args(argv)
+    config = yaml.safe_load(Path(args.config).read_text())
+    model = args.model or config["run"]["models"][0]
+    try:
+        make_docs(results_dir=args.results, model=model, tasks=list(config["run"]["tasks"]), readme=args.readme,
+                  out_md=args.out, figures_dir=args.figures)
+    except (MissingResults, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    print(f"make docs: {args.readme} (scorecard block), {args.out} and {args.figures}/ from {args.results}/{model}/")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

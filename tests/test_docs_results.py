@@ -1,0 +1,144 @@
+"""`make docs` (arithmech.docs_results): README's scorecard block and docs/results.md generated from a results
+tree, the same bytes every time, README untouched outside its markers, a clear error when results are absent."""
+
+import re
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from arithmech import effects as fx
+from arithmech.docs_results import BEGIN, END, MissingResults, main, make_docs, replace_block
+from arithmech.io import write_parquet
+from claims_example import example_claims
+from test_findings import _figure, _knockout, _study
+
+TASKS = ["addition", "division"]
+README = f"""# arithmech
+
+Some text a person wrote | with a pipe.
+
+{BEGIN}
+an old, hand-typed table: 54.7
+{END}
+
+More text after the block.
+"""
+
+
+def _effects(task_seed: int) -> pd.DataFrame:
+    """A patching effects table of 3 layers x 4 heads and 3 MLPs, as effects.aggregate and bootstrap write it."""
+    rng = np.random.default_rng(task_seed)
+    rows = [(f"L{l}H{h}", l, h, "head") for l in range(3) for h in range(4)] + [(f"L{l}MLP", l, pd.NA, "mlp")
+                                                                              for l in range(3)]
+    frame = pd.DataFrame(rows, columns=["node", "layer", "head", "component"]).astype({"head": "Int64"})
+    frame["mean_effect"] = rng.normal(-0.002, 0.004, len(frame))
+    frame.loc[1, "mean_effect"] = -0.01311  # one strong head
+    frame["ci_low"], frame["ci_high"] = frame["mean_effect"] - 0.002, frame["mean_effect"] + 0.002
+    frame["stability"], frame["metric"], frame["n"] = 0.9, "relative_logit", 8
+    return frame
+
+
+def results_tree(root, study: bool = True):
+    """results/m/ as the workflow leaves it, written with the workflow's own writers and rule functions."""
+    model = root / "m"
+    for d in ["effects", "key_components", "knockout", "analysis", "finetune"]:
+        (model / d).mkdir(parents=True, exist_ok=True)
+    write_parquet(example_claims(), model / "claims.parquet", {"stage": "claims"})
+    for i, task in enumerate(TASKS):
+        effects = _effects(i)
+        write_parquet(effects, model / f"effects/{task}.parquet")
+        key = fx.key_components(effects, {"rule": "top_k", "k": 2}, {"rule": "top_k", "k": 1})
+        write_parquet(key, model / f"key_components/{task}.parquet")
+        write_parquet(_knockout(), model / f"knockout/{task}.parquet",
+                      {"model_sha256": "b179c9523d0e", "versions": {"arithmech": "0.1.0", "torch": "2.13.0"}})
+        _figure(model / f"effects/{task}.png")
+        _figure(model / f"knockout/{task}.png")
+    transfer = pd.DataFrame([
+        {"source": s, "heads": h, "seed": sd, "target": t, "n": 6, "accuracy": acc, "base_accuracy": 0.8}
+        for s in TASKS for t in [*TASKS, "SVAMP", "qa_wikidata"]
+        for h, sd, acc in [("key", -1, 0.1), ("random", 0, 0.7), ("random", 1, 0.75)]
+    ])
+    write_parquet(transfer, model / "knockout/transfer.parquet")
+    roles = pd.DataFrame([{"node": "L0H1", "rank": 1, "layer": 0, "head": 1, "role": r, "attention": a}
+                          for r, a in zip(["operand_a", "operand_b", "operator", "other"], [0.4, 0.3, 0.2, 0.1])])
+    write_parquet(roles, model / "analysis/addition_roles.parquet")
+    probes = pd.DataFrame([{"variant": "paper", "subset": "all", "layer": l, "vector": "output", "target": t,
+                            "mean": 0.01 * l * (3 if t == "c" else 1)} for l in range(3) for t in "abc"])
+    write_parquet(probes, model / "analysis/addition_probes.parquet")
+    if study:
+        s, c = _study()
+        write_parquet(s, model / "finetune/study.parquet")
+        write_parquet(c, model / "finetune/comparisons.parquet")
+        _figure(model / "finetune/study.png")
+    return model
+
+
+def _docs(tmp_path, results):
+    readme, out, figures = tmp_path / "README.md", tmp_path / "docs/results.md", tmp_path / "docs/figures"
+    if not readme.exists():
+        readme.write_text(README)
+    make_docs(results_dir=results, model="m", tasks=TASKS, readme=readme, out_md=out, figures_dir=figures)
+    return readme, out, figures
+
+
+def test_docs_fill_the_block_and_write_results(tmp_path):
+    results_tree(tmp_path / "results")
+    readme, out, figures = _docs(tmp_path, tmp_path / "results")
+    text = readme.read_text()
+    before, rest = text.split(BEGIN)
+    block, after = rest.split(END)
+    assert before == README.split(BEGIN)[0] and after == README.split(END)[1]  # untouched outside the markers
+    assert "54.7" not in block and "| Claim | Paper (LLaMA2-7B) |" in block and "↳" not in block
+    assert "[Fewer than 5% of heads are key heads.](docs/figures/key_components_shared.png)" not in block  # absent
+    assert "(docs/figures/knockout_addition.png)" in block
+    assert "Model `m` (model sha256 b179c952, arithmech 0.1.0, torch 2.13.0)" in block
+    page = out.read_text()
+    for heading in ["## Scorecard", "## Key components", "### addition", "## Knockout", "## Transfer",
+                    "## Attention and MLP probes", "## Precise SFT study"]:
+        assert heading in page
+    assert "-1.31%" in page and "[-1.51%, -1.11%]" in page  # effects in percent with intervals
+    assert "10.0% / 72.5%" in page  # transfer: key / random (mean of draws)
+    assert "1,179,648" in page and "< 0.001" in page and not re.search(r"\de-\d", page)
+    assert "![" in page and "(figures/knockout_addition.png)" in page
+    assert sorted(p.name for p in figures.iterdir()) == [
+        "effects_addition.png", "effects_division.png", "finetune_study.png", "knockout_addition.png",
+        "knockout_division.png"]
+
+
+def test_docs_are_byte_identical_on_a_second_run(tmp_path):
+    results_tree(tmp_path / "results")
+    readme, out, figures = _docs(tmp_path, tmp_path / "results")
+    first = {p: p.read_bytes() for p in [readme, out, *figures.iterdir()]}
+    stamps = {p: p.stat().st_mtime_ns for p in first}
+    _docs(tmp_path, tmp_path / "results")
+    assert {p: p.read_bytes() for p in [readme, out, *figures.iterdir()]} == first
+    assert {p: p.stat().st_mtime_ns for p in first} == stamps  # nothing rewritten
+
+
+def test_docs_without_the_study_drop_its_figures(tmp_path):
+    results = tmp_path / "results"
+    results_tree(results)
+    _docs(tmp_path, results)
+    (results / "m/finetune/study.png").unlink()
+    (results / "m/finetune/study.parquet").unlink()
+    _, out, figures = _docs(tmp_path, results)
+    assert "The study did not run" in out.read_text()
+    assert not (figures / "finetune_study.png").exists()
+
+
+def test_missing_results_name_the_file(tmp_path, capsys):
+    results_tree(tmp_path / "results")
+    (tmp_path / "results/m/knockout/division.parquet").unlink()
+    with pytest.raises(MissingResults, match="knockout/division.parquet is missing"):
+        _docs(tmp_path, tmp_path / "results")
+    (tmp_path / "config.yaml").write_text("run: {models: [m], tasks: [addition, division]}\n")
+    code = main(["--config", str(tmp_path / "config.yaml"), "--results", str(tmp_path / "nothing"),
+                 "--readme", str(tmp_path / "README.md")])
+    assert code == 1 and "nothing/m/claims.parquet is missing" in capsys.readouterr().err
+
+
+def test_a_readme_without_markers_is_an_error():
+    with pytest.raises(ValueError, match="no generated block"):
+        replace_block("# no markers\n", "table")
+    assert replace_block(README, "new\n") == README.replace("an old, hand-typed table: 54.7\n", "new\n")
