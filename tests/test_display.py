@@ -71,7 +71,7 @@ def test_html_scorecard_colours_every_verdict():
         assert f"class='verdict {verdict}'" in page and f".verdict.{verdict}{{" in page
     assert "Of 9 claims: 4 hold, 2 hold partly, 1 does not hold, 1 is inconclusive, 1 is not measured." in page
     table = scorecard_table(claims, link=lambda s: ("#fig-x", "figure") if s.endswith(".png") else None)
-    assert "<a href='#fig-x'>figure</a>" in table and "<code>finetune/study.md</code>" in table
+    assert "<a href='#fig-x'>figure</a>" in table and "<span class='source'>finetune/study.md</span>" in table
     assert "id='claim-knockout_collapse'" in table
 
 

@@ -108,7 +108,8 @@ def test_page_opens_on_the_scorecard_and_embeds_its_figures(tmp_path):
     assert "class='verdict does-not-hold'" in page and "Of 9 claims: 4 hold" in page
     # rows whose figure is on the page link to it; the others name the report entry of their table
     assert "<a href='#fig-knockout-addition'>figure below</a>" in page and "id='fig-knockout-addition'" in page
-    assert "<code>finetune/study.md</code>" in page and "2. Validate: knockout/addition.png" in page
+    assert "<span class='source'>4. Precise SFT: finetune/study.md</span>" in page
+    assert "2. Validate: knockout/addition.png" in page
     png = base64.b64encode(figures[0].read_bytes()).decode()
     assert f"data:image/png;base64,{png}" in page and "src='effects" not in page  # self-contained
     assert "L2H3 -5.00%" in page and "80.0% [70.0%, 90.0%]" in page and "1,179,648" in page

@@ -184,7 +184,7 @@ def run_findings(*, model: str, claims_path, key_paths: dict, knockout_paths: di
     def link(source: str):
         if source in sources:
             return f"#{figure_anchor(source)}", "figure below"
-        return None
+        return None, report_entry(source)
 
     e = html.escape
     body = [f"<h1>{e(model)}: does the paper hold?</h1>",

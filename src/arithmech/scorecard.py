@@ -116,6 +116,7 @@ SCORECARD_CSS = (
     "table.scorecard .value{font-weight:600;white-space:nowrap}"
     "table.scorecard .note{color:#57606a;font-size:12.5px}"
     "table.scorecard .rule{color:#57606a;font-size:12.5px}"
+    "table.scorecard .source{font-family:monospace;font-size:12px;color:#57606a}"
     ".verdict{display:inline-block;border-radius:10px;padding:1px 9px;font-weight:600;white-space:nowrap;"
     "font-size:12.5px}"
     + "".join(f".verdict.{cls}{{color:{fg};background:{bg}}}"
@@ -145,17 +146,16 @@ def _measured_html(row) -> str:
 def scorecard_table(claims: pd.DataFrame, link: Callable[[str], tuple[str, str] | None] | None = None) -> str:
     """The scorecard as an HTML <table class='scorecard'> (style: SCORECARD_CSS): headline rows, then each
     claim's other scopes as indented rows; verdicts as coloured badges. `link(source)` gives (href, text) of
-    the row's figure or table, or None to name the source as plain text."""
+    the row's figure or table: a link, or with href None the text alone; None shows the source's path."""
     check_verdicts(claims)
     e = html.escape
 
     def source_cell(row) -> str:
         source = _text(row["source"])
-        found = link(source) if link and source else None
-        if found:
-            href, text = found
+        href, text = (link(source) if link and source else None) or (None, source)
+        if href:
             return f"<a href='{e(href, quote=True)}'>{e(text)}</a>"
-        return f"<code>{e(source)}</code>" if source else ""
+        return f"<span class='source'>{e(text)}</span>" if text else ""
 
     rows = ["<table class='scorecard'><thead><tr><th>Claim</th><th>Paper (LLaMA2-7B)</th>"
             "<th>Measured on this model</th><th>Verdict</th><th>Decided by</th><th>Behind it</th></tr></thead><tbody>"]
