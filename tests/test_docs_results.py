@@ -142,3 +142,12 @@ def test_a_readme_without_markers_is_an_error():
     with pytest.raises(ValueError, match="no generated block"):
         replace_block("# no markers\n", "table")
     assert replace_block(README, "new\n") == README.replace("an old, hand-typed table: 54.7\n", "new\n")
+
+
+def test_docs_and_findings_do_not_import_torch():
+    import subprocess
+    import sys
+
+    code = ("import sys, arithmech.docs_results, arithmech.findings, arithmech.scorecard, arithmech.display; "
+            "sys.exit('torch' in sys.modules)")
+    assert subprocess.run([sys.executable, "-c", code], timeout=120).returncode == 0

@@ -162,9 +162,19 @@ def probes_table(probes: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def knockout_long(wide: pd.DataFrame) -> pd.DataFrame:
+    """findings.knockout_rows with one row per scored answer (first token, full answer): narrow enough for
+    a Markdown page."""
+    rows = []
+    for r in wide.to_dict("records"):
+        for answer in ("first token", "full answer"):
+            rows.append({"task": r["task"], "positions": r["positions"], "n": r["n"], "K": r["K"], "answer": answer,
+                         **{label: r[f"{answer}: {label}"] for label in ("none", "top K", "random K", "layer-matched K")}})
+    return pd.DataFrame(rows)
+
+
 def image(source: str, tasks: list[str], prefix: str) -> str:
-    caption = figure_caption(source, tasks)
-    return f"![{caption}]({prefix}{figure_name(source)})\n\n*{caption}*\n"
+    return f"![{source}]({prefix}{figure_name(source)})\n\n*{figure_caption(source, tasks)}*\n"
 
 
 def results_markdown(root: Path, model: str, tasks: list[str], figures: list[str], prefix: str = "figures/") -> str:
@@ -202,7 +212,7 @@ def results_markdown(root: Path, model: str, tasks: list[str], figures: list[str
             "Accuracy on each operator's validation pairs with nothing, the top K heads, or K random heads "
             "(uniform, or in the top K's layers; mean [min, max] over the draws) mean-ablated, at END (`end`) or "
             "at every position (`all`); first answer token and full greedy answer.\n",
-            markdown_table(knockout_rows(knockouts))]
+            markdown_table(knockout_long(knockout_rows(knockouts)))]
     for task in tasks:
         out += figure(f"knockout/{task}.png")
 
