@@ -153,7 +153,8 @@ FINDINGS_CSS = (
     "table.data{border-collapse:collapse;font-size:13px;margin:6px 0}"
     "table.data th{background:#f6f8fa;border-bottom:2px solid #d0d7de;padding:4px 8px;text-align:left}"
     "table.data td{border-bottom:1px solid #e1e4e8;padding:3px 8px;text-align:left;vertical-align:top}"
-    "figure{margin:18px 0}figure img{max-width:100%;border:1px solid #e1e4e8}"
+    ".figures{display:flex;flex-wrap:wrap;gap:20px;align-items:flex-start}"
+    "figure{margin:0;flex:1 1 560px;max-width:1000px}figure img{width:100%;border:1px solid #e1e4e8}"
     "figcaption{color:#57606a;font-size:13px;max-width:70em}p.note{color:#57606a;font-size:13px;max-width:70em}"
     ".provenance{color:#8c959f;font-size:12px}"
 )
@@ -194,10 +195,12 @@ def run_findings(*, model: str, claims_path, key_paths: dict, knockout_paths: di
             "interval and sample size, the verdict and the rule that decided it; <i>Behind it</i> links to the "
             "figure below or names the report entry (category: file) that holds the table.</p>",
             "<h2 id='scorecard'>Scorecard</h2>", scorecard_table(claims, link), "<h2 id='figures'>Figures</h2>"]
+    body.append("<div class='figures'>")
     for source, path in sources.items():
         body.append(f"<figure id='{figure_anchor(source)}'>{embedded_png(path)}"
                     f"<figcaption>{e(figure_caption(source, tasks))} <code>{e(report_entry(source))}</code>"
                     "</figcaption></figure>")
+    body.append("</div>")
     read = lambda paths: {task: pd.read_parquet(p) for task, p in paths.items()}  # noqa: E731
     sections = [
         ("Key components (identify)", key_component_rows(read(key_paths)),
