@@ -116,6 +116,14 @@ def test_docs_are_byte_identical_on_a_second_run(tmp_path):
     assert {p: p.stat().st_mtime_ns for p in first} == stamps  # nothing rewritten
 
 
+def test_an_operator_without_key_components_says_so(tmp_path):
+    model = results_tree(tmp_path / "results")
+    key = pd.read_parquet(model / "key_components/division.parquet")
+    write_parquet(key.iloc[:0], model / "key_components/division.parquet")
+    _, out, _ = _docs(tmp_path, tmp_path / "results")
+    assert "### division\n\nNo head or MLP passed the rule." in out.read_text()
+
+
 def test_docs_without_the_study_drop_its_figures(tmp_path):
     results = tmp_path / "results"
     results_tree(results)

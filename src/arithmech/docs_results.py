@@ -205,7 +205,8 @@ def results_markdown(root: Path, model: str, tasks: list[str], figures: list[str
             "intervals from resampling operand pairs.\n", markdown_table(key_component_rows(keys))]
     out += figure("key_components/shared.png")
     for task in tasks:
-        out += [f"### {task}\n", markdown_table(key_heads_table(keys[task]))]
+        nodes = key_heads_table(keys[task])
+        out += [f"### {task}\n", markdown_table(nodes) if len(nodes) else "No head or MLP passed the rule.\n"]
         out += figure(f"effects/{task}.png")
 
     out += ["## Knockout (validate)\n",
