@@ -49,6 +49,9 @@ def validate_config(config: dict, schema_path: str | Path) -> None:
             problems.append("config key 'finetune.train': give exactly one of epochs or max_steps")
         problems += config_problems(config["evaluation"])  # the evaluation sets (arithmech.eval_sets)
         problems += _study_problems(config["study"])
+        low, high = config["claims"]["middle_band"]
+        if low >= high:
+            problems.append(f"config key 'claims.middle_band': low ({low}) is not below high ({high})")
         problems += _split_problems(config["prompts"], config["run"]["tasks"])
         pairs = (ops["max"] - ops["min"] + 1) ** 2
         if config["prompts"]["n_shots"] >= pairs // 2:
