@@ -27,6 +27,7 @@ include: "workflow/rules/validate.smk"
 include: "workflow/rules/analyze.smk"
 include: "workflow/rules/finetune.smk"
 include: "workflow/rules/study.smk"
+include: "workflow/rules/claims.smk"
 include: "workflow/rules/findings.smk"
 
 
@@ -38,4 +39,5 @@ rule all:
         if FINETUNE_METHODS
         else [],
         expand("results/{model}/finetune/study.png", model=MODELS) if STUDY_ARMS else [],
+        expand("results/{model}/claims.parquet", model=MODELS),
         expand("results/{model}/findings.html", model=MODELS),

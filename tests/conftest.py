@@ -1,4 +1,4 @@
-"""Shared fixtures: one offline tiny Llama model per test session, loaded on CPU, a prompt config, the default
+"""Shared fixtures: one offline tiny Llama model for the whole test run, loaded on CPU, a prompt config, the default
 config.yaml, and `check_fails` (a bad config raises a ConfigError naming the expected fragments)."""
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def tiny_lm(tiny_dir):
 
 @pytest.fixture(scope="session")
 def base_prompt_cfg():
-    """The prompt config for module- and session-scoped fixtures (do not modify it)."""
+    """The prompt config for fixtures shared across tests (do not modify it)."""
     return copy.deepcopy(PROMPT_CFG)
 
 

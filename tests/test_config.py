@@ -118,3 +118,19 @@ def test_unknown_rigour_options_fail_naming_the_key(config, check_fails):
         check_fails(broken, f"config key '{section}.{key}")
     del config["prompts"]["splits"]["max_samples"]["validation"]
     check_fails(config, "config key 'prompts.splits.max_samples'", "'validation' is a required property")
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("collapse", 1.5, "1.5 is greater than the maximum of 1"),
+    ("max_key_share", 0, "0 is less than or equal to the minimum of 0"),
+    ("paper_threshold", 0.05, "0.05 is greater than or equal to the maximum of 0"),
+    ("confidence", 95, "95 is greater than or equal to the maximum of 1"),
+])
+def test_claims_thresholds_out_of_range_name_the_key(config, check_fails, key, value, message):
+    config["claims"][key] = value
+    check_fails(config, f"config key 'claims.{key}'", message)
+
+
+def test_claims_middle_band_must_be_ordered(config, check_fails):
+    config["claims"]["middle_band"] = [0.7, 0.3]
+    check_fails(config, "config key 'claims.middle_band'", "low (0.7) is not below high (0.3)")

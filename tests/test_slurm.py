@@ -57,7 +57,7 @@ def test_every_job_went_through_sbatch_and_finished(cluster_run):
         "build_pairs": 1, "cache_activations": 2, "patch_all_layers": 1, "aggregate_effects": 1, "plot_effects": 1,
         "summarize_key_components": 1, "knockout": 1, "plot_knockout": 1, "transfer": 1, "plot_transfer": 1,
         "analyze": 1, "plot_analysis": 1, "finetune": 1, "evaluate": 12, "summarize_eval": 1, "study_items": 1, "study_train": 2, "study_select": 2, "study_evaluate": 3,
-        "study_summary": 1, "findings": 1,
+        "study_summary": 1, "claims": 1, "findings": 1,
     }
     assert "prepare_model" not in calls  # a local rule: downloads stay on the submit host
     assert len(pd.read_parquet(work / "results/tiny/effects/addition.parquet")) == 2 * (4 + 1)
@@ -70,7 +70,7 @@ def test_gpu_rules_ask_for_gpus_memory_runtime_account_partition(cluster_run):
             assert "--gpus=a100:1" in call and "--mem 8000" in call and "-t 30" in call
             assert "-A proj42" in call and "-p gpu-short" in call
     for rule in ("aggregate_effects", "plot_effects", "plot_knockout", "plot_transfer", "plot_analysis",
-                 "summarize_key_components", "summarize_eval", "study_items", "study_summary"):
+                 "summarize_key_components", "summarize_eval", "study_items", "study_summary", "claims"):
         (call,) = calls[rule]
         assert "--gpus" not in call and "--mem 4000" in call and "-A proj42" in call
 

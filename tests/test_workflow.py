@@ -2,6 +2,7 @@
 
 import copy
 import hashlib
+import html
 import json
 import os
 import shutil
@@ -299,7 +300,8 @@ STUDY_ALL = {"study_items": 1, "study_train": 8, "study_select": 5, "study_evalu
 # What new patching effects re-run: aggregation, and everything that reads the effects or key components.
 FROM_EFFECTS = {
     "aggregate_effects": 2, "plot_effects": 2, "summarize_key_components": 1, "knockout": 2, "plot_knockout": 2,
-    "analyze": 2, "plot_analysis": 2, "transfer": 1, "plot_transfer": 1, **HEAD_SFT, "findings": 1, "all": 1,
+    "analyze": 2, "plot_analysis": 2, "transfer": 1, "plot_transfer": 1, **HEAD_SFT, "claims": 1, "findings": 1,
+    "all": 1,
 }
 
 
@@ -353,7 +355,7 @@ def test_prompt_change_reruns_from_pairs(run):
 
 def test_ablation_change_reruns_only_knockout(run):
     proc = dry_run(run, lambda c: c["ablation"].update(random_seeds=3))
-    assert planned_rules(proc) == {"knockout": 2, "plot_knockout": 2, "findings": 1, "all": 1}
+    assert planned_rules(proc) == {"knockout": 2, "plot_knockout": 2, "claims": 1, "findings": 1, "all": 1}
 
 
 def test_finetune_change_reruns_only_that_method_and_its_evaluation(run):
@@ -390,7 +392,8 @@ def test_study_changes_rerun_only_what_they_touch(run):
         (lambda c: c["study"]["splits"].update(test=9), STUDY_ALL),
     ]
     for edit, expected in cases:
-        assert planned_rules(dry_run(run, edit)) == {**expected, "findings": 1, "all": 1}  # the findings page reads the study
+        # the scorecard and the findings page read the study
+        assert planned_rules(dry_run(run, edit)) == {**expected, "claims": 1, "findings": 1, "all": 1}
 
 
 def test_study_outputs(run):
@@ -429,7 +432,7 @@ def test_study_outputs(run):
 
 def test_transfer_change_reruns_only_transfer(run):
     assert planned_rules(dry_run(run, lambda c: c["transfer"]["formats"].update(n=4))) == {
-        "transfer": 1, "plot_transfer": 1, "all": 1}
+        "transfer": 1, "plot_transfer": 1, "claims": 1, "findings": 1, "all": 1}
 
 
 def test_slurm_profile_dry_run_asks_for_gpus_only_where_the_model_runs(run):
@@ -493,6 +496,56 @@ def test_analysis_outputs(run):
         assert set(probes["variant"]) == {"paper", "normed"}
         for name in ("roles", "example", "probes"):
             assert (res / f"analysis/{task}_{name}.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_per_item_tables_add_up_to_the_tables(run):
+    """The knockout's and the transfer's per-item tables (what the scorecard's paired intervals resample) give
+    every set's accuracy exactly; the attention of every head repeats the analysed heads' rows."""
+    res = run / "results/tiny"
+    for task in TASKS:
+        table = pd.read_parquet(res / f"knockout/{task}.parquet")
+        items = pd.read_parquet(res / f"knockout/{task}_items.parquet")
+        per_set = items.groupby(["positions", "curve", "seed", "k"], sort=False)[["first_correct", "full_correct"]]
+        merged = table.merge(per_set.mean().reset_index(), on=["positions", "curve", "seed", "k"], validate="1:1")
+        np.testing.assert_allclose(merged["accuracy"], merged["first_correct"], atol=1e-6)
+        np.testing.assert_allclose(merged["full_accuracy"], merged["full_correct"], atol=1e-12)
+        pairs = pd.read_parquet(res / f"pairs/{task}.parquet").set_index("sample_id")
+        assert (items["cluster"] == [f"{a},{b}" for a, b in pairs.loc[items["sample_id"], ["a", "b"]].to_numpy()]).all()
+        roles = pd.read_parquet(res / f"analysis/{task}_roles.parquet")
+        every = pd.read_parquet(res / f"analysis/{task}_roles_all.parquet")
+        assert len(every) == 3 * 4 * len(set(roles["role"]))  # every head of the tiny model, every role
+        analysed = every[every["analysed"]].merge(roles, on=["layer", "head", "role"], suffixes=("", "_key"))
+        assert len(analysed) == len(roles)
+        np.testing.assert_allclose(analysed["attention"], analysed["attention_key"], atol=1e-6)
+    transfer = pd.read_parquet(res / "knockout/transfer.parquet")
+    items = pd.read_parquet(res / "knockout/transfer_items.parquet")
+    keys = ["source", "heads", "seed", "target"]
+    merged = transfer.merge(items.groupby(keys)["correct"].mean().reset_index(), on=keys, validate="1:1")
+    np.testing.assert_allclose(merged["accuracy"], merged["correct"], atol=1e-12)
+
+
+def test_claims_scorecard(run):
+    """Every claim of the paper has a headline row with a verdict and its rule; rows point at files that exist;
+    the Markdown and HTML name every claim."""
+    from arithmech.claims import CLAIMS, VERDICTS
+
+    res = run / "results/tiny"
+    table = pd.read_parquet(res / "claims.parquet")
+    headline = table[table["scope"] == "all"]
+    assert list(headline["claim"]) == list(CLAIMS)  # one headline per claim, in order
+    assert table["verdict"].isin(VERDICTS).all() and (table["rule"].str.len() > 0).all()
+    measured = table[table["verdict"] != "not measured"]
+    assert measured["value"].notna().all()
+    with_interval = measured.dropna(subset=["ci_low", "ci_high"])
+    assert (with_interval["ci_low"] <= with_interval["ci_high"] + 1e-9).all()
+    assert {"knockout_collapse", "transfer", "key_attention", "sft_vs_full"} <= set(with_interval["claim"])
+    unmeasured = table[table["verdict"] == "not measured"]
+    assert (unmeasured["note"].str.len() > 0).all()  # says why
+    for source in table["source"][table["source"].str.len() > 0]:
+        assert (res / source).exists(), source
+    markdown, page = (res / "claims.md").read_text(), (res / "claims.html").read_text()
+    for claim in CLAIMS.values():
+        assert claim.statement[:30] in markdown and html.escape(claim.statement[:30]) in page
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -3,6 +3,7 @@ a schema cannot express. Every error names the offending key."""
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import yaml
@@ -18,10 +19,12 @@ def _key(path) -> str:
 
 
 def validate_config(config: dict, schema_path: str | Path) -> None:
-    """Raise ConfigError listing every problem, each as "config key 'a.b.c': what was expected"."""
+    """Fill in the defaults the schema gives (a model's `resources`), then raise ConfigError listing every
+    problem, each as "config key 'a.b.c': what was expected"."""
     from .eval_sets import config_problems
 
     schema = yaml.safe_load(Path(schema_path).read_text())
+    _fill_model_defaults(config, schema)
     errors = sorted(Draft202012Validator(schema).iter_errors(config), key=lambda e: list(map(str, e.absolute_path)))
     problems = [f"config key '{_key(e.absolute_path)}': {e.message}" for e in errors]
     if not problems:
@@ -49,12 +52,27 @@ def validate_config(config: dict, schema_path: str | Path) -> None:
             problems.append("config key 'finetune.train': give exactly one of epochs or max_steps")
         problems += config_problems(config["evaluation"])  # the evaluation sets (arithmech.eval_sets)
         problems += _study_problems(config["study"])
+        low, high = config["claims"]["middle_band"]
+        if low >= high:
+            problems.append(f"config key 'claims.middle_band': low ({low}) is not below high ({high})")
         problems += _split_problems(config["prompts"], config["run"]["tasks"])
         pairs = (ops["max"] - ops["min"] + 1) ** 2
         if config["prompts"]["n_shots"] >= pairs // 2:
             problems.append(f"config key 'prompts.n_shots': {config['prompts']['n_shots']} is too many for the operand range")
     if problems:
         raise ConfigError("invalid configuration:\n  " + "\n  ".join(problems))
+
+
+def _fill_model_defaults(config: dict, schema: dict) -> None:
+    """Give every model without `resources` the schema's default (JSON Schema only checks; it fills nothing
+    in), in place, so the rules that read `config["models"][name]["resources"]` find it."""
+    default = schema["properties"]["models"]["additionalProperties"]["properties"]["resources"].get("default")
+    models = config.get("models")
+    if default is None or not isinstance(models, dict):
+        return
+    for model in models.values():
+        if isinstance(model, dict) and "resources" not in model:
+            model["resources"] = copy.deepcopy(default)
 
 
 def _split_problems(prompts: dict, tasks: list[str]) -> list[str]:

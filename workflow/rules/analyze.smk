@@ -9,6 +9,7 @@ rule analyze:
         effects="results/{model}/effects/{task}.parquet",
     output:
         roles="results/{model}/analysis/{task}_roles.parquet",
+        roles_all="results/{model}/analysis/{task}_roles_all.parquet",
         example="results/{model}/analysis/{task}_example.parquet",
         probes="results/{model}/analysis/{task}_probes.parquet",
     log:

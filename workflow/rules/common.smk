@@ -297,3 +297,25 @@ def findings_inputs(wildcards):
             f"results/{wildcards.model}/finetune/comparisons.parquet"
         )
     return inputs
+
+
+# The claims scorecard
+
+
+def claims_inputs(wildcards):
+    """Every table the scorecard reads: per operator its key components, effects, knockout items, attention of
+    every head by role and MLP probes; the transfer items; the study's tables when the study runs."""
+    root = f"results/{wildcards.model}"
+    inputs = {"transfer": f"{root}/knockout/transfer_items.parquet"}
+    for t in TASKS:
+        inputs |= {
+            f"key_{t}": f"{root}/key_components/{t}.parquet",
+            f"effects_{t}": f"{root}/effects/{t}.parquet",
+            f"knockout_{t}": f"{root}/knockout/{t}_items.parquet",
+            f"roles_{t}": f"{root}/analysis/{t}_roles_all.parquet",
+            f"probes_{t}": f"{root}/analysis/{t}_probes.parquet",
+        }
+    if STUDY_ARMS:
+        inputs["study"] = f"{root}/finetune/study.parquet"
+        inputs["comparisons"] = f"{root}/finetune/comparisons.parquet"
+    return inputs

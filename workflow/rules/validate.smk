@@ -10,6 +10,7 @@ rule knockout:
         key="results/{model}/key_components/{task}.parquet",
     output:
         table="results/{model}/knockout/{task}.parquet",
+        per_item="results/{model}/knockout/{task}_items.parquet",
     log:
         "results/{model}/logs/knockout/{task}.log",
     conda:
@@ -36,6 +37,7 @@ rule transfer:
         non_math=workflow_path(config["transfer"]["non_math"]["file"]),
     output:
         table="results/{model}/knockout/transfer.parquet",
+        per_item="results/{model}/knockout/transfer_items.parquet",
     log:
         "results/{model}/logs/transfer.log",
     conda:

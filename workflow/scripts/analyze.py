@@ -13,6 +13,7 @@ with job(snakemake):
         compute=snakemake.params.compute,
         seed=snakemake.params.seed,
         out_roles=snakemake.output.roles,
+        out_roles_all=snakemake.output.roles_all,
         out_example=snakemake.output.example,
         out_probes=snakemake.output.probes,
     )

@@ -16,4 +16,5 @@ with job(snakemake):
         compute=snakemake.params.compute,
         seed=snakemake.params.seed,
         out_table=snakemake.output.table,
+        out_items=snakemake.output.per_item,
     )

@@ -24,13 +24,15 @@ def analysis_heads(key_path, effects_path, fallback: int) -> tuple[list[tuple[in
 
 def run_analyze(
     *, model: str, task: str, model_dir, pairs_path, key_path, effects_path, analysis: dict, compute: dict, seed: int,
-    out_roles, out_example, out_probes,
+    out_roles, out_roles_all, out_example, out_probes,
 ) -> None:
     """Explain the key heads and the MLPs on up to `analysis.max_samples` validation pairs (a seeded draw): the
     attention of each key head from END on each token role, an example prompt with its attention (one row
     per head and token: node, rank, position, token, role, attention, sample_id), and the MLP probes
-    (cosine of MLP input/output/change with the unembedding rows of A, B and the answer C). The figures are
-    drawn from these tables by `figures.run_plot_analysis`."""
+    (cosine of MLP input/output/change with the unembedding rows of A, B and the answer C). `out_roles_all`
+    holds the same attention by role for every head of the model (`analysed` marks the heads above), the
+    baseline the key heads are compared with. The figures are drawn from these tables by
+    `figures.run_plot_analysis`."""
     from ..analysis import attention_rows, first_role_tokens, mlp_probes, role_attention, token_roles
 
     lm = load_stage_model(model_dir, compute)
@@ -44,6 +46,12 @@ def run_analyze(
     meta = stage_meta(model_dir, "analyze", task=task, analysis=analysis, seed=seed, heads=labels, selection=selection,
                       pairs=read_parquet_meta(pairs_path).get("params_hash"))
     roles = [token_roles(lm.tokenizer, row["prompt"], row) for row in pairs.to_dict("records")]
+    every_head = [(l, h) for l in range(lm.n_layers) for h in range(lm.n_heads)]
+    all_rows = attention_rows(lm, texts, every_head, compute["batch_size"])
+    analysed = set(heads)
+    write_parquet(role_attention(all_rows, roles).assign(
+        analysed=lambda t: [(l, h) in analysed for l, h in zip(t["layer"], t["head"])], selection=selection,
+        task=task), out_roles_all, meta)
     rows = attention_rows(lm, texts, heads, compute["batch_size"])
     table = role_attention(rows, roles)
     rank = {hd: i + 1 for i, hd in enumerate(heads)}

@@ -90,15 +90,16 @@ def knockout_node_sets(effects: pd.DataFrame, key: pd.DataFrame, ablation: dict,
 
 def run_knockout(
     *, model: str, task: str, model_dir, pairs_path, cache_path, effects_path, key_path,
-    ablation: dict, compute: dict, seed: int, out_table,
+    ablation: dict, compute: dict, seed: int, out_table, out_items,
 ) -> None:
     """Mean-ablation knockout on the VALIDATION pairs (operand pairs that played no part in ranking the heads
     or in the means): accuracy with the top k heads (by patching effect) knocked out, k = 0..max_heads,
     against random heads (uniform and layer-matched, several draws, at k in `ablation.random_k`), and with the
     key MLPs knocked out; for each of `ablation.positions` ("end", "all": see `_set_answers`; "all" on a seeded
     draw of `ablation.all_positions_samples` pairs, the top heads at k in 0 and `ablation.random_k`, its
-    random controls at k = max_heads only, as each set is a full forward of every prompt). Both the first answer token (`accuracy`, what path patching measured) and the
-    full greedy answer (`full_accuracy`)."""
+    random controls at k = max_heads only, as each set is a full forward of every prompt). Both the first answer
+    token (`accuracy`, what path patching measured) and the full greedy answer (`full_accuracy`); `out_items`
+    holds every set's per-item correctness (`knockout_items`), for paired comparisons."""
     from ..data import subsample
     from ..evaluation import answer_tokens
 
@@ -107,7 +108,7 @@ def run_knockout(
     cache = load_file(str(cache_path))
     key = pd.read_parquet(key_path)
     effects = pd.read_parquet(effects_path)
-    tables = []
+    tables, item_tables = [], []
     for positions in ablation["positions"]:
         scored, top_k, random_k = pairs, None, None
         if positions == "all":  # each set is a full forward of every prompt: fewer prompts and sets
@@ -119,8 +120,9 @@ def run_knockout(
             lm, texts, scored["answer"], scored["template_id"], [s[3] for s in sets], [s[4] for s in sets], cache,
             positions, answer_tokens(lm.tokenizer, scored["answer"]), compute["batch_size"], 256,
         )
-        first = (tokens[..., 0] == answers[None]).float().mean(1).numpy()
-        full = _answers_correct(lm.tokenizer, tokens, scored["answer"]).mean(1)
+        first_correct = tokens[..., 0] == answers[None]  # [n_sets, n]
+        full_correct = _answers_correct(lm.tokenizer, tokens, scored["answer"])  # [n_sets, n]
+        first, full = first_correct.float().mean(1).numpy(), full_correct.mean(1)
         rows = [
             {"curve": c, "seed": sd, "k": k,
              "nodes": " ".join([f"L{l}H{h}" for l, h in hs] + [f"L{l}MLP" for l in ms]),
@@ -128,8 +130,23 @@ def run_knockout(
             for (c, sd, k, hs, ms), a, f in zip(sets, first, full)
         ]
         tables.append(pd.DataFrame(rows).assign(n=len(texts), positions=positions, split="validation"))
+        item_tables.append(knockout_items(sets, scored, first_correct.numpy(), full_correct).assign(positions=positions))
     meta = stage_meta(model_dir, "knockout", task=task, ablation=ablation, seed=seed)
     write_parquet(pd.concat(tables, ignore_index=True), out_table, meta)
+    write_parquet(pd.concat(item_tables, ignore_index=True), out_items, meta)
+
+
+def knockout_items(sets: list[tuple], scored: pd.DataFrame, first_correct: np.ndarray,
+                   full_correct: np.ndarray) -> pd.DataFrame:
+    """One row per node set and scored item: curve, seed, k, sample_id, cluster (the operand pair "a,b": the
+    unit a paired interval resamples), first_correct and full_correct ([n_sets, n] bool flattened set-major)."""
+    n = len(scored)
+    return pd.DataFrame({
+        "curve": np.repeat([s[0] for s in sets], n), "seed": np.repeat([s[1] for s in sets], n),
+        "k": np.repeat([s[2] for s in sets], n), "sample_id": np.tile(scored["sample_id"].to_numpy(), len(sets)),
+        "cluster": np.tile((scored["a"].astype(str) + "," + scored["b"].astype(str)).to_numpy(), len(sets)),
+        "first_correct": first_correct.reshape(-1), "full_correct": full_correct.reshape(-1),
+    })
 
 
 def _transfer_targets(
@@ -138,7 +155,8 @@ def _transfer_targets(
     """The data sets the key heads are knocked out on: every operator's kept pairs, the other number
     formats of every operator, SVAMP (direct answers) and the non-math control (BIG-bench qa_wikidata).
     Each: name, kind, texts, golds (numbers, or lists of accepted strings), answer_ids (first answer token,
-    operator pairs only), max_new_tokens."""
+    operator pairs only), max_new_tokens, clusters (per text: its operand pair "a,b", or its item index in the
+    source data, the unit a paired interval resamples)."""
     from ..data import load_bigbench_generation, load_svamp, subsample
     from ..evaluation import answer_tokens
     from ..formatting import question_prompts
@@ -151,6 +169,7 @@ def _transfer_targets(
             "name": task, "kind": "operator", "texts": list(pairs["prompt"]), "golds": list(pairs["answer"]),
             "answer_ids": torch.tensor(pairs["answer_token_id"].to_numpy()),
             "max_new_tokens": answer_tokens(lm.tokenizer, pairs["answer"]),
+            "clusters": list(pairs["a"].astype(str) + "," + pairs["b"].astype(str)),
         })
     fmt_cfg = transfer["formats"]
     for fmt in ("multi_digit", "decimal"):
@@ -160,6 +179,7 @@ def _transfer_targets(
                 "name": f"{task} {fmt.replace('_', '-')}", "kind": fmt, "texts": list(df["prompt"]),
                 "golds": list(df["gold"]), "answer_ids": None,
                 "max_new_tokens": answer_tokens(lm.tokenizer, df["answer"]),
+                "clusters": list(df["a"].astype(str) + "," + df["b"].astype(str)),
             })
     sv = transfer["svamp"]
     svamp = load_svamp(svamp_path).assign(answer=lambda d: [f"{g:g}" for g in d["gold"]], index=lambda d: d.index)
@@ -167,7 +187,7 @@ def _transfer_targets(
     targets.append({
         "name": "SVAMP", "kind": "svamp", "golds": list(keep["gold"]), "answer_ids": None,
         "texts": question_prompts(list(svamp["question"]), list(svamp["answer"]), sv["n_shots"], seed, keep["index"]),
-        "max_new_tokens": answer_tokens(lm.tokenizer, keep["answer"]),
+        "max_new_tokens": answer_tokens(lm.tokenizer, keep["answer"]), "clusters": [str(i) for i in keep["index"]],
     })
     nm = transfer["non_math"]
     qa = load_bigbench_generation(non_math_path).assign(index=lambda d: d.index)
@@ -176,14 +196,14 @@ def _transfer_targets(
                              question_prefix="", answer_prefix="", separator="\n")
     targets.append({
         "name": Path(non_math_path).parent.name, "kind": "non_math", "texts": texts, "golds": list(keep["targets"]),
-        "answer_ids": None, "max_new_tokens": nm["max_new_tokens"],
+        "answer_ids": None, "max_new_tokens": nm["max_new_tokens"], "clusters": [str(i) for i in keep["index"]],
     })
     return targets
 
 
 def run_transfer(
     *, model: str, model_dir, tasks: list[str], pairs_paths, cache_paths, key_paths, svamp_path, non_math_path,
-    transfer: dict, prompts_cfg: dict, compute: dict, seed: int, out_table,
+    transfer: dict, prompts_cfg: dict, compute: dict, seed: int, out_table, out_items,
 ) -> None:
     """Do the key heads of one operator matter for the others, other number formats, SVAMP, and not for
     non-math questions? For each source task X, X's key heads are mean-ablated (with X's counterfactual
@@ -191,7 +211,8 @@ def run_transfer(
     same layers (`transfer.random_seeds` layer-matched draws, same mean); the operators' own pairs are their
     validation pairs; greedy answers are scored against the gold answers.
     `retained` is the share of the items the unablated model gets right that stay right (the paper's
-    "accuracy after knockout" on data filtered to correct answers)."""
+    "accuracy after knockout" on data filtered to correct answers). `out_items`: every set's correctness per
+    item (source, heads, seed, target, target_kind, item, cluster, correct), for paired comparisons."""
     from ..ablation import greedy_end_sets
     from ..controls import layer_matched_heads
     from ..evaluation import decided_answers, qa_correct
@@ -210,7 +231,7 @@ def run_transfer(
             drawn = layer_matched_heads(key_heads, lm.n_heads, seed=seed * 1000 + s, n_layers=lm.n_layers)
             sets.append({"source": task, "heads": "random", "seed": s, "nodes": drawn, "mean": task})
     set_means = [means[s["mean"]] for s in sets]
-    rows = []
+    rows, items = [], []
     for target in _transfer_targets(lm, tasks, pairs_paths, svamp_path, non_math_path, transfer, prompts_cfg, seed):
         # numbers compared by value (an answer stops once its score is decided); the non-math answers by text
         non_math = target["kind"] == "non_math"
@@ -234,7 +255,15 @@ def run_transfer(
                 "retained": float(correct[i][base].mean()) if base.any() else float("nan"),
                 "first_token_accuracy": float(first[i]) if first is not None else float("nan"),
             })
+        n = len(base)
+        items.append(pd.DataFrame({
+            "source": np.repeat([s["source"] for s in sets], n), "heads": np.repeat([s["heads"] for s in sets], n),
+            "seed": np.repeat([s["seed"] for s in sets], n), "target": target["name"], "target_kind": target["kind"],
+            "item": np.tile(np.arange(n), len(sets)), "cluster": np.tile(target["clusters"], len(sets)),
+            "correct": correct.reshape(-1),
+        }))
         print(f"{target['name']}: base {base.mean():.3f} on {len(base)}")
     table = pd.DataFrame(rows)
     meta = stage_meta(model_dir, "transfer", tasks=tasks, transfer=transfer, prompts=prompts_cfg, seed=seed)
     write_parquet(table, out_table, meta)
+    write_parquet(pd.concat(items, ignore_index=True), out_items, meta)

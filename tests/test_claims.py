@@ -1,0 +1,288 @@
+"""The claims scorecard: the verdict rules, and each claim on small tables whose answer is known."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+from arithmech import claims
+
+CFG = yaml.safe_load(open("config.yaml"))["claims"] | {"bootstrap": 400}
+
+
+# ------------------------------------------------------------------------------------------------ rules
+@pytest.mark.parametrize(
+    "low, high, direction, expected",
+    [
+        (-0.3, -0.1, -1, "holds"),
+        (0.1, 0.3, -1, "does not hold"),  # the wrong side of 0
+        (-0.01, 0.02, -1, "does not hold"),  # inside +-0.05: no difference that matters
+        (-0.2, 0.02, -1, "inconclusive"),  # includes 0 and reaches -0.05
+        (0.1, 0.3, +1, "holds"),
+        (-0.2, 0.02, +1, "inconclusive"),
+        (math.nan, 0.1, +1, "not measured"),
+    ],
+)
+def test_directional_verdicts(low, high, direction, expected):
+    assert claims.directional(low, high, direction=direction, min_effect=0.05) == expected
+
+
+def test_an_underpowered_interval_is_never_does_not_hold():
+    rng = np.random.default_rng(0)
+    for _ in range(2000):
+        low = rng.uniform(-1, 0)
+        high = rng.uniform(0, 1)
+        verdict = claims.directional(low, high, direction=-1, min_effect=0.05)
+        reaches = low <= -0.05 or high >= 0.05
+        assert verdict == ("inconclusive" if reaches else "does not hold")
+
+
+def test_detectable_difference_is_143_half_widths():
+    assert claims.detectable(-0.1, 0.1) == pytest.approx(0.1 * 2.8016 / 1.96, rel=1e-3)
+
+
+@pytest.mark.parametrize(
+    "verdicts, expected",
+    [
+        (["holds", "holds"], "holds"),
+        (["holds", "not measured"], "holds"),
+        (["holds", "does not hold"], "partly"),
+        (["does not hold", "inconclusive"], "does not hold"),
+        (["inconclusive", "inconclusive"], "inconclusive"),
+        (["partly", "does not hold"], "partly"),
+        (["not measured"], "not measured"),
+        ([], "not measured"),
+    ],
+)
+def test_combine(verdicts, expected):
+    assert claims.combine(verdicts) == expected
+
+
+# ------------------------------------------------------------------------------------------------ identify
+def effects_table(head_effects: dict[tuple[int, int], float], mlp_effects: dict[int, tuple[float, float, float]],
+                  n_layers: int = 4, n_heads: int = 4) -> pd.DataFrame:
+    rows = []
+    for l in range(n_layers):
+        for h in range(n_heads):
+            e = head_effects.get((l, h), 0.0)
+            rows.append({"node": f"L{l}H{h}", "layer": l, "head": h, "component": "head", "mean_effect": e,
+                         "ci_low": e - 0.001, "ci_high": e + 0.001, "n": 50})
+        m, lo, hi = mlp_effects.get(l, (0.0, -0.001, 0.001))
+        rows.append({"node": f"L{l}MLP", "layer": l, "head": np.nan, "component": "mlp", "mean_effect": m,
+                     "ci_low": lo, "ci_high": hi, "n": 50})
+    return pd.DataFrame(rows)
+
+
+def key_table(effects: pd.DataFrame, heads: list[str], mlps: list[str]) -> pd.DataFrame:
+    return effects[effects["node"].isin(heads + mlps)].copy()
+
+
+def test_few_key_heads_counts_the_share_and_the_papers_threshold():
+    eff = effects_table({(2, 1): -0.08, (2, 2): -0.02}, {}, n_layers=10, n_heads=4)  # 40 heads
+    rows = claims.few_key_heads({"addition": key_table(eff, ["L2H1"], [])}, {"addition": eff}, CFG)
+    head, sub = rows
+    assert sub["value"] == pytest.approx(100 / 40) and sub["verdict"] == "holds"
+    assert "1 pass the paper's -5% threshold" in sub["note"]
+    assert head["verdict"] == "holds" and head["scope"] == "all"
+    # three of forty heads is 7.5%: more than 5%
+    many = key_table(eff, ["L0H0", "L1H1", "L2H1"], [])
+    assert claims.few_key_heads({"addition": many}, {"addition": eff}, CFG)[1]["verdict"] == "does not hold"
+
+
+def test_no_key_head_is_said_in_the_row_and_nothing_fails():
+    eff = effects_table({}, {3: (-0.1, -0.12, -0.08)})
+    keys = {"addition": key_table(eff, [], [])}
+    assert "selected no head" in claims.few_key_heads(keys, {"addition": eff}, CFG)[1]["note"]
+    middle = claims.middle_layers(keys, 4, CFG)
+    assert middle[0]["verdict"] == "not measured"
+    assert claims.mlp_late(keys, {"addition": eff}, CFG)[1]["verdict"] == "not measured"
+
+
+def test_middle_layers_uses_relative_depth():
+    eff = effects_table({}, {}, n_layers=11)
+    mid = claims.middle_layers({"addition": key_table(eff, ["L4H0", "L5H1", "L6H2"], [])}, 11, CFG)
+    assert mid[0]["verdict"] == "holds" and mid[0]["value"] == pytest.approx(50.0)
+    late = claims.middle_layers({"addition": key_table(eff, ["L9H0", "L10H1"], [])}, 11, CFG)
+    assert late[0]["verdict"] == "does not hold"
+    some = claims.middle_layers({"addition": key_table(eff, ["L5H0", "L9H1", "L10H1"], [])}, 11, CFG)
+    assert some[0]["verdict"] == "partly"
+
+
+def test_mlp_late_compares_mlps_before_and_after_the_first_key_head():
+    eff = effects_table({(2, 0): -0.01}, {0: (0.005, 0.004, 0.006), 3: (-0.03, -0.04, -0.02)})
+    rows = claims.mlp_late({"addition": key_table(eff, ["L2H0"], [])}, {"addition": eff}, CFG)
+    assert rows[1]["value"] == pytest.approx(6.0) and rows[1]["verdict"] == "holds"
+    early = effects_table({(2, 0): -0.01}, {0: (0.05, 0.04, 0.06), 3: (-0.03, -0.04, -0.02)})
+    rows = claims.mlp_late({"addition": key_table(early, ["L2H0"], [])}, {"addition": early}, CFG)
+    assert rows[1]["verdict"] == "does not hold"
+
+
+# ------------------------------------------------------------------------------------------------ validate
+def knockout_items(task: str, top_acc: float, random_acc: float, n_pairs: int = 40, per_pair: int = 3,
+                   K: int = 3, seed: int = 0) -> pd.DataFrame:
+    """Per-item knockout rows like stages.validate.knockout_items: nothing knocked out is always right, the top K
+    heads are right with probability top_acc, random heads with random_acc (two draws each control)."""
+    rng = np.random.default_rng(seed)
+    n = n_pairs * per_pair
+    sets = [("top_heads", -1, 0, 1.0), ("top_heads", -1, K, top_acc)]
+    sets += [(c, s, K, random_acc) for c in ("random_heads", "random_layer_matched") for s in range(2)]
+    rows = []
+    for curve, s, k, p in sets:
+        correct = rng.random(n) < p
+        rows.append(pd.DataFrame({"curve": curve, "seed": s, "k": k, "sample_id": np.arange(n),
+                                  "cluster": [f"{i // per_pair},1" for i in range(n)], "first_correct": correct,
+                                  "full_correct": correct, "positions": "end"}))
+    items = pd.concat(rows, ignore_index=True)
+    return items.assign(item_key=task + ":" + items["sample_id"].astype(str), cluster=task + ":" + items["cluster"])
+
+
+def test_knockout_collapse_against_random_heads():
+    items = knockout_items("addition", 0.2, 0.95)
+    rows = claims.knockout_collapse({"addition": items}, CFG, seed=0)
+    head, subs = rows[0], rows[1:]
+    assert [s["scope"] for s in subs] == ["addition · end · full answer", "addition · end · first token"]
+    assert all(s["verdict"] == "holds" for s in subs) and head["verdict"] == "holds"
+    # the value: top-K accuracy minus the layer-matched draws' mean accuracy, in points
+    top = items[(items["curve"] == "top_heads") & (items["k"] == 3)]["full_correct"].mean()
+    matched = items[items["curve"] == "random_layer_matched"]["full_correct"].mean()
+    assert subs[0]["value"] == pytest.approx(100 * (top - matched))
+    assert subs[0]["ci_low"] < subs[0]["value"] < subs[0]["ci_high"] < 0
+    assert subs[0]["unit"] == "points" and subs[0]["n"] == 120
+
+
+def test_a_small_drop_that_random_heads_share_is_not_a_collapse():
+    rows = claims.knockout_collapse({"addition": knockout_items("addition", 0.9, 0.9)}, CFG, seed=0)
+    assert rows[0]["verdict"] in ("does not hold", "inconclusive")
+    # beating random heads without a 50% drop is only partly the paper's claim
+    rows = claims.knockout_collapse({"addition": knockout_items("addition", 0.7, 0.97)}, CFG, seed=0)
+    assert rows[1]["verdict"] == "partly"
+
+
+def test_knockout_too_few_items_is_inconclusive_with_the_detectable_difference():
+    rows = claims.knockout_collapse({"addition": knockout_items("addition", 0.85, 0.95, n_pairs=4, per_pair=2)},
+                                    CFG, seed=1)
+    sub = rows[1]
+    assert sub["verdict"] == "inconclusive" and "detects about" in sub["note"]
+
+
+def transfer_items(key_acc: dict[str, float], random_acc: dict[str, float], n: int = 80, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    rows = []
+    targets = {"operator": "division", "svamp": "SVAMP", "non_math": "qa_wikidata"}
+    for kind, target in targets.items():
+        for heads, acc in (("none", 1.0), ("key", key_acc[kind]), ("random", random_acc[kind])):
+            source = "none" if heads == "none" else "addition"
+            rows.append(pd.DataFrame({"source": source, "heads": heads, "seed": 0 if heads == "random" else -1,
+                                      "target": target, "target_kind": kind, "item": np.arange(n),
+                                      "cluster": [str(i) for i in range(n)], "correct": rng.random(n) < acc}))
+    return pd.concat(rows, ignore_index=True)
+
+
+def test_transfer_hurts_math_and_spares_non_math():
+    items = transfer_items({"operator": 0.3, "svamp": 0.2, "non_math": 0.9},
+                           {"operator": 0.9, "svamp": 0.8, "non_math": 0.9})
+    rows = claims.transfer(items, CFG, seed=0)
+    by_scope = {r["scope"]: r["verdict"] for r in rows}
+    assert by_scope["other operators"] == "holds" and by_scope["SVAMP"] == "holds"
+    assert by_scope["non-math (qa_wikidata)"] in ("holds", "inconclusive")
+    assert rows[0]["scope"] == "all"
+    hurt = claims.transfer(transfer_items({"operator": 0.3, "svamp": 0.2, "non_math": 0.2},
+                                          {"operator": 0.9, "svamp": 0.8, "non_math": 0.9}), CFG, seed=0)
+    assert {r["scope"]: r["verdict"] for r in hurt}["non-math (qa_wikidata)"] == "does not hold"
+    assert hurt[0]["verdict"] == "partly"
+
+
+def test_transfer_leaves_out_a_source_operators_own_pairs():
+    items = transfer_items({"operator": 0.3, "svamp": 0.2, "non_math": 0.9},
+                           {"operator": 0.9, "svamp": 0.8, "non_math": 0.9})
+    own = items[items["target_kind"] == "operator"].assign(target="addition")  # the source's own pairs
+    rows = claims.transfer(pd.concat([items[items["target_kind"] != "operator"], own]), CFG, seed=0)
+    assert "other operators" not in {r["scope"] for r in rows}
+
+
+# ------------------------------------------------------------------------------------------------ analyze
+def roles_all(key_share: float, other_share: float, n_heads: int = 40, n_key: int = 3) -> pd.DataFrame:
+    rows = []
+    roles = ("operand_a", "operand_b", "operator", "equals", "prefix", "other")
+    rng = np.random.default_rng(0)
+    for i in range(n_heads):
+        analysed = i < n_key
+        s = np.clip((key_share if analysed else other_share) + rng.normal(0, 0.02), 0, 1)
+        weights = [s / 3] * 3 + [(1 - s) / 3] * 3
+        rows += [{"layer": i // 4, "head": i % 4, "role": r, "attention": w, "analysed": analysed,
+                  "selection": "key"} for r, w in zip(roles, weights)]
+    return pd.DataFrame(rows)
+
+
+def test_key_attention_against_the_other_heads():
+    rows = claims.key_attention({"addition": roles_all(0.7, 0.2)}, CFG, seed=0)
+    assert rows[1]["verdict"] == "holds" and rows[1]["value"] == pytest.approx(50, abs=3)
+    rows = claims.key_attention({"addition": roles_all(0.2, 0.2)}, CFG, seed=0)
+    assert rows[1]["verdict"] in ("does not hold", "inconclusive")
+    assert rows[1]["ci_low"] < 0 < rows[1]["ci_high"]
+
+
+def probes(c: float, a: float, layer: int = 3) -> pd.DataFrame:
+    rows = []
+    for target, mean in (("a", a), ("b", a - 0.01), ("c", c)):
+        rows.append({"variant": "paper", "subset": "all", "layer": layer, "vector": "output", "target": target,
+                     "mean": mean, "std": 0.02, "n": 60, "n_texts": 60})
+    return pd.DataFrame(rows)
+
+
+def test_mlp_answer_reads_the_key_mlps():
+    eff = effects_table({}, {3: (-0.1, -0.12, -0.08)})
+    keys = {"addition": key_table(eff, [], ["L3MLP"])}
+    rows = claims.mlp_answer({"addition": probes(0.2, 0.05)}, keys, CFG)
+    assert rows[1]["verdict"] == "holds" and rows[1]["value"] == pytest.approx(0.15)
+    rows = claims.mlp_answer({"addition": probes(0.05, 0.2)}, keys, CFG)
+    assert rows[1]["verdict"] == "does not hold"
+
+
+# ------------------------------------------------------------------------------------------------ finetune
+def comparisons(rows: list[tuple]) -> pd.DataFrame:
+    return pd.DataFrame([{"arm_a": a, "arm_b": b, "metric": m, "difference": d, "ci_low": lo, "ci_high": hi,
+                          "p_value": 0.01, "p_holm": 0.04, "test": "mcnemar_exact", "n_items": 500}
+                         for a, b, m, d, lo, hi in rows])
+
+
+def study_table(full_s: float, precise_s: float) -> pd.DataFrame:
+    return pd.DataFrame([
+        {"arm": "precise", "run": "chosen", "mean_step_s": precise_s, "steps": 24, "trainable_params": 1_179_648},
+        {"arm": "full", "run": "chosen", "mean_step_s": full_s, "steps": 24, "trainable_params": 134_515_008},
+    ])
+
+
+def test_sft_claims_from_the_studys_comparisons():
+    comp = comparisons([
+        ("precise", "full", "accuracy", -0.01, -0.04, 0.02),  # within the 5-point margin
+        ("precise", "random_heads", "accuracy", 0.08, 0.03, 0.13),
+        ("precise", "full", "kl_to_base", -0.02, -0.03, -0.01),
+        ("precise", "full", "social_iqa", 0.0, -0.15, 0.15),  # too few items
+    ])
+    rows = pd.DataFrame(claims.sft_claims(study_table(0.5, 0.2), comp, "add2", CFG))
+    verdict = rows[rows["scope"] == "all"].set_index("claim")["verdict"]
+    assert verdict["sft_vs_full"] == "holds" and verdict["sft_vs_random"] == "holds"
+    assert verdict["sft_off_target"] == "partly" and verdict["sft_speed"] == "holds"
+    social = rows[rows["scope"] == "social_iqa"].iloc[0]
+    assert social["verdict"] == "inconclusive" and "detects about" in social["note"]
+    speed = rows[rows["claim"] == "sft_speed"].iloc[0]
+    assert speed["value"] == pytest.approx(2.5) and "1,179,648" in speed["note"]
+
+
+def test_full_fine_tuning_clearly_better_does_not_hold():
+    comp = comparisons([("precise", "full", "accuracy", -0.2, -0.3, -0.1)])
+    rows = claims.sft_claims(study_table(0.5, 0.6), comp, "add2", CFG)
+    by_claim = {r["claim"]: r["verdict"] for r in rows if r["scope"] == "all"}
+    assert by_claim["sft_vs_full"] == "does not hold" and by_claim["sft_speed"] == "does not hold"
+    assert by_claim["sft_vs_random"] == "not measured"
+
+
+def test_without_the_study_every_sft_claim_is_not_measured_and_says_why():
+    rows = claims.sft_claims(None, None, "add2", CFG)
+    assert {r["claim"] for r in rows} == {"sft_vs_full", "sft_vs_random", "sft_off_target", "sft_speed"}
+    assert all(r["verdict"] == "not measured" and "did not run" in r["note"] for r in rows)

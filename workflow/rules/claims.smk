@@ -1,0 +1,30 @@
+# The scorecard: which of the paper's claims hold on each model, read from the stages' tables.
+
+
+rule claims:
+    input:
+        unpack(claims_inputs),
+    output:
+        table="results/{model}/claims.parquet",
+        markdown="results/{model}/claims.md",
+        html=report(
+            "results/{model}/claims.html",
+            caption="../report/claims.rst",
+            category="0. Findings",
+            subcategory="{model}",
+            labels={"model": "{model}", "figure": "claims scorecard"},
+        ),
+    log:
+        "results/{model}/logs/claims.log",
+    conda:
+        "../../envs/arithmech.yaml"
+    resources:
+        **CPU_RESOURCES,
+    params:
+        code=library_code("claims"),
+        tasks=TASKS,
+        claims=config["claims"],
+        train_format=STUDY["train_format"],
+        seed=config["seed"],
+    script:
+        "../scripts/claims.py"
