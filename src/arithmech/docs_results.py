@@ -22,6 +22,7 @@ import yaml
 
 from . import display
 from .findings import figure_caption, key_component_rows, knockout_rows, provenance_text, study_rows, table_metric
+from .claims import TIMING_CLAIMS
 from .io import atomic_path
 from .scorecard import claims_markdown, verdict_counts
 
@@ -177,10 +178,21 @@ def image(source: str, tasks: list[str], prefix: str) -> str:
     return f"![{source}]({prefix}{figure_name(source)})\n\n*{figure_caption(source, tasks)}*\n"
 
 
+def read_claims(root: Path, model: str) -> pd.DataFrame:
+    """The scorecard as the docs show it: a timing's value, interval and note (seconds per step) differ between
+    runs and machines, so they are left out here and the row points to the run's own claims.md."""
+    claims = pd.read_parquet(require(root / "claims.parquet"))
+    timed = claims["claim"].isin(TIMING_CLAIMS) & (claims["verdict"] != "not measured")
+    claims.loc[timed, ["value", "ci_low", "ci_high"]] = float("nan")
+    claims.loc[timed, "note"] = (f"a wall-clock timing, different on every run and machine: the ratio is in "
+                                 f"results/{model}/claims.md of your run")
+    return claims
+
+
 def results_markdown(root: Path, model: str, tasks: list[str], figures: list[str], prefix: str = "figures/") -> str:
     """docs/results.md: every table of the default run a reader needs, numbers formatted for reading; the
     figures are linked as `prefix` + their docs/figures/ name."""
-    claims = pd.read_parquet(require(root / "claims.parquet"))
+    claims = read_claims(root, model)
     keys = {t: pd.read_parquet(require(root / f"key_components/{t}.parquet")) for t in tasks}
     knockouts = {t: pd.read_parquet(require(root / f"knockout/{t}.parquet")) for t in tasks}
     shown = set(figures)
@@ -261,7 +273,7 @@ def results_markdown(root: Path, model: str, tasks: list[str], figures: list[str
 def scorecard_block(root: Path, model: str, tasks: list[str], figures: list[str], prefix: str = "docs/figures/") -> str:
     """README's generated block: the scorecard's headline rows, each claim linking to its figure, and where
     the numbers come from."""
-    claims = pd.read_parquet(require(root / "claims.parquet"))
+    claims = read_claims(root, model)
     shown = set(figures)
 
     def link(source: str) -> str | None:
