@@ -188,12 +188,31 @@ def test_transfer_hurts_math_and_spares_non_math():
     rows = claims.transfer(items, CFG, seed=0)
     by_scope = {r["scope"]: r["verdict"] for r in rows}
     assert by_scope["other operators"] == "holds" and by_scope["SVAMP"] == "holds"
-    assert by_scope["non-math (qa_wikidata)"] in ("holds", "inconclusive")
+    assert by_scope["non-math control"] in ("holds", "inconclusive")
     assert rows[0]["scope"] == "all"
     hurt = claims.transfer(transfer_items({"operator": 0.3, "svamp": 0.2, "non_math": 0.2},
                                           {"operator": 0.9, "svamp": 0.8, "non_math": 0.9}), CFG, seed=0)
-    assert {r["scope"]: r["verdict"] for r in hurt}["non-math (qa_wikidata)"] == "does not hold"
+    assert {r["scope"]: r["verdict"] for r in hurt}["non-math control"] == "does not hold"
     assert hurt[0]["verdict"] == "partly"
+
+
+def test_transfer_scores_only_the_items_the_intact_model_gets_right():
+    items = transfer_items({"operator": 0.3, "svamp": 0.2, "non_math": 0.9},
+                           {"operator": 0.9, "svamp": 0.8, "non_math": 0.9})
+    wrong = (items["heads"] == "none") & (items["target_kind"] == "svamp")
+    items.loc[wrong, "correct"] = False  # the intact model answers no SVAMP item
+    rows = {r["scope"]: r for r in claims.transfer(items, CFG, seed=0)}
+    assert rows["SVAMP"]["verdict"] == "not measured" and "answers none" in rows["SVAMP"]["note"]
+    half = items.copy()
+    half.loc[(half["heads"] == "none") & (half["target_kind"] == "operator") & (half["item"] % 2 == 1), "correct"] = False
+    assert {r["scope"]: r for r in claims.transfer(half, CFG, seed=0)}["other operators"]["n"] == 40
+
+
+def test_knockout_of_a_model_that_answers_nothing_is_not_measured():
+    items = knockout_items("addition", 0.0, 0.0)
+    items["full_correct"] = items["first_correct"] = False
+    rows = claims.knockout_collapse({"addition": items}, CFG, seed=0)
+    assert all(r["verdict"] == "not measured" for r in rows)
 
 
 def test_transfer_leaves_out_a_source_operators_own_pairs():

@@ -118,3 +118,14 @@ def test_page_opens_on_the_scorecard_and_embeds_its_figures(tmp_path):
                  knockout_paths={"addition": paths["ko"]}, figure_paths=figures[:1], out_html=out)
     page = out.read_text()
     assert "Precise SFT study" not in page and "#fig-knockout-addition" not in page
+
+
+def test_provenance_names_the_models_checksum_whether_one_file_or_a_directory(tmp_path):
+    from arithmech.findings import provenance_text
+
+    one, folder = tmp_path / "one.parquet", tmp_path / "folder.parquet"
+    write_parquet(pd.DataFrame({"x": [1]}), one, {"model_sha256": "b179c9523d0e", "versions": {"torch": "2.13.0"}})
+    write_parquet(pd.DataFrame({"x": [1]}), folder,
+                  {"model_sha256": {"model-2.safetensors": "22222222ff", "model-1.safetensors": "11111111ee"}})
+    assert provenance_text(one) == "model sha256 b179c952, torch 2.13.0"
+    assert provenance_text(folder) == "model sha256 11111111 22222222"

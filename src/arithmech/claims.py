@@ -278,6 +278,8 @@ def knockout_collapse(items: dict[str, pd.DataFrame | None], cfg: dict, seed: in
         return _headline("knockout_collapse", subs)
     K = int(end.loc[end["curve"] == "top_heads", "k"].max())
     head = _knockout_row("all", "end", K, end, "full_correct", "full answer", cfg, seed, rule)
+    if head["verdict"] == "not measured":
+        return _headline("knockout_collapse", subs, measure="per operator, below", note=head["note"])
     fields = {k: head[k] for k in ("measure", "value", "ci_low", "ci_high", "unit", "n", "split")}
     fields["measure"] = "all operators, END: " + fields["measure"]
     return _headline("knockout_collapse", subs, source="knockout/" + next(iter(items)) + ".png", **fields,
@@ -295,7 +297,10 @@ def _knockout_row(task: str, positions: str, K: int, part: pd.DataFrame, answer:
     none, top = per_item("top_heads", 0), per_item("top_heads", K)
     scope = f"{task} · {positions} · {label}"
     base_acc, top_acc = float(none.mean()), float(top.mean())
-    drop = 1 - top_acc / base_acc if base_acc > 0 else math.nan
+    if base_acc == 0:
+        return _row("knockout_collapse", scope, rule=rule, n=len(none), split="validation",
+                    note="the model answers none of these items with nothing knocked out: nothing to collapse")
+    drop = 1 - top_acc / base_acc
     controls = {}
     for curve, name in (("random_layer_matched", "layer-matched"), ("random_heads", "uniform")):
         rand = per_item(curve, K)
@@ -326,22 +331,34 @@ def _knockout_row(task: str, positions: str, K: int, part: pd.DataFrame, answer:
                 source=f"knockout/{task}.png" if task != "all" else "")
 
 
+TRANSFER_LABELS = {"operator": "other operators", "multi_digit": "multi-digit operands",
+                   "decimal": "decimal operands", "svamp": "SVAMP", "non_math": "non-math control"}
+
+
 def transfer(items: pd.DataFrame | None, cfg: dict, seed: int) -> list[dict]:
-    """Per target kind: accuracy with an operator's key heads knocked out minus with as many layer-matched random
-    heads (mean over draws), pooled over source operators, paired per item; other operators only (a source
-    operator's own pairs are the knockout claim's)."""
+    """Per target kind: on the items the unablated model gets right, the share that stays right with an operator's
+    key heads knocked out minus with as many layer-matched random heads (mean over draws): the transfer table's
+    `retained`, pooled over source operators, paired per item. Other operators only (a source operator's own
+    pairs are the knockout claim's)."""
     min_diff = cfg["min_difference"]
-    hurt_rule = directional_rule("(key - random) accuracy", -1, f"{100 * min_diff:g} points")
-    keep_rule = (f"holds if the 95% interval of (key - random) accuracy lies above -{100 * min_diff:g} points; does "
-                 f"not hold if it lies below 0; inconclusive otherwise")
+    hurt_rule = directional_rule("(key - random) retained accuracy", -1, f"{100 * min_diff:g} points")
+    keep_rule = (f"holds if the 95% interval of (key - random) retained accuracy lies above -{100 * min_diff:g} "
+                 f"points; does not hold if it lies below 0; inconclusive otherwise")
     if items is None or not len(items):
         return _not_measured("transfer", "no per-item transfer table", rule=hurt_rule)
+    intact = items.loc[items["source"] == "none"].set_index(["target", "item"])["correct"]
     knocked = items[items["source"] != "none"]
     knocked = knocked[(knocked["target_kind"] != "operator") | (knocked["target"] != knocked["source"])]
+    right = intact.reindex(pd.MultiIndex.from_frame(knocked[["target", "item"]])).to_numpy(dtype=bool)
     subs = []
     for kind in (*MATH_TARGETS, "non_math"):
-        part = knocked[knocked["target_kind"] == kind]
+        of_kind = (knocked["target_kind"] == kind).to_numpy()
+        part = knocked[of_kind & right]
+        if not of_kind.any():
+            continue
         if not len(part):
+            subs.append(_row("transfer", TRANSFER_LABELS[kind], rule=hurt_rule if kind != "non_math" else keep_rule,
+                             note="the unablated model answers none of these items: nothing to lose"))
             continue
         part = part.assign(item_key=part["source"] + "|" + part["target"] + "|" + part["item"].astype(str),
                            cluster=part["target"] + "|" + part["cluster"].astype(str))
@@ -355,12 +372,15 @@ def transfer(items: pd.DataFrame | None, cfg: dict, seed: int) -> list[dict]:
             rule = keep_rule
         else:
             verdict, rule = directional(lo, hi, direction=-1, min_effect=min_diff), hurt_rule
-        label = {"operator": "other operators", "multi_digit": "multi-digit operands", "decimal": "decimal operands",
-                 "svamp": "SVAMP", "non_math": "non-math (" + ", ".join(sorted(part["target"].unique())) + ")"}[kind]
-        subs.append(_row("transfer", label, measure="accuracy, key minus layer-matched random heads knocked out",
+        label = TRANSFER_LABELS[kind]
+        subs.append(_row("transfer", label, measure="retained accuracy, key minus layer-matched random heads knocked out",
                          value=100 * res["difference"], ci_low=100 * lo, ci_high=100 * hi, unit="points",
                          n=int(res["n_items"]), split="validation" if kind == "operator" else "held-out set",
-                         verdict=verdict, rule=rule, note=_interval_note(lo, hi, verdict),
+                         verdict=verdict, rule=rule,
+                         note="; ".join(x for x in (
+                             f"{', '.join(dict.fromkeys(part['target']))}: {100 * key.mean():.1f}% of the items the "
+                             f"intact model gets right stay right with the key heads out, {100 * rand.mean():.1f}% "
+                             "with random heads", _interval_note(lo, hi, verdict)) if x),
                          source="knockout/transfer.png"))
     return _headline("transfer", subs, measure="per target, below", source="knockout/transfer.png")
 
