@@ -12,7 +12,7 @@ Three workloads, each run both ways on the same inputs, the outputs checked to b
 time is printed:
   total:    `patching.total_logits`, all 300 nodes, 16 addition prompts (as benchmarks/patching_speed.py)
   knockout: `ablation.greedy_end_sets` with the knockout rule's head sets for one operator (--limit prompts)
-  evaluate: `evaluation.generate_texts` on GSM8K test items in the evaluate rule's format (--gsm8k-n items,
+  evaluate: `generation.generate_texts` on GSM8K test items in the evaluate rule's format (--gsm8k-n items,
             the rule's max_new_tokens and batch size), the few-shot prefix shared
 
 Run after the identify stage (the knockout reads pairs, activations and key components under results/).
@@ -34,10 +34,11 @@ from safetensors.torch import load_file
 
 from addition_prompts import addition_pairs
 from arithmech import data as ds
-from arithmech import evaluation, kvcache
+from arithmech import generation, kvcache, scoring
 from arithmech.ablation import greedy_end_sets
-from arithmech.evaluation import answer_tokens, generate_texts, settled_number
+from arithmech.answers import answer_tokens, MATH_STOP_STRINGS, settled_number
 from arithmech.formatting import math_prompts
+from arithmech.generation import generate_texts
 from arithmech.models import load_model
 from arithmech.patching import AlignedMean, collect, total_logits
 from arithmech.stages.validate import knockout_node_sets
@@ -54,11 +55,11 @@ def concatenating_cache():
     def concatenating(prefix, copies, room=0):
         return roomy(prefix, copies)
 
-    kvcache.repeated_cache = evaluation.repeated_cache = concatenating
+    kvcache.repeated_cache = generation.repeated_cache = scoring.repeated_cache = concatenating
     try:
         yield
     finally:
-        kvcache.repeated_cache = evaluation.repeated_cache = roomy
+        kvcache.repeated_cache = generation.repeated_cache = scoring.repeated_cache = roomy
 
 
 def compare(name: str, work, same) -> tuple[float, float]:
@@ -116,7 +117,7 @@ def main() -> None:
     items = ds.subsample(ds.load_gsm8k(ROOT / ev["gsm8k"]["file"]), args.gsm8k_n, config["seed"])
     prompts = math_prompts(items.drop(columns=["solution"], errors="ignore"), shots, ev["style"], lm.tokenizer)
     compare("evaluate", lambda: generate_texts(lm, prompts["prompt"], ev["gsm8k"]["max_new_tokens"], ev["batch_size"],
-                                               stop_strings=evaluation.MATH_STOP_STRINGS, progress=None),
+                                               stop_strings=MATH_STOP_STRINGS, progress=None),
             lambda a, b: a == b)
 
 

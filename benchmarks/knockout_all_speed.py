@@ -1,6 +1,6 @@
 """Speed of the knockout's all-positions curve (`ablation.positions: all`), against the plain way, in one run.
 
-Reference: what the rule did before session 9, one greedy generation (`evaluation.greedy_generate`) per
+Reference: what the rule did before session 9, one greedy generation (`generation.greedy_generate`) per
 node set and template inside `ablation.mean_ablate(..., "aligned")` with the template's counterfactual mean.
 Fast path (`stages.validate._set_answers`): every set at once per template on `ablation.greedy_end_sets`
 (positions "aligned"): the prefix the template's mean does not reach (with zero-shot counterfactuals, the
@@ -26,8 +26,9 @@ import yaml
 from safetensors.torch import load_file
 
 from arithmech.ablation import ablation_hooks
+from arithmech.answers import answer_tokens
 from arithmech.data import subsample
-from arithmech.evaluation import answer_tokens, greedy_generate
+from arithmech.generation import greedy_generate
 from arithmech.models import load_model
 from arithmech.patching import GroupedMean
 from arithmech.prompts import split_pairs
@@ -45,7 +46,7 @@ def reference_answers(lm, texts, template_ids, head_sets, mlp_sets, grouped: Gro
         part = [texts[i] for i in rows]
         for s, (hs, ms) in enumerate(zip(head_sets, mlp_sets)):
             hooks = ablation_hooks(lm, hs, ms, grouped.group(int(t)), "aligned")
-            out[s, torch.as_tensor(rows)] = greedy_generate(lm, part, max_new_tokens, batch_size, hooks)
+            out[s, torch.as_tensor(rows)] = greedy_generate(lm, part, max_new_tokens, batch_size, hooks=hooks)
     return out
 
 

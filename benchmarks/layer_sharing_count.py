@@ -31,7 +31,7 @@ import yaml
 from safetensors.torch import load_file
 
 from arithmech.ablation import greedy_end_sets
-from arithmech.evaluation import answer_tokens, decided_answers
+from arithmech.answers import answer_tokens, decided_answers
 from arithmech.models import load_model
 from arithmech.patching import AlignedMean
 from arithmech.prompts import split_pairs

@@ -4,9 +4,9 @@ The knockout and transfer rules answer many ablated head sets greedily on the pr
 (`ablation.greedy_end_sets`). Three arms on the same prompts and head sets, every score checked equal:
 
   none     every row runs all its steps (to its end-of-sequence token)
-  settled  a row stops once its first number is settled (`evaluation.number_settled`: followed by a
+  settled  a row stops once its first number is settled (`answers.number_settled`: followed by a
            character that cannot continue it), session 5
-  decided  a row stops once its score is decided, right or wrong (`evaluation.answer_decided`: settled, or
+  decided  a row stops once its score is decided, right or wrong (`answers.answer_decided`: settled, or
            its first number can no longer become the gold, "3" for 12), what the rules run since session 11
 
   knockout: one operator's kept pairs, the knockout rule's head sets (top 0..K, `random_seeds` x K random
@@ -32,11 +32,10 @@ import yaml
 from safetensors.torch import load_file
 
 from arithmech.ablation import greedy_end_sets
+from arithmech.answers import answer_tokens, decided_answers, settled_number
 from arithmech.controls import random_heads
-from arithmech.evaluation import decided_answers, settled_number
 from arithmech.models import load_model
 from arithmech.patching import AlignedMean
-from arithmech.evaluation import answer_tokens
 from arithmech.stages.validate import _answers_correct, _transfer_targets, knockout_node_sets
 
 ROOT = Path(__file__).resolve().parents[1]

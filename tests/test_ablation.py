@@ -1,5 +1,5 @@
 """Tests for arithmech.ablation (mean ablation, knockout curves, random heads), the `hooks.patch_tail`
-helper it rests on, and arithmech.evaluation (first-token scores, greedy generation, reading numbers), all
+helper it rests on, and arithmech.generation (first-token scores, greedy generation) and arithmech.answers (reading numbers), all
 on the tiny CPU model."""
 
 from __future__ import annotations
@@ -15,18 +15,20 @@ from arithmech.ablation import (
     mean_ablate,
 )
 from arithmech.controls import random_heads
-from arithmech.evaluation import (
+from arithmech.answers import (
     answer_correct,
+    answer_decided,
+    decided_answers,
     extract_number,
+    full_answer_accuracy,
+    number_settled,
+)
+from arithmech.generation import (
     first_token_accuracy,
     first_token_predictions,
     first_token_scores,
-    full_answer_accuracy,
     greedy_answers,
     greedy_generate,
-    answer_decided,
-    decided_answers,
-    number_settled,
 )
 from arithmech.hooks import capture, hooks, patch_end, patch_tail
 from arithmech.patching import AlignedMean, collect

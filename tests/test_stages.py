@@ -187,8 +187,9 @@ TRANSFER = {
 
 def test_transfer_matches_an_explicit_ablated_generation(prepared, tmp_path):
     from arithmech.ablation import mean_ablate
+    from arithmech.answers import answer_correct, answer_tokens
     from arithmech.data import subsample
-    from arithmech.evaluation import answer_correct, answer_tokens, greedy_answers
+    from arithmech.generation import greedy_answers
     from arithmech.patching import AlignedMean
     from arithmech.prompts import split_pairs
 
@@ -232,8 +233,9 @@ def test_transfer_matches_an_explicit_ablated_generation(prepared, tmp_path):
 @pytest.mark.parametrize("positions", ["end", "all"])
 def test_knockout_scores_first_tokens_and_full_answers(prepared, tmp_path, positions):
     from arithmech.ablation import mean_ablate
+    from arithmech.answers import answer_correct, answer_tokens
     from arithmech.data import subsample
-    from arithmech.evaluation import answer_correct, answer_tokens, greedy_answers
+    from arithmech.generation import greedy_answers
     from arithmech.patching import AlignedMean, GroupedMean
 
     lm = load_model(prepared / "model", device="cpu")
@@ -313,7 +315,8 @@ def test_all_positions_answers_batched_across_sets_are_each_sets_own_generation(
     prefix the template's mean does not reach is shared); each set's tokens are those of a plain greedy
     generation inside that set's per-template mean ablation, up to where the answer is settled."""
     from arithmech.ablation import mean_ablate
-    from arithmech.evaluation import answer_correct, decided_answers, greedy_generate
+    from arithmech.answers import answer_correct, decided_answers
+    from arithmech.generation import greedy_generate
     from arithmech.patching import GroupedMean
 
     lm = load_model(prepared / "model", device="cpu")

@@ -17,7 +17,8 @@ from arithmech import finetune as ft
 from arithmech import study as sd
 from arithmech.controls import layer_matched_heads
 from arithmech.config import ConfigError, validate_config
-from arithmech.evaluation import divergence_windows, greedy_generate, score_targets
+from arithmech.generation import greedy_generate
+from arithmech.scoring import divergence_windows, score_targets
 from arithmech.models import load_model
 from arithmech.prompts import continuation_ids
 from arithmech.stages.study import run_study_items

@@ -46,7 +46,7 @@ per batch with a KV cache and then only the last P tokens, and each later genera
 ablated copies (`patching.total_logits` uses the same trick for END). With zero-shot counterfactuals the
 per-template means of "all" cover the query line, so the few-shot lines are the shared prefix. Its first
 step is the first-token knockout of any head sets (tested against `knockout`); its later steps are the
-full greedy answers (tested against `evaluation.greedy_generate` inside `mean_ablate`).
+full greedy answers (tested against `generation.greedy_generate` inside `mean_ablate`).
 """
 
 from __future__ import annotations
@@ -254,7 +254,7 @@ def greedy_end_sets(
 ) -> GreedyKnockout:
     """Greedy generation of `max_new_tokens` tokens with node set s (head_sets[s] and mlp_sets[s]) mean-
     ablated at END (or, positions="aligned", at the prompt's last P positions, P = the mean's length) and at
-    each generated position: what `evaluation.greedy_generate` does inside `mean_ablate(..., positions)`,
+    each generated position: what `generation.greedy_generate` does inside `mean_ablate(..., positions)`,
     for many sets at once.
 
     The prompt minus its ablated tail (END, or the last P positions) runs once per batch, as the ablation
@@ -262,7 +262,7 @@ def greedy_end_sets(
     copy of that prefix cache with the tail and then one token per forward (row i*c + j is text i with set j
     of the chunk). Where the batch is no longer than P, every copy runs the whole prompt. A row stops at its
     end-of-sequence token, or as soon as `settled(i, its tokens so far)` is true, i the index of its text in
-    `texts` (`evaluation.decided_answers`: when its score cannot change any more, right or wrong); its later
+    `texts` (`answers.decided_answers`: when its score cannot change any more, right or wrong); its later
     tokens are the pad id, and it leaves the forwards.
 
     means: one shared AlignedMean, or (positions "end" only) one per set (set s is ablated with means[s]'s

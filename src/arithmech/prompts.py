@@ -191,7 +191,7 @@ def select_samples(
     """Assign every pair to a split (`split_operands`), keep the pairs the model answers correctly (the
     paper's filter), then at most `splits.max_samples[split]` of each split (a seeded draw).
 
-    checked: `evaluation.check_answers` of the reference prompts, row for row.
+    checked: `generation.check_answers` of the reference prompts, row for row.
     keep_only_correct: "full" (the whole greedy answer is the number), "first_token" (the answer's first
         token, what path patching reads) or False (keep every pair).
     Returns (kept, dropped), both with the columns of `checked`, `split` and `correct` (the answer as the

@@ -105,7 +105,7 @@ def run_evaluate(*, model: str, model_dir, method: str, dataset: str, finetune_d
     batch_size, n_shots for the math sets (solved GSM8K train examples from `shots_path`), and the data
     set's own settings under its name."""
     from .. import data as ds
-    from .. import evaluation as ev
+    from .. import scoring
     from ..formatting import math_prompts
 
     spec = REGISTRY.get(dataset)
@@ -118,15 +118,15 @@ def run_evaluate(*, model: str, model_dir, method: str, dataset: str, finetune_d
         items = ds.subsample(spec.load(data_path), cfg["n"], seed)
         items = math_prompts(items.drop(columns=["solution"], errors="ignore"), shots, evaluation["style"],
                                 lm.tokenizer)
-        rows = ev.evaluate_generation(lm, items, cfg["max_new_tokens"], bs, progress=progress)
+        rows = scoring.evaluate_generation(lm, items, cfg["max_new_tokens"], bs, progress=progress)
     elif spec.kind == "choice":
-        rows = ev.evaluate_choice(lm, ds.subsample(spec.load(data_path), cfg["n"], seed), bs, progress=progress)
+        rows = scoring.evaluate_choice(lm, ds.subsample(spec.load(data_path), cfg["n"], seed), bs, progress=progress)
     elif spec.kind == "qa":
         items = ds.subsample(spec.load(data_path), cfg["n"], seed)
-        rows = ev.evaluate_qa_generation(lm, items, cfg["max_new_tokens"], bs, progress=progress)
+        rows = scoring.evaluate_qa_generation(lm, items, cfg["max_new_tokens"], bs, progress=progress)
     else:
-        result = ev.perplexity(lm, spec.load(data_path), cfg["max_length"], cfg["stride"], cfg["max_tokens"],
-                               progress=progress)
+        result = scoring.perplexity(lm, spec.load(data_path), max_length=cfg["max_length"], stride=cfg["stride"],
+                                    max_tokens=cfg["max_tokens"], progress=progress)
         rows = pd.DataFrame([result])
     rows = rows.assign(method=method, dataset=dataset)
     meta = stage_meta(model_dir, "evaluate", method=method, dataset=dataset, evaluation=evaluation, seed=seed)
@@ -141,7 +141,7 @@ def eval_summary(eval_paths: dict, stats_paths: dict, confidence: float) -> pd.D
     """The paper's Table 1: one row per method (base first), per data set the accuracy with its Wilson
     interval (WikiText-2: perplexity), and the training cost: trainable parameters, mean step time, train
     wall time, peak memory, optimizer state and saved artifact sizes."""
-    from ..evaluation import accuracy_interval
+    from ..stats import accuracy_interval
 
     rows = []
     for method, paths in eval_paths.items():

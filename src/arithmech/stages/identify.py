@@ -28,12 +28,12 @@ def run_build_pairs(*, model_dir, task: str, prompts: dict, compute: dict, seed:
     into identification and validation pairs by operand pair; writes kept and dropped samples. The kept
     pairs' counterfactual prompts are checked too: how often they still give the answer (the leak) goes
     into the table (cf_correct_first_token, cf_correct_full) and its metadata."""
-    from ..evaluation import check_answers
+    from ..generation import check_answers
 
     lm = load_stage_model(model_dir, compute)
     candidates = build_prompts(lm.tokenizer, task, prompts, seed)
     checked = check_answers(lm, list(candidates["prompt"]), candidates["answer"], candidates["answer_token_id"],
-                            compute["batch_size"], desc=f"check {task}")
+                            batch_size=compute["batch_size"], desc=f"check {task}")
     kept, dropped = select_samples(candidates, checked, prompts["keep_only_correct"], prompts["splits"], seed)
     for split in SPLITS:
         if not (kept["split"] == split).any():
@@ -42,8 +42,8 @@ def run_build_pairs(*, model_dir, task: str, prompts: dict, compute: dict, seed:
                 f"{prompts['keep_only_correct']}; widen prompts.operands, change prompts.splits.validation_share, "
                 "or set prompts.keep_only_correct: false"
             )
-    cf = check_answers(lm, list(kept["cf_prompt"]), kept["answer"], kept["answer_token_id"], compute["batch_size"],
-                       desc=f"leak {task}")
+    cf = check_answers(lm, list(kept["cf_prompt"]), kept["answer"], kept["answer_token_id"],
+                       batch_size=compute["batch_size"], desc=f"leak {task}")
     kept = kept.assign(cf_full_answer=cf["full_answer"].to_numpy(),
                        cf_correct_first_token=cf["correct_first_token"].to_numpy(),
                        cf_correct_full=cf["correct_full"].to_numpy())

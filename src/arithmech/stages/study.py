@@ -35,8 +35,8 @@ def run_study_items(*, model_dir, pairs_paths: dict, study: dict, prompts: dict,
 
 
 def _score(lm, items: pd.DataFrame, batch_size: int, progress=None) -> pd.DataFrame:
-    """Greedy exact match (teacher-forced, `evaluation.score_targets`) and answer NLL per item."""
-    from ..evaluation import score_targets
+    """Greedy exact match (teacher-forced, `scoring.score_targets`) and answer NLL per item."""
+    from ..scoring import score_targets
 
     scores = score_targets(lm, items["prompt"].tolist(), items["target"].tolist(), batch_size, progress)
     return pd.DataFrame({"item": items["pair"].to_numpy(), "cluster": items["pair"].to_numpy(),
@@ -126,7 +126,7 @@ def chosen_dir(selection_path, grid_dirs: dict) -> Path:
 
 def _off_target_rows(lm, base, study: dict, data_paths: dict, seed: int, bs: int) -> list[pd.DataFrame]:
     from .. import data as ds
-    from .. import evaluation as ev
+    from .. import scoring
     from ..formatting import math_prompts
 
     cfg, frames = study["off_target"], []
@@ -137,22 +137,22 @@ def _off_target_rows(lm, base, study: dict, data_paths: dict, seed: int, bs: int
     svamp["solution"] = [f"The answer is {g:g}." for g in svamp["gold"]]
     svamp = math_prompts(svamp, (), style, lm.tokenizer)
     for name, frame in (("gsm8k", gsm), ("svamp", svamp)):
-        s = ev.score_targets(lm, frame["prompt"].tolist(), frame["target"].tolist(), bs, progress=f"{name} NLL")
+        s = scoring.score_targets(lm, frame["prompt"].tolist(), frame["target"].tolist(), bs, progress=f"{name} NLL")
         ids = frame["id"].astype(str).to_numpy()
         frames.append(pd.DataFrame({"dataset": name, "kind": "nll", "item": ids, "cluster": ids,
                                     "nll": s["nll"].to_numpy(), "n_tokens": s["n_tokens"].to_numpy()}))
     for name in ("social_iqa", "strategyqa"):
         items = ds.subsample(ds.load_bigbench_choice(data_paths[name]), cfg[f"{name}_n"], seed)
-        rows = ev.evaluate_choice(lm, items, bs, progress=name)
+        rows = scoring.evaluate_choice(lm, items, bs, progress=name)
         frames.append(pd.DataFrame({"dataset": name, "kind": "choice", "item": rows["id"], "cluster": rows["id"],
                                     "correct": rows["correct"].to_numpy()}))
     items = ds.subsample(ds.load_bigbench_generation(data_paths["qa_wikidata"]), cfg["qa_wikidata_n"], seed)
-    rows = ev.evaluate_qa_generation(lm, items, cfg["qa_max_new_tokens"], bs, progress="qa_wikidata")
+    rows = scoring.evaluate_qa_generation(lm, items, cfg["qa_max_new_tokens"], bs, progress="qa_wikidata")
     frames.append(pd.DataFrame({"dataset": "qa_wikidata", "kind": "choice", "item": rows["id"], "cluster": rows["id"],
                                 "correct": rows["correct"].to_numpy()}))
     wt = cfg["wikitext"]
-    div = ev.divergence_windows(lm, base, ds.load_text(data_paths["wikitext"]), wt["max_tokens"], wt["window"],
-                                progress="WikiText-2 KL")
+    div = scoring.divergence_windows(lm, base, ds.load_text(data_paths["wikitext"]), max_tokens=wt["max_tokens"],
+                                     window=wt["window"], progress="WikiText-2 KL")
     ids = div["window"].astype(str).to_numpy()
     frames.append(div.drop(columns="window").assign(dataset="wikitext", kind="divergence", item=ids, cluster=ids))
     return frames

@@ -26,9 +26,9 @@ def _set_answers(lm, texts, golds, template_ids, head_sets, mlp_sets, cache, pos
     (`GroupedMean`), and every generated position with its template's END mean; all sets at once per
     template, on the same prefix-cache path (the prefix the template's mean does not reach is shared).
     Either way an answer stops as soon as its score against its gold is decided, right or wrong
-    (`evaluation.decided_answers`), which leaves the score as it is."""
+    (`answers.decided_answers`), which leaves the score as it is."""
     from ..ablation import greedy_end_sets
-    from ..evaluation import decided_answers
+    from ..answers import decided_answers
 
     golds = list(golds)
     if positions == "end":
@@ -53,8 +53,8 @@ def _set_answers(lm, texts, golds, template_ids, head_sets, mlp_sets, cache, pos
 
 def _answers_correct(tokenizer, tokens: torch.Tensor, golds, judge=None) -> np.ndarray:
     """[n_sets, n] bool: whether each decoded greedy answer matches its gold, by `judge(text, gold)`
-    (default `evaluation.answer_correct`: the first number, compared by value)."""
-    from ..evaluation import answer_correct
+    (default `answers.answer_correct`: the first number, compared by value)."""
+    from ..answers import answer_correct
 
     judge = judge or answer_correct
     golds = list(golds)
@@ -100,7 +100,7 @@ def run_knockout(
     random controls at k = max_heads only, as each set is a full forward of every prompt). Both the first answer token (`accuracy`, what path patching measured) and the
     full greedy answer (`full_accuracy`)."""
     from ..data import subsample
-    from ..evaluation import answer_tokens
+    from ..answers import answer_tokens
 
     lm = load_stage_model(model_dir, compute)
     pairs = split_pairs(pd.read_parquet(pairs_path), "validation", str(pairs_path))
@@ -140,7 +140,7 @@ def _transfer_targets(
     Each: name, kind, texts, golds (numbers, or lists of accepted strings), answer_ids (first answer token,
     operator pairs only), max_new_tokens."""
     from ..data import load_bigbench_generation, load_svamp, subsample
-    from ..evaluation import answer_tokens
+    from ..answers import answer_tokens
     from ..formatting import question_prompts
     from ..prompts import format_prompts
 
@@ -194,7 +194,7 @@ def run_transfer(
     "accuracy after knockout" on data filtered to correct answers)."""
     from ..ablation import greedy_end_sets
     from ..controls import layer_matched_heads
-    from ..evaluation import decided_answers, qa_correct
+    from ..answers import decided_answers, qa_correct
 
     lm = load_stage_model(model_dir, compute)
     # the empty set ablates nothing; any mean will do
