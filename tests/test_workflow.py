@@ -177,7 +177,7 @@ def test_transfer_table(run):
 def test_finetune_and_evaluation_outputs(run):
     from safetensors import safe_open
 
-    from arithmech.finetune import read_trained_meta
+    from arithmech.deltas import read_trained_meta
 
     res = run / "results/tiny"
     precise = read_trained_meta(res / "finetune/precise/trained.safetensors")

@@ -185,9 +185,9 @@ def parse_run(run: str) -> tuple[str, int]:
     return m[1], int(m[2])
 
 
-def arm_method(arm: str, run: str, study: dict, ranked_heads: list, ranked_mlps: list, n_heads: int,
+def arm_method(arm: str, run: str, study: dict, *, ranked_heads: list, ranked_mlps: list, n_heads: int,
                seed: int) -> dict:
-    """The `finetune.parse_method` dict of one run of `arm` (ranked_*: nodes by patching effect, best first)."""
+    """The `finetune_config.parse_method` dict of one run of `arm` (ranked_*: nodes by patching effect, best first)."""
     if arm not in ARMS:
         raise ValueError(f"study arm {arm!r}: expected one of {list(ARMS)}")
     kind, index = parse_run(run)

@@ -4,7 +4,6 @@ method, evaluate one model on one data set, and summarise (the paper's Table 1).
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import numpy as np
@@ -13,8 +12,8 @@ import torch
 
 from .. import effects as fx
 from ..eval_sets import REGISTRY
-from ..io import config_hash, provenance, write_html_table, write_parquet
-from .common import load_finetuned, load_stage_model, model_record, save_training_run, stage_meta
+from ..io import provenance, write_html_table, write_parquet
+from .common import load_finetuned, load_stage_model, model_record, stage_meta, train_and_save
 
 
 def select_finetune_nodes(method: str, effects_paths: dict, finetune: dict, n_layers: int, n_heads: int,
@@ -70,11 +69,11 @@ def run_finetune(*, model: str, model_dir, method: str, effects_paths: dict, dat
     """Fine-tune with one method and save what was trained into `out_dir`: the deltas (`trained.safetensors`)
     or, for full, a model directory (`model/`), plus `stats.json` (trainable parameters, step times, peak
     memory, losses). A killed job resumes from `checkpoint_root/<method>-<hash of the settings>`."""
-    from ..finetune import parse_method, prepare, train
+    from ..finetune_config import HEAD_METHODS, parse_method
 
     lm = load_stage_model(model_dir, compute)
     spec: dict = {"method": method}
-    if method in ("precise", "random_heads"):
+    if method in HEAD_METHODS:
         heads, mlps = select_finetune_nodes(method, effects_paths, finetune, lm.n_layers, lm.n_heads, seed)
         spec |= {"heads": [list(h) for h in heads], "mlp_layers": mlps, "train_kv": finetune["train_kv"],
                  "grad_scale": finetune["grad_scale"], "delta_dtype": "float32" if lm.dtype != torch.float32 else "model"}
@@ -85,14 +84,11 @@ def run_finetune(*, model: str, model_dir, method: str, effects_paths: dict, dat
     examples = finetune_examples(lm, {**finetune["data"], "file": data_path}, seed)
     examples = fitting_examples(lm.tokenizer, examples, train_cfg["max_length"])
     settings = {"spec": spec, "train": train_cfg, "data": finetune["data"], "model": model_record(model_dir).get("sha256")}
-    checkpoints = Path(checkpoint_root) / f"{method}-{config_hash(settings)[:12]}"
-    ft = prepare(lm, spec, seed)
-    start = time.perf_counter()
-    stats = train(ft, examples, train_cfg, checkpoint_dir=checkpoints)
-    meta = stage_meta(model_dir, "finetune", method=method, settings=settings)
-    record = save_training_run(ft=ft, stats=stats, wall_s=time.perf_counter() - start, out_dir=out_dir,
-                               checkpoints=checkpoints, meta=meta,
-                               record={"n_examples": len(examples), "spec": spec, "train": train_cfg})
+    stats, record, _ = train_and_save(
+        lm, spec=spec, train_cfg=train_cfg, examples=examples, settings=settings, run_name=method,
+        checkpoint_root=checkpoint_root, out_dir=out_dir, model_dir=model_dir, stage="finetune",
+        meta_params={"method": method}, record={"n_examples": len(examples), "spec": spec, "train": train_cfg},
+    )
     print(f"{method}: {stats.n_trainable} trainable parameters, {record['mean_step_s']:.2f} s/step, "
           f"final loss {stats.losses[-1]:.3f}")
 

@@ -3,7 +3,6 @@ an arm's lr, score one model, summarise. Keyword-only, so a script cannot swap t
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +10,7 @@ import pandas as pd
 
 from .. import study as sd
 from ..io import atomic_path, config_hash, provenance, write_html_table, write_json, write_parquet
-from .common import load_finetuned, load_stage_model, model_record, save_training_run, stage_meta
+from .common import load_finetuned, load_stage_model, model_record, stage_meta, train_and_save
 from .finetune import ranked_nodes
 
 VAL_FILE = "val.parquet"
@@ -63,7 +62,7 @@ def run_study_train(*, model_dir, items_path, effects_paths: dict, arm: str, run
     from `checkpoint_root/<arm>-<run>-<hash of the settings>`."""
     import torch
 
-    from ..finetune import parse_method, prepare, train
+    from ..finetune_config import HEAD_METHODS, parse_method
 
     lm = load_stage_model(model_dir, compute)
     items = pd.read_parquet(items_path)
@@ -71,8 +70,8 @@ def run_study_train(*, model_dir, items_path, effects_paths: dict, arm: str, run
     train_items, val = fmt[fmt["split"] == "train"], fmt[fmt["split"] == "validation"]
     curve_test = fmt[fmt["split"] == "test"].head(study["curve"]["test_items"])
     heads, mlps = ranked_nodes(effects_paths) if arm in sd.HEAD_ARMS else ([], [])
-    spec = sd.arm_method(arm, run, study, heads, mlps, lm.n_heads, seed)
-    if spec["method"] in ("precise", "random_heads") and lm.dtype != torch.float32:
+    spec = sd.arm_method(arm, run, study, ranked_heads=heads, ranked_mlps=mlps, n_heads=lm.n_heads, seed=seed)
+    if spec["method"] in HEAD_METHODS and lm.dtype != torch.float32:
         spec["delta_dtype"] = "float32"
     parse_method(spec)
     lr = run_lr(run, study, arm, selection_path)
@@ -87,27 +86,26 @@ def run_study_train(*, model_dir, items_path, effects_paths: dict, arm: str, run
         return {"val_accuracy": float(scored["correct"].mean()), "test_accuracy": float(test["correct"].mean()),
                 "val_nll": float(scored["nll"].sum() / scored["n_tokens"].sum()), "test_items": len(test)}
 
+    def final_val(stats) -> dict[str, pd.DataFrame]:
+        scored = last_val.get(stats.steps)
+        if scored is None:  # resumed after the last step: score again
+            with torch.no_grad():
+                scored = _score(lm, val, bs)
+        return {VAL_FILE: scored}
+
     settings = {"spec": spec, "train": train_cfg, "items": config_hash(fmt[["split", "prompt", "target"]].values.tolist()),
                 "model": model_record(model_dir).get("sha256")}
-    checkpoints = Path(checkpoint_root) / f"{arm}-{run}-{config_hash(settings)[:12]}"
-    ft = prepare(lm, spec, train_cfg["seed"])
     examples = list(zip(train_items["prompt"], train_items["target"]))
-    start = time.perf_counter()
-    stats = train(ft, examples, train_cfg, checkpoint_dir=checkpoints, append_eos=False, evaluate=evaluate,
-                  evaluate_every=study["curve"]["every"])
-    wall = time.perf_counter() - start
-    ft.model.eval()
-    scored = last_val.get(stats.steps)
-    if scored is None:  # resumed after the last step: score again
-        with torch.no_grad():
-            scored = _score(lm, val, bs)
-    meta = stage_meta(model_dir, "study_train", arm=arm, run=run, settings=settings)
-    record = save_training_run(ft=ft, stats=stats, wall_s=wall, out_dir=out_dir, checkpoints=checkpoints, meta=meta,
-                               record={"arm": arm, "run": run, "lr": lr, "seed": train_cfg["seed"],
-                                       "n_examples": len(examples), "spec": spec, "train": train_cfg},
-                               write_extra=lambda tmp: write_parquet(scored, tmp / VAL_FILE, meta))
+    stats, record, tables = train_and_save(
+        lm, spec=spec, train_cfg=train_cfg, examples=examples, settings=settings, run_name=f"{arm}-{run}",
+        checkpoint_root=checkpoint_root, out_dir=out_dir, model_dir=model_dir, stage="study_train",
+        meta_params={"arm": arm, "run": run}, append_eos=False, evaluate=evaluate,
+        evaluate_every=study["curve"]["every"], final_tables=final_val,
+        record={"arm": arm, "run": run, "lr": lr, "seed": train_cfg["seed"], "n_examples": len(examples), "spec": spec,
+                "train": train_cfg},
+    )
     print(f"{arm} {run}: lr {lr:g}, {stats.n_trainable} trained parameters, {record['mean_step_s']:.2f} s/step, "
-          f"validation exact match {scored['correct'].mean():.3f}")
+          f"validation exact match {tables[VAL_FILE]['correct'].mean():.3f}")
 
 
 def run_study_select(*, arm: str, study: dict, run_dirs: dict, out_path) -> None:
