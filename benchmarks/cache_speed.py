@@ -40,7 +40,8 @@ from arithmech.answers import answer_tokens, MATH_STOP_STRINGS, settled_number
 from arithmech.formatting import math_prompts
 from arithmech.generation import generate_texts
 from arithmech.models import load_model
-from arithmech.patching import AlignedMean, collect, total_logits
+from arithmech.means import AlignedMean
+from arithmech.patching import collect, total_logits
 from arithmech.stages.validate import knockout_node_sets
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -97,7 +98,7 @@ def main() -> None:
     answers = torch.tensor(pairs["answer_token_id"].to_numpy())
     cf, _ = collect(lm, list(pairs["cf_prompt"]), answers, 16)
     layers = list(range(lm.n_layers))
-    compare("total", lambda: total_logits(lm, list(pairs["prompt"]), answers, cf, layers, 16),
+    compare("total", lambda: total_logits(lm, list(pairs["prompt"]), answers, cf, layers, batch_size=16),
             lambda a, b: torch.equal(a.logit_p, b.logit_p) and torch.equal(a.logit_o, b.logit_o))
 
     acts = load_file(str(args.results / f"activations/{args.task}.safetensors"))
@@ -107,8 +108,9 @@ def main() -> None:
                                    pd.read_parquet(args.results / f"key_components/{args.task}.parquet"),
                                    config["ablation"], lm.n_layers, lm.n_heads, config["seed"])
     compare("knockout", lambda: greedy_end_sets(
-        lm, list(ko["prompt"]), [s[3] for s in node_sets], means, answer_tokens(lm.tokenizer, ko["answer"]),
-        [s[4] for s in node_sets], None, config["compute"]["batch_size"], 256,
+        lm, list(ko["prompt"]), [s[3] for s in node_sets], means=means, max_new_tokens=answer_tokens(lm.tokenizer,
+                                                                                                     ko["answer"]),
+        mlp_sets=[s[4] for s in node_sets], batch_size=config["compute"]["batch_size"], copies_per_forward=256,
         settled=settled_number(lm.tokenizer)).tokens, torch.equal)
 
     ev = config["evaluation"]

@@ -30,7 +30,7 @@ from arithmech.answers import answer_tokens
 from arithmech.data import subsample
 from arithmech.generation import greedy_generate
 from arithmech.models import load_model
-from arithmech.patching import GroupedMean
+from arithmech.means import GroupedMean
 from arithmech.prompts import split_pairs
 from arithmech.stages.validate import _answers_correct, _set_answers, knockout_node_sets
 
@@ -45,7 +45,7 @@ def reference_answers(lm, texts, template_ids, head_sets, mlp_sets, grouped: Gro
         rows = np.flatnonzero(template_ids == t)
         part = [texts[i] for i in rows]
         for s, (hs, ms) in enumerate(zip(head_sets, mlp_sets)):
-            hooks = ablation_hooks(lm, hs, ms, grouped.group(int(t)), "aligned")
+            hooks = ablation_hooks(lm, hs, ms, grouped.group(int(t)), positions="aligned")
             out[s, torch.as_tensor(rows)] = greedy_generate(lm, part, max_new_tokens, batch_size, hooks=hooks)
     return out
 
@@ -77,8 +77,9 @@ def main() -> None:
     ref = reference_answers(lm, texts, templates, head_sets, mlp_sets, grouped, n_new, batch_size)
     t_ref = time.perf_counter() - start
     start = time.perf_counter()
-    fast = _set_answers(lm, texts, list(scored["answer"]), templates, head_sets, mlp_sets, cache, "all", n_new,
-                        batch_size, 256)
+    fast = _set_answers(lm, texts, list(scored["answer"]), template_ids=templates, head_sets=head_sets,
+                        mlp_sets=mlp_sets, cache=cache, positions="all", max_new_tokens=n_new,
+                        batch_size=batch_size, copies=256)
     t_fast = time.perf_counter() - start
     same_full = (_answers_correct(lm.tokenizer, ref, scored["answer"])
                  == _answers_correct(lm.tokenizer, fast, scored["answer"])).all()

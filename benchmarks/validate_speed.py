@@ -35,7 +35,7 @@ from arithmech.ablation import greedy_end_sets
 from arithmech.answers import answer_tokens, decided_answers, settled_number
 from arithmech.controls import random_heads
 from arithmech.models import load_model
-from arithmech.patching import AlignedMean
+from arithmech.means import AlignedMean
 from arithmech.stages.validate import _answers_correct, _transfer_targets, knockout_node_sets
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -56,8 +56,10 @@ def compare(lm, name: str, texts, golds, head_sets, mlp_sets, means, max_new_tok
     stops = {"none": None, "settled": settled_number(lm.tokenizer), "decided": decided_answers(lm.tokenizer, golds)}
     seconds, scores = [], []
     for arm in ARMS:
-        t, tokens = timed(lambda: greedy_end_sets(lm, texts, head_sets, means, max_new_tokens, mlp_sets, None,
-                                                  batch_size, 256, settled=stops[arm]).tokens)
+        t, tokens = timed(lambda: greedy_end_sets(lm, texts, head_sets, means=means, max_new_tokens=max_new_tokens,
+                                                  mlp_sets=mlp_sets,
+                                                  batch_size=batch_size, copies_per_forward=256,
+                                                  settled=stops[arm]).tokens)
         seconds.append(t)
         scores.append((tokens[..., 0], torch.as_tensor(_answers_correct(lm.tokenizer, tokens, golds))))
     if not all(torch.equal(a, b) for first, full in scores[1:] for a, b in zip((first, full), scores[0])):

@@ -102,7 +102,7 @@ def test_patch_layer_matches_reference(prepared, mode):
     ref, cf, answers, _ = identify.load_states(prepared / "cache.safetensors")
     pairs = pd.read_parquet(prepared / "pairs.parquet")
     texts = list(pairs.loc[pairs["split"] == "identification", "prompt"])
-    logits, logprobs = reference_logits(lm, texts, answers, ref, cf, [1], mode)
+    logits, logprobs = reference_logits(lm, texts, answers, ref, cf, layers=[1], mode=mode)
     assert len(frame) == 6 * (lm.n_heads + 1)
     assert frame["logit_p"].to_numpy() == pytest.approx(logits.reshape(-1).double().numpy(), abs=1e-4)
     assert frame["prob_p"].to_numpy() == pytest.approx(logprobs.exp().reshape(-1).double().numpy(), abs=1e-5)
@@ -190,7 +190,7 @@ def test_transfer_matches_an_explicit_ablated_generation(prepared, tmp_path):
     from arithmech.answers import answer_correct, answer_tokens
     from arithmech.data import subsample
     from arithmech.generation import greedy_answers
-    from arithmech.patching import AlignedMean
+    from arithmech.means import AlignedMean
     from arithmech.prompts import split_pairs
 
     root = Path(__file__).resolve().parents[1] / "resources/data"
@@ -236,7 +236,7 @@ def test_knockout_scores_first_tokens_and_full_answers(prepared, tmp_path, posit
     from arithmech.answers import answer_correct, answer_tokens
     from arithmech.data import subsample
     from arithmech.generation import greedy_answers
-    from arithmech.patching import AlignedMean, GroupedMean
+    from arithmech.means import AlignedMean, GroupedMean
 
     lm = load_model(prepared / "model", device="cpu")
     heads = [(l, h) for l in range(lm.n_layers) for h in range(lm.n_heads)]
@@ -277,7 +277,7 @@ def test_knockout_scores_first_tokens_and_full_answers(prepared, tmp_path, posit
         else:  # the template's own mean at every position its counterfactuals reach
             grouped = GroupedMean(cache["cf_template_heads"], cache["cf_template_mlps"], cache["cf_template_counts"])
             mean, where = grouped.group(template), "aligned"
-        with mean_ablate(lm, [(1, 3), (1, 2)], [], mean, where):
+        with mean_ablate(lm, [(1, 3), (1, 2)], [], mean, positions=where):
             texts = greedy_answers(lm, list(group["prompt"]), n_new, 4)
         correct += sum(answer_correct(t, g) for t, g in zip(texts, group["answer"]))
     assert table["full_accuracy"].iloc[2] == pytest.approx(correct / len(pairs))
@@ -317,7 +317,7 @@ def test_all_positions_answers_batched_across_sets_are_each_sets_own_generation(
     from arithmech.ablation import mean_ablate
     from arithmech.answers import answer_correct, decided_answers
     from arithmech.generation import greedy_generate
-    from arithmech.patching import GroupedMean
+    from arithmech.means import GroupedMean
 
     lm = load_model(prepared / "model", device="cpu")
     pairs = pd.read_parquet(prepared / "pairs.parquet")
@@ -329,13 +329,14 @@ def test_all_positions_answers_batched_across_sets_are_each_sets_own_generation(
     mlp_sets = [[], [], [1], [], [0]]
     texts, templates = list(pairs["prompt"]), pairs["template_id"].to_numpy()
     golds = list(pairs["answer"])
-    got = validate._set_answers(lm, texts, golds, templates, head_sets, mlp_sets, cache, "all", 3, 4, 256)
+    got = validate._set_answers(lm, texts, golds, template_ids=templates, head_sets=head_sets, mlp_sets=mlp_sets,
+                                cache=cache, positions="all", max_new_tokens=3, batch_size=4, copies=256)
     assert got.shape == (len(head_sets), len(texts), 3)
     decided = decided_answers(lm.tokenizer, golds)
     for s, (hs, ms) in enumerate(zip(head_sets, mlp_sets)):
         for t in set(templates):
             rows = [i for i, x in enumerate(templates) if x == t]
-            with mean_ablate(lm, hs, ms, grouped.group(int(t)), "aligned"):
+            with mean_ablate(lm, hs, ms, grouped.group(int(t)), positions="aligned"):
                 want = greedy_generate(lm, [texts[i] for i in rows], 3, 2)
             for i, row in zip(rows, want):  # equal up to where the score is decided, then the pad id
                 stop = next((j for j in range(3) if decided(i, row[: j + 1].tolist())), 2)

@@ -6,15 +6,11 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 from safetensors.torch import load_file, save_file
 
 from .io import atomic_dir, atomic_path, write_json
-
-if TYPE_CHECKING:
-    from .finetune import FineTune
 
 # Training-config fields a resumed run may change: how long it runs and how often it checkpoints.
 RESUMABLE_CHANGES = ("epochs", "max_steps", "checkpoint_every")
@@ -31,11 +27,11 @@ def latest_checkpoint(checkpoint_dir: str | Path) -> Path | None:
     return steps[-1] if steps else None
 
 
-def save_checkpoint(checkpoint_dir: str | Path, ft: FineTune, optimizer: torch.optim.Optimizer, *, step: int,
+def save_checkpoint(checkpoint_dir: str | Path, ft, optimizer: torch.optim.Optimizer, *, step: int,
                     steps_per_epoch: int, fingerprint: dict, history: dict) -> Path:
     """Write checkpoint_dir/step-{step:08d}/ atomically (`io.atomic_dir`), then name it in
     checkpoint_dir/latest and remove older checkpoints. It holds:
-      trainable.safetensors   the trained tensors (ft.params)
+      trainable.safetensors   the trained tensors (ft.params; `ft` a `finetune.FineTune`)
       optimizer.pt            the optimizer's state dict (AdamW moments; SGD: hyperparameters only)
       rng.pt                  the torch CPU (and CUDA) RNG states after `step` steps
       trainer.json            step, epoch and position in it, the lr schedule's position, the run's
@@ -63,8 +59,9 @@ def save_checkpoint(checkpoint_dir: str | Path, ft: FineTune, optimizer: torch.o
     return final
 
 
-def load_checkpoint(path: Path, ft: FineTune, optimizer: torch.optim.Optimizer, fingerprint: dict) -> tuple[int, dict]:
-    """Restore parameters, optimizer and RNG from checkpoint `path`; return (step, history)."""
+def load_checkpoint(path: Path, ft, optimizer: torch.optim.Optimizer, fingerprint: dict) -> tuple[int, dict]:
+    """Restore the parameters of `ft` (a `finetune.FineTune`), the optimizer and the RNG from checkpoint `path`;
+    return (step, history)."""
     state = json.loads((path / "trainer.json").read_text())
     saved = state["fingerprint"]
     for key in ("method", "data", "append_eos", "n_trainable"):

@@ -32,7 +32,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -44,9 +44,6 @@ from .finetune_config import Head
 from .hooks import hooks
 from .io import atomic_dir, write_safetensors
 from .models import LoadedModel, load_model
-
-if TYPE_CHECKING:
-    from .finetune import FineTune
 
 MLP_PROJS = ("gate_proj", "up_proj", "down_proj")
 
@@ -101,16 +98,20 @@ class HeadDeltas(nn.Module):
         for layer, hs in sorted(by_layer.items()):
             hs = sorted(hs)
             kv = sorted({h // self.group for h in hs})
-            self._add(lm, layer, lm.attn_proj(layer, "q_proj"), "q_proj", "rows", hs, "head", dtype)
-            self._add(lm, layer, lm.attn_proj(layer, "o_proj"), "o_proj", "cols", hs, "head", dtype)
+            self._add(lm, layer, lm.attn_proj(layer, "q_proj"), "q_proj", kind="rows", heads=hs, label="head",
+                      dtype=dtype)
+            self._add(lm, layer, lm.attn_proj(layer, "o_proj"), "o_proj", kind="cols", heads=hs, label="head",
+                      dtype=dtype)
             if train_kv:
-                self._add(lm, layer, lm.attn_proj(layer, "k_proj"), "k_proj", "rows", kv, "kv_head", dtype)
-                self._add(lm, layer, lm.attn_proj(layer, "v_proj"), "v_proj", "rows", kv, "kv_head", dtype)
+                self._add(lm, layer, lm.attn_proj(layer, "k_proj"), "k_proj", kind="rows", heads=kv, label="kv_head",
+                          dtype=dtype)
+                self._add(lm, layer, lm.attn_proj(layer, "v_proj"), "v_proj", kind="rows", heads=kv, label="kv_head",
+                          dtype=dtype)
         for layer in sorted(mlp_layers):
             for proj in MLP_PROJS:
-                self._add(lm, layer, lm.mlp_proj(layer, proj), proj, "full", (), "", dtype)
+                self._add(lm, layer, lm.mlp_proj(layer, proj), proj, kind="full", heads=(), label="", dtype=dtype)
 
-    def _add(self, lm: LoadedModel, layer: int, module: nn.Linear, proj: str, kind: str, heads: Sequence[int],
+    def _add(self, lm: LoadedModel, layer: int, module: nn.Linear, proj: str, *, kind: str, heads: Sequence[int],
              label: str, dtype) -> None:
         weight = module.weight
         out_f, in_f = weight.shape
@@ -180,11 +181,11 @@ class HeadDeltas(nn.Module):
 
 
 
-def _lora_factors(ft: FineTune) -> dict[str, torch.Tensor]:
-    """The trained LoRA factors of every adapted module, under `<module path in the base model>.weight.`
-    lora_A [r, d_in] and lora_B [d_out, r], the scaling alpha/r folded into lora_B, so that the update of
-    the weight is lora_B @ lora_A. A module that stores its weight transposed (fan_in_fan_out, GPT-2's
-    Conv1D) saves its whole update under `.weight` instead."""
+def _lora_factors(ft) -> dict[str, torch.Tensor]:
+    """The trained LoRA factors of `ft` (a `finetune.FineTune`): of every adapted module, under `<module path
+    in the base model>.weight.` lora_A [r, d_in] and lora_B [d_out, r], the scaling alpha/r folded into
+    lora_B, so that the update of the weight is lora_B @ lora_A. A module that stores its weight transposed
+    (fan_in_fan_out, GPT-2's Conv1D) saves its whole update under `.weight` instead."""
     from peft.tuners.lora import LoraLayer
 
     out = {}
@@ -199,9 +200,9 @@ def _lora_factors(ft: FineTune) -> dict[str, torch.Tensor]:
     return out
 
 
-def save_trained(ft: FineTune, path: str | Path, meta: dict | None = None) -> Path:
-    """Save what was trained (module docstring): a safetensors file of deltas for precise and random_heads,
-    of the LoRA factors for lora, or an HF model directory for full.
+def save_trained(ft, path: str | Path, meta: dict | None = None) -> Path:
+    """Save what `ft` (a `finetune.FineTune`) trained (module docstring): a safetensors file of deltas for
+    precise and random_heads, of the LoRA factors for lora, or an HF model directory for full.
     `meta` is added to the recorded metadata. Written atomically; returns `path`."""
     path = Path(path)
     lm = ft.lm

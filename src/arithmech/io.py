@@ -8,6 +8,7 @@ killed job never leaves a half-written result that a re-run would mistake for a 
 from __future__ import annotations
 
 import functools
+import glob
 import hashlib
 import html
 import json
@@ -59,7 +60,8 @@ def atomic_dir(path: str | Path) -> Iterator[Path]:
     are removed by the next write to `path`."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    for stale in [*path.parent.glob(f".{path.name}.tmp-*"), *path.parent.glob(f".{path.name}.old-*")]:
+    name = glob.escape(path.name)
+    for stale in [*path.parent.glob(f".{name}.tmp-*"), *path.parent.glob(f".{name}.old-*")]:
         shutil.rmtree(stale, ignore_errors=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
     tmp.chmod(0o777 & ~_umask())  # mkdtemp makes it private; results are meant to be shared

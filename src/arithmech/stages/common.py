@@ -7,16 +7,13 @@ import json
 import shutil
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 import numpy as np
 import pandas as pd
 
 from ..io import atomic_dir, config_hash, provenance, write_parquet
 from ..models import SOURCE_FILE, LoadedModel, load_model
-
-if TYPE_CHECKING:
-    from ..finetune import TrainStats
 
 
 def model_record(model_dir: str | Path) -> dict:
@@ -47,14 +44,14 @@ STATS_FILE = "stats.json"
 def train_and_save(lm: LoadedModel, *, spec: dict, train_cfg: dict, examples: list[tuple[str, str]], settings: dict,
                    run_name: str, checkpoint_root, out_dir, model_dir, stage: str, meta_params: dict, record: dict,
                    append_eos: bool = True, evaluate=None, evaluate_every: int | None = None,
-                   final_tables: Callable[[TrainStats], dict[str, pd.DataFrame]] | None = None,
-                   ) -> tuple[TrainStats, dict, dict[str, pd.DataFrame]]:
+                   final_tables: Callable[..., dict[str, pd.DataFrame]] | None = None,
+                   ) -> tuple:
     """The one training entry point, of the GSM8K recipe (`finetune`) and of the study (`study_train`): train
     `lm` by the method `spec` (`finetune_config.parse_method`) with `train_cfg` on (prompt, target) pairs,
     resumable from checkpoint_root/<run_name>-<hash of `settings`>, then save the run (`save_training_run`)
     with the Parquet tables `final_tables(stats)` returns, named by file. `append_eos`, `evaluate` and
     `evaluate_every` go to `finetune.train`. Provenance: `stage_meta(model_dir, stage, **meta_params,
-    settings=settings)`. Returns (stats, the stats record, the final tables)."""
+    settings=settings)`. Returns (the `finetune.TrainStats`, the stats record, the final tables)."""
     from ..finetune import prepare, train
 
     checkpoints = Path(checkpoint_root) / f"{run_name}-{config_hash(settings)[:12]}"
@@ -84,8 +81,8 @@ def save_training_run(*, ft, stats, wall_s: float, out_dir, checkpoints, meta: d
             write_parquet(table, tmp / name, meta)
         full = {**stats.to_dict(), **record, "wall_s_this_run": wall_s,
                 "mean_step_s": float(np.mean(stats.step_times_s)) if stats.step_times_s else float("nan"),
-                "artifact_bytes": _tree_bytes(tmp), "provenance": meta, "n_parameters": ft.lm.describe()["n_parameters"],
-                "device": str(ft.lm.device), "dtype": str(ft.lm.dtype)}
+                "artifact_bytes": _tree_bytes(tmp), "provenance": meta,
+                "n_parameters": ft.lm.describe()["n_parameters"], "device": str(ft.lm.device), "dtype": str(ft.lm.dtype)}
         (tmp / STATS_FILE).write_text(json.dumps(full, indent=2) + "\n")
     shutil.rmtree(checkpoints, ignore_errors=True)
     return full

@@ -16,7 +16,7 @@ from ..io import provenance, write_html_table, write_parquet
 from .common import load_finetuned, load_stage_model, model_record, stage_meta, train_and_save
 
 
-def select_finetune_nodes(method: str, effects_paths: dict, finetune: dict, n_layers: int, n_heads: int,
+def select_finetune_nodes(method: str, effects_paths: dict, finetune: dict, *, n_layers: int, n_heads: int,
                           seed: int) -> tuple[list, list]:
     """(heads, mlp layers) a head method trains: precise, the top `finetune.heads` heads (and top
     `finetune.mlps` MLPs) by patching effect averaged over the tasks; random_heads, as many heads drawn at
@@ -74,7 +74,8 @@ def run_finetune(*, model: str, model_dir, method: str, effects_paths: dict, dat
     lm = load_stage_model(model_dir, compute)
     spec: dict = {"method": method}
     if method in HEAD_METHODS:
-        heads, mlps = select_finetune_nodes(method, effects_paths, finetune, lm.n_layers, lm.n_heads, seed)
+        heads, mlps = select_finetune_nodes(method, effects_paths, finetune, n_layers=lm.n_layers, n_heads=lm.n_heads,
+                                            seed=seed)
         spec |= {"heads": [list(h) for h in heads], "mlp_layers": mlps, "train_kv": finetune["train_kv"],
                  "grad_scale": finetune["grad_scale"], "delta_dtype": "float32" if lm.dtype != torch.float32 else "model"}
     elif method == "lora":

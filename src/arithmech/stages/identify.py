@@ -66,7 +66,7 @@ STATE_FIELDS = ("heads", "mlps", "resid", "logits", "logprobs", "predicted")
 def run_cache_activations(*, model_dir, pairs_path, compute: dict, out_path) -> None:
     """Node outputs at END for the identification pairs' reference and counterfactual prompts, plus the
     counterfactual means that mean ablation uses: at END over all of them (`cf_mean_*`, [1, ...]) and per
-    template at every position counted back from END (`cf_template_*`, `patching.GroupedMean`)."""
+    template at every position counted back from END (`cf_template_*`, `means.GroupedMean`)."""
     lm = load_stage_model(model_dir, compute)
     pairs = split_pairs(pd.read_parquet(pairs_path), "identification", str(pairs_path))
     answers = torch.tensor(pairs["answer_token_id"].to_numpy())
@@ -133,13 +133,15 @@ def run_patch_layers(*, model_dir, layers: list[int] | None, patching: dict, com
         frames = []
         for layer in layers:
             if texts is None:
-                out = direct_logits(lm, ref, cf, answers, [layer], compute["batch_size"], with_probs)
+                out = direct_logits(lm, ref, cf, answers, [layer], batch_size=compute["batch_size"],
+                                    with_logprobs=with_probs)
             else:
-                out = total_logits(lm, texts, answers, cf, [layer], compute["batch_size"],
-                                   patching["copies_per_forward"], with_probs)
+                out = total_logits(lm, texts, answers, cf, [layer], batch_size=compute["batch_size"],
+                                   copies_per_forward=patching["copies_per_forward"], with_logprobs=with_probs)
             # logit_o from the same float32 computation as logit_p, not the forward's ref.logits (bf16 on a GPU)
-            frames.append(effects_frame(lm, sample_ids.tolist(), [layer], out.logit_o, out.logit_p, out.logprob_o,
-                                        out.logprob_p))
+            frames.append(effects_frame(lm, sample_ids.tolist(), [layer], out.logit_o, out.logit_p,
+                                        logprob_o=out.logprob_o,
+                                        logprob_p=out.logprob_p))
         cache_hash = cache_meta(cache_path).get("params_hash")
         meta = stage_meta(model_dir, "patch_layers", layers=layers, patching=patching, cache=cache_hash)
         write_parquet(pd.concat(frames, ignore_index=True), out_path, meta)

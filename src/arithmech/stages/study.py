@@ -122,7 +122,7 @@ def chosen_dir(selection_path, grid_dirs: dict) -> Path:
     return Path(grid_dirs[sd.read_json(selection_path)["run"]])
 
 
-def _off_target_rows(lm, base, study: dict, data_paths: dict, seed: int, bs: int) -> list[pd.DataFrame]:
+def _off_target_rows(lm, base, study: dict, data_paths: dict, *, seed: int, bs: int) -> list[pd.DataFrame]:
     from .. import data as ds
     from .. import scoring
     from ..formatting import math_prompts
@@ -176,7 +176,7 @@ def run_study_evaluate(*, model_dir, items_path, arm: str, run: str, run_dir, st
             frames.append(scored.assign(dataset=fmt, kind="arithmetic"))
             print(f"{arm} {run} {fmt}: exact match {scored['correct'].mean():.3f} on {len(scored)}")
         if study["off_target"]["runs"] == "all" or run in ("base", "chosen"):
-            frames += _off_target_rows(lm, base, study, data_paths, seed, bs)
+            frames += _off_target_rows(lm, base, study, data_paths, seed=seed, bs=bs)
     rows = pd.concat(frames, ignore_index=True)
     rows["correct"] = rows["correct"].astype(float)  # NaN where a kind has no correctness
     meta = stage_meta(model_dir, "study_evaluate", arm=arm, run=run, off_target=study["off_target"], seed=seed)
