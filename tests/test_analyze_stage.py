@@ -124,9 +124,16 @@ def test_example_table_is_one_prompt_per_head(prepared, key_run):
     assert not np.allclose(first, second)  # two heads, two attention patterns
 
 
-def test_figures_are_written(key_run):
+def test_figures_are_drawn(key_run):
+    """Each figure decodes as an image of a figure's size with something drawn on it, not a blank canvas."""
+    import matplotlib.image
+
     for name in ("roles.png", "example.png", "probes.png"):
-        assert key_run[name].read_bytes()[:4] == b"\x89PNG", name
+        image = matplotlib.image.imread(key_run[name])  # [height, width, RGB(A)] floats in [0, 1]
+        assert image.ndim == 3 and min(image.shape[:2]) >= 200, (name, image.shape)
+        rgb = image[..., :3].reshape(-1, 3)
+        assert len(np.unique(rgb, axis=0)) >= 20, name  # colours: cells, lines, anti-aliased text
+        assert 0.001 < (rgb.max(1) < 0.5).mean() < 0.9, name  # dark marks on a light background
 
 
 def test_no_key_head_falls_back_to_the_top_heads(prepared):

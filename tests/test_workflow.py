@@ -17,6 +17,8 @@ from snakemake.utils import update_config
 
 from arithmech.io import read_parquet_meta
 
+pytestmark = pytest.mark.slow  # the workflow runs whole: make test-fast leaves these out
+
 ROOT = Path(__file__).resolve().parents[1]
 TASKS = ["addition", "division"]  # two operators keep the run short; all four share the code
 
