@@ -7,7 +7,7 @@ TORCH ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.arithmech-installed
 
-.PHONY: setup run study test gpu-check benchmark peer-benchmark report clean-results slurm-profile docs
+.PHONY: setup run study test test-fast gpu-check benchmark peer-benchmark report clean-results slurm-profile docs
 
 $(STAMP): requirements.txt envs/default-model.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +31,10 @@ study: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest
+
+# Everything but the slow tests (the whole tiny workflow, the SLURM stand-in, the Snakemake linters).
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -m "not slow"
 
 # On a GPU machine: the device tests on CUDA (bf16 closed form, knockout, precise SFT on bf16, peak memory),
 # then the patching benchmark there. Fails rather than skipping when no CUDA device is visible.

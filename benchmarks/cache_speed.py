@@ -12,7 +12,7 @@ Three workloads, each run both ways on the same inputs, the outputs checked to b
 time is printed:
   total:    `patching.total_logits`, all 300 nodes, 16 addition prompts (as benchmarks/patching_speed.py)
   knockout: `ablation.greedy_end_sets` with the knockout rule's head sets for one operator (--limit prompts)
-  evaluate: `evaluation.generate_texts` on GSM8K test items in the evaluate rule's format (--gsm8k-n items,
+  evaluate: `generation.generate_texts` on GSM8K test items in the evaluate rule's format (--gsm8k-n items,
             the rule's max_new_tokens and batch size), the few-shot prefix shared
 
 Run after the identify stage (the knockout reads pairs, activations and key components under results/).
@@ -34,12 +34,14 @@ from safetensors.torch import load_file
 
 from addition_prompts import addition_pairs
 from arithmech import data as ds
-from arithmech import evaluation, kvcache
+from arithmech import generation, kvcache, scoring
 from arithmech.ablation import greedy_end_sets
-from arithmech.evaluation import answer_tokens, generate_texts, settled_number
+from arithmech.answers import answer_tokens, MATH_STOP_STRINGS, settled_number
 from arithmech.formatting import math_prompts
+from arithmech.generation import generate_texts
 from arithmech.models import load_model
-from arithmech.patching import AlignedMean, collect, total_logits
+from arithmech.means import AlignedMean
+from arithmech.patching import collect, total_logits
 from arithmech.stages.validate import knockout_node_sets
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -54,11 +56,11 @@ def concatenating_cache():
     def concatenating(prefix, copies, room=0):
         return roomy(prefix, copies)
 
-    kvcache.repeated_cache = evaluation.repeated_cache = concatenating
+    kvcache.repeated_cache = generation.repeated_cache = scoring.repeated_cache = concatenating
     try:
         yield
     finally:
-        kvcache.repeated_cache = evaluation.repeated_cache = roomy
+        kvcache.repeated_cache = generation.repeated_cache = scoring.repeated_cache = roomy
 
 
 def compare(name: str, work, same) -> tuple[float, float]:
@@ -96,7 +98,7 @@ def main() -> None:
     answers = torch.tensor(pairs["answer_token_id"].to_numpy())
     cf, _ = collect(lm, list(pairs["cf_prompt"]), answers, 16)
     layers = list(range(lm.n_layers))
-    compare("total", lambda: total_logits(lm, list(pairs["prompt"]), answers, cf, layers, 16),
+    compare("total", lambda: total_logits(lm, list(pairs["prompt"]), answers, cf, layers, batch_size=16),
             lambda a, b: torch.equal(a.logit_p, b.logit_p) and torch.equal(a.logit_o, b.logit_o))
 
     acts = load_file(str(args.results / f"activations/{args.task}.safetensors"))
@@ -106,8 +108,9 @@ def main() -> None:
                                    pd.read_parquet(args.results / f"key_components/{args.task}.parquet"),
                                    config["ablation"], lm.n_layers, lm.n_heads, config["seed"])
     compare("knockout", lambda: greedy_end_sets(
-        lm, list(ko["prompt"]), [s[3] for s in node_sets], means, answer_tokens(lm.tokenizer, ko["answer"]),
-        [s[4] for s in node_sets], None, config["compute"]["batch_size"], 256,
+        lm, list(ko["prompt"]), [s[3] for s in node_sets], means=means, max_new_tokens=answer_tokens(lm.tokenizer,
+                                                                                                     ko["answer"]),
+        mlp_sets=[s[4] for s in node_sets], batch_size=config["compute"]["batch_size"], copies_per_forward=256,
         settled=settled_number(lm.tokenizer)).tokens, torch.equal)
 
     ev = config["evaluation"]
@@ -116,7 +119,7 @@ def main() -> None:
     items = ds.subsample(ds.load_gsm8k(ROOT / ev["gsm8k"]["file"]), args.gsm8k_n, config["seed"])
     prompts = math_prompts(items.drop(columns=["solution"], errors="ignore"), shots, ev["style"], lm.tokenizer)
     compare("evaluate", lambda: generate_texts(lm, prompts["prompt"], ev["gsm8k"]["max_new_tokens"], ev["batch_size"],
-                                               stop_strings=evaluation.MATH_STOP_STRINGS, progress=None),
+                                               stop_strings=MATH_STOP_STRINGS, progress=None),
             lambda a, b: a == b)
 
 

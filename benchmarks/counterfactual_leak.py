@@ -18,7 +18,7 @@ from pathlib import Path
 import pandas as pd
 
 from addition_prompts import CONFIG, ROOT, default_model_dir
-from arithmech.evaluation import check_answers
+from arithmech.generation import check_answers
 from arithmech.models import load_model
 from arithmech.prompts import COUNTERFACTUAL_SHOTS, build_prompts
 
@@ -38,11 +38,11 @@ def main() -> None:
             built[option] = frame.sample(min(args.n, len(frame)), random_state=0)
         ref_frame = built["keep"]
         batch = CONFIG["compute"]["batch_size"]
-        ref = check_answers(lm, list(ref_frame["prompt"]), ref_frame["answer"], ref_frame["answer_token_id"], batch)
+        ref = check_answers(lm, list(ref_frame["prompt"]), ref_frame["answer"], ref_frame["answer_token_id"], batch_size=batch)
         kept = ref["correct_full"].to_numpy()
         for option, frame in built.items():
             assert (frame["sample_id"].to_numpy() == ref_frame["sample_id"].to_numpy()).all()
-            cf = check_answers(lm, list(frame["cf_prompt"]), frame["answer"], frame["answer_token_id"], batch)
+            cf = check_answers(lm, list(frame["cf_prompt"]), frame["answer"], frame["answer_token_id"], batch_size=batch)
             rows.append({
                 "task": task, "counterfactual_shots": option, "n_candidates": len(frame), "n_ref_correct": int(kept.sum()),
                 "leak_first_token": float(cf["correct_first_token"][kept].mean()),

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import torch
 
+from arithmech import deltas
 from arithmech import finetune as ft
 from arithmech.models import load_model
 from arithmech.tiny import build_tiny_model
@@ -73,7 +74,7 @@ def run_one(args, method: str) -> dict:
               "max_length": args.seq_len, "max_grad_norm": 1.0}
     stats = ft.train(run, synthetic_examples(args.batch_size), config, progress=False)
     with tempfile.TemporaryDirectory() as tmp:
-        out = ft.save_trained(run, Path(tmp) / ("model" if method == "full" else "deltas.safetensors"))
+        out = deltas.save_trained(run, Path(tmp) / ("model" if method == "full" else "deltas.safetensors"))
         size = artifact_bytes(out)
     times = stats.step_times_s[args.warmup:]
     return {"method": method, "heads": heads if method.startswith("precise") else None, "n_trainable": stats.n_trainable,

@@ -1,6 +1,6 @@
 """Speed of the knockout's all-positions curve (`ablation.positions: all`), against the plain way, in one run.
 
-Reference: what the rule did before 2026-11-23 (commit 90788cf), one greedy generation (`evaluation.greedy_generate`) per
+Reference: what the rule did before 2026-11-23 (commit 90788cf), one greedy generation (`generation.greedy_generate`) per
 node set and template inside `ablation.mean_ablate(..., "aligned")` with the template's counterfactual mean.
 Fast path (`stages.validate._set_answers`): every set at once per template on `ablation.greedy_end_sets`
 (positions "aligned"): the prefix the template's mean does not reach (with zero-shot counterfactuals, the
@@ -26,10 +26,11 @@ import yaml
 from safetensors.torch import load_file
 
 from arithmech.ablation import ablation_hooks
+from arithmech.answers import answer_tokens
 from arithmech.data import subsample
-from arithmech.evaluation import answer_tokens, greedy_generate
+from arithmech.generation import greedy_generate
 from arithmech.models import load_model
-from arithmech.patching import GroupedMean
+from arithmech.means import GroupedMean
 from arithmech.prompts import split_pairs
 from arithmech.stages.validate import _answers_correct, _set_answers, knockout_node_sets
 
@@ -44,8 +45,8 @@ def reference_answers(lm, texts, template_ids, head_sets, mlp_sets, grouped: Gro
         rows = np.flatnonzero(template_ids == t)
         part = [texts[i] for i in rows]
         for s, (hs, ms) in enumerate(zip(head_sets, mlp_sets)):
-            hooks = ablation_hooks(lm, hs, ms, grouped.group(int(t)), "aligned")
-            out[s, torch.as_tensor(rows)] = greedy_generate(lm, part, max_new_tokens, batch_size, hooks)
+            hooks = ablation_hooks(lm, hs, ms, grouped.group(int(t)), positions="aligned")
+            out[s, torch.as_tensor(rows)] = greedy_generate(lm, part, max_new_tokens, batch_size, hooks=hooks)
     return out
 
 
@@ -76,8 +77,9 @@ def main() -> None:
     ref = reference_answers(lm, texts, templates, head_sets, mlp_sets, grouped, n_new, batch_size)
     t_ref = time.perf_counter() - start
     start = time.perf_counter()
-    fast = _set_answers(lm, texts, list(scored["answer"]), templates, head_sets, mlp_sets, cache, "all", n_new,
-                        batch_size, 256)
+    fast = _set_answers(lm, texts, list(scored["answer"]), template_ids=templates, head_sets=head_sets,
+                        mlp_sets=mlp_sets, cache=cache, positions="all", max_new_tokens=n_new,
+                        batch_size=batch_size, copies=256)
     t_fast = time.perf_counter() - start
     same_full = (_answers_correct(lm.tokenizer, ref, scored["answer"])
                  == _answers_correct(lm.tokenizer, fast, scored["answer"])).all()

@@ -31,9 +31,9 @@ import yaml
 from safetensors.torch import load_file
 
 from arithmech.ablation import greedy_end_sets
-from arithmech.evaluation import answer_tokens, decided_answers
+from arithmech.answers import answer_tokens, decided_answers
 from arithmech.models import load_model
-from arithmech.patching import AlignedMean
+from arithmech.means import AlignedMean
 from arithmech.prompts import split_pairs
 from arithmech.stages.validate import knockout_node_sets
 
@@ -81,8 +81,10 @@ def main() -> None:
         decided = decided_answers(lm.tokenizer, golds)
         means = AlignedMean(cache["cf_mean_heads"], cache["cf_mean_mlps"])
         tokens = greedy_end_sets(
-            lm, list(pairs["prompt"]), [s[3] for s in sets], means, answer_tokens(lm.tokenizer, golds),
-            [s[4] for s in sets], None, config["compute"]["batch_size"], 256, settled=decided,
+            lm, list(pairs["prompt"]), [s[3] for s in sets], means=means, max_new_tokens=answer_tokens(lm.tokenizer,
+                                                                                                       golds),
+            mlp_sets=[s[4] for s in sets], batch_size=config["compute"]["batch_size"], copies_per_forward=256,
+            settled=decided,
         ).tokens
         first_layers = [min([l for l, _ in hs] + list(ms) + [lm.n_layers]) for _, _, _, hs, ms in sets]
         shared, redecode = count(tokens, first_layers, lm.n_layers,

@@ -69,17 +69,19 @@ def main() -> None:
     def direct():
         ref, _ = collect(lm, texts, answers, batch)
         cf, _ = collect(lm, cf_texts, answers, batch)
-        out = direct_logits(lm, ref, cf, answers, all_layers, batch)
+        out = direct_logits(lm, ref, cf, answers, all_layers, batch_size=batch)
         sync()
         return ref, cf, out
 
     t_plain, _ = timed(plain, repeats=3)
     t_direct, (ref, cf, _) = timed(direct, repeats=3)
-    t_total, _ = timed(lambda: (total_logits(lm, texts, answers, cf, all_layers, batch), sync()))
+    t_total, _ = timed(lambda: (total_logits(lm, texts, answers, cf, all_layers, batch_size=batch), sync()))
     ref_layers = all_layers[-args.reference_layers:]
     ref_nodes = len(nodes_of(lm, ref_layers))
-    t_ref_d, _ = timed(lambda: (reference_logits(lm, texts, answers, ref, cf, ref_layers, "direct", batch), sync()))
-    t_ref_t, _ = timed(lambda: (reference_logits(lm, texts, answers, ref, cf, ref_layers, "total", batch), sync()))
+    t_ref_d, _ = timed(lambda: (reference_logits(lm, texts, answers, ref, cf, layers=ref_layers, mode="direct",
+                                                 batch_size=batch), sync()))
+    t_ref_t, _ = timed(lambda: (reference_logits(lm, texts, answers, ref, cf, layers=ref_layers, mode="total",
+                                                 batch_size=batch), sync()))
     scale = n_nodes / ref_nodes
     t_ref_direct, t_ref_total = t_ref_d * scale, t_ref_t * scale
 

@@ -97,7 +97,7 @@ def main() -> None:
 
     def ours():
         cf, _ = collect(lm, cf_texts, answers, n)
-        out = total_logits(lm, texts, answers, cf, layers, n)  # logit_o from its own unpatched END forward
+        out = total_logits(lm, texts, answers, cf, layers, batch_size=n)  # logit_o from its own unpatched END forward
         return out.logit_o, out.logit_p
 
     @torch.no_grad()

@@ -4,9 +4,9 @@ The knockout and transfer rules answer many ablated head sets greedily on the pr
 (`ablation.greedy_end_sets`). Three arms on the same prompts and head sets, every score checked equal:
 
   none     every row runs all its steps (to its end-of-sequence token)
-  settled  a row stops once its first number is settled (`evaluation.number_settled`: followed by a
+  settled  a row stops once its first number is settled (`answers.number_settled`: followed by a
            character that cannot continue it), since 2026-11-22
-  decided  a row stops once its score is decided, right or wrong (`evaluation.answer_decided`: settled, or
+  decided  a row stops once its score is decided, right or wrong (`answers.answer_decided`: settled, or
            its first number can no longer become the gold, "3" for 12), what the rules run since 2026-11-23
 
   knockout: one operator's kept pairs, the knockout rule's head sets (top 0..K, `random_seeds` x K random
@@ -32,11 +32,10 @@ import yaml
 from safetensors.torch import load_file
 
 from arithmech.ablation import greedy_end_sets
+from arithmech.answers import answer_tokens, decided_answers, settled_number
 from arithmech.controls import random_heads
-from arithmech.evaluation import decided_answers, settled_number
 from arithmech.models import load_model
-from arithmech.patching import AlignedMean
-from arithmech.evaluation import answer_tokens
+from arithmech.means import AlignedMean
 from arithmech.stages.validate import _answers_correct, _transfer_targets, knockout_node_sets
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -57,8 +56,10 @@ def compare(lm, name: str, texts, golds, head_sets, mlp_sets, means, max_new_tok
     stops = {"none": None, "settled": settled_number(lm.tokenizer), "decided": decided_answers(lm.tokenizer, golds)}
     seconds, scores = [], []
     for arm in ARMS:
-        t, tokens = timed(lambda: greedy_end_sets(lm, texts, head_sets, means, max_new_tokens, mlp_sets, None,
-                                                  batch_size, 256, settled=stops[arm]).tokens)
+        t, tokens = timed(lambda: greedy_end_sets(lm, texts, head_sets, means=means, max_new_tokens=max_new_tokens,
+                                                  mlp_sets=mlp_sets,
+                                                  batch_size=batch_size, copies_per_forward=256,
+                                                  settled=stops[arm]).tokens)
         seconds.append(t)
         scores.append((tokens[..., 0], torch.as_tensor(_answers_correct(lm.tokenizer, tokens, golds))))
     if not all(torch.equal(a, b) for first, full in scores[1:] for a, b in zip((first, full), scores[0])):

@@ -1,5 +1,5 @@
 """Tests for arithmech.ablation (mean ablation, knockout curves, random heads), the `hooks.patch_tail`
-helper it rests on, and arithmech.evaluation (first-token scores, greedy generation, reading numbers), all
+helper it rests on, and arithmech.generation (first-token scores, greedy generation) and arithmech.answers (reading numbers), all
 on the tiny CPU model."""
 
 from __future__ import annotations
@@ -14,22 +14,25 @@ from arithmech.ablation import (
     knockout,
     mean_ablate,
 )
-from arithmech.controls import random_heads
-from arithmech.evaluation import (
+from arithmech.answers import (
     answer_correct,
+    answer_decided,
+    decided_answers,
     extract_number,
+    full_answer_accuracy,
+    number_settled,
+)
+from arithmech.controls import random_heads
+from arithmech.generation import (
     first_token_accuracy,
     first_token_predictions,
     first_token_scores,
-    full_answer_accuracy,
     greedy_answers,
     greedy_generate,
-    answer_decided,
-    decided_answers,
-    number_settled,
 )
 from arithmech.hooks import capture, hooks, patch_end, patch_tail
-from arithmech.patching import AlignedMean, collect
+from arithmech.means import AlignedMean
+from arithmech.patching import collect
 from arithmech.prompts import build_prompts, encode
 
 from conftest import n_hooks
@@ -83,13 +86,14 @@ def test_ablating_nothing_reproduces_the_baseline_exactly(tiny_lm, data):
     texts, own = data["texts"], data["own"]
     base = first_token_scores(tiny_lm, texts, own, batch_size=3)
     for positions in ("end", "aligned"):
-        with mean_ablate(tiny_lm, [], [], data["mean"], positions):
+        with mean_ablate(tiny_lm, [], [], data["mean"], positions=positions):
             assert n_hooks(tiny_lm.model) == 0
             got = first_token_scores(tiny_lm, texts, own, batch_size=3)
         for a, b in zip(got, base):
             torch.testing.assert_close(a, b, atol=0, rtol=0)
     assert first_token_accuracy(tiny_lm, texts, own, 3, ablation_hooks(tiny_lm, [], [], data["mean"])) == 1.0
-    assert knockout(tiny_lm, texts, own, RANKED, 0, data["mean"], "end", batch_size=3).accuracy.tolist() == [1.0]
+    assert knockout(tiny_lm, texts, own, RANKED, K=0, means=data["mean"], positions="end",
+                    batch_size=3).accuracy.tolist() == [1.0]
 
 
 def _own_values(lm, texts, P):
@@ -108,10 +112,10 @@ def test_ablating_with_each_rows_own_values_is_a_no_op(tiny_lm, data, positions)
     all_heads = [(l, h) for l in range(tiny_lm.n_layers) for h in range(tiny_lm.n_heads)]
     mlps = list(range(tiny_lm.n_layers))
     base = _logits(tiny_lm, texts)
-    got = _logits(tiny_lm, texts, mean_ablate(tiny_lm, all_heads, mlps, own, positions))
+    got = _logits(tiny_lm, texts, mean_ablate(tiny_lm, all_heads, mlps, own, positions=positions))
     torch.testing.assert_close(got, base, atol=1e-5, rtol=0)
     # ... whereas the counterfactual mean changes the logits, and "aligned" changes them differently
-    ablated = _logits(tiny_lm, texts, mean_ablate(tiny_lm, RANKED, [1], data["mean"], positions))
+    ablated = _logits(tiny_lm, texts, mean_ablate(tiny_lm, RANKED, [1], data["mean"], positions=positions))
     assert (ablated - base).abs().max() > 1e-2
     assert n_hooks(tiny_lm.model) == 0
 
@@ -127,7 +131,7 @@ def test_end_and_aligned_write_exactly_where_they_should(tiny_lm, data):
         tiny_lm.model(**enc, logits_to_keep=1)
     for positions, n in (("end", 1), ("aligned", P)):
         # capture is registered after the ablation, so it sees the ablated values
-        ablate = mean_ablate(tiny_lm, [(1, 2)], [2], short, positions)
+        ablate = mean_ablate(tiny_lm, [(1, 2)], [2], short, positions=positions)
         with torch.no_grad(), ablate, capture(tiny_lm, end_only=False) as cap:
             tiny_lm.model(**enc, logits_to_keep=1)
         tail = slice(S - n, S)
@@ -148,18 +152,19 @@ def test_row_masks_ablate_per_row(tiny_lm, data):
     texts = data["texts"][:4]
     nodes_h, nodes_m = [(0, 1), (2, 0)], [1]
     masks = torch.tensor([[False, False, False], [True, False, False], [False, True, True], [True, True, True]])
-    got = _logits(tiny_lm, texts, mean_ablate(tiny_lm, nodes_h, nodes_m, data["mean"], "aligned", masks))
+    got = _logits(tiny_lm, texts, mean_ablate(tiny_lm, nodes_h, nodes_m, data["mean"], positions="aligned",
+                                              row_masks=masks))
     for i in range(4):
         hs = [h for h, m in zip(nodes_h, masks[i, :2]) if m]
         ms = [l for l, m in zip(nodes_m, masks[i, 2:]) if m]
-        want = _logits(tiny_lm, texts, mean_ablate(tiny_lm, hs, ms, data["mean"], "aligned"))[i]
+        want = _logits(tiny_lm, texts, mean_ablate(tiny_lm, hs, ms, data["mean"], positions="aligned"))[i]
         torch.testing.assert_close(got[i], want, atol=1e-5, rtol=0)
 
 
 def test_mean_ablate_rejects_bad_arguments(tiny_lm, data):
     mean = data["mean"]
     with pytest.raises(ValueError, match="positions"):
-        with mean_ablate(tiny_lm, [(0, 0)], [], mean, "all"):
+        with mean_ablate(tiny_lm, [(0, 0)], [], mean, positions="all"):
             pass
     with pytest.raises(ValueError, match="out of range"):
         with mean_ablate(tiny_lm, [(0, tiny_lm.n_heads)], [], mean):
@@ -181,10 +186,10 @@ def test_mean_ablate_rejects_bad_arguments(tiny_lm, data):
 def test_batched_knockout_equals_separate_evaluations(tiny_lm, data, positions):
     texts, own, mean = data["texts"], data["own"], data["mean"]
     K = len(RANKED)
-    ko = knockout(tiny_lm, texts, own, RANKED, K, mean, positions, batch_size=3)  # 3 + 3 + 2 texts
+    ko = knockout(tiny_lm, texts, own, RANKED, K=K, means=mean, positions=positions, batch_size=3)  # 3 + 3 + 2 texts
     assert ko.predicted.shape == ko.answer_logits.shape == (K + 1, len(texts))
     for k in range(K + 1):
-        ablate = ablation_hooks(tiny_lm, RANKED[:k], [], mean, positions)
+        ablate = ablation_hooks(tiny_lm, RANKED[:k], [], mean, positions=positions)
         pred, logit, _ = first_token_scores(tiny_lm, texts, own, 8, ablate)
         assert torch.equal(ko.predicted[k], pred), k
         torch.testing.assert_close(ko.answer_logits[k], logit, atol=1e-5, rtol=0)
@@ -194,7 +199,7 @@ def test_batched_knockout_equals_separate_evaluations(tiny_lm, data, positions):
 
 def test_knockout_rejects_k_beyond_the_ranking(tiny_lm, data):
     with pytest.raises(ValueError, match="K must be"):
-        knockout(tiny_lm, data["texts"], data["own"], RANKED, len(RANKED) + 1, data["mean"])
+        knockout(tiny_lm, data["texts"], data["own"], RANKED, K=len(RANKED) + 1, means=data["mean"])
 
 
 # knockout fast path (prefix KV cache, END token only): the first step of greedy_end_sets
@@ -202,7 +207,7 @@ def test_knockout_rejects_k_beyond_the_ranking(tiny_lm, data):
 
 def first_step(lm, texts, answers, head_sets, mean, batch_size, copies):
     """greedy_end_sets' first step: (first tokens, answer logits) [n_sets, n] of each head set."""
-    got = greedy_end_sets(lm, texts, head_sets, mean, 1, answer_ids=answers, batch_size=batch_size,
+    got = greedy_end_sets(lm, texts, head_sets, means=mean, max_new_tokens=1, answer_ids=answers, batch_size=batch_size,
                           copies_per_forward=copies)
     return got.first_tokens, got.first_answer_logits
 
@@ -213,7 +218,7 @@ def first_step(lm, texts, answers, head_sets, mean, batch_size, copies):
 )
 def test_first_step_of_the_fast_path_equals_the_reference(tiny_lm, data, K, batch_size, copies):
     texts, own, mean = data["texts"], data["own"], data["mean"]
-    want = knockout(tiny_lm, texts, own, RANKED, K, mean, "end", batch_size=3)
+    want = knockout(tiny_lm, texts, own, RANKED, K=K, means=mean, positions="end", batch_size=3)
     tokens, logits = first_step(tiny_lm, texts, own, [RANKED[:k] for k in range(K + 1)], mean, batch_size, copies)
     assert tokens.shape == logits.shape == (K + 1, len(texts))
     assert torch.equal(tokens, want.predicted)
@@ -232,7 +237,7 @@ def test_fast_path_left_padding_is_exact(tiny_lm, data):
     assert lengths[pick[1]] - lengths[pick[0]] >= 5
     sub, ans = [texts[i] for i in pick], own[pick]
     K = len(RANKED)
-    want = knockout(tiny_lm, sub, ans, RANKED, K, data["mean"], "end", batch_size=4)
+    want = knockout(tiny_lm, sub, ans, RANKED, K=K, means=data["mean"], positions="end", batch_size=4)
     for bs in (1, 2, 4):  # unpadded and padded batches agree
         tokens, logits = first_step(tiny_lm, sub, ans, [RANKED[:k] for k in range(K + 1)], data["mean"], bs, 5)
         assert torch.equal(tokens, want.predicted)
@@ -249,7 +254,8 @@ def test_fast_path_head_sets_equal_separate_evaluations(tiny_lm, data, batch_siz
     accuracy = (tokens == own[None]).float().mean(1)
     base_pred, base_logit, _ = first_token_scores(tiny_lm, texts, own, 8)
     for s, hs in enumerate(sets):
-        pred, logit, _ = first_token_scores(tiny_lm, texts, own, 8, ablation_hooks(tiny_lm, hs, [], mean, "end"))
+        pred, logit, _ = first_token_scores(tiny_lm, texts, own, 8, ablation_hooks(tiny_lm, hs, [], mean,
+                                                                                   positions="end"))
         assert torch.equal(tokens[s], pred), s
         torch.testing.assert_close(logits[s], logit, atol=1e-5, rtol=0)
         if not hs:
@@ -372,7 +378,7 @@ def _same(a, b):
 def generated(tiny_lm, data):
     texts = data["texts"]
     plain = greedy_generate(tiny_lm, texts, N_NEW, batch_size=3, return_logits=True)
-    with mean_ablate(tiny_lm, RANKED, [1], data["mean"], "end"):
+    with mean_ablate(tiny_lm, RANKED, [1], data["mean"], positions="end"):
         ablated = greedy_generate(tiny_lm, texts, N_NEW, batch_size=3, return_logits=True)
     return plain, ablated
 
@@ -397,32 +403,34 @@ def test_ablation_applies_at_every_generated_step(tiny_lm, data, generated, posi
     if positions == "end":
         ablated = ablated_end
     else:
-        with mean_ablate(tiny_lm, RANKED, [1], mean, positions):
+        with mean_ablate(tiny_lm, RANKED, [1], mean, positions=positions):
             ablated = greedy_generate(tiny_lm, texts, N_NEW, batch_size=3, return_logits=True)
-    with mean_ablate(tiny_lm, RANKED, [1], mean, positions):
+    with mean_ablate(tiny_lm, RANKED, [1], mean, positions=positions):
         manual = _manual_greedy(tiny_lm, texts, N_NEW)
     _same(ablated, manual)
     # the ablation changes the logits of every step
     assert ((ablated[1] - plain[1]).abs().amax(dim=(0, 2)) > 1e-3).all()
     if positions == "end":
         # the same ablation passed as per-forward hooks gives the same, and so does the cache-free definition
-        per_forward = greedy_generate(tiny_lm, texts, N_NEW, 3, hooks=ablation_hooks(tiny_lm, RANKED, [1], mean, "end"),
+        per_forward = greedy_generate(tiny_lm, texts, N_NEW, 3, hooks=ablation_hooks(tiny_lm, RANKED, [1], mean,
+                                                                                     positions="end"),
                                       return_logits=True)
         _same(per_forward, ablated)
         # per-row masks are numbered like the texts: odd rows ablated, even rows the plain model
         odd = (torch.arange(len(texts)) % 2 == 1)[:, None].expand(-1, len(RANKED) + 1)
-        mixed = greedy_generate(tiny_lm, texts, N_NEW, 3, hooks=ablation_hooks(tiny_lm, RANKED, [1], mean, "end", odd),
+        mixed = greedy_generate(tiny_lm, texts, N_NEW, 3, hooks=ablation_hooks(tiny_lm, RANKED, [1], mean,
+                                                                               positions="end", row_masks=odd),
                                 return_logits=True)
         rows = odd[:, 0]
         _same((mixed[0][rows], mixed[1][rows]), (ablated[0][rows], ablated[1][rows]))
         _same((mixed[0][~rows], mixed[1][~rows]), (plain[0][~rows], plain[1][~rows]))
         _same(ablated, _recompute_greedy_end_ablation(tiny_lm, texts, N_NEW, RANKED, [1], mean))
         # control: ablating only the prompt (the first forward) agrees at the first step, not after it
-        only_prompt = _manual_greedy(tiny_lm, texts, N_NEW, mean_ablate(tiny_lm, RANKED, [1], mean, "end"))
+        only_prompt = _manual_greedy(tiny_lm, texts, N_NEW, mean_ablate(tiny_lm, RANKED, [1], mean, positions="end"))
         torch.testing.assert_close(only_prompt[1][:, 0], ablated[1][:, 0], atol=2e-5, rtol=0)
         assert ((only_prompt[1][:, 1:] - ablated[1][:, 1:]).abs().amax(dim=(0, 2)) > 1e-3).all()
         # the first generated token is the ablated first-token prediction
-        first = first_token_predictions(tiny_lm, texts, 8, ablation_hooks(tiny_lm, RANKED, [1], mean, "end"))
+        first = first_token_predictions(tiny_lm, texts, 8, ablation_hooks(tiny_lm, RANKED, [1], mean, positions="end"))
         assert torch.equal(ablated[0][:, 0], first)
     assert n_hooks(tiny_lm.model) == 0
 
@@ -541,29 +549,33 @@ def test_greedy_end_sets_matches_greedy_generate_per_set(tiny_lm, data, position
         mean = AlignedMean(mean.heads[:n_pos], mean.mlps[:n_pos])
     head_sets = [[], RANKED[:1], RANKED[:3], [(0, 2), (1, 1)], RANKED]
     mlp_sets = [[], [], [1], [], [2, 0]]
-    got = greedy_end_sets(tiny_lm, texts, head_sets, mean, N_NEW, mlp_sets, own, batch_size=3, copies_per_forward=7,
+    got = greedy_end_sets(tiny_lm, texts, head_sets, means=mean, max_new_tokens=N_NEW, mlp_sets=mlp_sets,
+                          answer_ids=own, batch_size=3, copies_per_forward=7,
                           positions=positions)
     assert got.tokens.shape == (len(head_sets), len(texts), N_NEW)
     for s, (hs, ms) in enumerate(zip(head_sets, mlp_sets)):
-        want = greedy_generate(tiny_lm, texts, N_NEW, 4, hooks=ablation_hooks(tiny_lm, hs, ms, mean, positions))
+        want = greedy_generate(tiny_lm, texts, N_NEW, 4, hooks=ablation_hooks(tiny_lm, hs, ms, mean,
+                                                                              positions=positions))
         assert torch.equal(got.tokens[s], want), s
-        scores = first_token_scores(tiny_lm, texts, own, 4, ablation_hooks(tiny_lm, hs, ms, mean, positions))
+        scores = first_token_scores(tiny_lm, texts, own, 4, ablation_hooks(tiny_lm, hs, ms, mean, positions=positions))
         assert torch.equal(got.first_tokens[s], scores[0]), s
         torch.testing.assert_close(got.first_answer_logits[s], scores[1], atol=2e-5, rtol=0)
     # the empty set is the plain model; the first two sets' first tokens are the reference knockout's k = 0, 1
     assert torch.equal(got.tokens[0], greedy_generate(tiny_lm, texts, N_NEW, 8))
-    assert torch.equal(got.first_tokens[:2], knockout(tiny_lm, texts, own, RANKED, 1, mean, positions).predicted)
+    assert torch.equal(got.first_tokens[:2], knockout(tiny_lm, texts, own, RANKED, K=1, means=mean,
+                                                      positions=positions).predicted)
     assert len({tuple(got.tokens[s].flatten().tolist()) for s in range(len(head_sets))}) > 1
     assert n_hooks(tiny_lm.model) == 0
     with pytest.raises(ValueError, match="MLP sets"):
-        greedy_end_sets(tiny_lm, texts, head_sets, mean, 2, mlp_sets[:2])
+        greedy_end_sets(tiny_lm, texts, head_sets, means=mean, max_new_tokens=2, mlp_sets=mlp_sets[:2])
 
 
 def test_greedy_end_sets_with_a_mean_per_set(tiny_lm, data):
     texts, mean = data["texts"], data["mean"]
     other = AlignedMean(mean.heads.flip(2) * 3, mean.mlps * -2)  # a different "task's" mean
     head_sets, mlp_sets = [RANKED[:3], RANKED[:3], [(0, 2)]], [[1], [1], []]
-    got = greedy_end_sets(tiny_lm, texts, head_sets, [mean, other, other], 3, mlp_sets, batch_size=3,
+    got = greedy_end_sets(tiny_lm, texts, head_sets, set_means=[mean, other, other], max_new_tokens=3,
+                          mlp_sets=mlp_sets, batch_size=3,
                           copies_per_forward=4)
     for s, m in enumerate([mean, other, other]):
         want = greedy_generate(tiny_lm, texts, 3, 8, hooks=ablation_hooks(tiny_lm, head_sets[s], mlp_sets[s], m))
@@ -578,14 +590,15 @@ def test_greedy_end_sets_stops_settled_rows_and_keeps_the_rest_exact(tiny_lm, da
     texts, mean = data["texts"], data["mean"]
     other = AlignedMean(mean.heads.flip(2) * 3, mean.mlps * -3)  # varied tokens among the rows that go on
     head_sets, mlp_sets = [[], RANKED[:2], [(0, 2)], RANKED], [[], [1], [], [0]]
-    means = [mean, other, mean, other] if per_set else mean
-    full = greedy_end_sets(tiny_lm, texts, head_sets, means, N_NEW, mlp_sets, batch_size=3, copies_per_forward=7)
+    means = {"set_means": [mean, other, mean, other]} if per_set else {"means": mean}
+    full = greedy_end_sets(tiny_lm, texts, head_sets, **means, max_new_tokens=N_NEW, mlp_sets=mlp_sets, batch_size=3,
+                           copies_per_forward=7)
 
     def settled(i, ids):  # the tiny model's bytes decode to nothing useful: stop some rows at step 1, by id,
         return len(ids) == 2 and ids[-1] in (25, 110) and i != 2  # except those of text 2 (row -> text mapping)
 
-    got = greedy_end_sets(tiny_lm, texts, head_sets, means, N_NEW, mlp_sets, batch_size=3, copies_per_forward=7,
-                          settled=settled)
+    got = greedy_end_sets(tiny_lm, texts, head_sets, **means, max_new_tokens=N_NEW, mlp_sets=mlp_sets, batch_size=3,
+                          copies_per_forward=7, settled=settled)
     n_stopped = 0
     for s in range(len(head_sets)):
         for i in range(len(texts)):

@@ -57,11 +57,12 @@ def prepared(tmp_path_factory):
 def analyze(root, key_name: str, out: str):
     out_dir = root / out
     paths = {name: out_dir / f"addition_{name}" for name in
-             ("roles.parquet", "example.parquet", "probes.parquet", "roles.png", "example.png", "probes.png")}
+             ("roles.parquet", "roles_all.parquet", "example.parquet", "probes.parquet", "roles.png", "example.png",
+              "probes.png")}
     analyze_stage.run_analyze(model="tiny", task="addition", model_dir=root / "model", pairs_path=root / "pairs.parquet",
                               key_path=root / key_name, effects_path=root / "effects.parquet", analysis=ANALYSIS,
                               compute=COMPUTE, seed=0, out_roles=paths["roles.parquet"],
-                              out_example=paths["example.parquet"], out_probes=paths["probes.parquet"])
+                              out_roles_all=paths["roles_all.parquet"], out_example=paths["example.parquet"], out_probes=paths["probes.parquet"])
     figures.run_plot_analysis(model="tiny", task="addition", roles_path=paths["roles.parquet"],
                               example_path=paths["example.parquet"], probes_path=paths["probes.parquet"],
                               out_roles_png=paths["roles.png"], out_example_png=paths["example.png"],
@@ -91,6 +92,20 @@ def test_role_attention_of_the_key_heads(key_run):
     assert meta["stage"] == "analyze" and meta["params"]["heads"] == ["L0H3", "L2H0"]
     assert meta["params"]["analysis"] == ANALYSIS
 
+
+
+def test_attention_of_every_head_marks_the_analysed_ones(key_run):
+    """The baseline the scorecard compares the key heads with: every head of the model by role, the analysed
+    heads' rows equal to the key-head table's."""
+    roles = pd.read_parquet(key_run["roles.parquet"])
+    every = pd.read_parquet(key_run["roles_all.parquet"])
+    assert len(every) == N_LAYERS * N_HEADS * len(ROLES)
+    analysed = every[every["analysed"]]
+    assert sorted({f"L{l}H{h}" for l, h in zip(analysed["layer"], analysed["head"])}) == ["L0H3", "L2H0"]
+    merged = analysed.merge(roles, on=["layer", "head", "role"], suffixes=("", "_key"))
+    assert len(merged) == len(roles)
+    np.testing.assert_allclose(merged["attention"], merged["attention_key"], atol=1e-6)
+    np.testing.assert_allclose(every.groupby(["layer", "head"])["attention"].sum(), 1.0, atol=1e-5)
 
 def test_mlp_probes_table(key_run):
     probes = pd.read_parquet(key_run["probes.parquet"])
@@ -124,9 +139,16 @@ def test_example_table_is_one_prompt_per_head(prepared, key_run):
     assert not np.allclose(first, second)  # two heads, two attention patterns
 
 
-def test_figures_are_written(key_run):
+def test_figures_are_drawn(key_run):
+    """Each figure decodes as an image of a figure's size with something drawn on it, not a blank canvas."""
+    import matplotlib.image
+
     for name in ("roles.png", "example.png", "probes.png"):
-        assert key_run[name].read_bytes()[:4] == b"\x89PNG", name
+        image = matplotlib.image.imread(key_run[name])  # [height, width, RGB(A)] floats in [0, 1]
+        assert image.ndim == 3 and min(image.shape[:2]) >= 200, (name, image.shape)
+        rgb = image[..., :3].reshape(-1, 3)
+        assert len(np.unique(rgb, axis=0)) >= 20, name  # colours: cells, lines, anti-aliased text
+        assert 0.001 < (rgb.max(1) < 0.5).mean() < 0.9, name  # dark marks on a light background
 
 
 def test_no_key_head_falls_back_to_the_top_heads(prepared):

@@ -86,7 +86,7 @@ def test_knockout_answers_match_the_cpu(tiny_dir, prompts, device):
     def answers_on(dev):
         lm = load_model(tiny_dir, device=dev)
         mean = collect(lm, cf_texts, answers, batch_size=4, groups=[0] * len(cf_texts))[1].end()
-        return greedy_end_sets(lm, texts, sets, mean, max_new_tokens=3, batch_size=5).tokens
+        return greedy_end_sets(lm, texts, sets, means=mean, max_new_tokens=3, batch_size=5).tokens
 
     cpu, other = answers_on("cpu"), answers_on(device)
     assert torch.equal(other.cpu(), cpu)

@@ -200,12 +200,14 @@ def test_select_relative_hand_computed():
     effects = pd.Series([0.0, 0.01, -0.01, 0.02, -0.02, -0.5])
     # median -0.005; |dev| = .005 .015 .005 .025 .015 .495 -> MAD 0.015; spread = 1.4826 * 0.015 = 0.022239
     spread = 1.4826 * 0.015
-    cut3 = -0.005 - 3 * spread  # -0.0717
-    cut05 = -0.005 - 0.5 * spread  # -0.0161
-    assert cut3 == pytest.approx(-0.071717)
-    assert fx.select(effects, {"rule": "relative", "z": 3.0}).tolist() == [False] * 5 + [True]
+    assert fx.select(effects, {"rule": "relative", "z": 3.0}).tolist() == [False] * 5 + [True]  # cut -0.0717
     assert fx.select(effects, {"rule": "relative", "z": 0.5}).tolist() == [False, False, False, False, True, True]
-    assert -0.02 < cut05 and -0.01 > cut05
+    # a cut between every two neighbouring values, and below them all: exactly the values under the cut
+    for z in (0.2, 0.5, 1.0, 3.0, 40.0):
+        expected = (effects < -0.005 - z * spread).tolist()
+        assert fx.select(effects, {"rule": "relative", "z": z}).tolist() == expected, z
+    assert fx.select_rows(effects.to_numpy()[None], {"rule": "relative", "z": 1.0}).tolist() == [
+        (effects < -0.005 - spread).tolist()]
 
 
 def test_select_unknown_rule():

@@ -1,4 +1,4 @@
-"""Tests for the benchmark side of arithmech.evaluation on the tiny CPU model: reading the final answer of a
+"""Tests for the benchmark side of arithmech.scoring and arithmech.answers on the tiny CPU model: reading the final answer of a
 generated solution, generation in input order whatever the batching, multiple-choice log-likelihoods and
 perplexity against slow, obviously correct references, short-answer matching and Wilson intervals."""
 
@@ -16,24 +16,17 @@ import torch
 from arithmech.formatting import choice_prompt
 from arithmech.hooks import hooks
 from arithmech.prompts import continuation_ids
-from arithmech.evaluation import (
-    _batches,
+from arithmech.answers import extract_answer, extract_number, normalize_answer, qa_correct
+from arithmech.generation import _batches, generate_texts, greedy_answers, greedy_generate, SharedPrefix
+from arithmech.scoring import (
     _length_batches,
-    accuracy_interval,
     choice_loglik,
     evaluate_choice,
     evaluate_generation,
     evaluate_qa_generation,
-    extract_answer,
-    generate_texts,
-    extract_number,
-    greedy_answers,
-    greedy_generate,
-    normalize_answer,
     perplexity,
-    SharedPrefix,
-    qa_correct,
 )
+from arithmech.stats import accuracy_interval
 
 # ---------------------------------------------------------------------------------------------------
 # reading the final answer
@@ -401,7 +394,7 @@ def test_bfloat16_model(tiny_dir, tiny_lm, math_frame):
         assert g.dtype == np.float64
         np.testing.assert_allclose(g, w, rtol=0.05, atol=0.2)
     ppl = perplexity(bf16, TEXT, max_length=16, stride=5, progress=None)
-    assert ppl["nll"] == pytest.approx(perplexity(tiny_lm, TEXT, 16, 5, progress=None)["nll"], rel=0.05)
+    assert ppl["nll"] == pytest.approx(perplexity(tiny_lm, TEXT, max_length=16, stride=5, progress=None)["nll"], rel=0.05)
     res = evaluate_generation(bf16, math_frame, 4, batch_size=2, progress=None)
     assert len(res) == len(math_frame) and res["correct"].dtype == bool
 

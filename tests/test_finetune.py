@@ -10,7 +10,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from arithmech import deltas
 from arithmech import finetune as ft
+from arithmech import finetune_config as ft_config
 from arithmech import formatting
 from arithmech.models import load_model
 from arithmech.prompts import encode
@@ -40,7 +42,7 @@ def precise_run(tiny_dir, tmp_path_factory):
     base = {n: p.detach().clone() for n, p in lm.model.named_parameters()}
     run = ft.prepare(lm, {"method": "precise", "heads": [list(h) for h in HEADS]})
     stats = ft.train(run, EXAMPLES, {**FAST, "max_steps": 20}, progress=False)
-    path = ft.save_trained(run, tmp_path_factory.mktemp("precise") / "deltas.safetensors")
+    path = deltas.save_trained(run, tmp_path_factory.mktemp("precise") / "deltas.safetensors")
     return lm, run, stats, base, path
 
 
@@ -78,14 +80,14 @@ def test_apply_trained_reproduces_the_trained_model(precise_run, tiny_dir):
     trained = logits(lm.model, lm.tokenizer)
     base = fresh(tiny_dir)
     assert not torch.allclose(logits(base.model, base.tokenizer), trained, atol=1e-3)
-    model = ft.apply_trained(base, path)
+    model = deltas.apply_trained(base, path)
     assert model is base.model and not model._forward_hooks
     torch.testing.assert_close(logits(model, base.tokenizer), trained, atol=1e-5, rtol=0)
-    meta = ft.read_trained_meta(path)
+    meta = deltas.read_trained_meta(path)
     assert meta["method"] == "precise" and meta["heads"] == [list(h) for h in HEADS]
     assert meta["shapes"]["model.layers.2.self_attn.o_proj.weight.head.3"] == [lm.d_model, lm.head_dim]
     # load_trained is the same for an evaluation job.
-    torch.testing.assert_close(logits(ft.load_trained(tiny_dir, path, device="cpu").model, base.tokenizer),
+    torch.testing.assert_close(logits(deltas.load_trained(tiny_dir, path, device="cpu").model, base.tokenizer),
                                trained, atol=1e-5, rtol=0)
 
 
@@ -93,7 +95,7 @@ def test_apply_trained_reproduces_the_trained_model(precise_run, tiny_dir):
 def test_trainable_count_is_closed_form(tiny_dir, train_kv, mlp_layers):
     lm = fresh(tiny_dir)
     heads = [(1, 0), (1, 1), (2, 3)]  # heads 0 and 1 of layer 1 share key/value head 0
-    run = ft.prepare(lm, ft.Method("precise", tuple(heads), train_kv, tuple(mlp_layers)))
+    run = ft.prepare(lm, ft_config.Method("precise", tuple(heads), train_kv, tuple(mlp_layers)))
     hd, d, inter = lm.head_dim, lm.d_model, lm.model.config.intermediate_size
     expected = len(heads) * 2 * hd * d + train_kv * 2 * 2 * hd * d + len(mlp_layers) * 3 * d * inter
     assert run.n_trainable == expected
@@ -239,11 +241,11 @@ def test_full_saves_a_loadable_model(tiny_dir, tmp_path):
     run = ft.prepare(lm, {"method": "full"})
     stats = ft.train(run, EXAMPLES, {**FAST, "epochs": 2}, progress=False)
     assert stats.total_steps == 4 and stats.n_trainable == sum(p.numel() for p in lm.model.parameters())
-    out = ft.save_trained(run, tmp_path / "full")
+    out = deltas.save_trained(run, tmp_path / "full")
     loaded = load_model(out, device="cpu")
     assert torch.equal(logits(loaded.model, loaded.tokenizer), logits(run.merged_model(), lm.tokenizer))
     with pytest.raises(ValueError, match="load_model"):
-        ft.apply_trained(fresh(tiny_dir), out)
+        deltas.apply_trained(fresh(tiny_dir), out)
 
 
 def test_lora_deltas_reproduce_the_adapted_model(tiny_dir, tmp_path):
@@ -251,18 +253,18 @@ def test_lora_deltas_reproduce_the_adapted_model(tiny_dir, tmp_path):
     run = ft.prepare(lm, {"method": "lora", "lora": {"r": 4, "alpha": 8, "target_modules": ["q_proj", "down_proj"]}})
     ft.train(run, EXAMPLES, {**FAST, "max_steps": 5}, progress=False)
     adapted = logits(run.model, lm.tokenizer)
-    path = ft.save_trained(run, tmp_path / "lora.safetensors")
+    path = deltas.save_trained(run, tmp_path / "lora.safetensors")
     saved = load_file(str(path))  # only the factors: as many elements as were trained
     assert sum(t.numel() for t in saved.values()) == run.n_trainable
     assert all(re.search(r"\.(q_proj|down_proj)\.weight\.lora_[AB]$", k) for k in saved)
     base = fresh(tiny_dir)
     assert not torch.allclose(logits(base.model, base.tokenizer), adapted, atol=1e-4)
-    torch.testing.assert_close(logits(ft.apply_trained(base, path), base.tokenizer), adapted, atol=1e-5, rtol=0)
+    torch.testing.assert_close(logits(deltas.apply_trained(base, path), base.tokenizer), adapted, atol=1e-5, rtol=0)
     torch.testing.assert_close(logits(run.merged_model(), lm.tokenizer), adapted, atol=1e-5, rtol=0)
     key = next(k for k in saved if k.endswith("lora_A"))
     save_file({k: v for k, v in saved.items() if k != key}, str(tmp_path / "half.safetensors"))
     with pytest.raises(ValueError, match="without their lora_A"):
-        ft.apply_trained(fresh(tiny_dir), tmp_path / "half.safetensors")
+        deltas.apply_trained(fresh(tiny_dir), tmp_path / "half.safetensors")
 
 
 def test_grad_scale_multiplies_the_head_gradients_only(tiny_dir, tmp_path):
@@ -289,17 +291,17 @@ def test_grad_scale_and_config_errors(tiny_dir):
     with pytest.raises(ValueError, match=r"finetune\.heads\[0\]: L3H0 is not a head"):
         ft.prepare(lm, {"method": "precise", "heads": ["L3H0"]})
     with pytest.raises(ValueError, match=r"finetune\.heads: only methods"):
-        ft.parse_method({"method": "full", "heads": ["L0H0"]})
+        ft_config.parse_method({"method": "full", "heads": ["L0H0"]})
     with pytest.raises(ValueError, match=r"finetune\.heads: method 'random_heads' needs"):
-        ft.parse_method({"method": "random_heads"})
+        ft_config.parse_method({"method": "random_heads"})
     with pytest.raises(ValueError, match=r"finetune\.heads\[1\]: expected a head"):
-        ft.parse_method({"method": "precise", "heads": ["L0H0", "head 3"]})
+        ft_config.parse_method({"method": "precise", "heads": ["L0H0", "head 3"]})
     with pytest.raises(ValueError, match=r"finetune: unknown key"):
-        ft.parse_method({"method": "precise", "heads": ["L0H0"], "head": 1})
+        ft_config.parse_method({"method": "precise", "heads": ["L0H0"], "head": 1})
     with pytest.raises(ValueError, match="exactly one of epochs or max_steps"):
-        ft.TrainConfig.from_dict({"epochs": 1, "max_steps": 3})
+        ft_config.TrainConfig.from_dict({"epochs": 1, "max_steps": 3})
     with pytest.raises(ValueError, match=r"finetune\.train\.schedule"):
-        ft.TrainConfig.from_dict({"epochs": 1, "schedule": "step"})
+        ft_config.TrainConfig.from_dict({"epochs": 1, "schedule": "step"})
 
 
 def test_epoch_order_and_lr_schedule():
@@ -322,11 +324,11 @@ def test_bfloat16_model_trains_only_its_deltas(tiny_dir, tmp_path, delta_dtype, 
         assert p.dtype == torch.bfloat16 and torch.equal(p, base[name]), name
     assert all(p.dtype == want and p.abs().sum() > 0 for p in run.params.values())
     trained = logits(lm.model, lm.tokenizer)
-    path = ft.save_trained(run, tmp_path / "deltas.safetensors")
+    path = deltas.save_trained(run, tmp_path / "deltas.safetensors")
     fresh_bf16 = load_model(tiny_dir, device="cpu", dtype="bfloat16")
     untrained = logits(fresh_bf16.model, fresh_bf16.tokenizer)
     assert (untrained.float() - trained.float()).abs().max() > 1.0  # far beyond the tolerance below
-    applied = logits(ft.apply_trained(fresh_bf16, path), fresh_bf16.tokenizer)
+    applied = logits(deltas.apply_trained(fresh_bf16, path), fresh_bf16.tokenizer)
     assert applied.dtype == torch.bfloat16
     # folding W + delta rounds once in bf16 where the hooked model adds two bf16 products: bf16-sized error
     torch.testing.assert_close(applied.float(), trained.float(), atol=0.1, rtol=0.05)
@@ -353,10 +355,10 @@ def test_sgd_step_is_minus_lr_times_the_gradient(tiny_dir):
 
 
 def test_unknown_optimizer_names_the_key():
-    assert ft.TrainConfig.from_dict({"epochs": 1}).optimizer == "adamw"
-    assert ft.TrainConfig.from_dict({"epochs": 1, "optimizer": "sgd"}).optimizer == "sgd"
+    assert ft_config.TrainConfig.from_dict({"epochs": 1}).optimizer == "adamw"
+    assert ft_config.TrainConfig.from_dict({"epochs": 1, "optimizer": "sgd"}).optimizer == "sgd"
     with pytest.raises(ValueError, match=r"finetune\.train\.optimizer: expected one of \['adamw', 'sgd'\], got 'adam'"):
-        ft.TrainConfig.from_dict({"epochs": 1, "optimizer": "adam"})
+        ft_config.TrainConfig.from_dict({"epochs": 1, "optimizer": "adam"})
 
 
 def test_killed_and_resumed_sgd_run_equals_uninterrupted(tiny_dir, tmp_path):

@@ -57,13 +57,14 @@ def layers(tiny_lm):
 @pytest.fixture(scope="module")
 def ref_direct(tiny_lm, data, states, layers):
     ref, cf = states
-    return reference_logits(tiny_lm, data["texts"], data["answers"], ref, cf, layers, "direct", batch_size=4)
+    return reference_logits(tiny_lm, data["texts"], data["answers"], ref, cf, layers=layers, mode="direct",
+                            batch_size=4)
 
 
 @pytest.fixture(scope="module")
 def ref_total(tiny_lm, data, states, layers):
     ref, cf = states
-    return reference_logits(tiny_lm, data["texts"], data["answers"], ref, cf, layers, "total", batch_size=4)
+    return reference_logits(tiny_lm, data["texts"], data["answers"], ref, cf, layers=layers, mode="total", batch_size=4)
 
 
 @pytest.fixture(scope="module")
@@ -376,7 +377,8 @@ def test_direct_with_cf_equal_ref_gives_reference_logits(tiny_lm, data, states, 
 )
 def test_total_matches_reference_total(tiny_lm, data, states, layers, ref_total, batch_size, copies):
     ref, cf = states
-    out = total_logits(tiny_lm, data["texts"], data["answers"], cf, layers, batch_size, copies, True)
+    out = total_logits(tiny_lm, data["texts"], data["answers"], cf, layers, batch_size=batch_size,
+                       copies_per_forward=copies, with_logprobs=True)
     assert out.logit_p.shape == out.logprob_p.shape == ref_total[0].shape == (7, 15)
     torch.testing.assert_close(out.logit_p, ref_total[0], atol=1e-4, rtol=0)
     torch.testing.assert_close(out.logprob_p, ref_total[1], atol=1e-4, rtol=0)
@@ -384,7 +386,8 @@ def test_total_matches_reference_total(tiny_lm, data, states, layers, ref_total,
     torch.testing.assert_close(out.logit_o, ref.logits, atol=1e-5, rtol=0)
     torch.testing.assert_close(out.logprob_o, ref.logprobs, atol=1e-5, rtol=0)
     # without log-probs only the answers' unembedding rows are read: the same logits
-    alone = total_logits(tiny_lm, data["texts"], data["answers"], cf, layers, batch_size, copies)
+    alone = total_logits(tiny_lm, data["texts"], data["answers"], cf, layers, batch_size=batch_size,
+                         copies_per_forward=copies)
     assert alone.logprob_o is None and alone.logprob_p is None
     torch.testing.assert_close(alone.logit_p, out.logit_p, atol=1e-5, rtol=0)
     torch.testing.assert_close(alone.logit_o, out.logit_o, atol=1e-5, rtol=0)
@@ -464,7 +467,7 @@ def test_direct_closed_form_by_hand(tiny_lm, data, states, ref_direct):
 def test_reference_logits_bad_mode(tiny_lm, data, states, layers):
     ref, cf = states
     with pytest.raises(ValueError, match="mode"):
-        reference_logits(tiny_lm, data["texts"], data["answers"], ref, cf, layers, "indirect")
+        reference_logits(tiny_lm, data["texts"], data["answers"], ref, cf, layers=layers, mode="indirect")
 
 
 def test_one_layer_model(tmp_path, data):
@@ -478,8 +481,8 @@ def test_one_layer_model(tmp_path, data):
     total = total_logits(lm, texts, answers, cf, [0], batch_size=4, copies_per_forward=8).logit_p
     assert direct.shape == total.shape == (7, lm.n_heads + 1)
     torch.testing.assert_close(direct[:, -1], total[:, -1], atol=1e-4, rtol=0)
-    r_direct, _ = reference_logits(lm, texts, answers, ref, cf, [0], "direct")
-    r_total, _ = reference_logits(lm, texts, answers, ref, cf, [0], "total")
+    r_direct, _ = reference_logits(lm, texts, answers, ref, cf, layers=[0], mode="direct")
+    r_total, _ = reference_logits(lm, texts, answers, ref, cf, layers=[0], mode="total")
     torch.testing.assert_close(direct, r_direct, atol=1e-4, rtol=0)
     torch.testing.assert_close(total, r_total, atol=1e-4, rtol=0)
     assert (direct[:, :-1] - total[:, :-1]).abs().max() > 1e-3
@@ -493,7 +496,8 @@ def test_effects_frame(tiny_lm, data, states, layers, ref_direct):
     ref, _ = states
     logit_p, lp_p = ref_direct
     n_s, n_n = logit_p.shape
-    frame = effects_frame(tiny_lm, data["sample_ids"], layers, ref.logits, logit_p, ref.logprobs, lp_p)
+    frame = effects_frame(tiny_lm, data["sample_ids"], layers, ref.logits, logit_p, logprob_o=ref.logprobs,
+                          logprob_p=lp_p)
     assert len(frame) == n_s * n_n == 7 * 15
     assert frame["sample_id"].tolist() == [s for s in data["sample_ids"] for _ in range(n_n)]
     nodes = nodes_of(tiny_lm, layers)

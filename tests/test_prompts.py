@@ -429,7 +429,7 @@ def test_format_prompts_are_exact_and_few_shot(prompt_cfg, task, fmt):
     from arithmech.prompts import format_prompts
 
     ranges = {"multi_digit": {"min": 10, "max": 99}, "decimal": {"min": 0.1, "max": 9.9}}
-    df = format_prompts(task, fmt, ranges[fmt], prompt_cfg, 30, seed=0)
+    df = format_prompts(task, fmt, ranges[fmt], prompt_cfg, n=30, seed=0)
     assert len(df) == 30
     ops = {"addition": "__add__", "subtraction": "__sub__", "multiplication": "__mul__", "division": "__truediv__"}
     for row in df.itertuples():
@@ -443,7 +443,7 @@ def test_format_prompts_are_exact_and_few_shot(prompt_cfg, task, fmt):
             assert 10 <= a <= 99 and 10 <= b <= 99
     if fmt == "decimal":
         assert any("." in a for a in df["a"])
-    assert df.equals(format_prompts(task, fmt, ranges[fmt], prompt_cfg, 30, seed=0))
+    assert df.equals(format_prompts(task, fmt, ranges[fmt], prompt_cfg, n=30, seed=0))
 
 
 def test_question_prompts_draw_other_items_as_shots():
@@ -454,7 +454,8 @@ def test_question_prompts_draw_other_items_as_shots():
     for i, p in enumerate(prompts):
         assert p.endswith(f"Question: q{i}?\nAnswer:") and p.count("Question:") == 3
         assert f"q{i}?" not in p[: -len(f"Question: q{i}?\nAnswer:")]  # never its own answer
-    assert question_prompts(qs, ans, 2, seed=0, items=[3]) != [] and len(question_prompts(qs, ans, 2, 0, [1, 4])) == 2
+    assert question_prompts(qs, ans, 2, seed=0, items=[3]) != []
+    assert len(question_prompts(qs, ans, 2, 0, items=[1, 4])) == 2
     qa = question_prompts(qs, ans, 1, seed=1, items=[0], question_prefix="", answer_prefix="", separator="\n")
     assert qa[0].endswith("\nq0?") and qa[0].count("\n") == 1
     with pytest.raises(ValueError, match="n_shots"):

@@ -17,6 +17,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).parent))
 from test_workflow import tiny_config  # noqa: E402
 
+pytestmark = pytest.mark.slow  # the workflow runs on the SLURM stand-in: make test-fast leaves these out
+
 
 @pytest.fixture(scope="module")
 def cluster_run(tmp_path_factory):

@@ -102,7 +102,7 @@ def test_patch_layer_matches_reference(prepared, mode):
     ref, cf, answers, _ = identify.load_states(prepared / "cache.safetensors")
     pairs = pd.read_parquet(prepared / "pairs.parquet")
     texts = list(pairs.loc[pairs["split"] == "identification", "prompt"])
-    logits, logprobs = reference_logits(lm, texts, answers, ref, cf, [1], mode)
+    logits, logprobs = reference_logits(lm, texts, answers, ref, cf, layers=[1], mode=mode)
     assert len(frame) == 6 * (lm.n_heads + 1)
     assert frame["logit_p"].to_numpy() == pytest.approx(logits.reshape(-1).double().numpy(), abs=1e-4)
     assert frame["prob_p"].to_numpy() == pytest.approx(logprobs.exp().reshape(-1).double().numpy(), abs=1e-5)
@@ -187,9 +187,10 @@ TRANSFER = {
 
 def test_transfer_matches_an_explicit_ablated_generation(prepared, tmp_path):
     from arithmech.ablation import mean_ablate
+    from arithmech.answers import answer_correct, answer_tokens
     from arithmech.data import subsample
-    from arithmech.evaluation import answer_correct, answer_tokens, greedy_answers
-    from arithmech.patching import AlignedMean
+    from arithmech.generation import greedy_answers
+    from arithmech.means import AlignedMean
     from arithmech.prompts import split_pairs
 
     root = Path(__file__).resolve().parents[1] / "resources/data"
@@ -200,7 +201,7 @@ def test_transfer_matches_an_explicit_ablated_generation(prepared, tmp_path):
                         pairs_paths=[prepared / "pairs.parquet"], cache_paths=[prepared / "cache.safetensors"],
                         key_paths=[tmp_path / "key.parquet"], svamp_path=root / "svamp/SVAMP.json",
                         non_math_path=root / "bigbench/qa_wikidata/task.json", transfer=TRANSFER, prompts_cfg=PROMPTS,
-                        compute=COMPUTE, seed=0, out_table=out[0])
+                        compute=COMPUTE, seed=0, out_table=out[0], out_items=tmp_path / "items.parquet")
     run_plot_transfer(model="tiny", transfer_path=out[0], out_html=out[1], out_png=out[2])
     table = pd.read_parquet(out[0])
     targets = ["division", "division multi-digit", "division decimal", "SVAMP", "qa_wikidata"]
@@ -226,15 +227,21 @@ def test_transfer_matches_an_explicit_ablated_generation(prepared, tmp_path):
     assert none.iloc[0]["accuracy"] == pytest.approx(sum(base) / len(pairs))
     kept = [a for a, b in zip(after, base) if b]
     assert cell["retained"] == (pytest.approx(sum(kept) / len(kept)) if kept else pytest.approx(float("nan"), nan_ok=True))
+    # the per-item table holds the same answers, item by item, with each item's operand pair
+    items = pd.read_parquet(tmp_path / "items.parquet")
+    own = items[(items["source"] == "division") & (items["heads"] == "key") & (items["target"] == "division")]
+    assert list(own["correct"]) == after and list(own["cluster"]) == [f"{a},{b}" for a, b in zip(pairs["a"], pairs["b"])]
+    assert list(items[(items["heads"] == "none") & (items["target"] == "division")]["correct"]) == base
     assert out[2].read_bytes()[:4] == b"\x89PNG" and "retained" in out[1].read_text()
 
 
 @pytest.mark.parametrize("positions", ["end", "all"])
 def test_knockout_scores_first_tokens_and_full_answers(prepared, tmp_path, positions):
     from arithmech.ablation import mean_ablate
+    from arithmech.answers import answer_correct, answer_tokens
     from arithmech.data import subsample
-    from arithmech.evaluation import answer_correct, answer_tokens, greedy_answers
-    from arithmech.patching import AlignedMean, GroupedMean
+    from arithmech.generation import greedy_answers
+    from arithmech.means import AlignedMean, GroupedMean
 
     lm = load_model(prepared / "model", device="cpu")
     heads = [(l, h) for l in range(lm.n_layers) for h in range(lm.n_heads)]
@@ -248,7 +255,8 @@ def test_knockout_scores_first_tokens_and_full_answers(prepared, tmp_path, posit
     out = [tmp_path / "k.parquet", tmp_path / "k.png"]
     validate.run_knockout(model="tiny", task="division", model_dir=prepared / "model", pairs_path=prepared / "pairs.parquet",
                         cache_path=prepared / "cache.safetensors", effects_path=tmp_path / "effects.parquet",
-                        key_path=tmp_path / "key.parquet", ablation=ablation, compute=COMPUTE, seed=0, out_table=out[0])
+                        key_path=tmp_path / "key.parquet", ablation=ablation, compute=COMPUTE, seed=0, out_table=out[0],
+                        out_items=tmp_path / "items.parquet")
     run_plot_knockout(model="tiny", task="division", knockout_path=out[0], key_path=tmp_path / "key.parquet",
                       out_png=out[1])
     assert out[1].read_bytes()[:4] == b"\x89PNG"
@@ -275,11 +283,14 @@ def test_knockout_scores_first_tokens_and_full_answers(prepared, tmp_path, posit
         else:  # the template's own mean at every position its counterfactuals reach
             grouped = GroupedMean(cache["cf_template_heads"], cache["cf_template_mlps"], cache["cf_template_counts"])
             mean, where = grouped.group(template), "aligned"
-        with mean_ablate(lm, [(1, 3), (1, 2)], [], mean, where):
+        with mean_ablate(lm, [(1, 3), (1, 2)], [], mean, positions=where):
             texts = greedy_answers(lm, list(group["prompt"]), n_new, 4)
         correct += sum(answer_correct(t, g) for t, g in zip(texts, group["answer"]))
     assert table["full_accuracy"].iloc[2] == pytest.approx(correct / len(pairs))
     assert (table["full_accuracy"] <= table["accuracy"] + 1e-9).all()
+    items = pd.read_parquet(tmp_path / "items.parquet")
+    top2 = items[(items["curve"] == "top_heads") & (items["k"] == 2)]
+    assert top2["full_correct"].sum() == correct and sorted(top2["sample_id"]) == sorted(pairs["sample_id"])
 
 
 def test_knockout_node_sets_draw_the_controls_at_the_given_k():
@@ -313,8 +324,9 @@ def test_all_positions_answers_batched_across_sets_are_each_sets_own_generation(
     prefix the template's mean does not reach is shared); each set's tokens are those of a plain greedy
     generation inside that set's per-template mean ablation, up to where the answer is settled."""
     from arithmech.ablation import mean_ablate
-    from arithmech.evaluation import answer_correct, decided_answers, greedy_generate
-    from arithmech.patching import GroupedMean
+    from arithmech.answers import answer_correct, decided_answers
+    from arithmech.generation import greedy_generate
+    from arithmech.means import GroupedMean
 
     lm = load_model(prepared / "model", device="cpu")
     pairs = pd.read_parquet(prepared / "pairs.parquet")
@@ -326,13 +338,14 @@ def test_all_positions_answers_batched_across_sets_are_each_sets_own_generation(
     mlp_sets = [[], [], [1], [], [0]]
     texts, templates = list(pairs["prompt"]), pairs["template_id"].to_numpy()
     golds = list(pairs["answer"])
-    got = validate._set_answers(lm, texts, golds, templates, head_sets, mlp_sets, cache, "all", 3, 4, 256)
+    got = validate._set_answers(lm, texts, golds, template_ids=templates, head_sets=head_sets, mlp_sets=mlp_sets,
+                                cache=cache, positions="all", max_new_tokens=3, batch_size=4, copies=256)
     assert got.shape == (len(head_sets), len(texts), 3)
     decided = decided_answers(lm.tokenizer, golds)
     for s, (hs, ms) in enumerate(zip(head_sets, mlp_sets)):
         for t in set(templates):
             rows = [i for i, x in enumerate(templates) if x == t]
-            with mean_ablate(lm, hs, ms, grouped.group(int(t)), "aligned"):
+            with mean_ablate(lm, hs, ms, grouped.group(int(t)), positions="aligned"):
                 want = greedy_generate(lm, [texts[i] for i in rows], 3, 2)
             for i, row in zip(rows, want):  # equal up to where the score is decided, then the pad id
                 stop = next((j for j in range(3) if decided(i, row[: j + 1].tolist())), 2)

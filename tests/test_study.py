@@ -17,7 +17,8 @@ from arithmech import finetune as ft
 from arithmech import study as sd
 from arithmech.controls import layer_matched_heads
 from arithmech.config import ConfigError, validate_config
-from arithmech.evaluation import divergence_windows, greedy_generate, score_targets
+from arithmech.generation import greedy_generate
+from arithmech.scoring import divergence_windows, score_targets
 from arithmech.models import load_model
 from arithmech.prompts import continuation_ids
 from arithmech.stages.study import run_study_items
@@ -170,20 +171,21 @@ def test_layer_matched_heads():
 def test_arm_methods():
     study = _study() | {"heads": 2, "mlps": 1, "kv": "none"}
     ranked, mlps = [[2, 1], [0, 3], [1, 1], [2, 0]], [2, 0, 1]
-    precise = sd.arm_method("precise", "lr0", study, ranked, mlps, n_heads=4, seed=0)
+    nodes = {"ranked_heads": ranked, "ranked_mlps": mlps, "n_heads": 4, "seed": 0}
+    precise = sd.arm_method("precise", "lr0", study, **nodes)
     assert precise == {"method": "precise", "heads": [[2, 1], [0, 3]], "mlp_layers": [], "train_kv": False}
-    with_mlp = sd.arm_method("precise_mlp", "seed1", study, ranked, mlps, n_heads=4, seed=0)
+    with_mlp = sd.arm_method("precise_mlp", "seed1", study, **nodes)
     assert with_mlp["mlp_layers"] == [2] and with_mlp["heads"] == precise["heads"]
-    assert sd.arm_method("precise", "lr0", study | {"kv": "shared"}, ranked, mlps, 4, 0)["train_kv"] is True
-    draws = [sd.arm_method("random_heads", r, study, ranked, mlps, 4, 0)["heads"] for r in ("lr0", "lr1", "draw1", "draw2")]
+    assert sd.arm_method("precise", "lr0", study | {"kv": "shared"}, **nodes)["train_kv"] is True
+    draws = [sd.arm_method("random_heads", r, study, **nodes)["heads"] for r in ("lr0", "lr1", "draw1", "draw2")]
     assert draws[0] == draws[1]  # every grid point trains draw 0
     assert len({json.dumps(sorted(d)) for d in draws}) > 1
     for d in draws:
         assert sorted(h[0] for h in d) == [0, 2] and not {tuple(h) for h in d} & {(2, 1), (0, 3)}
-    assert sd.arm_method("full", "lr0", study, ranked, mlps, 4, 0) == {"method": "full"}
-    assert sd.arm_method("lora", "lr0", study, ranked, mlps, 4, 0)["lora"] == study["lora"]
+    assert sd.arm_method("full", "lr0", study, **nodes) == {"method": "full"}
+    assert sd.arm_method("lora", "lr0", study, **nodes)["lora"] == study["lora"]
     with pytest.raises(ValueError, match="run name 'best'"):
-        sd.arm_method("full", "best", study, ranked, mlps, 4, 0)
+        sd.arm_method("full", "best", study, **nodes)
 
 
 def test_final_runs_and_select_lr():

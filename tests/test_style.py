@@ -4,9 +4,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow
 def test_snakefmt_check():
     files = [ROOT / "Snakefile", ROOT / "workflow"]
     proc = subprocess.run(
@@ -15,6 +18,7 @@ def test_snakefmt_check():
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
+@pytest.mark.slow
 def test_snakemake_lint_is_clean():
     proc = subprocess.run(
         [sys.executable, "-m", "snakemake", "--lint", "-s", str(ROOT / "Snakefile"), "--directory", str(ROOT)],

@@ -18,6 +18,8 @@ from snakemake.utils import update_config
 
 from arithmech.io import read_parquet_meta
 
+pytestmark = pytest.mark.slow  # the workflow runs whole: make test-fast leaves these out
+
 ROOT = Path(__file__).resolve().parents[1]
 TASKS = ["addition", "division"]  # two operators keep the run short; all four share the code
 
@@ -178,7 +180,7 @@ def test_transfer_table(run):
 def test_finetune_and_evaluation_outputs(run):
     from safetensors import safe_open
 
-    from arithmech.finetune import read_trained_meta
+    from arithmech.deltas import read_trained_meta
 
     res = run / "results/tiny"
     precise = read_trained_meta(res / "finetune/precise/trained.safetensors")

@@ -2,7 +2,7 @@
 
 A node (a query head or an MLP) is mean-ablated by replacing its output (a head's slice of the o_proj
 input; the MLP module's output) with the mean of that output over the COUNTERFACTUAL prompts of the
-identification pairs, counted back from END (`patching.AlignedMean`, index 0 = END). The counterfactual
+identification pairs, counted back from END (`means.AlignedMean`, index 0 = END). The counterfactual
 mean keeps everything a node does on arithmetic-shaped text except what depends on the operator, so a drop
 in accuracy is attributable to the operation rather than to pushing the residual stream off-distribution
 (as zero ablation would).
@@ -20,21 +20,20 @@ Positions (`positions=`, the mechanism):
 
 The knockout rule's position sets (`ablation.positions`, stages.validate): "end" is the mechanism above
 with the END mean over all counterfactuals; "all" is Wang et al.'s mean ablation (IOI): every prompt gets
-"aligned" with the mean over the counterfactuals of ITS OWN template (`patching.GroupedMean`), so a
+"aligned" with the mean over the counterfactuals of ITS OWN template (`means.GroupedMean`), so a
 position meets the mean of the same token slot of the same template, never of another template or shot
 count. With zero-shot counterfactuals (the default) those means cover the query line, whose tokens align
 exactly within a template (single-digit operands; a null word of the operator word's token count); the
 few-shot lines before it have no counterfactual and are left as they are.
 
-Which setting matches the paper. Zhang et al. identify the key heads by path patching at END (here
-`patching`, the paper's Algorithm 1) and then validate them by knocking them out (mean ablation) and
-comparing the accuracy drop with knocking out random heads. We could not consult the paper's text while
-writing this (offline), so the exact positions of its knockout are NOT confirmed from the source; the
-choice below is our reasoning, and both are run. "end" is the headline because it ablates exactly the
-(node, position) pairs whose effect was measured when the nodes were selected, so the validation tests the
-same claim the identification made (the heads move operand/operator information INTO the last position).
-"all" is a stronger, different intervention: it also removes what the heads write at the operand and
-operator positions, which path patching at END never measured.
+What the paper fixes and what it leaves open. Zhang et al. identify the key heads by path patching at END
+(here `patching`, the paper's Algorithm 1) and validate them by knocking them out with mean ablation,
+comparing the accuracy drop with that of knocking out random heads; the positions at which a knocked-out
+head's output is replaced are not pinned down, so both settings are run. "end" is the headline because it
+ablates exactly the (node, position) pairs whose effect was measured when the nodes were selected, so the
+validation tests the same claim the identification made (the heads move operand/operator information INTO
+the last position). "all" is a stronger, different intervention: it also removes what the heads write at
+the operand and operator positions, which path patching at END never measured.
 
 Knockout curves: `knockout` ablates the first k of a ranked head list for k = 0..K in ONE forward per
 batch, by stacking K+1 copies of the batch and giving copy k a per-row mask that ablates heads[:k]. It
@@ -46,7 +45,7 @@ per batch with a KV cache and then only the last P tokens, and each later genera
 ablated copies (`patching.total_logits` uses the same trick for END). With zero-shot counterfactuals the
 per-template means of "all" cover the query line, so the few-shot lines are the shared prefix. Its first
 step is the first-token knockout of any head sets (tested against `knockout`); its later steps are the
-full greedy answers (tested against `evaluation.greedy_generate` inside `mean_ablate`).
+full greedy answers (tested against `generation.greedy_generate` inside `mean_ablate`).
 """
 
 from __future__ import annotations
@@ -61,8 +60,8 @@ import torch
 from .decoding import Hooks, greedy_decode
 from .hooks import patch_tail
 from .kvcache import end_copies, prefix_cache
+from .means import AlignedMean
 from .models import LoadedModel
-from .patching import AlignedMean
 from .prompts import encode
 
 POSITIONS = ("end", "aligned")
@@ -88,6 +87,7 @@ def ablation_patches(
     heads: Sequence[Head],
     mlps: Sequence[int],
     means: AlignedMean,
+    *,
     positions: str = "end",
     row_masks: torch.Tensor | None = None,
 ) -> tuple[dict, dict]:
@@ -135,6 +135,7 @@ def mean_ablate(
     heads: Sequence[Head],
     mlps: Sequence[int],
     means: AlignedMean,
+    *,
     positions: str = "end",
     row_masks: torch.Tensor | None = None,
 ) -> Iterator[None]:
@@ -147,7 +148,7 @@ def mean_ablate(
     row_masks: optional bool [B, len(heads) + len(mlps)]; column j says whether row b ablates node j (heads
         first, then MLPs, in the given order). Default: every row ablates every node.
     An empty node list registers no hooks at all."""
-    head_patches, mlp_patches = ablation_patches(lm, heads, mlps, means, positions, row_masks)
+    head_patches, mlp_patches = ablation_patches(lm, heads, mlps, means, positions=positions, row_masks=row_masks)
     with patch_tail(lm, head_patches, mlp_patches):
         yield
 
@@ -157,6 +158,7 @@ def ablation_hooks(
     heads: Sequence[Head],
     mlps: Sequence[int],
     means: AlignedMean,
+    *,
     positions: str = "end",
     row_masks: torch.Tensor | None = None,
 ) -> Hooks:
@@ -168,7 +170,8 @@ def ablation_hooks(
     def hooks(rows: torch.Tensor):
         values = AlignedMean(means.heads[rows] if per_row_h else means.heads,
                              means.mlps[rows] if per_row_m else means.mlps)
-        return mean_ablate(lm, heads, mlps, values, positions, None if row_masks is None else row_masks[rows])
+        return mean_ablate(lm, heads, mlps, values, positions=positions,
+                           row_masks=None if row_masks is None else row_masks[rows])
 
     return hooks
 
@@ -190,6 +193,7 @@ def knockout(
     texts: list[str],
     answer_ids: torch.Tensor,
     ranked_heads: Sequence[Head],
+    *,
     K: int,
     means: AlignedMean,
     positions: str = "end",
@@ -211,7 +215,7 @@ def knockout(
         rep = {k: v.repeat(copies, 1) for k, v in enc.items()}  # copy k = rows k*b .. k*b+b-1
         k_of_row = torch.arange(copies).repeat_interleave(b)  # [copies * b]
         row_masks = torch.arange(K)[None, :] < k_of_row[:, None]  # [copies * b, K]
-        with mean_ablate(lm, ranked_heads[:K], [], means, positions, row_masks):
+        with mean_ablate(lm, ranked_heads[:K], [], means, positions=positions, row_masks=row_masks):
             logits = lm.model(**rep, logits_to_keep=1).logits[:, -1].float()
         answers = answer_ids[start : start + b].to(logits.device).repeat(copies)
         preds.append(logits.argmax(-1).view(copies, b).cpu())
@@ -243,8 +247,10 @@ def greedy_end_sets(
     lm: LoadedModel,
     texts: list[str],
     head_sets: Sequence[Sequence[Head]],
-    means: AlignedMean | Sequence[AlignedMean],
+    *,
     max_new_tokens: int,
+    means: AlignedMean | None = None,
+    set_means: Sequence[AlignedMean] | None = None,
     mlp_sets: Sequence[Sequence[int]] | None = None,
     answer_ids: torch.Tensor | None = None,
     batch_size: int = 16,
@@ -254,7 +260,7 @@ def greedy_end_sets(
 ) -> GreedyKnockout:
     """Greedy generation of `max_new_tokens` tokens with node set s (head_sets[s] and mlp_sets[s]) mean-
     ablated at END (or, positions="aligned", at the prompt's last P positions, P = the mean's length) and at
-    each generated position: what `evaluation.greedy_generate` does inside `mean_ablate(..., positions)`,
+    each generated position: what `generation.greedy_generate` does inside `mean_ablate(..., positions)`,
     for many sets at once.
 
     The prompt minus its ablated tail (END, or the last P positions) runs once per batch, as the ablation
@@ -262,27 +268,30 @@ def greedy_end_sets(
     copy of that prefix cache with the tail and then one token per forward (row i*c + j is text i with set j
     of the chunk). Where the batch is no longer than P, every copy runs the whole prompt. A row stops at its
     end-of-sequence token, or as soon as `settled(i, its tokens so far)` is true, i the index of its text in
-    `texts` (`evaluation.decided_answers`: when its score cannot change any more, right or wrong); its later
+    `texts` (`answers.decided_answers`: when its score cannot change any more, right or wrong); its later
     tokens are the pad id, and it leaves the forwards.
 
-    means: one shared AlignedMean, or (positions "end" only) one per set (set s is ablated with means[s]'s
-    END values: e.g. each task's key heads with that task's counterfactual mean, all sharing one prefix pass).
+    Give exactly one of `means`, one AlignedMean shared by every set, and (positions "end" only) `set_means`,
+    one per set (set s is ablated with set_means[s]'s END values: e.g. each task's key heads with that task's
+    counterfactual mean, all sharing one prefix pass).
     Returns GreedyKnockout (tokens [n_sets, n, max_new_tokens]; `first_tokens` [n_sets, n])."""
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     if positions not in POSITIONS:
         raise ValueError(f"positions must be one of {', '.join(POSITIONS)}; got {positions!r}")
-    per_set = not isinstance(means, AlignedMean)
+    if (means is None) == (set_means is None):
+        raise ValueError("greedy_end_sets: give exactly one of means (shared by every set) and set_means (one per set)")
+    per_set = set_means is not None
     if per_set and positions != "end":
         raise ValueError("greedy_end_sets: one mean per set only with positions='end'")
     if per_set:
-        if len(means) != len(head_sets):
-            raise ValueError(f"{len(head_sets)} head sets but {len(means)} means")
-        for m in means:
+        if len(set_means) != len(head_sets):
+            raise ValueError(f"{len(head_sets)} head sets but {len(set_means)} means")
+        for m in set_means:
             _check_shared_mean(m)
         # END values of every set's mean: heads [n_sets, 1, L, H, D], mlps [n_sets, 1, L, d]
-        set_heads = torch.stack([m.heads[:1] for m in means])
-        set_mlps = torch.stack([m.mlps[:1] for m in means])
+        set_heads = torch.stack([m.heads[:1] for m in set_means])
+        set_mlps = torch.stack([m.mlps[:1] for m in set_means])
     else:
         _check_shared_mean(means)
     head_sets = [[(int(l), int(h)) for l, h in hs] for hs in head_sets]
@@ -312,7 +321,7 @@ def greedy_end_sets(
             c = min(chunk, n_sets - s0)
             row_set = torch.arange(s0, s0 + c).repeat(b)  # row i*c + j is text start + i with set s0 + j
             values = AlignedMean(set_heads[row_set], set_mlps[row_set]) if per_set else means  # per-row END values
-            hooks = ablation_hooks(lm, heads, mlps, values, positions, set_masks[row_set])
+            hooks = ablation_hooks(lm, heads, mlps, values, positions=positions, row_masks=set_masks[row_set])
 
             def first_logits(step, rows, logits):  # called within this iteration
                 if step == 0 and answer_ids is not None:

@@ -267,6 +267,7 @@ def mlp_probes(
     a_token_ids,
     b_token_ids,
     c_token_ids,
+    *,
     batch_size: int,
     n_random: int = 256,
     seed: int = 0,

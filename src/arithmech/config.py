@@ -47,9 +47,7 @@ def validate_config(config: dict, schema_path: str | Path) -> None:
         for i, method in enumerate(config["finetune"]["methods"]):
             if method not in config["finetune"]["lr"]:
                 problems.append(f"config key 'finetune.lr.{method}': missing; method {method!r} is in finetune.methods")
-        train = config["finetune"]["train"]
-        if (train.get("epochs") is None) == (train.get("max_steps") is None):
-            problems.append("config key 'finetune.train': give exactly one of epochs or max_steps")
+        problems += _length_problems(config["finetune"]["train"], "finetune.train")
         problems += config_problems(config["evaluation"])  # the evaluation sets (arithmech.eval_sets)
         problems += _study_problems(config["study"])
         low, high = config["claims"]["middle_band"]
@@ -73,6 +71,14 @@ def _fill_model_defaults(config: dict, schema: dict) -> None:
     for model in models.values():
         if isinstance(model, dict) and "resources" not in model:
             model["resources"] = copy.deepcopy(default)
+
+
+def _length_problems(train: dict, key: str) -> list[str]:
+    """The training-length rule (`finetune_config.length_problem`) of the section at config key `key`."""
+    from .finetune_config import length_problem
+
+    problem = length_problem(train.get("epochs"), train.get("max_steps"), f"config key '{key}'")
+    return [] if problem is None else [problem]
 
 
 def _split_problems(prompts: dict, tasks: list[str]) -> list[str]:
@@ -106,9 +112,7 @@ def _study_problems(study: dict) -> list[str]:
     for arm in study["arms"]:
         if arm not in study["lr_grid"]:
             problems.append(f"config key 'study.lr_grid.{arm}': missing; arm {arm!r} is in study.arms")
-    train = study["train"]
-    if (train.get("epochs") is None) == (train.get("max_steps") is None):
-        problems.append("config key 'study.train': give exactly one of epochs or max_steps")
+    problems += _length_problems(study["train"], "study.train")
     low, high = study["base_band"]
     if low > high:
         problems.append(f"config key 'study.base_band': low ({low}) is larger than high ({high})")

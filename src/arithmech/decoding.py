@@ -1,8 +1,8 @@
-"""Greedy decoding: the one decoder that evaluation, the knockout and the transfer share.
+"""Greedy decoding: the one decoder that generation, the knockout and the transfer share.
 
 `greedy_decode` continues a left-padded batch one token per forward with a KV cache. It starts either from
 whole prompts (no cache) or from a cache that already holds a prefix of every row (the few-shot examples
-all prompts share, `evaluation.SharedPrefix`; everything but END, `ablation.greedy_end_sets`), and a row
+all prompts share, `generation.SharedPrefix`; everything but END, `ablation.greedy_end_sets`), and a row
 leaves the forwards (and the cache) as soon as it has ended, so a batch whose answers end early costs only
 what its live rows need.
 

@@ -102,6 +102,7 @@ def bootstrap(
     metric: str,
     head_rule: dict,
     mlp_rule: dict,
+    *,
     clusters=None,
     resamples: int = 1000,
     confidence: float = 0.95,

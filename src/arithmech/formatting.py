@@ -112,7 +112,7 @@ def choice_prompt(text: str) -> str:
 
 
 def question_prompts(
-    questions: list[str], answers: list[str], n_shots: int, seed: int, items: Iterable[int] | None = None,
+    questions: list[str], answers: list[str], n_shots: int, seed: int, *, items: Iterable[int] | None = None,
     question_prefix: str = QUESTION_PREFIX, answer_prefix: str = ANSWER_PREFIX, separator: str = SEPARATOR,
 ) -> list[str]:
     """Few-shot direct-answer prompts for the questions at `items` (default: all): for item i, `n_shots`

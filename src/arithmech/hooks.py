@@ -112,7 +112,7 @@ def patch_tail(
     mlps[layer]  = (mask [batch] or [] bool,                  values [(batch,) n_pos, d_model])
 
     values[..., j, ...] is written at offset j back from the last position (j = 0 is END, the convention of
-    `patching.AlignedMean`), for j < min(n_pos, seq); positions further back are left alone. A forward over
+    `means.AlignedMean`), for j < min(n_pos, seq); positions further back are left alone. A forward over
     one new token (generation with a KV cache) therefore writes the j = 0 value on that token only. With
     n_pos = 1 and a [batch, ...] mask this is `patch_end`. A leading batch axis on `values` gives per-row
     values; without it the same values go to every row.

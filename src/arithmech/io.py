@@ -1,17 +1,20 @@
-"""Atomic writers for Parquet, safetensors and JSON, and the provenance stamped into every result.
+"""Atomic writers for files (Parquet, safetensors, JSON) and directories, and the provenance stamped into
+every result.
 
-Every writer writes to a temporary file next to the target and renames it into place, so a killed job
-never leaves a half-written result that a re-run would mistake for a finished one.
+Every writer writes to a temporary file or directory next to the target and renames it into place, so a
+killed job never leaves a half-written result that a re-run would mistake for a finished one.
 """
 
 from __future__ import annotations
 
 import functools
+import glob
 import hashlib
 import html
 import json
 import os
 import platform
+import shutil
 import tempfile
 from contextlib import contextmanager
 from importlib import metadata
@@ -43,6 +46,36 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+@contextmanager
+def atomic_dir(path: str | Path) -> Iterator[Path]:
+    """Yield a new empty directory next to `path`; if the block succeeds it takes the place of `path` (a
+    directory or nothing), else it is removed.
+
+    A directory cannot be renamed onto a non-empty one, so an old `path` is first renamed aside, into a
+    hidden `.{name}.old-*` sibling, and removed once the new one is in place. A kill at any point leaves at
+    `path` the old directory, nothing (between the two renames; the old one is then in its hidden
+    sibling), or the complete new one, never a half-written one. Hidden siblings that a killed write left
+    are removed by the next write to `path`."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    name = glob.escape(path.name)
+    for stale in [*path.parent.glob(f".{name}.tmp-*"), *path.parent.glob(f".{name}.old-*")]:
+        shutil.rmtree(stale, ignore_errors=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
+    tmp.chmod(0o777 & ~_umask())  # mkdtemp makes it private; results are meant to be shared
+    try:
+        yield tmp
+        if path.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{path.name}.old-", dir=path.parent))
+            os.replace(path, old / path.name)
+            os.replace(tmp, path)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, path)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _umask() -> int:

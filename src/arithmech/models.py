@@ -19,8 +19,6 @@ import functools
 import importlib.metadata
 import json
 import math
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -28,7 +26,7 @@ from typing import Iterator
 import torch
 from torch import nn
 
-from .io import sha256_file
+from .io import atomic_dir, sha256_file
 
 SOURCE_FILE = "source.json"
 # Architectures whose decoder layers are `model.model.layers[i]` with `self_attn.o_proj`, `mlp` and the norm
@@ -82,9 +80,7 @@ def prepare_model(source: dict, out_dir: str | Path) -> dict:
     `out_dir/source.json`. The directory appears only when complete."""
     out_dir = Path(out_dir)
     record: dict = {"source": dict(source)}
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
-    try:
+    with atomic_dir(out_dir) as tmp:
         if "package" in source or str(source.get("path", "")).endswith(".gguf"):
             gguf = _package_file(source["package"], source["file"]) if "package" in source else Path(source["path"])
             if not gguf.is_file():
@@ -118,12 +114,6 @@ def prepare_model(source: dict, out_dir: str | Path) -> dict:
         record["architecture"] = describe_model_dir(model_dir)
         record["tokenizer"] = type(LoadedModel.load_tokenizer(model_dir)).__name__
         (tmp / SOURCE_FILE).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        tmp.chmod(0o755)  # mkdtemp makes it private
-        tmp.rename(out_dir)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return record
 
 

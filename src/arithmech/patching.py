@@ -29,6 +29,7 @@ from tqdm.auto import tqdm
 
 from .hooks import capture, patch_end
 from .kvcache import PrefixCopies, end_copies, prefix_cache
+from .means import GroupedMean
 from .models import LoadedModel
 from .prompts import encode
 
@@ -53,43 +54,6 @@ class EndState:
     predicted: torch.Tensor
 
 
-@dataclass
-class AlignedMean:
-    """Mean node outputs over prompts, by position counted back from END (index 0 is END).
-
-    heads: [n_positions, n_layers, n_heads, head_dim];  mlps: [n_positions, n_layers, d_model]
-    """
-
-    heads: torch.Tensor
-    mlps: torch.Tensor
-
-
-@dataclass
-class GroupedMean:
-    """Mean node outputs per group of prompts (e.g. per template), by position counted back from END (index
-    0 is END), each offset averaged over the group's prompts that reach it (prompts differ in length).
-
-    heads: [n_groups, n_positions, n_layers, n_heads, head_dim];  mlps: [n_groups, n_positions, n_layers, d_model]
-    counts: [n_groups, n_positions] prompts averaged at each offset (0 beyond a group's longest prompt)
-    """
-
-    heads: torch.Tensor
-    mlps: torch.Tensor
-    counts: torch.Tensor
-
-    def group(self, g: int) -> AlignedMean:
-        """Group g's mean over the offsets its prompts reach (for `ablation.mean_ablate(positions="aligned")`)."""
-        n = int((self.counts[g] > 0).sum())
-        return AlignedMean(self.heads[g, :n], self.mlps[g, :n])
-
-    def end(self) -> AlignedMean:
-        """The END mean over all prompts of all groups (count-weighted), P = 1."""
-        w = self.counts[:, 0].double()
-        heads = (self.heads[:, 0].double() * w[:, None, None, None]).sum(0) / w.sum()
-        mlps = (self.mlps[:, 0].double() * w[:, None, None]).sum(0) / w.sum()
-        return AlignedMean(heads[None].float(), mlps[None].float())
-
-
 def nodes_of(lm: LoadedModel, layers: list[int]) -> list[tuple[int, int | None]]:
     """Node order used everywhere: per layer, heads 0..H-1 then the MLP (head None)."""
     return [(l, h) for l in layers for h in [*range(lm.n_heads), None]]
@@ -101,6 +65,7 @@ def collect(
     texts: list[str],
     answer_ids: torch.Tensor,
     batch_size: int,
+    *,
     desc: str = "forward",
     groups: list[int] | None = None,
 ) -> tuple[EndState, GroupedMean | None]:
@@ -222,6 +187,7 @@ def direct_logits(
     cf: EndState,
     answer_ids: torch.Tensor,
     layers: list[int],
+    *,
     batch_size: int = 64,
     with_logprobs: bool = False,
 ) -> PatchedLogits:
@@ -290,7 +256,7 @@ def _scores(logits: torch.Tensor, answers: torch.Tensor) -> tuple[torch.Tensor, 
     return logits.gather(1, idx)[:, 0], logits.log_softmax(-1).gather(1, idx)[:, 0]
 
 
-def end_forward(lm: LoadedModel, enc: dict[str, torch.Tensor], prefix, copies: int,
+def end_forward(lm: LoadedModel, enc: dict[str, torch.Tensor], prefix, copies: int, *,
                 inputs_embeds: torch.Tensor | None = None, output_hidden_states: bool = False):
     """The model body's output at END (`LoadedModel.body`: last_hidden_state after the final norm, no
     unembedding) for `copies` copies of every row (row i * copies + j is copy j of row i), computing only the
@@ -312,6 +278,7 @@ def total_logits(
     answer_ids: torch.Tensor,
     cf: EndState,
     layers: list[int],
+    *,
     batch_size: int = 16,
     copies_per_forward: int = 256,
     with_logprobs: bool = False,
@@ -371,6 +338,7 @@ def reference_logits(
     answer_ids: torch.Tensor,
     ref: EndState,
     cf: EndState,
+    *,
     layers: list[int],
     mode: str,
     batch_size: int = 16,
@@ -405,6 +373,7 @@ def effects_frame(
     layers: list[int],
     logit_o: torch.Tensor,
     logit_p: torch.Tensor,
+    *,
     logprob_o: torch.Tensor | None = None,
     logprob_p: torch.Tensor | None = None,
 ) -> pd.DataFrame:

@@ -178,7 +178,7 @@ def _token_label(text: str) -> str:
 
 
 def attention_example(
-    tokens: list[str], weights: np.ndarray, head_labels: list[str], roles: list[str], title: str, path: str | Path
+    tokens: list[str], weights: np.ndarray, head_labels: list[str], roles: list[str], *, title: str, path: str | Path
 ) -> None:
     """One prompt: its tokens along x, one row per head, colour = attention from END on the token (in %,
     values of 5% and more written in the cell). A strip under the heatmap and the colour of each tick

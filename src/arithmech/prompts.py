@@ -98,7 +98,7 @@ def split_answer(tokenizer, text: str, answer: str) -> tuple[str, int]:
 COUNTERFACTUAL_SHOTS = ("keep", "blank", "zero_shot")
 
 
-def _counterfactual_prefix(template: str, shots, null: str, sep: str, cf_shots: str, line) -> str:
+def _counterfactual_prefix(template: str, shots, null: str, *, sep: str, cf_shots: str, line) -> str:
     """The counterfactual's few-shot lines (operator nulled): with their answers ("keep"), without them
     ("blank": the line ends where the answer would start), or none ("zero_shot")."""
     if cf_shots == "zero_shot":
@@ -131,7 +131,7 @@ def build_prompts(tokenizer, task: str, cfg: dict, seed: int) -> pd.DataFrame:
                     return render(template, a=x, op=word, b=y).text + str(TASKS[task](x, y)) + sep
 
                 ref_prefix = "".join(line(x, y, op) for x, y in shots)
-                cf_prefix = _counterfactual_prefix(template, shots, null, sep, cf_shots, line)
+                cf_prefix = _counterfactual_prefix(template, shots, null, sep=sep, cf_shots=cf_shots, line=line)
                 ref_q, cf_q = render(template, a=a, op=op, b=b), render(template, a=a, op=null, b=b)
                 answer = TASKS[task](a, b)
                 prompt, answer_id = split_answer(tokenizer, ref_prefix + ref_q.text, str(answer))
@@ -191,7 +191,7 @@ def select_samples(
     """Assign every pair to a split (`split_operands`), keep the pairs the model answers correctly (the
     paper's filter), then at most `splits.max_samples[split]` of each split (a seeded draw).
 
-    checked: `evaluation.check_answers` of the reference prompts, row for row.
+    checked: `generation.check_answers` of the reference prompts, row for row.
     keep_only_correct: "full" (the whole greedy answer is the number), "first_token" (the answer's first
         token, what path patching reads) or False (keep every pair).
     Returns (kept, dropped), both with the columns of `checked`, `split` and `correct` (the answer as the
@@ -305,7 +305,7 @@ def format_answer(task: str, a: Decimal, b: Decimal) -> Decimal:
     return ops[task] if task in ops else a / b
 
 
-def format_prompts(task: str, fmt: str, fmt_cfg: dict, prompts_cfg: dict, n: int, seed: int) -> pd.DataFrame:
+def format_prompts(task: str, fmt: str, fmt_cfg: dict, prompts_cfg: dict, *, n: int, seed: int) -> pd.DataFrame:
     """`n` few-shot prompts of `task` with operands in number format `fmt` (see `format_operands`), using
     the config's templates, operator words, shot count and separator; the shots are in the same format.
     Columns: task, format, template_id, operator, a, b, answer (string as in the shots), gold (float),

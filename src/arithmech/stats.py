@@ -1,4 +1,6 @@
-"""Paired statistics for comparing fine-tuning arms on the same test items.
+"""Statistics of the fine-tuning results: Wilson intervals for an accuracy, and paired comparisons of arms.
+
+  * `accuracy_interval`: an accuracy and its Wilson score interval (the paper's Table 1).
 
 Every arm (training method) of the fine-tuning study is evaluated on THE SAME test items, so arms are
 compared item by item (paired), which removes the item-difficulty variance that two independent samples
@@ -24,6 +26,7 @@ Only numpy (and the standard library) is used; there is no scipy.
 from __future__ import annotations
 
 import math
+from statistics import NormalDist
 
 import numpy as np
 
@@ -132,6 +135,23 @@ def _prepare_weights(weights, n: int) -> np.ndarray:
 
 
 # ------------------------------------------------------------------------------------------------ public API
+def accuracy_interval(correct, confidence: float = 0.95) -> tuple[float, float, float]:
+    """(accuracy, low, high): the share of True in `correct` and its Wilson score interval at `confidence`.
+    NaNs for an empty input."""
+    correct = np.asarray(correct, dtype=bool).ravel()
+    n = len(correct)
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+    if n == 0:
+        return float("nan"), float("nan"), float("nan")
+    p = correct.mean()
+    z = NormalDist().inv_cdf(0.5 + confidence / 2)
+    denom = 1 + z * z / n
+    center = (p + z * z / (2 * n)) / denom
+    half = z / denom * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    return float(p), float(max(0.0, center - half)), float(min(1.0, center + half))
+
+
 def mcnemar_exact(correct_a, correct_b) -> dict:
     """Exact two-sided McNemar test for paired binary outcomes.
 

@@ -11,7 +11,7 @@ is one operand pair; pairs are split without overlap:
               validation pairs of the same task.
 All prompts of a format share one fixed few-shot prefix (`study.n_shots` solved pairs that are in no test
 split), so the shared prefix runs once. An item's target is the answer and the separator's end ("68."):
-its greedy exact match is `evaluation.score_targets`' greedy_match.
+its greedy exact match is `scoring.score_targets`' greedy_match.
 
 Arms (`study.arms`): precise (the top `study.heads` heads by patching effect averaged over the tasks: the
 W_Q rows and W_O columns, with `study.kv: shared` also the K/V rows of their key/value heads), precise_mlp
@@ -185,9 +185,9 @@ def parse_run(run: str) -> tuple[str, int]:
     return m[1], int(m[2])
 
 
-def arm_method(arm: str, run: str, study: dict, ranked_heads: list, ranked_mlps: list, n_heads: int,
+def arm_method(arm: str, run: str, study: dict, *, ranked_heads: list, ranked_mlps: list, n_heads: int,
                seed: int) -> dict:
-    """The `finetune.parse_method` dict of one run of `arm` (ranked_*: nodes by patching effect, best first)."""
+    """The `finetune_config.parse_method` dict of one run of `arm` (ranked_*: nodes by patching effect, best first)."""
     if arm not in ARMS:
         raise ValueError(f"study arm {arm!r}: expected one of {list(ARMS)}")
     kind, index = parse_run(run)

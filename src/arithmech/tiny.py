@@ -12,15 +12,14 @@ token the model should produce is a single digit.
 
 from __future__ import annotations
 
-import os
 import random
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+from .io import atomic_dir
 
 __all__ = ["build_tiny_model", "build_tiny_tokenizer"]
 
@@ -134,19 +133,7 @@ def build_tiny_model(out_dir: str | Path, *, seed: int = 0, n_layers: int = 3, n
         torch.manual_seed(seed)
         model = LlamaForCausalLM(config).to(torch.float32).eval()
 
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
-    try:
+    with atomic_dir(out_dir) as tmp:
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
-        if out_dir.exists():
-            # os.replace cannot overwrite a non-empty directory: move the old one aside first.
-            old = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.old-", dir=out_dir.parent))
-            os.replace(out_dir, old / "d")
-            os.replace(tmp, out_dir)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, out_dir)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return out_dir

@@ -3,6 +3,7 @@ import os
 import re
 
 from arithmech.code_digest import script_digest
+from arithmech.finetune_config import HEAD_METHODS, METHODS
 
 MODELS = config["run"]["models"]
 TASKS = config["run"]["tasks"]
@@ -14,7 +15,7 @@ wildcard_constraints:
     model="|".join(map(re.escape, MODELS)),
     task="|".join(TASKS),
     layer=r"\d+",
-    method="|".join(["base", "precise", "random_heads", "full", "lora"]),
+    method="|".join(["base", *METHODS]),
     dataset="|".join(EVAL_DATASETS),
     arm="|".join(["base", *study.ARMS]),
     run=r"lr\d+|seed\d+|draw\d+|chosen|base",
@@ -130,7 +131,7 @@ EVAL_METHODS = ["base", *FINETUNE_METHODS]
 
 def finetune_effects(wildcards):
     """Head methods rank heads by patching effect; full and LoRA do not depend on the identify stage."""
-    if wildcards.method in ("precise", "random_heads"):
+    if wildcards.method in HEAD_METHODS:
         return {
             f"effects_{t}": f"results/{wildcards.model}/effects/{t}.parquet"
             for t in TASKS
@@ -147,7 +148,7 @@ def finetune_params(wildcards):
         "train": cfg["train"],
         "lr": {method: cfg["lr"][method]},
     }
-    if method in ("precise", "random_heads"):
+    if method in HEAD_METHODS:
         used |= {key: cfg[key] for key in ("heads", "mlps", "train_kv", "grad_scale")}
     if method == "lora":
         used["lora"] = cfg["lora"]

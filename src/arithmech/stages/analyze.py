@@ -69,6 +69,6 @@ def run_analyze(
     }), out_example, meta)
     probes = mlp_probes(
         lm, texts, first_role_tokens(lm.tokenizer, pairs, "operand_a"), first_role_tokens(lm.tokenizer, pairs, "operand_b"),
-        pairs["answer_token_id"].tolist(), compute["batch_size"], analysis["n_random"], seed,
+        pairs["answer_token_id"].tolist(), batch_size=compute["batch_size"], n_random=analysis["n_random"], seed=seed,
     ).assign(task=task)
     write_parquet(probes, out_probes, meta)

@@ -1,15 +1,18 @@
 """What several stages' entry points share: the prepared model's record and loading, provenance for a
-stage's outputs, and saving and loading a training run."""
+stage's outputs, and training, saving and loading a fine-tuned model."""
 
 from __future__ import annotations
 
 import json
 import shutil
+import time
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
+import pandas as pd
 
-from ..io import config_hash, provenance
+from ..io import atomic_dir, config_hash, provenance, write_parquet
 from ..models import SOURCE_FILE, LoadedModel, load_model
 
 
@@ -38,30 +41,49 @@ FULL_DIR = "model"  # full: a whole HF model directory
 STATS_FILE = "stats.json"
 
 
-def save_training_run(*, ft, stats, wall_s: float, out_dir, checkpoints, meta: dict, record: dict,
-                      write_extra=None) -> dict:
-    """Write a finished training run into `out_dir` atomically (built in a temporary sibling, renamed into
-    place): what was trained (`trained.safetensors`, or `model/` for full), whatever `write_extra(tmp_dir)`
-    adds, and `stats.json` (the TrainStats, `record`, wall time, mean step time, artifact bytes, provenance,
-    model size, device and dtype). Then remove the run's checkpoints: a rerun starts afresh. Returns the
-    stats record."""
-    from ..finetune import save_trained
+def train_and_save(lm: LoadedModel, *, spec: dict, train_cfg: dict, examples: list[tuple[str, str]], settings: dict,
+                   run_name: str, checkpoint_root, out_dir, model_dir, stage: str, meta_params: dict, record: dict,
+                   append_eos: bool = True, evaluate=None, evaluate_every: int | None = None,
+                   final_tables: Callable[..., dict[str, pd.DataFrame]] | None = None,
+                   ) -> tuple:
+    """The one training entry point, of the GSM8K recipe (`finetune`) and of the study (`study_train`): train
+    `lm` by the method `spec` (`finetune_config.parse_method`) with `train_cfg` on (prompt, target) pairs,
+    resumable from checkpoint_root/<run_name>-<hash of `settings`>, then save the run (`save_training_run`)
+    with the Parquet tables `final_tables(stats)` returns, named by file. `append_eos`, `evaluate` and
+    `evaluate_every` go to `finetune.train`. Provenance: `stage_meta(model_dir, stage, **meta_params,
+    settings=settings)`. Returns (the `finetune.TrainStats`, the stats record, the final tables)."""
+    from ..finetune import prepare, train
 
-    out_dir = Path(out_dir)
-    tmp = out_dir.with_name(f".{out_dir.name}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    save_trained(ft, tmp / (FULL_DIR if ft.method.name == "full" else TRAINED_FILE), {"provenance": meta})
-    if write_extra is not None:
-        write_extra(tmp)
-    full = {**stats.to_dict(), **record, "wall_s_this_run": wall_s,
-            "mean_step_s": float(np.mean(stats.step_times_s)) if stats.step_times_s else float("nan"),
-            "artifact_bytes": _tree_bytes(tmp), "provenance": meta, "n_parameters": ft.lm.describe()["n_parameters"],
-            "device": str(ft.lm.device), "dtype": str(ft.lm.dtype)}
-    (tmp / STATS_FILE).write_text(json.dumps(full, indent=2) + "\n")
-    if out_dir.exists():
-        shutil.rmtree(out_dir)
-    tmp.rename(out_dir)
+    checkpoints = Path(checkpoint_root) / f"{run_name}-{config_hash(settings)[:12]}"
+    ft = prepare(lm, spec, train_cfg["seed"])
+    start = time.perf_counter()
+    stats = train(ft, examples, train_cfg, checkpoint_dir=checkpoints, append_eos=append_eos, evaluate=evaluate,
+                  evaluate_every=evaluate_every)
+    wall = time.perf_counter() - start
+    tables = final_tables(stats) if final_tables is not None else {}
+    meta = stage_meta(model_dir, stage, **meta_params, settings=settings)
+    record = save_training_run(ft=ft, stats=stats, wall_s=wall, out_dir=out_dir, checkpoints=checkpoints, meta=meta,
+                               record=record, tables=tables)
+    return stats, record, tables
+
+
+def save_training_run(*, ft, stats, wall_s: float, out_dir, checkpoints, meta: dict, record: dict,
+                      tables: dict[str, pd.DataFrame]) -> dict:
+    """Write a finished training run into `out_dir` atomically (`io.atomic_dir`): what was trained
+    (`trained.safetensors`, or `model/` for full), `tables` (Parquet, by file name) and `stats.json` (the
+    TrainStats, `record`, wall time, mean step time, artifact bytes, provenance, model size, device and
+    dtype). Then remove the run's checkpoints: a rerun starts afresh. Returns the stats record."""
+    from ..deltas import save_trained
+
+    with atomic_dir(out_dir) as tmp:
+        save_trained(ft, tmp / (FULL_DIR if ft.method.name == "full" else TRAINED_FILE), {"provenance": meta})
+        for name, table in tables.items():
+            write_parquet(table, tmp / name, meta)
+        full = {**stats.to_dict(), **record, "wall_s_this_run": wall_s,
+                "mean_step_s": float(np.mean(stats.step_times_s)) if stats.step_times_s else float("nan"),
+                "artifact_bytes": _tree_bytes(tmp), "provenance": meta,
+                "n_parameters": ft.lm.describe()["n_parameters"], "device": str(ft.lm.device), "dtype": str(ft.lm.dtype)}
+        (tmp / STATS_FILE).write_text(json.dumps(full, indent=2) + "\n")
     shutil.rmtree(checkpoints, ignore_errors=True)
     return full
 
@@ -72,7 +94,7 @@ def _tree_bytes(path: Path) -> int:
 
 def load_finetuned(model_dir, finetune_dir, compute: dict) -> LoadedModel:
     """The base model (finetune_dir None) or a fine-tuned one, ready for evaluation (no hooks)."""
-    from ..finetune import load_trained
+    from ..deltas import load_trained
 
     if finetune_dir is None:
         return load_stage_model(model_dir, compute)

@@ -55,7 +55,8 @@ def run_plot_analysis(*, model: str, task: str, roles_path, example_path, probes
     weights = example.pivot(index="node", columns="position", values="attention").loc[labels].to_numpy()
     plots.attention_example(
         first["token"].tolist(), weights, labels, first["role"].tolist(),
-        f"{model}, {task}: attention from END, sample {first['sample_id'].iloc[0]} ({chosen})", out_example_png,
+        title=f"{model}, {task}: attention from END, sample {first['sample_id'].iloc[0]} ({chosen})",
+        path=out_example_png,
     )
     plots.mlp_probe_lines(
         probes, f"{model}, {task}: MLP vectors at END (the paper's definitions) against the unembedding of A, B "

@@ -4,7 +4,6 @@ method, evaluate one model on one data set, and summarise (the paper's Table 1).
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import numpy as np
@@ -13,11 +12,11 @@ import torch
 
 from .. import effects as fx
 from ..eval_sets import REGISTRY
-from ..io import config_hash, provenance, write_html_table, write_parquet
-from .common import load_finetuned, load_stage_model, model_record, save_training_run, stage_meta
+from ..io import provenance, write_html_table, write_parquet
+from .common import load_finetuned, load_stage_model, model_record, stage_meta, train_and_save
 
 
-def select_finetune_nodes(method: str, effects_paths: dict, finetune: dict, n_layers: int, n_heads: int,
+def select_finetune_nodes(method: str, effects_paths: dict, finetune: dict, *, n_layers: int, n_heads: int,
                           seed: int) -> tuple[list, list]:
     """(heads, mlp layers) a head method trains: precise, the top `finetune.heads` heads (and top
     `finetune.mlps` MLPs) by patching effect averaged over the tasks; random_heads, as many heads drawn at
@@ -70,12 +69,13 @@ def run_finetune(*, model: str, model_dir, method: str, effects_paths: dict, dat
     """Fine-tune with one method and save what was trained into `out_dir`: the deltas (`trained.safetensors`)
     or, for full, a model directory (`model/`), plus `stats.json` (trainable parameters, step times, peak
     memory, losses). A killed job resumes from `checkpoint_root/<method>-<hash of the settings>`."""
-    from ..finetune import parse_method, prepare, train
+    from ..finetune_config import HEAD_METHODS, parse_method
 
     lm = load_stage_model(model_dir, compute)
     spec: dict = {"method": method}
-    if method in ("precise", "random_heads"):
-        heads, mlps = select_finetune_nodes(method, effects_paths, finetune, lm.n_layers, lm.n_heads, seed)
+    if method in HEAD_METHODS:
+        heads, mlps = select_finetune_nodes(method, effects_paths, finetune, n_layers=lm.n_layers, n_heads=lm.n_heads,
+                                            seed=seed)
         spec |= {"heads": [list(h) for h in heads], "mlp_layers": mlps, "train_kv": finetune["train_kv"],
                  "grad_scale": finetune["grad_scale"], "delta_dtype": "float32" if lm.dtype != torch.float32 else "model"}
     elif method == "lora":
@@ -85,14 +85,11 @@ def run_finetune(*, model: str, model_dir, method: str, effects_paths: dict, dat
     examples = finetune_examples(lm, {**finetune["data"], "file": data_path}, seed)
     examples = fitting_examples(lm.tokenizer, examples, train_cfg["max_length"])
     settings = {"spec": spec, "train": train_cfg, "data": finetune["data"], "model": model_record(model_dir).get("sha256")}
-    checkpoints = Path(checkpoint_root) / f"{method}-{config_hash(settings)[:12]}"
-    ft = prepare(lm, spec, seed)
-    start = time.perf_counter()
-    stats = train(ft, examples, train_cfg, checkpoint_dir=checkpoints)
-    meta = stage_meta(model_dir, "finetune", method=method, settings=settings)
-    record = save_training_run(ft=ft, stats=stats, wall_s=time.perf_counter() - start, out_dir=out_dir,
-                               checkpoints=checkpoints, meta=meta,
-                               record={"n_examples": len(examples), "spec": spec, "train": train_cfg})
+    stats, record, _ = train_and_save(
+        lm, spec=spec, train_cfg=train_cfg, examples=examples, settings=settings, run_name=method,
+        checkpoint_root=checkpoint_root, out_dir=out_dir, model_dir=model_dir, stage="finetune",
+        meta_params={"method": method}, record={"n_examples": len(examples), "spec": spec, "train": train_cfg},
+    )
     print(f"{method}: {stats.n_trainable} trainable parameters, {record['mean_step_s']:.2f} s/step, "
           f"final loss {stats.losses[-1]:.3f}")
 
@@ -105,7 +102,7 @@ def run_evaluate(*, model: str, model_dir, method: str, dataset: str, finetune_d
     batch_size, n_shots for the math sets (solved GSM8K train examples from `shots_path`), and the data
     set's own settings under its name."""
     from .. import data as ds
-    from .. import evaluation as ev
+    from .. import scoring
     from ..formatting import math_prompts
 
     spec = REGISTRY.get(dataset)
@@ -118,15 +115,15 @@ def run_evaluate(*, model: str, model_dir, method: str, dataset: str, finetune_d
         items = ds.subsample(spec.load(data_path), cfg["n"], seed)
         items = math_prompts(items.drop(columns=["solution"], errors="ignore"), shots, evaluation["style"],
                                 lm.tokenizer)
-        rows = ev.evaluate_generation(lm, items, cfg["max_new_tokens"], bs, progress=progress)
+        rows = scoring.evaluate_generation(lm, items, cfg["max_new_tokens"], bs, progress=progress)
     elif spec.kind == "choice":
-        rows = ev.evaluate_choice(lm, ds.subsample(spec.load(data_path), cfg["n"], seed), bs, progress=progress)
+        rows = scoring.evaluate_choice(lm, ds.subsample(spec.load(data_path), cfg["n"], seed), bs, progress=progress)
     elif spec.kind == "qa":
         items = ds.subsample(spec.load(data_path), cfg["n"], seed)
-        rows = ev.evaluate_qa_generation(lm, items, cfg["max_new_tokens"], bs, progress=progress)
+        rows = scoring.evaluate_qa_generation(lm, items, cfg["max_new_tokens"], bs, progress=progress)
     else:
-        result = ev.perplexity(lm, spec.load(data_path), cfg["max_length"], cfg["stride"], cfg["max_tokens"],
-                               progress=progress)
+        result = scoring.perplexity(lm, spec.load(data_path), max_length=cfg["max_length"], stride=cfg["stride"],
+                                    max_tokens=cfg["max_tokens"], progress=progress)
         rows = pd.DataFrame([result])
     rows = rows.assign(method=method, dataset=dataset)
     meta = stage_meta(model_dir, "evaluate", method=method, dataset=dataset, evaluation=evaluation, seed=seed)
@@ -141,7 +138,7 @@ def eval_summary(eval_paths: dict, stats_paths: dict, confidence: float) -> pd.D
     """The paper's Table 1: one row per method (base first), per data set the accuracy with its Wilson
     interval (WikiText-2: perplexity), and the training cost: trainable parameters, mean step time, train
     wall time, peak memory, optimizer state and saved artifact sizes."""
-    from ..evaluation import accuracy_interval
+    from ..stats import accuracy_interval
 
     rows = []
     for method, paths in eval_paths.items():

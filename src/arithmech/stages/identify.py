@@ -28,12 +28,12 @@ def run_build_pairs(*, model_dir, task: str, prompts: dict, compute: dict, seed:
     into identification and validation pairs by operand pair; writes kept and dropped samples. The kept
     pairs' counterfactual prompts are checked too: how often they still give the answer (the leak) goes
     into the table (cf_correct_first_token, cf_correct_full) and its metadata."""
-    from ..evaluation import check_answers
+    from ..generation import check_answers
 
     lm = load_stage_model(model_dir, compute)
     candidates = build_prompts(lm.tokenizer, task, prompts, seed)
     checked = check_answers(lm, list(candidates["prompt"]), candidates["answer"], candidates["answer_token_id"],
-                            compute["batch_size"], desc=f"check {task}")
+                            batch_size=compute["batch_size"], desc=f"check {task}")
     kept, dropped = select_samples(candidates, checked, prompts["keep_only_correct"], prompts["splits"], seed)
     for split in SPLITS:
         if not (kept["split"] == split).any():
@@ -42,8 +42,8 @@ def run_build_pairs(*, model_dir, task: str, prompts: dict, compute: dict, seed:
                 f"{prompts['keep_only_correct']}; widen prompts.operands, change prompts.splits.validation_share, "
                 "or set prompts.keep_only_correct: false"
             )
-    cf = check_answers(lm, list(kept["cf_prompt"]), kept["answer"], kept["answer_token_id"], compute["batch_size"],
-                       desc=f"leak {task}")
+    cf = check_answers(lm, list(kept["cf_prompt"]), kept["answer"], kept["answer_token_id"],
+                       batch_size=compute["batch_size"], desc=f"leak {task}")
     kept = kept.assign(cf_full_answer=cf["full_answer"].to_numpy(),
                        cf_correct_first_token=cf["correct_first_token"].to_numpy(),
                        cf_correct_full=cf["correct_full"].to_numpy())
@@ -66,7 +66,7 @@ STATE_FIELDS = ("heads", "mlps", "resid", "logits", "logprobs", "predicted")
 def run_cache_activations(*, model_dir, pairs_path, compute: dict, out_path) -> None:
     """Node outputs at END for the identification pairs' reference and counterfactual prompts, plus the
     counterfactual means that mean ablation uses: at END over all of them (`cf_mean_*`, [1, ...]) and per
-    template at every position counted back from END (`cf_template_*`, `patching.GroupedMean`)."""
+    template at every position counted back from END (`cf_template_*`, `means.GroupedMean`)."""
     lm = load_stage_model(model_dir, compute)
     pairs = split_pairs(pd.read_parquet(pairs_path), "identification", str(pairs_path))
     answers = torch.tensor(pairs["answer_token_id"].to_numpy())
@@ -133,13 +133,15 @@ def run_patch_layers(*, model_dir, layers: list[int] | None, patching: dict, com
         frames = []
         for layer in layers:
             if texts is None:
-                out = direct_logits(lm, ref, cf, answers, [layer], compute["batch_size"], with_probs)
+                out = direct_logits(lm, ref, cf, answers, [layer], batch_size=compute["batch_size"],
+                                    with_logprobs=with_probs)
             else:
-                out = total_logits(lm, texts, answers, cf, [layer], compute["batch_size"],
-                                   patching["copies_per_forward"], with_probs)
+                out = total_logits(lm, texts, answers, cf, [layer], batch_size=compute["batch_size"],
+                                   copies_per_forward=patching["copies_per_forward"], with_logprobs=with_probs)
             # logit_o from the same float32 computation as logit_p, not the forward's ref.logits (bf16 on a GPU)
-            frames.append(effects_frame(lm, sample_ids.tolist(), [layer], out.logit_o, out.logit_p, out.logprob_o,
-                                        out.logprob_p))
+            frames.append(effects_frame(lm, sample_ids.tolist(), [layer], out.logit_o, out.logit_p,
+                                        logprob_o=out.logprob_o,
+                                        logprob_p=out.logprob_p))
         cache_hash = cache_meta(cache_path).get("params_hash")
         meta = stage_meta(model_dir, "patch_layers", layers=layers, patching=patching, cache=cache_hash)
         write_parquet(pd.concat(frames, ignore_index=True), out_path, meta)

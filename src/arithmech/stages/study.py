@@ -3,7 +3,6 @@ an arm's lr, score one model, summarise. Keyword-only, so a script cannot swap t
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +10,7 @@ import pandas as pd
 
 from .. import study as sd
 from ..io import atomic_path, config_hash, provenance, write_html_table, write_json, write_parquet
-from .common import load_finetuned, load_stage_model, model_record, save_training_run, stage_meta
+from .common import load_finetuned, load_stage_model, model_record, stage_meta, train_and_save
 from .finetune import ranked_nodes
 
 VAL_FILE = "val.parquet"
@@ -35,8 +34,8 @@ def run_study_items(*, model_dir, pairs_paths: dict, study: dict, prompts: dict,
 
 
 def _score(lm, items: pd.DataFrame, batch_size: int, progress=None) -> pd.DataFrame:
-    """Greedy exact match (teacher-forced, `evaluation.score_targets`) and answer NLL per item."""
-    from ..evaluation import score_targets
+    """Greedy exact match (teacher-forced, `scoring.score_targets`) and answer NLL per item."""
+    from ..scoring import score_targets
 
     scores = score_targets(lm, items["prompt"].tolist(), items["target"].tolist(), batch_size, progress)
     return pd.DataFrame({"item": items["pair"].to_numpy(), "cluster": items["pair"].to_numpy(),
@@ -63,7 +62,7 @@ def run_study_train(*, model_dir, items_path, effects_paths: dict, arm: str, run
     from `checkpoint_root/<arm>-<run>-<hash of the settings>`."""
     import torch
 
-    from ..finetune import parse_method, prepare, train
+    from ..finetune_config import HEAD_METHODS, parse_method
 
     lm = load_stage_model(model_dir, compute)
     items = pd.read_parquet(items_path)
@@ -71,8 +70,8 @@ def run_study_train(*, model_dir, items_path, effects_paths: dict, arm: str, run
     train_items, val = fmt[fmt["split"] == "train"], fmt[fmt["split"] == "validation"]
     curve_test = fmt[fmt["split"] == "test"].head(study["curve"]["test_items"])
     heads, mlps = ranked_nodes(effects_paths) if arm in sd.HEAD_ARMS else ([], [])
-    spec = sd.arm_method(arm, run, study, heads, mlps, lm.n_heads, seed)
-    if spec["method"] in ("precise", "random_heads") and lm.dtype != torch.float32:
+    spec = sd.arm_method(arm, run, study, ranked_heads=heads, ranked_mlps=mlps, n_heads=lm.n_heads, seed=seed)
+    if spec["method"] in HEAD_METHODS and lm.dtype != torch.float32:
         spec["delta_dtype"] = "float32"
     parse_method(spec)
     lr = run_lr(run, study, arm, selection_path)
@@ -87,27 +86,26 @@ def run_study_train(*, model_dir, items_path, effects_paths: dict, arm: str, run
         return {"val_accuracy": float(scored["correct"].mean()), "test_accuracy": float(test["correct"].mean()),
                 "val_nll": float(scored["nll"].sum() / scored["n_tokens"].sum()), "test_items": len(test)}
 
+    def final_val(stats) -> dict[str, pd.DataFrame]:
+        scored = last_val.get(stats.steps)
+        if scored is None:  # resumed after the last step: score again
+            with torch.no_grad():
+                scored = _score(lm, val, bs)
+        return {VAL_FILE: scored}
+
     settings = {"spec": spec, "train": train_cfg, "items": config_hash(fmt[["split", "prompt", "target"]].values.tolist()),
                 "model": model_record(model_dir).get("sha256")}
-    checkpoints = Path(checkpoint_root) / f"{arm}-{run}-{config_hash(settings)[:12]}"
-    ft = prepare(lm, spec, train_cfg["seed"])
     examples = list(zip(train_items["prompt"], train_items["target"]))
-    start = time.perf_counter()
-    stats = train(ft, examples, train_cfg, checkpoint_dir=checkpoints, append_eos=False, evaluate=evaluate,
-                  evaluate_every=study["curve"]["every"])
-    wall = time.perf_counter() - start
-    ft.model.eval()
-    scored = last_val.get(stats.steps)
-    if scored is None:  # resumed after the last step: score again
-        with torch.no_grad():
-            scored = _score(lm, val, bs)
-    meta = stage_meta(model_dir, "study_train", arm=arm, run=run, settings=settings)
-    record = save_training_run(ft=ft, stats=stats, wall_s=wall, out_dir=out_dir, checkpoints=checkpoints, meta=meta,
-                               record={"arm": arm, "run": run, "lr": lr, "seed": train_cfg["seed"],
-                                       "n_examples": len(examples), "spec": spec, "train": train_cfg},
-                               write_extra=lambda tmp: write_parquet(scored, tmp / VAL_FILE, meta))
+    stats, record, tables = train_and_save(
+        lm, spec=spec, train_cfg=train_cfg, examples=examples, settings=settings, run_name=f"{arm}-{run}",
+        checkpoint_root=checkpoint_root, out_dir=out_dir, model_dir=model_dir, stage="study_train",
+        meta_params={"arm": arm, "run": run}, append_eos=False, evaluate=evaluate,
+        evaluate_every=study["curve"]["every"], final_tables=final_val,
+        record={"arm": arm, "run": run, "lr": lr, "seed": train_cfg["seed"], "n_examples": len(examples), "spec": spec,
+                "train": train_cfg},
+    )
     print(f"{arm} {run}: lr {lr:g}, {stats.n_trainable} trained parameters, {record['mean_step_s']:.2f} s/step, "
-          f"validation exact match {scored['correct'].mean():.3f}")
+          f"validation exact match {tables[VAL_FILE]['correct'].mean():.3f}")
 
 
 def run_study_select(*, arm: str, study: dict, run_dirs: dict, out_path) -> None:
@@ -124,9 +122,9 @@ def chosen_dir(selection_path, grid_dirs: dict) -> Path:
     return Path(grid_dirs[sd.read_json(selection_path)["run"]])
 
 
-def _off_target_rows(lm, base, study: dict, data_paths: dict, seed: int, bs: int) -> list[pd.DataFrame]:
+def _off_target_rows(lm, base, study: dict, data_paths: dict, *, seed: int, bs: int) -> list[pd.DataFrame]:
     from .. import data as ds
-    from .. import evaluation as ev
+    from .. import scoring
     from ..formatting import math_prompts
 
     cfg, frames = study["off_target"], []
@@ -137,22 +135,22 @@ def _off_target_rows(lm, base, study: dict, data_paths: dict, seed: int, bs: int
     svamp["solution"] = [f"The answer is {g:g}." for g in svamp["gold"]]
     svamp = math_prompts(svamp, (), style, lm.tokenizer)
     for name, frame in (("gsm8k", gsm), ("svamp", svamp)):
-        s = ev.score_targets(lm, frame["prompt"].tolist(), frame["target"].tolist(), bs, progress=f"{name} NLL")
+        s = scoring.score_targets(lm, frame["prompt"].tolist(), frame["target"].tolist(), bs, progress=f"{name} NLL")
         ids = frame["id"].astype(str).to_numpy()
         frames.append(pd.DataFrame({"dataset": name, "kind": "nll", "item": ids, "cluster": ids,
                                     "nll": s["nll"].to_numpy(), "n_tokens": s["n_tokens"].to_numpy()}))
     for name in ("social_iqa", "strategyqa"):
         items = ds.subsample(ds.load_bigbench_choice(data_paths[name]), cfg[f"{name}_n"], seed)
-        rows = ev.evaluate_choice(lm, items, bs, progress=name)
+        rows = scoring.evaluate_choice(lm, items, bs, progress=name)
         frames.append(pd.DataFrame({"dataset": name, "kind": "choice", "item": rows["id"], "cluster": rows["id"],
                                     "correct": rows["correct"].to_numpy()}))
     items = ds.subsample(ds.load_bigbench_generation(data_paths["qa_wikidata"]), cfg["qa_wikidata_n"], seed)
-    rows = ev.evaluate_qa_generation(lm, items, cfg["qa_max_new_tokens"], bs, progress="qa_wikidata")
+    rows = scoring.evaluate_qa_generation(lm, items, cfg["qa_max_new_tokens"], bs, progress="qa_wikidata")
     frames.append(pd.DataFrame({"dataset": "qa_wikidata", "kind": "choice", "item": rows["id"], "cluster": rows["id"],
                                 "correct": rows["correct"].to_numpy()}))
     wt = cfg["wikitext"]
-    div = ev.divergence_windows(lm, base, ds.load_text(data_paths["wikitext"]), wt["max_tokens"], wt["window"],
-                                progress="WikiText-2 KL")
+    div = scoring.divergence_windows(lm, base, ds.load_text(data_paths["wikitext"]), max_tokens=wt["max_tokens"],
+                                     window=wt["window"], progress="WikiText-2 KL")
     ids = div["window"].astype(str).to_numpy()
     frames.append(div.drop(columns="window").assign(dataset="wikitext", kind="divergence", item=ids, cluster=ids))
     return frames
@@ -178,7 +176,7 @@ def run_study_evaluate(*, model_dir, items_path, arm: str, run: str, run_dir, st
             frames.append(scored.assign(dataset=fmt, kind="arithmetic"))
             print(f"{arm} {run} {fmt}: exact match {scored['correct'].mean():.3f} on {len(scored)}")
         if study["off_target"]["runs"] == "all" or run in ("base", "chosen"):
-            frames += _off_target_rows(lm, base, study, data_paths, seed, bs)
+            frames += _off_target_rows(lm, base, study, data_paths, seed=seed, bs=bs)
     rows = pd.concat(frames, ignore_index=True)
     rows["correct"] = rows["correct"].astype(float)  # NaN where a kind has no correctness
     meta = stage_meta(model_dir, "study_evaluate", arm=arm, run=run, off_target=study["off_target"], seed=seed)

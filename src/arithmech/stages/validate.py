@@ -11,30 +11,46 @@ import torch
 from safetensors.torch import load_file
 
 from ..io import write_parquet
-from ..patching import AlignedMean, GroupedMean
+from ..means import AlignedMean, GroupedMean
 from ..prompts import split_pairs
 from .common import load_stage_model, stage_meta
 
 
-def _set_answers(lm, texts, golds, template_ids, head_sets, mlp_sets, cache, positions, max_new_tokens, batch_size,
-                 copies):
-    """Greedy answer tokens [n_sets, n, max_new_tokens] with each node set mean-ablated.
-
-    "end": at END and every generated position, with the END mean over all identification counterfactuals,
-    on the prefix-cache fast path. "all" (Wang et al.'s mean ablation): at every position, each prompt with
-    the mean over the identification counterfactuals of its own template at the same offset from END
-    (`GroupedMean`), and every generated position with its template's END mean; all sets at once per
-    template, on the same prefix-cache path (the prefix the template's mean does not reach is shared).
-    Either way an answer stops as soon as its score against its gold is decided, right or wrong
-    (`evaluation.decided_answers`), which leaves the score as it is."""
-    from ..ablation import greedy_end_sets
-    from ..evaluation import decided_answers
-
-    golds = list(golds)
+def _set_answers(lm, texts, golds, *, template_ids, head_sets, mlp_sets, cache, positions: str, max_new_tokens: int,
+                 batch_size: int, copies: int) -> torch.Tensor:
+    """Greedy answer tokens [n_sets, n, max_new_tokens] with each node set mean-ablated at the knockout
+    rule's `positions`: "end" (`_end_set_answers`) or "all" (`_all_positions_set_answers`). Either way an
+    answer stops as soon as its score against its gold is decided, right or wrong
+    (`answers.decided_answers`), which leaves the score as it is."""
+    work = {"head_sets": head_sets, "mlp_sets": mlp_sets, "cache": cache, "max_new_tokens": max_new_tokens,
+            "batch_size": batch_size, "copies": copies}
     if positions == "end":
-        means = AlignedMean(cache["cf_mean_heads"], cache["cf_mean_mlps"])
-        return greedy_end_sets(lm, texts, head_sets, means, max_new_tokens, mlp_sets, None, batch_size, copies,
-                               settled=decided_answers(lm.tokenizer, golds)).tokens
+        return _end_set_answers(lm, texts, list(golds), **work)
+    return _all_positions_set_answers(lm, texts, list(golds), template_ids=template_ids, **work)
+
+
+def _end_set_answers(lm, texts, golds, *, head_sets, mlp_sets, cache, max_new_tokens: int, batch_size: int,
+                     copies: int) -> torch.Tensor:
+    """Each set ablated at END and every generated position, with the END mean over all identification
+    counterfactuals, on the prefix-cache fast path."""
+    from ..ablation import greedy_end_sets
+    from ..answers import decided_answers
+
+    means = AlignedMean(cache["cf_mean_heads"], cache["cf_mean_mlps"])
+    return greedy_end_sets(lm, texts, head_sets, means=means, max_new_tokens=max_new_tokens, mlp_sets=mlp_sets,
+                           batch_size=batch_size, copies_per_forward=copies,
+                           settled=decided_answers(lm.tokenizer, golds)).tokens
+
+
+def _all_positions_set_answers(lm, texts, golds, *, template_ids, head_sets, mlp_sets, cache, max_new_tokens: int,
+                               batch_size: int, copies: int) -> torch.Tensor:
+    """Wang et al.'s mean ablation: each set ablated at every position, each prompt with the mean over the
+    identification counterfactuals of its own template at the same offset from END (`GroupedMean`), and
+    every generated position with its template's END mean; all sets at once per template, on the same
+    prefix-cache path (the prefix the template's mean does not reach is shared)."""
+    from ..ablation import greedy_end_sets
+    from ..answers import decided_answers
+
     grouped = GroupedMean(cache["cf_template_heads"], cache["cf_template_mlps"], cache["cf_template_counts"])
     template_ids = np.asarray(template_ids)
     out = torch.empty(len(head_sets), len(texts), max_new_tokens, dtype=torch.long)
@@ -44,17 +60,17 @@ def _set_answers(lm, texts, golds, template_ids, head_sets, mlp_sets, cache, pos
         rows = np.flatnonzero(template_ids == t)
         # the template's prompts with every set at once, sharing the prefix the template's mean does not reach
         out[:, torch.as_tensor(rows)] = greedy_end_sets(
-            lm, [texts[i] for i in rows], head_sets, grouped.group(int(t)), max_new_tokens, mlp_sets, None,
-            batch_size, copies, settled=decided_answers(lm.tokenizer, [golds[i] for i in rows]),
-            positions="aligned",
+            lm, [texts[i] for i in rows], head_sets, means=grouped.group(int(t)), max_new_tokens=max_new_tokens,
+            mlp_sets=mlp_sets, batch_size=batch_size, copies_per_forward=copies,
+            settled=decided_answers(lm.tokenizer, [golds[i] for i in rows]), positions="aligned",
         ).tokens
     return out
 
 
 def _answers_correct(tokenizer, tokens: torch.Tensor, golds, judge=None) -> np.ndarray:
     """[n_sets, n] bool: whether each decoded greedy answer matches its gold, by `judge(text, gold)`
-    (default `evaluation.answer_correct`: the first number, compared by value)."""
-    from ..evaluation import answer_correct
+    (default `answers.answer_correct`: the first number, compared by value)."""
+    from ..answers import answer_correct
 
     judge = judge or answer_correct
     golds = list(golds)
@@ -100,8 +116,8 @@ def run_knockout(
     random controls at k = max_heads only, as each set is a full forward of every prompt). Both the first answer
     token (`accuracy`, what path patching measured) and the full greedy answer (`full_accuracy`); `out_items`
     holds every set's per-item correctness (`knockout_items`), for paired comparisons."""
+    from ..answers import answer_tokens
     from ..data import subsample
-    from ..evaluation import answer_tokens
 
     lm = load_stage_model(model_dir, compute)
     pairs = split_pairs(pd.read_parquet(pairs_path), "validation", str(pairs_path))
@@ -117,8 +133,9 @@ def run_knockout(
         sets = knockout_node_sets(effects, key, ablation, lm.n_layers, lm.n_heads, seed, top_k, random_k)
         texts, answers = list(scored["prompt"]), torch.tensor(scored["answer_token_id"].to_numpy())
         tokens = _set_answers(
-            lm, texts, scored["answer"], scored["template_id"], [s[3] for s in sets], [s[4] for s in sets], cache,
-            positions, answer_tokens(lm.tokenizer, scored["answer"]), compute["batch_size"], 256,
+            lm, texts, scored["answer"], template_ids=scored["template_id"], head_sets=[s[3] for s in sets],
+            mlp_sets=[s[4] for s in sets], cache=cache, positions=positions,
+            max_new_tokens=answer_tokens(lm.tokenizer, scored["answer"]), batch_size=compute["batch_size"], copies=256,
         )
         first_correct = tokens[..., 0] == answers[None]  # [n_sets, n]
         full_correct = _answers_correct(lm.tokenizer, tokens, scored["answer"])  # [n_sets, n]
@@ -158,7 +175,7 @@ def _transfer_targets(
     operator pairs only), max_new_tokens, clusters (per text: its operand pair "a,b", or its item index in the
     source data, the unit a paired interval resamples)."""
     from ..data import load_bigbench_generation, load_svamp, subsample
-    from ..evaluation import answer_tokens
+    from ..answers import answer_tokens
     from ..formatting import question_prompts
     from ..prompts import format_prompts
 
@@ -174,7 +191,7 @@ def _transfer_targets(
     fmt_cfg = transfer["formats"]
     for fmt in ("multi_digit", "decimal"):
         for task in tasks:
-            df = format_prompts(task, fmt, fmt_cfg[fmt], prompts_cfg, fmt_cfg["n"], seed)
+            df = format_prompts(task, fmt, fmt_cfg[fmt], prompts_cfg, n=fmt_cfg["n"], seed=seed)
             targets.append({
                 "name": f"{task} {fmt.replace('_', '-')}", "kind": fmt, "texts": list(df["prompt"]),
                 "golds": list(df["gold"]), "answer_ids": None,
@@ -186,13 +203,14 @@ def _transfer_targets(
     keep = subsample(svamp, sv["n"], seed)
     targets.append({
         "name": "SVAMP", "kind": "svamp", "golds": list(keep["gold"]), "answer_ids": None,
-        "texts": question_prompts(list(svamp["question"]), list(svamp["answer"]), sv["n_shots"], seed, keep["index"]),
+        "texts": question_prompts(list(svamp["question"]), list(svamp["answer"]), sv["n_shots"], seed,
+                                  items=keep["index"]),
         "max_new_tokens": answer_tokens(lm.tokenizer, keep["answer"]), "clusters": [str(i) for i in keep["index"]],
     })
     nm = transfer["non_math"]
     qa = load_bigbench_generation(non_math_path).assign(index=lambda d: d.index)
     keep = subsample(qa, nm["n"], seed)
-    texts = question_prompts(list(qa["input"]), [t[0] for t in qa["targets"]], nm["n_shots"], seed, keep["index"],
+    texts = question_prompts(list(qa["input"]), [t[0] for t in qa["targets"]], nm["n_shots"], seed, items=keep["index"],
                              question_prefix="", answer_prefix="", separator="\n")
     targets.append({
         "name": Path(non_math_path).parent.name, "kind": "non_math", "texts": texts, "golds": list(keep["targets"]),
@@ -215,7 +233,7 @@ def run_transfer(
     item (source, heads, seed, target, target_kind, item, cluster, correct), for paired comparisons."""
     from ..ablation import greedy_end_sets
     from ..controls import layer_matched_heads
-    from ..evaluation import decided_answers, qa_correct
+    from ..answers import decided_answers, qa_correct
 
     lm = load_stage_model(model_dir, compute)
     # the empty set ablates nothing; any mean will do
@@ -237,7 +255,8 @@ def run_transfer(
         non_math = target["kind"] == "non_math"
         judge = qa_correct if non_math else None
         result = greedy_end_sets(
-            lm, target["texts"], [s["nodes"] for s in sets], set_means, target["max_new_tokens"],
+            lm, target["texts"], [s["nodes"] for s in sets], set_means=set_means,
+            max_new_tokens=target["max_new_tokens"],
             batch_size=compute["batch_size"],
             settled=None if non_math else decided_answers(lm.tokenizer, target["golds"]),
         )
