@@ -305,7 +305,8 @@ def findings_inputs(wildcards):
 
 def claims_inputs(wildcards):
     """Every table the scorecard reads: per operator its key components, effects, knockout items, attention of
-    every head by role and MLP probes; the transfer items; the study's tables when the study runs."""
+    every head by role and MLP probes; the transfer items; the study's tables when the study runs.
+    """
     root = f"results/{wildcards.model}"
     inputs = {"transfer": f"{root}/knockout/transfer_items.parquet"}
     for t in TASKS:
