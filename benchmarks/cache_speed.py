@@ -106,7 +106,8 @@ def main() -> None:
     ko = pd.read_parquet(args.results / f"pairs/{args.task}.parquet").head(args.limit)
     node_sets = knockout_node_sets(pd.read_parquet(args.results / f"effects/{args.task}.parquet"),
                                    pd.read_parquet(args.results / f"key_components/{args.task}.parquet"),
-                                   config["ablation"], lm.n_layers, lm.n_heads, config["seed"])
+                                   config["ablation"], n_layers=lm.n_layers, n_heads=lm.n_heads,
+                                   seed=config["seed"])
     compare("knockout", lambda: greedy_end_sets(
         lm, list(ko["prompt"]), [s[3] for s in node_sets], means=means, max_new_tokens=answer_tokens(lm.tokenizer,
                                                                                                      ko["answer"]),

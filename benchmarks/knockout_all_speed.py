@@ -66,7 +66,8 @@ def main() -> None:
     scored = subsample(pairs, ablation["all_positions_samples"], seed).reset_index(drop=True)
     sets = knockout_node_sets(pd.read_parquet(args.results / f"effects/{args.task}.parquet"),
                               pd.read_parquet(args.results / f"key_components/{args.task}.parquet"), ablation,
-                              lm.n_layers, lm.n_heads, seed, [0, *ablation["random_k"]], [ablation["max_heads"]])
+                              n_layers=lm.n_layers, n_heads=lm.n_heads, seed=seed, top_k=[0, *ablation["random_k"]],
+                              random_k=[ablation["max_heads"]])
     head_sets, mlp_sets = [s[3] for s in sets], [s[4] for s in sets]
     cache = load_file(str(args.results / f"activations/{args.task}.safetensors"))
     grouped = GroupedMean(cache["cf_template_heads"], cache["cf_template_mlps"], cache["cf_template_counts"])

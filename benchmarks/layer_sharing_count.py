@@ -74,7 +74,8 @@ def main() -> None:
         cache = load_file(str(args.results / f"activations/{task}.safetensors"))
         sets = knockout_node_sets(pd.read_parquet(args.results / f"effects/{task}.parquet"),
                                   pd.read_parquet(args.results / f"key_components/{task}.parquet"),
-                                  config["ablation"], lm.n_layers, lm.n_heads, config["seed"])
+                                  config["ablation"], n_layers=lm.n_layers, n_heads=lm.n_heads,
+                                  seed=config["seed"])
         if sets[0][3] or sets[0][4]:
             raise SystemExit("the first knockout set must be the empty set (the unablated answers)")
         golds = list(pairs["answer"])

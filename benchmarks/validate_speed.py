@@ -93,7 +93,8 @@ def main() -> None:
     pairs = pd.read_parquet(args.results / f"pairs/{args.task}.parquet").head(args.limit)
     key = pd.read_parquet(args.results / f"key_components/{args.task}.parquet")
     node_sets = knockout_node_sets(pd.read_parquet(args.results / f"effects/{args.task}.parquet"), key,
-                                   config["ablation"], lm.n_layers, lm.n_heads, config["seed"])
+                                   config["ablation"], n_layers=lm.n_layers, n_heads=lm.n_heads,
+                                   seed=config["seed"])
     sets, mlp_sets = [s[3] for s in node_sets], [s[4] for s in node_sets]
     for i, t in enumerate(compare(lm, f"knockout {args.task}", list(pairs["prompt"]), list(pairs["answer"]), sets,
                                   mlp_sets, means[args.task], answer_tokens(lm.tokenizer, pairs["answer"]),
@@ -106,9 +107,9 @@ def main() -> None:
                                            exclude=key_heads) for s in range(2)]
     tasks = config["run"]["tasks"]
     tr = config["transfer"]
-    targets = _transfer_targets(lm, tasks, [args.results / f"pairs/{t}.parquet" for t in tasks],
-                                ROOT / tr["svamp"]["file"], ROOT / tr["non_math"]["file"], tr, config["prompts"],
-                                config["seed"])
+    targets = _transfer_targets(lm, tasks=tasks, pairs_paths=[args.results / f"pairs/{t}.parquet" for t in tasks],
+                                svamp_path=ROOT / tr["svamp"]["file"], non_math_path=ROOT / tr["non_math"]["file"],
+                                transfer=tr, prompts_cfg=config["prompts"], seed=config["seed"])
     for target in targets:
         if target["kind"] == "non_math":
             continue

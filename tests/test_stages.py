@@ -314,7 +314,8 @@ def test_knockout_node_sets_draw_the_controls_at_the_given_k():
     for _, k, hs, _ in by_curve["random_layer_matched"]:
         assert sorted(l for l, _ in hs) == sorted(l for l, _ in top4[:k]) and not set(hs) & set(top4)
     assert by_curve["key_mlps"] == [(-1, 1, [], [2])]
-    only = validate.knockout_node_sets(effects, key, ablation, 4, 6, 0, top_k=[0, 2], random_k=[4])
+    only = validate.knockout_node_sets(effects, key, ablation, n_layers=4, n_heads=6, seed=0, top_k=[0, 2],
+                                       random_k=[4])
     assert [(c, k) for c, _, k, _, _ in only if c != "key_mlps"] == (
         [("top_heads", 0), ("top_heads", 2)] + [("random_heads", 4)] * 3 + [("random_layer_matched", 4)] * 3)
 

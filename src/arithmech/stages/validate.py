@@ -79,7 +79,7 @@ def _answers_correct(tokenizer, tokens: torch.Tensor, golds, judge=None) -> np.n
     return np.array(flat, dtype=bool).reshape(tokens.shape[:2])
 
 
-def knockout_node_sets(effects: pd.DataFrame, key: pd.DataFrame, ablation: dict, n_layers: int, n_heads: int,
+def knockout_node_sets(effects: pd.DataFrame, key: pd.DataFrame, ablation: dict, *, n_layers: int, n_heads: int,
                        seed: int, top_k: list[int] | None = None, random_k: list[int] | None = None) -> list[tuple]:
     """The knockout rule's node sets, each (curve, seed, k, heads, mlps): the top k heads by patching effect
     (k = 0..K, K = ablation.max_heads, or the given `top_k`); two random controls over `ablation.random_seeds`
@@ -130,7 +130,8 @@ def run_knockout(
         if positions == "all":  # each set is a full forward of every prompt: fewer prompts and sets
             scored = subsample(pairs, ablation["all_positions_samples"], seed).reset_index(drop=True)
             top_k, random_k = [0, *ablation["random_k"]], [ablation["max_heads"]]
-        sets = knockout_node_sets(effects, key, ablation, lm.n_layers, lm.n_heads, seed, top_k, random_k)
+        sets = knockout_node_sets(effects, key, ablation, n_layers=lm.n_layers, n_heads=lm.n_heads, seed=seed,
+                                  top_k=top_k, random_k=random_k)
         texts, answers = list(scored["prompt"]), torch.tensor(scored["answer_token_id"].to_numpy())
         tokens = _set_answers(
             lm, texts, scored["answer"], template_ids=scored["template_id"], head_sets=[s[3] for s in sets],
@@ -167,7 +168,7 @@ def knockout_items(sets: list[tuple], scored: pd.DataFrame, first_correct: np.nd
 
 
 def _transfer_targets(
-    lm, tasks, pairs_paths, svamp_path, non_math_path, transfer: dict, prompts_cfg: dict, seed: int
+    lm, *, tasks, pairs_paths, svamp_path, non_math_path, transfer: dict, prompts_cfg: dict, seed: int
 ) -> list[dict]:
     """The data sets the key heads are knocked out on: every operator's kept pairs, the other number
     formats of every operator, SVAMP (direct answers) and the non-math control (BIG-bench qa_wikidata).
@@ -250,7 +251,9 @@ def run_transfer(
             sets.append({"source": task, "heads": "random", "seed": s, "nodes": drawn, "mean": task})
     set_means = [means[s["mean"]] for s in sets]
     rows, items = [], []
-    for target in _transfer_targets(lm, tasks, pairs_paths, svamp_path, non_math_path, transfer, prompts_cfg, seed):
+    for target in _transfer_targets(lm, tasks=tasks, pairs_paths=pairs_paths, svamp_path=svamp_path,
+                                    non_math_path=non_math_path, transfer=transfer, prompts_cfg=prompts_cfg,
+                                    seed=seed):
         # numbers compared by value (an answer stops once its score is decided); the non-math answers by text
         non_math = target["kind"] == "non_math"
         judge = qa_correct if non_math else None
