@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from . import stats
+from . import display, stats
 
 VERDICTS = ("holds", "partly", "does not hold", "inconclusive", "not measured")
 COLUMNS = ["claim", "scope", "stage", "statement", "paper", "measure", "value", "ci_low", "ci_high", "unit", "n",
@@ -532,6 +532,12 @@ def sft_claims(study: pd.DataFrame | None, comp: pd.DataFrame | None, train_form
     return rows
 
 
+def _p(p: float) -> str:
+    """'= 0.042' or '< 0.001' (display.p_value), to follow a 'p'."""
+    text = display.p_value(p)
+    return text if text.startswith("<") else f"= {text}"
+
+
 def _non_inferior(row: pd.Series, margin: float) -> str:
     if row["ci_low"] > -margin:
         return "holds"
@@ -540,7 +546,7 @@ def _non_inferior(row: pd.Series, margin: float) -> str:
 
 def _study_row(claim: str, row: pd.Series, verdict: str, rule: str, split: str, source: str, measure: str,
                scope: str = "all", scale: float = 100, unit: str = "points") -> dict:
-    note = f"p = {row['p_value']:.2g} ({row['test']}), Holm {row['p_holm']:.2g}"
+    note = f"p {_p(row['p_value'])} ({row['test']}), Holm-adjusted p {_p(row['p_holm'])}"
     if verdict == "inconclusive":
         note += "; " + _interval_note(row["ci_low"], row["ci_high"], verdict, scale, "" if unit == "nats" else " points")
     return _row(claim, scope, measure=measure, value=scale * row["difference"], ci_low=scale * row["ci_low"],
