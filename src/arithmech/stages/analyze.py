@@ -46,22 +46,20 @@ def run_analyze(
     meta = stage_meta(model_dir, "analyze", task=task, analysis=analysis, seed=seed, heads=labels, selection=selection,
                       pairs=read_parquet_meta(pairs_path).get("params_hash"))
     roles = [token_roles(lm.tokenizer, row["prompt"], row) for row in pairs.to_dict("records")]
+    # one pass over every head: the analysed heads' rows are read out of it, not computed again
     every_head = [(l, h) for l in range(lm.n_layers) for h in range(lm.n_heads)]
-    all_rows = attention_rows(lm, texts, every_head, compute["batch_size"])
-    analysed = set(heads)
-    write_parquet(role_attention(all_rows, roles).assign(
-        analysed=lambda t: [(l, h) in analysed for l, h in zip(t["layer"], t["head"])], selection=selection,
-        task=task), out_roles_all, meta)
-    rows = attention_rows(lm, texts, heads, compute["batch_size"])
-    table = role_attention(rows, roles)
+    rows = attention_rows(lm, texts, every_head, compute["batch_size"])
+    every = role_attention(rows, roles)
     rank = {hd: i + 1 for i, hd in enumerate(heads)}
+    head_rank = pd.Series([rank.get((l, h), 0) for l, h in zip(every["layer"], every["head"])], index=every.index)
+    write_parquet(every.assign(analysed=head_rank > 0, selection=selection, task=task), out_roles_all, meta)
+    table = every[head_rank > 0].assign(rank=head_rank).sort_values("rank", kind="stable").reset_index(drop=True)
     table.insert(0, "node", [f"L{l}H{h}" for l, h in zip(table["layer"], table["head"])])
-    table = table.assign(rank=[rank[(l, h)] for l, h in zip(table["layer"], table["head"])], selection=selection,
-                         task=task)
+    table = table.assign(selection=selection, task=task)
     write_parquet(table, out_roles, meta)
     example = pairs.iloc[0]
     tokens = [lm.tokenizer.decode([i]) for i in lm.tokenizer(example["prompt"])["input_ids"]]
-    weights = rows.row(0).numpy()  # [heads, tokens]
+    weights = rows.row(0)[[every_head.index(hd) for hd in heads]].numpy()  # [heads, tokens], rank order
     write_parquet(pd.DataFrame({
         "node": np.repeat(labels, len(tokens)), "rank": np.repeat(np.arange(1, len(labels) + 1), len(tokens)),
         "position": np.tile(np.arange(len(tokens)), len(labels)), "token": tokens * len(labels),
