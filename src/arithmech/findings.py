@@ -165,11 +165,11 @@ def provenance_text(path) -> str:
     0.1.0, torch 2.13.0, transformers 5.23.0". No date of the run: the same results give the same text."""
     meta = read_parquet_meta(path)
     parts = []
-    checksum = meta.get("model_sha256") or ""
-    if isinstance(checksum, dict):  # a model directory: one checksum per weight file
-        checksum = " ".join(value[:8] for _, value in sorted(checksum.items()))
-    if checksum:
-        parts.append(f"model sha256 {checksum[:8] if isinstance(meta['model_sha256'], str) else checksum}")
+    checksums = meta.get("model_sha256") or {}
+    if isinstance(checksums, str):  # one weight file (the GGUF); a model directory has one per file
+        checksums = {"": checksums}
+    if checksums:
+        parts.append("model sha256 " + " ".join(value[:8] for _, value in sorted(checksums.items())))
     versions = meta.get("versions", {})
     parts += [f"{name} {versions[name]}" for name in ("arithmech", "torch", "transformers") if name in versions]
     return ", ".join(parts)
