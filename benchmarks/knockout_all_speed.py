@@ -2,7 +2,7 @@
 
 Reference: what the rule did before 2026-11-23 (commit 90788cf), one greedy generation (`generation.greedy_generate`) per
 node set and template inside `ablation.mean_ablate(..., "aligned")` with the template's counterfactual mean.
-Fast path (`stages.validate._set_answers`): every set at once per template on `ablation.greedy_end_sets`
+Fast path (`stages.validate.set_answers`): every set at once per template on `ablation.greedy_end_sets`
 (positions "aligned"): the prefix the template's mean does not reach (with zero-shot counterfactuals, the
 few-shot lines) runs once per batch, and answers stop once their score is decided. Both arms get the
 rule's node sets and validation draw for one operator; the script checks that every set's first tokens and
@@ -32,7 +32,7 @@ from arithmech.generation import greedy_generate
 from arithmech.models import load_model
 from arithmech.means import GroupedMean
 from arithmech.prompts import split_pairs
-from arithmech.stages.validate import _answers_correct, _set_answers, knockout_node_sets
+from arithmech.stages.validate import answers_correct, cache_means, knockout_node_sets, set_answers
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -78,12 +78,12 @@ def main() -> None:
     ref = reference_answers(lm, texts, templates, head_sets, mlp_sets, grouped, n_new, batch_size)
     t_ref = time.perf_counter() - start
     start = time.perf_counter()
-    fast = _set_answers(lm, texts, list(scored["answer"]), template_ids=templates, head_sets=head_sets,
-                        mlp_sets=mlp_sets, cache=cache, positions="all", max_new_tokens=n_new,
-                        batch_size=batch_size, copies=256)
+    fast = set_answers(lm, texts, list(scored["answer"]), template_ids=templates, head_sets=head_sets,
+                       mlp_sets=mlp_sets, means=cache_means(cache, "all"), positions="all", max_new_tokens=n_new,
+                       batch_size=batch_size, copies=256).tokens
     t_fast = time.perf_counter() - start
-    same_full = (_answers_correct(lm.tokenizer, ref, scored["answer"])
-                 == _answers_correct(lm.tokenizer, fast, scored["answer"])).all()
+    same_full = (answers_correct(lm.tokenizer, ref, scored["answer"])
+                 == answers_correct(lm.tokenizer, fast, scored["answer"])).all()
     if not (same_full and torch.equal(ref[..., 0], fast[..., 0])):
         raise SystemExit("the two arms' scores differ")
     print(f"knockout {args.task}, positions all: {len(head_sets)} sets x {len(texts)} prompts x {n_new} steps: "

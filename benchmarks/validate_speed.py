@@ -36,7 +36,7 @@ from arithmech.answers import answer_tokens, decided_answers, settled_number
 from arithmech.controls import random_heads
 from arithmech.models import load_model
 from arithmech.means import AlignedMean
-from arithmech.stages.validate import _answers_correct, _transfer_targets, knockout_node_sets
+from arithmech.stages.validate import answers_correct, _transfer_targets, knockout_node_sets
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -61,7 +61,7 @@ def compare(lm, name: str, texts, golds, head_sets, mlp_sets, means, max_new_tok
                                                   batch_size=batch_size, copies_per_forward=256,
                                                   settled=stops[arm]).tokens)
         seconds.append(t)
-        scores.append((tokens[..., 0], torch.as_tensor(_answers_correct(lm.tokenizer, tokens, golds))))
+        scores.append((tokens[..., 0], torch.as_tensor(answers_correct(lm.tokenizer, tokens, golds))))
     if not all(torch.equal(a, b) for first, full in scores[1:] for a, b in zip((first, full), scores[0])):
         raise SystemExit(f"{name}: the scores differ between the arms")
     rows = len(head_sets) * len(texts)

@@ -339,8 +339,9 @@ def test_all_positions_answers_batched_across_sets_are_each_sets_own_generation(
     mlp_sets = [[], [], [1], [], [0]]
     texts, templates = list(pairs["prompt"]), pairs["template_id"].to_numpy()
     golds = list(pairs["answer"])
-    got = validate._set_answers(lm, texts, golds, template_ids=templates, head_sets=head_sets, mlp_sets=mlp_sets,
-                                cache=cache, positions="all", max_new_tokens=3, batch_size=4, copies=256)
+    got = validate.set_answers(lm, texts, golds, template_ids=templates, head_sets=head_sets, mlp_sets=mlp_sets,
+                               means=validate.cache_means(cache, "all"), positions="all", max_new_tokens=3,
+                               batch_size=4, copies=256).tokens
     assert got.shape == (len(head_sets), len(texts), 3)
     decided = decided_answers(lm.tokenizer, golds)
     for s, (hs, ms) in enumerate(zip(head_sets, mlp_sets)):

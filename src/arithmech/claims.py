@@ -56,6 +56,15 @@ CLAIMS = {c.id: c for c in (
           "most of the key heads' END attention on operand and operator tokens"),
     Claim("mlp_answer", "analyze", "The MLPs' outputs carry the answer more than the operands.",
           "operands' information processed by the MLPs, progressively leading to the answer"),
+    Claim("circuit_sufficient", "circuit",
+          "The key heads and key MLPs suffice: with every other head and MLP mean-ablated they keep most of the "
+          "model's arithmetic, more than as many random heads in the same layers.",
+          "the paper's interpretation (heads find the operands, MLPs compute the answer); it tests necessity only "
+          "(for comparison, Wang et al.'s IOI circuit keeps 87% of the logit difference)"),
+    Claim("heads_via_mlps", "circuit",
+          "The key heads act through the MLPs: their effect reaches the answer through later MLPs more than directly.",
+          "\"employs a set of heads to pinpoint arithmetic operands, subsequently engaging MLPs to work out the "
+          "answers\" (the paper's interpretation; no edge is measured there)"),
     Claim("transfer", "validate",
           "The key heads transfer: knocking them out hurts other operators, formats and word problems, "
           "not a non-math task.",
@@ -461,6 +470,109 @@ def stats_z(confidence: float) -> float:
     return NormalDist().inv_cdf(0.5 + confidence / 2)
 
 
+# ------------------------------------------------------------------------------------------------ circuit
+def circuit_sufficient(circuits: dict[str, pd.DataFrame | None], cfg: dict, seed: int) -> list[dict]:
+    """Per operator: the key circuit's (key heads + key MLPs) faithfulness on full-answer accuracy (END, the
+    identification counterfactuals' means), against the layer-matched random circuits of its size (paired on
+    the same validation items and cluster draws, `circuit.key_vs_random`). `circuits`: per operator its per-item
+    circuit table, or None."""
+    from .circuit import key_vs_random, smallest_k
+
+    level, min_diff = cfg["faithful"], cfg["min_difference"]
+    rule = (f"holds if the key circuit's faithfulness (full-answer accuracy) has its 95% interval at or above "
+            f"{100 * level:g}% and (key - random) faithfulness lies above 0; partly if only one of the two; does not "
+            f"hold if its interval lies below {100 * level:g}% and (key - random) lies below 0 or inside "
+            f"+-{100 * min_diff:g} points; else inconclusive")
+    subs = []
+    for task, items in circuits.items():
+        if items is None:
+            subs.append(_row("circuit_sufficient", task, rule=rule, note="no circuit table"))
+            continue
+        end = items[(items["positions"] == "end") & (items["means"] == "counterfactual")]
+        res = key_vs_random(end, measure="full", mlps="key", n_boot=cfg["bootstrap"], seed=seed,
+                            confidence=cfg["confidence"])
+        if res is None or not res["draws"]:
+            subs.append(_row("circuit_sufficient", task, rule=rule, note="the key-head rule selected no head"))
+            continue
+        if math.isnan(res["key"]):
+            subs.append(_row("circuit_sufficient", task, rule=rule, n=res["n_items"], split="validation",
+                             note="the model and the empty circuit score alike: faithfulness is undefined"))
+            continue
+        better = directional(res["ci_low"], res["ci_high"], direction=+1, min_effect=min_diff)
+        enough = "holds" if res["key_low"] >= level else "does not hold" if res["key_high"] < level else "inconclusive"
+        if better == "holds" and enough == "holds":
+            verdict = "holds"
+        elif "holds" in (better, enough):
+            verdict = "partly"
+        elif better == "does not hold" and enough == "does not hold":
+            verdict = "does not hold"
+        else:
+            verdict = "inconclusive"
+        logit = key_vs_random(end, measure="logit", mlps="key", n_boot=cfg["bootstrap"], seed=seed,
+                              confidence=cfg["confidence"])
+        table = _circuit_summary(items)
+        reach = {m: smallest_k(table, measure="full", mlps=m, level=level) for m in ("key", "all")}
+        note = (f"key circuit keeps {100 * res['key']:.1f}% [{100 * res['key_low']:.1f}, {100 * res['key_high']:.1f}] "
+                f"of full-answer accuracy, random circuits {100 * res['random']:.1f}% ({res['draws']} draws); answer "
+                f"logit: key {100 * logit['key']:.1f}% [{100 * logit['key_low']:.1f}, {100 * logit['key_high']:.1f}], "
+                f"key - random {100 * logit['difference']:+.1f} [{100 * logit['ci_low']:+.1f}, "
+                f"{100 * logit['ci_high']:+.1f}]; fewest top heads reaching {100 * level:g}%: "
+                + ", ".join(f"{'none on the grid' if k is None else k} with {m} MLPs" for m, k in reach.items()))
+        subs.append(_row("circuit_sufficient", task, measure="faithfulness (full answer), key - layer-matched random",
+                         value=100 * res["difference"], ci_low=100 * res["ci_low"], ci_high=100 * res["ci_high"],
+                         unit="points", n=res["n_items"], split="validation", verdict=verdict, rule=rule,
+                         note="; ".join(x for x in (note, _interval_note(res["ci_low"], res["ci_high"], verdict)) if x),
+                         source=f"circuit/{task}_faithfulness.png"))
+    return _headline("circuit_sufficient", subs, measure="per operator, below", split="validation")
+
+
+def _circuit_summary(items: pd.DataFrame) -> pd.DataFrame:
+    """The END curves' point faithfulness per set from the per-item table (what `smallest_k` reads)."""
+    from .circuit import MEASURES, _faithfulness
+
+    end = items[(items["positions"] == "end") & (items["means"] == "counterfactual")]
+    means = end.groupby(["curve", "mlps", "k", "seed"], sort=False)[list(MEASURES.values())].mean().reset_index()
+    model = means.index[means["curve"] == "model"][0]
+    empty = means.index[means["curve"] == "empty"][0]
+    for measure, column in MEASURES.items():
+        values = means[column].to_numpy(float)[None]
+        means[f"faithfulness_{measure}"] = _faithfulness(values, model, empty)[0]
+    return means
+
+
+def heads_via_mlps(edges: dict[str, pd.DataFrame | None], cfg: dict) -> list[dict]:
+    """Per operator, the key heads' effects summed per validation sample (the edges table's KEY_SUM sender): the
+    path through the MLPs must lower the answer logit (as the operator's removal does) and more than the direct
+    path does."""
+    from .circuit import KEY_SUM
+
+    rule = ("holds if the 95% intervals of the key heads' summed path through the MLPs and of (through the MLPs - "
+            "direct) both lie below 0; partly if only the first does; does not hold if the path through the MLPs "
+            "lies above 0 (the MLPs undo the heads' effect) or inside +-0.1% of the logit; else inconclusive")
+    subs = []
+    for task, table in edges.items():
+        rows = None if table is None else table[table["sender"] == KEY_SUM].set_index("path")
+        if rows is None or not {"via_mlps", "via_minus_direct"} <= set(rows.index):
+            subs.append(_row("heads_via_mlps", task, rule=rule, note="no key head, or no edge table"))
+            continue
+        via, diff = rows.loc["via_mlps"], rows.loc["via_minus_direct"]
+        first = directional(via["ci_low"], via["ci_high"], direction=-1, min_effect=0.001)
+        second = directional(diff["ci_low"], diff["ci_high"], direction=-1, min_effect=0.001)
+        verdict = ("holds" if first == second == "holds" else "partly" if first == "holds" else first)
+        mlps = table[(table["sender"] == KEY_SUM) & (table["path"] == "mlp")].sort_values("mean_effect")
+        strongest = ", ".join(f"L{int(r['receiver'])} {100 * r['mean_effect']:+.2f}%" for _, r in mlps.head(3).iterrows())
+        def pct(name):  # noqa: E306
+            r = rows.loc[name]
+            return f"{100 * r['mean_effect']:+.2f}% [{100 * r['ci_low']:+.2f}, {100 * r['ci_high']:+.2f}]"
+        note = (f"key heads summed, relative change of the answer logit: total {pct('total')}, direct {pct('direct')}, "
+                f"through the MLPs {pct('via_mlps')}, rest {pct('rest')}; most negative MLP paths: {strongest}")
+        subs.append(_row("heads_via_mlps", task, measure="key heads' summed path through the MLPs (relative logit change)",
+                         value=100 * via["mean_effect"], ci_low=100 * via["ci_low"], ci_high=100 * via["ci_high"],
+                         unit="percent", n=int(via["n"]), split="validation", verdict=verdict, rule=rule, note=note,
+                         source=f"circuit/{task}_edges.png"))
+    return _headline("heads_via_mlps", subs, measure="per operator, below", split="validation")
+
+
 # ------------------------------------------------------------------------------------------------ finetune
 STUDY_OFF = "the precise-SFT study did not run (study.arms is empty)"
 
@@ -558,7 +670,9 @@ def _study_row(claim: str, row: pd.Series, verdict: str, rule: str, split: str, 
 def scorecard(*, keys: dict[str, pd.DataFrame], effects: dict[str, pd.DataFrame],
               knockout_items: dict[str, pd.DataFrame | None], transfer_items: pd.DataFrame | None,
               roles_all: dict[str, pd.DataFrame], probes: dict[str, pd.DataFrame], study: pd.DataFrame | None,
-              comparisons: pd.DataFrame | None, train_format: str, cfg: dict, seed: int) -> pd.DataFrame:
+              comparisons: pd.DataFrame | None, train_format: str, cfg: dict, seed: int,
+              circuits: dict[str, pd.DataFrame | None] | None = None,
+              edges: dict[str, pd.DataFrame | None] | None = None) -> pd.DataFrame:
     """Every claim's rows (headline first), in the order of CLAIMS, with the columns COLUMNS."""
     n_layers = int(max(int(e["layer"].max()) for e in effects.values())) + 1
     rows = [
@@ -569,6 +683,9 @@ def scorecard(*, keys: dict[str, pd.DataFrame], effects: dict[str, pd.DataFrame]
         *key_attention(roles_all, cfg, seed),
         *mlp_answer(probes, keys, cfg),
         *transfer(transfer_items, cfg, seed),
+        *(circuit_sufficient(circuits, cfg, seed) if circuits
+          else _not_measured("circuit_sufficient", "the circuit rule did not run")),
+        *(heads_via_mlps(edges, cfg) if edges else _not_measured("heads_via_mlps", "the edges rule did not run")),
         *sft_claims(study, comparisons, train_format, cfg),
     ]
     table = pd.DataFrame(rows, columns=COLUMNS)
@@ -589,7 +706,8 @@ def read_knockout_items(path, task: str) -> pd.DataFrame:
 
 def run_claims(*, model: str, key_paths: dict, effects_paths: dict, knockout_item_paths: dict, transfer_items_path,
                roles_all_paths: dict, probes_paths: dict, study_path=None, comparisons_path=None, train_format: str,
-               claims_cfg: dict, seed: int, out_table, out_md, out_html) -> None:
+               claims_cfg: dict, seed: int, out_table, out_md, out_html, circuit_item_paths: dict | None = None,
+               edges_paths: dict | None = None) -> None:
     """The scorecard of one model: claims.parquet (COLUMNS), and the same as Markdown and HTML (arithmech.scorecard).
     The path dicts map operator -> table; the study's tables are None when the study did not run."""
     from .io import atomic_path, provenance, write_parquet
@@ -604,6 +722,7 @@ def run_claims(*, model: str, key_paths: dict, effects_paths: dict, knockout_ite
         study=pd.read_parquet(study_path) if study_path else None,
         comparisons=pd.read_parquet(comparisons_path) if comparisons_path else None,
         train_format=train_format, cfg=claims_cfg, seed=seed,
+        circuits=read(circuit_item_paths or {}), edges=read(edges_paths or {}),
     )
     write_parquet(table, out_table, provenance(stage="claims", model=model, claims=claims_cfg, seed=seed))
     with atomic_path(out_md) as tmp:

@@ -108,7 +108,8 @@ def study_rows(study: pd.DataFrame, comparisons: pd.DataFrame) -> tuple[pd.DataF
 
 # Where each result's figures and tables sit in the Snakemake report, by the first folder of its path
 REPORT_CATEGORIES = {"effects": "1. Identify", "key_components": "1. Identify", "knockout": "2. Validate",
-                     "analysis": "3. Analyze", "eval": "4. Precise SFT", "finetune": "4. Precise SFT"}
+                     "circuit": "2. Validate", "analysis": "3. Analyze", "eval": "4. Precise SFT",
+                     "finetune": "4. Precise SFT"}
 
 
 def report_entry(source: str) -> str:
@@ -132,6 +133,10 @@ def figure_caption(source: str, tasks: list[str]) -> str:
     if source.startswith("knockout/"):
         return (f"Accuracy as the top k heads are knocked out (mean-ablated), against as many random heads, {name} "
                 "(validate). The paper: accuracy collapses with the key heads, not with random ones.")
+    if source.startswith("circuit/") and name.endswith("_faithfulness"):
+        return (f"How much of the model's behaviour a circuit keeps when every other head and MLP is mean-ablated, "
+                f"{name.removesuffix('_faithfulness')}: 1 = all of it, 0 = none; the top k heads by effect against "
+                "as many random heads in the same layers, the key circuits starred (sufficiency, validate).")
     if source == "finetune/study.png":
         return ("Held-out exact match of each precise-SFT study arm after training, with 95% intervals "
                 "(precise SFT against full fine-tuning, LoRA and random heads).")

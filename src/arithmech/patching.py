@@ -44,6 +44,7 @@ class EndState:
     logits: [n]                                logit of the answer token
     logprobs: [n]                              log-probability of the answer token
     predicted: [n]                             argmax token id
+    mlp_in: [n, n_layers, d_model] or None     residual entering each MLP block (`collect(mlp_inputs=True)`)
     """
 
     heads: torch.Tensor
@@ -52,6 +53,7 @@ class EndState:
     logits: torch.Tensor
     logprobs: torch.Tensor
     predicted: torch.Tensor
+    mlp_in: torch.Tensor | None = None
 
 
 def nodes_of(lm: LoadedModel, layers: list[int]) -> list[tuple[int, int | None]]:
@@ -68,17 +70,24 @@ def collect(
     *,
     desc: str = "forward",
     groups: list[int] | None = None,
+    mlp_inputs: bool = False,
 ) -> tuple[EndState, GroupedMean | None]:
     """Run `texts` in left-padded batches and capture every node at END; and, with `groups` (one group id
-    0..G-1 per text), each group's mean at every position its prompts reach (`GroupedMean`)."""
-    parts: dict[str, list[torch.Tensor]] = {k: [] for k in EndState.__dataclass_fields__}
+    0..G-1 per text), each group's mean at every position its prompts reach (`GroupedMean`); with
+    `mlp_inputs`, also the residual entering every MLP block at END (`EndState.mlp_in`, what the head -> MLP
+    edges of `edges` start from)."""
+    fields = [k for k in EndState.__dataclass_fields__ if k != "mlp_in" or mlp_inputs]
+    parts: dict[str, list[torch.Tensor]] = {k: [] for k in fields}
     grouped = None  # per group: [heads sum [P, L, H, D], mlps sum [P, L, d], counts [P]], P growing
     for start in tqdm(range(0, len(texts), batch_size), desc=desc, leave=False):
         enc = encode(lm.tokenizer, texts[start : start + batch_size], lm.device)
         answers = answer_ids[start : start + batch_size].to(lm.device)
-        with capture(lm, end_only=groups is None) as cap:
+        with capture(lm, end_only=groups is None, mlp_inputs=mlp_inputs) as cap:
             logits = lm.model(**enc, logits_to_keep=1).logits[:, -1].float()
         heads, mlps, resid = cap.stacked_heads(), cap.stacked_mlps(), cap.resid_final
+        if mlp_inputs:
+            mlp_in = cap.stacked_mlp_inputs()
+            parts["mlp_in"].append((mlp_in if groups is None else mlp_in[:, -1]).cpu())
         if groups is not None:
             grouped = _add_group_sums(grouped, heads, mlps, enc["attention_mask"], groups[start : start + batch_size])
             heads, mlps, resid = heads[:, -1], mlps[:, -1], resid[:, -1]
@@ -146,15 +155,21 @@ def _head_deltas(lm: LoadedModel, layer: int, dz: torch.Tensor) -> torch.Tensor:
     return torch.einsum("bhk,dhk->bhd", dz.to(w.device, torch.float32), w)
 
 
-def _float_norm(lm: LoadedModel) -> torch.nn.Module:
-    """A float32 copy of the model's final norm (the model is left as it is): the closed form then rounds
-    nothing to the model dtype. A norm is d_model numbers, so one copy per call costs nothing."""
-    norm = copy.deepcopy(lm.final_norm).float()
-    if hasattr(norm, "_hf_hook"):  # a model spread over GPUs: the copy stays on its device, without the hook
+def float_copy(module: torch.nn.Module) -> torch.nn.Module:
+    """A float32 copy of one of the model's modules (the model is left as it is): a closed form then rounds
+    nothing to the model dtype. A norm is d_model numbers and one MLP a few percent of the model, so a copy
+    per call costs little."""
+    module = copy.deepcopy(module).float()
+    if hasattr(module, "_hf_hook"):  # a model spread over GPUs: the copy stays on its device, without the hook
         from accelerate.hooks import remove_hook_from_module
 
-        remove_hook_from_module(norm)
-    return norm
+        remove_hook_from_module(module, recurse=True)
+    return module
+
+
+def _float_norm(lm: LoadedModel) -> torch.nn.Module:
+    """A float32 copy of the model's final norm."""
+    return float_copy(lm.final_norm)
 
 
 def _float_unembed(lm: LoadedModel, with_logprobs: bool) -> torch.Tensor | None:
@@ -282,10 +297,12 @@ def total_logits(
     batch_size: int = 16,
     copies_per_forward: int = 256,
     with_logprobs: bool = False,
+    nodes: list[tuple[int, int | None]] | None = None,
 ) -> PatchedLogits:
     """Answer logit (and log-prob) with one node patched to its counterfactual END value and everything
     downstream recomputed, and unpatched (logit_o: the unpatched END forward, through the same float32
-    unembedding as the patched copies).
+    unembedding as the patched copies). The nodes are every node of `layers` (`nodes_of`), or the given
+    `nodes` [(layer, head or None for the MLP)] in their order (`layers` then unused).
 
     Per batch: the prefix (all but END) runs once and END once more, unpatched, for the residual stream
     entering every layer. A node of layer l changes nothing below l, so its patched copies run END through
@@ -293,7 +310,7 @@ def total_logits(
     all forwards (`kvcache.PrefixCopies`); the copies of one layer's nodes share a forward (up to
     `copies_per_forward` rows). Without log-probs only the answers' unembedding rows are applied
     (`LoadedModel.body`), not the whole vocabulary."""
-    nodes = nodes_of(lm, layers)
+    nodes = nodes_of(lm, layers) if nodes is None else [(int(l), None if h is None else int(h)) for l, h in nodes]
     full = _float_unembed(lm, with_logprobs)
     out_logits, out_lp = [], []
     by_layer: dict[int, list[int]] = {}  # layer -> indices into `nodes`

@@ -382,3 +382,148 @@ def study_curves(curves: pd.DataFrame, title: str, path: str | Path) -> None:
             ax.set_ylim(0, 100)
     fig.suptitle(title, fontsize=10)
     _save(fig, path)
+
+
+# ---------------------------------------------------------------------------------------------------
+# From key components to a circuit (the `circuit` and `edges` rules)
+
+CIRCUIT_COLORS = {"key": "#b2182b", "all": "#2166ac"}  # the top-k curves, by the MLPs they keep
+
+
+def faithfulness_curve(table: pd.DataFrame, levels: list[float], title: str, path: str | Path) -> None:
+    """Faithfulness against the number of top heads kept (END positions, the identification counterfactuals'
+    means), one panel per measure: the top k heads with the key MLPs (red) and with every MLP (blue); the
+    layer-matched random heads with the key MLPs (grey: mean, and the range of the draws); the key circuits
+    (stars) and their random draws; the levels as dashed lines, each with the smallest grid k reaching it."""
+    from .circuit import MEASURE_LABELS, smallest_k
+
+    part = table[(table["positions"] == "end") & (table["means"] == "counterfactual")]
+    measures = [m for m in ("full", "logit", "first") if f"faithfulness_{m}" in part]
+    fig, axes = plt.subplots(1, len(measures), figsize=(5.6 * len(measures), 4.4), squeeze=False)
+    total = int(part.loc[part["curve"] == "model", "k"].iloc[0])
+    for ax, measure in zip(axes[0], measures):
+        col = f"faithfulness_{measure}"
+        rand = part[(part["curve"] == "random") & (part["mlps"] == "key")].groupby("k")[col].agg(["mean", "min", "max"])
+        if len(rand):
+            ax.fill_between(rand.index, rand["min"], rand["max"], color="grey", alpha=0.25, lw=0)
+            ax.plot(rand.index, rand["mean"], "o-", color="grey", ms=3, lw=1,
+                    label="layer-matched random heads + key MLPs (mean, range)")
+        for mlps, color in CIRCUIT_COLORS.items():
+            top = part[(part["curve"] == "top") & (part["mlps"] == mlps)].sort_values("k")
+            ax.errorbar(top["k"], top[col], yerr=[top[col] - top[f"{col}_low"], top[f"{col}_high"] - top[col]],
+                        fmt="o-", color=color, ms=4, lw=1.4, capsize=2, label=f"top k heads + {mlps} MLPs")
+            key = part[(part["curve"] == "key") & (part["mlps"] == mlps)]
+            if len(key):
+                ax.plot(key["k"], key[col], "*", color=color, ms=14, mec="black", mew=0.6,
+                        label=f"key heads + {mlps} MLPs (k = {int(key['k'].iloc[0])})")
+        notes = []
+        for level in levels:
+            ax.axhline(level, ls="--", color="black", lw=0.8)
+            reached = {m: smallest_k(part, measure=measure, mlps=m, level=level) for m in CIRCUIT_COLORS}
+            notes.append(f"{100 * level:.0f}%: " + ", ".join(f"{'none' if k is None else k} ({m} MLPs)"
+                                                              for m, k in reached.items()))
+        ax.set_xscale("symlog", linthresh=4)
+        ax.set_xlim(-0.3, total * 1.15)
+        ticks = sorted(set(part.loc[part["curve"] == "top", "k"]))
+        ax.set_xticks(ticks, [str(k) for k in ticks], fontsize=7)
+        ax.minorticks_off()
+        ax.set_xlabel("top heads kept (k; every other head and MLP mean-ablated)")
+        ax.set_ylabel(f"faithfulness, {MEASURE_LABELS[measure]}")
+        subtitle = "smallest k reaching\n" + "\n".join(notes)
+        if measure == "first":
+            subtitle += (f"\nconstant first token right on {100 * part['constant_first'].iloc[0]:.0f}% "
+                         f"(empty circuit: {100 * part.loc[part['curve'] == 'empty', 'first'].iloc[0]:.0f}%)")
+        ax.set_title(subtitle, fontsize=8)
+        ax.axhline(0, color="grey", lw=0.6)
+    axes[0][0].legend(fontsize=7, loc="upper left")
+    fig.suptitle(f"{title} (n = {int(part['n'].iloc[0])}; 95% intervals resample operand pairs)", fontsize=10, y=1.1)
+    _save(fig, path)
+
+
+def _edge_matrix(edges: pd.DataFrame, column: str) -> pd.DataFrame:
+    """Senders (rows, KEY_SUM last) x [direct, L{r} MLP ..., rest, total] (columns) of one column of the edges."""
+    senders = [s for s in dict.fromkeys(edges["sender"])]
+    mlp = edges[edges["path"] == "mlp"].pivot(index="sender", columns="receiver", values=column)
+    mlp.columns = [f"L{r} MLP" for r in mlp.columns]
+    other = edges[edges["path"].isin(["direct", "rest", "total"])].pivot(index="sender", columns="path", values=column)
+    return pd.concat([other[["direct"]], mlp, other[["rest", "total"]]], axis=1).loc[senders]
+
+
+def edge_heatmap(edges: pd.DataFrame, title: str, path: str | Path) -> None:
+    """Each sender head's effect split by path (% relative change of the answer logit): its direct path, its
+    path through every MLP of its layer or later, the rest, and its total effect; dots mark cells whose 95%
+    interval excludes 0; key heads starred and their sum in the last row."""
+    from .circuit import KEY_SUM
+
+    values = 100 * _edge_matrix(edges, "mean_effect")
+    low, high = _edge_matrix(edges, "ci_low"), _edge_matrix(edges, "ci_high")
+    significant = (low > 0) | (high < 0)
+    key = edges.drop_duplicates("sender").set_index("sender")["key"]
+    labels = [f"{s} *" if key[s] and s != KEY_SUM else s for s in values.index]
+    fig, ax = plt.subplots(figsize=(0.42 * values.shape[1] + 3, 0.3 * values.shape[0] + 2))
+    vmax = _symmetric(values.drop(index=[KEY_SUM], errors="ignore").to_numpy())
+    sns.heatmap(values, cmap=CMAP, center=0, vmin=-vmax, vmax=vmax, ax=ax, yticklabels=labels,
+                cbar_kws={"label": "relative change of the answer logit (%)"},
+                annot=np.where(significant.to_numpy(), "•", ""), fmt="", annot_kws={"fontsize": 7})
+    n_mlp = values.shape[1] - 3
+    for x in (1, 1 + n_mlp):
+        ax.axvline(x, color="black", lw=1)
+    if KEY_SUM in values.index:
+        ax.axhline(len(values) - 1, color="black", lw=1)
+    ax.set_xlabel("path from the sender to the answer logit")
+    ax.set_ylabel("sender head (* key head)")
+    ax.set_title(title, fontsize=10)
+    _save(fig, path)
+
+
+def circuit_graph(edges: pd.DataFrame, title: str, path: str | Path, max_edges: int = 40) -> None:
+    """The key heads' circuit as a graph: key heads (by layer and head) -> receiver MLPs (bottom row, by layer)
+    -> the answer logit. Edges whose 95% interval excludes 0, the strongest `max_edges`; width = |effect|, colour =
+    sign (red lowers the answer logit, as the operator's removal should). Node colour: a head's total effect, an
+    MLP's summed path from the key heads."""
+    from .circuit import KEY_SUM
+
+    e = edges[edges["key"] & (edges["sender"] != KEY_SUM)]
+    sig = e[(e["ci_low"] > 0) | (e["ci_high"] < 0)]
+    shown = sig[sig["path"].isin(["mlp", "direct"])].reindex(
+        sig["mean_effect"].abs().sort_values(ascending=False).index).dropna(subset=["path"]).head(max_edges)
+    totals = e[e["path"] == "total"].set_index("sender")["mean_effect"]
+    into = edges[(edges["sender"] == KEY_SUM) & (edges["path"] == "mlp")].set_index("receiver")["mean_effect"]
+    layers = [int(s[1:].split("H")[0]) for s in totals.index]
+    heads = [int(s.split("H")[1]) for s in totals.index]
+    n_layers = max([*layers, *into.index.tolist(), 0]) + 1
+    pos = {s: (l, h) for s, l, h in zip(totals.index, layers, heads)}
+    mlp_y = -2.0
+    logit = (n_layers + 1.5, (max(heads, default=0) + mlp_y) / 2)
+    vmax = _symmetric(np.r_[totals.to_numpy(), into.to_numpy()]) * 100
+    cmap = plt.get_cmap(CMAP)
+    norm = matplotlib.colors.Normalize(-vmax, vmax)
+    emax = max(float(shown["mean_effect"].abs().max()) if len(shown) else 0.0, 1e-12)
+    fig, ax = plt.subplots(figsize=(max(8.0, 0.45 * n_layers + 3), 5.2))
+    for _, row in shown.iterrows():
+        start = pos[row["sender"]]
+        end = (row["receiver"] + 0.5, mlp_y) if row["path"] == "mlp" else logit
+        ax.annotate("", end, start, arrowprops={
+            "arrowstyle": "-|>", "lw": 0.4 + 4 * abs(row["mean_effect"]) / emax, "alpha": 0.7, "shrinkA": 6,
+            "shrinkB": 6, "color": cmap(0.1 if row["mean_effect"] < 0 else 0.9),
+            "connectionstyle": "arc3,rad=0.08"})
+    for r in sorted(set(shown.loc[shown["path"] == "mlp", "receiver"])):  # a receiving MLP reaches the logit
+        ax.annotate("", logit, (r + 0.5, mlp_y), arrowprops={"arrowstyle": "-|>", "lw": 0.6, "alpha": 0.4,
+                                                            "color": "grey", "shrinkA": 6, "shrinkB": 6})
+    ax.scatter(layers, heads, s=110, c=[cmap(norm(100 * v)) for v in totals], edgecolors="black", zorder=3)
+    for s, (x, y) in pos.items():
+        ax.annotate(s, (x, y), xytext=(0, 7), textcoords="offset points", ha="center", fontsize=6)
+    ax.scatter(into.index + 0.5, [mlp_y] * len(into), s=140, marker="s", c=[cmap(norm(100 * v)) for v in into],
+               edgecolors="black", zorder=3)
+    for r in into.index:
+        ax.annotate(f"L{r}", (r + 0.5, mlp_y), xytext=(0, -12), textcoords="offset points", ha="center", fontsize=6)
+    ax.scatter(*logit, s=260, marker="D", color="#ffd92f", edgecolors="black", zorder=3)
+    ax.annotate("answer\nlogit", logit, xytext=(0, -22), textcoords="offset points", ha="center", fontsize=7)
+    fig.colorbar(matplotlib.cm.ScalarMappable(norm=norm, cmap=cmap), ax=ax,
+                 label="node effect (%): head total / MLP path from key heads")
+    ax.set_xlabel("layer")
+    ax.set_ylabel("head (squares: MLPs)")
+    ax.set_yticks(range(max(heads, default=0) + 1))
+    ax.set_title(f"{title}\n{len(shown)} of {len(sig[sig['path'].isin(['mlp', 'direct'])])} edges whose interval "
+                 f"excludes 0 (width = |effect|; red lowers the answer logit)", fontsize=9)
+    _save(fig, path)

@@ -205,6 +205,40 @@ def cluster_bootstrap(values, clusters, *, weights=None, n_boot: int = 2000, see
             "n_items": n, "n_clusters": len(sum_v)}
 
 
+def cluster_resampled_means(values, clusters, *, n_boot: int = 2000, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Column means of `values` [n_items, n_columns] and their cluster-bootstrap replicates [n_boot, n_columns]:
+    each replicate draws n_clusters clusters with replacement (one draw serves every column, so statistics that
+    combine columns, e.g. ratios of differences, stay paired). NaN values are not allowed (align first)."""
+    v = np.asarray(values, dtype=float)
+    if v.ndim != 2:
+        raise ValueError(f"values must be [n_items, n_columns]; got shape {v.shape}")
+    if np.isnan(v).any():
+        raise ValueError("values hold NaN: align the items of every column first")
+    labels = np.asarray(clusters).reshape(-1)
+    _check_lengths(values=v[:, 0], clusters=labels)
+    _, index = np.unique(labels, return_inverse=True)
+    n_clusters = int(index.max()) + 1
+    sums = np.zeros((n_clusters, v.shape[1]))
+    np.add.at(sums, index, v)  # [n_clusters, n_columns]
+    sizes = np.bincount(index, minlength=n_clusters).astype(float)
+    counts = _draw_cluster_counts(n_clusters, n_boot, seed)  # [n_boot, n_clusters]
+    return v.mean(0), (counts @ sums) / (counts @ sizes)[:, None]
+
+
+def percentile_interval(boot: np.ndarray, confidence: float = 0.95) -> tuple[np.ndarray, np.ndarray]:
+    """Per column, the two-sided percentile interval of bootstrap replicates [n_boot, ...] (NaN replicates
+    dropped; NaN where every replicate is NaN)."""
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence must lie in (0, 1), got {confidence}")
+    alpha = 1.0 - confidence
+    boot = np.asarray(boot, dtype=float)
+    out = np.full((2, *boot.shape[1:]), np.nan)
+    some = ~np.isnan(boot).all(0)
+    if some.any():
+        out[:, some] = np.nanquantile(boot[:, some], [alpha / 2, 1 - alpha / 2], axis=0)
+    return out[0], out[1]
+
+
 def paired_cluster_bootstrap(values_a, values_b, clusters, *, weights=None, n_boot: int = 2000, seed: int = 0,
                              confidence: float = 0.95) -> dict:
     """Paired difference estimate(a) - estimate(b) on the same items, with a cluster-bootstrap interval.

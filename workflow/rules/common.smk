@@ -117,6 +117,9 @@ def identify_targets():
             "results/{model}/analysis/{task}_roles.png",
             "results/{model}/analysis/{task}_example.png",
             "results/{model}/analysis/{task}_probes.png",
+            "results/{model}/circuit/{task}_faithfulness.png",
+            "results/{model}/circuit/{task}_graph.png",
+            "results/{model}/circuit/{task}_edges.png",
         ],
         model=MODELS,
         task=TASKS,
@@ -277,11 +280,16 @@ def study_summary_inputs(wildcards):
 
 def findings_inputs(wildcards):
     """The claims scorecard, the tables the page repeats, and the figures it embeds: the first task's
-    heatmap and knockout curve, and the study's figure when the study runs."""
+    heatmap, knockout curve and faithfulness curve, and the study's figure when the study runs.
+    """
     root = f"results/{wildcards.model}"
     inputs = {
         "claims": f"{root}/claims.parquet",
-        "figures": [f"{root}/effects/{TASKS[0]}.png", f"{root}/knockout/{TASKS[0]}.png"]
+        "figures": [
+            f"{root}/effects/{TASKS[0]}.png",
+            f"{root}/knockout/{TASKS[0]}.png",
+            f"{root}/circuit/{TASKS[0]}_faithfulness.png",
+        ]
         + ([f"{root}/finetune/study.png"] if STUDY_ARMS else []),
         **{
             f"key_{t}": f"results/{wildcards.model}/key_components/{t}.parquet"
@@ -305,7 +313,8 @@ def findings_inputs(wildcards):
 
 def claims_inputs(wildcards):
     """Every table the scorecard reads: per operator its key components, effects, knockout items, attention of
-    every head by role and MLP probes; the transfer items; the study's tables when the study runs.
+    every head by role, MLP probes, circuit items and edges; the transfer items; the study's tables when the
+    study runs.
     """
     root = f"results/{wildcards.model}"
     inputs = {"transfer": f"{root}/knockout/transfer_items.parquet"}
@@ -316,6 +325,8 @@ def claims_inputs(wildcards):
             f"knockout_{t}": f"{root}/knockout/{t}_items.parquet",
             f"roles_{t}": f"{root}/analysis/{t}_roles_all.parquet",
             f"probes_{t}": f"{root}/analysis/{t}_probes.parquet",
+            f"circuit_{t}": f"{root}/circuit/{t}_items.parquet",
+            f"edges_{t}": f"{root}/circuit/{t}_edges.parquet",
         }
     if STUDY_ARMS:
         inputs["study"] = f"{root}/finetune/study.parquet"

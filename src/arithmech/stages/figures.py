@@ -62,3 +62,16 @@ def run_plot_analysis(*, model: str, task: str, roles_path, example_path, probes
         probes, f"{model}, {task}: MLP vectors at END (the paper's definitions) against the unembedding of A, B "
         f"and the answer C (mean of {n} prompts)", out_probes_png,
     )
+
+
+def run_plot_circuit(*, model: str, task: str, table_path, edges_path, levels: list[float], out_curve,
+                     out_graph, out_heatmap) -> None:
+    """The circuit stage's figures: faithfulness against the number of top heads kept, the key heads' graph
+    through the MLPs, and the senders x paths heatmap of the edges."""
+    table, edges = pd.read_parquet(table_path), pd.read_parquet(edges_path)
+    plots.faithfulness_curve(table, levels, f"{model}, {task}: how much of the behaviour a circuit keeps", out_curve)
+    n = int(edges["n"].iloc[0])
+    plots.circuit_graph(edges, f"{model}, {task}: key heads -> MLPs -> answer logit (n = {n} validation pairs)",
+                        out_graph)
+    plots.edge_heatmap(edges, f"{model}, {task}: each sender head's effect by path (n = {n} validation pairs)",
+                       out_heatmap)

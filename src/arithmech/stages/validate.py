@@ -11,63 +11,58 @@ import torch
 from safetensors.torch import load_file
 
 from ..io import write_parquet
+from ..ablation import GreedyKnockout
 from ..means import AlignedMean, GroupedMean
 from ..prompts import split_pairs
 from .common import load_stage_model, stage_meta
 
 
-def _set_answers(lm, texts, golds, *, template_ids, head_sets, mlp_sets, cache, positions: str, max_new_tokens: int,
-                 batch_size: int, copies: int) -> torch.Tensor:
-    """Greedy answer tokens [n_sets, n, max_new_tokens] with each node set mean-ablated at the knockout
-    rule's `positions`: "end" (`_end_set_answers`) or "all" (`_all_positions_set_answers`). Either way an
-    answer stops as soon as its score against its gold is decided, right or wrong
-    (`answers.decided_answers`), which leaves the score as it is."""
-    work = {"head_sets": head_sets, "mlp_sets": mlp_sets, "cache": cache, "max_new_tokens": max_new_tokens,
-            "batch_size": batch_size, "copies": copies}
+def cache_means(cache: dict, positions: str) -> AlignedMean | GroupedMean:
+    """The counterfactual means a node set is ablated with at the knockout rule's `positions`, from an
+    activations cache: "end", the END mean over all identification counterfactuals; "all", each template's
+    mean at every offset from END (`means.GroupedMean`)."""
     if positions == "end":
-        return _end_set_answers(lm, texts, list(golds), **work)
-    return _all_positions_set_answers(lm, texts, list(golds), template_ids=template_ids, **work)
+        return AlignedMean(cache["cf_mean_heads"], cache["cf_mean_mlps"])
+    return GroupedMean(cache["cf_template_heads"], cache["cf_template_mlps"], cache["cf_template_counts"])
 
 
-def _end_set_answers(lm, texts, golds, *, head_sets, mlp_sets, cache, max_new_tokens: int, batch_size: int,
-                     copies: int) -> torch.Tensor:
-    """Each set ablated at END and every generated position, with the END mean over all identification
-    counterfactuals, on the prefix-cache fast path."""
+def set_answers(lm, texts, golds, *, head_sets, mlp_sets, means: AlignedMean | GroupedMean, positions: str,
+                max_new_tokens: int, batch_size: int, copies: int, template_ids=None,
+                answer_ids: torch.Tensor | None = None) -> GreedyKnockout:
+    """Greedy answers (tokens [n_sets, n, max_new_tokens]) and, with `answer_ids`, the answer's first-token logit
+    at END ([n_sets, n]), with each node set mean-ablated at the knockout rule's `positions`: "end" (END and
+    every generated position, with the AlignedMean `means`, on the prefix-cache fast path) or "all" (Wang et
+    al.'s mean ablation: every position, each prompt with its template's mean in the GroupedMean `means` at the
+    same offset from END, and every generated position with its template's END mean; all sets at once per
+    template, sharing the prefix the template's mean does not reach). Either way an answer stops as soon as its
+    score against its gold is decided, right or wrong (`answers.decided_answers`), which leaves the score as it
+    is."""
     from ..ablation import greedy_end_sets
     from ..answers import decided_answers
 
-    means = AlignedMean(cache["cf_mean_heads"], cache["cf_mean_mlps"])
-    return greedy_end_sets(lm, texts, head_sets, means=means, max_new_tokens=max_new_tokens, mlp_sets=mlp_sets,
-                           batch_size=batch_size, copies_per_forward=copies,
-                           settled=decided_answers(lm.tokenizer, golds)).tokens
-
-
-def _all_positions_set_answers(lm, texts, golds, *, template_ids, head_sets, mlp_sets, cache, max_new_tokens: int,
-                               batch_size: int, copies: int) -> torch.Tensor:
-    """Wang et al.'s mean ablation: each set ablated at every position, each prompt with the mean over the
-    identification counterfactuals of its own template at the same offset from END (`GroupedMean`), and
-    every generated position with its template's END mean; all sets at once per template, on the same
-    prefix-cache path (the prefix the template's mean does not reach is shared)."""
-    from ..ablation import greedy_end_sets
-    from ..answers import decided_answers
-
-    grouped = GroupedMean(cache["cf_template_heads"], cache["cf_template_mlps"], cache["cf_template_counts"])
+    golds = list(golds)
+    work = {"mlp_sets": mlp_sets, "max_new_tokens": max_new_tokens, "batch_size": batch_size,
+            "copies_per_forward": copies}
+    if positions == "end":
+        return greedy_end_sets(lm, texts, head_sets, means=means, answer_ids=answer_ids,
+                               settled=decided_answers(lm.tokenizer, golds), **work)
     template_ids = np.asarray(template_ids)
-    out = torch.empty(len(head_sets), len(texts), max_new_tokens, dtype=torch.long)
+    tokens = torch.empty(len(head_sets), len(texts), max_new_tokens, dtype=torch.long)
+    first = torch.full((len(head_sets), len(texts)), float("nan"))
     for t in np.unique(template_ids):
-        if t >= len(grouped.counts) or grouped.counts[t, 0] == 0:
+        if t >= len(means.counts) or means.counts[t, 0] == 0:
             raise ValueError(f"template {t} has no identification pair, so no mean to ablate its prompts with")
         rows = np.flatnonzero(template_ids == t)
-        # the template's prompts with every set at once, sharing the prefix the template's mean does not reach
-        out[:, torch.as_tensor(rows)] = greedy_end_sets(
-            lm, [texts[i] for i in rows], head_sets, means=grouped.group(int(t)), max_new_tokens=max_new_tokens,
-            mlp_sets=mlp_sets, batch_size=batch_size, copies_per_forward=copies,
-            settled=decided_answers(lm.tokenizer, [golds[i] for i in rows]), positions="aligned",
-        ).tokens
-    return out
+        out = greedy_end_sets(
+            lm, [texts[i] for i in rows], head_sets, means=means.group(int(t)), positions="aligned",
+            answer_ids=None if answer_ids is None else torch.as_tensor(answer_ids)[torch.as_tensor(rows)],
+            settled=decided_answers(lm.tokenizer, [golds[i] for i in rows]), **work,
+        )
+        tokens[:, torch.as_tensor(rows)], first[:, torch.as_tensor(rows)] = out.tokens, out.first_answer_logits
+    return GreedyKnockout(tokens, first)
 
 
-def _answers_correct(tokenizer, tokens: torch.Tensor, golds, judge=None) -> np.ndarray:
+def answers_correct(tokenizer, tokens: torch.Tensor, golds, judge=None) -> np.ndarray:
     """[n_sets, n] bool: whether each decoded greedy answer matches its gold, by `judge(text, gold)`
     (default `answers.answer_correct`: the first number, compared by value)."""
     from ..answers import answer_correct
@@ -111,7 +106,7 @@ def run_knockout(
     """Mean-ablation knockout on the VALIDATION pairs (operand pairs that played no part in ranking the heads
     or in the means): accuracy with the top k heads (by patching effect) knocked out, k = 0..max_heads,
     against random heads (uniform and layer-matched, several draws, at k in `ablation.random_k`), and with the
-    key MLPs knocked out; for each of `ablation.positions` ("end", "all": see `_set_answers`; "all" on a seeded
+    key MLPs knocked out; for each of `ablation.positions` ("end", "all": see `set_answers`; "all" on a seeded
     draw of `ablation.all_positions_samples` pairs, the top heads at k in 0 and `ablation.random_k`, its
     random controls at k = max_heads only, as each set is a full forward of every prompt). Both the first answer
     token (`accuracy`, what path patching measured) and the full greedy answer (`full_accuracy`); `out_items`
@@ -133,13 +128,13 @@ def run_knockout(
         sets = knockout_node_sets(effects, key, ablation, n_layers=lm.n_layers, n_heads=lm.n_heads, seed=seed,
                                   top_k=top_k, random_k=random_k)
         texts, answers = list(scored["prompt"]), torch.tensor(scored["answer_token_id"].to_numpy())
-        tokens = _set_answers(
+        tokens = set_answers(
             lm, texts, scored["answer"], template_ids=scored["template_id"], head_sets=[s[3] for s in sets],
-            mlp_sets=[s[4] for s in sets], cache=cache, positions=positions,
+            mlp_sets=[s[4] for s in sets], means=cache_means(cache, positions), positions=positions,
             max_new_tokens=answer_tokens(lm.tokenizer, scored["answer"]), batch_size=compute["batch_size"], copies=256,
-        )
+        ).tokens
         first_correct = tokens[..., 0] == answers[None]  # [n_sets, n]
-        full_correct = _answers_correct(lm.tokenizer, tokens, scored["answer"])  # [n_sets, n]
+        full_correct = answers_correct(lm.tokenizer, tokens, scored["answer"])  # [n_sets, n]
         first, full = first_correct.float().mean(1).numpy(), full_correct.mean(1)
         rows = [
             {"curve": c, "seed": sd, "k": k,
@@ -263,7 +258,7 @@ def run_transfer(
             batch_size=compute["batch_size"],
             settled=None if non_math else decided_answers(lm.tokenizer, target["golds"]),
         )
-        correct = _answers_correct(lm.tokenizer, result.tokens, target["golds"], judge)  # [n_sets, n]
+        correct = answers_correct(lm.tokenizer, result.tokens, target["golds"], judge)  # [n_sets, n]
         base = correct[0]
         first = None
         if target["answer_ids"] is not None:

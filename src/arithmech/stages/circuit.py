@@ -1,0 +1,199 @@
+"""From key components to a circuit (`arithmech.circuit`): rule entry points for sufficiency (keep a circuit,
+mean-ablate everything else) and for the head -> MLP edges (`arithmech.edges`). Both score VALIDATION pairs, which
+played no part in ranking the heads or in the ablation means."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import torch
+from safetensors.torch import load_file
+
+from .. import circuit as cx
+from ..io import write_parquet
+from ..means import AlignedMean
+from ..prompts import split_pairs
+from .common import load_stage_model, stage_meta
+from .validate import answers_correct, cache_means, set_answers
+
+
+def ranked_heads(effects: pd.DataFrame) -> list[tuple[int, int]]:
+    """Every head, strongest (most negative) mean effect first."""
+    heads = effects[effects["component"] == "head"].sort_values("mean_effect", kind="stable")
+    return [(int(l), int(h)) for l, h in zip(heads["layer"], heads["head"])]
+
+
+def _key_nodes(key: pd.DataFrame) -> tuple[list[tuple[int, int]], list[int]]:
+    heads = key[key["component"] == "head"]
+    return ([(int(l), int(h)) for l, h in zip(heads["layer"], heads["head"])],
+            [int(l) for l in key.loc[key["component"] == "mlp", "layer"]])
+
+
+def contrast_end_mean(lm, *, task: str, pairs: pd.DataFrame, prompts: dict, cf_shots: str, seed: int,
+                      batch_size: int) -> AlignedMean:
+    """The END mean over the identification pairs' counterfactuals rebuilt with `counterfactual_shots: cf_shots`
+    (the same shots and null words: `prompts.build_prompts` draws them per sample id)."""
+    from ..patching import collect
+    from ..prompts import build_prompts
+
+    ident = split_pairs(pairs, "identification", "pairs")
+    rebuilt = build_prompts(lm.tokenizer, task, {**prompts, "counterfactual_shots": cf_shots}, seed)
+    rebuilt = rebuilt.set_index("sample_id").loc[ident["sample_id"]]
+    answers = torch.tensor(ident["answer_token_id"].to_numpy())
+    state, _ = collect(lm, list(rebuilt["cf_prompt"]), answers, batch_size, desc=f"{cf_shots} means")
+    # float64 sums, as `means.GroupedMean.end` takes the default means
+    return AlignedMean(state.heads.double().mean(0)[None].float(), state.mlps.double().mean(0)[None].float())
+
+
+def _score_sets(lm, scored: pd.DataFrame, sets: list[cx.CircuitSet], *, means, positions: str, batch_size: int
+                ) -> dict[str, np.ndarray]:
+    """Per-item measures of every set, {measure: [n_sets, n]}, each distinct ablation run once."""
+    from ..answers import answer_tokens
+
+    distinct = list(dict.fromkeys((s.heads, s.mlp_layers) for s in sets))
+    ablated = [cx.CircuitSet("", "", 0, -1, h, m).ablated(lm.n_layers, lm.n_heads) for h, m in distinct]
+    answers = torch.tensor(scored["answer_token_id"].to_numpy())
+    result = set_answers(lm, list(scored["prompt"]), scored["answer"], head_sets=[a[0] for a in ablated],
+                         mlp_sets=[a[1] for a in ablated], means=means, positions=positions,
+                         template_ids=scored["template_id"], answer_ids=answers,
+                         max_new_tokens=answer_tokens(lm.tokenizer, scored["answer"]), batch_size=batch_size,
+                         copies=256)
+    per_distinct = {
+        "first": (result.first_tokens == answers[None]).numpy(),
+        "full": answers_correct(lm.tokenizer, result.tokens, scored["answer"]),
+        "logit": result.first_answer_logits.numpy(),
+    }
+    where = [distinct.index((s.heads, s.mlp_layers)) for s in sets]
+    return {m: v[where].astype(float) for m, v in per_distinct.items()}
+
+
+def run_circuit(*, model: str, task: str, model_dir, pairs_path, cache_path, effects_path, key_path, circuit: dict,
+                prompts: dict, compute: dict, seed: int, out_table, out_items) -> None:
+    """Sufficiency of the key components (`arithmech.circuit`) on the validation pairs: every circuit of
+    `circuit_sets` kept and everything else mean-ablated (as the knockout does) at END and every generated position
+    with the END mean of the identification counterfactuals (the curves: top k heads, random draws), at every
+    position with each template's mean (positions "all", the key circuits and their random draws, on a smaller
+    draw of pairs), and at END with the means of counterfactuals of another `counterfactual_shots`
+    (`circuit.contrast_means`, when the prompts have few-shot lines for it to differ). Writes the faithfulness of
+    every set (`out_table`) and every set's per-item measures (`out_items`)."""
+    from ..data import subsample
+
+    lm = load_stage_model(model_dir, compute)
+    pairs = pd.read_parquet(pairs_path)
+    validation = split_pairs(pairs, "validation", str(pairs_path))
+    cache = load_file(str(cache_path))
+    key_heads, key_mlps = _key_nodes(pd.read_parquet(key_path))
+    common = {"ranked_heads": ranked_heads(pd.read_parquet(effects_path)), "key_heads": key_heads,
+              "key_mlps": key_mlps, "n_layers": lm.n_layers, "n_heads": lm.n_heads, "grid": circuit["grid"],
+              "draws": circuit["random_draws"], "band_draws": circuit["band_draws"], "seed": seed}
+    end_items = subsample(validation, circuit["max_samples"], seed)
+    variants = []  # (positions, means label, scored pairs, sets, means)
+    for positions in circuit["positions"]:
+        if positions == "end":
+            variants.append(("end", "counterfactual", end_items, cx.circuit_sets(**common), cache_means(cache, "end")))
+        else:
+            scored = subsample(validation, circuit["all_positions_samples"], seed)
+            variants.append(("all", "counterfactual", scored, cx.circuit_sets(**common, curves=False),
+                             cache_means(cache, "all")))
+    contrast = circuit["contrast_means"]
+    if contrast and contrast != prompts["counterfactual_shots"] and prompts["n_shots"] > 0:
+        means = contrast_end_mean(lm, task=task, pairs=pairs, prompts=prompts, cf_shots=contrast, seed=seed,
+                                  batch_size=compute["batch_size"])
+        variants.append(("end", contrast, end_items, cx.circuit_sets(**common, curves=False), means))
+    tables, items = [], []
+    for positions, label, scored, sets, means in variants:
+        values = _score_sets(lm, scored, sets, means=means, positions="end" if positions == "end" else "all",
+                             batch_size=compute["batch_size"])
+        clusters = (scored["a"].astype(str) + "," + scored["b"].astype(str)).to_numpy()
+        table = cx.faithfulness_table(sets, values, clusters, n_boot=circuit["bootstrap"], seed=seed,
+                                      confidence=circuit["confidence"])
+        tables.append(table.assign(
+            positions=positions, means=label, n=len(scored), split="validation",
+            constant_first=cx.constant_accuracy(scored["answer_token_id"]),
+            constant_full=cx.constant_accuracy(scored["answer"])))
+        n = len(scored)
+        items.append(pd.DataFrame({
+            "positions": positions, "means": label,
+            "curve": np.repeat([s.curve for s in sets], n), "mlps": np.repeat([s.mlps for s in sets], n),
+            "k": np.repeat([s.k for s in sets], n), "seed": np.repeat([s.seed for s in sets], n),
+            "sample_id": np.tile(scored["sample_id"].to_numpy(), len(sets)), "cluster": np.tile(clusters, len(sets)),
+            **{cx.MEASURES[m]: v.reshape(-1) for m, v in values.items()},
+        }))
+    meta = stage_meta(model_dir, "circuit", task=task, circuit=circuit, seed=seed, key_heads=len(key_heads))
+    write_parquet(pd.concat(tables, ignore_index=True), out_table, meta)
+    write_parquet(pd.concat(items, ignore_index=True), out_items, meta)
+
+
+def edge_senders(effects: pd.DataFrame, keys: dict[str, pd.DataFrame], n_top: int) -> list[tuple[int, int]]:
+    """The sender heads of one operator: its top `n_top` heads by effect and every operator's key heads, in the
+    operator's effect order."""
+    union = {h for key in keys.values() for h in _key_nodes(key)[0]}
+    ranked = ranked_heads(effects)
+    return [h for i, h in enumerate(ranked) if i < n_top or h in union]
+
+
+def run_edges(*, model: str, model_dir, tasks: list[str], pairs_paths, effects_paths, key_paths, edges: dict,
+              metric: str, compute: dict, seed: int, out_tables, out_samples) -> None:
+    """For each operator, on a seeded draw of its validation pairs: each sender head's (`edge_senders`) effect
+    split into its total effect (downstream recomputed, `patching.total_logits`), its direct path
+    (`patching.direct_logits`) and its path through every MLP of its layer or later (`edges.edge_logits`), as
+    changes of the answer logit (and relative to the unpatched closed-form logit); per sample (`out_samples`) and
+    aggregated with intervals and shares of the total (`circuit.summarize_edges`, `out_tables`), by the relative
+    change for `metric` relative_logit, else by the logit difference (the edges have no probabilities). One job for
+    all operators: the model loads once."""
+    from ..data import subsample
+    from ..edges import edge_logits
+    from ..effects import node_label
+    from ..patching import collect, direct_logits, nodes_of, total_logits
+
+    lm = load_stage_model(model_dir, compute)
+    keys = {t: pd.read_parquet(p) for t, p in zip(tasks, key_paths, strict=True)}
+    batch = compute["batch_size"]
+    for task, pairs_path, effects_path, out_table, out_sample in zip(tasks, pairs_paths, effects_paths, out_tables,
+                                                                     out_samples, strict=True):
+        pairs = subsample(split_pairs(pd.read_parquet(pairs_path), "validation", str(pairs_path)),
+                          edges["max_samples"], seed)
+        texts, answers = list(pairs["prompt"]), torch.tensor(pairs["answer_token_id"].to_numpy())
+        senders = edge_senders(pd.read_parquet(effects_path), keys, edges["senders"])
+        receivers = list(range(min(l for l, _ in senders), lm.n_layers)) if senders else []
+        ref, _ = collect(lm, texts, answers, batch, mlp_inputs=True, desc=f"{task} reference")
+        cf, _ = collect(lm, list(pairs["cf_prompt"]), answers, batch, mlp_inputs=True, desc=f"{task} counterfactual")
+        via = edge_logits(lm, ref, cf, answers, senders, receivers, batch_size=batch)
+        layers = sorted({l for l, _ in senders})
+        direct = direct_logits(lm, ref, cf, answers, layers, batch_size=batch)
+        order = nodes_of(lm, layers)
+        direct_p = direct.logit_p[:, [order.index(s) for s in senders]]  # [n, S]
+        total = total_logits(lm, texts, answers, cf, [], nodes=senders, batch_size=batch,
+                             copies_per_forward=256)
+        logit_o = via.logit_o.double()  # the closed form's unpatched logit, every path's denominator
+        labels = [node_label(l, h) for l, h in senders]
+        rows = []
+        for path, change in (("total", total.logit_p.double() - total.logit_o.double()[:, None]),
+                             ("direct", direct_p.double() - direct.logit_o.double()[:, None])):
+            rows.append(_path_rows(pairs, labels, path, -1, change, logit_o))
+        for j, r in enumerate(receivers):
+            change = via.logit_p[:, :, j].double() - logit_o[:, None]
+            live = [i for i, (l, _) in enumerate(senders) if l <= r]
+            rows.append(_path_rows(pairs, [labels[i] for i in live], "mlp", r, change[:, live], logit_o))
+        samples = pd.concat(rows, ignore_index=True)
+        clusters = pd.Series((pairs["a"].astype(str) + "," + pairs["b"].astype(str)).to_numpy(),
+                             index=pairs["sample_id"])
+        key_labels = [node_label(l, h) for l, h in _key_nodes(keys[task])[0]]
+        summary = cx.summarize_edges(samples, clusters, key_labels, n_boot=edges["bootstrap"], seed=seed,
+                                     confidence=edges["confidence"],
+                                     value="rel_effect" if metric == "relative_logit" else "change")
+        meta = stage_meta(model_dir, "edges", task=task, edges=edges, metric=metric, seed=seed)
+        write_parquet(summary.assign(split="validation"), out_table, meta)
+        write_parquet(samples, out_sample, meta)
+
+
+def _path_rows(pairs: pd.DataFrame, labels: list[str], path: str, receiver: int, change: torch.Tensor,
+               logit_o: torch.Tensor) -> pd.DataFrame:
+    """Long rows (sample, sender) of one path: change [n, len(labels)] of the answer logit; rel_effect = change /
+    logit_o."""
+    n, s = change.shape
+    return pd.DataFrame({
+        "sample_id": np.repeat(pairs["sample_id"].to_numpy(), s), "sender": labels * n, "path": path,
+        "receiver": receiver, "logit_o": np.repeat(logit_o.numpy(), s), "change": change.reshape(-1).numpy(),
+        "rel_effect": (change / logit_o[:, None]).reshape(-1).numpy(),
+    })

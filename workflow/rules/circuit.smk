@@ -1,0 +1,106 @@
+# From key components to a circuit: are they sufficient (circuit), and do the key heads act through the MLPs
+# (edges)? Both on the validation pairs (docs/circuit.md).
+
+
+rule circuit:
+    input:
+        model="results/{model}/model",
+        pairs="results/{model}/pairs/{task}.parquet",
+        cache="results/{model}/activations/{task}.safetensors",
+        effects="results/{model}/effects/{task}.parquet",
+        key="results/{model}/key_components/{task}.parquet",
+    output:
+        table="results/{model}/circuit/{task}.parquet",
+        per_item="results/{model}/circuit/{task}_items.parquet",
+    log:
+        "results/{model}/logs/circuit/{task}.log",
+    conda:
+        "../../envs/arithmech.yaml"
+    threads: 2
+    resources:
+        **GPU_RESOURCES,
+    params:
+        code=library_code("circuit"),
+        circuit={k: v for k, v in config["circuit"].items() if k != "edges"},
+        prompts=config["prompts"],
+        compute=config["compute"],
+        seed=config["seed"],
+    script:
+        "../scripts/circuit.py"
+
+
+# One job for every operator, as patch_all_layers: the model loads once, and the closed form costs seconds.
+rule edges:
+    input:
+        model="results/{model}/model",
+        pairs=expand("results/{{model}}/pairs/{task}.parquet", task=TASKS),
+        effects=expand("results/{{model}}/effects/{task}.parquet", task=TASKS),
+        key_tables=expand("results/{{model}}/key_components/{task}.parquet", task=TASKS),
+    output:
+        tables=expand("results/{{model}}/circuit/{task}_edges.parquet", task=TASKS),
+        samples=expand(
+            "results/{{model}}/circuit/{task}_edge_samples.parquet", task=TASKS
+        ),
+    log:
+        "results/{model}/logs/edges.log",
+    conda:
+        "../../envs/arithmech.yaml"
+    threads: 2
+    resources:
+        **GPU_RESOURCES,
+    params:
+        code=library_code("edges"),
+        tasks=TASKS,
+        edges={
+            **config["circuit"]["edges"],
+            "bootstrap": config["circuit"]["bootstrap"],
+            "confidence": config["circuit"]["confidence"],
+        },
+        metric=config["patching"]["metric"],
+        compute=config["compute"],
+        seed=config["seed"],
+    script:
+        "../scripts/edges.py"
+
+
+rule plot_circuit:
+    input:
+        table="results/{model}/circuit/{task}.parquet",
+        edges="results/{model}/circuit/{task}_edges.parquet",
+    output:
+        curve=report(
+            "results/{model}/circuit/{task}_faithfulness.png",
+            caption="../report/circuit_faithfulness.rst",
+            category="2. Validate",
+            subcategory="{model}",
+            labels={
+                "model": "{model}",
+                "task": "{task}",
+                "figure": "circuit faithfulness",
+            },
+        ),
+        graph=report(
+            "results/{model}/circuit/{task}_graph.png",
+            caption="../report/circuit_graph.rst",
+            category="2. Validate",
+            subcategory="{model}",
+            labels={"model": "{model}", "task": "{task}", "figure": "circuit graph"},
+        ),
+        heatmap=report(
+            "results/{model}/circuit/{task}_edges.png",
+            caption="../report/circuit_edges.rst",
+            category="2. Validate",
+            subcategory="{model}",
+            labels={"model": "{model}", "task": "{task}", "figure": "head-MLP edges"},
+        ),
+    log:
+        "results/{model}/logs/plot_circuit/{task}.log",
+    conda:
+        "../../envs/arithmech.yaml"
+    resources:
+        **CPU_RESOURCES,
+    params:
+        code=library_code("plot_circuit"),
+        levels=[0.8, 0.9],
+    script:
+        "../scripts/plot_circuit.py"
