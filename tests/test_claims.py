@@ -305,3 +305,57 @@ def test_without_the_study_every_sft_claim_is_not_measured_and_says_why():
     rows = claims.sft_claims(None, None, "add2", CFG)
     assert {r["claim"] for r in rows} == {"sft_vs_full", "sft_vs_random", "sft_off_target", "sft_speed"}
     assert all(r["verdict"] == "not measured" and "did not run" in r["note"] for r in rows)
+
+
+def circuit_items(key_full: float, random_full: float, n: int = 40) -> pd.DataFrame:
+    """A circuit rule's per-item table (END, counterfactual means): the model right on every item, the empty
+    circuit on none, the key circuit on a share key_full of them, two random draws on random_full."""
+    rows = []
+    for curve, mlps, k, seed, share in [("model", "all", 24, -1, 1.0), ("empty", "none", 0, -1, 0.0),
+                                        ("key", "key", 3, -1, key_full), ("random", "key", 3, 0, random_full),
+                                        ("random", "key", 3, 1, random_full), ("top", "key", 24, -1, key_full),
+                                        ("top", "all", 24, -1, 1.0)]:
+        for i in range(n):
+            right = float(i < round(share * n))
+            rows.append({"positions": "end", "means": "counterfactual", "curve": curve, "mlps": mlps, "k": k,
+                         "seed": seed, "sample_id": i, "cluster": str(i), "first_correct": right, "full_correct": right,
+                         "answer_logit": 20 + 10 * right})
+    return pd.DataFrame(rows)
+
+
+def test_circuit_sufficient():
+    rows = claims.circuit_sufficient({"addition": circuit_items(0.95, 0.1), "division": circuit_items(0.3, 0.05),
+                                      "subtraction": circuit_items(0.0, 0.0), "multiplication": None}, CFG, seed=0)
+    by = {r["scope"]: r for r in rows}
+    assert by["addition"]["verdict"] == "holds" and by["addition"]["value"] == pytest.approx(85.0)
+    assert "keeps 95.0%" in by["addition"]["note"] and "24 with all MLPs" in by["addition"]["note"]
+    assert by["division"]["verdict"] == "partly"  # beats random circuits, keeps far less than 80%
+    assert by["subtraction"]["verdict"] == "does not hold"  # keeps nothing, no better than random
+    assert by["multiplication"]["verdict"] == "not measured"
+    assert by["all"]["verdict"] == "partly" and rows[0]["claim"] == "circuit_sufficient"
+    none = circuit_items(0.0, 0.0)
+    flat = none.assign(full_correct=0.0)  # the model itself answers nothing: faithfulness undefined
+    assert "undefined" in claims.circuit_sufficient({"addition": flat}, CFG, seed=0)[1]["note"]
+
+
+def edges_rows(via: float, direct: float, spread: float = 0.001) -> pd.DataFrame:
+    from arithmech.circuit import KEY_SUM
+
+    rows = [{"sender": KEY_SUM, "path": p, "receiver": -1, "mean_effect": v, "ci_low": v - spread,
+             "ci_high": v + spread, "n": 60} for p, v in [("total", via + direct), ("direct", direct),
+                                                         ("via_mlps", via), ("rest", 0.0),
+                                                         ("via_minus_direct", via - direct)]]
+    rows.append({"sender": KEY_SUM, "path": "mlp", "receiver": 20, "mean_effect": via, "ci_low": via - spread,
+                 "ci_high": via + spread, "n": 60})
+    return pd.DataFrame(rows)
+
+
+def test_heads_via_mlps():
+    rows = claims.heads_via_mlps({"addition": edges_rows(-0.05, -0.01), "subtraction": edges_rows(-0.01, -0.05),
+                                  "multiplication": edges_rows(+0.1, -0.07), "division": None}, CFG)
+    by = {r["scope"]: r for r in rows}
+    assert by["addition"]["verdict"] == "holds" and by["addition"]["value"] == pytest.approx(-5.0)
+    assert by["subtraction"]["verdict"] == "partly"  # through the MLPs, but less than directly
+    assert by["multiplication"]["verdict"] == "does not hold"  # the MLPs undo the heads' effect
+    assert "through the MLPs +10.00%" in by["multiplication"]["note"] and "L20 +10.00%" in by["multiplication"]["note"]
+    assert by["division"]["verdict"] == "not measured" and by["all"]["verdict"] == "partly"

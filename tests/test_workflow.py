@@ -302,8 +302,8 @@ STUDY_ALL = {"study_items": 1, "study_train": 8, "study_select": 5, "study_evalu
 # What new patching effects re-run: aggregation, and everything that reads the effects or key components.
 FROM_EFFECTS = {
     "aggregate_effects": 2, "plot_effects": 2, "summarize_key_components": 1, "knockout": 2, "plot_knockout": 2,
-    "analyze": 2, "plot_analysis": 2, "transfer": 1, "plot_transfer": 1, **HEAD_SFT, "claims": 1, "findings": 1,
-    "all": 1,
+    "analyze": 2, "plot_analysis": 2, "transfer": 1, "plot_transfer": 1, "circuit": 2, "edges": 1, "plot_circuit": 2,
+    **HEAD_SFT, "claims": 1, "findings": 1, "all": 1,
 }
 
 
@@ -358,6 +358,13 @@ def test_prompt_change_reruns_from_pairs(run):
 def test_ablation_change_reruns_only_knockout(run):
     proc = dry_run(run, lambda c: c["ablation"].update(random_seeds=3))
     assert planned_rules(proc) == {"knockout": 2, "plot_knockout": 2, "claims": 1, "findings": 1, "all": 1}
+
+
+def test_circuit_changes_rerun_only_their_rule(run):
+    """Sufficiency and edges are separate rules: a change of one re-runs it, its figures and what reads them."""
+    downstream = {"plot_circuit": 2, "claims": 1, "findings": 1, "all": 1}
+    assert planned_rules(dry_run(run, lambda c: c["circuit"].update(random_draws=3))) == {"circuit": 2, **downstream}
+    assert planned_rules(dry_run(run, lambda c: c["circuit"]["edges"].update(senders=1))) == {"edges": 1, **downstream}
 
 
 def test_finetune_change_reruns_only_that_method_and_its_evaluation(run):
@@ -452,13 +459,14 @@ def test_slurm_profile_dry_run_asks_for_gpus_only_where_the_model_runs(run):
             rule = line.split()[1].rstrip(":")
         elif line.strip().startswith("resources:") and rule:
             jobs.setdefault(rule, set()).add(line.strip())
-    for rule in ("build_pairs", "cache_activations", "patch_all_layers", "knockout", "analyze", "transfer", "finetune",
-                 "evaluate", "study_train", "study_evaluate"):
+    for rule in ("build_pairs", "cache_activations", "patch_all_layers", "knockout", "analyze", "transfer", "circuit",
+                 "edges", "finetune", "evaluate", "study_train", "study_evaluate"):
         (resources,) = jobs[rule]
         assert "gpu=2" in resources and "gpu_model=a100" in resources and "mem_mb=12000" in resources
         assert "slurm_account=proj42" in resources and "slurm_partition=gpu-short" in resources
     for rule in ("aggregate_effects", "plot_effects", "plot_knockout", "plot_transfer", "plot_analysis",
-                 "summarize_key_components", "summarize_eval", "study_items", "study_select", "study_summary"):
+                 "summarize_key_components", "summarize_eval", "study_items", "study_select", "study_summary",
+                 "plot_circuit"):
         (resources,) = jobs[rule]
         assert "gpu=" not in resources and "mem_mb=4000" in resources
 
@@ -472,11 +480,41 @@ def test_report_contains_every_figure_and_table(run, tmp_path):
         assert f"effects/{task}.png" in html and f"key_components/{task}.html" in html
         assert f"knockout/{task}.png" in html
         assert all(f"analysis/{task}_{name}.png" in html for name in ("roles", "example", "probes"))
+        assert all(f"circuit/{task}_{name}.png" in html for name in ("faithfulness", "graph", "edges"))
     assert "key_components/shared.png" in html and "key_components/shared.html" in html
     assert "knockout/transfer.png" in html and "eval/summary.png" in html and "eval/summary.html" in html
     assert "finetune/study.png" in html and "finetune/study_curves.png" in html and "finetune/study.html" in html
     assert "Zhang et al." in html and "Precise SFT" in html  # the workflow description, all four stages
     assert "findings.html" in html and "0. Findings" in html
+
+
+def test_circuit_outputs(run):
+    """The circuit and edges rules on every operator: the model keeps all of itself and the empty circuit none;
+    every ablation variant has its random draws; the per-item table adds up to the table; the edges split each
+    sender's total into its paths."""
+    from arithmech.circuit import KEY_SUM
+
+    res = run / "results/tiny"
+    for task in TASKS:
+        table, items = pd.read_parquet(res / f"circuit/{task}.parquet"), pd.read_parquet(res / f"circuit/{task}_items.parquet")
+        assert set(map(tuple, table[["positions", "means"]].drop_duplicates().to_numpy())) == {
+            ("end", "counterfactual"), ("all", "counterfactual"), ("end", "blank")}  # tiny: 1 shot, zero-shot means
+        logit = table.set_index("curve")["faithfulness_logit"]
+        assert (logit["model"] == 1).all() and (logit["empty"] == 0).all()
+        assert (table.groupby(["positions", "means"])["curve"].apply(lambda c: (c == "random").sum()) >= 5).all()
+        means = items.groupby(["positions", "means", "curve", "mlps", "k", "seed"], sort=False)["answer_logit"].mean()
+        np.testing.assert_allclose(means.to_numpy(), table["logit"].to_numpy())
+        edges = pd.read_parquet(res / f"circuit/{task}_edges.parquet")
+        assert set(edges["value"]) == {"change"}  # the tiny config's metric is logit_diff
+        wide = edges.set_index(["sender", "path", "receiver"])["mean_effect"]
+        for sender in set(edges["sender"]):
+            mlps = edges[(edges["sender"] == sender) & (edges["path"] == "mlp")]["mean_effect"].sum()
+            assert wide[(sender, "via_mlps", -1)] == pytest.approx(mlps, abs=1e-9)
+            assert wide[(sender, "total", -1)] == pytest.approx(
+                wide[(sender, "direct", -1)] + mlps + wide[(sender, "rest", -1)], abs=1e-9)
+        assert KEY_SUM in set(edges["sender"])
+        for name in ("faithfulness", "graph", "edges"):
+            assert (res / f"circuit/{task}_{name}.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_analysis_outputs(run):

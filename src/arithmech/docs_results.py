@@ -80,6 +80,8 @@ def figure_sources(root: Path, tasks: list[str]) -> list[str]:
     """The figures results.md shows, those of them the run wrote, in the page's order."""
     wanted = [f"effects/{t}.png" for t in tasks] + ["key_components/shared.png"]
     wanted += [f"knockout/{t}.png" for t in tasks] + ["knockout/transfer.png"]
+    wanted += [f"circuit/{t}_faithfulness.png" for t in tasks]
+    wanted += [f"circuit/{tasks[0]}_{kind}.png" for kind in ("graph", "edges")] if tasks else []
     wanted += [f"analysis/{t}_{kind}.png" for kind in ("roles", "probes") for t in tasks]
     wanted += ["finetune/study.png", "finetune/study_curves.png", "eval/summary.png"]
     return [s for s in wanted if (root / s).is_file()]
@@ -174,8 +176,144 @@ def knockout_long(wide: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def caption(source: str, tasks: list[str]) -> str:
+    """The findings page's caption of a figure, and of the circuit figures only the docs show."""
+    name = Path(source).stem
+    if source.startswith("circuit/") and name.endswith("_graph"):
+        return (f"The key heads of {name.removesuffix('_graph')} as a circuit: each arrow an edge from a key head to "
+                "an MLP or straight to the answer logit whose 95% interval excludes 0; width = size, red lowers the "
+                "answer logit (edges).")
+    if source.startswith("circuit/") and name.endswith("_edges"):
+        return (f"Each sender head's effect on {name.removesuffix('_edges')} split by path: direct, through each "
+                "later MLP, the rest, and its total; dots: 95% interval excludes 0 (edges).")
+    return figure_caption(source, tasks)
+
+
 def image(source: str, tasks: list[str], prefix: str) -> str:
-    return f"![{source}]({prefix}{figure_name(source)})\n\n*{figure_caption(source, tasks)}*\n"
+    return f"![{source}]({prefix}{figure_name(source)})\n\n*{caption(source, tasks)}*\n"
+
+
+SUFFICIENCY_ROWS = [  # (label, curve, mlps, k: None = any) of the sufficiency table
+    ("key heads + key MLPs", "key", "key"), ("key heads + every MLP", "key", "all"),
+    ("random heads (key size) + key MLPs", "random", "key"), ("random heads (key size) + every MLP", "random", "all"),
+]
+
+
+def sufficiency_table(tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
+    """Per operator and ablation (positions, means): faithfulness of the key circuits and of their layer-matched
+    random draws (mean [min, max] over the draws), full-answer accuracy and answer logit, with 95% intervals."""
+    rows = []
+    for task, table in tables.items():
+        for (positions, means), part in table.groupby(["positions", "means"], sort=False):
+            n_key = part.loc[part["curve"] == "key", "k"]
+            for label, curve, mlps in SUFFICIENCY_ROWS:
+                sel = part[(part["curve"] == curve) & (part["mlps"] == mlps)]
+                if curve == "random" and len(n_key):
+                    sel = sel[sel["k"] == n_key.iloc[0]]
+                if not len(sel):
+                    continue
+                row = {"operator": task, "ablation": f"{positions}, {means} means", "n": display.count(part["n"].iloc[0]),
+                       "circuit": label, "heads": display.count(sel["n_heads"].iloc[0])}
+                for measure, name in (("full", "full answer"), ("logit", "answer logit")):
+                    col = f"faithfulness_{measure}"
+                    if curve == "random":
+                        row[name] = (f"{display.share(sel[col].mean())} [{display.share(sel[col].min())}, "
+                                     f"{display.share(sel[col].max())}] ({len(sel)} draws)")
+                    else:
+                        r = sel.iloc[0]
+                        row[name] = (f"{display.share(r[col])} "
+                                     + display.interval(r[f"{col}_low"], r[f"{col}_high"], display.share))
+                rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def circuit_summary(root: Path, tasks: list[str]) -> str:
+    """Per operator, one generated sentence on sufficiency and one on the edges (END, the identification
+    counterfactuals' means; full-answer accuracy and answer logit), or "" when the circuit rules did not run."""
+    from .circuit import KEY_SUM, smallest_k
+
+    paths = {t: (root / f"circuit/{t}.parquet", root / f"circuit/{t}_edges.parquet") for t in tasks}
+    if not all(a.is_file() and b.is_file() for a, b in paths.values()):
+        return ""
+    pct = lambda v: display.share(v)  # noqa: E731
+    lines = []
+    for task, (table_path, edges_path) in paths.items():
+        table, edges = pd.read_parquet(table_path), pd.read_parquet(edges_path)
+        end = table[(table["positions"] == "end") & (table["means"] == "counterfactual")]
+        key = end[(end["curve"] == "key") & (end["mlps"] == "key")]
+        if not len(key) or not int(key["n_heads"].iloc[0]):
+            lines.append(f"- **{task}**: the key-head rule selected no head, so there is no key circuit.")
+            continue
+        k = key.iloc[0]
+        rand = end[(end["curve"] == "random") & (end["mlps"] == "key") & (end["k"] == k["k"])]
+        total = int(end.loc[end["curve"] == "model", "k"].iloc[0])
+        reach = smallest_k(end, measure="full", mlps="all", level=0.8)
+        text = (f"- **{task}**: the key circuit ({int(k['n_heads'])} heads + {int(k['n_mlps'])} MLPs, every other node "
+                f"mean-ablated) keeps {pct(k['faithfulness_full'])} "
+                f"{display.interval(k['faithfulness_full_low'], k['faithfulness_full_high'], pct)} of the full-answer "
+                f"accuracy and {pct(k['faithfulness_logit'])} "
+                f"{display.interval(k['faithfulness_logit_low'], k['faithfulness_logit_high'], pct)} of the answer "
+                f"logit; {len(rand)} random circuits of its size in the same layers keep {pct(rand['faithfulness_full'].mean())} "
+                f"and {pct(rand['faithfulness_logit'].mean())}. The fewest top heads that keep 80% of the full answers "
+                f"with every MLP: {_reach(reach, total)}.")
+        summed = edges[edges["sender"] == KEY_SUM].set_index(["path", "receiver"])["mean_effect"]
+        if len(summed):
+            mlps = summed.xs("mlp", level="path").sort_values().head(2)
+            text += (f" The key heads' summed effect on the answer logit: {100 * summed[('direct', -1)]:+.2f}% directly, "
+                     f"{100 * summed[('via_mlps', -1)]:+.2f}% through the MLPs (most negative: "
+                     + ", ".join(f"L{int(r)} {100 * v:+.2f}%" for r, v in mlps.items())
+                     + f"), {100 * summed[('rest', -1)]:+.2f}% by other paths; {100 * summed[('total', -1)]:+.2f}% in total.")
+        lines.append(text)
+    return "\n".join(lines) + "\n"
+
+
+def _reach(k: int | None, total: int) -> str:
+    if k is None:
+        return "none of the grid"
+    return f"only all {total} (the whole model)" if k == total else f"{k} of {total}"
+
+
+def smallest_k_table(tables: dict[str, pd.DataFrame], levels=(0.8, 0.9)) -> pd.DataFrame:
+    """Per operator: the fewest top heads (by effect) whose circuit reaches each faithfulness level, with the key
+    MLPs or every MLP (END, the identification counterfactuals' means); "none" when no grid point does."""
+    from .circuit import smallest_k
+
+    rows = []
+    for task, table in tables.items():
+        end = table[(table["positions"] == "end") & (table["means"] == "counterfactual")]
+        total = int(end.loc[end["curve"] == "model", "k"].iloc[0])
+        for measure, name in (("full", "full answer"), ("logit", "answer logit")):
+            row = {"operator": task, "measure": name, "heads in the model": display.count(total)}
+            for level in levels:
+                for mlps in ("key", "all"):
+                    k = smallest_k(end, measure=measure, mlps=mlps, level=level)
+                    row[f"{100 * level:.0f}%, {mlps} MLPs"] = "none" if k is None else str(k)
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def edges_table(edges: dict[str, pd.DataFrame]) -> pd.DataFrame:
+    """Per operator: the key heads' effects summed per sample, split by path (relative change of the answer
+    logit, 95% intervals), and the three MLPs with the most negative path from them."""
+    from .circuit import KEY_SUM
+
+    rows = []
+    for task, table in edges.items():
+        key = table[table["sender"] == KEY_SUM]
+        if not len(key):
+            continue
+        paths = key.set_index("path")
+        row = {"operator": task, "n": display.count(paths["n"].iloc[0])}
+        for path, name in (("total", "total"), ("direct", "direct"), ("via_mlps", "through the MLPs"), ("rest", "rest")):
+            r = paths.loc[path]
+            if isinstance(r, pd.DataFrame):
+                r = r.iloc[0]
+            row[name] = f"{100 * r['mean_effect']:+.2f}% [{100 * r['ci_low']:+.2f}, {100 * r['ci_high']:+.2f}]"
+        mlps = key[key["path"] == "mlp"].sort_values("mean_effect").head(3)
+        row["most negative MLP paths"] = ", ".join(f"L{int(m['receiver'])} {100 * m['mean_effect']:+.2f}%"
+                                                   for _, m in mlps.iterrows())
+        rows.append(row)
+    return pd.DataFrame(rows)
 
 
 def read_claims(root: Path, model: str) -> pd.DataFrame:
@@ -238,6 +376,29 @@ def results_markdown(root: Path, model: str, tasks: list[str], figures: list[str
                 markdown_table(transfer_table(pd.read_parquet(transfer_path), tasks))]
         out += figure("knockout/transfer.png")
 
+    circuits = {t: root / f"circuit/{t}.parquet" for t in tasks}
+    edges = {t: root / f"circuit/{t}_edges.parquet" for t in tasks}
+    if all(p.is_file() for p in circuits.values()):
+        tables = {t: pd.read_parquet(p) for t, p in circuits.items()}
+        out += ["## From key components to a circuit (validate)\n", circuit_summary(root, tasks),
+                "Sufficiency: a circuit is kept and every other head and MLP mean-ablated (the knockout, inverted); "
+                "faithfulness = (m(circuit) - m(nothing kept)) / (m(model) - m(nothing kept)), 1 = all of the "
+                "model's behaviour kept, on each operator's validation pairs, 95% intervals resampling operand pairs. "
+                "Ablations: `end` (END and generated positions) or `all` (every position, per-template means), with "
+                "the means of the identification counterfactuals or of counterfactuals that keep the few-shot lines "
+                "(`blank`).\n", markdown_table(sufficiency_table(tables)),
+                "The fewest top heads by effect whose circuit keeps 80% or 90% of the behaviour (END, grid "
+                "`circuit.grid` plus every head):\n", markdown_table(smallest_k_table(tables))]
+        for task in tasks:
+            out += figure(f"circuit/{task}_faithfulness.png")
+        if all(p.is_file() for p in edges.values()):
+            out += ["Edges: the key heads' counterfactual change at END sent into one MLP only (every later node "
+                    "frozen), or straight to the logits (direct), or with everything downstream recomputed (total); "
+                    "the key heads' relative changes of the answer logit summed per sample, 95% intervals. The rest "
+                    "is total - direct - through the MLPs: paths through later heads and the final norm's "
+                    "interactions.\n", markdown_table(edges_table({t: pd.read_parquet(p) for t, p in edges.items()}))]
+            out += figure(f"circuit/{tasks[0]}_graph.png") + figure(f"circuit/{tasks[0]}_edges.png")
+
     analysis = [(t, root / f"analysis/{t}_roles.parquet", root / f"analysis/{t}_probes.parquet") for t in tasks]
     if any(r.is_file() or p.is_file() for _, r, p in analysis):
         out += ["## Attention and MLP probes (analyze)\n",
@@ -280,9 +441,12 @@ def scorecard_block(root: Path, model: str, tasks: list[str], figures: list[str]
         return f"{prefix}{figure_name(source)}" if source in shown else None
 
     origin = provenance_text(root / f"knockout/{tasks[0]}.parquet")
+    circuit = circuit_summary(root, tasks)
     return (claims_markdown(claims, sub_rows=False, link=link)
             + f"\n{verdict_counts(claims)} Model `{model}` ({origin}); generated by `make docs` from "
-              f"`results/{model}/`.\n")
+              f"`results/{model}/`.\n"
+            + (f"\nFrom key components to a circuit, per operator (validation pairs; 95% intervals):\n\n{circuit}"
+               if circuit else ""))
 
 
 def relative_folder(folder, start) -> str:
