@@ -7,7 +7,7 @@ TORCH ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.arithmech-installed
 
-.PHONY: setup run study test test-fast gpu-check benchmark peer-benchmark report clean-results slurm-profile docs
+.PHONY: setup run study test test-fast gpu-check benchmark peer-benchmark report clean-results slurm-profile docs plan
 
 $(STAMP): requirements.txt envs/default-model.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,13 @@ run: $(STAMP)
 # again would merge the keys in another order, so the two spellings would re-run each other's jobs.
 study: $(STAMP)
 	$(BIN)/snakemake --cores $(CORES) --configfile configs/sft-study.yaml
+
+# The cost plan before the first GPU hour (docs/plan.md): per rule the jobs (from a dry run), GPU hours and peak
+# GPU and host memory, and the totals. CONFIGS are merged over config.yaml in order, as --configfile merges
+# them; options go in PLAN_ARGS, e.g. make plan CONFIGS=configs/mistral-7b.yaml PLAN_ARGS='--tflops 300 --json'.
+CONFIGS ?= configs/paper.yaml configs/llama2-7b.yaml
+plan: $(STAMP)
+	$(BIN)/python -m arithmech.plan $(CONFIGS) $(PLAN_ARGS)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest

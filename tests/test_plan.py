@@ -1,0 +1,271 @@
+"""The cost plan (`arithmech.plan`, `make plan`): every rule has a cost entry, the job counts are the
+workflow's own, the FLOP and parameter formulas hold on hand-checked cases, memory grows with the batch,
+and the command prints its totals and names what it cannot read."""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from arithmech import plan as P
+
+ROOT = Path(__file__).resolve().parents[1]
+PAPER = ["configs/paper.yaml", "configs/llama2-7b.yaml"]
+
+
+def workflow_rules() -> dict[str, str]:
+    """Every rule and checkpoint of the Snakefile and workflow/rules/*.smk, with the file that defines it."""
+    found = {}
+    for path in [ROOT / "Snakefile", *sorted((ROOT / "workflow" / "rules").glob("*.smk"))]:
+        for name in re.findall(r"^(?:rule|checkpoint) (\w+):", path.read_text(), flags=re.M):
+            found[name] = str(path.relative_to(ROOT))
+    return found
+
+
+def test_every_rule_has_a_cost_entry():
+    rules = workflow_rules()
+    assert len(rules) >= 20
+    missing = [
+        f"rule '{name}' ({where}) has no entry in RULE_COSTS (src/arithmech/plan.py). Add `\"{name}\": cpu_rule,` "
+        f"if its jobs run no model (tables, figures, summaries), or write `def {name}(s: Setting, m: Model, "
+        f"job: Job) -> Cost` (its FLOPs, memory reads and peak memory from the config) and add `\"{name}\": "
+        f"{name},`; then list it in docs/plan.md"
+        for name, where in rules.items() if name not in P.RULE_COSTS
+    ]
+    stale = [f"RULE_COSTS has '{name}', which is no rule of the workflow any more: remove it"
+             for name in P.RULE_COSTS if name not in rules]
+    assert not missing + stale, "\n".join(missing + stale)
+
+
+def test_docs_list_every_rule():
+    text = (ROOT / "docs" / "plan.md").read_text()
+    absent = [name for name in P.RULE_COSTS if f"`{name}`" not in text]
+    assert not absent, f"docs/plan.md does not describe the rules {absent}"
+
+
+def dry_run_counts(config_files: list[str], tmp_path: Path) -> dict[str, int]:
+    """Jobs per rule of `snakemake --dry-run --quiet rules` in an empty working directory, read here without
+    the plan's code."""
+    shutil.copy2(ROOT / "config.yaml", tmp_path / "config.yaml")
+    cmd = [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "--directory", str(tmp_path), "-n",
+           "--cores", "1", "--quiet", "rules"]
+    if config_files:
+        cmd += ["--configfile", *(str(ROOT / f) for f in config_files)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    table = (proc.stdout + proc.stderr).split("Job stats:", 1)[1].split("total", 1)[0]
+    return {name: int(count) for name, count in re.findall(r"^(\w+)\s+(\d+)\s*$", table, flags=re.M)
+            if name != "job"}
+
+
+@pytest.fixture(scope="module")
+def reports():
+    """The plan of the default config and of the paper's, computed once for the tests below."""
+    return {key: P.plan([str(ROOT / f) for f in files], root=ROOT, workdir=ROOT / "tests")
+            for key, files in (("default", []), ("paper", PAPER))}
+
+
+@pytest.mark.parametrize("key,files", [("default", []), ("paper", PAPER)])
+def test_job_counts_are_the_dry_runs(key, files, reports, tmp_path):
+    planned: dict[str, int] = {}
+    for row in reports[key]["rules"]:
+        planned[row["rule"]] = planned.get(row["rule"], 0) + row["jobs"]
+    assert planned == dry_run_counts(files, tmp_path)
+    assert reports[key]["totals"]["jobs"] == sum(planned.values())
+
+
+def test_paper_plan_is_plausible(reports):
+    """LLaMA2-7B under configs/paper.yaml: GPU rules cost hours, CPU rules none; full fine-tuning needs more
+    than one 80 GB GPU (weights, gradients and AdamW state in bf16 are 8 bytes a parameter, 54 GB) and is
+    warned about; precise SFT trains 32 heads with K/V rows plus 2 MLPs."""
+    report = reports["paper"]
+    rows = {row["rule"]: row for row in report["rules"]}
+    assert rows["aggregate_effects"]["kind"] == "cpu" and rows["aggregate_effects"]["gpu_hours"] == 0
+    assert rows["prepare_model"]["kind"] == "local"
+    assert all(rows[r]["gpu_hours"] > 0 for r in ("build_pairs", "knockout", "finetune", "evaluate"))
+    assert rows["finetune"]["gpu_gb"] > 8 * 6.74
+    assert any("finetune[method=full]" in w and "80 GB" in w for w in report["warnings"])
+    total = sum(row["gpu_hours"] for row in report["rules"])
+    assert report["totals"]["gpu_hours"] == pytest.approx(total)
+    assert 1 < total < 50
+
+
+def test_total_mode_adds_one_patch_layer_job_per_layer():
+    config = {"patching": {"mode": "total"}}
+    shapes = {"m": P.SHAPES["meta-llama/Llama-2-7b-hf"]}
+    jobs = [P.Job("aggregate_effects", (("model", "m"), ("task", "addition")))]
+    added = P.checkpoint_jobs(jobs, config, shapes)
+    assert [job.get("layer") for job in added] == [str(i) for i in range(32)]
+    assert all(job.added and job.rule == "patch_layer" for job in added)
+    assert P.checkpoint_jobs(jobs, {"patching": {"mode": "direct"}}, shapes) == []
+
+
+SMALL = P.Shape(n_layers=2, n_heads=2, n_kv_heads=1, head_dim=4, d_model=8, d_ff=16, vocab=10)
+
+
+def test_parameter_counts():
+    # one layer: q, o 8 x 8 each; k, v 8 x 4 each; gate, up, down 8 x 16 each; two norms of 8
+    assert SMALL.layer_params == 2 * 64 + 2 * 32 + 3 * 128 + 2 * 8 == 592
+    assert SMALL.body_params == 1184
+    assert SMALL.n_params == 1184 + 2 * 10 * 8 + 8  # embedding and unembedding, final norm
+    published = {"meta-llama/Llama-2-7b-hf": 6_738_415_616, "meta-llama/Llama-2-13b-hf": 13_015_864_320,
+                 "mistralai/Mistral-7B-v0.1": 7_241_732_096, "HuggingFaceTB/SmolLM2-135M-Instruct": 134_515_008}
+    assert {key: shape.n_params for key, shape in P.SHAPES.items()} == published
+
+
+def test_flop_formula_by_hand():
+    # 3 new tokens, no cache, the answer's logits once: 2 N per token, 4 L d_attn per (query, key) pair with
+    # 1 + 2 + 3 = 6 causal pairs, 2 d V for the logits
+    assert P.forward_flops(SMALL, new=3, past=0, logits=1) == 2 * 1184 * 3 + 4 * 2 * 8 * 6 + 2 * 8 * 10 == 7648
+    # 2 greedy steps after 5 positions: one token on 5, then on 6 cached positions
+    step = lambda past: 2 * 1184 + 4 * 2 * 8 * (past + 1) + 2 * 8 * 10  # noqa: E731
+    assert P.decode_flops(SMALL, steps=2, context=5) == step(5) + step(6) == 5888
+    model = P.Model(name="small", shape=SMALL, tokens=P.TokenCounter(), resources={}, dtype_bytes=2)
+    full = P.training(model, sequences=4, seq=3, logits=1, trained=SMALL.n_params, full=True, steps=1, batch=4,
+                      optimizer="adamw")
+    assert full.flops == 3 * 4 * 7648 + 16 * 1352  # forward and backward (6N), AdamW's update
+    heads = P.training(model, sequences=4, seq=3, logits=1, trained=64, full=False, steps=1, batch=4,
+                       optimizer="sgd")
+    assert heads.flops == 2 * 4 * 7648 + 6 * 64 * 4 * 3 + 2 * 64
+    assert full.reads == 3 * model.weight_bytes  # one micro-batch: forward and backward read the weights
+
+
+def test_trained_parameters_of_precise_sft():
+    shape = P.SHAPES["meta-llama/Llama-2-7b-hf"]
+    per_head = 2 * 4096 * 128  # W_Q rows and W_O columns
+    assert P.head_method_params(shape, heads=32, mlps=0, train_kv=False) == 32 * per_head
+    assert P.head_method_params(shape, heads=32, mlps=2, train_kv=True) == 64 * per_head + 2 * 3 * 4096 * 11008
+    assert P.lora_params(shape, {"r": 8, "target_modules": ["q_proj", "v_proj"]}) == 32 * 8 * 4 * 4096
+
+
+def test_expected_longest_of_a_batch():
+    # batches of 2 from [1, 2, 3]: {1, 2} -> 2, {1, 3} -> 3, {2, 3} -> 3
+    assert P.expected_longest([3, 1, 2], 2) == pytest.approx(8 / 3)
+    assert P.expected_longest([5, 7], 4) == 7
+
+
+def test_token_estimate_without_a_tokenizer():
+    # "9 plus 9 is equal to ": 19 other characters -> 6 tokens, 2 digits, and the BOS token
+    assert P.TokenCounter().count("9 plus 9 is equal to ") == 6 + 2 + 1
+    assert P.TokenCounter().count(" 18", special=False) == 1 + 2
+
+
+def llama_setting(config_files: list[str], batch: int) -> tuple[P.Setting, P.Model]:
+    config = P.load_config([str(ROOT / f) for f in config_files], root=ROOT)
+    config = copy.deepcopy(config)
+    config["compute"]["batch_size"] = batch
+    config["evaluation"]["batch_size"] = batch
+    config["finetune"]["train"]["batch_size"] = batch
+    config["study"]["train"]["batch_size"] = batch
+    models = P.load_models(config, workdir=ROOT / "tests")
+    return P.Setting(config, root=ROOT, models=models), models["llama2-7b"]
+
+
+GPU_JOBS = {
+    "paper": [P.Job("build_pairs", (("task", "addition"),)), P.Job("cache_activations", (("task", "division"),)),
+              P.Job("patch_all_layers"), P.Job("patch_layer", (("layer", "3"),)),
+              P.Job("knockout", (("task", "addition"),)), P.Job("transfer"), P.Job("analyze", (("task", "addition"),)),
+              *[P.Job("finetune", (("method", m),)) for m in ("precise", "random_heads", "full", "lora")],
+              *[P.Job("evaluate", (("method", "base"), ("dataset", d)))
+                for d in ("gsm8k", "svamp", "mmlu", "qa_wikidata", "wikitext")]],
+    "study": [P.Job("study_train", (("arm", a), ("run", "lr0"))) for a in ("precise", "precise_mlp", "full", "lora")]
+    + [P.Job("study_evaluate", (("arm", "precise"), ("run", "chosen"))),
+       P.Job("study_evaluate", (("arm", "base"), ("run", "base")))],
+}
+
+
+@pytest.mark.parametrize("key,files", [("paper", PAPER), ("study", ["configs/llama2-7b.yaml"])])
+def test_memory_grows_with_the_batch(key, files):
+    batches = [1, 4, 16, 64, 512]  # beyond 256 texts a batch, knockout and transfer run more rows at once
+    peaks = {}
+    for batch in batches:
+        setting, model = llama_setting(files, batch)
+        for job in GPU_JOBS[key]:
+            job = P.Job(job.rule, (("model", "llama2-7b"), *job.wildcards))
+            peaks.setdefault(job.label, []).append(P.cost_of(setting, job).gpu_bytes)
+    for label, values in peaks.items():
+        assert values == sorted(values), f"{label}: peak GPU memory by batch {batches}: {values}"
+        assert values[0] >= model.weight_bytes
+    grown = [label for label, values in peaks.items() if values[-1] > values[0]]
+    assert len(grown) >= len(peaks) - 1  # all but perplexity (one window at a time) grow
+
+
+def test_shapes_from_a_local_directory_and_its_tokenizer(tiny_dir, tiny_lm):
+    shape, tokenizer = P.model_shape("mine", {"path": str(tiny_dir)}, workdir=ROOT / "tests")
+    assert shape.n_params == sum(p.numel() for p in tiny_lm.model.parameters())
+    assert (shape.n_layers, shape.n_heads, shape.n_kv_heads, shape.head_dim) == (3, 4, 2, 8)
+    counter = P.TokenCounter(tokenizer)
+    text = "3 plus 5 is equal to "
+    assert counter.count(text) == len(tiny_lm.tokenizer(text)["input_ids"])
+    assert "tokenizer.json" in counter.method
+
+
+def test_tiny_defaults_are_the_tiny_models():
+    from arithmech import tiny
+
+    defaults = {k: v.default for k, v in inspect.signature(tiny.build_tiny_model).parameters.items()
+                if k in P.TINY_DEFAULTS}
+    assert defaults == P.TINY_DEFAULTS
+    assert tiny.VOCAB_SIZE == P.TINY_VOCAB
+
+
+def test_merge_is_snakemakes():
+    from snakemake.utils import update_config
+
+    base = yaml.safe_load((ROOT / "config.yaml").read_text())
+    for overlay in sorted((ROOT / "configs").glob("*.yaml")):
+        ours, theirs = copy.deepcopy(base), copy.deepcopy(base)
+        data = yaml.safe_load(overlay.read_text())
+        P.merge(ours, data)
+        update_config(theirs, data)
+        assert ours == theirs, overlay.name
+
+
+def test_unknown_hub_model_names_the_model():
+    with pytest.raises(P.PlanError, match=r"model 'mine'.*org/unknown.*local Hugging Face directory"):
+        P.model_shape("mine", {"hub": "org/unknown"}, workdir=ROOT / "tests")
+
+
+def test_cli_names_an_unknown_config_file(capsys):
+    assert P.main(["configs/no-such.yaml", "--root", str(ROOT)]) == 2
+    assert "config file 'configs/no-such.yaml' not found" in capsys.readouterr().err
+
+
+def test_cli_names_an_unknown_model(tmp_path, capsys):
+    (tmp_path / "models.yaml").write_text("run: {models: [nope]}\n")
+    assert P.main([str(tmp_path / "models.yaml"), "--root", str(ROOT)]) == 2
+    assert "unknown model name 'nope'" in capsys.readouterr().err
+
+
+def test_cli_prints_the_table_and_totals(reports, capsys):
+    assert P.main([*(str(ROOT / f) for f in PAPER), "--root", str(ROOT)]) == 0
+    out = capsys.readouterr().out
+    total = reports["paper"]["totals"]
+    assert f"total: {total['jobs']} jobs, {total['gpu_jobs']} on a GPU, {total['gpu_hours']:.2f} GPU hours" in out
+    assert re.search(r"^finetune\s+4\s+[\d.]+\s+[\d.]+\s+[\d.]+", out, flags=re.M)
+    assert "llama2-7b: 32 layers x 32 heads" in out
+
+
+def test_cli_json(capsys):
+    assert P.main(["--json", "--root", str(ROOT)]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert set(report) == {"config_files", "throughput", "models", "rules", "totals", "warnings"}
+    assert report["models"]["smollm2-135m"]["dtype_bytes"] == 2
+    assert report["totals"]["jobs"] == sum(row["jobs"] for row in report["rules"])
+
+
+def test_a_rule_without_entry_is_warned_about_not_counted():
+    setting = P.Setting({}, root=ROOT, models={})
+    cost = P.cost_of(setting, P.Job("new_rule", (("model", "m"),)))
+    assert cost.unknown and not cost.gpu
+    row = P._row(("m", "new_rule"), cost)
+    assert row["kind"] == "unknown" and "new_rule" in row["warnings"][0]
