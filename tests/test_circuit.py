@@ -246,11 +246,15 @@ def test_edges_stage_paths_equal_the_hooked_references(prepared, tmp_path):  # n
     assert np.abs(got("mlp", 1)).max() > 1e-3 and not (samples["receiver"] == 0).any()  # layer-1 senders: MLP 1 only
     summary = pd.read_parquet(tmp_path / "e.parquet")
     assert {"L1H3", "L1H2", cx.KEY_SUM} <= set(summary["sender"]) and set(summary["value"]) == {"change"}
-    # every answer logit of the tiny model is negative here: the relative metric refuses, naming the key to change
-    with pytest.raises(ValueError, match="patching.metric"):
+    # every answer logit of the tiny model is negative here: a relative change means nothing, so the edges fall
+    # back to logit differences and say so (the run goes on, as a random model's must)
+    with pytest.warns(UserWarning, match="value 'change'"):
         run_edges(model="tiny", model_dir=prepared / "model", tasks=["division"],
                   pairs_paths=[prepared / "pairs.parquet"], effects_paths=[tmp_path / "effects.parquet"],
                   key_paths=[tmp_path / "key.parquet"], metric="relative_logit", compute=COMPUTE, seed=0,
                   edges={"senders": 2, "max_samples": 6, "bootstrap": 10, "confidence": 0.95},
                   out_tables=[tmp_path / "x.parquet"], out_samples=[tmp_path / "xs.parquet"])
-    assert not (tmp_path / "x.parquet").exists()
+    assert set(pd.read_parquet(tmp_path / "x.parquet")["value"]) == {"change"}
+    with pytest.raises(ValueError, match="patching.metric"):  # the aggregation alone refuses, naming the key
+        cx.summarize_edges(pd.read_parquet(tmp_path / "xs.parquet"), pd.Series(dtype=str), ["L1H3"], n_boot=10,
+                           seed=0, confidence=0.95)

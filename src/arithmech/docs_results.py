@@ -262,8 +262,19 @@ def circuit_summary(root: Path, tasks: list[str]) -> str:
             text += (f" The key heads' summed effect on the answer logit: {100 * summed[('direct', -1)]:+.2f}% directly, "
                      f"{100 * summed[('via_mlps', -1)]:+.2f}% through the MLPs (most negative: "
                      + ", ".join(f"L{int(r)} {100 * v:+.2f}%" for r, v in mlps.items())
-                     + f"), {100 * summed[('rest', -1)]:+.2f}% by other paths; {100 * summed[('total', -1)]:+.2f}% in total.")
+                     + f"), {100 * summed[('rest', -1)]:+.2f}% by other paths; {100 * summed[('total', -1)]:+.2f}% in total")
+            if summed[("direct", -1)] < 0 < summed[("via_mlps", -1)]:
+                text += ": the MLPs push the answer logit back up, against the heads' direct effect."
+            else:
+                text += "."
         lines.append(text)
+    claims_path = root / "claims.parquet"
+    if claims_path.is_file():
+        head = pd.read_parquet(claims_path).query("scope == 'all'").set_index("claim")["verdict"]
+        said = [f"the key components suffice: **{head['circuit_sufficient']}**" if "circuit_sufficient" in head else "",
+                f"the key heads act through the MLPs: **{head['heads_via_mlps']}**" if "heads_via_mlps" in head else ""]
+        if any(said):
+            lines.append("\nOn this model, " + "; ".join(s for s in said if s) + " (scorecard above).")
     return "\n".join(lines) + "\n"
 
 

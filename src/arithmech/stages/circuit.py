@@ -4,6 +4,8 @@ played no part in ranking the heads or in the ablation means."""
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pandas as pd
 import torch
@@ -139,8 +141,9 @@ def run_edges(*, model: str, model_dir, tasks: list[str], pairs_paths, effects_p
     (`patching.direct_logits`) and its path through every MLP of its layer or later (`edges.edge_logits`), as
     changes of the answer logit (and relative to the unpatched closed-form logit); per sample (`out_samples`) and
     aggregated with intervals and shares of the total (`circuit.summarize_edges`, `out_tables`), by the relative
-    change for `metric` relative_logit, else by the logit difference (the edges have no probabilities). One job for
-    all operators: the model loads once."""
+    change for `metric` relative_logit (by the logit difference, with a warning, for an operator where no scored
+    pair has a positive unpatched logit), else by the logit difference (the edges have no probabilities). One job
+    for all operators: the model loads once."""
     from ..data import subsample
     from ..edges import edge_logits
     from ..effects import node_label
@@ -179,9 +182,14 @@ def run_edges(*, model: str, model_dir, tasks: list[str], pairs_paths, effects_p
         clusters = pd.Series((pairs["a"].astype(str) + "," + pairs["b"].astype(str)).to_numpy(),
                              index=pairs["sample_id"])
         key_labels = [node_label(l, h) for l, h in _key_nodes(keys[task])[0]]
+        value = "rel_effect" if metric == "relative_logit" else "change"
+        if value == "rel_effect" and not (logit_o > 0).any():  # e.g. a random model: the run goes on, and says so
+            warnings.warn(f"{task}: no scored pair has a positive unpatched answer logit, where a relative change "
+                          "means something; its edges are logit differences (value 'change', as with "
+                          "patching.metric logit_diff)", stacklevel=2)
+            value = "change"
         summary = cx.summarize_edges(samples, clusters, key_labels, n_boot=edges["bootstrap"], seed=seed,
-                                     confidence=edges["confidence"],
-                                     value="rel_effect" if metric == "relative_logit" else "change")
+                                     confidence=edges["confidence"], value=value)
         meta = stage_meta(model_dir, "edges", task=task, edges=edges, metric=metric, seed=seed)
         write_parquet(summary.assign(split="validation"), out_table, meta)
         write_parquet(samples, out_sample, meta)
