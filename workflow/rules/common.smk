@@ -2,6 +2,8 @@ import json
 import os
 import re
 
+from snakemake.exceptions import IncompleteCheckpointException
+
 from arithmech.code_digest import script_digest
 from arithmech.finetune_config import HEAD_METHODS, METHODS
 
@@ -201,9 +203,65 @@ def study_params(*keys):
     return {key: STUDY[key] for key in keys}
 
 
+def study_format_params():
+    """What rule study_format reads: the candidates and how many items each, the band, a named format's
+    definition, and what decides the measured items (the splits, the few-shot count)."""
+    used = study_params(
+        "format_choice", "train_format", "base_band", "splits", "n_shots", "confidence"
+    )
+    if STUDY["train_format"] in STUDY["formats"]:
+        used["formats"] = {
+            STUDY["train_format"]: STUDY["formats"][STUDY["train_format"]]
+        }
+    return used
+
+
+def study_format_table(model):
+    return f"results/{model}/finetune/study/formats.parquet"
+
+
+def study_choice(model):
+    """The trained format of `model`'s study: study.train_format, or with `auto` the format rule
+    study_format chose (None when none lies inside study.base_band). With `auto` it raises Snakemake's
+    IncompleteCheckpointException until study_format has run, which makes the asking job wait for it.
+    """
+    if STUDY["train_format"] != study.AUTO:
+        return STUDY["train_format"]
+    return study.read_choice(checkpoints.study_format.get(model=model).output[0])[
+        "chosen"
+    ]
+
+
+def study_runs(model):
+    """Whether the study's jobs run for `model`: a format is named or was chosen. Before study_format has
+    run (a dry run, a first run) the study is planned as if it finds one; once it has run, the DAG is
+    re-evaluated and, with none inside the band, only the summary runs (and says why).
+    """
+    try:
+        return study_choice(model) is not None
+    except IncompleteCheckpointException:
+        return True
+
+
+def study_items_inputs(wildcards):
+    """None beyond the rule's own; asking for the choice makes the job wait for study_format with `auto`."""
+    study_choice(wildcards.model)
+    return {}
+
+
+def study_items_params(wildcards):
+    """The trained format (named or chosen) with its definition, and what decides the items."""
+    name = study_choice(wildcards.model)
+    return {
+        "formats": study.study_formats(STUDY, name),
+        "train_format": name,
+        **study_params("splits", "transfer_test", "n_shots"),
+    }
+
+
 def study_train_params(wildcards):
-    """A run's settings: the items' format, its arm's grid and method settings, training, curves."""
-    used = study_params("train_format", "train", "curve", "heads", "mlps", "kv")
+    """A run's settings: its arm's grid and method settings, training, curves (the items are an input)."""
+    used = study_params("train", "curve", "heads", "mlps", "kv")
     used["lr_grid"] = {wildcards.arm: STUDY["lr_grid"][wildcards.arm]}
     if wildcards.arm == "lora":
         used["lora"] = STUDY["lora"]
@@ -256,8 +314,13 @@ def study_final_models():
 
 
 def study_summary_inputs(wildcards):
+    """The format table; when the study runs, its items, every scored model, lr choice and training run."""
     root = f"results/{wildcards.model}/finetune/study"
-    files = {
+    files = {"formats": study_format_table(wildcards.model)}
+    if not study_runs(wildcards.model):
+        return files
+    files["study_items"] = f"{root}/items.parquet"
+    files |= {
         f"eval_{arm}_{run}": f"{root}/eval/{arm}/{run}.parquet"
         for arm, run in study_final_models()
     }
