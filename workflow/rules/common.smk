@@ -233,18 +233,22 @@ def study_choice(model):
 
 
 def study_runs(model):
-    """Whether the study's jobs run for `model`: a format is named or was chosen. Before study_format has
-    run (a dry run, a first run) the study is planned as if it finds one; once it has run, the DAG is
-    re-evaluated and, with none inside the band, only the summary runs (and says why).
+    """Whether the study's jobs run for `model`: a format is named or was chosen. Until study_format has run
+    in this invocation, what it chose the last time it ran, else (a first run, a dry run) as if it finds a
+    format; once it has run, the summary is re-planned with its choice, adding or dropping the study's jobs.
     """
     try:
         return study_choice(model) is not None
     except IncompleteCheckpointException:
-        return True
+        table = Path(study_format_table(model))
+        return study.read_choice(table)["chosen"] is not None if table.is_file() else True
 
 
 def study_items_inputs(wildcards):
-    """None beyond the rule's own; asking for the choice makes the job wait for study_format with `auto`."""
+    """None beyond the rule's own. Every study job asks for the choice, which makes it wait for study_format
+    with `auto`: once study_format has run, Snakemake re-plans each of them afresh, so a measurement that
+    keeps the format re-runs no study job (a job that only followed one that asked would keep the plan made
+    before the measurement and re-run)."""
     study_choice(wildcards.model)
     return {}
 
@@ -272,6 +276,8 @@ def study_train_params(wildcards):
 
 def study_train_inputs(wildcards):
     """Head arms rank heads by patching effect; runs after the grid read their arm's chosen lr."""
+    # waits for study_format with `auto` (study_items_inputs)
+    study_choice(wildcards.model)
     files = {}
     if wildcards.arm in study.HEAD_ARMS:
         files |= {
@@ -285,8 +291,24 @@ def study_train_inputs(wildcards):
     return files
 
 
+def study_select_inputs(wildcards):
+    """The arm's grid runs."""
+    # waits for study_format with `auto` (study_items_inputs)
+    study_choice(wildcards.model)
+    return {
+        "runs": expand(
+            "results/{model}/finetune/study/runs/{arm}/{run}",
+            model=wildcards.model,
+            arm=wildcards.arm,
+            run=study.grid_runs(wildcards.arm, STUDY),
+        )
+    }
+
+
 def study_evaluate_inputs(wildcards):
     """The run to score: none for base; the chosen grid run (all grid runs plus the choice) for `chosen`."""
+    # waits for study_format with `auto` (study_items_inputs)
+    study_choice(wildcards.model)
     if wildcards.arm == "base":
         return {}
     root = f"results/{wildcards.model}/finetune/study"

@@ -80,12 +80,7 @@ rule study_train:
 
 rule study_select:
     input:
-        runs=lambda wc: expand(
-            "results/{model}/finetune/study/runs/{arm}/{run}",
-            model=wc.model,
-            arm=wc.arm,
-            run=study.grid_runs(wc.arm, STUDY),
-        ),
+        unpack(study_select_inputs),
     output:
         "results/{model}/finetune/study/select/{arm}.json",
     log:
