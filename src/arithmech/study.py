@@ -11,9 +11,9 @@ is one operand pair; pairs are split without overlap:
               validation pairs of the same task.
 
 The trained format. `study.train_format` names one (a key of `study.formats` or of
-`study.format_choice.candidates`), or is `auto`: rule study_format measures the base model's greedy exact
-match on every candidate (`choose_format`) and the study trains the candidate inside `study.base_band`
-closest to the band's middle. A candidate is measured on the first `format_choice.items` pairs of the
+`study.format_choice.candidates`; rule study_format measures it), or is `auto`: rule study_format measures
+the base model's greedy exact match on every candidate (`choose_format`) and the study trains the candidate
+inside `study.base_band` closest to the band's middle. A candidate is measured on the first `format_choice.items` pairs of the
 validation split it would have if it were trained, with the same few-shot prefix (`measurement_items`): the
 measured items are then exactly validation items of the chosen format, and its test split is never looked
 at before the models are scored.
@@ -135,12 +135,14 @@ def candidate_formats(study: dict) -> dict[str, Format]:
 
 
 def measured_formats(study: dict) -> dict[str, Format]:
-    """What rule study_format measures: every candidate, then a named `train_format` that is no candidate."""
-    formats = candidate_formats(study)
+    """What rule study_format measures: with `train_format: auto` every candidate, in the config's order;
+    with a named format only that one (its measurement is recorded, nothing is chosen)."""
     name = study["train_format"]
-    if name != AUTO and name not in formats:
-        formats[name] = Format.from_config(name, study["formats"][name])
-    return formats
+    if name == AUTO:
+        return candidate_formats(study)
+    if name in study["formats"]:
+        return {name: Format.from_config(name, study["formats"][name])}
+    return {name: candidate_formats(study)[name]}
 
 
 def study_formats(study: dict, train_format: str | None) -> dict[str, dict]:

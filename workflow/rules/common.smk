@@ -204,15 +204,18 @@ def study_params(*keys):
 
 
 def study_format_params():
-    """What rule study_format reads: the candidates and how many items each, the band, a named format's
-    definition, and what decides the measured items (the splits, the few-shot count)."""
-    used = study_params(
-        "format_choice", "train_format", "base_band", "splits", "n_shots", "confidence"
-    )
-    if STUDY["train_format"] in STUDY["formats"]:
-        used["formats"] = {
-            STUDY["train_format"]: STUDY["formats"][STUDY["train_format"]]
-        }
+    """What rule study_format reads: with `auto` the candidates, with a named format its definition alone
+    (so that the candidates do not re-run it); the items per format, the band, and what decides the measured
+    items (the splits, the few-shot count).
+    """
+    name = STUDY["train_format"]
+    used = study_params("train_format", "base_band", "splits", "n_shots", "confidence")
+    if name == study.AUTO:
+        used["format_choice"] = STUDY["format_choice"]
+    else:
+        choice = {"items": STUDY["format_choice"]["items"], "candidates": {}}
+        used |= {"format_choice": choice, "formats": study.study_formats(STUDY, name)}
+        used["formats"] = {name: used["formats"][name]}
     return used
 
 

@@ -28,8 +28,8 @@ FORMAT_COLUMNS = ["format", "task", "template", "operator", "a", "b", "pairs", "
 
 def run_study_format(*, model_dir, pairs_paths: dict, study: dict, prompts: dict, compute: dict, seed: int,
                      out_table) -> None:
-    """Measure the base model's greedy exact match on every candidate format (and on a named
-    `study.train_format` that is no candidate) and choose the trained format (`study.choose_format`).
+    """Measure the base model's greedy exact match on every candidate format (`study.train_format: auto`)
+    or on the named format, and choose the trained format (`study.choose_format`).
     formats.parquet: one row per measured format (FORMAT_COLUMNS; `a` and `b` the operand ranges as text,
     `pairs` the operand pairs left after the identify stage's, the Wilson interval at `study.confidence`);
     the choice is in its metadata under `choice` (`study.read_choice`) and in the log."""
