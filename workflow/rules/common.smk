@@ -213,9 +213,8 @@ def study_format_params():
     if name == study.AUTO:
         used["format_choice"] = STUDY["format_choice"]
     else:
-        choice = {"items": STUDY["format_choice"]["items"], "candidates": {}}
-        used |= {"format_choice": choice, "formats": study.study_formats(STUDY, name)}
-        used["formats"] = {name: used["formats"][name]}
+        used["format_choice"] = {"items": STUDY["format_choice"]["items"], "candidates": {}}
+        used["formats"] = {name: study.study_formats(STUDY, name)[name]}
     return used
 
 
