@@ -204,7 +204,7 @@ def study_params(*keys):
 
 
 def study_format_params():
-    """What rule study_format reads: with `auto` the candidates, with a named format its definition alone
+    """What study_format reads: with `auto` the candidates, with a named format its definition alone
     (so that the candidates do not re-run it); the items per format, the band, and what decides the measured
     items (the splits, the few-shot count).
     """
@@ -213,7 +213,10 @@ def study_format_params():
     if name == study.AUTO:
         used["format_choice"] = STUDY["format_choice"]
     else:
-        used["format_choice"] = {"items": STUDY["format_choice"]["items"], "candidates": {}}
+        used["format_choice"] = {
+            "items": STUDY["format_choice"]["items"],
+            "candidates": {},
+        }
         used["formats"] = {name: study.study_formats(STUDY, name)[name]}
     return used
 
@@ -243,7 +246,9 @@ def study_runs(model):
         return study_choice(model) is not None
     except IncompleteCheckpointException:
         table = Path(study_format_table(model))
-        return study.read_choice(table)["chosen"] is not None if table.is_file() else True
+        return (
+            study.read_choice(table)["chosen"] is not None if table.is_file() else True
+        )
 
 
 def study_items_inputs(wildcards):
