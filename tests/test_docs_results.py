@@ -135,6 +135,19 @@ def test_docs_without_the_study_drop_its_figures(tmp_path):
     assert not (figures / "finetune_study.png").exists()
 
 
+def test_docs_when_the_study_could_not_run_say_why(tmp_path):
+    from arithmech.io import write_parquet
+
+    results = tmp_path / "results"
+    results_tree(results)
+    reason = "The precise-SFT study could not run: no candidate format's base exact match lies inside the band."
+    for name in ("study", "comparisons"):
+        path = results / f"m/finetune/{name}.parquet"
+        write_parquet(pd.read_parquet(path).iloc[:0], path, {"ran": False, "reason": reason})
+    _, out, _ = _docs(tmp_path, results)
+    assert reason in out.read_text() and "results/m/finetune/study.md" in out.read_text()
+
+
 def test_missing_results_name_the_file(tmp_path, capsys):
     results_tree(tmp_path / "results")
     (tmp_path / "results/m/knockout/division.parquet").unlink()

@@ -1,6 +1,7 @@
 """The findings page (arithmech.findings) repeats the stages' own numbers, formatted for reading."""
 
 import base64
+import html
 
 import matplotlib
 
@@ -118,6 +119,21 @@ def test_page_opens_on_the_scorecard_and_embeds_its_figures(tmp_path):
                  knockout_paths={"addition": paths["ko"]}, figure_paths=figures[:1], out_html=out)
     page = out.read_text()
     assert "Precise SFT study" not in page and "#fig-knockout-addition" not in page
+    # the study could not run (no format inside its band): the page says why instead of its tables
+    reason = "The precise-SFT study could not run: no candidate format's base exact match lies inside the band."
+    write_parquet(study.iloc[:0], paths["study"], {"ran": False, "reason": reason})
+    write_parquet(comp.iloc[:0], paths["comp"], {"ran": False, "reason": reason})
+    run_findings(model="m", claims_path=paths["claims"], key_paths={"addition": paths["key"]},
+                 knockout_paths={"addition": paths["ko"]}, figure_paths=figures, study_path=paths["study"],
+                 comparisons_path=paths["comp"], out_html=out)
+    page = out.read_text()
+    assert "Precise SFT study" in page and reason in html.unescape(page) and "precise - random_heads" not in page
+    (root / "finetune").mkdir()
+    figure = _figure(root / "finetune/study.png")  # it only repeats the reason: not on the page
+    run_findings(model="m", claims_path=paths["claims"], key_paths={"addition": paths["key"]},
+                 knockout_paths={"addition": paths["ko"]}, figure_paths=[*figures, figure], study_path=paths["study"],
+                 comparisons_path=paths["comp"], out_html=out)
+    assert "fig-finetune-study" not in out.read_text() and reason in html.unescape(out.read_text())
 
 
 def test_provenance_names_the_models_checksum_whether_one_file_or_a_directory(tmp_path):

@@ -97,6 +97,11 @@ def test_paper_plan_is_plausible(reports):
     total = sum(row["gpu_hours"] for row in report["rules"])
     assert report["totals"]["gpu_hours"] == pytest.approx(total)
     assert 1 < total < 50
+    # the study runs there, its format chosen by measurement (train_format: auto): every one of its rules is
+    # planned, and its full fine-tuning of short arithmetic items fits one 80 GB GPU
+    assert all(rows[r]["jobs"] >= 1 for r in ("study_format", "study_items", "study_train", "study_select",
+                                              "study_evaluate", "study_summary"))
+    assert rows["study_format"]["gpu_hours"] > 0 and rows["study_train"]["gpu_gb"] < 80
 
 
 def test_total_mode_adds_one_patch_layer_job_per_layer():

@@ -58,8 +58,8 @@ def test_every_job_went_through_sbatch_and_finished(cluster_run):
     assert {r: len(c) for r, c in calls.items()} == {
         "build_pairs": 1, "cache_activations": 2, "patch_all_layers": 1, "aggregate_effects": 1, "plot_effects": 1,
         "summarize_key_components": 1, "knockout": 1, "plot_knockout": 1, "transfer": 1, "plot_transfer": 1,
-        "analyze": 1, "plot_analysis": 1, "circuit": 1, "edges": 1, "plot_circuit": 1, "finetune": 1, "evaluate": 12, "summarize_eval": 1, "study_items": 1, "study_train": 2, "study_select": 2, "study_evaluate": 3,
-        "study_summary": 1, "claims": 1, "findings": 1,
+        "analyze": 1, "plot_analysis": 1, "finetune": 1, "evaluate": 12, "summarize_eval": 1, "study_format": 1, "study_items": 1, "study_train": 2, "study_select": 2, "study_evaluate": 3,
+        "study_summary": 1, "circuit": 1, "edges": 1, "plot_circuit": 1, "claims": 1, "findings": 1,
     }
     assert "prepare_model" not in calls  # a local rule: downloads stay on the submit host
     assert len(pd.read_parquet(work / "results/tiny/effects/addition.parquet")) == 2 * (4 + 1)
@@ -67,7 +67,7 @@ def test_every_job_went_through_sbatch_and_finished(cluster_run):
 
 def test_gpu_rules_ask_for_gpus_memory_runtime_account_partition(cluster_run):
     _, calls = cluster_run
-    for rule in ("build_pairs", "patch_all_layers", "circuit", "edges", "finetune", "evaluate", "study_train",
+    for rule in ("build_pairs", "patch_all_layers", "circuit", "edges", "finetune", "evaluate", "study_format", "study_train",
                  "study_evaluate"):
         for call in calls[rule]:
             assert "--gpus=a100:1" in call and "--mem 8000" in call and "-t 30" in call

@@ -21,7 +21,7 @@ from arithmech.generation import greedy_generate
 from arithmech.scoring import divergence_windows, score_targets
 from arithmech.models import load_model
 from arithmech.prompts import continuation_ids
-from arithmech.stages.study import run_study_items
+from arithmech.stages.study import run_study_format, run_study_items, run_study_summary
 
 from test_workflow import ROOT, tiny_config
 
@@ -152,6 +152,168 @@ def test_too_few_pairs_names_the_key(tiny_dir):
         _items(tiny_dir, study)
 
 
+# ---------------------------------------------------------------------------------------------------
+# choosing the trained format
+
+
+def _measured(*rows) -> pd.DataFrame:
+    """(format, exact match) rows, measured on 50 items; exact match None: too few pairs, not measured."""
+    return pd.DataFrame([{"format": name, "eligible": value is not None, "n": 0 if value is None else 50,
+                          "exact_match": np.nan if value is None else value,
+                          "reason": "not measured: too few operand pairs" if value is None else ""}
+                         for name, value in rows])
+
+
+def test_choice_is_the_format_inside_the_band_closest_to_its_middle():
+    measured = _measured(("easy", 0.9), ("wide", 0.56), ("good", 0.36), ("hard", 0.1), ("tiny", None))
+    table, choice = sd.choose_format(measured, [0.2, 0.6], "auto")
+    assert choice["chosen"] == "good" and list(table["chosen"]) == [False, False, True, False, False]
+    assert list(table["in_band"]) == [False, True, True, False, False]
+    assert table["distance"].tolist()[:4] == pytest.approx([0.5, 0.16, 0.04, 0.3])
+    reasons = dict(zip(table["format"], table["reason"]))
+    assert reasons["good"].startswith("chosen: inside the band") and "good is closer" in reasons["wide"]
+    assert reasons["easy"].startswith("above the band") and reasons["hard"].startswith("below the band")
+    assert reasons["tiny"].startswith("not measured: too few operand pairs")
+    assert "good: base exact match 36.0% on 50 items" in choice["reason"] and not choice["nearest"]
+    # the band's ends are inside it; a format that was not measured is never chosen
+    assert sd.choose_format(_measured(("edge", 0.6), ("x", None)), [0.2, 0.6], "auto")[1]["chosen"] == "edge"
+
+
+def test_a_tie_goes_to_the_format_listed_first():
+    for order in (["low", "high"], ["high", "low"]):
+        values = {"low": 0.35, "high": 0.45}  # both 0.05 from the middle of [0.2, 0.6]
+        table, choice = sd.choose_format(_measured(*((n, values[n]) for n in order)), [0.2, 0.6], "auto")
+        assert choice["chosen"] == order[0]
+        assert "listed first" in table.set_index("format").loc[order[1], "reason"]
+
+
+def test_none_in_the_band_chooses_nothing_and_names_the_nearest():
+    measured = _measured(("add2", 0.95), ("add3", 0.7), ("mul2", 0.12), ("div2", 0.03), ("add1", None))
+    table, choice = sd.choose_format(measured, [0.2, 0.6], "auto")
+    assert choice["chosen"] is None and not table["chosen"].any()
+    assert choice["nearest"] == [{"format": "mul2", "exact_match": 0.12, "side": "below"},
+                                 {"format": "add3", "exact_match": 0.7, "side": "above"}]
+    assert list(table.loc[table["nearest"], "format"]) == ["add3", "mul2"]
+    assert "nearest: mul2 12.0% (below), add3 70.0% (above)" in choice["reason"]
+    assert "study.base_band [0.2, 0.6]" in choice["reason"] and "study.train_format" in choice["reason"]
+    assert "the nearest above it" in table.set_index("format").loc["add3", "reason"]
+    # nothing measurable at all: the reason says so
+    _, choice = sd.choose_format(_measured(("add1", None)), [0.2, 0.6], "auto")
+    assert choice["chosen"] is None and "enough operand pairs" in choice["reason"]
+
+
+def test_a_named_format_is_chosen_wherever_it_lies():
+    table, choice = sd.choose_format(_measured(("add2", 0.95), ("mul2", 0.4)), [0.2, 0.6], "add2")
+    assert choice["chosen"] == "add2" and "outside study.base_band" in choice["reason"]
+    assert table.set_index("format").loc["add2", "reason"] == "named by study.train_format; above the band"
+    assert "mul2 is closer" not in table.set_index("format").loc["mul2", "reason"]
+    with pytest.raises(ValueError, match="'nope' was not measured"):
+        sd.choose_format(_measured(("add2", 0.5)), [0.2, 0.6], "nope")
+
+
+def _with_candidates(study: dict, **candidates) -> dict:
+    study = copy.deepcopy(study)
+    study["format_choice"] = {"items": 4, "candidates": candidates}
+    return study
+
+
+ADD = {"task": "addition", "template": "{a} {op} {b} = ", "operator": "+"}
+
+
+def test_measured_items_are_the_first_validation_items_of_the_format_when_trained(tiny_dir):
+    """The items a candidate is measured on are exactly the first validation items build_items makes when it
+    is trained (same pairs, same few-shot prefix): the choice never sees a test item of the chosen format."""
+    from arithmech.models import LoadedModel
+
+    tok = LoadedModel.load_tokenizer(tiny_dir)
+    study = _with_candidates(_study(), add2=_study()["formats"]["add2"], sub=dict(ADD, task="subtraction", operator="-",
+                                                                                 a=[20, 40], b=[10, 19]))
+    identify = {"addition": {(10, 10), (12, 13)}}
+    for name in ("add2", "sub"):
+        trained = study | {"formats": sd.study_formats(study, name), "train_format": name}
+        items = sd.build_items(tok, trained, identify, ".\n", seed=3)
+        measured = sd.measurement_items(tok, sd.candidate_formats(study)[name], identify, study, ".\n", seed=3)
+        val = items[(items["format"] == name) & (items["split"] == "validation")].head(4)
+        pd.testing.assert_frame_equal(measured.reset_index(drop=True), val.reset_index(drop=True))
+        test = items[(items["format"] == name) & (items["split"] == "test")]
+        assert not set(measured["pair"]) & set(test["pair"])
+    assert "sub" in sd.study_formats(study, "sub") and set(sd.study_formats(study, None)) == set(study["formats"])
+    small = sd.Format.from_config("small", dict(ADD, a=[1, 3], b=[1, 3]))  # 9 pairs, 30 needed
+    assert sd.measurement_items(tok, small, {}, study, ".\n", seed=3) is None
+
+
+def _model_dir(tiny_dir, tmp_path):
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    (model_dir / "source.json").write_text(json.dumps({"source": {"path": str(tiny_dir)}, "load_from": str(tiny_dir)}))
+    return model_dir
+
+
+def test_format_stage_measures_every_candidate_and_records_the_choice(tiny_dir, tmp_path):
+    from arithmech.io import read_parquet_meta
+
+    pairs = tmp_path / "addition.parquet"
+    pd.DataFrame({"a": [10, 11], "b": [10, 11]}).to_parquet(pairs)
+    study = _with_candidates(_study(), add2=_study()["formats"]["add2"], big=dict(ADD, a=[100, 999], b=[100, 999]),
+                             small=dict(ADD, a=[1, 3], b=[1, 3]))
+    compute = {"device": "cpu", "dtype": "float32", "batch_size": 4}
+    run = lambda s, out: run_study_format(model_dir=_model_dir(tiny_dir, tmp_path / out), pairs_paths={"addition": pairs},
+                                          study=s, prompts={"shot_separator": ".\n"}, compute=compute, seed=0,
+                                          out_table=tmp_path / out / "formats.parquet")  # noqa: E731
+    (tmp_path / "named").mkdir()
+    run(study | {"train_format": "sub_words"}, "named")  # a named format is measured alone, and chosen
+    table = pd.read_parquet(tmp_path / "named/formats.parquet")
+    assert list(table["format"]) == ["sub_words"] and list(table["n"]) == [4] and table["chosen"].all()
+    choice = read_parquet_meta(tmp_path / "named/formats.parquet")["choice"]
+    assert choice == sd.read_choice(tmp_path / "named/formats.parquet") and choice["chosen"] == "sub_words"
+    (tmp_path / "few").mkdir()
+    run(study | {"train_format": "mul_words"}, "few")  # 16 pairs: named, not measured, and the reason says why
+    choice = sd.read_choice(tmp_path / "few/formats.parquet")
+    assert choice["chosen"] == "mul_words" and "too few operand pairs (16 left" in choice["reason"]
+    # auto with a band holding everything: the random model's scores tie, the first candidate listed wins
+    (tmp_path / "auto").mkdir()
+    run(study | {"train_format": "auto", "base_band": [0.0, 1.0]}, "auto")
+    table = pd.read_parquet(tmp_path / "auto/formats.parquet")
+    assert list(table["format"]) == ["add2", "big", "small"] and list(table["n"]) == [4, 4, 0]
+    assert list(table["eligible"]) == [True, True, False] and table["chosen"].sum() == 1
+    assert table.loc[2, "reason"].startswith("not measured: too few operand pairs (9 left")
+    assert table.loc[0, "pairs"] == 98  # 100 pairs of 10-19, two used by the identify stage
+    assert ((table["ci_low"] <= table["exact_match"]) & (table["exact_match"] <= table["ci_high"])).iloc[:2].all()
+    expected = table.loc[table["eligible"]].sort_values("distance", kind="stable")["format"].iloc[0]
+    assert sd.read_choice(tmp_path / "auto/formats.parquet")["chosen"] == expected
+
+
+def test_summary_says_when_the_study_could_not_run(tmp_path):
+    """No format inside the band: empty tables whose metadata says why, pages and figures that say so, and
+    the scorecard's study rows `not measured` with that reason."""
+    from arithmech import claims
+    from arithmech.findings import study_not_run
+    from arithmech.io import read_parquet_meta, write_parquet
+
+    table, choice = sd.choose_format(_measured(("add2", 0.95), ("mul2", 0.1)), [0.2, 0.6], "auto")
+    table = table.assign(task="addition", template="{a} {op} {b} = ", operator="+", a="10-99", b="10-99", pairs=8100,
+                         correct=0, ci_low=0.0, ci_high=1.0)
+    write_parquet(table, tmp_path / "formats.parquet", {"choice": choice})
+    out = {k: tmp_path / f"{k}.{ext}" for k, ext in (("study", "parquet"), ("comparisons", "parquet"), ("md", "md"),
+                                                     ("html", "html"), ("png", "png"), ("curves", "png"))}
+    run_study_summary(model="m", study=_study(), formats_path=tmp_path / "formats.parquet", items_path=None,
+                      selection_paths={}, eval_paths={}, stats_paths={}, seed=0, out_study=out["study"],
+                      out_comparisons=out["comparisons"], out_md=out["md"], out_html=out["html"], out_png=out["png"],
+                      out_curves=out["curves"])
+    assert pd.read_parquet(out["study"]).empty and pd.read_parquet(out["comparisons"]).empty
+    meta = read_parquet_meta(out["study"])
+    assert meta["ran"] is False and "nearest: mul2 10.0% (below), add2 95.0% (above)" in meta["reason"]
+    assert study_not_run(out["study"]) == meta["reason"]
+    md = out["md"].read_text()
+    assert "could not run" in md and "## The trained format" in md and "| mul2 |" in md
+    assert "could not run" in out["html"].read_text()
+    assert all(out[k].read_bytes()[:4] == b"\x89PNG" for k in ("png", "curves"))
+    rows = claims.sft_claims(pd.read_parquet(out["study"]), pd.read_parquet(out["comparisons"]), None, {},
+                             not_run=meta["reason"])
+    assert {r["claim"] for r in rows} == {"sft_vs_full", "sft_vs_random", "sft_off_target", "sft_speed"}
+    assert all(r["verdict"] == "not measured" and r["note"] == meta["reason"] for r in rows)
+
+
 def test_layer_matched_heads():
     key = [(5, 0), (5, 3), (7, 1), (9, 2)]
     drawn = layer_matched_heads(key, n_heads=6, seed=3)
@@ -273,6 +435,18 @@ def test_items_stage_leaves_out_identify_pairs(tiny_dir, tmp_path):
 
 @pytest.mark.parametrize("edit, message", [
     (lambda s: s.update(train_format="nope"), "config key 'study.train_format'"),
+    (lambda s: s["format_choice"]["candidates"]["add3"].update(template="{a} {b}"),
+     "config key 'study.format_choice.candidates.add3.template'"),
+    (lambda s: s["format_choice"]["candidates"]["add3"].update(a=[999, 100]), "study.format_choice.candidates.add3"),
+    (lambda s: s["format_choice"]["candidates"]["add3"].update(a=[1000, 9999]),
+     "config key 'study.format_choice.candidates.add3': 8,100,000 operand pairs"),
+    (lambda s: s["format_choice"]["candidates"]["add2"].update(operator="plus"),
+     "config key 'study.format_choice.candidates.add2': defined differently under study.formats.add2"),
+    (lambda s: s["format_choice"].update(items=151), "config key 'study.format_choice.items'"),
+    (lambda s: s["format_choice"].update(items=0), "config key 'study.format_choice.items'"),
+    (lambda s: s["format_choice"].pop("candidates"), "config key 'study.format_choice'"),
+    (lambda s: s["format_choice"]["candidates"].update(auto=s["formats"]["add2"]),
+     "config key 'study.format_choice.candidates.auto'"),
     (lambda s: s["lr_grid"].pop("lora"), "config key 'study.lr_grid.lora'"),
     (lambda s: s["formats"]["add2"].update(template="{a} plus {b}"), "config key 'study.formats.add2.template'"),
     (lambda s: s["formats"]["add2"].update(a=[20, 10]), "study.formats.add2"),
@@ -284,3 +458,10 @@ def test_bad_study_config_names_the_key(edit, message):
     edit(config["study"])
     with pytest.raises(ConfigError, match=message.replace(".", r"\.").replace("*", ".*")):
         validate_config(copy.deepcopy(config), SCHEMA)
+
+
+@pytest.mark.parametrize("name", ["auto", "add2", "add3", "mul_words"])
+def test_train_format_is_auto_or_a_format_or_a_candidate(name):
+    config = yaml.safe_load((ROOT / "config.yaml").read_text())
+    config["study"]["train_format"] = name
+    validate_config(config, SCHEMA)

@@ -297,8 +297,10 @@ def planned_rules(proc: subprocess.CompletedProcess) -> dict[str, int]:
 # The study likewise: the head arms' grid runs, second seed and draw, their lr choices and evaluations.
 HEAD_SFT = {"finetune": 2, "evaluate": 12, "summarize_eval": 1, "study_train": 6, "study_select": 3,
             "study_evaluate": 5, "study_summary": 1}
-# What a change of the identify stage's operand pairs re-runs of the study: all of it.
-STUDY_ALL = {"study_items": 1, "study_train": 8, "study_select": 5, "study_evaluate": 8, "study_summary": 1}
+# What a change of the identify stage's operand pairs re-runs of the study: all of it, the measurement of the
+# candidate formats (study_format leaves the identify stage's pairs out) included.
+STUDY_ALL = {"study_format": 1, "study_items": 1, "study_train": 8, "study_select": 5, "study_evaluate": 8,
+             "study_summary": 1}
 # What new patching effects re-run: aggregation, and everything that reads the effects or key components.
 FROM_EFFECTS = {
     "aggregate_effects": 2, "plot_effects": 2, "summarize_key_components": 1, "knockout": 2, "plot_knockout": 2,
@@ -390,12 +392,15 @@ def test_evaluation_change_reruns_only_that_data_set(run):
 
 def test_study_changes_rerun_only_what_they_touch(run):
     """One arm's lr grid re-runs that arm's grid run, its choice, evaluation and the summary; the
-    off-target sets re-run every evaluation; the confidence level only the summary; items all the study."""
+    off-target sets re-run every evaluation; the confidence level the summary and the format table (its
+    intervals); the items measured per format the measurement and the summary; the candidates, with a named
+    format, nothing; items all the study."""
     cases = [
         (lambda c: c["study"]["lr_grid"].update(full=[2e-4]),
          {"study_train": 1, "study_select": 1, "study_evaluate": 1, "study_summary": 1}),
         (lambda c: c["study"]["off_target"].update(svamp_n=4), {"study_evaluate": 8, "study_summary": 1}),
-        (lambda c: c["study"].update(confidence=0.9), {"study_summary": 1}),
+        (lambda c: c["study"].update(confidence=0.9), {"study_format": 1, "study_summary": 1}),
+        (lambda c: c["study"]["format_choice"].update(items=3), {"study_format": 1, "study_summary": 1}),
         (lambda c: c["study"]["lora"].update(r=4),
          {"study_train": 1, "study_select": 1, "study_evaluate": 1, "study_summary": 1}),
         (lambda c: c["study"]["splits"].update(test=9), STUDY_ALL),
@@ -403,6 +408,9 @@ def test_study_changes_rerun_only_what_they_touch(run):
     for edit, expected in cases:
         # the scorecard and the findings page read the study
         assert planned_rules(dry_run(run, edit)) == {**expected, "claims": 1, "findings": 1, "all": 1}
+    # a named format is measured alone: the candidates are only read with `auto`
+    edit = lambda c: c["study"]["format_choice"]["candidates"]["div2_words"].update(operator="over")  # noqa: E731
+    assert planned_rules(dry_run(run, edit)) == {}
 
 
 def test_study_outputs(run):
@@ -437,6 +445,77 @@ def test_study_outputs(run):
     assert not any((res / "study/.checkpoints").glob("*/step-*"))
     page = (run / "results/tiny/findings.html").read_text()  # the report's first page repeats these tables
     assert all(f"<td>{task}</td>" in page for task in TASKS) and "precise - random_heads" in page
+    # the named format's measurement: its first 4 validation items, never a test item
+    formats = pd.read_parquet(res / "study/formats.parquet")
+    assert list(formats["format"]) == ["add2"] and list(formats["n"]) == [4] and formats["chosen"].all()
+    assert read_parquet_meta(res / "study/formats.parquet")["choice"]["chosen"] == "add2"
+    assert "## The trained format" in (res / "study.md").read_text()
+    assert read_parquet_meta(res / "study.parquet")["train_format"] == "add2"
+
+
+def test_auto_format_dry_run_plans_every_study_job(tmp_path):
+    """With `study.train_format: auto` the format is known only once study_format (a checkpoint) has run: a
+    dry run plans it and every job of the study, as if it finds a format."""
+    config = tiny_config(tmp_path / "nowhere")
+    config["study"]["train_format"] = "auto"
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    proc = snakemake(tmp_path, "--cores", "1", "--dry-run")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    jobs = planned_rules(proc)
+    assert {rule: jobs.get(rule) for rule in STUDY_ALL} == STUDY_ALL
+    assert jobs["claims"] == 1 and jobs["findings"] == 1
+
+
+def executed_rules(proc: subprocess.CompletedProcess) -> dict[str, int]:
+    """Rule name -> jobs that started in a real run (the job banners of its log)."""
+    counts: dict[str, int] = {}
+    for line in (proc.stdout + proc.stderr).splitlines():
+        if line.startswith(("rule ", "localrule ", "checkpoint ", "localcheckpoint ")) and line.endswith(":"):
+            rule = line.split()[1].rstrip(":")
+            counts[rule] = counts.get(rule, 0) + 1
+    return counts
+
+
+def test_auto_format_reruns_what_the_choice_changes_and_says_when_none_fits(run, tmp_path):
+    """`auto` that chooses the format the run trained re-runs the measurement and the summary, no study job.
+    With no candidate inside study.base_band nothing of the study runs but its summary, which says so and
+    names the nearest format; the scorecard's study rows are `not measured` with that reason, and the rest of
+    the workflow finishes."""
+    from arithmech import study as sd
+
+    checkout = moved_checkout(run, tmp_path)
+    res = checkout / "results/tiny"
+    items_before = (res / "finetune/study/items.parquet").stat().st_mtime_ns
+    # the random model gets nothing right: with the band [0, 1] every candidate is as far from the middle,
+    # and the first listed is chosen: add2 (tiny.yaml's keys come first in the merged config), the format
+    # the run trained
+    auto = with_config(checkout, lambda c: c["study"].update(train_format="auto", base_band=[0.0, 1.0]))
+    proc = snakemake(checkout, "--cores", "2", "--configfile", str(auto))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert executed_rules(proc) == {"study_format": 1, "study_summary": 1, "claims": 1, "findings": 1, "all": 1}
+    assert sd.read_choice(res / "finetune/study/formats.parquet")["chosen"] == "add2"
+    assert (res / "finetune/study/items.parquet").stat().st_mtime_ns == items_before
+    assert read_parquet_meta(res / "finetune/study.parquet")["ran"] is True
+
+    none = with_config(checkout, lambda c: c["study"].update(train_format="auto", base_band=[0.5, 1.0]))
+    proc = snakemake(checkout, "--cores", "2", "--configfile", str(none))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert executed_rules(proc) == {"study_format": 1, "study_summary": 1, "claims": 1, "findings": 1, "all": 1}
+    log = (res / "logs/study/format.log").read_text()
+    assert "No format chosen: no candidate format's base exact match lies inside study.base_band [0.5, 1]" in log
+    assert "nearest: add2 0.0% (below)" in log
+    formats = pd.read_parquet(res / "finetune/study/formats.parquet")
+    assert not formats["chosen"].any() and list(formats.loc[formats["nearest"], "format"]) == ["add2"]
+    reason = read_parquet_meta(res / "finetune/study.parquet")["reason"]
+    assert reason.startswith("The precise-SFT study could not run: no candidate format") and "add2" in reason
+    assert pd.read_parquet(res / "finetune/study.parquet").empty
+    assert reason in (res / "finetune/study.md").read_text()
+    assert reason in html.unescape((res / "findings.html").read_text())
+    claims = pd.read_parquet(res / "claims.parquet")
+    sft = claims[claims["claim"].str.startswith("sft_")]
+    assert len(sft) == 4 and (sft["verdict"] == "not measured").all() and (sft["note"] == reason).all()
+    again = snakemake(checkout, "--cores", "1", "--dry-run", "--configfile", str(none))
+    assert "Nothing to be done" in again.stdout + again.stderr, again.stdout[-3000:]
 
 
 def test_transfer_change_reruns_only_transfer(run):
@@ -460,7 +539,7 @@ def test_slurm_profile_dry_run_asks_for_gpus_only_where_the_model_runs(run):
         elif line.strip().startswith("resources:") and rule:
             jobs.setdefault(rule, set()).add(line.strip())
     for rule in ("build_pairs", "cache_activations", "patch_all_layers", "knockout", "analyze", "transfer", "circuit",
-                 "edges", "finetune", "evaluate", "study_train", "study_evaluate"):
+                 "edges", "finetune", "evaluate", "study_format", "study_train", "study_evaluate"):
         (resources,) = jobs[rule]
         assert "gpu=2" in resources and "gpu_model=a100" in resources and "mem_mb=12000" in resources
         assert "slurm_account=proj42" in resources and "slurm_partition=gpu-short" in resources

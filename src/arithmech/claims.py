@@ -582,10 +582,14 @@ def _comparison(comp: pd.DataFrame, a: str, b: str, metric: str) -> pd.Series | 
     return rows.iloc[0] if len(rows) else None
 
 
-def sft_claims(study: pd.DataFrame | None, comp: pd.DataFrame | None, train_format: str, cfg: dict) -> list[dict]:
+def sft_claims(study: pd.DataFrame | None, comp: pd.DataFrame | None, train_format: str | None, cfg: dict,
+               not_run: str | None = None) -> list[dict]:
+    """The study's four claims. `not_run`: why the study could not run (its summary's tables are empty)."""
     claims = ("sft_vs_full", "sft_vs_random", "sft_off_target", "sft_speed")
     if study is None or comp is None:
         return [r for c in claims for r in _not_measured(c, STUDY_OFF)]
+    if not_run is not None or study.empty:
+        return [r for c in claims for r in _not_measured(c, not_run or "the precise-SFT study scored no model")]
     margin, min_diff = cfg["non_inferiority"], cfg["min_difference"]
     rows: list[dict] = []
     source = "finetune/study.md"
@@ -670,9 +674,9 @@ def _study_row(claim: str, row: pd.Series, verdict: str, rule: str, split: str, 
 def scorecard(*, keys: dict[str, pd.DataFrame], effects: dict[str, pd.DataFrame],
               knockout_items: dict[str, pd.DataFrame | None], transfer_items: pd.DataFrame | None,
               roles_all: dict[str, pd.DataFrame], probes: dict[str, pd.DataFrame], study: pd.DataFrame | None,
-              comparisons: pd.DataFrame | None, train_format: str, cfg: dict, seed: int,
+              comparisons: pd.DataFrame | None, train_format: str | None, cfg: dict, seed: int,
               circuits: dict[str, pd.DataFrame | None] | None = None,
-              edges: dict[str, pd.DataFrame | None] | None = None) -> pd.DataFrame:
+              edges: dict[str, pd.DataFrame | None] | None = None, study_not_run: str | None = None) -> pd.DataFrame:
     """Every claim's rows (headline first), in the order of CLAIMS, with the columns COLUMNS."""
     n_layers = int(max(int(e["layer"].max()) for e in effects.values())) + 1
     rows = [
@@ -686,7 +690,7 @@ def scorecard(*, keys: dict[str, pd.DataFrame], effects: dict[str, pd.DataFrame]
         *(circuit_sufficient(circuits, cfg, seed) if circuits
           else _not_measured("circuit_sufficient", "the circuit rule did not run")),
         *(heads_via_mlps(edges, cfg) if edges else _not_measured("heads_via_mlps", "the edges rule did not run")),
-        *sft_claims(study, comparisons, train_format, cfg),
+        *sft_claims(study, comparisons, train_format, cfg, not_run=study_not_run),
     ]
     table = pd.DataFrame(rows, columns=COLUMNS)
     order = {c: i for i, c in enumerate(CLAIMS)}
@@ -705,15 +709,17 @@ def read_knockout_items(path, task: str) -> pd.DataFrame:
 
 
 def run_claims(*, model: str, key_paths: dict, effects_paths: dict, knockout_item_paths: dict, transfer_items_path,
-               roles_all_paths: dict, probes_paths: dict, study_path=None, comparisons_path=None, train_format: str,
+               roles_all_paths: dict, probes_paths: dict, study_path=None, comparisons_path=None,
                claims_cfg: dict, seed: int, out_table, out_md, out_html, circuit_item_paths: dict | None = None,
                edges_paths: dict | None = None) -> None:
     """The scorecard of one model: claims.parquet (COLUMNS), and the same as Markdown and HTML (arithmech.scorecard).
-    The path dicts map operator -> table; the study's tables are None when the study did not run."""
-    from .io import atomic_path, provenance, write_parquet
+    The path dicts map operator -> table; the study's tables are None when the study is off. The trained
+    format, and why the study could not run where it could not, are read from the study table's metadata."""
+    from .io import atomic_path, provenance, read_parquet_meta, write_parquet
     from .scorecard import claims_html, claims_markdown
 
     read = lambda paths: {task: pd.read_parquet(p) for task, p in paths.items()}  # noqa: E731
+    study_meta = read_parquet_meta(study_path) if study_path else {}
     table = scorecard(
         keys=read(key_paths), effects=read(effects_paths),
         knockout_items={task: read_knockout_items(p, task) for task, p in knockout_item_paths.items()},
@@ -721,8 +727,9 @@ def run_claims(*, model: str, key_paths: dict, effects_paths: dict, knockout_ite
         probes=read(probes_paths),
         study=pd.read_parquet(study_path) if study_path else None,
         comparisons=pd.read_parquet(comparisons_path) if comparisons_path else None,
-        train_format=train_format, cfg=claims_cfg, seed=seed,
+        train_format=study_meta.get("train_format"), cfg=claims_cfg, seed=seed,
         circuits=read(circuit_item_paths or {}), edges=read(edges_paths or {}),
+        study_not_run=study_meta.get("reason") if study_meta.get("ran") is False else None,
     )
     write_parquet(table, out_table, provenance(stage="claims", model=model, claims=claims_cfg, seed=seed))
     with atomic_path(out_md) as tmp:

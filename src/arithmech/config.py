@@ -98,17 +98,32 @@ def _split_problems(prompts: dict, tasks: list[str]) -> list[str]:
 
 def _study_problems(study: dict) -> list[str]:
     """What the schema cannot say about the `study` section: cross-references, ranges, split sizes."""
-    from .study import Format
+    from .study import AUTO, Format
 
     problems = []
-    for name, cfg in study["formats"].items():
-        try:
-            Format.from_config(name, cfg)
-        except ValueError as err:  # bad task, ranges (low > high included) or template fields
-            problems.append(str(err))
-    if study["train_format"] not in study["formats"]:
-        problems.append(f"config key 'study.train_format': {study['train_format']!r} is not one of study.formats "
-                        f"({', '.join(study['formats'])})")
+    candidates = study["format_choice"]["candidates"]
+    for section, formats in (("study.formats", study["formats"]), ("study.format_choice.candidates", candidates)):
+        for name, cfg in formats.items():
+            try:
+                Format.from_config(name, cfg, section)
+            except ValueError as err:  # bad task, ranges (low > high included) or template fields
+                problems.append(str(err))
+    for section, formats in (("study.formats", study["formats"]), ("study.format_choice.candidates", candidates)):
+        if AUTO in formats:
+            problems.append(f"config key '{section}.{AUTO}': the name '{AUTO}' is reserved (study.train_format: auto)")
+    for name in set(study["formats"]) & set(candidates):
+        if study["formats"][name] != candidates[name]:
+            problems.append(f"config key 'study.format_choice.candidates.{name}': defined differently under "
+                            f"study.formats.{name}; one name is one format (give one of them another name)")
+    name = study["train_format"]
+    if name != AUTO and name not in study["formats"] and name not in candidates:
+        problems.append(f"config key 'study.train_format': {name!r} is neither '{AUTO}' nor one of study.formats "
+                        f"({', '.join(study['formats'])}) or study.format_choice.candidates "
+                        f"({', '.join(candidates)})")
+    if study["format_choice"]["items"] > study["splits"]["validation"]:
+        problems.append(f"config key 'study.format_choice.items': {study['format_choice']['items']} items are "
+                        f"measured on the validation split, which has {study['splits']['validation']} "
+                        "(study.splits.validation)")
     for arm in study["arms"]:
         if arm not in study["lr_grid"]:
             problems.append(f"config key 'study.lr_grid.{arm}': missing; arm {arm!r} is in study.arms")

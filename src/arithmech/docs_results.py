@@ -21,7 +21,8 @@ import pandas as pd
 import yaml
 
 from . import display
-from .findings import figure_caption, key_component_rows, knockout_rows, provenance_text, study_rows, table_metric
+from .findings import (figure_caption, key_component_rows, knockout_rows, provenance_text, study_not_run,
+                       study_rows, table_metric)
 from .claims import TIMING_CLAIMS
 from .io import atomic_path
 from .scorecard import claims_markdown, verdict_counts
@@ -427,7 +428,10 @@ def results_markdown(root: Path, model: str, tasks: list[str], figures: list[str
 
     study_path, comp_path = root / "finetune/study.parquet", root / "finetune/comparisons.parquet"
     out.append("## Precise SFT study (finetune)\n")
-    if study_path.is_file():
+    not_run = study_not_run(study_path) if study_path.is_file() else None
+    if not_run is not None:
+        out.append(f"{not_run} The measured formats are in `results/{model}/finetune/study.md`.\n")
+    elif study_path.is_file():
         arms, comp = study_rows(pd.read_parquet(study_path), pd.read_parquet(require(comp_path)))
         out += ["Greedy full-answer exact match on the held-out test pairs of the trained format (the chosen run's "
                 "95% interval resamples operand pairs), KL(base || model) in nats per WikiText-2 token, and the "

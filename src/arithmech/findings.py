@@ -70,6 +70,17 @@ def knockout_rows(knockout_tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def study_not_run(study_path) -> str | None:
+    """Why the precise-SFT study could not run (no candidate format inside its band), from its table's
+    metadata; None when it ran or is off."""
+    if study_path is None:
+        return None
+    from .io import read_parquet_meta
+
+    meta = read_parquet_meta(study_path)
+    return meta.get("reason") if meta.get("ran") is False else None
+
+
 def study_rows(study: pd.DataFrame, comparisons: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(per arm: test exact match of its chosen run with its interval, mean over all its runs, KL to base,
     trainable parameters; the precise arm's comparisons on test exact match and KL to base, with intervals
@@ -189,6 +200,9 @@ def run_findings(*, model: str, claims_path, key_paths: dict, knockout_paths: di
     claims = pd.read_parquet(claims_path)
     tasks = list(key_paths)
     sources = {Path(os.path.relpath(p, root)).as_posix(): p for p in figure_paths}
+    not_run = study_not_run(study_path)
+    if not_run is not None:  # the study's figure only repeats the reason, given below
+        sources.pop("finetune/study.png", None)
 
     def link(source: str):
         if source in sources:
@@ -220,7 +234,10 @@ def run_findings(*, model: str, claims_path, key_paths: dict, knockout_paths: di
          "with nothing, the top K heads by effect, or K random heads (uniform, or in the top K's layers; mean "
          "[min, max] over the draws) mean-ablated, at END or at every position (per-template means)."),
     ]
-    if study_path is not None:
+    if not_run is not None:
+        sections.append(("Precise SFT study", pd.DataFrame({"reason": [not_run]}),
+                         "No study job ran; the measured formats are in finetune/study.md."))
+    elif study_path is not None:
         arms, comp = study_rows(pd.read_parquet(study_path), pd.read_parquet(comparisons_path))
         sections += [
             ("Precise SFT study: arms", arms,

@@ -1214,9 +1214,9 @@ def _format_tokens(s: Setting, m: Model, name: str) -> tuple[float, float, float
     """(shared few-shot prefix, own prompt, target) tokens of a study format's items (`study.build_items`):
     `study.n_shots` solved lines, the query line, the answer and the separator's end ("68.")."""
     from .prompts import render
-    from .study import Format, answer
+    from .study import Format, answer, study_formats
 
-    fmt = Format.from_config(name, s.config["study"]["formats"][name])
+    fmt = Format.from_config(name, study_formats(s.config["study"], name)[name])
     sep = s.config["prompts"]["shot_separator"]
     a, b = fmt.a_range[1] * (fmt.b_range[1] if fmt.task == "division" else 1), fmt.b_range[1]
     line, result = render(fmt.template, a=a, op=fmt.operator, b=b).text, str(answer(fmt.task, a, b))
@@ -1226,12 +1226,41 @@ def _format_tokens(s: Setting, m: Model, name: str) -> tuple[float, float, float
     return tokens.count(shots), tokens.count(line, special=False), tokens.count(result + end, special=False)
 
 
+def _trained_format(s: Setting, m: Model) -> str:
+    """The trained format's name: study.train_format, or with `auto` (chosen only once the base model is
+    measured) the candidate with the most tokens, so that the plan errs on the side of cost."""
+    from .study import AUTO
+
+    study = s.config["study"]
+    if study["train_format"] != AUTO:
+        return study["train_format"]
+    return s.memo(("trained format", m.name), lambda: max(
+        study["format_choice"]["candidates"], key=lambda name: sum(_format_tokens(s, m, name))))
+
+
+def study_format(s: Setting, m: Model, job: Job) -> Cost:
+    """The base model on `format_choice.items` validation items of every candidate (and of a named format
+    that is no candidate), teacher-forced, one shared few-shot prefix per format."""
+    from .study import measured_formats
+
+    study, bs, sh = s.config["study"], s.batch(), m.shape
+    n = study["format_choice"]["items"]
+    work, longest = Work(), 0.0
+    names = list(measured_formats(study))
+    for name in names:
+        prefix, own, target = _format_tokens(s, m, name)
+        work += scoring(m, items=n, shared=prefix, rest=own + target, targets=target, batch=bs)
+        longest = max(longest, prefix + own + target)
+    act = inference_bytes(sh, rows=bs, seq=longest, kv=longest, logits=bs * 4, dtype_bytes=m.dtype_bytes)
+    return gpu_cost(m, work=work, activations=act, note=f"{len(names)} formats x {n} items")
+
+
 def study_train(s: Setting, m: Model, job: Job) -> Cost:
     """One study run: training on the trained format's train split, with its validation split and a test
     subset scored (teacher-forced) at every learning-curve point."""
     study, arm = s.config["study"], job.get("arm")
     train, sh = study["train"], m.shape
-    prefix, own, target = _format_tokens(s, m, study["train_format"])
+    prefix, own, target = _format_tokens(s, m, _trained_format(s, m))
     steps, sequences = training_steps(train, examples=study["splits"]["train"])
     trained, full = trained_params(sh, method=arm, heads=study["heads"], train_kv=study["kv"] == "shared",
                                    mlps=study["mlps"] if arm == "precise_mlp" else 0, lora=study["lora"])
@@ -1254,9 +1283,12 @@ def study_evaluate(s: Setting, m: Model, job: Job) -> Cost:
     model, which is loaded too."""
     study, bs, sh = s.config["study"], s.batch(), m.shape
     arm, run = job.get("arm"), job.get("run")
+    from .study import study_formats
+
     work, items, longest = Work(), 0, 0.0
-    for name in study["formats"]:
-        n = study["splits"]["test"] if name == study["train_format"] else study["transfer_test"]
+    trained = _trained_format(s, m)
+    for name in study_formats(study, trained):
+        n = study["splits"]["test"] if name == trained else study["transfer_test"]
         prefix, own, target = _format_tokens(s, m, name)
         work += scoring(m, items=n, shared=prefix, rest=own + target, targets=target, batch=bs)
         items, longest = items + n, max(longest, prefix + own + target)
@@ -1321,6 +1353,7 @@ RULE_COSTS: dict[str, Callable[[Setting, Model | None, Job], Cost]] = {
     "finetune": finetune,
     "evaluate": evaluate,
     "summarize_eval": cpu_rule,
+    "study_format": study_format,
     "study_items": cpu_rule,
     "study_train": study_train,
     "study_select": cpu_rule,

@@ -366,6 +366,17 @@ def study_accuracy(table: pd.DataFrame, train_format: str, title: str, path: str
     _save(fig, path)
 
 
+def message_figure(title: str, text: str, path: str | Path) -> None:
+    """A figure that only says something (why a stage could not run), so that every expected figure exists."""
+    import textwrap
+
+    fig, ax = plt.subplots(figsize=(8, 2.2))
+    ax.axis("off")
+    ax.text(0.5, 0.5, textwrap.fill(text, 100), ha="center", va="center", fontsize=9, transform=ax.transAxes)
+    ax.set_title(title, fontsize=10)
+    _save(fig, path)
+
+
 def study_curves(curves: pd.DataFrame, title: str, path: str | Path) -> None:
     """Exact match on the validation split and on a fixed test subset against the training step, one line
     per run, coloured by arm."""

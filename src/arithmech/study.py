@@ -9,6 +9,15 @@ is one operand pair; pairs are split without overlap:
   train, validation, test   of the trained format (`study.train_format`), disjoint, seeded sizes;
   test        of every other format (transfer), also disjoint from the trained format's train and
               validation pairs of the same task.
+
+The trained format. `study.train_format` names one (a key of `study.formats` or of
+`study.format_choice.candidates`; rule study_format measures it), or is `auto`: rule study_format measures
+the base model's greedy exact match on every candidate (`choose_format`) and the study trains the candidate
+inside `study.base_band` closest to the band's middle. A candidate is measured on the first `format_choice.items` pairs of the
+validation split it would have if it were trained, with the same few-shot prefix (`measurement_items`): the
+measured items are then exactly validation items of the chosen format, and its test split is never looked
+at before the models are scored.
+
 All prompts of a format share one fixed few-shot prefix (`study.n_shots` solved pairs that are in no test
 split), so the shared prefix runs once. An item's target is the answer and the separator's end ("68."):
 its greedy exact match is `scoring.score_targets`' greedy_match.
@@ -39,11 +48,13 @@ import pandas as pd
 from . import stats
 from .controls import layer_matched_heads
 
+AUTO = "auto"  # study.train_format: the format is chosen by measurement (rule study_format)
 ARMS = ("precise", "precise_mlp", "random_heads", "full", "lora")
 HEAD_ARMS = ("precise", "precise_mlp", "random_heads")
 STUDY_TASKS = ("addition", "subtraction", "multiplication", "division")
 SPLITS = ("train", "validation", "test")
 RUN_NAME = re.compile(r"(lr|seed|draw)(\d+)")
+MAX_PAIRS = 1_000_000  # operand pairs of one format: three digits by three (810,000) fit
 # Arm pairs compared on every metric (a - b): the study's questions.
 COMPARISONS = (
     ("precise", "random_heads"),  # are the key heads special, at the same parameter count and layers?
@@ -76,8 +87,8 @@ class Format:
     b_range: tuple[int, int]
 
     @classmethod
-    def from_config(cls, name: str, cfg: dict) -> Format:
-        where = f"config key 'study.formats.{name}'"
+    def from_config(cls, name: str, cfg: dict, section: str = "study.formats") -> Format:
+        where = f"config key '{section}.{name}'"
         if cfg.get("task") not in STUDY_TASKS:
             raise ValueError(f"{where}.task: expected one of {list(STUDY_TASKS)}, got {cfg.get('task')!r}")
         for key in ("a", "b"):
@@ -89,6 +100,10 @@ class Format:
         for field in ("{a}", "{op}", "{b}"):
             if field not in cfg.get("template", ""):
                 raise ValueError(f"{where}.template: must contain {field}, got {cfg.get('template')!r}")
+        count = (cfg["a"][1] - cfg["a"][0] + 1) * (cfg["b"][1] - cfg["b"][0] + 1)
+        if count > MAX_PAIRS:
+            raise ValueError(f"{where}: {count:,} operand pairs, more than the {MAX_PAIRS:,} a format may have "
+                             "(the study lists and shuffles them all); narrow a or b")
         return cls(name, cfg["task"], cfg["template"], str(cfg["operator"]), tuple(cfg["a"]), tuple(cfg["b"]))
 
     def pairs(self) -> list[tuple[int, int]]:
@@ -113,8 +128,75 @@ def parse_formats(study: dict) -> dict[str, Format]:
     return formats
 
 
+def candidate_formats(study: dict) -> dict[str, Format]:
+    """The candidates rule study_format measures (`study.format_choice.candidates`), in the config's order."""
+    return {name: Format.from_config(name, cfg, "study.format_choice.candidates")
+            for name, cfg in study["format_choice"]["candidates"].items()}
+
+
+def measured_formats(study: dict) -> dict[str, Format]:
+    """What rule study_format measures: with `train_format: auto` every candidate, in the config's order;
+    with a named format only that one (its measurement is recorded, nothing is chosen)."""
+    name = study["train_format"]
+    if name == AUTO:
+        return candidate_formats(study)
+    if name in study["formats"]:
+        return {name: Format.from_config(name, study["formats"][name])}
+    return {name: candidate_formats(study)[name]}
+
+
+def study_formats(study: dict, train_format: str | None) -> dict[str, dict]:
+    """The study's formats (config dicts) when `train_format` is trained: `study.formats`, plus the trained
+    format's definition from the candidates when it is not one of them (None: `study.formats` alone)."""
+    formats = dict(study["formats"])
+    if train_format is not None and train_format not in formats:
+        formats[train_format] = study["format_choice"]["candidates"][train_format]
+    return formats
+
+
 def _draw(pool: list, n: int, rng: np.random.Generator) -> list:
     return [pool[i] for i in rng.permutation(len(pool))[:n]]
+
+
+def needed_pairs(study: dict) -> int:
+    """Operand pairs the trained format needs: its three splits and the few-shot pairs."""
+    return sum(study["splits"][s] for s in SPLITS) + study["n_shots"]
+
+
+def format_pool(fmt: Format, identify_pairs: dict[str, set]) -> list[tuple[int, int]]:
+    """The format's operand pairs without those the identify stage used for its task, in a fixed order."""
+    used = identify_pairs.get(fmt.task, set())
+    return [p for p in fmt.pairs() if p not in used]
+
+
+def trained_draw(fmt: Format, pool: list, study: dict, seed: int) -> tuple[list, list[str], list]:
+    """(pairs, their splits, the few-shot pairs) of the trained format: a seeded draw from `pool`
+    (`format_pool`), train first, then validation, then test; the shots are the first train pairs."""
+    sizes = study["splits"]
+    need = sizes["train"] + sizes["validation"] + sizes["test"]
+    if len(pool) < need + study["n_shots"]:
+        raise ValueError(f"config key 'study.splits': format {fmt.name!r} has {len(pool)} operand pairs left "
+                         f"after removing the identify stage's, fewer than the {need} asked for plus "
+                         f"{study['n_shots']} shots")
+    drawn = _draw(pool, need, np.random.default_rng([seed, 7, 0]))
+    split_of = ["train"] * sizes["train"] + ["validation"] * sizes["validation"] + ["test"] * sizes["test"]
+    shots = drawn[: min(study["n_shots"], sizes["train"])]
+    return drawn, split_of, shots
+
+
+def _item_rows(tokenizer, fmt: Format, pairs: list, splits: list[str], shots: list, separator: str) -> list[dict]:
+    """One item per operand pair: the few-shot prefix of `shots`, the question, cut where the answer starts."""
+    end = separator.rstrip("\n") or separator
+    prefix = "".join(fmt.line(a, b) + str(answer(fmt.task, a, b)) + separator for a, b in shots)
+    rows = []
+    for (a, b), split in zip(pairs, splits):
+        gold = answer(fmt.task, a, b)
+        prompt = _prompt(tokenizer, prefix + fmt.line(a, b), str(gold))
+        full = prefix + fmt.line(a, b) + str(gold) + end
+        rows.append({"format": fmt.name, "task": fmt.task, "split": split, "a": a, "b": b,
+                     "pair": f"{fmt.task}:{a}:{b}", "answer": gold, "prompt": prompt,
+                     "target": full[len(prompt):], "shots": json.dumps(shots)})
+    return rows
 
 
 def build_items(tokenizer, study: dict, identify_pairs: dict[str, set], separator: str, seed: int) -> pd.DataFrame:
@@ -123,41 +205,151 @@ def build_items(tokenizer, study: dict, identify_pairs: dict[str, set], separato
     Columns: format, task, split, a, b, pair ("task:a:b", the cluster for intervals), answer, prompt (ends
     where the answer starts), target (the rest of the line: "68."), shots (the few-shot pairs, JSON)."""
     formats = parse_formats(study)
-    sizes = study["splits"]
     trained = formats[study["train_format"]]
-    end = separator.rstrip("\n") or separator
     rows = []
     taken: set[tuple[str, int, int]] = set()  # the trained format's train + validation pairs
     order = [trained] + [f for f in formats.values() if f is not trained]
     for k, fmt in enumerate(order):
-        rng = np.random.default_rng([seed, 7, k])
-        pool = [p for p in fmt.pairs() if p not in identify_pairs.get(fmt.task, set())
-                and (fmt.task, *p) not in taken]
         if fmt is trained:
-            need = sizes["train"] + sizes["validation"] + sizes["test"]
-            if len(pool) < need + study["n_shots"]:
-                raise ValueError(f"config key 'study.splits': format {fmt.name!r} has {len(pool)} operand pairs left "
-                                 f"after removing the identify stage's, fewer than the {need} asked for plus "
-                                 f"{study['n_shots']} shots")
-            drawn = _draw(pool, need, rng)
-            split_of = (["train"] * sizes["train"] + ["validation"] * sizes["validation"] + ["test"] * sizes["test"])
+            drawn, split_of, shots = trained_draw(fmt, format_pool(fmt, identify_pairs), study, seed)
             taken |= {(fmt.task, a, b) for (a, b), s in zip(drawn, split_of) if s != "test"}
-            shots = [p for p, s in zip(drawn, split_of) if s == "train"][: study["n_shots"]]
         else:
+            rng = np.random.default_rng([seed, 7, k])
+            pool = [p for p in format_pool(fmt, identify_pairs) if (fmt.task, *p) not in taken]
             rest = _draw(pool, len(pool), rng)
             shots, tests = rest[: study["n_shots"]], rest[study["n_shots"] : study["n_shots"] + study["transfer_test"]]
             if not tests:
                 raise ValueError(f"config key 'study.formats.{fmt.name}': no operand pair is left for its test set")
             drawn, split_of = tests, ["test"] * len(tests)
-        prefix = "".join(fmt.line(a, b) + str(answer(fmt.task, a, b)) + separator for a, b in shots)
-        for (a, b), split in zip(drawn, split_of):
-            gold = answer(fmt.task, a, b)
-            prompt = _prompt(tokenizer, prefix + fmt.line(a, b), str(gold))
-            full = prefix + fmt.line(a, b) + str(gold) + end
-            rows.append({"format": fmt.name, "task": fmt.task, "split": split, "a": a, "b": b,
-                         "pair": f"{fmt.task}:{a}:{b}", "answer": gold, "prompt": prompt,
-                         "target": full[len(prompt):], "shots": json.dumps(shots)})
+        rows += _item_rows(tokenizer, fmt, drawn, split_of, shots, separator)
     return pd.DataFrame(rows)
+
+
+def trained_format(items: pd.DataFrame) -> str:
+    """The name of the format the items train on (the one format with a train split)."""
+    names = items.loc[items["split"] == "train", "format"].unique()
+    if len(names) != 1:
+        raise ValueError(f"study items: expected one format with a train split, found {list(names)}")
+    return str(names[0])
+
+
+# ---------------------------------------------------------------------------------------------------
+# Choosing the trained format (rule study_format)
+
+
+def measurement_items(tokenizer, fmt: Format, identify_pairs: dict[str, set], study: dict, separator: str,
+                      seed: int) -> pd.DataFrame | None:
+    """The items rule study_format scores for `fmt`: the first `study.format_choice.items` pairs of the
+    validation split `build_items` draws when `fmt` is trained, with the same few-shot prefix, so that the
+    measured items of the chosen format are its own validation items (never its test items). None when the
+    format has too few operand pairs for `study.splits` (it cannot be trained)."""
+    pool = format_pool(fmt, identify_pairs)
+    if len(pool) < needed_pairs(study):
+        return None
+    drawn, split_of, shots = trained_draw(fmt, pool, study, seed)
+    validation = [p for p, s in zip(drawn, split_of) if s == "validation"][: study["format_choice"]["items"]]
+    return pd.DataFrame(_item_rows(tokenizer, fmt, validation, ["validation"] * len(validation), shots, separator))
+
+
+def _band_side(value: float, low: float, high: float) -> str:
+    return "below" if value < low else "above" if value > high else "inside"
+
+
+def _share(x: float) -> str:
+    return f"{100 * x:.1f}%"
+
+
+def choose_format(measured: pd.DataFrame, band, train_format: str) -> tuple[pd.DataFrame, dict]:
+    """The trained format from the base model's measured exact match on each format.
+
+    `measured`: one row per measured format in the config's order, with columns format, eligible (enough
+    operand pairs for the study's splits), n and exact_match (NaN where not measured). With `train_format:
+    auto` the choice is the eligible format whose exact match lies inside `band` (inclusive) closest to the
+    band's middle; a tie goes to the format listed first. With none inside, nothing is chosen and the nearest
+    eligible formats below and above the band are named. A named `train_format` is chosen whatever its value.
+
+    Returns (the table with columns in_band, distance (to the band's middle), chosen, nearest and reason
+    added; the choice: {"train_format", "chosen" (None when none), "band", "reason", "nearest"}).
+    """
+    low, high = (float(x) for x in band)
+    middle = (low + high) / 2
+    table = measured.reset_index(drop=True).copy()
+    value = table["exact_match"].astype(float)
+    measured_ok = table["eligible"].astype(bool) & value.notna()
+    table["in_band"] = measured_ok & value.between(low, high)
+    # rounded so that shares equally far from the middle (0.35 and 0.45 around 0.4) tie exactly
+    table["distance"] = (value - middle).abs().round(9)
+    table["chosen"] = False
+    table["nearest"] = False
+    auto = train_format == AUTO
+    nearest: list[dict] = []
+    if auto:
+        inside = table[table["in_band"]].sort_values("distance", kind="stable")
+        chosen = None if inside.empty else str(inside["format"].iloc[0])
+        if chosen is None:
+            for side, part, gap in (("below", table[measured_ok & (value < low)], low - value),
+                                    ("above", table[measured_ok & (value > high)], value - high)):
+                if len(part):
+                    i = gap[part.index].sort_values(kind="stable").index[0]
+                    table.loc[i, "nearest"] = True
+                    nearest.append({"format": str(table.loc[i, "format"]), "exact_match": float(value[i]),
+                                    "side": side})
+    else:
+        if train_format not in set(table["format"]):
+            raise ValueError(f"choose_format: the named format {train_format!r} was not measured")
+        chosen = train_format
+    reasons = []
+    for i, r in table.iterrows():
+        name = r["format"]
+        if not r["eligible"]:
+            text = r.get("reason") or "too few operand pairs for study.splits"
+        elif name == chosen and not auto:
+            text = f"named by study.train_format; {_band_side(value[i], low, high)} the band"
+        elif name == chosen:
+            text = f"chosen: inside the band, closest to its middle ({middle:g})"
+        elif r["in_band"]:
+            ahead = table.loc[table["format"] == chosen].iloc[0] if chosen is not None else None
+            tie = ahead is not None and ahead["distance"] == r["distance"]
+            text = (f"inside the band, {r['distance']:.3f} from its middle"
+                    + ("" if not auto else f"; {chosen} is as close and listed first" if tie else f"; {chosen} is closer"))
+        else:
+            side = _band_side(value[i], low, high)
+            text = f"{side} the band: " + ("too hard for the base model" if side == "below" else
+                                           "too easy for the base model")
+            if r["nearest"]:
+                text += f"; the nearest {side} it"
+        reasons.append(text)
+    table["reason"] = reasons
+    if chosen is not None:
+        table.loc[table["format"] == chosen, "chosen"] = True
+    n = int(table.loc[measured_ok, "n"].max()) if measured_ok.any() else 0
+    if chosen is not None:
+        row = table[table["chosen"]].iloc[0]
+        how = "named by study.train_format" if not auto else f"inside study.base_band [{low:g}, {high:g}], closest to its middle"
+        if not row["eligible"]:
+            reason = f"{chosen}: {how}; {row['reason']}"
+        else:
+            reason = f"{chosen}: base exact match {_share(row['exact_match'])} on {int(row['n'])} items, {how}"
+        if not auto and row["eligible"] and not row["in_band"]:
+            reason += f" (outside study.base_band [{low:g}, {high:g}])"
+    elif not measured_ok.any():
+        reason = ("no candidate format has enough operand pairs for study.splits and study.n_shots: give the "
+                  "candidates wider operand ranges or the study smaller splits")
+    else:
+        near = ", ".join(f"{x['format']} {_share(x['exact_match'])} ({x['side']})" for x in nearest)
+        reason = (f"no candidate format's base exact match lies inside study.base_band [{low:g}, {high:g}] "
+                  f"({n} items each); nearest: {near}. Widen study.base_band, add candidates to "
+                  f"study.format_choice.candidates, or name a format in study.train_format")
+    choice = {"train_format": train_format, "chosen": chosen, "band": [low, high], "reason": reason,
+              "nearest": nearest}
+    return table, choice
+
+
+def read_choice(path) -> dict:
+    """The choice rule study_format recorded in its table (`choose_format`)."""
+    from .io import read_parquet_meta
+
+    return read_parquet_meta(path)["choice"]
 
 
 def _prompt(tokenizer, text: str, answer_text: str) -> str:

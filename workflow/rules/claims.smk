@@ -24,7 +24,6 @@ rule claims:
         code=library_code("claims"),
         tasks=TASKS,
         claims=config["claims"],
-        train_format=STUDY["train_format"],
         seed=config["seed"],
     script:
         "../scripts/claims.py"

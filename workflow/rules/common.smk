@@ -2,6 +2,8 @@ import json
 import os
 import re
 
+from snakemake.exceptions import IncompleteCheckpointException
+
 from arithmech.code_digest import script_digest
 from arithmech.finetune_config import HEAD_METHODS, METHODS
 
@@ -201,9 +203,76 @@ def study_params(*keys):
     return {key: STUDY[key] for key in keys}
 
 
+def study_format_params():
+    """What study_format reads: with `auto` the candidates, with a named format its definition alone
+    (so that the candidates do not re-run it); the items per format, the band, and what decides the measured
+    items (the splits, the few-shot count).
+    """
+    name = STUDY["train_format"]
+    used = study_params("train_format", "base_band", "splits", "n_shots", "confidence")
+    if name == study.AUTO:
+        used["format_choice"] = STUDY["format_choice"]
+    else:
+        used["format_choice"] = {
+            "items": STUDY["format_choice"]["items"],
+            "candidates": {},
+        }
+        used["formats"] = {name: study.study_formats(STUDY, name)[name]}
+    return used
+
+
+def study_format_table(model):
+    return f"results/{model}/finetune/study/formats.parquet"
+
+
+def study_choice(model):
+    """The trained format of `model`'s study: study.train_format, or with `auto` the format rule
+    study_format chose (None when none lies inside study.base_band). With `auto` it raises Snakemake's
+    IncompleteCheckpointException until study_format has run, which makes the asking job wait for it.
+    """
+    if STUDY["train_format"] != study.AUTO:
+        return STUDY["train_format"]
+    return study.read_choice(checkpoints.study_format.get(model=model).output[0])[
+        "chosen"
+    ]
+
+
+def study_runs(model):
+    """Whether the study's jobs run for `model`: a format is named or was chosen. Until study_format has run
+    in this invocation, what it chose the last time it ran, else (a first run, a dry run) as if it finds a
+    format; once it has run, the summary is re-planned with its choice, adding or dropping the study's jobs.
+    """
+    try:
+        return study_choice(model) is not None
+    except IncompleteCheckpointException:
+        table = Path(study_format_table(model))
+        return (
+            study.read_choice(table)["chosen"] is not None if table.is_file() else True
+        )
+
+
+def study_items_inputs(wildcards):
+    """None beyond the rule's own. Every study job asks for the choice, which makes it wait for study_format
+    with `auto`: once study_format has run, Snakemake re-plans each of them afresh, so a measurement that
+    keeps the format re-runs no study job (a job that only followed one that asked would keep the plan made
+    before the measurement and re-run)."""
+    study_choice(wildcards.model)
+    return {}
+
+
+def study_items_params(wildcards):
+    """The trained format (named or chosen) with its definition, and what decides the items."""
+    name = study_choice(wildcards.model)
+    return {
+        "formats": study.study_formats(STUDY, name),
+        "train_format": name,
+        **study_params("splits", "transfer_test", "n_shots"),
+    }
+
+
 def study_train_params(wildcards):
-    """A run's settings: the items' format, its arm's grid and method settings, training, curves."""
-    used = study_params("train_format", "train", "curve", "heads", "mlps", "kv")
+    """A run's settings: its arm's grid and method settings, training, curves (the items are an input)."""
+    used = study_params("train", "curve", "heads", "mlps", "kv")
     used["lr_grid"] = {wildcards.arm: STUDY["lr_grid"][wildcards.arm]}
     if wildcards.arm == "lora":
         used["lora"] = STUDY["lora"]
@@ -214,6 +283,8 @@ def study_train_params(wildcards):
 
 def study_train_inputs(wildcards):
     """Head arms rank heads by patching effect; runs after the grid read their arm's chosen lr."""
+    # waits for study_format with `auto` (study_items_inputs)
+    study_choice(wildcards.model)
     files = {}
     if wildcards.arm in study.HEAD_ARMS:
         files |= {
@@ -227,8 +298,24 @@ def study_train_inputs(wildcards):
     return files
 
 
+def study_select_inputs(wildcards):
+    """The arm's grid runs."""
+    # waits for study_format with `auto` (study_items_inputs)
+    study_choice(wildcards.model)
+    return {
+        "runs": expand(
+            "results/{model}/finetune/study/runs/{arm}/{run}",
+            model=wildcards.model,
+            arm=wildcards.arm,
+            run=study.grid_runs(wildcards.arm, STUDY),
+        )
+    }
+
+
 def study_evaluate_inputs(wildcards):
     """The run to score: none for base; the chosen grid run (all grid runs plus the choice) for `chosen`."""
+    # waits for study_format with `auto` (study_items_inputs)
+    study_choice(wildcards.model)
     if wildcards.arm == "base":
         return {}
     root = f"results/{wildcards.model}/finetune/study"
@@ -256,8 +343,13 @@ def study_final_models():
 
 
 def study_summary_inputs(wildcards):
+    """The format table; when the study runs, its items, every scored model, lr choice and training run."""
     root = f"results/{wildcards.model}/finetune/study"
-    files = {
+    files = {"formats": study_format_table(wildcards.model)}
+    if not study_runs(wildcards.model):
+        return files
+    files["study_items"] = f"{root}/items.parquet"
+    files |= {
         f"eval_{arm}_{run}": f"{root}/eval/{arm}/{run}.parquet"
         for arm, run in study_final_models()
     }

@@ -1,10 +1,39 @@
-# The precise-SFT study (arithmech.study): arithmetic items with disjoint operand-pair splits, every arm's
-# lr chosen on the validation split, the chosen lr trained with more seeds and random-head draws, every
-# model scored on held-out test sets and off-target sets, arm against arm on the same items.
+# The precise-SFT study (arithmech.study): the trained format measured or chosen, arithmetic items with
+# disjoint operand-pair splits, every arm's lr chosen on the validation split, the chosen lr trained with more
+# seeds and random-head draws, every model scored on held-out test sets and off-target sets, arm against arm
+# on the same items.
+
+
+# A checkpoint: with `study.train_format: auto` the trained format is known only once this job has run, and
+# the jobs of the study follow from it (common.smk, study_choice); with no format inside study.base_band the
+# summary says so and no study job runs.
+checkpoint study_format:
+    input:
+        model="results/{model}/model",
+        pairs=expand("results/{{model}}/pairs/{task}.parquet", task=TASKS),
+    output:
+        "results/{model}/finetune/study/formats.parquet",
+    log:
+        "results/{model}/logs/study/format.log",
+    conda:
+        "../../envs/arithmech.yaml"
+    threads: 2
+    resources:
+        **GPU_RESOURCES,
+    params:
+        code=library_code("study_format"),
+        study=study_format_params(),
+        prompts={"shot_separator": config["prompts"]["shot_separator"]},
+        compute=config["compute"],
+        seed=config["seed"],
+        tasks=TASKS,
+    script:
+        "../scripts/study_format.py"
 
 
 rule study_items:
     input:
+        unpack(study_items_inputs),
         model="results/{model}/model",
         pairs=expand("results/{{model}}/pairs/{task}.parquet", task=TASKS),
     output:
@@ -17,9 +46,7 @@ rule study_items:
         **CPU_RESOURCES,
     params:
         code=library_code("study_items"),
-        study=study_params(
-            "formats", "train_format", "splits", "transfer_test", "n_shots"
-        ),
+        study=study_items_params,
         prompts={"shot_separator": config["prompts"]["shot_separator"]},
         seed=config["seed"],
         tasks=TASKS,
@@ -53,12 +80,7 @@ rule study_train:
 
 rule study_select:
     input:
-        runs=lambda wc: expand(
-            "results/{model}/finetune/study/runs/{arm}/{run}",
-            model=wc.model,
-            arm=wc.arm,
-            run=study.grid_runs(wc.arm, STUDY),
-        ),
+        unpack(study_select_inputs),
     output:
         "results/{model}/finetune/study/select/{arm}.json",
     log:
@@ -102,7 +124,6 @@ rule study_evaluate:
 rule study_summary:
     input:
         unpack(study_summary_inputs),
-        study_items="results/{model}/finetune/study/items.parquet",
     output:
         study="results/{model}/finetune/study.parquet",
         comparisons="results/{model}/finetune/comparisons.parquet",
@@ -136,9 +157,7 @@ rule study_summary:
         **CPU_RESOURCES,
     params:
         code=library_code("study_summary"),
-        study=study_params(
-            "train_format", "confidence", "bootstrap", "base_band", "arms"
-        ),
+        study=study_params("confidence", "bootstrap", "base_band", "arms"),
         seed=config["seed"],
     script:
         "../scripts/study_summary.py"

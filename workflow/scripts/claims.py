@@ -15,7 +15,6 @@ with job(snakemake):
         probes_paths={t: inputs[f"probes_{t}"] for t in tasks},
         study_path=inputs.get("study"),
         comparisons_path=inputs.get("comparisons"),
-        train_format=snakemake.params.train_format,
         claims_cfg=snakemake.params.claims,
         seed=snakemake.params.seed,
         out_table=snakemake.output.table,

@@ -18,8 +18,9 @@ with job(snakemake):
     run_study_summary(
         model=snakemake.wildcards.model,
         study=snakemake.params.study,
-        items_path=inputs.study_items,
-        selection_paths={a: inputs[f"select_{a}"] for a in arms},
+        formats_path=inputs.formats,
+        items_path=inputs.get("study_items"),  # absent when no format was chosen: the study did not run
+        selection_paths={a: inputs[f"select_{a}"] for a in arms if f"select_{a}" in inputs.keys()},
         eval_paths=keyed("eval"),
         stats_paths={key: str(Path(path) / STATS_FILE) for key, path in runs.items()},
         seed=snakemake.params.seed,

@@ -1,5 +1,6 @@
-"""Rule entry points of the precise-SFT study (`arithmech.study`): build the items, train one run, choose
-an arm's lr, score one model, summarise. Keyword-only, so a script cannot swap two paths silently."""
+"""Rule entry points of the precise-SFT study (`arithmech.study`): choose the trained format, build the
+items, train one run, choose an arm's lr, score one model, summarise. Keyword-only, so a script cannot swap
+two paths silently."""
 
 from __future__ import annotations
 
@@ -9,20 +10,79 @@ import numpy as np
 import pandas as pd
 
 from .. import study as sd
-from ..io import atomic_path, config_hash, provenance, write_html_table, write_json, write_parquet
+from ..io import atomic_path, config_hash, provenance, write_html_page, write_json, write_parquet
 from .common import load_finetuned, load_stage_model, model_record, stage_meta, train_and_save
 from .finetune import ranked_nodes
 
 VAL_FILE = "val.parquet"
 
 
+def _identify_pairs(pairs_paths: dict) -> dict[str, set]:
+    return {task: set(zip(*(pd.read_parquet(p)[c].astype(int) for c in ("a", "b"))))
+            for task, p in pairs_paths.items()}
+
+
+FORMAT_COLUMNS = ["format", "task", "template", "operator", "a", "b", "pairs", "eligible", "n", "correct",
+                  "exact_match", "ci_low", "ci_high", "in_band", "distance", "chosen", "nearest", "reason"]
+
+
+def run_study_format(*, model_dir, pairs_paths: dict, study: dict, prompts: dict, compute: dict, seed: int,
+                     out_table) -> None:
+    """Measure the base model's greedy exact match on every candidate format (`study.train_format: auto`)
+    or on the named format, and choose the trained format (`study.choose_format`).
+    formats.parquet: one row per measured format (FORMAT_COLUMNS; `a` and `b` the operand ranges as text,
+    `pairs` the operand pairs left after the identify stage's, the Wilson interval at `study.confidence`);
+    the choice is in its metadata under `choice` (`study.read_choice`) and in the log."""
+    import time
+
+    import torch
+
+    from ..stats import accuracy_interval
+
+    start = time.perf_counter()
+    identify = _identify_pairs(pairs_paths)
+    lm = load_stage_model(model_dir, compute)
+    need = sd.needed_pairs(study)
+    rows = []
+    for name, fmt in sd.measured_formats(study).items():
+        items = sd.measurement_items(lm.tokenizer, fmt, identify, study, prompts["shot_separator"], seed)
+        pool = len(sd.format_pool(fmt, identify))
+        row = {"format": name, "task": fmt.task, "template": fmt.template, "operator": fmt.operator,
+               "a": f"{fmt.a_range[0]}-{fmt.a_range[1]}", "b": f"{fmt.b_range[0]}-{fmt.b_range[1]}", "pairs": pool,
+               "eligible": items is not None, "n": 0, "correct": 0, "exact_match": np.nan, "ci_low": np.nan,
+               "ci_high": np.nan, "reason": ""}
+        if items is None:
+            row["reason"] = (f"not measured: too few operand pairs ({pool} left after the identify stage's, "
+                             f"{need} needed by study.splits and study.n_shots)")
+        else:
+            with torch.no_grad():
+                correct = _score(lm, items, compute["batch_size"])["correct"].to_numpy(bool)
+            est, low, high = accuracy_interval(correct, study["confidence"])
+            row |= {"n": len(correct), "correct": int(correct.sum()), "exact_match": est, "ci_low": low, "ci_high": high}
+        rows.append(row)
+        print(f"{name}: " + ("not measured (too few operand pairs)" if items is None else
+                             f"exact match {row['exact_match']:.3f} [{row['ci_low']:.3f}, {row['ci_high']:.3f}] "
+                             f"on {row['n']} items"), flush=True)
+    table, choice = sd.choose_format(pd.DataFrame(rows), study["base_band"], study["train_format"])
+    table = table[FORMAT_COLUMNS]
+    seconds = time.perf_counter() - start
+    print(table.drop(columns=["template"]).to_string(index=False))
+    print(("Chose " if choice["chosen"] else "No format chosen: ") + choice["reason"]
+          + f" ({seconds:.1f} s)")
+    meta = stage_meta(model_dir, "study_format", study=study, seed=seed)
+    meta["choice"] = choice
+    write_parquet(table, out_table, meta)
+
+
 def run_study_items(*, model_dir, pairs_paths: dict, study: dict, prompts: dict, seed: int, out_items) -> None:
     """All study items (train/validation/test of the trained format, test of the others), the identify
-    stage's operand pairs left out."""
+    stage's operand pairs left out. `study.train_format` is the format's name (an `auto` choice resolved)."""
     from ..models import LoadedModel, resolve_model_dir
 
-    identify = {task: set(zip(*(pd.read_parquet(p)[c].astype(int) for c in ("a", "b"))))
-                for task, p in pairs_paths.items()}
+    if study["train_format"] in (None, sd.AUTO):
+        raise ValueError("study_items: no trained format was chosen (rule study_format found none inside "
+                         "study.base_band; see results/{model}/finetune/study/formats.parquet)")
+    identify = _identify_pairs(pairs_paths)
     tokenizer = LoadedModel.load_tokenizer(resolve_model_dir(model_dir))
     items = sd.build_items(tokenizer, study, identify, prompts["shot_separator"], seed)
     summary = sd.format_summary(items)
@@ -66,7 +126,7 @@ def run_study_train(*, model_dir, items_path, effects_paths: dict, arm: str, run
 
     lm = load_stage_model(model_dir, compute)
     items = pd.read_parquet(items_path)
-    fmt = items[items["format"] == study["train_format"]]
+    fmt = items[items["format"] == sd.trained_format(items)]
     train_items, val = fmt[fmt["split"] == "train"], fmt[fmt["split"] == "validation"]
     curve_test = fmt[fmt["split"] == "test"].head(study["curve"]["test_items"])
     heads, mlps = ranked_nodes(effects_paths) if arm in sd.HEAD_ARMS else ([], [])
@@ -183,15 +243,27 @@ def run_study_evaluate(*, model_dir, items_path, arm: str, run: str, run_dir, st
     write_parquet(rows, out_path, meta)
 
 
-def run_study_summary(*, model: str, study: dict, items_path, selection_paths: dict, eval_paths: dict,
+STUDY_COLUMNS = ["arm", "run", "accuracy", "accuracy_low", "accuracy_high", "test_n"]
+COMPARISON_COLUMNS = ["arm_a", "arm_b", "metric", "dataset", "difference", "ci_low", "ci_high", "p_value", "p_holm",
+                      "test", "n_items"]
+
+
+def run_study_summary(*, model: str, study: dict, formats_path, items_path, selection_paths: dict, eval_paths: dict,
                       stats_paths: dict, seed: int, out_study, out_comparisons, out_md, out_html, out_png,
                       out_curves) -> None:
     """study.parquet (one row per scored model), comparisons.parquet (arm against arm), the Markdown and
-    HTML table, the accuracy figure and the learning curves."""
+    HTML table, the accuracy figure and the learning curves. When rule study_format chose no format
+    (`items_path` None), the same files say that the study could not run and why (`write_not_run`)."""
     from .. import plots
 
+    formats, choice = pd.read_parquet(formats_path), sd.read_choice(formats_path)
+    if items_path is None:
+        write_not_run(model=model, study=study, formats=formats, choice=choice, out_study=out_study,
+                      out_comparisons=out_comparisons, out_md=out_md, out_html=out_html, out_png=out_png,
+                      out_curves=out_curves)
+        return
     rows = sd.per_item({key: pd.read_parquet(p) for key, p in eval_paths.items()})
-    fmt = study["train_format"]
+    fmt = sd.trained_format(pd.read_parquet(items_path, columns=["format", "split"]))
     table = sd.model_rows(rows, fmt, study["confidence"], study["bootstrap"], seed)
     selections = {arm: sd.read_json(p) for arm, p in selection_paths.items()}
     # the scored models' training records: `chosen` is the grid run its arm's selection names
@@ -221,14 +293,16 @@ def run_study_summary(*, model: str, study: dict, items_path, selection_paths: d
     if not in_band:
         print(f"WARNING: the base model's exact match on the {fmt!r} test set is {base_acc:.3f}, outside "
               f"study.base_band [{low}, {high}]: choose another study.train_format")
-    meta = provenance(stage="study_summary", model=model, train_format=fmt, base_accuracy=base_acc,
-                      base_in_band=in_band, selections={a: {k: s[k] for k in ("run", "lr", "grid")}
-                                                        for a, s in selections.items()})
+    meta = provenance(stage="study_summary", model=model, ran=True, train_format=fmt, base_accuracy=base_acc,
+                      base_in_band=in_band, format_choice=choice,
+                      selections={a: {k: s[k] for k in ("run", "lr", "grid")} for a, s in selections.items()})
     write_parquet(table, out_study, meta)
     write_parquet(comp, out_comparisons, meta)
     with atomic_path(out_md) as tmp:
-        Path(tmp).write_text(study_markdown(model, table, comp, fmt, study["confidence"]))
-    write_html_table(table, out_html, f"{model}: precise-SFT study (trained on {fmt})")
+        Path(tmp).write_text(study_markdown(model, table, comp, fmt, study["confidence"])
+                             + "\n" + format_markdown(formats, choice))
+    write_html_page([("Scored models", table, ""), ("The trained format", format_display(formats), choice["reason"])],
+                    out_html, f"{model}: precise-SFT study (trained on {fmt})")
     plots.study_accuracy(table, fmt, f"{model}: exact match after training on {fmt}", out_png)
     plots.study_curves(curves, f"{model}: learning curves on {fmt}", out_curves)
 
@@ -264,3 +338,56 @@ def study_markdown(model: str, table: pd.DataFrame, comp: pd.DataFrame, fmt: str
                      f"[{scale * r['ci_low']:+.3g}, {scale * r['ci_high']:+.3g}] | {r['p_value']:.3g} | "
                      f"{r['p_holm']:.3g} | {r['test']} |")
     return "\n".join(lines) + "\n"
+
+
+def format_display(formats: pd.DataFrame) -> pd.DataFrame:
+    """The measured formats for a reader: exact match with its interval in %, band and choice flags, reason."""
+    def share(r):
+        if not r["n"]:
+            return ""
+        return f"{100 * r['exact_match']:.1f} [{100 * r['ci_low']:.1f}, {100 * r['ci_high']:.1f}]"
+
+    return pd.DataFrame({"format": formats["format"], "task": formats["task"],
+                         "question": [t.replace("{op}", str(o)) for t, o in zip(formats["template"], formats["operator"])],
+                         "a": formats["a"], "b": formats["b"], "n": formats["n"],
+                         "base exact match % [interval]": [share(r) for r in formats.to_dict("records")],
+                         "in band": formats["in_band"].map({True: "yes", False: ""}),
+                         "chosen": formats["chosen"].map({True: "yes", False: ""}), "reason": formats["reason"]})
+
+
+def format_markdown(formats: pd.DataFrame, choice: dict) -> str:
+    """The trained format's choice in Markdown: how it was made, then every measured format."""
+    low, high = choice["band"]
+    how = ("named by `study.train_format`" if choice["train_format"] != sd.AUTO
+           else "`study.train_format: auto`: the candidate inside `study.base_band` closest to its middle")
+    table = format_display(formats)
+    lines = ["## The trained format", "", f"Base model's greedy exact match on each measured format (validation "
+             f"items, the band [{low:g}, {high:g}]); {how}. {choice['reason']}.", "",
+             "| " + " | ".join(table.columns) + " |", "|" + "---|" * len(table.columns)]
+    for r in table.to_dict("records"):
+        lines.append("| " + " | ".join(str(v).replace("|", "\\|") for v in r.values()) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def write_not_run(*, model: str, study: dict, formats: pd.DataFrame, choice: dict, out_study, out_comparisons,
+                  out_md, out_html, out_png, out_curves) -> None:
+    """The study's outputs when it could not run (no candidate format inside `study.base_band`): empty
+    tables whose metadata says why (`ran: false`, `reason`), and a Markdown page, an HTML page and two
+    figures that say so."""
+    from .. import plots
+
+    reason = f"The precise-SFT study could not run: {choice['reason']}."
+    print(f"WARNING: {reason}")
+    meta = provenance(stage="study_summary", model=model, ran=False, reason=reason, train_format=None,
+                      format_choice=choice)
+    write_parquet(pd.DataFrame({c: pd.Series(dtype=object if c in ("arm", "run") else float) for c in STUDY_COLUMNS}),
+                  out_study, meta)
+    write_parquet(pd.DataFrame({c: pd.Series(dtype=object if c in ("arm_a", "arm_b", "metric", "dataset", "test")
+                                             else float) for c in COMPARISON_COLUMNS}), out_comparisons, meta)
+    with atomic_path(out_md) as tmp:
+        Path(tmp).write_text(f"# {model}: precise-SFT study\n\n**{reason}**\n\n" + format_markdown(formats, choice))
+    write_html_page([("The study could not run", pd.DataFrame({"reason": [reason]}), ""),
+                     ("The trained format", format_display(formats), "")],
+                    out_html, f"{model}: precise-SFT study (not run)")
+    for path in (out_png, out_curves):
+        plots.message_figure(f"{model}: precise-SFT study not run", reason, path)
