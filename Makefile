@@ -7,7 +7,7 @@ TORCH ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.arithmech-installed
 
-.PHONY: setup run study test test-fast gpu-check benchmark peer-benchmark report clean-results slurm-profile docs plan
+.PHONY: setup run study test test-fast gpu-check benchmark peer-benchmark report clean-results slurm-profile docs plan rehearsal
 
 $(STAMP): requirements.txt envs/default-model.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +35,12 @@ study: $(STAMP)
 CONFIGS ?= configs/paper.yaml configs/llama2-7b.yaml
 plan: $(STAMP)
 	$(BIN)/python -m arithmech.plan $(CONFIGS) $(PLAN_ARGS)
+
+# The paper's configuration rehearsed at LLaMA2-7B's shape on a tiny random model, through the SLURM profile with
+# the stand-in commands (arithmech.rehearsal): every job, its wall time and peak memory. REHEARSAL_ARGS, e.g.
+# '--size full' (the paper's data sizes: hours on 2 cores) or '--work /scratch/rehearsal'.
+rehearsal: $(STAMP)
+	$(BIN)/python -m arithmech.rehearsal $(REHEARSAL_ARGS)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest

@@ -65,6 +65,18 @@ def test_every_job_went_through_sbatch_and_finished(cluster_run):
     assert len(pd.read_parquet(work / "results/tiny/effects/addition.parquet")) == 2 * (4 + 1)
 
 
+def test_the_stand_in_records_each_jobs_wall_time_and_peak_memory(cluster_run):
+    """What `make rehearsal` prints comes from these records (arithmech.rehearsal.job_table)."""
+    from arithmech.rehearsal import job_table
+
+    work, calls = cluster_run
+    jobs = job_table(work / "slurm-state")
+    assert len(jobs) == sum(len(c) for c in calls.values())
+    ran = jobs[jobs["state"] == "COMPLETED"]
+    assert len(ran) == len(jobs) - 1  # the submission failed on purpose never ran
+    assert (ran["wall_s"] > 0).all() and (ran["peak_rss_mb"] > 50).all()  # a Python job holds more than 50 MB
+
+
 def test_gpu_rules_ask_for_gpus_memory_runtime_account_partition(cluster_run):
     _, calls = cluster_run
     for rule in ("build_pairs", "patch_all_layers", "circuit", "edges", "finetune", "evaluate", "study_format", "study_train",

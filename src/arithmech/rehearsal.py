@@ -1,0 +1,197 @@
+"""The paper's configuration rehearsed at its shape before a GPU hour is spent (`make rehearsal`).
+
+A random Llama with LLaMA2-7B's topology where the code branches on it (32 layers, 32 query heads, 32
+key/value heads: no grouped-query attention, 1,024 heads) but a tiny width (`arithmech.tiny`: head dimension
+4, its byte-level tokenizer with 400 tokens), run through the real SLURM executor plugin and the profile in
+workflow/profiles/slurm with the stand-in commands of tests/fake_slurm (they run each job on this machine and
+record its wall time and peak memory), on `configs/paper.yaml`: every template and operator word, the
+1,000-pair caps, the -5% threshold, 32 key heads with K/V and 2 MLPs, the study with `train_format: auto`,
+the Hub-fetched MMLU and CommonsenseQA through rule fetch_dataset, read from local directories laid out as
+the Hub serves them (`hub_layout`; generated questions of the real sizes: no network here).
+
+What a random model cannot do is switched off, and `OVERLAY` says why: it answers nothing correctly, so
+`prompts.keep_only_correct` is off and `study.base_band` is [0, 1] (else no study format qualifies and the
+study's training jobs never run). With `size: full` every other data size is the paper configuration's
+(all of GSM8K train for 2 epochs at 128 a step, all of GSM8K test, SVAMP, MMLU, ...): hours on 2 CPU cores.
+`size: quick` caps what only scales the work (`QUICK`: the fine-tuning data and the evaluation sets), for a
+pass that still runs every job of the DAG.
+
+The result: one row per job (rule, wildcards, wall seconds, peak resident memory of its largest process)
+in `jobs.tsv` of the working directory, and per rule the job count, total and largest wall time and
+memory, printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import yaml
+
+from .plan import load_config, merge
+from .tiny import build_tiny_model
+
+ROOT = Path(__file__).resolve().parents[2]
+STAND_INS = ROOT / "tests" / "fake_slurm"
+# LLaMA2-7B: 32 layers, 32 heads of dimension 128 (no GQA), MLP width 11008 = 2.6875 x the model width.
+TOPOLOGY = {"n_layers": 32, "n_heads": 32, "n_kv_heads": 32, "head_dim": 4, "intermediate_size": 344,
+            "max_positions": 4096}
+MMLU_ROWS, COMMONSENSE_QA_ROWS = 14042, 1221  # cais/mmlu all/test; tau/commonsense_qa validation
+# The random model's limits, merged over configs/paper.yaml (`overlay`).
+OVERLAY = {
+    "prompts": {"keep_only_correct": False},  # it answers nothing correctly: every prompt would be dropped
+    "study": {"base_band": [0.0, 1.0]},  # its exact match is 0 on every format: none would lie inside the band
+}
+# size quick: only what scales the work, not the shape (each evaluation set capped, a fraction of GSM8K train)
+QUICK = {
+    "finetune": {"data": {"n": 256}},  # 2 optimizer steps of 128 a step (2 epochs)
+    "evaluation": {"gsm8k": {"n": 32, "max_new_tokens": 64}, "svamp": {"n": 32}, "social_iqa": {"n": 64},
+                   "strategyqa": {"n": 64}, "qa_wikidata": {"n": 64}, "mmlu": {"n": 64}, "commonsense_qa": {"n": 64},
+                   "wikitext": {"max_tokens": 4096}},
+    "transfer": {"svamp": {"n": 64}, "non_math": {"n": 64}},
+    "study": {"off_target": {"gsm8k_n": 16, "svamp_n": 32, "social_iqa_n": 32, "strategyqa_n": 32,
+                             "qa_wikidata_n": 32, "wikitext": {"max_tokens": 2048, "window": 1024}}},
+}
+RESOURCES = {"gpus": 1, "gpu_model": "a100", "mem_mb": 64000, "runtime": 120}  # as config.yaml gives llama2-7b
+
+
+def hub_layout(root: Path, seed: int = 0) -> dict[str, dict]:
+    """MMLU and CommonsenseQA as the Hub serves them (cais/mmlu: all/test-00000-of-00001.parquet;
+    tau/commonsense_qa: data/validation-00000-of-00001.parquet; each repository's README.md declares its
+    configs), with generated questions of the real split sizes and the real columns. Returns the
+    `evaluation.<set>.hub` blocks that point `datasets.load_dataset` at them."""
+    rng = np.random.default_rng(seed)
+    mmlu, csqa = root / "cais" / "mmlu", root / "tau" / "commonsense_qa"
+    (mmlu / "all").mkdir(parents=True, exist_ok=True)
+    (csqa / "data").mkdir(parents=True, exist_ok=True)
+    subjects = [f"subject_{i}" for i in range(57)]
+    pd.DataFrame({
+        "question": [f"Question {i}: which of these numbers is the largest?" for i in range(MMLU_ROWS)],
+        "subject": [subjects[i % 57] for i in range(MMLU_ROWS)],
+        "choices": [[str(x) for x in rng.integers(0, 100, 4)] for _ in range(MMLU_ROWS)],
+        "answer": rng.integers(0, 4, MMLU_ROWS),
+    }).to_parquet(mmlu / "all" / "test-00000-of-00001.parquet", index=False)
+    (mmlu / "README.md").write_text(
+        "---\nconfigs:\n- config_name: all\n  data_files:\n  - split: test\n    path: all/test-*\n---\n")
+    labels = list("ABCDE")
+    pd.DataFrame({
+        "id": [f"q{i:05d}" for i in range(COMMONSENSE_QA_ROWS)],
+        "question": [f"Where would you put thing number {i}?" for i in range(COMMONSENSE_QA_ROWS)],
+        "question_concept": ["thing"] * COMMONSENSE_QA_ROWS,
+        "choices": [{"label": labels, "text": [f"place {x}" for x in rng.integers(0, 50, 5)]}
+                    for _ in range(COMMONSENSE_QA_ROWS)],
+        "answerKey": [labels[i] for i in rng.integers(0, 5, COMMONSENSE_QA_ROWS)],
+    }).to_parquet(csqa / "data" / "validation-00000-of-00001.parquet", index=False)
+    (csqa / "README.md").write_text(
+        "---\nconfigs:\n- config_name: default\n  data_files:\n  - split: validation\n"
+        "    path: data/validation-*\n---\n")
+    return {"mmlu": {"path": str(mmlu), "name": "all", "split": "test"},
+            "commonsense_qa": {"path": str(csqa), "split": "validation"}}
+
+
+def overlay(model_dir: Path, hub: dict[str, dict], size: str) -> dict:
+    """The rehearsal's config on top of configs/paper.yaml: the model, the local Hub directories, the random
+    model's limits (`OVERLAY`) and, with `size` quick, `QUICK`."""
+    extra = {
+        "run": {"models": ["rehearsal"], "tasks": ["addition", "subtraction", "multiplication", "division"]},
+        "models": {"rehearsal": {"source": {"path": str(model_dir)}, "resources": dict(RESOURCES)}},
+        "evaluation": {name: {"hub": block} for name, block in hub.items()},
+    }
+    merge(extra, OVERLAY)
+    if size == "quick":
+        merge(extra, QUICK)
+    return extra
+
+
+def job_table(state: Path) -> pd.DataFrame:
+    """One row per job the stand-in sbatch ran: id, rule, wildcards (from its --comment), wall_s and
+    peak_rss_mb (tests/fake_slurm/measure.py; NaN for a job that never started), state."""
+    rows = []
+    for call in sorted(state.glob("call_*"), key=lambda p: int(p.name.split("_")[1])):
+        job = call.name.split("_")[1]
+        args = call.read_text().split()
+        comment = args[args.index("--comment") + 1]
+        rule, _, wildcards = comment.removeprefix("rule_").partition("_wildcards_")
+        usage_file = state / f"usage_{job}"
+        usage = json.loads(usage_file.read_text()) if usage_file.is_file() else {}
+        status = state / f"state_{job}"
+        rows.append({"job": int(job), "rule": rule, "wildcards": wildcards,
+                     "wall_s": usage.get("wall_s", np.nan), "peak_rss_mb": usage.get("max_rss_mb", np.nan),
+                     "state": status.read_text().strip() if status.is_file() else ""})
+    return pd.DataFrame(rows, columns=["job", "rule", "wildcards", "wall_s", "peak_rss_mb", "state"])
+
+
+def per_rule(jobs: pd.DataFrame) -> pd.DataFrame:
+    """Per rule: jobs, total and largest wall seconds, largest peak memory (MB), in DAG order of first job."""
+    grouped = jobs.groupby("rule", sort=False)
+    return pd.DataFrame({"jobs": grouped.size(), "wall_s": grouped["wall_s"].sum(),
+                         "max_wall_s": grouped["wall_s"].max(), "max_rss_mb": grouped["peak_rss_mb"].max()})
+
+
+def run(work: Path, *, size: str = "quick", jobs: int = 1, seed: int = 0) -> pd.DataFrame:
+    """Build the model and the Hub directories under `work`, write the merged config there, and run the
+    whole workflow through the SLURM profile with the stand-ins. Returns `job_table`; raises with the log's
+    tail when Snakemake fails (the jobs that ran are still in work/jobs.tsv)."""
+    work = Path(work).resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    state = work / "slurm-state"
+    state.mkdir(exist_ok=True)
+    model_dir = work / "model"
+    if not (model_dir / "config.json").is_file():
+        build_tiny_model(model_dir, seed=seed, **TOPOLOGY)
+    hub = hub_layout(work / "hub", seed)
+    (work / "rehearsal.yaml").write_text(yaml.safe_dump(overlay(model_dir, hub, size), sort_keys=False))
+    configs = [ROOT / "configs" / "paper.yaml", work / "rehearsal.yaml"]
+    load_config(configs, root=ROOT)  # a config the schema refuses fails here, not in the first job
+    shutil.copy2(ROOT / "config.yaml", work / "config.yaml")  # the Snakefile's `configfile:`
+    env = {
+        **os.environ,
+        "PATH": f"{STAND_INS}:{Path(sys.executable).parent}:{os.environ['PATH']}",
+        "FAKE_SLURM_DIR": str(state),
+        "SLURM_ACCOUNT": os.environ.get("SLURM_ACCOUNT", "rehearsal"),
+        "SLURM_PARTITION": os.environ.get("SLURM_PARTITION", "gpu"),
+        "HF_HUB_OFFLINE": "1",  # the Hub sets come from `hub`'s directories, never the network
+        "HF_DATASETS_OFFLINE": "1",
+    }
+    cmd = [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "--directory", str(work),
+           "--configfile", *map(str, configs), "--profile", str(ROOT / "workflow/profiles/slurm"),
+           "--jobs", str(jobs), "--slurm-init-seconds-before-status-checks", "1",
+           "--seconds-between-status-checks", "2", "--retries", "0"]
+    start = time.perf_counter()
+    with open(work / "snakemake.log", "w") as log:
+        proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=work)
+    table = job_table(state)
+    table.to_csv(work / "jobs.tsv", sep="\t", index=False)
+    print(f"rehearsal ({size}): {len(table)} jobs through the SLURM stand-ins in "
+          f"{time.perf_counter() - start:.0f} s; per job in {work / 'jobs.tsv'}")
+    if proc.returncode != 0:
+        tail = (work / "snakemake.log").read_text()[-4000:]
+        raise RuntimeError(f"the rehearsal failed (snakemake exit {proc.returncode}); "
+                           f"log: {work / 'snakemake.log'}\n{tail}")
+    return table
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--work", type=Path, default=ROOT / "rehearsal",
+                        help="working directory (the model, the config, results/, jobs.tsv)")
+    parser.add_argument("--size", choices=["quick", "full"], default="quick",
+                        help="quick: capped fine-tuning data and evaluation sets; full: the paper's sizes")
+    parser.add_argument("--jobs", type=int, default=1, help="jobs run at once (1: each job's time is its own)")
+    args = parser.parse_args(argv)
+    table = run(args.work, size=args.size, jobs=args.jobs)
+    with pd.option_context("display.max_rows", None, "display.width", 160):
+        print(per_rule(table).round(1).to_string())
+        print(table.to_string(index=False))
+
+
+if __name__ == "__main__":
+    main()
