@@ -45,7 +45,8 @@ rehearsal: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest
 
-# Everything but the slow tests (the whole tiny workflow, the SLURM stand-in, the Snakemake linters).
+# Everything but the slow tests (the whole tiny workflow, the SLURM stand-in, the Snakemake linters, the
+# TransformerLens benchmark on the tiny model).
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -m "not slow"
 

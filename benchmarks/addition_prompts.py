@@ -17,8 +17,9 @@ CONFIG = yaml.safe_load((ROOT / "config.yaml").read_text())
 
 
 def default_model_dir(model_dir: Path) -> Path:
-    """`model_dir` if the workflow prepared a model there, else the default model prepared now."""
-    if (model_dir / "source.json").is_file():
+    """`model_dir` if it holds a model (prepared by the workflow, or any Hugging Face directory), else the
+    default model prepared now."""
+    if (model_dir / "source.json").is_file() or (model_dir / "config.json").is_file():
         return model_dir
     model_dir = Path(tempfile.mkdtemp()) / "model"
     print(f"preparing the default model into {model_dir} ...")
