@@ -2,11 +2,12 @@
 # Run: snakemake --cores 2   (see README.md)
 from pathlib import Path
 
+from snakemake.exceptions import WorkflowError
 from snakemake.utils import min_version
 
 from arithmech import study
 from arithmech.config import validate_config
-from arithmech.eval_sets import REGISTRY as EVAL_REGISTRY, hub_file
+from arithmech.eval_sets import REGISTRY as EVAL_REGISTRY, check_fetchable, hub_file, unfetched_hub_sets
 
 min_version("9.0")
 
@@ -30,6 +31,17 @@ include: "workflow/rules/finetune.smk"
 include: "workflow/rules/study.smk"
 include: "workflow/rules/claims.smk"
 include: "workflow/rules/findings.smk"
+
+
+# A Hub evaluation set that cannot be fetched stops the run here, with one error naming it, before any job
+# is queued (not in dry runs; sets already fetched are not checked again).
+onstart:
+    if FINETUNE_METHODS:
+        for name, hub in unfetched_hub_sets(config["evaluation"]).items():
+            try:
+                check_fetchable(name, hub)
+            except RuntimeError as err:
+                raise WorkflowError(str(err)) from None
 
 
 rule all:

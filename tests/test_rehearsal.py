@@ -30,6 +30,22 @@ def test_hub_layout_is_read_as_fetch_dataset_reads_the_hub(hub, tmp_path, monkey
     assert table["correct"].between(0, table["choices"].map(len) - 1).all()
 
 
+def test_check_fetchable_names_the_set_and_what_is_wrong(hub, tmp_path, monkeypatch):
+    """What the Snakefile's onstart runs for every Hub set not yet fetched (tests/test_workflow.py has the
+    run it stops)."""
+    from arithmech.eval_sets import check_fetchable
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    check_fetchable("mmlu", hub["mmlu"])
+    check_fetchable("commonsense_qa", hub["commonsense_qa"])
+    with pytest.raises(RuntimeError, match=r"'evaluation.mmlu.hub.split'\): .* has no split 'dev'; it has test"):
+        check_fetchable("mmlu", {**hub["mmlu"], "split": "dev"})
+    with pytest.raises(RuntimeError, match=r"evaluation data set 'mmlu' \(config key 'evaluation.mmlu.hub': .*"
+                                           r"cannot be fetched"):
+        check_fetchable("mmlu", {**hub["mmlu"], "path": str(tmp_path / "nothing")})
+
+
 def test_overlay_passes_the_schema_over_the_paper_config(tmp_path, hub):
     for size in ("quick", "full"):
         extra = rehearsal.overlay(tmp_path / "model", hub, size)
@@ -65,3 +81,6 @@ def test_job_table_reads_the_stand_in_records(tmp_path):
     by_rule = rehearsal.per_rule(jobs)
     assert by_rule.loc["knockout", "jobs"] == 2 and by_rule.loc["knockout", "max_rss_mb"] == 900.0
     assert list(by_rule.index) == ["knockout", "edges"]
+    with_plan = rehearsal.per_rule(jobs, {"prepare_model": 1, "knockout": 2, "edges": 1})
+    assert list(with_plan.index) == ["knockout", "edges", "prepare_model"]  # a local rule: no sbatch job
+    assert list(with_plan["planned"]) == [2, 1, 1] and list(with_plan["jobs"]) == [2, 1, 0]

@@ -259,6 +259,21 @@ def test_hub_data_sets_are_fetched_once_and_read_by_evaluate_dry(tmp_path):
     assert any(p[0].endswith("resources/data/wikitext-2/test.txt") for p in base)
 
 
+def test_hub_set_that_cannot_be_fetched_stops_the_run_before_any_job(tmp_path):
+    """A Hub set whose data set is not there fails when the run starts, with one error naming the set, and
+    no job (not even the model's preparation) has run. Offline: a local directory stands in for the Hub."""
+    config = tiny_config(tmp_path / "nowhere")
+    config["evaluation"]["datasets"] = ["gsm8k", "mmlu"]
+    config["evaluation"]["mmlu"] = {"hub": {"path": str(tmp_path / "no-such-dataset"), "name": "all", "split": "test"},
+                                    "n": 3}
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    proc = snakemake(tmp_path, "--cores", "1", env={"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"})
+    log = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert "evaluation data set 'mmlu' (config key 'evaluation.mmlu.hub': " in log and "cannot be fetched" in log
+    assert not (tmp_path / "results").exists()
+
+
 def test_unknown_evaluation_set_fails_before_any_job_dry(tmp_path):
     config = tiny_config(tmp_path / "nowhere")
     config["evaluation"]["datasets"].append("gsm9k")

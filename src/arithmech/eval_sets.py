@@ -94,9 +94,42 @@ def config_problems(evaluation: dict) -> list[str]:
     return problems
 
 
+def _where(hub: dict) -> str:
+    return f"{hub['path']}" + (f" (config {hub['name']})" if hub.get("name") else "") + f", split {hub['split']}"
+
+
+def check_fetchable(name: str, hub: dict) -> None:
+    """Raise one error naming evaluation set `name` and its config key when its Hub split cannot be fetched:
+    the data set or its config is not found (or the Hub is out of reach), or it has no such split. Reads
+    only the data set's metadata (`datasets.load_dataset_builder`), not its data; the Snakefile calls it
+    when a run starts, before any job is queued, for every Hub set not yet fetched."""
+    import tempfile
+
+    import datasets
+
+    try:
+        with tempfile.TemporaryDirectory(prefix="arithmech-hub-check-") as cache:
+            builder = datasets.load_dataset_builder(hub["path"], hub.get("name"), revision=hub.get("revision"),
+                                                    cache_dir=cache)
+        splits = list(builder.config.data_files or {}) or list(builder.info.splits or {})
+    except Exception as err:
+        raise RuntimeError(f"evaluation data set {name!r} (config key 'evaluation.{name}.hub': {_where(hub)}) "
+                           f"cannot be fetched: {type(err).__name__}: {err}") from err
+    if splits and hub["split"] not in splits:
+        raise RuntimeError(f"evaluation data set {name!r} (config key 'evaluation.{name}.hub.split'): "
+                           f"{hub['path']} has no split {hub['split']!r}; it has {', '.join(map(str, splits))}")
+
+
+def unfetched_hub_sets(evaluation: dict) -> dict[str, dict]:
+    """{name: hub block} of the sets in `evaluation.datasets` given by `hub:` whose Parquet file
+    (`hub_file`) is not there yet."""
+    return {name: evaluation[name]["hub"] for name in evaluation["datasets"]
+            if evaluation[name].get("hub") is not None and not Path(hub_file(name)).is_file()}
+
+
 def fetch(name: str, hub: dict, out_path: str | Path) -> None:
     """Download the Hub split of evaluation set `name` into `out_path` (Parquet), checked by its loader."""
-    where = f"{hub['path']}" + (f" (config {hub['name']})" if hub.get("name") else "") + f", split {hub['split']}"
+    where = _where(hub)
     try:
         fetch_hub(hub, out_path, REGISTRY[name].load)
     except Exception as err:

@@ -17,8 +17,8 @@ study's training jobs never run). With `size: full` every other data size is the
 pass that still runs every job of the DAG.
 
 The result: one row per job (rule, wildcards, wall seconds, peak resident memory of its largest process)
-in `jobs.tsv` of the working directory, and per rule the job count, total and largest wall time and
-memory, printed.
+in `jobs.tsv` of the working directory, and per rule the job count beside the count `make plan` takes from
+a dry run of the same configuration (`planned.json`), total and largest wall time and memory, printed.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from .plan import load_config, merge
+from .plan import job_stats, load_config, merge, snakemake_dry_run
 from .tiny import build_tiny_model
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -129,11 +129,18 @@ def job_table(state: Path) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["job", "rule", "wildcards", "wall_s", "peak_rss_mb", "state"])
 
 
-def per_rule(jobs: pd.DataFrame) -> pd.DataFrame:
-    """Per rule: jobs, total and largest wall seconds, largest peak memory (MB), in DAG order of first job."""
+def per_rule(jobs: pd.DataFrame, planned: dict[str, int] | None = None) -> pd.DataFrame:
+    """Per rule, in the order of its first job: jobs run, total and largest wall seconds, largest peak memory
+    (MB); with `planned` (rule -> jobs, `plan.job_stats` of a dry run), the planned count beside it and a
+    row for each planned rule that ran no job through sbatch (a local rule runs on the submitting host)."""
     grouped = jobs.groupby("rule", sort=False)
-    return pd.DataFrame({"jobs": grouped.size(), "wall_s": grouped["wall_s"].sum(),
-                         "max_wall_s": grouped["wall_s"].max(), "max_rss_mb": grouped["peak_rss_mb"].max()})
+    table = pd.DataFrame({"jobs": grouped.size(), "wall_s": grouped["wall_s"].sum(),
+                          "max_wall_s": grouped["wall_s"].max(), "max_rss_mb": grouped["peak_rss_mb"].max()})
+    if planned is not None:
+        table = table.reindex([*table.index, *(r for r in planned if r not in table.index)])
+        table["jobs"] = table["jobs"].fillna(0).astype(int)
+        table.insert(1, "planned", [planned.get(r, 0) for r in table.index])
+    return table
 
 
 def run(work: Path, *, size: str = "quick", jobs: int = 1, seed: int = 0) -> pd.DataFrame:
@@ -151,6 +158,8 @@ def run(work: Path, *, size: str = "quick", jobs: int = 1, seed: int = 0) -> pd.
     (work / "rehearsal.yaml").write_text(yaml.safe_dump(overlay(model_dir, hub, size), sort_keys=False))
     configs = [ROOT / "configs" / "paper.yaml", work / "rehearsal.yaml"]
     load_config(configs, root=ROOT)  # a config the schema refuses fails here, not in the first job
+    planned = job_stats(snakemake_dry_run(configs, root=ROOT, quiet=True))  # what make plan counts
+    (work / "planned.json").write_text(json.dumps(planned, indent=1))
     shutil.copy2(ROOT / "config.yaml", work / "config.yaml")  # the Snakefile's `configfile:`
     env = {
         **os.environ,
@@ -188,8 +197,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--jobs", type=int, default=1, help="jobs run at once (1: each job's time is its own)")
     args = parser.parse_args(argv)
     table = run(args.work, size=args.size, jobs=args.jobs)
+    planned = json.loads((args.work / "planned.json").read_text())
     with pd.option_context("display.max_rows", None, "display.width", 160):
-        print(per_rule(table).round(1).to_string())
+        print(per_rule(table, planned).round(1).to_string())
         print(table.to_string(index=False))
 
 

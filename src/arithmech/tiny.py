@@ -100,7 +100,8 @@ def build_tiny_tokenizer(seed: int = 0) -> PreTrainedTokenizerFast:
 
 
 def build_tiny_model(out_dir: str | Path, *, seed: int = 0, n_layers: int = 3, n_heads: int = 4,
-                     n_kv_heads: int = 2, head_dim: int = 8, intermediate_size: int = 64) -> Path:
+                     n_kv_heads: int = 2, head_dim: int = 8, intermediate_size: int = 64,
+                     max_positions: int = 512) -> Path:
     """Write a tiny LlamaForCausalLM + fast tokenizer to out_dir (created if needed); return out_dir as Path.
 
     ``seed`` fixes the weights (same seed -> byte-identical ``model.safetensors``);
@@ -119,7 +120,7 @@ def build_tiny_model(out_dir: str | Path, *, seed: int = 0, n_layers: int = 3, n
         num_attention_heads=n_heads,
         num_key_value_heads=n_kv_heads,
         head_dim=head_dim,
-        max_position_embeddings=512,
+        max_position_embeddings=max_positions,
         rms_norm_eps=1e-5,
         initializer_range=INITIALIZER_RANGE,
         tie_word_embeddings=False,
