@@ -7,7 +7,12 @@ from snakemake.utils import min_version
 
 from arithmech import study
 from arithmech.config import validate_config
-from arithmech.eval_sets import REGISTRY as EVAL_REGISTRY, check_fetchable, hub_file, unfetched_hub_sets
+from arithmech.eval_sets import (
+    REGISTRY as EVAL_REGISTRY,
+    check_fetchable,
+    hub_file,
+    unfetched_hub_sets,
+)
 
 min_version("9.0")
 

@@ -58,11 +58,12 @@ def test_overlay_passes_the_schema_over_the_paper_config(tmp_path, hub):
         assert len(config["prompts"]["templates"]) == 12
         assert all(len(words) == 3 for words in config["prompts"]["operators"].values())
         assert config["prompts"]["splits"]["max_samples"] == {"identification": 1000, "validation": 1000}
-        assert config["key_components"]["heads"] == {"rule": "threshold", "threshold": -0.05}
+        heads = config["key_components"]["heads"]
+        assert (heads["rule"], heads["threshold"]) == ("threshold", -0.05)
         assert (config["finetune"]["heads"], config["finetune"]["mlps"]) == (32, 2)
         assert config["evaluation"]["mmlu"]["hub"]["path"] == hub["mmlu"]["path"]
         quick = size == "quick"
-        assert (config["finetune"]["data"]["n"] == 256) is quick
+        assert (config["finetune"]["data"]["n"] == 128) is quick
         assert (config["evaluation"]["gsm8k"]["n"] is None) is not quick
 
 

@@ -447,7 +447,7 @@ def test_items_stage_leaves_out_identify_pairs(tiny_dir, tmp_path):
     (lambda s: s["format_choice"].pop("candidates"), "config key 'study.format_choice'"),
     (lambda s: s["format_choice"]["candidates"].update(auto=s["formats"]["add2"]),
      "config key 'study.format_choice.candidates.auto'"),
-    (lambda s: s["lr_grid"].pop("lora"), "config key 'study.lr_grid.lora'"),
+    (lambda s: s["lr_grid"].pop("full"), "config key 'study.lr_grid.full'"),
     (lambda s: s["formats"]["add2"].update(template="{a} plus {b}"), "config key 'study.formats.add2.template'"),
     (lambda s: s["formats"]["add2"].update(a=[20, 10]), "study.formats.add2"),
     (lambda s: s["train"].update(epochs=2), "config key 'study.train'"),
