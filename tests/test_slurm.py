@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 import yaml
 
+from arithmech.rehearsal import job_table, submitted_rule
 from arithmech.tiny import build_tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,7 +49,7 @@ def cluster_run(tmp_path_factory):
     calls = {}
     for f in sorted(state.glob("call_*"), key=lambda p: int(p.name.split("_")[1])):
         args = f.read_text().split()
-        rule = args[args.index("--comment") + 1].split("_wildcards_")[0].removeprefix("rule_")
+        rule, _ = submitted_rule(args)
         calls.setdefault(rule, []).append(" ".join(args))
     return work, calls
 
@@ -58,7 +59,8 @@ def test_every_job_went_through_sbatch_and_finished(cluster_run):
     assert {r: len(c) for r, c in calls.items()} == {
         "build_pairs": 1, "cache_activations": 2, "patch_all_layers": 1, "aggregate_effects": 1, "plot_effects": 1,
         "summarize_key_components": 1, "knockout": 1, "plot_knockout": 1, "transfer": 1, "plot_transfer": 1,
-        "analyze": 1, "plot_analysis": 1, "finetune": 1, "evaluate": 12, "summarize_eval": 1, "study_format": 1, "study_items": 1, "study_train": 2, "study_select": 2, "study_evaluate": 3,
+        "analyze": 1, "plot_analysis": 1, "finetune": 1, "evaluate": 12, "summarize_eval": 1, "study_format": 1,
+        "study_items": 1, "study_train": 2, "study_select": 2, "study_evaluate": 3,
         "study_summary": 1, "circuit": 1, "edges": 1, "plot_circuit": 1, "claims": 1, "findings": 1,
     }
     assert "prepare_model" not in calls  # a local rule: downloads stay on the submit host
@@ -67,8 +69,6 @@ def test_every_job_went_through_sbatch_and_finished(cluster_run):
 
 def test_the_stand_in_records_each_jobs_wall_time_and_peak_memory(cluster_run):
     """What `make rehearsal` prints comes from these records (arithmech.rehearsal.job_table)."""
-    from arithmech.rehearsal import job_table
-
     work, calls = cluster_run
     jobs = job_table(work / "slurm-state")
     assert len(jobs) == sum(len(c) for c in calls.values())
@@ -79,8 +79,8 @@ def test_the_stand_in_records_each_jobs_wall_time_and_peak_memory(cluster_run):
 
 def test_gpu_rules_ask_for_gpus_memory_runtime_account_partition(cluster_run):
     _, calls = cluster_run
-    for rule in ("build_pairs", "patch_all_layers", "circuit", "edges", "finetune", "evaluate", "study_format", "study_train",
-                 "study_evaluate"):
+    for rule in ("build_pairs", "patch_all_layers", "circuit", "edges", "finetune", "evaluate", "study_format",
+                 "study_train", "study_evaluate"):
         for call in calls[rule]:
             assert "--gpus=a100:1" in call and "--mem 8000" in call and "-t 30" in call
             assert "-A proj42" in call and "-p gpu-short" in call

@@ -114,15 +114,20 @@ def overlay(model_dir: Path, hub: dict[str, dict], size: str) -> dict:
     return extra
 
 
+def submitted_rule(args: list[str]) -> tuple[str, str]:
+    """(rule, wildcards) of one sbatch call recorded by the stand-in (its arguments), from the --comment the
+    SLURM executor plugin writes ("rule_<rule>_wildcards_<wildcards>")."""
+    rule, _, wildcards = args[args.index("--comment") + 1].removeprefix("rule_").partition("_wildcards_")
+    return rule, wildcards
+
+
 def job_table(state: Path) -> pd.DataFrame:
     """One row per job the stand-in sbatch ran: id, rule, wildcards (from its --comment), wall_s and
     peak_rss_mb (tests/fake_slurm/measure.py; NaN for a job that never started), state."""
     rows = []
     for call in sorted(state.glob("call_*"), key=lambda p: int(p.name.split("_")[1])):
         job = call.name.split("_")[1]
-        args = call.read_text().split()
-        comment = args[args.index("--comment") + 1]
-        rule, _, wildcards = comment.removeprefix("rule_").partition("_wildcards_")
+        rule, wildcards = submitted_rule(call.read_text().split())
         usage_file = state / f"usage_{job}"
         usage = json.loads(usage_file.read_text()) if usage_file.is_file() else {}
         status = state / f"state_{job}"
@@ -146,10 +151,11 @@ def per_rule(jobs: pd.DataFrame, planned: dict[str, int] | None = None) -> pd.Da
     return table
 
 
-def run(work: Path, *, size: str = "quick", jobs: int = 1, seed: int = 0) -> pd.DataFrame:
+def run(work: Path, *, size: str = "quick", jobs: int = 1, seed: int = 0) -> tuple[pd.DataFrame, dict[str, int]]:
     """Build the model and the Hub directories under `work`, write the merged config there, and run the
-    whole workflow through the SLURM profile with the stand-ins. Returns `job_table`; raises with the log's
-    tail when Snakemake fails (the jobs that ran are still in work/jobs.tsv)."""
+    whole workflow through the SLURM profile with the stand-ins. Returns (`job_table`, the planned jobs per
+    rule, also in work/planned.json); raises with the log's tail when Snakemake fails (the jobs that ran are
+    still in work/jobs.tsv)."""
     work = Path(work).resolve()
     work.mkdir(parents=True, exist_ok=True)
     state = work / "slurm-state"
@@ -188,7 +194,7 @@ def run(work: Path, *, size: str = "quick", jobs: int = 1, seed: int = 0) -> pd.
         tail = (work / "snakemake.log").read_text()[-4000:]
         raise RuntimeError(f"the rehearsal failed (snakemake exit {proc.returncode}); "
                            f"log: {work / 'snakemake.log'}\n{tail}")
-    return table
+    return table, planned
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -199,8 +205,7 @@ def main(argv: list[str] | None = None) -> None:
                         help="quick: capped fine-tuning data and evaluation sets; full: the paper's sizes")
     parser.add_argument("--jobs", type=int, default=1, help="jobs run at once (1: each job's time is its own)")
     args = parser.parse_args(argv)
-    table = run(args.work, size=args.size, jobs=args.jobs)
-    planned = json.loads((args.work / "planned.json").read_text())
+    table, planned = run(args.work, size=args.size, jobs=args.jobs)
     with pd.option_context("display.max_rows", None, "display.width", 160):
         print(per_rule(table, planned).round(1).to_string())
         print(table.to_string(index=False))

@@ -2,6 +2,7 @@
 resident memory of its largest process as JSON: measure.py USAGE_FILE COMMAND."""
 
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -15,5 +16,5 @@ peak_kb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss  # Linux: kilob
 with open(usage_file + ".tmp", "w") as f:
     json.dump({"wall_s": round(wall, 3), "max_rss_mb": round(peak_kb / 1024, 1), "exit": code}, f)
     f.write("\n")
-subprocess.call(["mv", usage_file + ".tmp", usage_file])
+os.replace(usage_file + ".tmp", usage_file)  # a reader never sees a half-written record
 sys.exit(code)
