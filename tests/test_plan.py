@@ -274,3 +274,15 @@ def test_a_rule_without_entry_is_warned_about_not_counted():
     assert cost.unknown and not cost.gpu
     row = P._row(("m", "new_rule"), cost)
     assert row["kind"] == "unknown" and "new_rule" in row["warnings"][0]
+
+
+def test_transfer_memory_follows_its_longest_prompt_and_copies_per_forward():
+    setting, model = llama_setting(PAPER, 32)
+    job = P.Job("transfer", (("model", "llama2-7b"),))
+    svamp = P.transfer_targets(setting, model)[-2]  # the prompts the job builds: the longest sets the memory
+    assert svamp["longest"] > svamp["prompt"] and svamp["texts"] == setting.config["transfer"]["svamp"]["n"]
+    peak = P.cost_of(setting, job).gpu_bytes
+    assert peak >= model.weight_bytes + P.set_bytes(model, batch=32, prompt=svamp["longest"], tail=1,
+                                                    steps=svamp["steps"])
+    setting.config["transfer"]["copies_per_forward"] = 64  # fewer rows at once: less memory
+    assert P.cost_of(setting, job).gpu_bytes < peak

@@ -85,3 +85,48 @@ def test_job_table_reads_the_stand_in_records(tmp_path):
     with_plan = rehearsal.per_rule(jobs, {"prepare_model": 1, "knockout": 2, "edges": 1})
     assert list(with_plan.index) == ["knockout", "edges", "prepare_model"]  # a local rule: no sbatch job
     assert list(with_plan["planned"]) == [2, 1, 1] and list(with_plan["jobs"]) == [2, 1, 0]
+
+
+def test_summary_is_written_into_the_docs_generated_block(tmp_path, capsys):
+    work = tmp_path / "work"
+    work.mkdir()
+    pd.DataFrame({"job": [101, 102, 103], "rule": ["knockout", "knockout", "edges"],
+                  "wildcards": ["rehearsal_addition", "rehearsal_division", "rehearsal"],
+                  "wall_s": [12.5, 30.0, 3.0], "peak_rss_mb": [900.0, 1200.0, 400.0],
+                  "state": ["COMPLETED", "FAILED", "COMPLETED"]}).to_csv(work / "jobs.tsv", sep="\t", index=False)
+    (work / "planned.json").write_text(json.dumps({"prepare_model": 1, "knockout": 2, "edges": 1}))
+    (work / "rehearsal.yaml").write_text(yaml.safe_dump({"run": {"tasks": ["addition", "division"]}}))
+    results = work / "results" / "rehearsal"  # the identify stage's results for addition only
+    (results / "pairs").mkdir(parents=True)
+    (results / "key_components").mkdir()
+    split = pd.DataFrame({"split": ["identification"] * 3 + ["validation"] * 2})
+    split.to_parquet(results / "pairs" / "addition.parquet")
+    pd.DataFrame({"component": ["head", "head", "mlp"], "n_heads_total": [1024, 1024, 1024]}).to_parquet(
+        results / "key_components" / "addition.parquet")
+    docs = tmp_path / "rehearsal.md"
+    begin, end = rehearsal.MARKERS
+    docs.write_text(f"# Title\n\n{begin}\nold, typed numbers\n{end}\n\nAfter.\n")
+    with pytest.raises(FileNotFoundError, match="run.json"):  # a rehearsal that never ended has no summary
+        rehearsal.summary_markdown(work)
+    (work / "run.json").write_text(json.dumps({
+        "started": "2026-11-24 14:28 UTC", "wall_s": 3725.0, "size": "quick", "jobs": 1, "machine": "a CPU, 2 cores",
+        "snakemake_exit": 1, "command": "python -m arithmech.rehearsal --size quick --jobs 1"}))
+    (work / "plan.json").write_text(json.dumps({"rules": [  # make plan's report: GPU rules have a memory estimate
+        {"rule": "knockout", "kind": "gpu", "jobs": 2, "gpu_gb": 1.5},
+        {"rule": "edges", "kind": "cpu", "jobs": 1, "gpu_gb": 0.0}]}))
+    rehearsal.main(["--work", str(work), "--report-only", "--docs", str(docs)])
+    text = docs.read_text()
+    assert "old, typed numbers" not in text and text.startswith("# Title\n") and text.endswith("After.\n")
+    assert "3 jobs through the SLURM stand-ins (2 COMPLETED, 1 FAILED) in 1 h 2 min; Snakemake exit 1." in text
+    assert "| `knockout` | 2 | 2 | 42 | 30 | 1,200 | 1,500 |" in text
+    assert "| `edges` | 1 | 1 | 3 | 3 | 400 |  |" in text  # no GPU: no estimate
+    assert "| `prepare_model` | 0 | 1 |  |  |  |  |" in text  # a local rule: planned, not run through sbatch
+    assert "| total | 3 | 4 | 46 | 30 | 1,200 |  |" in text
+    assert "| addition | 3 / 2 | 2 of 1,024 | 1 |" in text and "| division |" not in text  # no results: no row
+    with pytest.raises(FileNotFoundError, match="jobs.tsv"):
+        rehearsal.main(["--work", str(tmp_path / "nowhere"), "--report-only"])
+
+
+def test_planned_jobs_sum_a_rule_over_models():
+    report = {"rules": [{"rule": "evaluate", "jobs": 40}, {"rule": "all", "jobs": 1}, {"rule": "evaluate", "jobs": 8}]}
+    assert rehearsal.planned_jobs(report) == {"evaluate": 48, "all": 1}

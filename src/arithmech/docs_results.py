@@ -51,12 +51,14 @@ def markdown_table(df: pd.DataFrame) -> str:
     return "\n".join(lines) + "\n"
 
 
-def replace_block(text: str, block: str, where: str = "README.md") -> str:
-    """`text` with what lies between the BEGIN and END markers replaced by `block` (markers kept)."""
-    start, end = text.find(BEGIN), text.find(END)
+def replace_block(text: str, block: str, where: str = "README.md", markers: tuple[str, str] = (BEGIN, END)) -> str:
+    """`text` with what lies between the `markers` (BEGIN and END lines) replaced by `block` (markers kept)."""
+    begin, end_marker = markers
+    start, end = text.find(begin), text.find(end_marker)
     if start < 0 or end < 0 or end < start:
-        raise ValueError(f"{where} has no generated block: put the lines\n{BEGIN}\n{END}\nwhere the scorecard goes")
-    return text[: start + len(BEGIN)] + "\n" + block.rstrip("\n") + "\n" + text[end:]
+        raise ValueError(f"{where} has no generated block: put the lines\n{begin}\n{end_marker}\n"
+                         "where the generated text goes")
+    return text[: start + len(begin)] + "\n" + block.rstrip("\n") + "\n" + text[end:]
 
 
 def write_if_changed(path: Path, text: str) -> None:

@@ -940,9 +940,9 @@ def knockout(s: Setting, m: Model, job: Job) -> Cost:
 
 
 def transfer_targets(s: Setting, m: Model) -> list[dict]:
-    """The transfer's target sets (`stages.validate._transfer_targets`): texts, mean prompt tokens and greedy
-    steps of each operator's validation pairs, both number formats of every operator, SVAMP and the
-    non-math control."""
+    """The transfer's target sets (`stages.validate._transfer_targets`): texts, mean prompt tokens (and the
+    longest where prompts differ in length beyond their operands) and greedy steps of each operator's
+    validation pairs, both number formats of every operator, SVAMP and the non-math control."""
     from .prompts import render
 
     cfg, prompts, tokens = s.config["transfer"], s.config["prompts"], m.tokens
@@ -957,8 +957,8 @@ def transfer_targets(s: Setting, m: Model) -> list[dict]:
             lines = [render(t, a=value, op=_longest(prompts["operators"][task]), b=value).text
                      for t in prompts["templates"]]
             shot = max(lines, key=len) + answer + prompts["shot_separator"]
-            targets.append({"texts": cfg["formats"]["n"], "prompt": tokens.mean([shot * prompts["n_shots"] + line
-                                                                                 for line in lines]),
+            counts = tokens.counts([shot * prompts["n_shots"] + line for line in lines])
+            targets.append({"texts": cfg["formats"]["n"], "prompt": sum(counts) / len(counts), "longest": max(counts),
                             "steps": 1 + tokens.count(" " + answer, special=False)})
     targets.append(_svamp_target(s, m))
     targets.append(_non_math_target(s, m))
@@ -980,33 +980,44 @@ def format_extremes(task: str, fmt: str, cfg: dict) -> tuple[str, str]:
 
 
 def _svamp_target(s: Setting, m: Model) -> dict:
+    """The SVAMP target: mean prompt tokens (the work) and the longest prompt (a batch is padded to its
+    longest: the memory), from the very prompts the transfer job builds (`stages.validate.svamp_prompts`)."""
+    from .stages.validate import svamp_prompts
+
     cfg = s.config["transfer"]["svamp"]
-    items = svamp_questions(data_path(cfg["file"], root=s.root))
-    solved = [f"Question: {q}\nAnswer: {a}\n\n" for q, a in _sample(items)]
-    prompt = (cfg["n_shots"] + 1) * m.tokens.mean(solved, special=False) + 1
+    path = data_path(cfg["file"], root=s.root)
+    items = svamp_questions(path)
+    keep, texts = svamp_prompts(path, cfg, s.config["seed"])
+    counts = m.tokens.counts(texts)
     steps = 1 + max(m.tokens.counts([" " + a for _, a in items], special=False))
-    return {"texts": min(cfg["n"], len(items)), "prompt": prompt, "steps": steps}
+    return {"texts": len(keep), "prompt": sum(counts) / len(counts), "longest": max(counts), "steps": steps}
 
 
 def _non_math_target(s: Setting, m: Model) -> dict:
+    """The non-math target, as `_svamp_target` (`stages.validate.non_math_prompts`)."""
+    from .stages.validate import non_math_prompts
+
     cfg = s.config["transfer"]["non_math"]
-    records = _records(data_path(cfg["file"], root=s.root))
-    solved = [r["input"] + " " + (r["target"] if isinstance(r["target"], str) else r["target"][0]) + "\n"
-              for r in _sample(records)]
-    prompt = (cfg["n_shots"] + 1) * m.tokens.mean(solved, special=False) + 1
-    return {"texts": min(cfg["n"], len(records)), "prompt": prompt, "steps": cfg["max_new_tokens"]}
+    keep, texts = non_math_prompts(data_path(cfg["file"], root=s.root), cfg, s.config["seed"])
+    counts = m.tokens.counts(texts)
+    return {"texts": len(keep), "prompt": sum(counts) / len(counts), "longest": max(counts),
+            "steps": cfg["max_new_tokens"]}
 
 
 def transfer(s: Setting, m: Model, job: Job) -> Cost:
     """Greedy answers of every target set with each operator's key heads and its random layer-matched draws
     ablated (and none), on the prefix cache."""
+    from .stages.validate import COPIES
+
     bs, tasks = s.batch(), s.config["run"]["tasks"]
     sets = 1 + len(tasks) * (1 + s.config["transfer"]["random_seeds"])
+    copies = s.config["transfer"].get("copies_per_forward", COPIES)
     work, act, texts = Work(), 0.0, 0
     for target in transfer_targets(s, m):
         work += set_generation(m, texts=target["texts"], sets=sets, prompt=target["prompt"], tail=1,
-                               steps=target["steps"], batch=bs)
-        act = max(act, set_bytes(m, batch=bs, prompt=target["prompt"], tail=1, steps=target["steps"]))
+                               steps=target["steps"], batch=bs, copies=copies)
+        longest = target.get("longest", target["prompt"])  # the memory of the batch padded to its longest prompt
+        act = max(act, set_bytes(m, batch=bs, prompt=longest, tail=1, steps=target["steps"], copies=copies))
         texts += target["texts"]
     largest = max(cache_bytes(m.shape, s.prompts(m, t), dtype_bytes=m.dtype_bytes) for t in tasks)
     return gpu_cost(m, work=work, activations=act, loaded=largest, note=f"{sets} sets x {texts} prompts")

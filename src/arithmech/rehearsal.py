@@ -24,8 +24,10 @@ a dry run of the same configuration (`planned.json`), total and largest wall tim
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -36,7 +38,8 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from .plan import job_stats, load_config, merge, snakemake_dry_run
+from .docs_results import markdown_table, replace_block, write_if_changed
+from .plan import load_config, merge, plan
 from .tiny import build_tiny_model
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -63,6 +66,8 @@ QUICK = {
     "study": {"off_target": {"gsm8k_n": 8, "svamp_n": 16, "social_iqa_n": 16, "strategyqa_n": 16,
                              "qa_wikidata_n": 16, "wikitext": {"max_tokens": 2048, "window": 1024}}},
 }
+# The generated block of docs/rehearsal.md (`--docs`): the last rehearsal's summary, never typed.
+MARKERS = ("<!-- BEGIN GENERATED: rehearsal (make rehearsal) -->", "<!-- END GENERATED: rehearsal -->")
 RESOURCES = {"gpus": 1, "gpu_model": "a100", "mem_mb": 64000, "runtime": 120}  # as config.yaml gives llama2-7b
 
 
@@ -139,7 +144,7 @@ def job_table(state: Path) -> pd.DataFrame:
 
 def per_rule(jobs: pd.DataFrame, planned: dict[str, int] | None = None) -> pd.DataFrame:
     """Per rule, in the order of its first job: jobs run, total and largest wall seconds, largest peak memory
-    (MB); with `planned` (rule -> jobs, `plan.job_stats` of a dry run), the planned count beside it and a
+    (MB); with `planned` (rule -> jobs, `planned_jobs` of make plan's report), the planned count beside it and a
     row for each planned rule that ran no job through sbatch (a local rule runs on the submitting host)."""
     grouped = jobs.groupby("rule", sort=False)
     table = pd.DataFrame({"jobs": grouped.size(), "wall_s": grouped["wall_s"].sum(),
@@ -149,6 +154,124 @@ def per_rule(jobs: pd.DataFrame, planned: dict[str, int] | None = None) -> pd.Da
         table["jobs"] = table["jobs"].fillna(0).astype(int)
         table.insert(1, "planned", [planned.get(r, 0) for r in table.index])
     return table
+
+
+def plan_of(work: Path, configs: list[Path]) -> dict:
+    """`make plan`'s report (`plan.plan`) for the rehearsal's configuration, in the dtype its jobs run in here
+    (compute.dtype auto: float32 without a GPU, which the plan must be told), so that its memory estimates
+    can stand beside the measured peaks. Written to work/plan.json, its job counts to work/planned.json."""
+    import torch
+
+    work = Path(work)
+    dtype = work / "plan-dtype.yaml"
+    dtype.write_text(yaml.safe_dump({} if torch.cuda.is_available() else {"compute": {"dtype": "float32"}}))
+    report = plan([*configs, dtype], root=ROOT, workdir=work)
+    (work / "plan.json").write_text(json.dumps(report, indent=1))
+    (work / "planned.json").write_text(json.dumps(planned_jobs(report), indent=1))
+    return report
+
+
+def planned_jobs(report: dict) -> dict[str, int]:
+    """Jobs per rule of a `plan.plan` report (the dry run's counts)."""
+    counts: dict[str, int] = {}
+    for row in report["rules"]:
+        counts[row["rule"]] = counts.get(row["rule"], 0) + row["jobs"]
+    return counts
+
+
+def machine() -> str:
+    """This machine in words: CPU model, cores, memory (for the record beside a timing)."""
+    cpu = platform.processor() or platform.machine()
+    cpuinfo, meminfo = Path("/proc/cpuinfo"), Path("/proc/meminfo")
+    if cpuinfo.is_file():
+        names = [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines()
+                 if line.startswith("model name")]
+        cpu = names[0] if names else cpu
+    memory = ""
+    if meminfo.is_file():
+        kib = int(meminfo.read_text().split("MemTotal:", 1)[1].split()[0])
+        memory = f", {kib / 2**20:.0f} GiB"
+    return f"{cpu}, {os.cpu_count()} cores{memory}, {platform.system()}"
+
+
+def read_jobs(work: Path) -> tuple[pd.DataFrame, dict[str, int]]:
+    """(`job_table`, planned jobs per rule) of a rehearsal already run in `work` (jobs.tsv, planned.json)."""
+    work = Path(work)
+    for name in ("jobs.tsv", "planned.json"):
+        if not (work / name).is_file():
+            raise FileNotFoundError(f"{work / name} is missing: run the rehearsal in {work} first")
+    return pd.read_csv(work / "jobs.tsv", sep="\t"), json.loads((work / "planned.json").read_text())
+
+
+def summary_markdown(work: Path) -> str:
+    """The rehearsal in `work` for docs/rehearsal.md: when, where, with which command and how long (run.json),
+    how many jobs finished, and the per-rule table (`per_rule`) in Markdown."""
+    table, planned = read_jobs(work)
+    meta_file = Path(work) / "run.json"
+    if not meta_file.is_file():
+        raise FileNotFoundError(f"{meta_file} is missing: it is written when a rehearsal ends")
+    meta = json.loads(meta_file.read_text())
+    states = table["state"].fillna("").replace("", "not finished").value_counts()
+    finished = ", ".join(f"{n} {state}" for state, n in states.items())
+    minutes = round(meta["wall_s"] / 60)
+    lines = [f"`{meta['command']}`, started {meta['started']} on {meta['machine']}: {len(table)} jobs through "
+             f"the SLURM stand-ins ({finished}) in {minutes // 60} h {minutes % 60} min; Snakemake exit "
+             f"{meta['snakemake_exit']}.", ""]
+    rules = per_rule(table, planned)
+    rules.loc["total"] = [int(rules["jobs"].sum()), int(rules["planned"].sum()), table["wall_s"].sum(),
+                          table["wall_s"].max(), table["peak_rss_mb"].max()]
+
+    def number(values: pd.Series) -> pd.Series:
+        return values.map(lambda v: "" if pd.isna(v) else f"{v:,.0f}")
+
+    plan_file = Path(work) / "plan.json"
+    plan_mb = {}  # make plan's peak GPU memory per GPU rule, beside the measured peak
+    if plan_file.is_file():
+        plan_mb = {row["rule"]: row["gpu_gb"] * 1000 for row in json.loads(plan_file.read_text())["rules"]
+                   if row["kind"] == "gpu"}
+    rows = pd.DataFrame({
+        "rule": [r if r == "total" else f"`{r}`" for r in rules.index],
+        "jobs run": number(rules["jobs"]),
+        "planned": number(rules["planned"]),
+        "wall time, all jobs (s)": number(rules["wall_s"]),
+        "longest job (s)": number(rules["max_wall_s"]),
+        "largest peak memory (MB)": number(rules["max_rss_mb"]),
+    })
+    if plan_mb:
+        rows["make plan's peak GPU memory (MB)"] = number(pd.Series(
+            [plan_mb.get(r, np.nan) for r in rules.index], index=rules.index))
+    lines.append(markdown_table(rows))
+    return "\n".join(lines) + findings_markdown(work)
+
+
+def findings_markdown(work: Path, model: str = "rehearsal") -> str:
+    """What the rehearsal's results say about the paper's rules at this shape, read from work/results: per
+    operator the pairs kept per split and the key heads and MLPs the rule selected; the study's trained format
+    and why. Empty when the identify stage left no results."""
+    from .study import read_choice
+
+    root = Path(work) / "results" / model
+    tasks = yaml.safe_load((Path(work) / "rehearsal.yaml").read_text())["run"]["tasks"]
+    rows = []
+    for task in tasks:
+        pairs, key = root / "pairs" / f"{task}.parquet", root / "key_components" / f"{task}.parquet"
+        if not (pairs.is_file() and key.is_file()):
+            continue
+        split = pd.read_parquet(pairs, columns=["split"])["split"].value_counts()
+        nodes = pd.read_parquet(key, columns=["component", "n_heads_total"])
+        heads = nodes[nodes["component"] == "head"]
+        total = int(heads["n_heads_total"].iloc[0]) if len(heads) else None
+        rows.append({"operator": task, "pairs (identification / validation)":
+                     f"{split.get('identification', 0):,} / {split.get('validation', 0):,}",
+                     "key heads": f"{len(heads):,}" + (f" of {total:,}" if total else ""),
+                     "key MLPs": int((nodes["component"] == "mlp").sum())})
+    if not rows:
+        return ""
+    out = ["", "Read from its results (`results/rehearsal/`):", "", markdown_table(pd.DataFrame(rows))]
+    formats = root / "finetune" / "study" / "formats.parquet"
+    if formats.is_file():
+        out.append(f"The study's trained format: {read_choice(formats)['reason']}.\n")
+    return "\n".join(out)
 
 
 def run(work: Path, *, size: str = "quick", jobs: int = 1, seed: int = 0) -> tuple[pd.DataFrame, dict[str, int]]:
@@ -167,8 +290,7 @@ def run(work: Path, *, size: str = "quick", jobs: int = 1, seed: int = 0) -> tup
     (work / "rehearsal.yaml").write_text(yaml.safe_dump(overlay(model_dir, hub, size), sort_keys=False))
     configs = [ROOT / "configs" / "paper.yaml", work / "rehearsal.yaml"]
     load_config(configs, root=ROOT)  # a config the schema refuses fails here, not in the first job
-    planned = job_stats(snakemake_dry_run(configs, root=ROOT, quiet=True))  # what make plan counts
-    (work / "planned.json").write_text(json.dumps(planned, indent=1))
+    planned = planned_jobs(plan_of(work, configs))
     shutil.copy2(ROOT / "config.yaml", work / "config.yaml")  # the Snakefile's `configfile:`
     env = {
         **os.environ,
@@ -183,13 +305,18 @@ def run(work: Path, *, size: str = "quick", jobs: int = 1, seed: int = 0) -> tup
            "--configfile", *map(str, configs), "--profile", str(ROOT / "workflow/profiles/slurm"),
            "--jobs", str(jobs), "--slurm-init-seconds-before-status-checks", "1",
            "--seconds-between-status-checks", "2", "--retries", "0"]
-    start = time.perf_counter()
+    started, start = datetime.datetime.now(datetime.timezone.utc), time.perf_counter()
     with open(work / "snakemake.log", "w") as log:
         proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=work)
+    wall_s = time.perf_counter() - start
     table = job_table(state)
     table.to_csv(work / "jobs.tsv", sep="\t", index=False)
-    print(f"rehearsal ({size}): {len(table)} jobs through the SLURM stand-ins in "
-          f"{time.perf_counter() - start:.0f} s; per job in {work / 'jobs.tsv'}")
+    (work / "run.json").write_text(json.dumps({
+        "started": started.strftime("%Y-%m-%d %H:%M UTC"), "wall_s": round(wall_s, 1), "size": size, "jobs": jobs,
+        "machine": machine(), "snakemake_exit": proc.returncode,
+        "command": f"python -m arithmech.rehearsal --size {size} --jobs {jobs}"}, indent=1))
+    print(f"rehearsal ({size}): {len(table)} jobs through the SLURM stand-ins in {wall_s:.0f} s; "
+          f"per job in {work / 'jobs.tsv'}")
     if proc.returncode != 0:
         tail = (work / "snakemake.log").read_text()[-4000:]
         raise RuntimeError(f"the rehearsal failed (snakemake exit {proc.returncode}); "
@@ -204,11 +331,22 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--size", choices=["quick", "full"], default="quick",
                         help="quick: capped fine-tuning data and evaluation sets; full: the paper's sizes")
     parser.add_argument("--jobs", type=int, default=1, help="jobs run at once (1: each job's time is its own)")
+    parser.add_argument("--docs", type=Path, default=None,
+                        help="write the summary into this file's generated block (docs/rehearsal.md)")
+    parser.add_argument("--report-only", action="store_true",
+                        help="run nothing: print (and with --docs write) the summary of the rehearsal in --work")
     args = parser.parse_args(argv)
-    table, planned = run(args.work, size=args.size, jobs=args.jobs)
+    if args.report_only:
+        table, planned = read_jobs(args.work)
+    else:
+        table, planned = run(args.work, size=args.size, jobs=args.jobs)
     with pd.option_context("display.max_rows", None, "display.width", 160):
         print(per_rule(table, planned).round(1).to_string())
         print(table.to_string(index=False))
+    if args.docs is not None:
+        text = args.docs.read_text()
+        write_if_changed(args.docs, replace_block(text, summary_markdown(args.work), str(args.docs), MARKERS))
+        print(f"summary written into {args.docs}")
 
 
 if __name__ == "__main__":

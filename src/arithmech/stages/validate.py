@@ -16,6 +16,8 @@ from ..means import AlignedMean, GroupedMean
 from ..prompts import split_pairs
 from .common import load_stage_model, stage_meta
 
+COPIES = 256  # transfer.copies_per_forward where a config leaves it out
+
 
 def cache_means(cache: dict, positions: str) -> AlignedMean | GroupedMean:
     """The counterfactual means a node set is ablated with at the knockout rule's `positions`, from an
@@ -170,9 +172,8 @@ def _transfer_targets(
     Each: name, kind, texts, golds (numbers, or lists of accepted strings), answer_ids (first answer token,
     operator pairs only), max_new_tokens, clusters (per text: its operand pair "a,b", or its item index in the
     source data, the unit a paired interval resamples)."""
-    from ..data import load_bigbench_generation, load_svamp, subsample
+    from ..data import subsample
     from ..answers import answer_tokens
-    from ..formatting import question_prompts
     from ..prompts import format_prompts
 
     targets = []
@@ -194,25 +195,44 @@ def _transfer_targets(
                 "max_new_tokens": answer_tokens(lm.tokenizer, df["answer"]),
                 "clusters": list(df["a"].astype(str) + "," + df["b"].astype(str)),
             })
-    sv = transfer["svamp"]
-    svamp = load_svamp(svamp_path).assign(answer=lambda d: [f"{g:g}" for g in d["gold"]], index=lambda d: d.index)
-    keep = subsample(svamp, sv["n"], seed)
+    keep, texts = svamp_prompts(svamp_path, transfer["svamp"], seed)
     targets.append({
-        "name": "SVAMP", "kind": "svamp", "golds": list(keep["gold"]), "answer_ids": None,
-        "texts": question_prompts(list(svamp["question"]), list(svamp["answer"]), sv["n_shots"], seed,
-                                  items=keep["index"]),
+        "name": "SVAMP", "kind": "svamp", "golds": list(keep["gold"]), "answer_ids": None, "texts": texts,
         "max_new_tokens": answer_tokens(lm.tokenizer, keep["answer"]), "clusters": [str(i) for i in keep["index"]],
     })
-    nm = transfer["non_math"]
-    qa = load_bigbench_generation(non_math_path).assign(index=lambda d: d.index)
-    keep = subsample(qa, nm["n"], seed)
-    texts = question_prompts(list(qa["input"]), [t[0] for t in qa["targets"]], nm["n_shots"], seed, items=keep["index"],
-                             question_prefix="", answer_prefix="", separator="\n")
+    keep, texts = non_math_prompts(non_math_path, transfer["non_math"], seed)
     targets.append({
         "name": Path(non_math_path).parent.name, "kind": "non_math", "texts": texts, "golds": list(keep["targets"]),
-        "answer_ids": None, "max_new_tokens": nm["max_new_tokens"], "clusters": [str(i) for i in keep["index"]],
+        "answer_ids": None, "max_new_tokens": transfer["non_math"]["max_new_tokens"],
+        "clusters": [str(i) for i in keep["index"]],
     })
     return targets
+
+
+def svamp_prompts(path, cfg: dict, seed: int) -> tuple[pd.DataFrame, list[str]]:
+    """The transfer's SVAMP items (`cfg`: transfer.svamp; a seeded draw of n, with `answer` and `index`)
+    and their few-shot direct-answer prompts (shots drawn from the whole set). `make plan` reads the
+    prompts' lengths from here too."""
+    from ..data import load_svamp, subsample
+    from ..formatting import question_prompts
+
+    svamp = load_svamp(path).assign(answer=lambda d: [f"{g:g}" for g in d["gold"]], index=lambda d: d.index)
+    keep = subsample(svamp, cfg["n"], seed)
+    texts = question_prompts(list(svamp["question"]), list(svamp["answer"]), cfg["n_shots"], seed, items=keep["index"])
+    return keep, texts
+
+
+def non_math_prompts(path, cfg: dict, seed: int) -> tuple[pd.DataFrame, list[str]]:
+    """The transfer's non-math items (`cfg`: transfer.non_math; a seeded draw of n of a BIG-bench
+    generation task, with `index`) and their few-shot prompts, as `svamp_prompts`."""
+    from ..data import load_bigbench_generation, subsample
+    from ..formatting import question_prompts
+
+    qa = load_bigbench_generation(path).assign(index=lambda d: d.index)
+    keep = subsample(qa, cfg["n"], seed)
+    texts = question_prompts(list(qa["input"]), [t[0] for t in qa["targets"]], cfg["n_shots"], seed,
+                             items=keep["index"], question_prefix="", answer_prefix="", separator="\n")
+    return keep, texts
 
 
 def run_transfer(
@@ -255,7 +275,7 @@ def run_transfer(
         result = greedy_end_sets(
             lm, target["texts"], [s["nodes"] for s in sets], set_means=set_means,
             max_new_tokens=target["max_new_tokens"],
-            batch_size=compute["batch_size"],
+            batch_size=compute["batch_size"], copies_per_forward=transfer.get("copies_per_forward", COPIES),
             settled=None if non_math else decided_answers(lm.tokenizer, target["golds"]),
         )
         correct = answers_correct(lm.tokenizer, result.tokens, target["golds"], judge)  # [n_sets, n]
