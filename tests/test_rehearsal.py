@@ -94,7 +94,10 @@ def test_summary_is_written_into_the_docs_generated_block(tmp_path, capsys):
                   "wildcards": ["rehearsal_addition", "rehearsal_division", "rehearsal"],
                   "wall_s": [12.5, 30.0, 3.0], "peak_rss_mb": [900.0, 1200.0, 400.0],
                   "state": ["COMPLETED", "FAILED", "COMPLETED"]}).to_csv(work / "jobs.tsv", sep="\t", index=False)
-    (work / "planned.json").write_text(json.dumps({"prepare_model": 1, "knockout": 2, "edges": 1}))
+    (work / "plan.json").write_text(json.dumps({"rules": [  # make plan's report: GPU rules have a memory estimate
+        {"rule": "prepare_model", "kind": "local", "jobs": 1, "gpu_gb": 0.0},
+        {"rule": "knockout", "kind": "gpu", "jobs": 2, "gpu_gb": 1.5},
+        {"rule": "edges", "kind": "cpu", "jobs": 1, "gpu_gb": 0.0}]}))
     (work / "rehearsal.yaml").write_text(yaml.safe_dump({"run": {"tasks": ["addition", "division"]}}))
     results = work / "results" / "rehearsal"  # the identify stage's results for addition only
     (results / "pairs").mkdir(parents=True)
@@ -111,9 +114,6 @@ def test_summary_is_written_into_the_docs_generated_block(tmp_path, capsys):
     (work / "run.json").write_text(json.dumps({
         "started": "2026-11-24 14:28 UTC", "wall_s": 3725.0, "size": "quick", "jobs": 1, "machine": "a CPU, 2 cores",
         "snakemake_exit": 1, "command": "python -m arithmech.rehearsal --size quick --jobs 1"}))
-    (work / "plan.json").write_text(json.dumps({"rules": [  # make plan's report: GPU rules have a memory estimate
-        {"rule": "knockout", "kind": "gpu", "jobs": 2, "gpu_gb": 1.5},
-        {"rule": "edges", "kind": "cpu", "jobs": 1, "gpu_gb": 0.0}]}))
     rehearsal.main(["--work", str(work), "--report-only", "--docs", str(docs)])
     text = docs.read_text()
     assert "old, typed numbers" not in text and text.startswith("# Title\n") and text.endswith("After.\n")

@@ -18,7 +18,7 @@ pass that still runs every job of the DAG.
 
 The result: one row per job (rule, wildcards, wall seconds, peak resident memory of its largest process)
 in `jobs.tsv` of the working directory, and per rule the job count beside the count `make plan` takes from
-a dry run of the same configuration (`planned.json`), total and largest wall time and memory, printed.
+a dry run of the same configuration (`plan.json`), total and largest wall time and memory, printed.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ import pandas as pd
 import yaml
 
 from .docs_results import markdown_table, replace_block, write_if_changed
+from .io import write_json
 from .plan import load_config, merge, plan
 from .tiny import build_tiny_model
 
@@ -159,15 +160,15 @@ def per_rule(jobs: pd.DataFrame, planned: dict[str, int] | None = None) -> pd.Da
 def plan_of(work: Path, configs: list[Path]) -> dict:
     """`make plan`'s report (`plan.plan`) for the rehearsal's configuration, in the dtype its jobs run in here
     (compute.dtype auto: float32 without a GPU, which the plan must be told), so that its memory estimates
-    can stand beside the measured peaks. Written to work/plan.json, its job counts to work/planned.json."""
+    can stand beside the measured peaks and its job counts (`planned_jobs`) beside the jobs run. Written to
+    work/plan.json."""
     import torch
 
     work = Path(work)
     dtype = work / "plan-dtype.yaml"
     dtype.write_text(yaml.safe_dump({} if torch.cuda.is_available() else {"compute": {"dtype": "float32"}}))
     report = plan([*configs, dtype], root=ROOT, workdir=work)
-    (work / "plan.json").write_text(json.dumps(report, indent=1))
-    (work / "planned.json").write_text(json.dumps(planned_jobs(report), indent=1))
+    write_json(report, work / "plan.json")
     return report
 
 
@@ -194,19 +195,19 @@ def machine() -> str:
     return f"{cpu}, {os.cpu_count()} cores{memory}, {platform.system()}"
 
 
-def read_jobs(work: Path) -> tuple[pd.DataFrame, dict[str, int]]:
-    """(`job_table`, planned jobs per rule) of a rehearsal already run in `work` (jobs.tsv, planned.json)."""
+def read_jobs(work: Path) -> tuple[pd.DataFrame, dict]:
+    """(`job_table`, make plan's report: `plan_of`) of a rehearsal already run in `work` (jobs.tsv, plan.json)."""
     work = Path(work)
-    for name in ("jobs.tsv", "planned.json"):
+    for name in ("jobs.tsv", "plan.json"):
         if not (work / name).is_file():
             raise FileNotFoundError(f"{work / name} is missing: run the rehearsal in {work} first")
-    return pd.read_csv(work / "jobs.tsv", sep="\t"), json.loads((work / "planned.json").read_text())
+    return pd.read_csv(work / "jobs.tsv", sep="\t"), json.loads((work / "plan.json").read_text())
 
 
 def summary_markdown(work: Path) -> str:
     """The rehearsal in `work` for docs/rehearsal.md: when, where, with which command and how long (run.json),
     how many jobs finished, and the per-rule table (`per_rule`) in Markdown."""
-    table, planned = read_jobs(work)
+    table, report = read_jobs(work)
     meta_file = Path(work) / "run.json"
     if not meta_file.is_file():
         raise FileNotFoundError(f"{meta_file} is missing: it is written when a rehearsal ends")
@@ -217,18 +218,15 @@ def summary_markdown(work: Path) -> str:
     lines = [f"`{meta['command']}`, started {meta['started']} on {meta['machine']}: {len(table)} jobs through "
              f"the SLURM stand-ins ({finished}) in {minutes // 60} h {minutes % 60} min; Snakemake exit "
              f"{meta['snakemake_exit']}.", ""]
-    rules = per_rule(table, planned)
+    rules = per_rule(table, planned_jobs(report))
     rules.loc["total"] = [int(rules["jobs"].sum()), int(rules["planned"].sum()), table["wall_s"].sum(),
                           table["wall_s"].max(), table["peak_rss_mb"].max()]
 
     def number(values: pd.Series) -> pd.Series:
         return values.map(lambda v: "" if pd.isna(v) else f"{v:,.0f}")
 
-    plan_file = Path(work) / "plan.json"
-    plan_mb = {}  # make plan's peak GPU memory per GPU rule, beside the measured peak
-    if plan_file.is_file():
-        plan_mb = {row["rule"]: row["gpu_gb"] * 1000 for row in json.loads(plan_file.read_text())["rules"]
-                   if row["kind"] == "gpu"}
+    # make plan's peak GPU memory per GPU rule, beside the measured peak
+    plan_mb = {row["rule"]: row["gpu_gb"] * 1000 for row in report["rules"] if row["kind"] == "gpu"}
     rows = pd.DataFrame({
         "rule": [r if r == "total" else f"`{r}`" for r in rules.index],
         "jobs run": number(rules["jobs"]),
@@ -276,8 +274,8 @@ def findings_markdown(work: Path, model: str = "rehearsal") -> str:
 
 def run(work: Path, *, size: str = "quick", jobs: int = 1, seed: int = 0) -> tuple[pd.DataFrame, dict[str, int]]:
     """Build the model and the Hub directories under `work`, write the merged config there, and run the
-    whole workflow through the SLURM profile with the stand-ins. Returns (`job_table`, the planned jobs per
-    rule, also in work/planned.json); raises with the log's tail when Snakemake fails (the jobs that ran are
+    whole workflow through the SLURM profile with the stand-ins. Returns (`job_table`, make plan's report
+    for the same configuration, also in work/plan.json); raises with the log's tail when Snakemake fails (the jobs that ran are
     still in work/jobs.tsv)."""
     work = Path(work).resolve()
     work.mkdir(parents=True, exist_ok=True)
@@ -290,7 +288,7 @@ def run(work: Path, *, size: str = "quick", jobs: int = 1, seed: int = 0) -> tup
     (work / "rehearsal.yaml").write_text(yaml.safe_dump(overlay(model_dir, hub, size), sort_keys=False))
     configs = [ROOT / "configs" / "paper.yaml", work / "rehearsal.yaml"]
     load_config(configs, root=ROOT)  # a config the schema refuses fails here, not in the first job
-    planned = planned_jobs(plan_of(work, configs))
+    report = plan_of(work, configs)
     shutil.copy2(ROOT / "config.yaml", work / "config.yaml")  # the Snakefile's `configfile:`
     env = {
         **os.environ,
@@ -311,17 +309,16 @@ def run(work: Path, *, size: str = "quick", jobs: int = 1, seed: int = 0) -> tup
     wall_s = time.perf_counter() - start
     table = job_table(state)
     table.to_csv(work / "jobs.tsv", sep="\t", index=False)
-    (work / "run.json").write_text(json.dumps({
-        "started": started.strftime("%Y-%m-%d %H:%M UTC"), "wall_s": round(wall_s, 1), "size": size, "jobs": jobs,
-        "machine": machine(), "snakemake_exit": proc.returncode,
-        "command": f"python -m arithmech.rehearsal --size {size} --jobs {jobs}"}, indent=1))
+    write_json({"started": started.strftime("%Y-%m-%d %H:%M UTC"), "wall_s": round(wall_s, 1), "size": size,
+                "jobs": jobs, "machine": machine(), "snakemake_exit": proc.returncode,
+                "command": f"python -m arithmech.rehearsal --size {size} --jobs {jobs}"}, work / "run.json")
     print(f"rehearsal ({size}): {len(table)} jobs through the SLURM stand-ins in {wall_s:.0f} s; "
           f"per job in {work / 'jobs.tsv'}")
     if proc.returncode != 0:
         tail = (work / "snakemake.log").read_text()[-4000:]
         raise RuntimeError(f"the rehearsal failed (snakemake exit {proc.returncode}); "
                            f"log: {work / 'snakemake.log'}\n{tail}")
-    return table, planned
+    return table, report
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -337,11 +334,11 @@ def main(argv: list[str] | None = None) -> None:
                         help="run nothing: print (and with --docs write) the summary of the rehearsal in --work")
     args = parser.parse_args(argv)
     if args.report_only:
-        table, planned = read_jobs(args.work)
+        table, report = read_jobs(args.work)
     else:
-        table, planned = run(args.work, size=args.size, jobs=args.jobs)
+        table, report = run(args.work, size=args.size, jobs=args.jobs)
     with pd.option_context("display.max_rows", None, "display.width", 160):
-        print(per_rule(table, planned).round(1).to_string())
+        print(per_rule(table, planned_jobs(report)).round(1).to_string())
         print(table.to_string(index=False))
     if args.docs is not None:
         text = args.docs.read_text()
