@@ -272,11 +272,11 @@ def findings_markdown(work: Path, model: str = "rehearsal") -> str:
     return "\n".join(out)
 
 
-def run(work: Path, *, size: str = "quick", jobs: int = 1, seed: int = 0) -> tuple[pd.DataFrame, dict[str, int]]:
+def run(work: Path, *, size: str = "quick", jobs: int = 1, seed: int = 0) -> tuple[pd.DataFrame, dict]:
     """Build the model and the Hub directories under `work`, write the merged config there, and run the
     whole workflow through the SLURM profile with the stand-ins. Returns (`job_table`, make plan's report
-    for the same configuration, also in work/plan.json); raises with the log's tail when Snakemake fails (the jobs that ran are
-    still in work/jobs.tsv)."""
+    for the same configuration, also in work/plan.json); raises with the log's tail when Snakemake fails
+    (the jobs that ran are still in work/jobs.tsv)."""
     work = Path(work).resolve()
     work.mkdir(parents=True, exist_ok=True)
     state = work / "slurm-state"
