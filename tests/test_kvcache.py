@@ -113,3 +113,50 @@ def test_repeated_cache_rejects_bad_arguments(tiny_lm, enc, kwargs):
     prefix = prefix_cache(tiny_lm, enc, tail=1)
     with pytest.raises(ValueError, match="repeated_cache needs"):
         repeated_cache(prefix, **kwargs)
+
+
+class _LiveCopies:
+    """Wraps `repeated_cache` where the decoders call it and records, at each new copy, how many earlier copies
+    are still alive (weak references, no garbage collection: memory that only a collection would free counts)."""
+
+    def __init__(self, monkeypatch, modules):
+        import weakref
+
+        from arithmech import kvcache
+
+        self.refs, self.alive_at_copy = [], []
+        made = kvcache.repeated_cache
+
+        def tracked(*args, **kwargs):
+            self.alive_at_copy.append(sum(ref() is not None for ref in self.refs))
+            cache = made(*args, **kwargs)
+            self.refs.append(weakref.ref(cache))
+            return cache
+
+        for module in modules:
+            monkeypatch.setattr(module, "repeated_cache", tracked)
+
+
+def test_one_batch_of_cache_copies_is_alive_at_a_time(tiny_lm, monkeypatch):
+    """The copies of a prefix cache are the largest memory of the knockout, the transfer and evaluation (rows x
+    the longest prompt): each batch's (and each chunk of node sets') copies must be freed before the next are
+    made, or the peak is two batches' worth."""
+    from arithmech import generation, kvcache, scoring
+    from arithmech.ablation import greedy_end_sets
+    from arithmech.generation import greedy_generate
+    from arithmech.means import AlignedMean
+    from arithmech.scoring import score_targets
+
+    live = _LiveCopies(monkeypatch, [kvcache, generation, scoring])
+    shots = "Question: Ann has 3 pens and buys 4 more. How many pens does she have?\nAnswer: 7.\n\n"
+    texts = [shots + t for t in TEXTS * 3]  # 9 prompts with a shared prefix
+    means = AlignedMean(torch.zeros(1, tiny_lm.n_layers, tiny_lm.n_heads, tiny_lm.head_dim),
+                        torch.zeros(1, tiny_lm.n_layers, tiny_lm.d_model))
+    # 3 batches of 3 texts x 3 chunks of 2 sets (5 sets, 6 rows a forward)
+    greedy_end_sets(tiny_lm, texts, [[], [(0, 0)], [(1, 1)], [(0, 1)], [(1, 0)]], means=means, max_new_tokens=3,
+                    batch_size=3, copies_per_forward=6)
+    assert len(live.alive_at_copy) == 9
+    greedy_generate(tiny_lm, texts, 3, 4, share_prefix=True)  # 3 batches on the shared few-shot prefix
+    score_targets(tiny_lm, texts, [" 3"] * len(texts), batch_size=4)  # 3 batches on the shared prefix
+    assert len(live.alive_at_copy) == 15
+    assert max(live.alive_at_copy) == 0, live.alive_at_copy

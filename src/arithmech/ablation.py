@@ -337,5 +337,6 @@ def greedy_end_sets(
                 lm, **inputs, max_new_tokens=max_new_tokens, hooks=hooks, stop=None if settled is None else stop,
                 on_logits=first_logits,
             )
+            del inputs  # this chunk's cache copies, before the next chunk makes its own
             out[s0 : s0 + c, start : start + b] = gen.view(b, c, -1).transpose(0, 1)
     return GreedyKnockout(out, first)

@@ -210,6 +210,7 @@ def greedy_generate(
             lm, **enc, max_new_tokens=max_new_tokens, hooks=hooks, row_ids=torch.arange(start, stop_row),
             stop=stop, on_logits=keep_logits if return_logits else None,
         )
+        del enc  # this batch's cache copy, before the next batch makes its own
     return (out, all_logits) if return_logits else out
 
 

@@ -340,6 +340,7 @@ def score_targets(
             nll[i] = -float(step.gather(-1, cont[:, None]).double().sum())
             n_tok[i] = len(cont)
             match[i] = bool((step.argmax(-1) == cont).all())
+        del kwargs, logits, logp, step  # this batch's cache copy and logits, before the next batch's
     return pd.DataFrame({"n_tokens": n_tok, "nll": nll, "greedy_match": match})
 
 
