@@ -116,47 +116,64 @@ def test_repeated_cache_rejects_bad_arguments(tiny_lm, enc, kwargs):
 
 
 class _LiveCopies:
-    """Wraps `repeated_cache` where the decoders call it and records, at each new copy, how many earlier copies
-    are still alive (weak references, no garbage collection: memory that only a collection would free counts)."""
+    """Wraps `repeated_cache` and `prefix_cache` where the decoders and scorers call them and records, at each
+    new copy and each prefix forward, how many copies made earlier are still alive (weak references, no
+    garbage collection: memory that only a collection would free counts as alive)."""
 
-    def __init__(self, monkeypatch, modules):
+    def __init__(self, monkeypatch, copy_modules, prefix_modules):
         import weakref
 
         from arithmech import kvcache
 
-        self.refs, self.alive_at_copy = [], []
-        made = kvcache.repeated_cache
+        self.refs, self.alive_at_copy, self.alive_at_prefix = [], [], []
+        copy_of, prefix_of = kvcache.repeated_cache, kvcache.prefix_cache
 
-        def tracked(*args, **kwargs):
-            self.alive_at_copy.append(sum(ref() is not None for ref in self.refs))
-            cache = made(*args, **kwargs)
+        def alive():
+            return sum(ref() is not None for ref in self.refs)
+
+        def tracked_copy(*args, **kwargs):
+            self.alive_at_copy.append(alive())
+            cache = copy_of(*args, **kwargs)
             self.refs.append(weakref.ref(cache))
             return cache
 
-        for module in modules:
-            monkeypatch.setattr(module, "repeated_cache", tracked)
+        def tracked_prefix(*args, **kwargs):
+            self.alive_at_prefix.append(alive())
+            return prefix_of(*args, **kwargs)
+
+        for module in copy_modules:
+            monkeypatch.setattr(module, "repeated_cache", tracked_copy)
+        for module in prefix_modules:
+            monkeypatch.setattr(module, "prefix_cache", tracked_prefix)
 
 
 def test_one_batch_of_cache_copies_is_alive_at_a_time(tiny_lm, monkeypatch):
-    """The copies of a prefix cache are the largest memory of the knockout, the transfer and evaluation (rows x
-    the longest prompt): each batch's (and each chunk of node sets') copies must be freed before the next are
-    made, or the peak is two batches' worth."""
-    from arithmech import generation, kvcache, scoring
+    """The copies of a prefix cache are the largest memory of the knockout, the transfer, total-mode patching
+    and evaluation (rows x the longest prompt): each batch's (and each chunk of node sets') copies must be
+    freed before the next batch's prefix forward and before the next copies are made, or the peak is two
+    batches' worth."""
+    from arithmech import ablation, generation, kvcache, patching, scoring
     from arithmech.ablation import greedy_end_sets
     from arithmech.generation import greedy_generate
     from arithmech.means import AlignedMean
+    from arithmech.patching import collect, total_logits
     from arithmech.scoring import score_targets
 
-    live = _LiveCopies(monkeypatch, [kvcache, generation, scoring])
     shots = "Question: Ann has 3 pens and buys 4 more. How many pens does she have?\nAnswer: 7.\n\n"
     texts = [shots + t for t in TEXTS * 3]  # 9 prompts with a shared prefix
+    answers = torch.full((len(texts),), 5)
+    cf, _ = collect(tiny_lm, texts, answers, batch_size=4)
+    live = _LiveCopies(monkeypatch, [kvcache, generation, scoring], [ablation, patching])
     means = AlignedMean(torch.zeros(1, tiny_lm.n_layers, tiny_lm.n_heads, tiny_lm.head_dim),
                         torch.zeros(1, tiny_lm.n_layers, tiny_lm.d_model))
     # 3 batches of 3 texts x 3 chunks of 2 sets (5 sets, 6 rows a forward)
     greedy_end_sets(tiny_lm, texts, [[], [(0, 0)], [(1, 1)], [(0, 1)], [(1, 0)]], means=means, max_new_tokens=3,
                     batch_size=3, copies_per_forward=6)
-    assert len(live.alive_at_copy) == 9
+    assert (len(live.alive_at_prefix), len(live.alive_at_copy)) == (3, 9)
     greedy_generate(tiny_lm, texts, 3, 4, share_prefix=True)  # 3 batches on the shared few-shot prefix
     score_targets(tiny_lm, texts, [" 3"] * len(texts), batch_size=4)  # 3 batches on the shared prefix
     assert len(live.alive_at_copy) == 15
-    assert max(live.alive_at_copy) == 0, live.alive_at_copy
+    total_logits(tiny_lm, texts, answers, cf, [0, 1], batch_size=4, copies_per_forward=8)  # 3 batches
+    assert len(live.alive_at_prefix) == 6 and len(live.alive_at_copy) > 15
+    assert max(live.alive_at_copy) == 0, str(live.alive_at_copy)
+    assert max(live.alive_at_prefix) == 0, live.alive_at_prefix

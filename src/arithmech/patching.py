@@ -322,11 +322,12 @@ def total_logits(
         answers = answer_ids[start : start + n].to(lm.device)
         prefix = prefix_cache(lm, enc)
         plain = end_forward(lm, enc, prefix, 1, output_hidden_states=True)
-        prefix_copies = PrefixCopies(prefix, room=1)  # copied once per number of copies, not per forward
         resid = plain.hidden_states  # [L+1] x [n, 1, d]
+        lo, lp = _unembed_scores(lm, plain.last_hidden_state, answers, full)  # [n, 1]
+        del plain  # and its copy of the prefix cache: only the residuals are needed on
+        prefix_copies = PrefixCopies(prefix, room=1)  # copied once per number of copies, not per forward
         logit_out = torch.empty(n, 1 + len(nodes))  # column 0 unpatched, then the nodes
         lp_out = torch.empty(n, 1 + len(nodes))
-        lo, lp = _unembed_scores(lm, plain.last_hidden_state, answers, full)  # [n, 1]
         logit_out[:, :1] = lo.cpu()
         if with_logprobs:
             lp_out[:, :1] = lp.cpu()
@@ -343,6 +344,7 @@ def total_logits(
                 logit_out[:, [1 + c for c in cols]] = lo.view(n, k).cpu()
                 if with_logprobs:
                     lp_out[:, [1 + c for c in cols]] = lp.view(n, k).cpu()
+        del prefix, prefix_copies  # this batch's caches, before the next batch's prefix forward
         out_logits.append(logit_out)
         out_lp.append(lp_out)
     return _split_unpatched(torch.cat(out_logits), torch.cat(out_lp) if with_logprobs else None)

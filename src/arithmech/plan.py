@@ -902,11 +902,13 @@ def patch_layer(s: Setting, m: Model, job: Job) -> Cost:
 def set_bytes(m: Model, *, batch: int, prompt: float, tail: float, steps: float, copies: int = 256) -> float:
     """GPU memory of `ablation.greedy_end_sets` beyond the weights: the batch's prefix cache, and its
     batch x max(1, copies // batch) rows, each a copy of its text's cache with room for the answer, running
-    the tail with its logits."""
+    the tail with its logits; and one layer of those copies again, as rows that have ended leave: a layer's
+    kept rows are gathered into new buffers before its old ones are freed (`kvcache.RoomyLayer`)."""
     rows = batch * max(1, copies // batch)
     prefix = kv_bytes(m, batch * prompt)
-    return prefix + inference_bytes(m.shape, rows=rows, seq=min(tail, prompt), kv=prompt + steps, logits=rows,
-                                    dtype_bytes=m.dtype_bytes)
+    leaving = kv_bytes(m, rows * (prompt + steps)) / m.shape.n_layers
+    return prefix + leaving + inference_bytes(m.shape, rows=rows, seq=min(tail, prompt), kv=prompt + steps,
+                                              logits=rows, dtype_bytes=m.dtype_bytes)
 
 
 def knockout_sets(ablation: dict, *, heads: int) -> tuple[int, int]:

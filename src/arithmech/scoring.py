@@ -97,9 +97,8 @@ def _choice_scores(
 ) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """(summed log-likelihood, number of tokens) of every choice, per item: two lists of [n_choices] arrays.
 
-    Each batch of `batch_size` items reads its contexts once (left-padded, with a cache; the last position
-    predicts every choice's first token), then every choice's remaining tokens continue from a copy of its
-    own item's cache (right-padded after it, at the positions they have in context + choice alone)."""
+    Items run in batches of `batch_size` of similar context lengths (`_choice_batch`: the context once, the
+    choices' remaining tokens on copies of its cache)."""
     contexts, choices_per_item = list(contexts), [list(c) for c in choices_per_item]
     if len(contexts) != len(choices_per_item):
         raise ValueError(f"{len(contexts)} contexts but {len(choices_per_item)} lists of choices")
@@ -120,42 +119,54 @@ def _choice_scores(
         cont_ids.append(conts)
     # Longest first: batches of similar lengths, and memory trouble shows at once.
     order = sorted(range(len(contexts)), key=lambda i: -len(ctx_ids[i]))
-    sums = [np.zeros(len(c)) for c in cont_ids]
+    sums: list[np.ndarray | None] = [None] * len(contexts)
     pad = lm.tokenizer.pad_token_id
     batches = _length_batches([len(ctx_ids[i]) for i in order], batch_size)
     for start, stop in tqdm(batches, desc=progress, disable=progress is None, file=sys.stderr):
         items = order[start:stop]
-        enc = pad_left([ctx_ids[i] for i in items], pad, lm.device)
-        out = lm.model(**enc, use_cache=True, logits_to_keep=1)
-        first = out.logits[:, -1].float().log_softmax(-1).cpu().double()  # [items, vocab]
-        # one row per (item, choice) with tokens after its first: they continue from the item's cache
-        rows = [(k, c) for k, i in enumerate(items) for c, cont in enumerate(cont_ids[i]) if len(cont) > 1]
-        for k, i in enumerate(items):
-            sums[i] += [float(first[k, cont[0]]) for cont in cont_ids[i]]
-        if not rows:
-            continue
-        owner = torch.tensor([k for k, _ in rows], device=lm.device)
-        tails = [cont_ids[items[k]][c] for k, c in rows]  # input: all but the last token; each predicts the next
-        width = max(len(t) for t in tails) - 1
-        ids = torch.full((len(rows), width), pad, dtype=torch.long)
-        tail_mask = torch.zeros((len(rows), width), dtype=torch.long)
-        for r, tail in enumerate(tails):
-            ids[r, : len(tail) - 1] = torch.tensor(tail[:-1])
-            tail_mask[r, : len(tail) - 1] = 1
-        cache = out.past_key_values
-        cache.reorder_cache(owner)
-        ctx_len = enc["attention_mask"].sum(-1)[owner]  # [rows] real context tokens
-        logp = lm.model(
-            input_ids=ids.to(lm.device),
-            attention_mask=torch.cat([enc["attention_mask"][owner], tail_mask.to(lm.device)], dim=1),
-            position_ids=ctx_len[:, None] + torch.arange(width, device=lm.device),
-            past_key_values=cache,
-        ).logits.float().log_softmax(-1)  # [rows, width, vocab]
-        for r, ((k, c), tail) in enumerate(zip(rows, tails)):
-            target = torch.tensor(tail[1:], device=logp.device)
-            sums[items[k]][c] += float(logp[r, : len(tail) - 1].gather(-1, target[:, None]).double().sum())
+        # a call of its own: the batch's cache and logits are freed on return, before the next batch's forward
+        batch_sums = _choice_batch(lm, [ctx_ids[i] for i in items], [cont_ids[i] for i in items], pad)
+        for i, item_sums in zip(items, batch_sums):
+            sums[i] = item_sums
     counts = [np.array([len(c) for c in conts]) for conts in cont_ids]
     return sums, counts
+
+
+def _choice_batch(lm: LoadedModel, ctx_ids: list[list[int]], cont_ids: list[list[list[int]]], pad: int
+                  ) -> list[np.ndarray]:
+    """Summed log-likelihood of every choice of one batch of items ([n_choices] per item): the contexts run
+    once (left-padded, with a cache; the last position predicts every choice's first token), then every choice
+    with tokens after its first continues from a copy of its own item's cache (right-padded after it, at the
+    positions it has in context + choice alone)."""
+    enc = pad_left(ctx_ids, pad, lm.device)
+    out = lm.model(**enc, use_cache=True, logits_to_keep=1)
+    first = out.logits[:, -1].float().log_softmax(-1).cpu().double()  # [items, vocab]
+    sums = [np.array([float(first[k, cont[0]]) for cont in conts]) for k, conts in enumerate(cont_ids)]
+    # one row per (item, choice) with tokens after its first: they continue from the item's cache
+    rows = [(k, c) for k, conts in enumerate(cont_ids) for c, cont in enumerate(conts) if len(cont) > 1]
+    if not rows:
+        return sums
+    owner = torch.tensor([k for k, _ in rows], device=lm.device)
+    tails = [cont_ids[k][c] for k, c in rows]  # input: all but the last token; each predicts the next
+    width = max(len(t) for t in tails) - 1
+    ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    tail_mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for r, tail in enumerate(tails):
+        ids[r, : len(tail) - 1] = torch.tensor(tail[:-1])
+        tail_mask[r, : len(tail) - 1] = 1
+    cache = out.past_key_values
+    cache.reorder_cache(owner)
+    ctx_len = enc["attention_mask"].sum(-1)[owner]  # [rows] real context tokens
+    logp = lm.model(
+        input_ids=ids.to(lm.device),
+        attention_mask=torch.cat([enc["attention_mask"][owner], tail_mask.to(lm.device)], dim=1),
+        position_ids=ctx_len[:, None] + torch.arange(width, device=lm.device),
+        past_key_values=cache,
+    ).logits.float().log_softmax(-1)  # [rows, width, vocab]
+    for r, ((k, c), tail) in enumerate(zip(rows, tails)):
+        target = torch.tensor(tail[1:], device=logp.device)
+        sums[k][c] += float(logp[r, : len(tail) - 1].gather(-1, target[:, None]).double().sum())
+    return sums
 
 
 def choice_loglik(
