@@ -7,7 +7,7 @@ TORCH ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.arithmech-installed
 
-.PHONY: setup run study test test-fast gpu-check benchmark peer-benchmark report clean-results slurm-profile docs plan rehearsal
+.PHONY: setup run study test test-fast gpu-check benchmark peer-benchmark report clean-results slurm-profile docs plan rehearsal rehearsal-peak
 
 $(STAMP): requirements.txt envs/default-model.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -41,6 +41,14 @@ plan: $(STAMP)
 # '--size full' (the paper's data sizes: hours on 2 cores) or '--work /scratch/rehearsal'.
 rehearsal: $(STAMP)
 	$(BIN)/python -m arithmech.rehearsal $(REHEARSAL_ARGS)
+
+# After `make rehearsal`: the costliest job (by make plan) of each GPU rule whose largest batch grows from the
+# quick size to the full one, at the full run's largest batch (--size peak), on the quick rehearsal's results.
+PEAK_TARGETS = results/rehearsal/finetune/full results/rehearsal/eval/base/gsm8k.parquet \
+	results/rehearsal/knockout/transfer.parquet
+rehearsal-peak: $(STAMP)
+	$(BIN)/python -m arithmech.rehearsal --size peak --work rehearsal-peak --seed-from rehearsal \
+		--targets $(PEAK_TARGETS) $(REHEARSAL_ARGS)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest

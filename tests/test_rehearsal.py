@@ -3,6 +3,8 @@ loaders as fetch_dataset reads them, the overlay config the schema accepts, and 
 stand-in sbatch's records. The rehearsal itself (`make rehearsal`) is too long for the suite."""
 
 import json
+import os
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -67,6 +69,54 @@ def test_overlay_passes_the_schema_over_the_paper_config(tmp_path, hub):
         assert (config["evaluation"]["gsm8k"]["n"] is None) is not quick
 
 
+def test_peak_keeps_the_full_runs_largest_batches(tmp_path, hub):
+    paper = load_config([rehearsal.ROOT / "configs/paper.yaml"], root=rehearsal.ROOT)
+    peak = rehearsal.peak_overlay(tmp_path, paper)
+    path = tmp_path / "peak.yaml"
+    path.write_text(yaml.safe_dump(rehearsal.overlay(tmp_path / "model", hub, "peak", peak)))
+    config = load_config([rehearsal.ROOT / "configs/paper.yaml", path], root=rehearsal.ROOT)
+    train, ev = config["finetune"]["train"], config["evaluation"]
+    assert train["max_length"] == paper["finetune"]["train"]["max_length"] == 512  # not QUICK's 256
+    assert (ev["gsm8k"]["max_new_tokens"], ev["svamp"]["max_new_tokens"]) == (256, 128)
+    assert config["transfer"] == paper["transfer"]  # the transfer keeps its full sets
+    assert ev["mmlu"]["n"] == rehearsal.QUICK["evaluation"]["mmlu"]["n"]  # sets whose batch does not grow: quick
+    # one optimizer step of the longest training examples, one batch of the longest test questions
+    for key, file, n, text in [
+            ("finetune", config["finetune"]["data"]["file"], train["batch_size"] * train["grad_accumulation"],
+             lambda r: r["question"] + r["answer"]),
+            ("gsm8k", ev["gsm8k"]["file"], ev["batch_size"], lambda r: r["question"]),
+            ("svamp", ev["svamp"]["file"], ev["batch_size"], lambda r: f"{r['Body']} {r['Question']}")]:
+        source = {"finetune": paper["finetune"]["data"]["file"], "gsm8k": paper["evaluation"]["gsm8k"]["file"],
+                  "svamp": paper["evaluation"]["svamp"]["file"]}[key]
+        from arithmech.plan import _records
+        everything = sorted(len(text(r)) for r in _records(rehearsal.ROOT / source))
+        kept = _records(Path(file))
+        assert len(kept) == n and sorted(len(text(r)) for r in kept) == everything[-n:], key
+    assert config["finetune"]["data"]["n"] is None and ev["gsm8k"]["n"] is None and ev["svamp"]["n"] is None
+    with pytest.raises(ValueError, match="3 records, fewer than the 4 a batch holds"):
+        (tmp_path / "three.jsonl").write_text("".join(json.dumps({"q": "x" * i}) + "\n" for i in range(3)))
+        rehearsal.longest_records(tmp_path / "three.jsonl", tmp_path / "out.jsonl", 4, lambda r: r["q"])
+    assert not (tmp_path / "out.jsonl").exists()
+    with pytest.raises(ValueError, match="needs its overlay"):
+        rehearsal.overlay(tmp_path / "model", hub, "peak")
+
+
+def test_seed_work_copies_a_rehearsals_model_and_results_with_their_times(tmp_path):
+    source, work = tmp_path / "quick", tmp_path / "peak"
+    (source / "model").mkdir(parents=True)
+    (source / "model" / "config.json").write_text("{}")
+    with pytest.raises(FileNotFoundError, match="results is missing: run a rehearsal"):
+        rehearsal.seed_work(work, source)
+    (source / "results" / "rehearsal").mkdir(parents=True)
+    old = source / "results" / "rehearsal" / "effects.parquet"
+    old.write_text("x")
+    os.utime(old, (1_000_000_000, 1_000_000_000))
+    rehearsal.seed_work(work, source)
+    copied = work / "results" / "rehearsal" / "effects.parquet"
+    assert copied.read_text() == "x" and copied.stat().st_mtime == 1_000_000_000  # Snakemake sees it up to date
+    assert (work / "model" / "config.json").is_file()
+
+
 def test_job_table_reads_the_stand_in_records(tmp_path):
     (tmp_path / "call_101").write_text("--parsable --comment rule_knockout_wildcards_rehearsal_addition -A x")
     (tmp_path / "usage_101").write_text(json.dumps({"wall_s": 12.5, "max_rss_mb": 900.0, "exit": 0}))
@@ -125,6 +175,28 @@ def test_summary_is_written_into_the_docs_generated_block(tmp_path, capsys):
     assert "| addition | 3 / 2 | 2 of 1,024 | 1 |" in text and "| division |" not in text  # no results: no row
     with pytest.raises(FileNotFoundError, match="jobs.tsv"):
         rehearsal.main(["--work", str(tmp_path / "nowhere"), "--report-only"])
+
+
+def test_a_targeted_rehearsal_has_its_own_block_and_no_whole_run_counts(tmp_path):
+    work = tmp_path / "work"
+    work.mkdir()
+    pd.DataFrame({"job": [7], "rule": ["finetune"], "wildcards": ["rehearsal_full"], "wall_s": [400.0],
+                  "peak_rss_mb": [3000.0], "state": ["COMPLETED"]}).to_csv(work / "jobs.tsv", sep="\t", index=False)
+    (work / "plan.json").write_text(json.dumps({"rules": [{"rule": "finetune", "kind": "gpu", "jobs": 4,
+                                                           "gpu_gb": 3.8}]}))
+    (work / "run.json").write_text(json.dumps({
+        "started": "2026-11-24 22:40 UTC", "wall_s": 1800.0, "size": "peak", "jobs": 1, "machine": "a CPU",
+        "snakemake_exit": 0, "targets": ["results/rehearsal/finetune/full"],
+        "command": "python -m arithmech.rehearsal --size peak --jobs 1 --targets results/rehearsal/finetune/full"}))
+    docs = tmp_path / "rehearsal.md"
+    docs.write_text("\n".join([*rehearsal.MARKERS, "", rehearsal.PEAK_MARKERS[0], "old", rehearsal.PEAK_MARKERS[1],
+                                ""]))
+    rehearsal.main(["--work", str(work), "--report-only", "--docs", str(docs)])
+    text = docs.read_text()
+    whole, peak = text.split(rehearsal.PEAK_MARKERS[0])
+    assert whole.strip() == "\n".join(rehearsal.MARKERS)  # the whole run's block is left alone
+    assert "old" not in peak and "planned" not in peak  # 1 job of finetune's 4 is not a count to compare
+    assert "| `finetune` | 1 | 400 | 400 | 3,000 | 3,800 |" in peak
 
 
 def test_planned_jobs_sum_a_rule_over_models():

@@ -14,7 +14,11 @@ What a random model cannot do is switched off, and `OVERLAY` says why: it answer
 study's training jobs never run). With `size: full` every other data size is the paper configuration's
 (all of GSM8K train for 2 epochs at 128 a step, all of GSM8K test, SVAMP, MMLU, ...): hours on 2 CPU cores.
 `size: quick` caps what only scales the work (`QUICK`: the fine-tuning data and the evaluation sets), for a
-pass that still runs every job of the DAG.
+pass that still runs every job of the DAG. `size: peak` (`peak_overlay`) keeps, where a batch grows with the
+data sizes, the full run's largest batch and only that: one fine-tuning step over the longest GSM8K training
+examples, one batch of the longest GSM8K and SVAMP questions at their full answer lengths, the transfer whole;
+with `targets` and `seed_from` (a quick rehearsal's directory) it runs just those jobs, to check the plan's
+memory at the full sizes in a fraction of the full run's time.
 
 The result: one row per job (rule, wildcards, wall seconds, peak resident memory of its largest process)
 in `jobs.tsv` of the working directory, and per rule the job count beside the count `make plan` takes from
@@ -67,8 +71,11 @@ QUICK = {
     "study": {"off_target": {"gsm8k_n": 8, "svamp_n": 16, "social_iqa_n": 16, "strategyqa_n": 16,
                              "qa_wikidata_n": 16, "wikitext": {"max_tokens": 2048, "window": 1024}}},
 }
-# The generated block of docs/rehearsal.md (`--docs`): the last rehearsal's summary, never typed.
+# The generated blocks of docs/rehearsal.md (`--docs`): the last rehearsal's summary, never typed; size peak
+# (a few jobs at the full run's largest batches) has a block of its own.
 MARKERS = ("<!-- BEGIN GENERATED: rehearsal (make rehearsal) -->", "<!-- END GENERATED: rehearsal -->")
+PEAK_MARKERS = ("<!-- BEGIN GENERATED: rehearsal-peak (make rehearsal-peak) -->",
+                "<!-- END GENERATED: rehearsal-peak -->")
 RESOURCES = {"gpus": 1, "gpu_model": "a100", "mem_mb": 64000, "runtime": 120}  # as config.yaml gives llama2-7b
 
 
@@ -106,9 +113,53 @@ def hub_layout(root: Path, seed: int = 0) -> dict[str, dict]:
             "commonsense_qa": {"path": str(csqa), "split": "validation"}}
 
 
-def overlay(model_dir: Path, hub: dict[str, dict], size: str) -> dict:
+def longest_records(source: Path, out: Path, n: int, text) -> Path:
+    """The `n` records of data file `source` (JSON Lines or a JSON list) whose `text(record)` is longest,
+    written to `out` in the same format (atomically). The rehearsal's tokenizer is byte-level, so characters
+    order them as its tokens do."""
+    from .io import atomic_path
+    from .plan import _records
+
+    records = _records(source)
+    if len(records) < n:
+        raise ValueError(f"{source}: {len(records)} records, fewer than the {n} a batch holds")
+    keep = sorted(records, key=lambda r: len(text(r)), reverse=True)[:n]
+    with atomic_path(out) as tmp:
+        if source.suffix == ".jsonl":
+            tmp.write_text("".join(json.dumps(r) + "\n" for r in keep))
+        else:
+            tmp.write_text(json.dumps(keep))
+    return out
+
+
+def peak_overlay(work: Path, config: dict) -> dict:
+    """Size peak over `config` (configs/paper.yaml merged): the full run's largest batch of each job whose batch
+    grows with the data sizes, files written under work/peak. Fine-tuning: the longest
+    `batch_size x grad_accumulation` GSM8K training examples, all of them (one optimizer step an epoch) at the
+    full `max_length`; evaluation: the longest `evaluation.batch_size` GSM8K test questions and SVAMP problems
+    at their full `max_new_tokens`; the transfer keeps its full sets. The other sets are capped as `QUICK`."""
+    from .plan import data_path
+
+    peak = Path(work) / "peak"
+    train, ev = config["finetune"]["train"], config["evaluation"]
+    step = train["batch_size"] * train["grad_accumulation"]
+    gsm8k_train = longest_records(data_path(config["finetune"]["data"]["file"], root=ROOT),
+                                  peak / "gsm8k_train.jsonl", step, lambda r: r["question"] + r["answer"])
+    gsm8k_test = longest_records(data_path(ev["gsm8k"]["file"], root=ROOT), peak / "gsm8k_test.jsonl",
+                                 ev["batch_size"], lambda r: r["question"])
+    svamp = longest_records(data_path(ev["svamp"]["file"], root=ROOT), peak / "svamp.json", ev["batch_size"],
+                            lambda r: f"{r['Body']} {r['Question']}")
+    extra = merge({}, QUICK)
+    del extra["transfer"]
+    extra["finetune"] = {"data": {"file": str(gsm8k_train), "n": None}}
+    extra["evaluation"]["gsm8k"] = {"file": str(gsm8k_test), "n": None}
+    extra["evaluation"]["svamp"] = {"file": str(svamp), "n": None}
+    return extra
+
+
+def overlay(model_dir: Path, hub: dict[str, dict], size: str, peak: dict | None = None) -> dict:
     """The rehearsal's config on top of configs/paper.yaml: the model, the local Hub directories, the random
-    model's limits (`OVERLAY`) and, with `size` quick, `QUICK`."""
+    model's limits (`OVERLAY`) and, with `size` quick, `QUICK`; with size peak, `peak` (`peak_overlay`)."""
     extra = {
         "run": {"models": ["rehearsal"], "tasks": ["addition", "subtraction", "multiplication", "division"]},
         "models": {"rehearsal": {"source": {"path": str(model_dir)}, "resources": dict(RESOURCES)}},
@@ -117,6 +168,10 @@ def overlay(model_dir: Path, hub: dict[str, dict], size: str) -> dict:
     merge(extra, OVERLAY)
     if size == "quick":
         merge(extra, QUICK)
+    elif size == "peak":
+        if peak is None:
+            raise ValueError("size peak needs its overlay (peak_overlay)")
+        merge(extra, peak)
     return extra
 
 
@@ -218,9 +273,10 @@ def summary_markdown(work: Path) -> str:
     lines = [f"`{meta['command']}`, started {meta['started']} on {meta['machine']}: {len(table)} jobs through "
              f"the SLURM stand-ins ({finished}) in {minutes // 60} h {minutes % 60} min; Snakemake exit "
              f"{meta['snakemake_exit']}.", ""]
-    rules = per_rule(table, planned_jobs(report))
-    rules.loc["total"] = [int(rules["jobs"].sum()), int(rules["planned"].sum()), table["wall_s"].sum(),
-                          table["wall_s"].max(), table["peak_rss_mb"].max()]
+    targeted = bool(meta.get("targets"))  # a few jobs only: the whole run's planned counts do not apply
+    rules = per_rule(table, None if targeted else planned_jobs(report))
+    rules.loc["total"] = [int(rules["jobs"].sum()), *([] if targeted else [int(rules["planned"].sum())]),
+                          table["wall_s"].sum(), table["wall_s"].max(), table["peak_rss_mb"].max()]
 
     def number(values: pd.Series) -> pd.Series:
         return values.map(lambda v: "" if pd.isna(v) else f"{v:,.0f}")
@@ -230,7 +286,7 @@ def summary_markdown(work: Path) -> str:
     rows = pd.DataFrame({
         "rule": [r if r == "total" else f"`{r}`" for r in rules.index],
         "jobs run": number(rules["jobs"]),
-        "planned": number(rules["planned"]),
+        **({} if targeted else {"planned": number(rules["planned"])}),
         "wall time, all jobs (s)": number(rules["wall_s"]),
         "longest job (s)": number(rules["max_wall_s"]),
         "largest peak memory (MB)": number(rules["max_rss_mb"]),
@@ -239,7 +295,7 @@ def summary_markdown(work: Path) -> str:
         rows["make plan's peak GPU memory (MB)"] = number(pd.Series(
             [plan_mb.get(r, np.nan) for r in rules.index], index=rules.index))
     lines.append(markdown_table(rows))
-    return "\n".join(lines) + findings_markdown(work)
+    return "\n".join(lines) + ("" if targeted else findings_markdown(work))
 
 
 def findings_markdown(work: Path, model: str = "rehearsal") -> str:
@@ -272,21 +328,37 @@ def findings_markdown(work: Path, model: str = "rehearsal") -> str:
     return "\n".join(out)
 
 
-def run(work: Path, *, size: str = "quick", jobs: int = 1, seed: int = 0) -> tuple[pd.DataFrame, dict]:
+def seed_work(work: Path, source: Path) -> None:
+    """Start `work` from the rehearsal in `source`: its model and results, copied with their times (so that
+    Snakemake finds them up to date, and the jobs upstream of a target need not run again)."""
+    source = Path(source).resolve()
+    for name in ("model", "results"):
+        if not (source / name).is_dir():
+            raise FileNotFoundError(f"{source / name} is missing: run a rehearsal in {source} first")
+        shutil.copytree(source / name, work / name, symlinks=True, dirs_exist_ok=True)
+
+
+def run(work: Path, *, size: str = "quick", jobs: int = 1, seed: int = 0, targets: list[str] | None = None,
+        seed_from: Path | None = None) -> tuple[pd.DataFrame, dict]:
     """Build the model and the Hub directories under `work`, write the merged config there, and run the
-    whole workflow through the SLURM profile with the stand-ins. Returns (`job_table`, make plan's report
-    for the same configuration, also in work/plan.json); raises with the log's tail when Snakemake fails
-    (the jobs that ran are still in work/jobs.tsv)."""
+    whole workflow through the SLURM profile with the stand-ins; with `targets` (paths under `work`) only
+    the jobs that make them, forced to run, and what they need that is missing; with `seed_from`, first copy
+    that rehearsal's model and results (`seed_work`). Returns (`job_table`, make plan's report for the same
+    configuration, also in work/plan.json); raises with the log's tail when Snakemake fails (the jobs that ran
+    are still in work/jobs.tsv)."""
     work = Path(work).resolve()
     work.mkdir(parents=True, exist_ok=True)
+    if seed_from is not None:
+        seed_work(work, seed_from)
     state = work / "slurm-state"
     state.mkdir(exist_ok=True)
     model_dir = work / "model"
     if not (model_dir / "config.json").is_file():
         build_tiny_model(model_dir, seed=seed, **TOPOLOGY)
     hub = hub_layout(work / "hub", seed)
-    (work / "rehearsal.yaml").write_text(yaml.safe_dump(overlay(model_dir, hub, size), sort_keys=False))
     configs = [ROOT / "configs" / "paper.yaml", work / "rehearsal.yaml"]
+    peak = peak_overlay(work, load_config(configs[:1], root=ROOT)) if size == "peak" else None
+    (work / "rehearsal.yaml").write_text(yaml.safe_dump(overlay(model_dir, hub, size, peak), sort_keys=False))
     load_config(configs, root=ROOT)  # a config the schema refuses fails here, not in the first job
     report = plan_of(work, configs)
     shutil.copy2(ROOT / "config.yaml", work / "config.yaml")  # the Snakefile's `configfile:`
@@ -303,6 +375,8 @@ def run(work: Path, *, size: str = "quick", jobs: int = 1, seed: int = 0) -> tup
            "--configfile", *map(str, configs), "--profile", str(ROOT / "workflow/profiles/slurm"),
            "--jobs", str(jobs), "--slurm-init-seconds-before-status-checks", "1",
            "--seconds-between-status-checks", "2", "--retries", "0"]
+    if targets:
+        cmd += [*targets, "--forcerun", *targets]
     started, start = datetime.datetime.now(datetime.timezone.utc), time.perf_counter()
     with open(work / "snakemake.log", "w") as log:
         proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=work)
@@ -310,8 +384,10 @@ def run(work: Path, *, size: str = "quick", jobs: int = 1, seed: int = 0) -> tup
     table = job_table(state)
     table.to_csv(work / "jobs.tsv", sep="\t", index=False)
     write_json({"started": started.strftime("%Y-%m-%d %H:%M UTC"), "wall_s": round(wall_s, 1), "size": size,
-                "jobs": jobs, "machine": machine(), "snakemake_exit": proc.returncode,
-                "command": f"python -m arithmech.rehearsal --size {size} --jobs {jobs}"}, work / "run.json")
+                "jobs": jobs, "machine": machine(), "snakemake_exit": proc.returncode, "targets": targets or [],
+                "command": " ".join(["python -m arithmech.rehearsal", f"--size {size}", f"--jobs {jobs}",
+                                     *([f"--seed-from {seed_from}"] if seed_from else []),
+                                     *([f"--targets {' '.join(targets)}"] if targets else [])])}, work / "run.json")
     print(f"rehearsal ({size}): {len(table)} jobs through the SLURM stand-ins in {wall_s:.0f} s; "
           f"per job in {work / 'jobs.tsv'}")
     if proc.returncode != 0:
@@ -325,8 +401,13 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--work", type=Path, default=ROOT / "rehearsal",
                         help="working directory (the model, the config, results/, jobs.tsv)")
-    parser.add_argument("--size", choices=["quick", "full"], default="quick",
-                        help="quick: capped fine-tuning data and evaluation sets; full: the paper's sizes")
+    parser.add_argument("--size", choices=["quick", "full", "peak"], default="quick",
+                        help="quick: capped fine-tuning data and evaluation sets; full: the paper's sizes; peak: "
+                             "the full run's largest batch of each job whose batch grows with the sizes")
+    parser.add_argument("--targets", nargs="+", default=None, metavar="PATH",
+                        help="run only the jobs making these outputs (paths under --work), forced")
+    parser.add_argument("--seed-from", type=Path, default=None, metavar="DIR",
+                        help="start from the model and results of the rehearsal in DIR (e.g. a quick one)")
     parser.add_argument("--jobs", type=int, default=1, help="jobs run at once (1: each job's time is its own)")
     parser.add_argument("--docs", type=Path, default=None,
                         help="write the summary into this file's generated block (docs/rehearsal.md)")
@@ -336,13 +417,16 @@ def main(argv: list[str] | None = None) -> None:
     if args.report_only:
         table, report = read_jobs(args.work)
     else:
-        table, report = run(args.work, size=args.size, jobs=args.jobs)
+        table, report = run(args.work, size=args.size, jobs=args.jobs, targets=args.targets,
+                            seed_from=args.seed_from)
     with pd.option_context("display.max_rows", None, "display.width", 160):
         print(per_rule(table, planned_jobs(report)).round(1).to_string())
         print(table.to_string(index=False))
     if args.docs is not None:
         text = args.docs.read_text()
-        write_if_changed(args.docs, replace_block(text, summary_markdown(args.work), str(args.docs), MARKERS))
+        size = json.loads((args.work / "run.json").read_text())["size"] if (args.work / "run.json").is_file() else ""
+        markers = PEAK_MARKERS if size == "peak" else MARKERS
+        write_if_changed(args.docs, replace_block(text, summary_markdown(args.work), str(args.docs), markers))
         print(f"summary written into {args.docs}")
 
 
