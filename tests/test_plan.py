@@ -286,3 +286,24 @@ def test_transfer_memory_follows_its_longest_prompt_and_copies_per_forward():
                                                     steps=svamp["steps"])
     setting.config["transfer"]["copies_per_forward"] = 64  # fewer rows at once: less memory
     assert P.cost_of(setting, job).gpu_bytes < peak
+
+
+def test_finetune_counts_only_the_examples_the_job_keeps():
+    """The finetune job drops a GSM8K example longer than max_length (`stages.finetune.fitting_examples`):
+    the plan counts the same examples, so fewer steps and a shorter longest sequence, and fails as the job
+    would when none fits, naming the key."""
+    setting, model = llama_setting(PAPER, 16)
+    job = P.Job("finetune", (("model", "llama2-7b"), ("method", "full")))
+    lengths = P._finetune_lengths(setting, model)
+    assert max(n for n, _ in lengths) <= setting.config["finetune"]["train"]["max_length"]
+    cut = sorted(n for n, _ in lengths)[len(lengths) // 2]  # half the examples no longer fit
+    short = copy.deepcopy(setting.config)
+    short["finetune"]["train"]["max_length"] = cut
+    kept = P._finetune_lengths(P.Setting(short, root=ROOT, models=setting.models), model)
+    assert len(kept) == sum(n <= cut for n, _ in lengths) < len(lengths)
+    assert max(n for n, _ in kept) <= cut
+    shorter = P.Setting(short, root=ROOT, models=setting.models)
+    assert P.cost_of(shorter, job).gpu_bytes < P.cost_of(setting, job).gpu_bytes
+    short["finetune"]["train"]["max_length"] = 8
+    with pytest.raises(P.PlanError, match=r"'finetune.train.max_length': no training example .* fits in 8 tokens"):
+        P._finetune_lengths(P.Setting(short, root=ROOT, models=setting.models), model)

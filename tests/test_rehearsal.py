@@ -70,8 +70,14 @@ def test_overlay_passes_the_schema_over_the_paper_config(tmp_path, hub):
 
 
 def test_peak_keeps_the_full_runs_largest_batches(tmp_path, hub):
+    from arithmech.plan import _records
+    from arithmech.tiny import build_tiny_model
+    from transformers import AutoTokenizer
+
     paper = load_config([rehearsal.ROOT / "configs/paper.yaml"], root=rehearsal.ROOT)
-    peak = rehearsal.peak_overlay(tmp_path, paper)
+    build_tiny_model(tmp_path / "model", seed=0, **{**rehearsal.TOPOLOGY, "n_layers": 1})
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "model")
+    peak = rehearsal.peak_overlay(tmp_path, paper, tokenizer)
     path = tmp_path / "peak.yaml"
     path.write_text(yaml.safe_dump(rehearsal.overlay(tmp_path / "model", hub, "peak", peak)))
     config = load_config([rehearsal.ROOT / "configs/paper.yaml", path], root=rehearsal.ROOT)
@@ -80,25 +86,33 @@ def test_peak_keeps_the_full_runs_largest_batches(tmp_path, hub):
     assert (ev["gsm8k"]["max_new_tokens"], ev["svamp"]["max_new_tokens"]) == (256, 128)
     assert config["transfer"] == paper["transfer"]  # the transfer keeps its full sets
     assert ev["mmlu"]["n"] == rehearsal.QUICK["evaluation"]["mmlu"]["n"]  # sets whose batch does not grow: quick
-    # one optimizer step of the longest training examples, one batch of the longest test questions
-    for key, file, n, text in [
-            ("finetune", config["finetune"]["data"]["file"], train["batch_size"] * train["grad_accumulation"],
-             lambda r: r["question"] + r["answer"]),
-            ("gsm8k", ev["gsm8k"]["file"], ev["batch_size"], lambda r: r["question"]),
-            ("svamp", ev["svamp"]["file"], ev["batch_size"], lambda r: f"{r['Body']} {r['Question']}")]:
-        source = {"finetune": paper["finetune"]["data"]["file"], "gsm8k": paper["evaluation"]["gsm8k"]["file"],
-                  "svamp": paper["evaluation"]["svamp"]["file"]}[key]
-        from arithmech.plan import _records
-        everything = sorted(len(text(r)) for r in _records(rehearsal.ROOT / source))
-        kept = _records(Path(file))
-        assert len(kept) == n and sorted(len(text(r)) for r in kept) == everything[-n:], key
     assert config["finetune"]["data"]["n"] is None and ev["gsm8k"]["n"] is None and ev["svamp"]["n"] is None
-    with pytest.raises(ValueError, match="3 records, fewer than the 4 a batch holds"):
-        (tmp_path / "three.jsonl").write_text("".join(json.dumps({"q": "x" * i}) + "\n" for i in range(3)))
-        rehearsal.longest_records(tmp_path / "three.jsonl", tmp_path / "out.jsonl", 4, lambda r: r["q"])
+    # one optimizer step of the longest training examples the finetune job keeps (it drops what does not fit)
+    step = train["batch_size"] * train["grad_accumulation"]
+    everything = rehearsal.finetune_lengths(rehearsal.ROOT / paper["finetune"]["data"]["file"], paper, tokenizer)
+    assert None in everything  # byte-level tokens: some GSM8K examples are longer than 512, and are dropped
+    kept = rehearsal.finetune_lengths(Path(config["finetune"]["data"]["file"]), config, tokenizer)
+    assert len(kept) == step and None not in kept
+    assert sorted(kept) == sorted(n for n in everything if n is not None)[-step:]
+    # one batch of the longest test questions, at their full answer lengths
+    for name, text in [("gsm8k", lambda r: r["question"]), ("svamp", lambda r: f"{r['Body']} {r['Question']}")]:
+        source = sorted(len(text(r)) for r in _records(rehearsal.ROOT / paper["evaluation"][name]["file"]))
+        kept = sorted(len(text(r)) for r in _records(Path(ev[name]["file"])))
+        assert kept == source[-ev["batch_size"]:], name
+
+
+def test_longest_records_keeps_the_format_and_refuses_too_few(tmp_path):
+    (tmp_path / "three.jsonl").write_text("".join(json.dumps({"q": "x" * i}) + "\n" for i in range(3)))
+    rehearsal.longest_records(tmp_path / "three.jsonl", tmp_path / "two.jsonl", 2, [0, 1, 2])
+    assert [json.loads(line)["q"] for line in (tmp_path / "two.jsonl").read_text().splitlines()] == ["xx", "x"]
+    (tmp_path / "three.json").write_text(json.dumps([{"q": "a"}, {"q": "b"}, {"q": "c"}]))
+    rehearsal.longest_records(tmp_path / "three.json", tmp_path / "one.json", 1, [5, None, 1])
+    assert json.loads((tmp_path / "one.json").read_text()) == [{"q": "a"}]
+    with pytest.raises(ValueError, match="2 of its 3 records can be kept, fewer than the 3 a batch holds"):
+        rehearsal.longest_records(tmp_path / "three.jsonl", tmp_path / "out.jsonl", 3, [0, None, 2])
     assert not (tmp_path / "out.jsonl").exists()
     with pytest.raises(ValueError, match="needs its overlay"):
-        rehearsal.overlay(tmp_path / "model", hub, "peak")
+        rehearsal.overlay(tmp_path / "model", {}, "peak")
 
 
 def test_seed_work_copies_a_rehearsals_model_and_results_with_their_times(tmp_path):
@@ -184,10 +198,12 @@ def test_a_targeted_rehearsal_has_its_own_block_and_no_whole_run_counts(tmp_path
                   "peak_rss_mb": [3000.0], "state": ["COMPLETED"]}).to_csv(work / "jobs.tsv", sep="\t", index=False)
     (work / "plan.json").write_text(json.dumps({"rules": [{"rule": "finetune", "kind": "gpu", "jobs": 4,
                                                            "gpu_gb": 3.8}]}))
-    (work / "run.json").write_text(json.dumps({
-        "started": "2026-11-24 22:40 UTC", "wall_s": 1800.0, "size": "peak", "jobs": 1, "machine": "a CPU",
-        "snakemake_exit": 0, "targets": ["results/rehearsal/finetune/full"],
-        "command": "python -m arithmech.rehearsal --size peak --jobs 1 --targets results/rehearsal/finetune/full"}))
+    first = {"started": "2026-11-24 22:40 UTC", "wall_s": 1800.0, "size": "peak", "jobs": 1, "machine": "a CPU",
+             "snakemake_exit": 1, "targets": ["results/rehearsal/eval/base/gsm8k.parquet"],
+             "command": "python -m arithmech.rehearsal --size peak --jobs 1 --targets gsm8k.parquet"}
+    (work / "run.json").write_text(json.dumps({  # a second invocation in the same directory: both are counted
+        **first, "started": "2026-11-25 00:00 UTC", "wall_s": 600.0, "snakemake_exit": 0, "earlier": [first],
+        "command": "python -m arithmech.rehearsal --size peak --jobs 1 --targets full"}))
     docs = tmp_path / "rehearsal.md"
     docs.write_text("\n".join([*rehearsal.MARKERS, "", rehearsal.PEAK_MARKERS[0], "old", rehearsal.PEAK_MARKERS[1],
                                 ""]))
@@ -197,6 +213,10 @@ def test_a_targeted_rehearsal_has_its_own_block_and_no_whole_run_counts(tmp_path
     assert whole.strip() == "\n".join(rehearsal.MARKERS)  # the whole run's block is left alone
     assert "old" not in peak and "planned" not in peak  # 1 job of finetune's 4 is not a count to compare
     assert "| `finetune` | 1 | 400 | 400 | 3,000 | 3,800 |" in peak
+    assert ("`python -m arithmech.rehearsal --size peak --jobs 1 --targets gsm8k.parquet`, started 2026-11-24 22:40 "
+            "UTC, then `python -m arithmech.rehearsal --size peak --jobs 1 --targets full`, started 2026-11-25 00:00 "
+            "UTC on a CPU: 1 jobs through the SLURM stand-ins (1 COMPLETED) in 0 h 40 min; Snakemake exit 1, then 0."
+            ) in peak
 
 
 def test_planned_jobs_sum_a_rule_over_models():

@@ -1123,15 +1123,20 @@ def _millions(count: float) -> str:
 
 def _finetune_lengths(s: Setting, m: Model) -> list[tuple[int, int]]:
     """(tokens, target tokens) of every GSM8K training example as fine-tuning encodes it (prompt with BOS,
-    " " + solution, eos; chat style: the template's headers), cut at max_length."""
+    " " + solution, eos; chat style: the template's headers) that fits in max_length: the job drops the
+    others (`stages.finetune.fitting_examples`), and so fails when none fits."""
     data, max_length = s.config["finetune"]["data"], s.config["finetune"]["train"]["max_length"]
     examples = gsm8k_examples(data_path(data["file"], root=s.root))
+    if data["n"] is not None:
+        examples = examples[:data["n"]]
     chat = 2 * CHAT_TOKENS_PER_MESSAGE if data["style"] == "chat" else 0
     prompts = m.tokens.counts([f"Question: {q}\nAnswer:" for q, _ in examples])
     targets = m.tokens.counts([" " + sol for _, sol in examples], special=False)
-    lengths = [(min(max_length, p + t + 1 + chat), min(max_length, t + 1)) for p, t in zip(prompts, targets)]
-    n = data["n"]
-    return lengths if n is None else lengths[:n]
+    lengths = [(p + t + 1 + chat, t + 1) for p, t in zip(prompts, targets) if p + t + 1 + chat <= max_length]
+    if not lengths:
+        raise PlanError(f"config key 'finetune.train.max_length': no training example of {data['file']} fits in "
+                        f"{max_length} tokens of {m.name}'s tokenizer (the finetune job would fail)")
+    return lengths
 
 
 def training_steps(train: dict, *, examples: int) -> tuple[int, int]:

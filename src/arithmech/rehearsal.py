@@ -16,9 +16,9 @@ study's training jobs never run). With `size: full` every other data size is the
 `size: quick` caps what only scales the work (`QUICK`: the fine-tuning data and the evaluation sets), for a
 pass that still runs every job of the DAG. `size: peak` (`peak_overlay`) keeps, where a batch grows with the
 data sizes, the full run's largest batch and only that: one fine-tuning step over the longest GSM8K training
-examples, one batch of the longest GSM8K and SVAMP questions at their full answer lengths, the transfer whole;
-with `targets` and `seed_from` (a quick rehearsal's directory) it runs just those jobs, to check the plan's
-memory at the full sizes in a fraction of the full run's time.
+examples that fit in its max_length, one batch of the longest GSM8K and SVAMP questions at their full answer
+lengths, the transfer whole; with `targets` and `seed_from` (a quick rehearsal's directory) it runs just
+those jobs, to check the plan's memory at the full sizes in a fraction of the full run's time.
 
 The result: one row per job (rule, wildcards, wall seconds, peak resident memory of its largest process)
 in `jobs.tsv` of the working directory, and per rule the job count beside the count `make plan` takes from
@@ -113,17 +113,18 @@ def hub_layout(root: Path, seed: int = 0) -> dict[str, dict]:
             "commonsense_qa": {"path": str(csqa), "split": "validation"}}
 
 
-def longest_records(source: Path, out: Path, n: int, text) -> Path:
-    """The `n` records of data file `source` (JSON Lines or a JSON list) whose `text(record)` is longest,
-    written to `out` in the same format (atomically). The rehearsal's tokenizer is byte-level, so characters
-    order them as its tokens do."""
+def longest_records(source: Path, out: Path, n: int, lengths: list[float | None]) -> Path:
+    """The `n` records of data file `source` (JSON Lines or a JSON list) with the largest `lengths` (one per
+    record, None: left out), written to `out` in the same format (atomically)."""
     from .io import atomic_path
     from .plan import _records
 
     records = _records(source)
-    if len(records) < n:
-        raise ValueError(f"{source}: {len(records)} records, fewer than the {n} a batch holds")
-    keep = sorted(records, key=lambda r: len(text(r)), reverse=True)[:n]
+    kept = [i for i, length in enumerate(lengths) if length is not None]
+    if len(lengths) != len(records) or len(kept) < n:
+        raise ValueError(f"{source}: {len(kept)} of its {len(records)} records can be kept, fewer than the {n} "
+                         f"a batch holds")
+    keep = [records[i] for i in sorted(kept, key=lambda i: lengths[i], reverse=True)[:n]]
     with atomic_path(out) as tmp:
         if source.suffix == ".jsonl":
             tmp.write_text("".join(json.dumps(r) + "\n" for r in keep))
@@ -132,23 +133,40 @@ def longest_records(source: Path, out: Path, n: int, text) -> Path:
     return out
 
 
-def peak_overlay(work: Path, config: dict) -> dict:
+def finetune_lengths(source: Path, config: dict, tokenizer) -> list[int | None]:
+    """Tokens of each GSM8K training example of `source` as the finetune job encodes it (its prompt in
+    `finetune.data.style`, the solution, BOS and EOS), None for one the job drops as longer than `max_length`
+    (`stages.finetune.fitting_examples`)."""
+    from .data import load_gsm8k
+    from .formatting import math_prompts
+
+    frame = math_prompts(load_gsm8k(source), (), config["finetune"]["data"]["style"], tokenizer)
+    count = lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"])  # noqa: E731
+    lengths = [count(p) + count(t) + 2 for p, t in zip(frame["prompt"], frame["target"])]
+    return [n if n <= config["finetune"]["train"]["max_length"] else None for n in lengths]
+
+
+def peak_overlay(work: Path, config: dict, tokenizer) -> dict:
     """Size peak over `config` (configs/paper.yaml merged): the full run's largest batch of each job whose batch
     grows with the data sizes, files written under work/peak. Fine-tuning: the longest
-    `batch_size x grad_accumulation` GSM8K training examples, all of them (one optimizer step an epoch) at the
-    full `max_length`; evaluation: the longest `evaluation.batch_size` GSM8K test questions and SVAMP problems
-    at their full `max_new_tokens`; the transfer keeps its full sets. The other sets are capped as `QUICK`."""
-    from .plan import data_path
+    `batch_size x grad_accumulation` GSM8K training examples that fit in `max_length` (`finetune_lengths`, in
+    `tokenizer`'s tokens), all of them (one optimizer step an epoch); evaluation: the longest
+    `evaluation.batch_size` GSM8K test questions and SVAMP problems (in characters: no question is dropped) at
+    their full `max_new_tokens`; the transfer keeps its full sets. The other sets are capped as `QUICK`."""
+    from .plan import _records, data_path
 
     peak = Path(work) / "peak"
     train, ev = config["finetune"]["train"], config["evaluation"]
     step = train["batch_size"] * train["grad_accumulation"]
-    gsm8k_train = longest_records(data_path(config["finetune"]["data"]["file"], root=ROOT),
-                                  peak / "gsm8k_train.jsonl", step, lambda r: r["question"] + r["answer"])
-    gsm8k_test = longest_records(data_path(ev["gsm8k"]["file"], root=ROOT), peak / "gsm8k_test.jsonl",
-                                 ev["batch_size"], lambda r: r["question"])
-    svamp = longest_records(data_path(ev["svamp"]["file"], root=ROOT), peak / "svamp.json", ev["batch_size"],
-                            lambda r: f"{r['Body']} {r['Question']}")
+    source = data_path(config["finetune"]["data"]["file"], root=ROOT)
+    gsm8k_train = longest_records(source, peak / "gsm8k_train.jsonl", step,
+                                  finetune_lengths(source, config, tokenizer))
+    source = data_path(ev["gsm8k"]["file"], root=ROOT)
+    gsm8k_test = longest_records(source, peak / "gsm8k_test.jsonl", ev["batch_size"],
+                                 [len(r["question"]) for r in _records(source)])
+    source = data_path(ev["svamp"]["file"], root=ROOT)
+    svamp = longest_records(source, peak / "svamp.json", ev["batch_size"],
+                            [len(f"{r['Body']} {r['Question']}") for r in _records(source)])
     extra = merge({}, QUICK)
     del extra["transfer"]
     extra["finetune"] = {"data": {"file": str(gsm8k_train), "n": None}}
@@ -269,11 +287,13 @@ def summary_markdown(work: Path) -> str:
     meta = json.loads(meta_file.read_text())
     states = table["state"].fillna("").replace("", "not finished").value_counts()
     finished = ", ".join(f"{n} {state}" for state, n in states.items())
-    minutes = round(meta["wall_s"] / 60)
-    lines = [f"`{meta['command']}`, started {meta['started']} on {meta['machine']}: {len(table)} jobs through "
+    runs = [*meta.get("earlier", []), meta]  # every invocation in this directory, oldest first
+    minutes = round(sum(r["wall_s"] for r in runs) / 60)
+    commands = ", then ".join(f"`{r['command']}`, started {r['started']}" for r in runs)
+    lines = [f"{commands} on {meta['machine']}: {len(table)} jobs through "
              f"the SLURM stand-ins ({finished}) in {minutes // 60} h {minutes % 60} min; Snakemake exit "
-             f"{meta['snakemake_exit']}.", ""]
-    targeted = bool(meta.get("targets"))  # a few jobs only: the whole run's planned counts do not apply
+             f"{', then '.join(str(r['snakemake_exit']) for r in runs)}.", ""]
+    targeted = any(r.get("targets") for r in runs)  # a few jobs only: the whole run's planned counts do not apply
     rules = per_rule(table, None if targeted else planned_jobs(report))
     rules.loc["total"] = [int(rules["jobs"].sum()), *([] if targeted else [int(rules["planned"].sum())]),
                           table["wall_s"].sum(), table["wall_s"].max(), table["peak_rss_mb"].max()]
@@ -357,7 +377,11 @@ def run(work: Path, *, size: str = "quick", jobs: int = 1, seed: int = 0, target
         build_tiny_model(model_dir, seed=seed, **TOPOLOGY)
     hub = hub_layout(work / "hub", seed)
     configs = [ROOT / "configs" / "paper.yaml", work / "rehearsal.yaml"]
-    peak = peak_overlay(work, load_config(configs[:1], root=ROOT)) if size == "peak" else None
+    peak = None
+    if size == "peak":
+        from transformers import AutoTokenizer
+
+        peak = peak_overlay(work, load_config(configs[:1], root=ROOT), AutoTokenizer.from_pretrained(model_dir))
     (work / "rehearsal.yaml").write_text(yaml.safe_dump(overlay(model_dir, hub, size, peak), sort_keys=False))
     load_config(configs, root=ROOT)  # a config the schema refuses fails here, not in the first job
     report = plan_of(work, configs)
@@ -383,11 +407,15 @@ def run(work: Path, *, size: str = "quick", jobs: int = 1, seed: int = 0, target
     wall_s = time.perf_counter() - start
     table = job_table(state)
     table.to_csv(work / "jobs.tsv", sep="\t", index=False)
-    write_json({"started": started.strftime("%Y-%m-%d %H:%M UTC"), "wall_s": round(wall_s, 1), "size": size,
-                "jobs": jobs, "machine": machine(), "snakemake_exit": proc.returncode, "targets": targets or [],
-                "command": " ".join(["python -m arithmech.rehearsal", f"--size {size}", f"--jobs {jobs}",
-                                     *([f"--seed-from {seed_from}"] if seed_from else []),
-                                     *([f"--targets {' '.join(targets)}"] if targets else [])])}, work / "run.json")
+    meta = {"started": started.strftime("%Y-%m-%d %H:%M UTC"), "wall_s": round(wall_s, 1), "size": size,
+            "jobs": jobs, "machine": machine(), "snakemake_exit": proc.returncode, "targets": targets or [],
+            "command": " ".join(["python -m arithmech.rehearsal", f"--size {size}", f"--jobs {jobs}",
+                                 *([f"--seed-from {seed_from}"] if seed_from else []),
+                                 *([f"--targets {' '.join(targets)}"] if targets else [])])}
+    if (work / "run.json").is_file():  # jobs.tsv holds every invocation's jobs in this directory: so does run.json
+        before = json.loads((work / "run.json").read_text())
+        meta["earlier"] = [*before.pop("earlier", []), before]
+    write_json(meta, work / "run.json")
     print(f"rehearsal ({size}): {len(table)} jobs through the SLURM stand-ins in {wall_s:.0f} s; "
           f"per job in {work / 'jobs.tsv'}")
     if proc.returncode != 0:
