@@ -139,10 +139,10 @@ def finetune_lengths(source: Path, config: dict, tokenizer) -> list[int | None]:
     (`stages.finetune.fitting_examples`)."""
     from .data import load_gsm8k
     from .formatting import math_prompts
+    from .stages.finetune import example_tokens
 
     frame = math_prompts(load_gsm8k(source), (), config["finetune"]["data"]["style"], tokenizer)
-    count = lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"])  # noqa: E731
-    lengths = [count(p) + count(t) + 2 for p, t in zip(frame["prompt"], frame["target"])]
+    lengths = example_tokens(tokenizer, list(zip(frame["prompt"], frame["target"])))
     return [n if n <= config["finetune"]["train"]["max_length"] else None for n in lengths]
 
 

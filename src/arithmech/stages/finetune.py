@@ -52,12 +52,17 @@ def finetune_examples(lm, data: dict, seed: int) -> list[tuple[str, str]]:
     return list(zip(frame["prompt"], frame["target"]))
 
 
-def fitting_examples(tokenizer, examples: list[tuple[str, str]], max_length: int) -> list[tuple[str, str]]:
-    """The examples whose prompt, target and eos fit in `max_length` tokens (no truncated question)."""
+def example_tokens(tokenizer, examples: list[tuple[str, str]]) -> list[int]:
+    """Tokens of each (prompt, target) example as training encodes it: prompt, target, BOS and EOS."""
     def n_tokens(text):
         return len(tokenizer(text, add_special_tokens=False)["input_ids"])
 
-    fit = [(p, t) for p, t in examples if n_tokens(p) + n_tokens(t) + 2 <= max_length]  # + bos/eos
+    return [n_tokens(p) + n_tokens(t) + 2 for p, t in examples]
+
+
+def fitting_examples(tokenizer, examples: list[tuple[str, str]], max_length: int) -> list[tuple[str, str]]:
+    """The examples whose prompt, target and eos fit in `max_length` tokens (no truncated question)."""
+    fit = [e for e, n in zip(examples, example_tokens(tokenizer, examples)) if n <= max_length]
     print(f"{len(fit)} of {len(examples)} training examples fit in max_length={max_length} tokens")
     if not fit:
         raise ValueError(f"config key 'finetune.train.max_length': no training example fits in {max_length} tokens")
