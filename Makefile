@@ -34,20 +34,20 @@ study: $(STAMP)
 # them; options go in PLAN_ARGS, e.g. make plan CONFIGS=configs/mistral-7b.yaml PLAN_ARGS='--tflops 300 --json'.
 CONFIGS ?= configs/paper.yaml configs/llama2-7b.yaml
 plan: $(STAMP)
-	$(BIN)/python -m arithmech.plan $(CONFIGS) $(PLAN_ARGS)
+	$(BIN)/python -m arithmech.tools.plan $(CONFIGS) $(PLAN_ARGS)
 
 # The paper's configuration rehearsed at LLaMA2-7B's shape on a tiny random model, through the SLURM profile with
-# the stand-in commands (arithmech.rehearsal): every job, its wall time and peak memory. REHEARSAL_ARGS, e.g.
+# the stand-in commands (arithmech.tools.rehearsal): every job, its wall time and peak memory. REHEARSAL_ARGS, e.g.
 # '--size full' (the paper's data sizes: hours on 2 cores) or '--work /scratch/rehearsal'.
 rehearsal: $(STAMP)
-	$(BIN)/python -m arithmech.rehearsal $(REHEARSAL_ARGS)
+	$(BIN)/python -m arithmech.tools.rehearsal $(REHEARSAL_ARGS)
 
 # After `make rehearsal`: the costliest job (by make plan) of each GPU rule whose largest batch grows from the
 # quick size to the full one, at the full run's largest batch (--size peak), on the quick rehearsal's results.
 PEAK_TARGETS = results/rehearsal/finetune/full results/rehearsal/eval/base/gsm8k.parquet \
 	results/rehearsal/knockout/transfer.parquet
 rehearsal-peak: $(STAMP)
-	$(BIN)/python -m arithmech.rehearsal --size peak --work rehearsal-peak --seed-from rehearsal \
+	$(BIN)/python -m arithmech.tools.rehearsal --size peak --work rehearsal-peak --seed-from rehearsal \
 		--targets $(PEAK_TARGETS) $(REHEARSAL_ARGS)
 
 test: $(STAMP)
@@ -88,7 +88,7 @@ report: $(STAMP)
 # README's scorecard block, docs/results.md and docs/figures/ from results/ of the config's first model
 # (MODEL=name for another). Generated, not typed: after `make run`, `make docs` leaves git status clean.
 docs: $(STAMP)
-	$(BIN)/python -m arithmech.docs_results $(if $(MODEL),--model $(MODEL))
+	$(BIN)/python -m arithmech.tools.docs_results $(if $(MODEL),--model $(MODEL))
 
 clean-results:
 	rm -rf results .snakemake

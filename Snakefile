@@ -5,9 +5,9 @@ from pathlib import Path
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import min_version
 
-from arithmech import study
+from arithmech.sft import design as study
 from arithmech.config import validate_config
-from arithmech.eval_sets import (
+from arithmech.data.eval_sets import (
     REGISTRY as EVAL_REGISTRY,
     check_fetchable,
     hub_file,

@@ -33,15 +33,17 @@ import yaml
 from safetensors.torch import load_file
 
 from addition_prompts import addition_pairs
-from arithmech import data as ds
-from arithmech import generation, kvcache, scoring
-from arithmech.ablation import greedy_end_sets
-from arithmech.answers import answer_tokens, MATH_STOP_STRINGS, settled_number
-from arithmech.formatting import math_prompts
-from arithmech.generation import generate_texts
-from arithmech.models import load_model
-from arithmech.means import AlignedMean
-from arithmech.patching import collect, total_logits
+from arithmech.data import datasets as ds
+from arithmech.intervention import generation
+from arithmech.intervention import kvcache
+from arithmech.sft import scoring
+from arithmech.interp.ablation import greedy_end_sets
+from arithmech.data.answers import answer_tokens, MATH_STOP_STRINGS, settled_number
+from arithmech.data.formatting import math_prompts
+from arithmech.intervention.generation import generate_texts
+from arithmech.model.loading import load_model
+from arithmech.intervention.means import AlignedMean
+from arithmech.interp.patching import collect, total_logits
 from arithmech.stages.validate import knockout_node_sets
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -21,9 +21,9 @@ from pathlib import Path
 import torch
 
 from addition_prompts import addition_pairs, default_model_dir
-from arithmech.edges import edge_logits, reference_edge_logits
-from arithmech.models import load_model
-from arithmech.patching import collect
+from arithmech.interp.edges import edge_logits, reference_edge_logits
+from arithmech.model.loading import load_model
+from arithmech.interp.patching import collect
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -1,7 +1,7 @@
 """What every job pays before it computes anything: interpreter start-up, imports and the model load,
 each measured in fresh interpreters in one run (the median of --repeats).
 
-  figure job    the imports of a torch-free figure rule (`arithmech.stages.figures`: pandas, seaborn)
+  figure job    the imports of a torch-free figure rule (`arithmech.stages.validate` and `arithmech.report.plots`: pandas, seaborn)
   torch         `import torch`
   + load_model  torch, transformers and the default model loaded (`models.load_model`), what every model job
                 (patch_all_layers, knockout, analyze, ...) does first
@@ -25,12 +25,12 @@ ROOT = Path(__file__).resolve().parents[1]
 
 STEPS = {
     "empty interpreter": "pass",
-    "figure job imports": "import arithmech.stages.figures, seaborn",
+    "figure job imports": "import arithmech.stages.validate, arithmech.report.plots, seaborn",
     "import torch": "import torch",
-    "torch + load_model (default model)": "from arithmech.models import load_model; load_model({model!r})",
+    "torch + load_model (default model)": "from arithmech.model.loading import load_model; load_model({model!r})",
 }
 # The weights alone: a second load_model in the same process, whose imports are all done.
-SECOND_LOAD = ("import time; from arithmech.models import load_model; load_model({model!r}); "
+SECOND_LOAD = ("import time; from arithmech.model.loading import load_model; load_model({model!r}); "
                "t = time.perf_counter(); load_model({model!r}); print(time.perf_counter() - t)")
 
 

@@ -25,14 +25,15 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from arithmech.ablation import ablation_hooks
-from arithmech.answers import answer_tokens
-from arithmech.data import subsample
-from arithmech.generation import greedy_generate
-from arithmech.models import load_model
-from arithmech.means import GroupedMean
-from arithmech.prompts import split_pairs
-from arithmech.stages.validate import answers_correct, cache_means, knockout_node_sets, set_answers
+from arithmech.interp.ablation import ablation_hooks
+from arithmech.data.answers import answer_tokens
+from arithmech.data.datasets import subsample
+from arithmech.intervention.generation import greedy_generate
+from arithmech.model.loading import load_model
+from arithmech.intervention.means import GroupedMean
+from arithmech.data.arithmetic import split_pairs
+from arithmech.interp.ablation import answers_correct, cache_means, set_answers
+from arithmech.stages.validate import knockout_node_sets
 
 ROOT = Path(__file__).resolve().parents[1]
 

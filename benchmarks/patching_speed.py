@@ -21,9 +21,9 @@ from pathlib import Path
 import torch
 
 from addition_prompts import addition_pairs, default_model_dir
-from arithmech.models import load_model
-from arithmech.patching import collect, direct_logits, nodes_of, reference_logits, total_logits
-from arithmech.prompts import encode
+from arithmech.model.loading import load_model
+from arithmech.interp.patching import collect, direct_logits, nodes_of, reference_logits, total_logits
+from arithmech.data.arithmetic import encode
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -31,12 +31,13 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from arithmech.ablation import greedy_end_sets
-from arithmech.answers import answer_tokens, decided_answers, settled_number
-from arithmech.controls import random_heads
-from arithmech.models import load_model
-from arithmech.means import AlignedMean
-from arithmech.stages.validate import answers_correct, _transfer_targets, knockout_node_sets
+from arithmech.interp.ablation import greedy_end_sets
+from arithmech.data.answers import answer_tokens, decided_answers, settled_number
+from arithmech.interp.nodes import random_heads
+from arithmech.model.loading import load_model
+from arithmech.intervention.means import AlignedMean
+from arithmech.interp.ablation import answers_correct
+from arithmech.stages.validate import transfer_targets, knockout_node_sets
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -107,7 +108,7 @@ def main() -> None:
                                            exclude=key_heads) for s in range(2)]
     tasks = config["run"]["tasks"]
     tr = config["transfer"]
-    targets = _transfer_targets(lm, tasks=tasks, pairs_paths=[args.results / f"pairs/{t}.parquet" for t in tasks],
+    targets = transfer_targets(lm, tasks=tasks, pairs_paths=[args.results / f"pairs/{t}.parquet" for t in tasks],
                                 svamp_path=ROOT / tr["svamp"]["file"], non_math_path=ROOT / tr["non_math"]["file"],
                                 transfer=tr, prompts_cfg=config["prompts"], seed=config["seed"])
     for target in targets:

@@ -1,4 +1,4 @@
-"""A claims table of the shape arithmech.claims writes (one row per claim and scope), with every verdict,
+"""A claims table of the shape arithmech.report.verdicts writes (one row per claim and scope), with every verdict,
 sub-rows, missing intervals and a claim that was not measured: what the scorecard renderers are tested on."""
 
 import numpy as np

@@ -11,8 +11,8 @@ import torch
 import yaml
 
 from arithmech.config import ConfigError, validate_config
-from arithmech.models import load_model
-from arithmech.tiny import build_tiny_model
+from arithmech.model.loading import load_model
+from arithmech.model.tiny import build_tiny_model
 
 PROMPT_CFG = {
     "operands": {"min": 1, "max": 4},

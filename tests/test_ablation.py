@@ -1,5 +1,5 @@
-"""Tests for arithmech.ablation (mean ablation, knockout curves, random heads), the `hooks.patch_tail`
-helper it rests on, and arithmech.generation (first-token scores, greedy generation) and arithmech.answers (reading numbers), all
+"""Tests for arithmech.interp.ablation (mean ablation, knockout curves, random heads), the `hooks.patch_tail`
+helper it rests on, and arithmech.intervention.generation (first-token scores, greedy generation) and arithmech.data.answers (reading numbers), all
 on the tiny CPU model."""
 
 from __future__ import annotations
@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 import torch
 
-from arithmech.ablation import (
+from arithmech.interp.ablation import (
     ablation_hooks,
     greedy_end_sets,
     knockout,
     mean_ablate,
 )
-from arithmech.answers import (
+from arithmech.data.answers import (
     answer_correct,
     answer_decided,
     decided_answers,
@@ -22,18 +22,18 @@ from arithmech.answers import (
     full_answer_accuracy,
     number_settled,
 )
-from arithmech.controls import random_heads
-from arithmech.generation import (
+from arithmech.interp.nodes import random_heads
+from arithmech.intervention.generation import (
     first_token_accuracy,
     first_token_predictions,
     first_token_scores,
     greedy_answers,
     greedy_generate,
 )
-from arithmech.hooks import capture, hooks, patch_end, patch_tail
-from arithmech.means import AlignedMean
-from arithmech.patching import collect
-from arithmech.prompts import build_prompts, encode
+from arithmech.intervention.hooks import capture, hooks, patch_end, patch_tail
+from arithmech.intervention.means import AlignedMean
+from arithmech.interp.patching import collect
+from arithmech.data.arithmetic import build_prompts, encode
 
 from conftest import n_hooks
 

@@ -1,4 +1,4 @@
-"""Tests for arithmech.analysis: token roles from offsets, attention rows from END against the model's own
+"""Tests for arithmech.interp.analysis: token roles from offsets, attention rows from END against the model's own
 eager attention weights, role attention, the cosine helper and the MLP probes, on the tiny CPU model."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
-from arithmech import plots
-from arithmech.analysis import (
+from arithmech.report import plots
+from arithmech.interp.analysis import (
     ROLES,
     attention_rows,
     cosine,
@@ -22,9 +22,9 @@ from arithmech.analysis import (
     role_token_ids,
     token_roles,
 )
-from arithmech.hooks import hooks
-from arithmech.models import LoadedModel
-from arithmech.prompts import build_prompts, encode, render
+from arithmech.intervention.hooks import hooks
+from arithmech.model.loading import LoadedModel
+from arithmech.data.arithmetic import build_prompts, encode, render
 
 TEMPLATE = "{a} {op} {b} is equal to "
 

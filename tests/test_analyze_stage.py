@@ -6,11 +6,11 @@ import pandas as pd
 import pytest
 
 from arithmech.stages import analyze as analyze_stage
-from arithmech.stages import figures
+
 from arithmech.stages import identify
-from arithmech.analysis import ROLES
+from arithmech.interp.analysis import ROLES
 from arithmech.io import read_parquet_meta, write_parquet
-from arithmech.tiny import build_tiny_model
+from arithmech.model.tiny import build_tiny_model
 
 PROMPTS = {
     "operands": {"min": 1, "max": 4},
@@ -63,7 +63,7 @@ def analyze(root, key_name: str, out: str):
                               key_path=root / key_name, effects_path=root / "effects.parquet", analysis=ANALYSIS,
                               compute=COMPUTE, seed=0, out_roles=paths["roles.parquet"],
                               out_roles_all=paths["roles_all.parquet"], out_example=paths["example.parquet"], out_probes=paths["probes.parquet"])
-    figures.run_plot_analysis(model="tiny", task="addition", roles_path=paths["roles.parquet"],
+    analyze_stage.run_plot_analysis(model="tiny", task="addition", roles_path=paths["roles.parquet"],
                               example_path=paths["example.parquet"], probes_path=paths["probes.parquet"],
                               out_roles_png=paths["roles.png"], out_example_png=paths["example.png"],
                               out_probes_png=paths["probes.png"])

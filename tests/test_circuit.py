@@ -1,4 +1,4 @@
-"""Tests for arithmech.circuit (torch-free): the circuits' node sets, faithfulness with its intervals, the key
+"""Tests for arithmech.interp.sufficiency (torch-free): the circuits' node sets, faithfulness with its intervals, the key
 circuit against random ones, and the edge decomposition; and the circuit and edges stages on the tiny model."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from arithmech import circuit as cx
-from arithmech.controls import layer_matched_heads
+from arithmech.interp import sufficiency as cx
+from arithmech.interp.nodes import layer_matched_heads
 
 N_LAYERS, N_HEADS = 4, 6
 RANKED = [(l, h) for h in reversed(range(N_HEADS)) for l in reversed(range(N_LAYERS))]  # L3H5 L2H5 ... L0H0
@@ -157,9 +157,9 @@ def _effects_and_key(lm, tmp_path):
 
 
 def test_circuit_stage(prepared, tmp_path):  # noqa: F811
-    from arithmech.models import load_model
+    from arithmech.model.loading import load_model
     from arithmech.stages.circuit import run_circuit
-    from arithmech.stages.figures import run_plot_circuit
+    from arithmech.stages.circuit import run_plot_circuit
 
     lm = load_model(prepared / "model", device="cpu")
     _effects_and_key(lm, tmp_path)
@@ -215,10 +215,10 @@ def test_edges_stage_paths_equal_the_hooked_references(prepared, tmp_path):  # n
     (`edges.reference_edge_logits`); the senders are the top N heads by effect plus the key heads."""
     import torch
 
-    from arithmech.edges import reference_edge_logits
-    from arithmech.models import load_model
-    from arithmech.patching import collect, nodes_of, reference_logits
-    from arithmech.prompts import split_pairs
+    from arithmech.interp.edges import reference_edge_logits
+    from arithmech.model.loading import load_model
+    from arithmech.interp.patching import collect, nodes_of, reference_logits
+    from arithmech.data.arithmetic import split_pairs
     from arithmech.stages.circuit import run_edges
 
     lm = load_model(prepared / "model", device="cpu")

@@ -9,8 +9,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from arithmech import claims
-
+from arithmech.report import verdicts as claims
 CFG = yaml.safe_load(open("config.yaml"))["claims"] | {"bootstrap": 400}
 
 
@@ -339,7 +338,7 @@ def test_circuit_sufficient():
 
 
 def edges_rows(via: float, direct: float, spread: float = 0.001) -> pd.DataFrame:
-    from arithmech.circuit import KEY_SUM
+    from arithmech.interp.sufficiency import KEY_SUM
 
     rows = [{"sender": KEY_SUM, "path": p, "receiver": -1, "mean_effect": v, "ci_low": v - spread,
              "ci_high": v + spread, "n": 60} for p, v in [("total", via + direct), ("direct", direct),

@@ -1,4 +1,4 @@
-"""Tests for arithmech.data: the vendored files (checksums, record counts), the loaders (read through
+"""Tests for arithmech.data.datasets: the vendored files (checksums, record counts), the loaders (read through
 Hugging Face `datasets`, equal to a plain JSON parse; the Hub's layouts, built as local files, never fetched)
 and their errors on malformed files, seeded subsampling, and the prompt formats shared by evaluation and
 fine-tuning."""
@@ -12,9 +12,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from arithmech import data, formatting
+from arithmech.data import datasets as data
+
+from arithmech.data import formatting
 from arithmech.io import sha256_file
-from arithmech.tiny import build_tiny_tokenizer
+from arithmech.model.tiny import build_tiny_tokenizer
 
 D = data.DATA_DIR
 

@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from arithmech import finetune as ft
-from arithmech.ablation import greedy_end_sets
-from arithmech.models import load_model
-from arithmech.patching import collect, direct_logits
-from arithmech.prompts import build_prompts
+from arithmech.sft import training as ft
+from arithmech.interp.ablation import greedy_end_sets
+from arithmech.model.loading import load_model
+from arithmech.interp.patching import collect, direct_logits
+from arithmech.data.arithmetic import build_prompts
 
 DEVICES = [
     "cpu",

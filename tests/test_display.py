@@ -1,12 +1,12 @@
-"""Numbers for people (arithmech.display) and the claims scorecard (arithmech.scorecard)."""
+"""Numbers for people (arithmech.report.display) and the claims scorecard (arithmech.report.scorecard)."""
 
 import math
 
 import pandas as pd
 import pytest
 
-from arithmech import display
-from arithmech.scorecard import claims_html, claims_markdown, scorecard_table, verdict_counts
+from arithmech.report import display
+from arithmech.report.scorecard import claims_html, claims_markdown, scorecard_table, verdict_counts
 from claims_example import example_claims
 
 

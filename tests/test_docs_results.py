@@ -1,4 +1,4 @@
-"""`make docs` (arithmech.docs_results): README's scorecard block and docs/results.md generated from a results
+"""`make docs` (arithmech.tools.docs_results): README's scorecard block and docs/results.md generated from a results
 tree, the same bytes every time, README untouched outside its markers, a clear error when results are absent."""
 
 import re
@@ -7,8 +7,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from arithmech import effects as fx
-from arithmech.docs_results import BEGIN, END, MissingResults, main, make_docs, replace_block
+from arithmech.interp import effects as fx
+from arithmech.tools.docs_results import BEGIN, END, MissingResults, main, make_docs, replace_block
 from arithmech.io import write_parquet
 from claims_example import example_claims
 from test_findings import _figure, _knockout, _study
@@ -169,7 +169,7 @@ def test_docs_and_findings_do_not_import_torch():
     import subprocess
     import sys
 
-    code = ("import sys, arithmech.docs_results, arithmech.findings, arithmech.scorecard, arithmech.display; "
+    code = ("import sys, arithmech.tools.docs_results, arithmech.report.page, arithmech.report.scorecard, arithmech.report.display; "
             "sys.exit('torch' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code], timeout=120).returncode == 0
 
@@ -211,8 +211,7 @@ def test_a_timing_is_left_out_of_the_docs(tmp_path):
 
 def _circuit_tables(model, task: str, key_logit: float) -> None:
     """circuit/{task}.parquet and {task}_edges.parquet as the circuit and edges rules write them."""
-    from arithmech import circuit as cx
-
+    from arithmech.interp import sufficiency as cx
     ranked = [(l, h) for l in range(3) for h in range(4)]
     sets = cx.circuit_sets(ranked_heads=ranked, key_heads=ranked[:2], key_mlps=[2], n_layers=3, n_heads=4, grid=[4],
                            draws=2, band_draws=1, seed=0)

@@ -1,4 +1,4 @@
-"""Tests for arithmech.edges: the head -> MLP edge closed form against one hooked forward per edge, on the tiny
+"""Tests for arithmech.interp.edges: the head -> MLP edge closed form against one hooked forward per edge, on the tiny
 CPU model (float32)."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import math
 import pytest
 import torch
 
-from arithmech.edges import edge_logits, reference_edge_logits
-from arithmech.patching import collect, direct_logits, nodes_of
-from arithmech.prompts import build_prompts
+from arithmech.interp.edges import edge_logits, reference_edge_logits
+from arithmech.interp.patching import collect, direct_logits, nodes_of
+from arithmech.data.arithmetic import build_prompts
 
 from conftest import n_hooks
 

@@ -1,4 +1,4 @@
-"""Tests for arithmech.effects on hand-made tables with hand-computed answers."""
+"""Tests for arithmech.interp.effects on hand-made tables with hand-computed answers."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pandas as pd
 import pytest
 import torch
 
-from arithmech import effects as fx
-from arithmech.patching import effects_frame
+from arithmech.interp import effects as fx
+from arithmech.interp.patching import effects_frame
 
 # ---------------------------------------------------------------------------------------------------
 # Helpers
@@ -423,7 +423,7 @@ def test_shared_summary_node_missing_from_one_task():
 
 
 def test_rank_across_tasks_averages_effects():
-    from arithmech.effects import rank_across_tasks
+    from arithmech.interp.nodes import rank_across_tasks
 
     def frame(values):
         return pd.DataFrame({"node": ["L0H0", "L0H1", "L1H0", "L0MLP"], "layer": [0, 0, 1, 0], "head": [0, 1, 0, None],

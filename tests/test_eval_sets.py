@@ -1,4 +1,4 @@
-"""The registry of evaluation data sets (arithmech.eval_sets): it agrees with the config schema, each entry's
+"""The registry of evaluation data sets (arithmech.data.eval_sets): it agrees with the config schema, each entry's
 loader reads its vendored file, bad `evaluation` sections fail naming the key, and a Hub fetch failure names
 the set. Nothing here touches the network."""
 
@@ -10,9 +10,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from arithmech import data, eval_sets
+from arithmech.data import datasets as data
+
+from arithmech.data import eval_sets
 from arithmech.config import validate_config
-from arithmech.eval_sets import KIND_KEYS, REGISTRY
+from arithmech.data.eval_sets import KIND_KEYS, REGISTRY
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = ROOT / "workflow/schemas/config.schema.yaml"
@@ -125,7 +127,7 @@ def test_fetch_failure_names_the_set(tmp_path, monkeypatch):
 
 def test_registry_imports_no_torch():
     """The Snakefile reads the registry and the config checks when it builds the DAG."""
-    code = "import sys, arithmech.eval_sets, arithmech.config; sys.exit('torch' in sys.modules or 'datasets' in sys.modules)"
+    code = "import sys, arithmech.data.eval_sets, arithmech.config; sys.exit('torch' in sys.modules or 'datasets' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
 
 

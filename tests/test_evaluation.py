@@ -1,4 +1,4 @@
-"""Tests for the benchmark side of arithmech.scoring and arithmech.answers on the tiny CPU model: reading the final answer of a
+"""Tests for the benchmark side of arithmech.sft.scoring and arithmech.data.answers on the tiny CPU model: reading the final answer of a
 generated solution, generation in input order whatever the batching, multiple-choice log-likelihoods and
 perplexity against slow, obviously correct references, short-answer matching and Wilson intervals."""
 
@@ -13,12 +13,12 @@ import pandas as pd
 import pytest
 import torch
 
-from arithmech.formatting import choice_prompt
-from arithmech.hooks import hooks
-from arithmech.prompts import continuation_ids
-from arithmech.answers import extract_answer, extract_number, normalize_answer, qa_correct
-from arithmech.generation import _batches, generate_texts, greedy_answers, greedy_generate, SharedPrefix
-from arithmech.scoring import (
+from arithmech.data.formatting import choice_prompt
+from arithmech.intervention.hooks import hooks
+from arithmech.data.arithmetic import continuation_ids
+from arithmech.data.answers import extract_answer, extract_number, normalize_answer, qa_correct
+from arithmech.intervention.generation import _batches, generate_texts, greedy_answers, greedy_generate, SharedPrefix
+from arithmech.sft.scoring import (
     _length_batches,
     choice_loglik,
     evaluate_choice,
@@ -26,7 +26,7 @@ from arithmech.scoring import (
     evaluate_qa_generation,
     perplexity,
 )
-from arithmech.stats import accuracy_interval
+from arithmech.report.stats import accuracy_interval
 
 # ---------------------------------------------------------------------------------------------------
 # reading the final answer
@@ -384,7 +384,7 @@ def test_accuracy_interval_known_values():
 
 
 def test_bfloat16_model(tiny_dir, tiny_lm, math_frame):
-    from arithmech.models import load_model
+    from arithmech.model.loading import load_model
 
     bf16 = load_model(tiny_dir, device="cpu", dtype="bfloat16")
     assert bf16.dtype == torch.bfloat16

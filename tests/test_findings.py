@@ -1,4 +1,4 @@
-"""The findings page (arithmech.findings) repeats the stages' own numbers, formatted for reading."""
+"""The findings page (arithmech.report.page) repeats the stages' own numbers, formatted for reading."""
 
 import base64
 import html
@@ -9,7 +9,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from arithmech.findings import key_component_rows, knockout_rows, run_findings, study_rows  # noqa: E402
+from arithmech.report.page import key_component_rows, knockout_rows, study_rows  # noqa: E402
+from arithmech.stages.findings import run_findings  # noqa: E402
 from arithmech.io import write_parquet  # noqa: E402
 from claims_example import example_claims  # noqa: E402
 
@@ -137,7 +138,7 @@ def test_page_opens_on_the_scorecard_and_embeds_its_figures(tmp_path):
 
 
 def test_provenance_names_the_models_checksum_whether_one_file_or_a_directory(tmp_path):
-    from arithmech.findings import provenance_text
+    from arithmech.report.page import provenance_text
 
     one, folder = tmp_path / "one.parquet", tmp_path / "folder.parquet"
     write_parquet(pd.DataFrame({"x": [1]}), one, {"model_sha256": "b179c9523d0e", "versions": {"torch": "2.13.0"}})

@@ -10,12 +10,12 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from arithmech import deltas
-from arithmech import finetune as ft
-from arithmech import finetune_config as ft_config
-from arithmech import formatting
-from arithmech.models import load_model
-from arithmech.prompts import encode
+from arithmech.sft import deltas
+from arithmech.sft import training as ft
+from arithmech.sft import methods as ft_config
+from arithmech.data import formatting
+from arithmech.model.loading import load_model
+from arithmech.data.arithmetic import encode
 
 EXAMPLES = [(f"{a} plus {b} is equal to ", str(a + b)) for a, b in [(1, 2), (3, 4), (2, 2), (4, 1)]]
 HEADS = [(1, 0), (2, 3)]  # two layers; head 3 reads key/value head 1 (4 query heads, 2 kv heads)
@@ -375,7 +375,7 @@ def test_killed_and_resumed_sgd_run_equals_uninterrupted(tiny_dir, tmp_path):
 
 def chatml_tokenizer():
     """The tiny tokenizer with ChatML turns whose end, <|im_end|>, is the eos token (as in SmolLM2-Instruct)."""
-    from arithmech.tiny import build_tiny_tokenizer
+    from arithmech.model.tiny import build_tiny_tokenizer
 
     tok = build_tiny_tokenizer()
     tok.add_special_tokens({"eos_token": "<|im_end|>", "additional_special_tokens": ["<|im_start|>"]})

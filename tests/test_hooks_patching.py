@@ -1,4 +1,4 @@
-"""Tests for arithmech.hooks (capture, patch_end) and arithmech.patching (collect, the direct / total fast
+"""Tests for arithmech.intervention.hooks (capture, patch_end) and arithmech.interp.patching (collect, the direct / total fast
 paths against the explicit reference, effects_frame), all on the tiny CPU model."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import pandas as pd
 import pytest
 import torch
 
-from arithmech.hooks import capture, hooks, patch_end
-from arithmech.models import load_model
-from arithmech.patching import (
+from arithmech.intervention.hooks import capture, hooks, patch_end
+from arithmech.model.loading import load_model
+from arithmech.interp.patching import (
     collect,
     direct_logits,
     effects_frame,
@@ -17,8 +17,8 @@ from arithmech.patching import (
     reference_logits,
     total_logits,
 )
-from arithmech.prompts import build_prompts, encode
-from arithmech.tiny import build_tiny_model
+from arithmech.data.arithmetic import build_prompts, encode
+from arithmech.model.tiny import build_tiny_model
 
 from conftest import n_hooks
 

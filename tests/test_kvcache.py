@@ -1,4 +1,4 @@
-"""The prefix cache and its copies (`arithmech.kvcache`): a cache with room written in place gives exactly
+"""The prefix cache and its copies (`arithmech.intervention.kvcache`): a cache with room written in place gives exactly
 what Hugging Face's own concatenating cache gives, and the prefix it was copied from is never touched."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import pytest
 import torch
 from transformers.cache_utils import DynamicCache, DynamicLayer, DynamicSlidingWindowLayer
 
-from arithmech.decoding import greedy_decode
-from arithmech.kvcache import PrefixCopies, RoomyLayer, end_copies, prefix_cache, repeated_cache
-from arithmech.prompts import encode
+from arithmech.intervention.decoding import greedy_decode
+from arithmech.intervention.kvcache import PrefixCopies, RoomyLayer, end_copies, prefix_cache, repeated_cache
+from arithmech.data.arithmetic import encode
 
 TEXTS = ["1 plus 2 is equal to ", "What is 3 times 4? The answer is ", "4 minus 1 is equal to "]
 
@@ -123,8 +123,7 @@ class _LiveCopies:
     def __init__(self, monkeypatch, copy_modules, prefix_modules):
         import weakref
 
-        from arithmech import kvcache
-
+        from arithmech.intervention import kvcache
         self.refs, self.alive_at_copy, self.alive_at_prefix = [], [], []
         copy_of, prefix_of = kvcache.repeated_cache, kvcache.prefix_cache
 
@@ -152,12 +151,16 @@ def test_one_batch_of_cache_copies_is_alive_at_a_time(tiny_lm, monkeypatch):
     and evaluation (rows x the longest prompt): each batch's (and each chunk of node sets') copies must be
     freed before the next batch's prefix forward and before the next copies are made, or the peak is two
     batches' worth."""
-    from arithmech import ablation, generation, kvcache, patching, scoring
-    from arithmech.ablation import greedy_end_sets
-    from arithmech.generation import greedy_generate
-    from arithmech.means import AlignedMean
-    from arithmech.patching import collect, total_logits
-    from arithmech.scoring import score_targets
+    from arithmech.interp import ablation
+    from arithmech.intervention import generation
+    from arithmech.intervention import kvcache
+    from arithmech.interp import patching
+    from arithmech.sft import scoring
+    from arithmech.interp.ablation import greedy_end_sets
+    from arithmech.intervention.generation import greedy_generate
+    from arithmech.intervention.means import AlignedMean
+    from arithmech.interp.patching import collect, total_logits
+    from arithmech.sft.scoring import score_targets
 
     shots = "Question: Ann has 3 pens and buys 4 more. How many pens does she have?\nAnswer: 7.\n\n"
     texts = [shots + t for t in TEXTS * 3]  # 9 prompts with a shared prefix

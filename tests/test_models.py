@@ -1,4 +1,4 @@
-"""Tests for arithmech.models (sources, preparation, loading, the adapter) and arithmech.io."""
+"""Tests for arithmech.model.loading (sources, preparation, loading, the adapter) and arithmech.io."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from arithmech import models
-from arithmech.hooks import hooks
+from arithmech.model import loading as models
+from arithmech.intervention.hooks import hooks
 from arithmech.io import (
     atomic_path,
     config_hash,
@@ -21,7 +21,7 @@ from arithmech.io import (
     write_parquet,
     write_safetensors,
 )
-from arithmech.models import (
+from arithmech.model.loading import (
     LoadedModel,
     ModelSourceError,
     load_model,
@@ -29,7 +29,7 @@ from arithmech.models import (
     resolve_device,
     resolve_dtype,
 )
-from arithmech.tiny import build_tiny_tokenizer
+from arithmech.model.tiny import build_tiny_tokenizer
 
 # ---------------------------------------------------------------------------------------------------
 # load_model and the adapter
@@ -90,7 +90,7 @@ def test_mlp_norm_input_is_the_residual_entering_the_mlp_block(model_type, tmp_p
 
 
 def test_load_model_other_shapes_and_dtype(tmp_path):
-    from arithmech.tiny import build_tiny_model
+    from arithmech.model.tiny import build_tiny_model
 
     d = build_tiny_model(tmp_path / "m", n_layers=2, n_heads=6, n_kv_heads=3, head_dim=4)
     lm = load_model(d, device="cpu", dtype="bfloat16")

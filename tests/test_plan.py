@@ -1,4 +1,4 @@
-"""The cost plan (`arithmech.plan`, `make plan`): every rule has a cost entry, the job counts are the
+"""The cost plan (`arithmech.tools.plan`, `make plan`): every rule has a cost entry, the job counts are the
 workflow's own, the FLOP and parameter formulas hold on hand-checked cases, memory grows with the batch,
 and the command prints its totals and names what it cannot read."""
 
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from arithmech import plan as P
+from arithmech.tools import plan as P
 
 ROOT = Path(__file__).resolve().parents[1]
 PAPER = ["configs/paper.yaml", "configs/llama2-7b.yaml"]
@@ -215,8 +215,7 @@ def test_shapes_from_a_local_directory_and_its_tokenizer(tiny_dir, tiny_lm):
 
 
 def test_tiny_defaults_are_the_tiny_models():
-    from arithmech import tiny
-
+    from arithmech.model import tiny
     defaults = {k: v.default for k, v in inspect.signature(tiny.build_tiny_model).parameters.items()
                 if k in P.TINY_DEFAULTS}
     assert defaults == P.TINY_DEFAULTS
@@ -289,7 +288,7 @@ def test_transfer_memory_follows_its_longest_prompt_and_copies_per_forward():
 
 
 def test_finetune_counts_only_the_examples_the_job_keeps():
-    """The finetune job drops a GSM8K example longer than max_length (`stages.finetune.fitting_examples`):
+    """The finetune job drops a GSM8K example longer than max_length (`sft.training.fitting_examples`):
     the plan counts the same examples, so fewer steps and a shorter longest sequence, and fails as the job
     would when none fits, naming the key."""
     setting, model = llama_setting(PAPER, 16)

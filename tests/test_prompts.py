@@ -1,4 +1,4 @@
-"""Tests for arithmech.prompts: operand pairs, rendering with spans, answer splitting, prompt pairs,
+"""Tests for arithmech.data.arithmetic: operand pairs, rendering with spans, answer splitting, prompt pairs,
 sample selection and left-padded encoding."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast
 
-from arithmech.prompts import (
+from arithmech.data.arithmetic import (
     TASKS,
     PromptError,
     build_prompts,
@@ -353,7 +353,7 @@ def test_select_max_samples_per_split_is_seeded_and_recorded():
 
 
 def test_split_pairs_errors_name_the_problem():
-    from arithmech.prompts import split_pairs
+    from arithmech.data.arithmetic import split_pairs
 
     with pytest.raises(ValueError, match="predates splits"):
         split_pairs(pd.DataFrame({"a": [1]}), "validation", "p.parquet")
@@ -426,7 +426,7 @@ def test_encode_device_and_dtype(tok):
 def test_format_prompts_are_exact_and_few_shot(prompt_cfg, task, fmt):
     from decimal import Decimal
 
-    from arithmech.prompts import format_prompts
+    from arithmech.data.arithmetic import format_prompts
 
     ranges = {"multi_digit": {"min": 10, "max": 99}, "decimal": {"min": 0.1, "max": 9.9}}
     df = format_prompts(task, fmt, ranges[fmt], prompt_cfg, n=30, seed=0)
@@ -447,7 +447,7 @@ def test_format_prompts_are_exact_and_few_shot(prompt_cfg, task, fmt):
 
 
 def test_question_prompts_draw_other_items_as_shots():
-    from arithmech.formatting import question_prompts
+    from arithmech.data.formatting import question_prompts
 
     qs, ans = [f"q{i}?" for i in range(6)], [str(10 * i) for i in range(6)]
     prompts = question_prompts(qs, ans, 2, seed=0)

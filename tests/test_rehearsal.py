@@ -1,4 +1,4 @@
-"""The rehearsal's pieces (arithmech.rehearsal): the Hub-layout directories read by `datasets` and the
+"""The rehearsal's pieces (arithmech.tools.rehearsal): the Hub-layout directories read by `datasets` and the
 loaders as fetch_dataset reads them, the overlay config the schema accepts, and the per-job table of the
 stand-in sbatch's records. The rehearsal itself (`make rehearsal`) is too long for the suite."""
 
@@ -10,9 +10,9 @@ import pandas as pd
 import pytest
 import yaml
 
-from arithmech import rehearsal
-from arithmech.data import fetch_hub, load_commonsense_qa, load_mmlu
-from arithmech.plan import load_config
+from arithmech.tools import rehearsal
+from arithmech.data.datasets import fetch_hub, load_commonsense_qa, load_mmlu
+from arithmech.tools.plan import load_config
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +35,7 @@ def test_hub_layout_is_read_as_fetch_dataset_reads_the_hub(hub, tmp_path, monkey
 def test_check_fetchable_names_the_set_and_what_is_wrong(hub, tmp_path, monkeypatch):
     """What the Snakefile's onstart runs for every Hub set not yet fetched (tests/test_workflow.py has the
     run it stops)."""
-    from arithmech.eval_sets import check_fetchable
+    from arithmech.data.eval_sets import check_fetchable
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
@@ -70,8 +70,8 @@ def test_overlay_passes_the_schema_over_the_paper_config(tmp_path, hub):
 
 
 def test_peak_keeps_the_full_runs_largest_batches(tmp_path, hub):
-    from arithmech.plan import _records
-    from arithmech.tiny import build_tiny_model
+    from arithmech.tools.plan import _records
+    from arithmech.model.tiny import build_tiny_model
     from transformers import AutoTokenizer
 
     paper = load_config([rehearsal.ROOT / "configs/paper.yaml"], root=rehearsal.ROOT)
@@ -177,7 +177,7 @@ def test_summary_is_written_into_the_docs_generated_block(tmp_path, capsys):
         rehearsal.summary_markdown(work)
     (work / "run.json").write_text(json.dumps({
         "started": "2026-11-24 14:28 UTC", "wall_s": 3725.0, "size": "quick", "jobs": 1, "machine": "a CPU, 2 cores",
-        "snakemake_exit": 1, "command": "python -m arithmech.rehearsal --size quick --jobs 1"}))
+        "snakemake_exit": 1, "command": "python -m arithmech.tools.rehearsal --size quick --jobs 1"}))
     rehearsal.main(["--work", str(work), "--report-only", "--docs", str(docs)])
     text = docs.read_text()
     assert "old, typed numbers" not in text and text.startswith("# Title\n") and text.endswith("After.\n")
@@ -200,10 +200,10 @@ def test_a_targeted_rehearsal_has_its_own_block_and_no_whole_run_counts(tmp_path
                                                            "gpu_gb": 3.8}]}))
     first = {"started": "2026-11-24 22:40 UTC", "wall_s": 1800.0, "size": "peak", "jobs": 1, "machine": "a CPU",
              "snakemake_exit": 1, "targets": ["results/rehearsal/eval/base/gsm8k.parquet"],
-             "command": "python -m arithmech.rehearsal --size peak --jobs 1 --targets gsm8k.parquet"}
+             "command": "python -m arithmech.tools.rehearsal --size peak --jobs 1 --targets gsm8k.parquet"}
     (work / "run.json").write_text(json.dumps({  # a second invocation in the same directory: both are counted
         **first, "started": "2026-11-25 00:00 UTC", "wall_s": 600.0, "snakemake_exit": 0, "earlier": [first],
-        "command": "python -m arithmech.rehearsal --size peak --jobs 1 --targets full"}))
+        "command": "python -m arithmech.tools.rehearsal --size peak --jobs 1 --targets full"}))
     docs = tmp_path / "rehearsal.md"
     docs.write_text("\n".join([*rehearsal.MARKERS, "", rehearsal.PEAK_MARKERS[0], "old", rehearsal.PEAK_MARKERS[1],
                                 ""]))
@@ -213,8 +213,8 @@ def test_a_targeted_rehearsal_has_its_own_block_and_no_whole_run_counts(tmp_path
     assert whole.strip() == "\n".join(rehearsal.MARKERS)  # the whole run's block is left alone
     assert "old" not in peak and "planned" not in peak  # 1 job of finetune's 4 is not a count to compare
     assert "| `finetune` | 1 | 400 | 400 | 3,000 | 3,800 |" in peak
-    assert ("`python -m arithmech.rehearsal --size peak --jobs 1 --targets gsm8k.parquet`, started 2026-11-24 22:40 "
-            "UTC, then `python -m arithmech.rehearsal --size peak --jobs 1 --targets full`, started 2026-11-25 00:00 "
+    assert ("`python -m arithmech.tools.rehearsal --size peak --jobs 1 --targets gsm8k.parquet`, started 2026-11-24 22:40 "
+            "UTC, then `python -m arithmech.tools.rehearsal --size peak --jobs 1 --targets full`, started 2026-11-25 00:00 "
             "UTC on a CPU: 1 jobs through the SLURM stand-ins (1 COMPLETED) in 0 h 40 min; Snakemake exit 1, then 0."
             ) in peak
 

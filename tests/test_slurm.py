@@ -11,8 +11,8 @@ import pandas as pd
 import pytest
 import yaml
 
-from arithmech.rehearsal import job_table, submitted_rule
-from arithmech.tiny import build_tiny_model
+from arithmech.tools.rehearsal import job_table, submitted_rule
+from arithmech.model.tiny import build_tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).parent))
@@ -68,7 +68,7 @@ def test_every_job_went_through_sbatch_and_finished(cluster_run):
 
 
 def test_the_stand_in_records_each_jobs_wall_time_and_peak_memory(cluster_run):
-    """What `make rehearsal` prints comes from these records (arithmech.rehearsal.job_table)."""
+    """What `make rehearsal` prints comes from these records (arithmech.tools.rehearsal.job_table)."""
     work, calls = cluster_run
     jobs = job_table(work / "slurm-state")
     assert len(jobs) == sum(len(c) for c in calls.values())

@@ -8,11 +8,12 @@ import torch
 from safetensors.torch import load_file
 
 from arithmech.stages import identify, validate
-from arithmech.stages.figures import run_plot_knockout, run_plot_transfer
+from arithmech.stages.validate import run_plot_knockout, run_plot_transfer
 from arithmech.io import read_parquet_meta, source_digest
-from arithmech.models import load_model
-from arithmech.patching import reference_logits
-from arithmech.tiny import build_tiny_model
+from arithmech.model.loading import load_model
+from arithmech.interp import ablation
+from arithmech.interp.patching import reference_logits
+from arithmech.model.tiny import build_tiny_model
 
 PROMPTS = {
     "operands": {"min": 1, "max": 4},
@@ -60,7 +61,7 @@ def test_pairs_and_provenance(prepared):
 
 
 def test_cache_contents(prepared):
-    from arithmech.hooks import capture
+    from arithmech.intervention.hooks import capture
 
     t = load_file(str(prepared / "cache.safetensors"))
     n, lm = 6, load_model(prepared / "model", device="cpu")
@@ -186,12 +187,12 @@ TRANSFER = {
 
 
 def test_transfer_matches_an_explicit_ablated_generation(prepared, tmp_path):
-    from arithmech.ablation import mean_ablate
-    from arithmech.answers import answer_correct, answer_tokens
-    from arithmech.data import subsample
-    from arithmech.generation import greedy_answers
-    from arithmech.means import AlignedMean
-    from arithmech.prompts import split_pairs
+    from arithmech.interp.ablation import mean_ablate
+    from arithmech.data.answers import answer_correct, answer_tokens
+    from arithmech.data.datasets import subsample
+    from arithmech.intervention.generation import greedy_answers
+    from arithmech.intervention.means import AlignedMean
+    from arithmech.data.arithmetic import split_pairs
 
     root = Path(__file__).resolve().parents[1] / "resources/data"
     key = pd.DataFrame({"component": ["head", "head", "mlp"], "layer": [1, 0, 1], "head": [2, 3, -1]})
@@ -237,11 +238,11 @@ def test_transfer_matches_an_explicit_ablated_generation(prepared, tmp_path):
 
 @pytest.mark.parametrize("positions", ["end", "all"])
 def test_knockout_scores_first_tokens_and_full_answers(prepared, tmp_path, positions):
-    from arithmech.ablation import mean_ablate
-    from arithmech.answers import answer_correct, answer_tokens
-    from arithmech.data import subsample
-    from arithmech.generation import greedy_answers
-    from arithmech.means import AlignedMean, GroupedMean
+    from arithmech.interp.ablation import mean_ablate
+    from arithmech.data.answers import answer_correct, answer_tokens
+    from arithmech.data.datasets import subsample
+    from arithmech.intervention.generation import greedy_answers
+    from arithmech.intervention.means import AlignedMean, GroupedMean
 
     lm = load_model(prepared / "model", device="cpu")
     heads = [(l, h) for l in range(lm.n_layers) for h in range(lm.n_heads)]
@@ -324,10 +325,10 @@ def test_all_positions_answers_batched_across_sets_are_each_sets_own_generation(
     """positions "all" runs every node set at once per template (greedy_end_sets, positions "aligned": the
     prefix the template's mean does not reach is shared); each set's tokens are those of a plain greedy
     generation inside that set's per-template mean ablation, up to where the answer is settled."""
-    from arithmech.ablation import mean_ablate
-    from arithmech.answers import answer_correct, decided_answers
-    from arithmech.generation import greedy_generate
-    from arithmech.means import GroupedMean
+    from arithmech.interp.ablation import mean_ablate
+    from arithmech.data.answers import answer_correct, decided_answers
+    from arithmech.intervention.generation import greedy_generate
+    from arithmech.intervention.means import GroupedMean
 
     lm = load_model(prepared / "model", device="cpu")
     pairs = pd.read_parquet(prepared / "pairs.parquet")
@@ -339,8 +340,8 @@ def test_all_positions_answers_batched_across_sets_are_each_sets_own_generation(
     mlp_sets = [[], [], [1], [], [0]]
     texts, templates = list(pairs["prompt"]), pairs["template_id"].to_numpy()
     golds = list(pairs["answer"])
-    got = validate.set_answers(lm, texts, golds, template_ids=templates, head_sets=head_sets, mlp_sets=mlp_sets,
-                               means=validate.cache_means(cache, "all"), positions="all", max_new_tokens=3,
+    got = ablation.set_answers(lm, texts, golds, template_ids=templates, head_sets=head_sets, mlp_sets=mlp_sets,
+                               means=ablation.cache_means(cache, "all"), positions="all", max_new_tokens=3,
                                batch_size=4, copies=256).tokens
     assert got.shape == (len(head_sets), len(texts), 3)
     decided = decided_answers(lm.tokenizer, golds)

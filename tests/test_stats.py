@@ -8,7 +8,7 @@ from statistics import NormalDist
 import numpy as np
 import pytest
 
-from arithmech.stats import (
+from arithmech.report.stats import (
     _binom_half_cdf_exact,
     _binom_half_cdf_log,
     cluster_bootstrap,

@@ -13,14 +13,14 @@ import pytest
 import torch
 import yaml
 
-from arithmech import finetune as ft
-from arithmech import study as sd
-from arithmech.controls import layer_matched_heads
+from arithmech.sft import training as ft
+from arithmech.sft import design as sd
+from arithmech.interp.nodes import layer_matched_heads
 from arithmech.config import ConfigError, validate_config
-from arithmech.generation import greedy_generate
-from arithmech.scoring import divergence_windows, score_targets
-from arithmech.models import load_model
-from arithmech.prompts import continuation_ids
+from arithmech.intervention.generation import greedy_generate
+from arithmech.sft.scoring import divergence_windows, score_targets
+from arithmech.model.loading import load_model
+from arithmech.data.arithmetic import continuation_ids
 from arithmech.stages.study import run_study_format, run_study_items, run_study_summary
 
 from test_workflow import ROOT, tiny_config
@@ -101,7 +101,7 @@ def test_divergence_windows_against_one_forward(tiny_dir, tiny_lm):
 
 
 def _items(tiny_dir, study, identify=None):
-    from arithmech.models import LoadedModel
+    from arithmech.model.loading import LoadedModel
 
     tok = LoadedModel.load_tokenizer(tiny_dir)
     return sd.build_items(tok, study, identify or {}, ".\n", seed=0)
@@ -223,7 +223,7 @@ ADD = {"task": "addition", "template": "{a} {op} {b} = ", "operator": "+"}
 def test_measured_items_are_the_first_validation_items_of_the_format_when_trained(tiny_dir):
     """The items a candidate is measured on are exactly the first validation items build_items makes when it
     is trained (same pairs, same few-shot prefix): the choice never sees a test item of the chosen format."""
-    from arithmech.models import LoadedModel
+    from arithmech.model.loading import LoadedModel
 
     tok = LoadedModel.load_tokenizer(tiny_dir)
     study = _with_candidates(_study(), add2=_study()["formats"]["add2"], sub=dict(ADD, task="subtraction", operator="-",
@@ -286,8 +286,8 @@ def test_format_stage_measures_every_candidate_and_records_the_choice(tiny_dir, 
 def test_summary_says_when_the_study_could_not_run(tmp_path):
     """No format inside the band: empty tables whose metadata says why, pages and figures that say so, and
     the scorecard's study rows `not measured` with that reason."""
-    from arithmech import claims
-    from arithmech.findings import study_not_run
+    from arithmech.report import verdicts as claims
+    from arithmech.report.page import study_not_run
     from arithmech.io import read_parquet_meta, write_parquet
 
     table, choice = sd.choose_format(_measured(("add2", 0.95), ("mul2", 0.1)), [0.2, 0.6], "auto")

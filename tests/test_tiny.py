@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from arithmech.tiny import build_tiny_model, build_tiny_tokenizer
+from arithmech.model.tiny import build_tiny_model, build_tiny_tokenizer
 
 SPACE = "Ġ"  # byte-level marker for a leading space
 

@@ -180,7 +180,7 @@ def test_transfer_table(run):
 def test_finetune_and_evaluation_outputs(run):
     from safetensors import safe_open
 
-    from arithmech.deltas import read_trained_meta
+    from arithmech.sft.deltas import read_trained_meta
 
     res = run / "results/tiny"
     precise = read_trained_meta(res / "finetune/precise/trained.safetensors")
@@ -496,8 +496,7 @@ def test_auto_format_reruns_what_the_choice_changes_and_says_when_none_fits(run,
     With no candidate inside study.base_band nothing of the study runs but its summary, which says so and
     names the nearest format; the scorecard's study rows are `not measured` with that reason, and the rest of
     the workflow finishes."""
-    from arithmech import study as sd
-
+    from arithmech.sft import design as sd
     checkout = moved_checkout(run, tmp_path)
     res = checkout / "results/tiny"
     items_before = (res / "finetune/study/items.parquet").stat().st_mtime_ns
@@ -586,7 +585,7 @@ def test_circuit_outputs(run):
     """The circuit and edges rules on every operator: the model keeps all of itself and the empty circuit none;
     every ablation variant has its random draws; the per-item table adds up to the table; the edges split each
     sender's total into its paths."""
-    from arithmech.circuit import KEY_SUM
+    from arithmech.interp.sufficiency import KEY_SUM
 
     res = run / "results/tiny"
     for task in TASKS:
@@ -661,7 +660,7 @@ def test_per_item_tables_add_up_to_the_tables(run):
 def test_claims_scorecard(run):
     """Every claim of the paper has a headline row with a verdict and its rule; rows point at files that exist;
     the Markdown and HTML name every claim."""
-    from arithmech.claims import CLAIMS, VERDICTS
+    from arithmech.report.verdicts import CLAIMS, VERDICTS
 
     res = run / "results/tiny"
     table = pd.read_parquet(res / "claims.parquet")

@@ -26,6 +26,7 @@ class _Module:
 
     def __init__(self, name: str, path: Path):
         self.name, self.path = name, path
+        self.is_package = path.name == "__init__.py"
         self.source = path.read_text(encoding="utf-8")
         self.tree = ast.parse(self.source, filename=str(path))
         self.defs: dict[str, list[ast.stmt]] = {}  # a name may be bound by several statements
@@ -43,21 +44,23 @@ class _Module:
                     self.other.append(node)
             else:
                 self.other.append(node)
-                for module, name, local in _imports(node, self.name):
+                for module, name, local in _imports(node, self.name, self.is_package):
                     self.aliases[local] = (module, name)
 
 
-def _resolve(node: ast.ImportFrom, current: str) -> str | None:
-    """The absolute module name an ImportFrom refers to, or None when it is outside the package."""
+def _resolve(node: ast.ImportFrom, current: str, is_package: bool = False) -> str | None:
+    """The absolute module name an ImportFrom in module `current` refers to (`is_package`: `current` is a
+    package's __init__, so `.` is the package itself), or None when it is outside the package."""
     if node.level:
-        parts = current.split(".")[: -node.level] if node.level <= current.count(".") else []
+        parts = current.split(".") + ([""] if is_package else [])
+        parts = parts[: -node.level] if node.level < len(parts) else []
         base = ".".join(parts + ([node.module] if node.module else []))
     else:
         base = node.module or ""
     return base if base == PACKAGE or base.startswith(PACKAGE + ".") else None
 
 
-def _imports(node: ast.AST, current: str) -> list[tuple[str, str | None, str]]:
+def _imports(node: ast.AST, current: str, is_package: bool = False) -> list[tuple[str, str | None, str]]:
     """(module, imported name or None for the module itself, local name) of the package imports in `node`."""
     found = []
     if isinstance(node, ast.Import):
@@ -65,7 +68,7 @@ def _imports(node: ast.AST, current: str) -> list[tuple[str, str | None, str]]:
             if alias.name == PACKAGE or alias.name.startswith(PACKAGE + "."):
                 found.append((alias.name, None, alias.asname or alias.name.split(".")[0]))
     elif isinstance(node, ast.ImportFrom):
-        base = _resolve(node, current)
+        base = _resolve(node, current, is_package)
         if base is not None:
             for alias in node.names:
                 found.append((base, alias.name, alias.asname or alias.name))
@@ -136,7 +139,7 @@ class CodeGraph:
                     elif isinstance(sub, ast.Name) and sub.id in module.aliases:
                         todo.append(module.aliases[sub.id])
                     elif isinstance(sub, (ast.Import, ast.ImportFrom)):
-                        todo += [(m, n) for m, n, _ in _imports(sub, module_name)]
+                        todo += [(m, n) for m, n, _ in _imports(sub, module_name, module.is_package)]
         return reached
 
     def digest(self, roots: list[tuple[str, str | None]]) -> str:

@@ -10,6 +10,9 @@ import yaml
 from jsonschema import Draft202012Validator
 
 
+TRANSFER_COPIES = 256  # transfer.copies_per_forward where a config leaves it out
+
+
 class ConfigError(ValueError):
     pass
 
@@ -21,7 +24,7 @@ def _key(path) -> str:
 def validate_config(config: dict, schema_path: str | Path) -> None:
     """Fill in the defaults the schema gives (a model's `resources`), then raise ConfigError listing every
     problem, each as "config key 'a.b.c': what was expected"."""
-    from .eval_sets import config_problems
+    from arithmech.data.eval_sets import config_problems
 
     schema = yaml.safe_load(Path(schema_path).read_text())
     _fill_model_defaults(config, schema)
@@ -48,7 +51,7 @@ def validate_config(config: dict, schema_path: str | Path) -> None:
             if method not in config["finetune"]["lr"]:
                 problems.append(f"config key 'finetune.lr.{method}': missing; method {method!r} is in finetune.methods")
         problems += _length_problems(config["finetune"]["train"], "finetune.train")
-        problems += config_problems(config["evaluation"])  # the evaluation sets (arithmech.eval_sets)
+        problems += config_problems(config["evaluation"])  # the evaluation sets (arithmech.data.eval_sets)
         problems += _study_problems(config["study"])
         low, high = config["claims"]["middle_band"]
         if low >= high:
@@ -75,7 +78,7 @@ def _fill_model_defaults(config: dict, schema: dict) -> None:
 
 def _length_problems(train: dict, key: str) -> list[str]:
     """The training-length rule (`finetune_config.length_problem`) of the section at config key `key`."""
-    from .finetune_config import length_problem
+    from arithmech.sft.methods import length_problem
 
     problem = length_problem(train.get("epochs"), train.get("max_steps"), f"config key '{key}'")
     return [] if problem is None else [problem]
@@ -83,7 +86,7 @@ def _length_problems(train: dict, key: str) -> list[str]:
 
 def _split_problems(prompts: dict, tasks: list[str]) -> list[str]:
     """Each task's operand pairs must leave at least one pair in each split."""
-    from .prompts import operand_pairs
+    from arithmech.data.arithmetic import operand_pairs
 
     share = prompts["splits"]["validation_share"]
     problems = []
@@ -98,7 +101,7 @@ def _split_problems(prompts: dict, tasks: list[str]) -> list[str]:
 
 def _study_problems(study: dict) -> list[str]:
     """What the schema cannot say about the `study` section: cross-references, ranges, split sizes."""
-    from .study import AUTO, Format
+    from arithmech.sft.design import AUTO, Format
 
     problems = []
     candidates = study["format_choice"]["candidates"]

@@ -5,11 +5,11 @@ import re
 from snakemake.exceptions import IncompleteCheckpointException
 
 from arithmech.code_digest import script_digest
-from arithmech.finetune_config import HEAD_METHODS, METHODS
+from arithmech.sft.methods import HEAD_METHODS, METHODS
 
 MODELS = config["run"]["models"]
 TASKS = config["run"]["tasks"]
-# The evaluation sets to run (validated: names of arithmech.eval_sets.REGISTRY, each with its block).
+# The evaluation sets to run (validated: names of arithmech.data.eval_sets.REGISTRY, each with its block).
 EVAL_DATASETS = config["evaluation"]["datasets"]
 
 

@@ -1,4 +1,4 @@
-# The precise-SFT study (arithmech.study): the trained format measured or chosen, arithmetic items with
+# The precise-SFT study (arithmech.sft.design): the trained format measured or chosen, arithmetic items with
 # disjoint operand-pair splits, every arm's lr chosen on the validation split, the chosen lr trained with more
 # seeds and random-head draws, every model scored on held-out test sets and off-target sets, arm against arm
 # on the same items.

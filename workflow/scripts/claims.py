@@ -1,4 +1,4 @@
-from arithmech.claims import run_claims
+from arithmech.stages.claims import run_claims
 from arithmech.jobs import job
 
 inputs = snakemake.input

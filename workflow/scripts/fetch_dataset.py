@@ -1,4 +1,4 @@
-from arithmech.eval_sets import fetch
+from arithmech.data.eval_sets import fetch
 from arithmech.jobs import job
 
 with job(snakemake):

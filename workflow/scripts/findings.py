@@ -1,4 +1,4 @@
-from arithmech.findings import run_findings
+from arithmech.stages.findings import run_findings
 from arithmech.jobs import job
 
 inputs = snakemake.input

@@ -1,5 +1,5 @@
 from arithmech.jobs import job
-from arithmech.stages.figures import run_plot_analysis
+from arithmech.stages.analyze import run_plot_analysis
 
 with job(snakemake):
     run_plot_analysis(

@@ -1,5 +1,5 @@
 from arithmech.jobs import job
-from arithmech.stages.figures import run_plot_circuit
+from arithmech.stages.circuit import run_plot_circuit
 
 with job(snakemake):
     run_plot_circuit(

@@ -1,4 +1,4 @@
-from arithmech.stages.figures import run_plot_effects
+from arithmech.stages.identify import run_plot_effects
 from arithmech.jobs import job
 
 with job(snakemake):

@@ -1,4 +1,4 @@
-from arithmech.stages.figures import run_plot_knockout
+from arithmech.stages.validate import run_plot_knockout
 from arithmech.jobs import job
 
 with job(snakemake):

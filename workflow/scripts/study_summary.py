@@ -1,7 +1,7 @@
 from pathlib import Path
 
 from arithmech.jobs import job
-from arithmech.stages.common import STATS_FILE
+from arithmech.sft.runs import STATS_FILE
 from arithmech.stages.study import run_study_summary
 
 inputs = snakemake.input

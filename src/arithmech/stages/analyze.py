@@ -5,9 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ..io import read_parquet_meta, write_parquet
-from ..prompts import split_pairs
-from .common import load_stage_model, stage_meta
+from arithmech.io import read_parquet_meta, write_parquet
+from arithmech.data.arithmetic import split_pairs
 
 
 def analysis_heads(key_path, effects_path, fallback: int) -> tuple[list[tuple[int, int]], str]:
@@ -33,7 +32,9 @@ def run_analyze(
     holds the same attention by role for every head of the model (`analysed` marks the heads above), the
     baseline the key heads are compared with. The figures are drawn from these tables by
     `figures.run_plot_analysis`."""
-    from ..analysis import attention_rows, first_role_tokens, mlp_probes, role_attention, token_roles
+    from arithmech.model.loading import load_stage_model, stage_meta
+
+    from arithmech.interp.analysis import attention_rows, first_role_tokens, mlp_probes, role_attention, token_roles
 
     lm = load_stage_model(model_dir, compute)
     pairs = split_pairs(pd.read_parquet(pairs_path), "validation", str(pairs_path))
@@ -70,3 +71,32 @@ def run_analyze(
         pairs["answer_token_id"].tolist(), batch_size=compute["batch_size"], n_random=analysis["n_random"], seed=seed,
     ).assign(task=task)
     write_parquet(probes, out_probes, meta)
+
+
+def run_plot_analysis(*, model: str, task: str, roles_path, example_path, probes_path, out_roles_png,
+                      out_example_png, out_probes_png) -> None:
+    """The analyze stage's figures: attention from END by token role per head, the attention on one example
+    prompt, and the MLP probes against the unembedding of A, B and the answer C (the `paper` variant)."""
+    from arithmech.report import plots
+
+    roles, example, probes = (pd.read_parquet(p) for p in (roles_path, example_path, probes_path))
+    labels = list(dict.fromkeys(example.sort_values(["rank", "position"], kind="stable")["node"]))
+    if (roles["selection"] == "key").all():
+        chosen = "key heads"
+    else:
+        chosen = f"no key heads: top {len(labels)} heads by patching effect"
+    n = int(roles["n_texts"].iloc[0])
+    plots.role_attention_heatmap(
+        roles, f"{model}, {task}: attention from END by token role ({chosen}; mean of {n} prompts)", out_roles_png
+    )
+    first = example[example["node"] == labels[0]].sort_values("position")
+    weights = example.pivot(index="node", columns="position", values="attention").loc[labels].to_numpy()
+    plots.attention_example(
+        first["token"].tolist(), weights, labels, first["role"].tolist(),
+        title=f"{model}, {task}: attention from END, sample {first['sample_id'].iloc[0]} ({chosen})",
+        path=out_example_png,
+    )
+    plots.mlp_probe_lines(
+        probes, f"{model}, {task}: MLP vectors at END (the paper's definitions) against the unembedding of A, B "
+        f"and the answer C (mean of {n} prompts)", out_probes_png,
+    )

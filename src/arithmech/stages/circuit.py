@@ -1,5 +1,5 @@
-"""From key components to a circuit (`arithmech.circuit`): rule entry points for sufficiency (keep a circuit,
-mean-ablate everything else) and for the head -> MLP edges (`arithmech.edges`). Both score VALIDATION pairs, which
+"""From key components to a circuit (`arithmech.interp.sufficiency`): rule entry points for sufficiency (keep a circuit,
+mean-ablate everything else) and for the head -> MLP edges (`arithmech.interp.edges`). Both score VALIDATION pairs, which
 played no part in ranking the heads or in the ablation means."""
 
 from __future__ import annotations
@@ -8,21 +8,11 @@ import warnings
 
 import numpy as np
 import pandas as pd
-import torch
-from safetensors.torch import load_file
 
-from .. import circuit as cx
-from ..io import write_parquet
-from ..means import AlignedMean
-from ..prompts import split_pairs
-from .common import load_stage_model, stage_meta
-from .validate import answers_correct, cache_means, set_answers
-
-
-def ranked_heads(effects: pd.DataFrame) -> list[tuple[int, int]]:
-    """Every head, strongest (most negative) mean effect first."""
-    heads = effects[effects["component"] == "head"].sort_values("mean_effect", kind="stable")
-    return [(int(l), int(h)) for l, h in zip(heads["layer"], heads["head"])]
+from arithmech.interp import sufficiency as cx
+from arithmech.interp.nodes import ranked_heads
+from arithmech.io import write_parquet
+from arithmech.data.arithmetic import split_pairs
 
 
 def _key_nodes(key: pd.DataFrame) -> tuple[list[tuple[int, int]], list[int]]:
@@ -35,8 +25,11 @@ def contrast_end_mean(lm, *, task: str, pairs: pd.DataFrame, prompts: dict, cf_s
                       batch_size: int) -> AlignedMean:
     """The END mean over the identification pairs' counterfactuals rebuilt with `counterfactual_shots: cf_shots`
     (the same shots and null words: `prompts.build_prompts` draws them per sample id)."""
-    from ..patching import collect
-    from ..prompts import build_prompts
+    import torch
+    from arithmech.intervention.means import AlignedMean
+
+    from arithmech.interp.patching import collect
+    from arithmech.data.arithmetic import build_prompts
 
     ident = split_pairs(pairs, "identification", "pairs")
     rebuilt = build_prompts(lm.tokenizer, task, {**prompts, "counterfactual_shots": cf_shots}, seed)
@@ -50,7 +43,10 @@ def contrast_end_mean(lm, *, task: str, pairs: pd.DataFrame, prompts: dict, cf_s
 def _score_sets(lm, scored: pd.DataFrame, sets: list[cx.CircuitSet], *, means, positions: str, batch_size: int
                 ) -> dict[str, np.ndarray]:
     """Per-item measures of every set, {measure: [n_sets, n]}, each distinct ablation run once."""
-    from ..answers import answer_tokens
+    import torch
+    from arithmech.interp.ablation import answers_correct, set_answers
+
+    from arithmech.data.answers import answer_tokens
 
     distinct = list(dict.fromkeys((s.heads, s.mlp_layers) for s in sets))
     ablated = [cx.CircuitSet("", "", 0, -1, h, m).ablated(lm.n_layers, lm.n_heads) for h, m in distinct]
@@ -71,14 +67,18 @@ def _score_sets(lm, scored: pd.DataFrame, sets: list[cx.CircuitSet], *, means, p
 
 def run_circuit(*, model: str, task: str, model_dir, pairs_path, cache_path, effects_path, key_path, circuit: dict,
                 prompts: dict, compute: dict, seed: int, out_table, out_items) -> None:
-    """Sufficiency of the key components (`arithmech.circuit`) on the validation pairs: every circuit of
+    """Sufficiency of the key components (`arithmech.interp.sufficiency`) on the validation pairs: every circuit of
     `circuit_sets` kept and everything else mean-ablated (as the knockout does) at END and every generated position
     with the END mean of the identification counterfactuals (the curves: top k heads, random draws), at every
     position with each template's mean (positions "all", the key circuits and their random draws, on a smaller
     draw of pairs), and at END with the means of counterfactuals of another `counterfactual_shots`
     (`circuit.contrast_means`, when the prompts have few-shot lines for it to differ). Writes the faithfulness of
     every set (`out_table`) and every set's per-item measures (`out_items`)."""
-    from ..data import subsample
+    from arithmech.interp.ablation import cache_means
+    from arithmech.model.loading import load_stage_model, stage_meta
+    from safetensors.torch import load_file
+
+    from arithmech.data.datasets import subsample
 
     lm = load_stage_model(model_dir, compute)
     pairs = pd.read_parquet(pairs_path)
@@ -144,10 +144,13 @@ def run_edges(*, model: str, model_dir, tasks: list[str], pairs_paths, effects_p
     change for `metric` relative_logit (by the logit difference, with a warning, for an operator where no scored
     pair has a positive unpatched logit), else by the logit difference (the edges have no probabilities). One job
     for all operators: the model loads once."""
-    from ..data import subsample
-    from ..edges import edge_logits
-    from ..effects import node_label
-    from ..patching import collect, direct_logits, nodes_of, total_logits
+    import torch
+    from arithmech.model.loading import load_stage_model, stage_meta
+
+    from arithmech.data.datasets import subsample
+    from arithmech.interp.edges import edge_logits
+    from arithmech.interp.effects import node_label
+    from arithmech.interp.patching import collect, direct_logits, nodes_of, total_logits
 
     lm = load_stage_model(model_dir, compute)
     keys = {t: pd.read_parquet(p) for t, p in zip(tasks, key_paths, strict=True)}
@@ -205,3 +208,18 @@ def _path_rows(pairs: pd.DataFrame, labels: list[str], path: str, receiver: int,
         "receiver": receiver, "logit_o": np.repeat(logit_o.numpy(), s), "change": change.reshape(-1).numpy(),
         "rel_effect": (change / logit_o[:, None]).reshape(-1).numpy(),
     })
+
+
+def run_plot_circuit(*, model: str, task: str, table_path, edges_path, levels: list[float], out_curve,
+                     out_graph, out_heatmap) -> None:
+    """The circuit stage's figures: faithfulness against the number of top heads kept, the key heads' graph
+    through the MLPs, and the senders x paths heatmap of the edges."""
+    from arithmech.report import plots
+
+    table, edges = pd.read_parquet(table_path), pd.read_parquet(edges_path)
+    plots.faithfulness_curve(table, levels, f"{model}, {task}: how much of the behaviour a circuit keeps", out_curve)
+    n = int(edges["n"].iloc[0])
+    plots.circuit_graph(edges, f"{model}, {task}: key heads -> MLPs -> answer logit (n = {n} validation pairs)",
+                        out_graph)
+    plots.edge_heatmap(edges, f"{model}, {task}: each sender head's effect by path (n = {n} validation pairs)",
+                       out_heatmap)

@@ -10,10 +10,12 @@ import numpy as np
 import pandas as pd
 import torch
 
-from .. import effects as fx
-from ..eval_sets import REGISTRY
-from ..io import provenance, write_html_table, write_parquet
-from .common import load_finetuned, load_stage_model, model_record, stage_meta, train_and_save
+from arithmech.interp.nodes import ranked_nodes
+from arithmech.data.eval_sets import REGISTRY
+from arithmech.io import provenance, write_html_table, write_parquet
+from arithmech.model.loading import load_stage_model, model_record, stage_meta
+from arithmech.sft.runs import load_finetuned, train_and_save
+from arithmech.sft.training import finetune_examples, fitting_examples
 
 
 def select_finetune_nodes(method: str, effects_paths: dict, finetune: dict, *, n_layers: int, n_heads: int,
@@ -21,9 +23,9 @@ def select_finetune_nodes(method: str, effects_paths: dict, finetune: dict, *, n
     """(heads, mlp layers) a head method trains: precise, the top `finetune.heads` heads (and top
     `finetune.mlps` MLPs) by patching effect averaged over the tasks; random_heads, as many heads drawn at
     random (seeded) among the others, and no MLPs."""
-    from ..controls import random_heads
+    from arithmech.interp.nodes import random_heads
 
-    ranked, ranked_mlps = ranked_nodes(effects_paths)
+    ranked, ranked_mlps = ranked_nodes({t: pd.read_parquet(p) for t, p in effects_paths.items()})
     n = finetune["heads"]
     if n > len(ranked):
         raise ValueError(f"config key 'finetune.heads': {n} heads asked for, the model has {len(ranked)}")
@@ -33,48 +35,12 @@ def select_finetune_nodes(method: str, effects_paths: dict, finetune: dict, *, n
     return top, ranked_mlps[: finetune["mlps"]]
 
 
-def ranked_nodes(effects_paths: dict) -> tuple[list[tuple[int, int]], list[int]]:
-    """Every head as (layer, head) and every MLP layer, ranked by patching effect averaged over the tasks
-    whose effects tables are given (most negative first)."""
-    effects = {t: pd.read_parquet(p) for t, p in effects_paths.items()}
-    heads = [(int(l), int(h)) for l, h in fx.rank_across_tasks(effects, "head")[["layer", "head"]].to_numpy()]
-    return heads, fx.rank_across_tasks(effects, "mlp")["layer"].astype(int).tolist()
-
-
-def finetune_examples(lm, data: dict, seed: int) -> list[tuple[str, str]]:
-    """(prompt, target) pairs from GSM8K train: the question in the configured style, the worked solution
-    ending "The answer is N." as the target (zero-shot: the model learns the format, not from examples)."""
-    from ..data import load_gsm8k, subsample
-    from ..formatting import math_prompts
-
-    train = subsample(load_gsm8k(data["file"]), data["n"], seed)
-    frame = math_prompts(train, (), data["style"], lm.tokenizer)
-    return list(zip(frame["prompt"], frame["target"]))
-
-
-def example_tokens(tokenizer, examples: list[tuple[str, str]]) -> list[int]:
-    """Tokens of each (prompt, target) example as training encodes it: prompt, target, BOS and EOS."""
-    def n_tokens(text):
-        return len(tokenizer(text, add_special_tokens=False)["input_ids"])
-
-    return [n_tokens(p) + n_tokens(t) + 2 for p, t in examples]
-
-
-def fitting_examples(tokenizer, examples: list[tuple[str, str]], max_length: int) -> list[tuple[str, str]]:
-    """The examples whose prompt, target and eos fit in `max_length` tokens (no truncated question)."""
-    fit = [e for e, n in zip(examples, example_tokens(tokenizer, examples)) if n <= max_length]
-    print(f"{len(fit)} of {len(examples)} training examples fit in max_length={max_length} tokens")
-    if not fit:
-        raise ValueError(f"config key 'finetune.train.max_length': no training example fits in {max_length} tokens")
-    return fit
-
-
 def run_finetune(*, model: str, model_dir, method: str, effects_paths: dict, data_path, finetune: dict, compute: dict,
                  seed: int, out_dir, checkpoint_root) -> None:
     """Fine-tune with one method and save what was trained into `out_dir`: the deltas (`trained.safetensors`)
     or, for full, a model directory (`model/`), plus `stats.json` (trainable parameters, step times, peak
     memory, losses). A killed job resumes from `checkpoint_root/<method>-<hash of the settings>`."""
-    from ..finetune_config import HEAD_METHODS, parse_method
+    from arithmech.sft.methods import HEAD_METHODS, parse_method
 
     lm = load_stage_model(model_dir, compute)
     spec: dict = {"method": method}
@@ -102,13 +68,13 @@ def run_finetune(*, model: str, model_dir, method: str, effects_paths: dict, dat
 def run_evaluate(*, model: str, model_dir, method: str, dataset: str, finetune_dir, data_path, shots_path,
                  evaluation: dict, compute: dict, seed: int, out_path) -> None:
     """Evaluate one model (base or fine-tuned by `method`) on one data set of the registry
-    (`arithmech.eval_sets`), scored by its kind: per-item rows (math: id, prompt, output, extracted, gold,
+    (`arithmech.data.eval_sets`), scored by its kind: per-item rows (math: id, prompt, output, extracted, gold,
     correct; choice: prediction, correct; qa: output, correct; perplexity: one row). `evaluation`: style and
     batch_size, n_shots for the math sets (solved GSM8K train examples from `shots_path`), and the data
     set's own settings under its name."""
-    from .. import data as ds
-    from .. import scoring
-    from ..formatting import math_prompts
+    from arithmech.data import datasets as ds
+    from arithmech.sft import scoring
+    from arithmech.data.formatting import math_prompts
 
     spec = REGISTRY.get(dataset)
     if spec is None:
@@ -143,7 +109,7 @@ def eval_summary(eval_paths: dict, stats_paths: dict, confidence: float) -> pd.D
     """The paper's Table 1: one row per method (base first), per data set the accuracy with its Wilson
     interval (WikiText-2: perplexity), and the training cost: trainable parameters, mean step time, train
     wall time, peak memory, optimizer state and saved artifact sizes."""
-    from ..stats import accuracy_interval
+    from arithmech.report.stats import accuracy_interval
 
     rows = []
     for method, paths in eval_paths.items():
@@ -195,8 +161,8 @@ def markdown_table(summary: pd.DataFrame, datasets: list[str]) -> str:
 
 def run_summarize_eval(*, model: str, methods: list[str], eval_paths: dict, stats_paths: dict, confidence: float,
                        out_table, out_md, out_html, out_png) -> None:
-    from .. import plots
-    from ..io import atomic_path
+    from arithmech.report import plots
+    from arithmech.io import atomic_path
 
     summary = eval_summary(eval_paths, stats_paths, confidence)
     datasets = list(next(iter(eval_paths.values())))

@@ -7,19 +7,15 @@ import json
 from pathlib import Path
 
 import pandas as pd
-import torch
-from safetensors import safe_open
-from safetensors.torch import load_file
 
-from .. import effects as fx
-from ..io import provenance, read_parquet_meta, write_html_table, write_parquet, write_safetensors
-from ..models import prepare_model
-from ..patching import EndState, collect, direct_logits, effects_frame, total_logits
-from ..prompts import SPLITS, build_prompts, select_samples, split_pairs
-from .common import load_stage_model, stage_meta
+from arithmech.interp import effects as fx
+from arithmech.io import provenance, read_parquet_meta, write_html_table, write_parquet, write_safetensors
+from arithmech.data.arithmetic import SPLITS, build_prompts, select_samples, split_pairs
 
 
 def run_prepare_model(*, source: dict, out_dir: str | Path) -> None:
+    from arithmech.model.loading import prepare_model
+
     prepare_model(source, out_dir)
 
 
@@ -28,7 +24,9 @@ def run_build_pairs(*, model_dir, task: str, prompts: dict, compute: dict, seed:
     into identification and validation pairs by operand pair; writes kept and dropped samples. The kept
     pairs' counterfactual prompts are checked too: how often they still give the answer (the leak) goes
     into the table (cf_correct_first_token, cf_correct_full) and its metadata."""
-    from ..generation import check_answers
+    from arithmech.model.loading import load_stage_model, stage_meta
+
+    from arithmech.intervention.generation import check_answers
 
     lm = load_stage_model(model_dir, compute)
     candidates = build_prompts(lm.tokenizer, task, prompts, seed)
@@ -67,6 +65,10 @@ def run_cache_activations(*, model_dir, pairs_path, compute: dict, out_path) -> 
     """Node outputs at END for the identification pairs' reference and counterfactual prompts, plus the
     counterfactual means that mean ablation uses: at END over all of them (`cf_mean_*`, [1, ...]) and per
     template at every position counted back from END (`cf_template_*`, `means.GroupedMean`)."""
+    import torch
+    from arithmech.interp.patching import collect
+    from arithmech.model.loading import load_stage_model, stage_meta
+
     lm = load_stage_model(model_dir, compute)
     pairs = split_pairs(pd.read_parquet(pairs_path), "identification", str(pairs_path))
     answers = torch.tensor(pairs["answer_token_id"].to_numpy())
@@ -92,6 +94,9 @@ def run_cache_activations(*, model_dir, pairs_path, compute: dict, out_path) -> 
 
 def load_states(cache_path) -> tuple[EndState, EndState, torch.Tensor, torch.Tensor]:
     """(reference, counterfactual, answer_ids [n], sample_ids [n]) from a cache file."""
+    from arithmech.interp.patching import EndState
+    from safetensors.torch import load_file
+
     t = load_file(str(cache_path))
     ref = EndState(**{k: t[f"ref_{k}"] for k in STATE_FIELDS})
     cf = EndState(**{k: t[f"cf_{k}"] for k in STATE_FIELDS})
@@ -99,6 +104,8 @@ def load_states(cache_path) -> tuple[EndState, EndState, torch.Tensor, torch.Ten
 
 
 def cache_meta(cache_path) -> dict:
+    from safetensors import safe_open
+
     with safe_open(str(cache_path), "pt") as f:
         return json.loads((f.metadata() or {}).get("arithmech", "{}"))
 
@@ -115,6 +122,9 @@ def run_patch_layers(*, model_dir, layers: list[int] | None, patching: dict, com
     transformers, about 5 s) costs far more than direct mode's closed form for every layer (milliseconds),
     so the workflow runs direct mode as one job for all layers (`patch_all_layers`) and total mode as one
     job per layer (`patch_layer`), which a cluster runs in parallel."""
+    from arithmech.interp.patching import direct_logits, effects_frame, total_logits
+    from arithmech.model.loading import load_stage_model, stage_meta
+
     lm = load_stage_model(model_dir, compute)
     layers = list(range(lm.n_layers)) if layers is None else [int(l) for l in layers]
     for layer in layers:
@@ -175,7 +185,7 @@ def run_aggregate_effects(*, model: str, task: str, layer_paths, pairs_path, met
 def run_summarize_key_components(
     *, model: str, tasks: list[str], effects_paths, key_paths, out_table, out_html, out_png
 ) -> None:
-    from .. import plots
+    from arithmech.report import plots
 
     effects = {t: pd.read_parquet(p) for t, p in zip(tasks, effects_paths)}
     keys = {t: pd.read_parquet(p) for t, p in zip(tasks, key_paths)}
@@ -183,3 +193,15 @@ def run_summarize_key_components(
     write_parquet(summary, out_table, provenance(stage="summarize_key_components", model=model, tasks=tasks))
     write_html_table(summary, out_html, f"{model}: key components shared across operators")
     plots.shared_heatmap(summary, tasks, f"{model}: key components across operators (* = key)", out_png)
+
+
+def run_plot_effects(*, model: str, task: str, metric: str, effects_path, key_path, out_png) -> None:
+    """The heatmap of mean patching effects per head and MLP, key components outlined."""
+    from arithmech.report import plots
+
+    effects, key = pd.read_parquet(effects_path), pd.read_parquet(key_path)
+    n_key = int((key["component"] == "head").sum())
+    share = 100 * n_key / max(1, int((effects["component"] == "head").sum()))
+    title = (f"{model}, {task}: path patching at END ({metric}); {n_key} key heads ({share:.1f}%) outlined,\n"
+             f"labelled with the % of bootstrap resamples that select them (dashed: under {100 * plots.STABLE:.0f}%)")
+    plots.effects_heatmap(effects, key, title, out_png)

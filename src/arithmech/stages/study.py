@@ -1,4 +1,4 @@
-"""Rule entry points of the precise-SFT study (`arithmech.study`): choose the trained format, build the
+"""Rule entry points of the precise-SFT study (`arithmech.sft.design`): choose the trained format, build the
 items, train one run, choose an arm's lr, score one model, summarise. Keyword-only, so a script cannot swap
 two paths silently."""
 
@@ -9,10 +9,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .. import study as sd
-from ..io import atomic_path, config_hash, provenance, write_html_page, write_json, write_parquet
-from .common import load_finetuned, load_stage_model, model_record, stage_meta, train_and_save
-from .finetune import ranked_nodes
+from arithmech.sft import design as sd
+from arithmech.io import atomic_path, config_hash, provenance, write_html_page, write_json, write_parquet
+from arithmech.model.loading import load_stage_model, model_record, stage_meta
+from arithmech.sft.runs import load_finetuned, train_and_save
+from arithmech.interp.nodes import ranked_nodes
 
 VAL_FILE = "val.parquet"
 
@@ -37,7 +38,7 @@ def run_study_format(*, model_dir, pairs_paths: dict, study: dict, prompts: dict
 
     import torch
 
-    from ..stats import accuracy_interval
+    from arithmech.report.stats import accuracy_interval
 
     start = time.perf_counter()
     identify = _identify_pairs(pairs_paths)
@@ -77,7 +78,7 @@ def run_study_format(*, model_dir, pairs_paths: dict, study: dict, prompts: dict
 def run_study_items(*, model_dir, pairs_paths: dict, study: dict, prompts: dict, seed: int, out_items) -> None:
     """All study items (train/validation/test of the trained format, test of the others), the identify
     stage's operand pairs left out. `study.train_format` is the format's name (an `auto` choice resolved)."""
-    from ..models import LoadedModel, resolve_model_dir
+    from arithmech.model.loading import LoadedModel, resolve_model_dir
 
     if study["train_format"] in (None, sd.AUTO):
         raise ValueError("study_items: no trained format was chosen (rule study_format found none inside "
@@ -95,7 +96,7 @@ def run_study_items(*, model_dir, pairs_paths: dict, study: dict, prompts: dict,
 
 def _score(lm, items: pd.DataFrame, batch_size: int, progress=None) -> pd.DataFrame:
     """Greedy exact match (teacher-forced, `scoring.score_targets`) and answer NLL per item."""
-    from ..scoring import score_targets
+    from arithmech.sft.scoring import score_targets
 
     scores = score_targets(lm, items["prompt"].tolist(), items["target"].tolist(), batch_size, progress)
     return pd.DataFrame({"item": items["pair"].to_numpy(), "cluster": items["pair"].to_numpy(),
@@ -117,19 +118,19 @@ def run_seed(run: str, seed: int) -> int:
 
 def run_study_train(*, model_dir, items_path, effects_paths: dict, arm: str, run: str, study: dict, compute: dict,
                     seed: int, selection_path, out_dir, checkpoint_root) -> None:
-    """Train one run (module docstring of `arithmech.study`) and save what was trained, `stats.json`
+    """Train one run (module docstring of `arithmech.sft.design`) and save what was trained, `stats.json`
     (with the learning-curve points) and the final validation scores (`val.parquet`). A killed job resumes
     from `checkpoint_root/<arm>-<run>-<hash of the settings>`."""
     import torch
 
-    from ..finetune_config import HEAD_METHODS, parse_method
+    from arithmech.sft.methods import HEAD_METHODS, parse_method
 
     lm = load_stage_model(model_dir, compute)
     items = pd.read_parquet(items_path)
     fmt = items[items["format"] == sd.trained_format(items)]
     train_items, val = fmt[fmt["split"] == "train"], fmt[fmt["split"] == "validation"]
     curve_test = fmt[fmt["split"] == "test"].head(study["curve"]["test_items"])
-    heads, mlps = ranked_nodes(effects_paths) if arm in sd.HEAD_ARMS else ([], [])
+    heads, mlps = ranked_nodes({t: pd.read_parquet(p) for t, p in effects_paths.items()}) if arm in sd.HEAD_ARMS else ([], [])
     spec = sd.arm_method(arm, run, study, ranked_heads=heads, ranked_mlps=mlps, n_heads=lm.n_heads, seed=seed)
     if spec["method"] in HEAD_METHODS and lm.dtype != torch.float32:
         spec["delta_dtype"] = "float32"
@@ -183,9 +184,9 @@ def chosen_dir(selection_path, grid_dirs: dict) -> Path:
 
 
 def _off_target_rows(lm, base, study: dict, data_paths: dict, *, seed: int, bs: int) -> list[pd.DataFrame]:
-    from .. import data as ds
-    from .. import scoring
-    from ..formatting import math_prompts
+    from arithmech.data import datasets as ds
+    from arithmech.sft import scoring
+    from arithmech.data.formatting import math_prompts
 
     cfg, frames = study["off_target"], []
     style = cfg["style"]
@@ -254,7 +255,7 @@ def run_study_summary(*, model: str, study: dict, formats_path, items_path, sele
     """study.parquet (one row per scored model), comparisons.parquet (arm against arm), the Markdown and
     HTML table, the accuracy figure and the learning curves. When rule study_format chose no format
     (`items_path` None), the same files say that the study could not run and why (`write_not_run`)."""
-    from .. import plots
+    from arithmech.report import plots
 
     formats, choice = pd.read_parquet(formats_path), sd.read_choice(formats_path)
     if items_path is None:
@@ -374,7 +375,7 @@ def write_not_run(*, model: str, study: dict, formats: pd.DataFrame, choice: dic
     """The study's outputs when it could not run (no candidate format inside `study.base_band`): empty
     tables whose metadata says why (`ran: false`, `reason`), and a Markdown page, an HTML page and two
     figures that say so."""
-    from .. import plots
+    from arithmech.report import plots
 
     reason = f"The precise-SFT study could not run: {choice['reason']}."
     print(f"WARNING: {reason}")

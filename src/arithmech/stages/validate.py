@@ -7,73 +7,11 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import torch
-from safetensors.torch import load_file
 
-from ..io import write_parquet
-from ..ablation import GreedyKnockout
-from ..means import AlignedMean, GroupedMean
-from ..prompts import split_pairs
-from .common import load_stage_model, stage_meta
-
-COPIES = 256  # transfer.copies_per_forward where a config leaves it out
-
-
-def cache_means(cache: dict, positions: str) -> AlignedMean | GroupedMean:
-    """The counterfactual means a node set is ablated with at the knockout rule's `positions`, from an
-    activations cache: "end", the END mean over all identification counterfactuals; "all", each template's
-    mean at every offset from END (`means.GroupedMean`)."""
-    if positions == "end":
-        return AlignedMean(cache["cf_mean_heads"], cache["cf_mean_mlps"])
-    return GroupedMean(cache["cf_template_heads"], cache["cf_template_mlps"], cache["cf_template_counts"])
-
-
-def set_answers(lm, texts, golds, *, head_sets, mlp_sets, means: AlignedMean | GroupedMean, positions: str,
-                max_new_tokens: int, batch_size: int, copies: int, template_ids=None,
-                answer_ids: torch.Tensor | None = None) -> GreedyKnockout:
-    """Greedy answers (tokens [n_sets, n, max_new_tokens]) and, with `answer_ids`, the answer's first-token logit
-    at END ([n_sets, n]), with each node set mean-ablated at the knockout rule's `positions`: "end" (END and
-    every generated position, with the AlignedMean `means`, on the prefix-cache fast path) or "all" (Wang et
-    al.'s mean ablation: every position, each prompt with its template's mean in the GroupedMean `means` at the
-    same offset from END, and every generated position with its template's END mean; all sets at once per
-    template, sharing the prefix the template's mean does not reach). Either way an answer stops as soon as its
-    score against its gold is decided, right or wrong (`answers.decided_answers`), which leaves the score as it
-    is."""
-    from ..ablation import greedy_end_sets
-    from ..answers import decided_answers
-
-    golds = list(golds)
-    work = {"mlp_sets": mlp_sets, "max_new_tokens": max_new_tokens, "batch_size": batch_size,
-            "copies_per_forward": copies}
-    if positions == "end":
-        return greedy_end_sets(lm, texts, head_sets, means=means, answer_ids=answer_ids,
-                               settled=decided_answers(lm.tokenizer, golds), **work)
-    template_ids = np.asarray(template_ids)
-    tokens = torch.empty(len(head_sets), len(texts), max_new_tokens, dtype=torch.long)
-    first = torch.full((len(head_sets), len(texts)), float("nan"))
-    for t in np.unique(template_ids):
-        if t >= len(means.counts) or means.counts[t, 0] == 0:
-            raise ValueError(f"template {t} has no identification pair, so no mean to ablate its prompts with")
-        rows = np.flatnonzero(template_ids == t)
-        out = greedy_end_sets(
-            lm, [texts[i] for i in rows], head_sets, means=means.group(int(t)), positions="aligned",
-            answer_ids=None if answer_ids is None else torch.as_tensor(answer_ids)[torch.as_tensor(rows)],
-            settled=decided_answers(lm.tokenizer, [golds[i] for i in rows]), **work,
-        )
-        tokens[:, torch.as_tensor(rows)], first[:, torch.as_tensor(rows)] = out.tokens, out.first_answer_logits
-    return GreedyKnockout(tokens, first)
-
-
-def answers_correct(tokenizer, tokens: torch.Tensor, golds, judge=None) -> np.ndarray:
-    """[n_sets, n] bool: whether each decoded greedy answer matches its gold, by `judge(text, gold)`
-    (default `answers.answer_correct`: the first number, compared by value)."""
-    from ..answers import answer_correct
-
-    judge = judge or answer_correct
-    golds = list(golds)
-    texts = tokenizer.batch_decode(tokens.flatten(0, 1), skip_special_tokens=True)
-    flat = [judge(t, golds[i % len(golds)]) for i, t in enumerate(texts)]
-    return np.array(flat, dtype=bool).reshape(tokens.shape[:2])
+from arithmech.config import TRANSFER_COPIES
+from arithmech.data.formatting import non_math_prompts, svamp_prompts
+from arithmech.io import write_parquet
+from arithmech.data.arithmetic import split_pairs
 
 
 def knockout_node_sets(effects: pd.DataFrame, key: pd.DataFrame, ablation: dict, *, n_layers: int, n_heads: int,
@@ -83,11 +21,11 @@ def knockout_node_sets(effects: pd.DataFrame, key: pd.DataFrame, ablation: dict,
     draws each, k random heads drawn uniformly among the others (`random_heads`) and k drawn in the layers of
     the top k (`random_layer_matched`), for the given `random_k` (default `ablation.random_k`, capped at K);
     the key MLPs."""
-    from ..controls import layer_matched_heads, random_heads
+    from arithmech.interp.nodes import layer_matched_heads, random_heads, ranked_heads
 
-    heads = effects[effects["component"] == "head"].sort_values("mean_effect", kind="stable")
-    K = min(ablation["max_heads"], len(heads))
-    ranked = [(int(l), int(h)) for l, h in zip(heads["layer"][:K], heads["head"][:K])]
+    ranked = ranked_heads(effects)
+    K = min(ablation["max_heads"], len(ranked))
+    ranked = ranked[:K]
     tops = range(K + 1) if top_k is None else sorted({min(k, K) for k in top_k})
     ks = sorted({min(k, K) for k in (ablation["random_k"] if random_k is None else random_k)} - {0})
     sets = [("top_heads", -1, k, ranked[:k], []) for k in tops]
@@ -113,8 +51,13 @@ def run_knockout(
     random controls at k = max_heads only, as each set is a full forward of every prompt). Both the first answer
     token (`accuracy`, what path patching measured) and the full greedy answer (`full_accuracy`); `out_items`
     holds every set's per-item correctness (`knockout_items`), for paired comparisons."""
-    from ..answers import answer_tokens
-    from ..data import subsample
+    import torch
+    from arithmech.interp.ablation import answers_correct, cache_means, set_answers
+    from arithmech.model.loading import load_stage_model, stage_meta
+    from safetensors.torch import load_file
+
+    from arithmech.data.answers import answer_tokens
+    from arithmech.data.datasets import subsample
 
     lm = load_stage_model(model_dir, compute)
     pairs = split_pairs(pd.read_parquet(pairs_path), "validation", str(pairs_path))
@@ -164,7 +107,7 @@ def knockout_items(sets: list[tuple], scored: pd.DataFrame, first_correct: np.nd
     })
 
 
-def _transfer_targets(
+def transfer_targets(
     lm, *, tasks, pairs_paths, svamp_path, non_math_path, transfer: dict, prompts_cfg: dict, seed: int
 ) -> list[dict]:
     """The data sets the key heads are knocked out on: every operator's kept pairs, the other number
@@ -172,9 +115,11 @@ def _transfer_targets(
     Each: name, kind, texts, golds (numbers, or lists of accepted strings), answer_ids (first answer token,
     operator pairs only), max_new_tokens, clusters (per text: its operand pair "a,b", or its item index in the
     source data, the unit a paired interval resamples)."""
-    from ..data import subsample
-    from ..answers import answer_tokens
-    from ..prompts import format_prompts
+    import torch
+
+    from arithmech.data.datasets import subsample
+    from arithmech.data.answers import answer_tokens
+    from arithmech.data.arithmetic import format_prompts
 
     targets = []
     for task, path in zip(tasks, pairs_paths, strict=True):
@@ -209,32 +154,6 @@ def _transfer_targets(
     return targets
 
 
-def svamp_prompts(path, cfg: dict, seed: int) -> tuple[pd.DataFrame, list[str]]:
-    """The transfer's SVAMP items (`cfg`: transfer.svamp; a seeded draw of n, with `answer` and `index`)
-    and their few-shot direct-answer prompts (shots drawn from the whole set). `make plan` reads the
-    prompts' lengths from here too."""
-    from ..data import load_svamp, subsample
-    from ..formatting import question_prompts
-
-    svamp = load_svamp(path).assign(answer=lambda d: [f"{g:g}" for g in d["gold"]], index=lambda d: d.index)
-    keep = subsample(svamp, cfg["n"], seed)
-    texts = question_prompts(list(svamp["question"]), list(svamp["answer"]), cfg["n_shots"], seed, items=keep["index"])
-    return keep, texts
-
-
-def non_math_prompts(path, cfg: dict, seed: int) -> tuple[pd.DataFrame, list[str]]:
-    """The transfer's non-math items (`cfg`: transfer.non_math; a seeded draw of n of a BIG-bench
-    generation task, with `index`) and their few-shot prompts, as `svamp_prompts`."""
-    from ..data import load_bigbench_generation, subsample
-    from ..formatting import question_prompts
-
-    qa = load_bigbench_generation(path).assign(index=lambda d: d.index)
-    keep = subsample(qa, cfg["n"], seed)
-    texts = question_prompts(list(qa["input"]), [t[0] for t in qa["targets"]], cfg["n_shots"], seed,
-                             items=keep["index"], question_prefix="", answer_prefix="", separator="\n")
-    return keep, texts
-
-
 def run_transfer(
     *, model: str, model_dir, tasks: list[str], pairs_paths, cache_paths, key_paths, svamp_path, non_math_path,
     transfer: dict, prompts_cfg: dict, compute: dict, seed: int, out_table, out_items,
@@ -247,9 +166,14 @@ def run_transfer(
     `retained` is the share of the items the unablated model gets right that stay right (the paper's
     "accuracy after knockout" on data filtered to correct answers). `out_items`: every set's correctness per
     item (source, heads, seed, target, target_kind, item, cluster, correct), for paired comparisons."""
-    from ..ablation import greedy_end_sets
-    from ..controls import layer_matched_heads
-    from ..answers import decided_answers, qa_correct
+    from arithmech.interp.ablation import answers_correct
+    from arithmech.intervention.means import AlignedMean
+    from arithmech.model.loading import load_stage_model, stage_meta
+    from safetensors.torch import load_file
+
+    from arithmech.interp.ablation import greedy_end_sets
+    from arithmech.interp.nodes import layer_matched_heads
+    from arithmech.data.answers import decided_answers, qa_correct
 
     lm = load_stage_model(model_dir, compute)
     # the empty set ablates nothing; any mean will do
@@ -266,7 +190,7 @@ def run_transfer(
             sets.append({"source": task, "heads": "random", "seed": s, "nodes": drawn, "mean": task})
     set_means = [means[s["mean"]] for s in sets]
     rows, items = [], []
-    for target in _transfer_targets(lm, tasks=tasks, pairs_paths=pairs_paths, svamp_path=svamp_path,
+    for target in transfer_targets(lm, tasks=tasks, pairs_paths=pairs_paths, svamp_path=svamp_path,
                                     non_math_path=non_math_path, transfer=transfer, prompts_cfg=prompts_cfg,
                                     seed=seed):
         # numbers compared by value (an answer stops once its score is decided); the non-math answers by text
@@ -275,7 +199,7 @@ def run_transfer(
         result = greedy_end_sets(
             lm, target["texts"], [s["nodes"] for s in sets], set_means=set_means,
             max_new_tokens=target["max_new_tokens"],
-            batch_size=compute["batch_size"], copies_per_forward=transfer.get("copies_per_forward", COPIES),
+            batch_size=compute["batch_size"], copies_per_forward=transfer.get("copies_per_forward", TRANSFER_COPIES),
             settled=None if non_math else decided_answers(lm.tokenizer, target["golds"]),
         )
         correct = answers_correct(lm.tokenizer, result.tokens, target["golds"], judge)  # [n_sets, n]
@@ -304,3 +228,24 @@ def run_transfer(
     meta = stage_meta(model_dir, "transfer", tasks=tasks, transfer=transfer, prompts=prompts_cfg, seed=seed)
     write_parquet(table, out_table, meta)
     write_parquet(pd.concat(items, ignore_index=True), out_items, meta)
+
+
+def run_plot_knockout(*, model: str, task: str, knockout_path, key_path, out_png) -> None:
+    """Knockout curves: accuracy against the number of top heads ablated, random heads, key MLPs."""
+    from arithmech.report import plots
+
+    table, key = pd.read_parquet(knockout_path), pd.read_parquet(key_path)
+    n_key = int((key["component"] == "head").sum())
+    # one panel per position set (each titled there); held-out pairs only
+    split = ", ".join(dict.fromkeys(table["split"]))
+    plots.knockout_curves(table, n_key, f"{model}, {task}: mean-ablation knockout ({split} pairs)", out_png)
+
+
+def run_plot_transfer(*, model: str, transfer_path, out_html, out_png) -> None:
+    """The transfer matrix (retained accuracy per source operator and target set) as a table and heatmap."""
+    from arithmech.report import plots
+    from arithmech.io import write_html_table
+
+    table = pd.read_parquet(transfer_path)
+    write_html_table(plots.transfer_summary(table), out_html, f"{model}: knockout transfer (retained accuracy, %)")
+    plots.transfer_heatmap(table, f"{model}: key heads of one operator knocked out on other data", out_png)

@@ -1,0 +1,138 @@
+"""The evaluation data sets, in one registry: each set's kind (how it is scored), its loader, the config keys
+its evaluate job reads, and the Hub data set whose layout its loader reads (when it reads one).
+
+Adding a set: one `EvalSet` entry here plus its block under `evaluation` in
+workflow/schemas/config.schema.yaml; a config then names it in `evaluation.datasets` and gives its block
+(`file:` or `hub:` plus the kind's keys). The Snakefile reads this module when it builds the DAG, so it
+imports no torch (the loaders import `datasets` only when called).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from arithmech.data.datasets import (
+    fetch_hub,
+    load_bigbench_choice,
+    load_bigbench_generation,
+    load_commonsense_qa,
+    load_gsm8k,
+    load_mmlu,
+    load_svamp,
+    load_text,
+)
+
+# The settings each kind of set reads from its config block (besides file or hub, which give the data).
+KIND_KEYS = {
+    "math": ("n", "max_new_tokens"),  # greedy answers after few-shot solved GSM8K train examples
+    "choice": ("n",),  # the choice of highest log-likelihood as continuation
+    "qa": ("n", "max_new_tokens"),  # a generated answer against accepted strings
+    "perplexity": ("max_tokens", "max_length", "stride"),  # sliding-window perplexity of one text
+}
+
+
+@dataclass(frozen=True)
+class EvalSet:
+    """`load(path)` gives a frame with the columns its kind is scored on (math: id, question, gold; choice:
+    id, input, choices, correct; qa: id, input, targets) or, for perplexity, the text. `hub` is the Hub
+    data set whose layout the loader reads (None: only the vendored file's layout, so no `hub:` source)."""
+
+    name: str
+    kind: str
+    load: Callable
+    hub: str | None = None
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        return KIND_KEYS[self.kind]
+
+
+REGISTRY = {
+    s.name: s
+    for s in (
+        EvalSet("gsm8k", "math", load_gsm8k, hub="openai/gsm8k"),
+        EvalSet("svamp", "math", load_svamp, hub="ChilleD/SVAMP"),
+        EvalSet("social_iqa", "choice", load_bigbench_choice),
+        EvalSet("strategyqa", "choice", load_bigbench_choice),
+        EvalSet("qa_wikidata", "qa", load_bigbench_generation),
+        EvalSet("mmlu", "choice", load_mmlu, hub="cais/mmlu"),
+        EvalSet("commonsense_qa", "choice", load_commonsense_qa, hub="tau/commonsense_qa"),
+        EvalSet("wikitext", "perplexity", load_text, hub="Salesforce/wikitext"),
+    )
+}
+
+
+def hub_file(name: str) -> str:
+    """Where the fetch_dataset rule puts a Hub-sourced set, relative to the working directory."""
+    return f"results/data/{name}.parquet"
+
+
+def config_problems(evaluation: dict) -> list[str]:
+    """What the schema cannot say about the `evaluation` section: every set in `datasets` is a registry
+    name with a block, whose source is exactly one of file and hub (hub only where the loader reads the
+    Hub's layout), and a perplexity set's stride is below its window."""
+    problems = []
+    for i, name in enumerate(evaluation["datasets"]):
+        spec, cfg = REGISTRY.get(name), evaluation.get(name)
+        if spec is None:
+            problems.append(f"config key 'evaluation.datasets.{i}': unknown data set {name!r}; "
+                            f"known: {', '.join(REGISTRY)}")
+            continue
+        if cfg is None:
+            problems.append(f"config key 'evaluation.{name}': missing; data set {name!r} is in evaluation.datasets")
+            continue
+        if (cfg.get("file") is None) == (cfg.get("hub") is None):
+            problems.append(f"config key 'evaluation.{name}': give exactly one of file and hub "
+                            f"(an overlay config replaces a file by `file: null` plus hub)")
+        elif cfg.get("hub") is not None and spec.hub is None:
+            problems.append(f"config key 'evaluation.{name}.hub': the {name} loader reads only the vendored "
+                            f"file's layout; give file")
+        if spec.kind == "perplexity" and cfg["stride"] >= cfg["max_length"]:
+            problems.append(f"config key 'evaluation.{name}.stride': must be smaller than max_length")
+    return problems
+
+
+def _where(hub: dict) -> str:
+    return f"{hub['path']}" + (f" (config {hub['name']})" if hub.get("name") else "") + f", split {hub['split']}"
+
+
+def check_fetchable(name: str, hub: dict) -> None:
+    """Raise one error naming evaluation set `name` and its config key when its Hub split cannot be fetched:
+    the data set or its config is not found (or the Hub is out of reach), or it has no such split. Reads
+    only the data set's metadata (`datasets.load_dataset_builder`), not its data; the Snakefile calls it
+    when a run starts, before any job is queued, for every Hub set not yet fetched."""
+    import tempfile
+
+    import datasets
+
+    try:
+        with tempfile.TemporaryDirectory(prefix="arithmech-hub-check-") as cache:
+            builder = datasets.load_dataset_builder(hub["path"], hub.get("name"), revision=hub.get("revision"),
+                                                    cache_dir=cache)
+        splits = list(builder.config.data_files or {}) or list(builder.info.splits or {})
+    except Exception as err:
+        raise RuntimeError(f"evaluation data set {name!r} (config key 'evaluation.{name}.hub': {_where(hub)}) "
+                           f"cannot be fetched: {type(err).__name__}: {err}") from err
+    if splits and hub["split"] not in splits:
+        raise RuntimeError(f"evaluation data set {name!r} (config key 'evaluation.{name}.hub.split'): "
+                           f"{hub['path']} has no split {hub['split']!r}; it has {', '.join(map(str, splits))}")
+
+
+def unfetched_hub_sets(evaluation: dict) -> dict[str, dict]:
+    """{name: hub block} of the sets in `evaluation.datasets` given by `hub:` whose Parquet file
+    (`hub_file`) is not there yet."""
+    return {name: evaluation[name]["hub"] for name in evaluation["datasets"]
+            if evaluation[name].get("hub") is not None and not Path(hub_file(name)).is_file()}
+
+
+def fetch(name: str, hub: dict, out_path: str | Path) -> None:
+    """Download the Hub split of evaluation set `name` into `out_path` (Parquet), checked by its loader."""
+    where = _where(hub)
+    try:
+        fetch_hub(hub, out_path, REGISTRY[name].load)
+    except Exception as err:
+        raise RuntimeError(f"evaluation data set {name!r} (config key 'evaluation.{name}.hub': {where}): "
+                           f"{type(err).__name__}: {err}") from err
+    print(f"{name}: fetched {where} into {out_path}")

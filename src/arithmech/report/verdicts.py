@@ -1,0 +1,710 @@
+"""The paper's claims, one verdict each on this model: read from the tables the stages write (nothing is re-run),
+every verdict decided by a rule written in its row, thresholds from the config's `claims` section. Torch-free.
+
+Verdicts: `holds`, `partly`, `does not hold`, `inconclusive` (the interval includes 0 and also a difference that
+would matter: too little power; the row gives the difference the test could detect) and `not measured` (the data
+is absent: the study did not run, the rule selected no head, ...; the row says why). A claim never says `does
+not hold` from an underpowered test: that takes an interval on the wrong side of 0, or one that excludes every
+difference that would matter (`claims.min_difference`, `claims.min_cosine`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from arithmech.report import display
+
+from arithmech.report import stats
+
+VERDICTS = ("holds", "partly", "does not hold", "inconclusive", "not measured")
+COLUMNS = ["claim", "scope", "stage", "statement", "paper", "measure", "value", "ci_low", "ci_high", "unit", "n",
+           "split", "verdict", "rule", "note", "source"]
+# z(0.975) + z(0.8) over z(0.975): the true difference a two-sided 95% test detects with 80% power is about
+# 1.43 interval half-widths.
+DETECTABLE_PER_HALF_WIDTH = (1.959964 + 0.841621) / 1.959964
+MATH_TARGETS = ("operator", "multi_digit", "decimal", "svamp")
+# Claims measured in wall-clock time: their values differ between runs and machines (the generated docs leave
+# them out, so that a re-run reproduces the docs byte for byte).
+TIMING_CLAIMS = ("sft_speed",)
+ANSWERS = {"full_correct": "full answer", "first_correct": "first token"}
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One claim of the paper: where it is tested, what the paper says, and its number for LLaMA2-7B."""
+
+    id: str
+    stage: str
+    statement: str
+    paper: str
+
+
+CLAIMS = {c.id: c for c in (
+    Claim("few_key_heads", "identify", "Fewer than 5% of the attention heads are key heads for arithmetic.",
+          "< 5% of 1,024 heads; key heads below -5% relative logit change"),
+    Claim("middle_layers", "identify", "The key heads sit in the middle layers.",
+          "from layer 12 of 32, mostly layers 12-17 (relative depth 0.39-0.55)"),
+    Claim("mlp_late", "identify", "MLPs before the key heads have almost no effect; later MLPs have large effects.",
+          "early MLPs near 0, MLPs after the key heads strongly negative (Figure 2)"),
+    Claim("knockout_collapse", "validate",
+          "Knocking out the key heads collapses accuracy; knocking out as many random heads does not.",
+          "accuracy 100% -> about 30% (about 70% lower); random heads: little change"),
+    Claim("key_attention", "analyze", "Key heads attend from END to the operands and the operator.",
+          "most of the key heads' END attention on operand and operator tokens"),
+    Claim("mlp_answer", "analyze", "The MLPs' outputs carry the answer more than the operands.",
+          "operands' information processed by the MLPs, progressively leading to the answer"),
+    Claim("circuit_sufficient", "circuit",
+          "The key heads and key MLPs suffice: with every other head and MLP mean-ablated they keep most of the "
+          "model's arithmetic, more than as many random heads in the same layers.",
+          "the paper's interpretation (heads find the operands, MLPs compute the answer); it tests necessity only "
+          "(for comparison, Wang et al.'s IOI circuit keeps 87% of the logit difference)"),
+    Claim("heads_via_mlps", "circuit",
+          "The key heads act through the MLPs: their effect reaches the answer through later MLPs more than directly.",
+          "\"employs a set of heads to pinpoint arithmetic operands, subsequently engaging MLPs to work out the "
+          "answers\" (the paper's interpretation; no edge is measured there)"),
+    Claim("transfer", "validate",
+          "The key heads transfer: knocking them out hurts other operators, formats and word problems, "
+          "not a non-math task.",
+          "heads identified on one data set transfer to other data sets and tasks"),
+    Claim("sft_vs_full", "finetune", "Precise SFT of the key heads matches or beats full fine-tuning on math.",
+          "GSM8K 14.6 -> 27.4 with precise SFT of 32 heads + 2 MLPs, above full SFT (Table 1)"),
+    Claim("sft_vs_random", "finetune", "Precise SFT of the key heads beats fine-tuning as many other heads.",
+          "no such control in the paper (added here: as many heads in the same layers)"),
+    Claim("sft_off_target", "finetune", "Precise SFT costs less off target than full fine-tuning.",
+          "non-math performance not compromised (MMLU, CommonsenseQA)"),
+    Claim("sft_speed", "finetune", "A precise-SFT step is faster than a full fine-tuning step.",
+          "3.3x faster per step"),
+)}
+
+
+# ------------------------------------------------------------------------------------------------ verdict rules
+def detectable(ci_low: float, ci_high: float) -> float:
+    """The true difference a test with this interval detects with 80% power (two-sided, 95%)."""
+    return DETECTABLE_PER_HALF_WIDTH * (ci_high - ci_low) / 2
+
+
+def directional(ci_low: float, ci_high: float, *, direction: int, min_effect: float) -> str:
+    """Verdict of "the difference has the sign `direction` (+1 or -1)" from its interval: holds when the interval
+    excludes 0 on that side; does not hold when it excludes 0 on the other side, or lies inside +-min_effect (no
+    difference that matters); inconclusive otherwise (it includes 0 and reaches a difference that matters)."""
+    if any(map(math.isnan, (ci_low, ci_high))):
+        return "not measured"
+    low, high = sorted((direction * ci_low, direction * ci_high))
+    if low > 0:
+        return "holds"
+    if high < 0 or (-min_effect < low and high < min_effect):
+        return "does not hold"
+    return "inconclusive"
+
+
+def directional_rule(name: str, direction: int, min_effect: str) -> str:
+    side = "above" if direction > 0 else "below"
+    return (f"holds if the 95% interval of {name} lies {side} 0; does not hold if it lies on the other side of 0 "
+            f"or inside +-{min_effect}; inconclusive otherwise")
+
+
+def combine(verdicts: list[str]) -> str:
+    """A headline verdict from its sub-rows' verdicts: all measured ones hold -> holds; none holds and at least
+    one does not hold -> does not hold; none measured -> not measured; only inconclusive (and unmeasured) ->
+    inconclusive; anything else -> partly."""
+    measured = [v for v in verdicts if v != "not measured"]
+    if not measured:
+        return "not measured"
+    if all(v == "holds" for v in measured):
+        return "holds"
+    if all(v == "inconclusive" for v in measured):
+        return "inconclusive"
+    if "holds" not in measured and "partly" not in measured and "does not hold" in measured:
+        return "does not hold"
+    return "partly"
+
+
+COMBINE_RULE = ("headline: holds if every measured sub-row holds, does not hold if none holds or partly holds "
+                "and one does not hold, inconclusive if all are inconclusive, else partly")
+
+
+def _row(claim: str, scope: str = "all", **fields) -> dict:
+    c = CLAIMS[claim]
+    row = {"claim": claim, "scope": scope, "stage": c.stage, "statement": c.statement, "paper": c.paper,
+           "measure": "", "value": math.nan, "ci_low": math.nan, "ci_high": math.nan, "unit": "", "n": None,
+           "split": "", "verdict": "not measured", "rule": "", "note": "", "source": ""}
+    return row | fields
+
+
+def _headline(claim: str, subs: list[dict], **fields) -> list[dict]:
+    """The claim's headline row (verdict combined from `subs`) followed by the sub-rows."""
+    verdict = combine([s["verdict"] for s in subs])
+    fields.setdefault("rule", COMBINE_RULE)
+    counts = pd.Series([s["verdict"] for s in subs]).value_counts()
+    summary = ", ".join(f"{counts[v]} {v}" for v in VERDICTS if v in counts)
+    fields["note"] = "; ".join(x for x in (fields.get("note", ""), f"sub-rows: {summary}" if subs else "") if x)
+    return [_row(claim, verdict=verdict, **fields), *subs]
+
+
+def _not_measured(claim: str, why: str, **fields) -> list[dict]:
+    return [_row(claim, note=why, **fields)]
+
+
+def _interval_note(low: float, high: float, verdict: str, unit_scale: float = 100, unit: str = " points") -> str:
+    if verdict != "inconclusive":
+        return ""
+    return f"too little power: detects about {unit_scale * detectable(low, high):.1f}{unit} with 80% power"
+
+
+# ------------------------------------------------------------------------------------------------ identify
+def depth(layer: int, n_layers: int) -> float:
+    """Relative depth of a layer: 0 the first, 1 the last."""
+    return layer / max(n_layers - 1, 1)
+
+
+def few_key_heads(keys: dict[str, pd.DataFrame], effects: dict[str, pd.DataFrame], cfg: dict) -> list[dict]:
+    subs = []
+    for task, key in keys.items():
+        heads = key[key["component"] == "head"]
+        eff = effects[task]
+        n_total = int((eff["component"] == "head").sum())
+        paper = int(((eff["component"] == "head") & (eff["mean_effect"] < cfg["paper_threshold"])).sum())
+        share = len(heads) / n_total if n_total else math.nan
+        verdict = "holds" if 0 < share <= cfg["max_key_share"] else "does not hold"
+        note = f"{len(heads)} of {n_total:,} heads; {paper} pass the paper's {100 * cfg['paper_threshold']:g}% threshold"
+        if not len(heads):
+            note += "; the key-head rule selected no head"
+        subs.append(_row("few_key_heads", task, measure="share of heads that are key", value=100 * share,
+                         unit="percent", n=n_total, split="identification", verdict=verdict,
+                         rule=f"holds if 0 < share <= {100 * cfg['max_key_share']:g}%", note=note,
+                         source=f"key_components/{task}.html"))
+    union = {n for key in keys.values() for n in key.loc[key["component"] == "head", "node"]}
+    n_total = subs[0]["n"] if subs else 0
+    return _headline("few_key_heads", subs, measure="share of heads key for at least one operator",
+                     value=100 * len(union) / n_total if n_total else math.nan, unit="percent", n=n_total,
+                     split="identification", source="key_components/shared.png")
+
+
+def middle_layers(keys: dict[str, pd.DataFrame], n_layers: int, cfg: dict) -> list[dict]:
+    low, high = cfg["middle_band"]
+    need = cfg["middle_share"]
+    rule = (f"depth = layer / (layers - 1); holds if >= {100 * need:g}% of key heads lie at depth "
+            f"{low:g}-{high:g}, partly if some do, does not hold if none does")
+
+    def judge(layers: list[int]) -> tuple[str, dict]:
+        depths = np.array([depth(l, n_layers) for l in layers])
+        inside = float(np.mean((depths >= low) & (depths <= high)))
+        verdict = "holds" if inside >= need else ("partly" if inside > 0 else "does not hold")
+        return verdict, {"value": 100 * float(np.median(depths)), "unit": "percent", "n": len(layers),
+                         "note": f"{100 * inside:.0f}% of key heads in the band; layers {min(layers)}-{max(layers)} "
+                                 f"of {n_layers} (depth {depths.min():.2f}-{depths.max():.2f})"}
+
+    subs = []
+    for task, key in keys.items():
+        layers = [int(l) for l in key.loc[key["component"] == "head", "layer"]]
+        if not layers:
+            subs.append(_row("middle_layers", task, note="the key-head rule selected no head", rule=rule))
+            continue
+        verdict, fields = judge(layers)
+        subs.append(_row("middle_layers", task, measure="median relative depth of the key heads",
+                         split="identification", verdict=verdict, rule=rule, source=f"effects/{task}.png", **fields))
+    union = sorted({(int(l), int(h)) for key in keys.values()
+                    for l, h in key.loc[key["component"] == "head", ["layer", "head"]].to_numpy()})
+    if not union:
+        return _not_measured("middle_layers", "the key-head rule selected no head on any operator", rule=rule)
+    verdict, fields = judge([l for l, _ in union])
+    return [_row("middle_layers", measure="median relative depth of the key heads of any operator",
+                 split="identification", verdict=verdict, rule=rule, source="key_components/shared.png", **fields),
+            *subs]
+
+
+def mlp_late(keys: dict[str, pd.DataFrame], effects: dict[str, pd.DataFrame], cfg: dict) -> list[dict]:
+    ratio_needed = cfg["mlp_ratio"]
+    rule = (f"split at the first key head's layer; ratio = |strongest later MLP effect| / |strongest earlier one|; "
+            f"holds if ratio >= {ratio_needed:g} and the later MLP's interval lies below 0, partly if ratio > 1, "
+            f"else does not hold")
+    subs = []
+    for task, key in keys.items():
+        heads = key[key["component"] == "head"]
+        if not len(heads):
+            subs.append(_row("mlp_late", task, rule=rule, note="no key head to split the layers at"))
+            continue
+        first = int(heads["layer"].min())
+        mlps = effects[task][effects[task]["component"] == "mlp"]
+        early, late = mlps[mlps["layer"] < first], mlps[mlps["layer"] >= first]
+        if not len(early) or not len(late):
+            subs.append(_row("mlp_late", task, rule=rule, note=f"the first key head is in layer {first}: "
+                                                              "no MLP on one side"))
+            continue
+        strongest = late.loc[late["mean_effect"].idxmin()]
+        early_max = float(early["mean_effect"].abs().max())
+        early_at = int(early.loc[early["mean_effect"].abs().idxmax(), "layer"])
+        ratio = abs(float(strongest["mean_effect"])) / early_max if early_max > 0 else math.inf
+        significant = float(strongest["ci_high"]) < 0
+        verdict = ("holds" if ratio >= ratio_needed and significant else "partly" if ratio > 1 else "does not hold")
+        subs.append(_row(
+            "mlp_late", task, measure="|strongest later MLP effect| / |strongest earlier MLP effect|", value=ratio,
+            unit="ratio", n=int(strongest["n"]), split="identification", verdict=verdict, rule=rule,
+            source=f"effects/{task}.png",
+            note=(f"later: L{int(strongest['layer'])}MLP {100 * strongest['mean_effect']:.2f}% "
+                  f"[{100 * strongest['ci_low']:.2f}, {100 * strongest['ci_high']:.2f}]; earlier: L{early_at}MLP "
+                  f"{100 * early_max:.2f}% in size (first key head in layer {first})")))
+    return _headline("mlp_late", subs, measure="per operator, below", split="identification")
+
+
+# ------------------------------------------------------------------------------------------------ validate
+def _paired(items: pd.DataFrame, a: pd.Series, b: pd.Series, cfg: dict, seed: int) -> dict:
+    """Paired cluster bootstrap of mean(a) - mean(b) over the same items (index-aligned), clusters = items.cluster."""
+    joined = pd.concat({"a": a, "b": b}, axis=1).dropna().join(items["cluster"])
+    return stats.paired_cluster_bootstrap(joined["a"].to_numpy(float), joined["b"].to_numpy(float),
+                                          joined["cluster"].to_numpy(), n_boot=cfg["bootstrap"], seed=seed,
+                                          confidence=cfg["confidence"])
+
+
+def knockout_collapse(items: dict[str, pd.DataFrame | None], cfg: dict, seed: int) -> list[dict]:
+    """Per operator, positions and answer: accuracy with the top K heads knocked out (K = the curve's largest k)
+    against K random heads drawn uniformly and K drawn in the same layers (the mean over draws, per item),
+    paired over the same validation items, intervals resampling operand pairs. `items`: per operator its
+    knockout's per-item table (`stages.validate.knockout_items`) with item_key and cluster unique across
+    operators (`read_knockout_items`), or None."""
+    min_diff, collapse = cfg["min_difference"], cfg["collapse"]
+    rule = (f"holds if top-K accuracy is >= {100 * collapse:g}% lower than with nothing knocked out and the 95% "
+            f"intervals of (top K - random K) lie below 0 for both controls; partly if only the controls hold; "
+            f"does not hold if an interval lies above 0 or inside +-{100 * min_diff:g} points; else inconclusive")
+    subs = []
+    for task, per_item in items.items():
+        if per_item is None:
+            subs.append(_row("knockout_collapse", task, rule=rule, note="no per-item knockout table"))
+            continue
+        for positions, part in per_item.groupby("positions", sort=False):
+            K = int(part.loc[part["curve"] == "top_heads", "k"].max())
+            for answer, label in ANSWERS.items():
+                subs.append(_knockout_row(task, positions, K, part, answer, label, cfg, seed, rule))
+    # the headline: end positions, full answer, every operator's items pooled (clusters = operator and pair)
+    pooled = [i for i in items.values() if i is not None]
+    if not pooled:
+        return _not_measured("knockout_collapse", "no knockout table", rule=rule)
+    end = pd.concat(pooled, ignore_index=True).query("positions == 'end'")
+    if not len(end):
+        return _headline("knockout_collapse", subs)
+    K = int(end.loc[end["curve"] == "top_heads", "k"].max())
+    head = _knockout_row("all", "end", K, end, "full_correct", "full answer", cfg, seed, rule)
+    if head["verdict"] == "not measured":
+        return _headline("knockout_collapse", subs, measure="per operator, below", note=head["note"])
+    fields = {k: head[k] for k in ("measure", "value", "ci_low", "ci_high", "unit", "n", "split")}
+    fields["measure"] = "all operators, END: " + fields["measure"]
+    return _headline("knockout_collapse", subs, source="knockout/" + next(iter(items)) + ".png", **fields,
+                     note=head["note"])
+
+
+def _knockout_row(task: str, positions: str, K: int, part: pd.DataFrame, answer: str, label: str, cfg: dict,
+                  seed: int, rule: str) -> dict:
+    """One (operator, positions, answer) row of the knockout claim; `part` holds that positions' per-item rows."""
+    def per_item(curve: str, k: int) -> pd.Series:
+        rows = part[(part["curve"] == curve) & (part["k"] == k)]
+        return rows.groupby("item_key")[answer].mean()  # random controls: the mean over draws
+
+    items = part.drop_duplicates("item_key").set_index("item_key")
+    none, top = per_item("top_heads", 0), per_item("top_heads", K)
+    scope = f"{task} · {positions} · {label}"
+    base_acc, top_acc = float(none.mean()), float(top.mean())
+    if base_acc == 0:
+        return _row("knockout_collapse", scope, rule=rule, n=len(none), split="validation",
+                    note="the model answers none of these items with nothing knocked out: nothing to collapse")
+    drop = 1 - top_acc / base_acc
+    controls = {}
+    for curve, name in (("random_layer_matched", "layer-matched"), ("random_heads", "uniform")):
+        rand = per_item(curve, K)
+        if len(rand):
+            controls[name] = (float(rand.mean()), _paired(items, top.astype(float), rand.astype(float), cfg, seed))
+    if "layer-matched" not in controls:
+        return _row("knockout_collapse", scope, rule=rule, note=f"no random control at k = {K}")
+    verdicts = [directional(c["ci_low"], c["ci_high"], direction=-1, min_effect=cfg["min_difference"])
+                for _, c in controls.values()]
+    if all(v == "holds" for v in verdicts):
+        verdict = "holds" if drop >= cfg["collapse"] else "partly"
+    elif "does not hold" in verdicts and "holds" not in verdicts:
+        verdict = "does not hold"
+    elif "holds" in verdicts:
+        verdict = "partly"
+    else:
+        verdict = "inconclusive"
+    lm = controls["layer-matched"][1]
+    note = (f"accuracy {100 * base_acc:.1f}% -> {100 * top_acc:.1f}% with the top {K} heads "
+            f"({100 * drop:.0f}% lower); random: " +
+            ", ".join(f"{name} {100 * acc:.1f}% (difference {100 * c['difference']:+.1f} "
+                      f"[{100 * c['ci_low']:+.1f}, {100 * c['ci_high']:+.1f}])" for name, (acc, c) in controls.items()))
+    extra = _interval_note(lm["ci_low"], lm["ci_high"], verdict)
+    return _row("knockout_collapse", scope, measure=f"top {K} minus {K} layer-matched random heads, {label}",
+                value=100 * lm["difference"], ci_low=100 * lm["ci_low"], ci_high=100 * lm["ci_high"], unit="points",
+                n=int(lm["n_items"]), split="validation", verdict=verdict, rule=rule,
+                note="; ".join(x for x in (note, extra) if x),
+                source=f"knockout/{task}.png" if task != "all" else "")
+
+
+TRANSFER_LABELS = {"operator": "other operators", "multi_digit": "multi-digit operands",
+                   "decimal": "decimal operands", "svamp": "SVAMP", "non_math": "non-math control"}
+
+
+def transfer(items: pd.DataFrame | None, cfg: dict, seed: int) -> list[dict]:
+    """Per target kind: on the items the unablated model gets right, the share that stays right with an operator's
+    key heads knocked out minus with as many layer-matched random heads (mean over draws): the transfer table's
+    `retained`, pooled over source operators, paired per item. Other operators only (a source operator's own
+    pairs are the knockout claim's)."""
+    min_diff = cfg["min_difference"]
+    hurt_rule = directional_rule("(key - random) retained accuracy", -1, f"{100 * min_diff:g} points")
+    keep_rule = (f"holds if the 95% interval of (key - random) retained accuracy lies above -{100 * min_diff:g} "
+                 f"points; does not hold if it lies below 0; inconclusive otherwise")
+    if items is None or not len(items):
+        return _not_measured("transfer", "no per-item transfer table", rule=hurt_rule)
+    intact = items.loc[items["source"] == "none"].set_index(["target", "item"])["correct"]
+    knocked = items[items["source"] != "none"]
+    knocked = knocked[(knocked["target_kind"] != "operator") | (knocked["target"] != knocked["source"])]
+    right = intact.reindex(pd.MultiIndex.from_frame(knocked[["target", "item"]])).to_numpy(dtype=bool)
+    subs = []
+    for kind in (*MATH_TARGETS, "non_math"):
+        of_kind = (knocked["target_kind"] == kind).to_numpy()
+        part = knocked[of_kind & right]
+        if not of_kind.any():
+            continue
+        if not len(part):
+            subs.append(_row("transfer", TRANSFER_LABELS[kind], rule=hurt_rule if kind != "non_math" else keep_rule,
+                             note="the unablated model answers none of these items: nothing to lose"))
+            continue
+        part = part.assign(item_key=part["source"] + "|" + part["target"] + "|" + part["item"].astype(str),
+                           cluster=part["target"] + "|" + part["cluster"].astype(str))
+        key = part[part["heads"] == "key"].groupby("item_key")["correct"].mean()
+        rand = part[part["heads"] == "random"].groupby("item_key")["correct"].mean()
+        clusters = part.drop_duplicates("item_key").set_index("item_key")
+        res = _paired(clusters, key.astype(float), rand.astype(float), cfg, seed)
+        lo, hi = res["ci_low"], res["ci_high"]
+        if kind == "non_math":
+            verdict = "holds" if lo > -min_diff else "does not hold" if hi < 0 else "inconclusive"
+            rule = keep_rule
+        else:
+            verdict, rule = directional(lo, hi, direction=-1, min_effect=min_diff), hurt_rule
+        label = TRANSFER_LABELS[kind]
+        subs.append(_row("transfer", label, measure="retained accuracy, key minus layer-matched random heads knocked out",
+                         value=100 * res["difference"], ci_low=100 * lo, ci_high=100 * hi, unit="points",
+                         n=int(res["n_items"]), split="validation" if kind == "operator" else "held-out set",
+                         verdict=verdict, rule=rule,
+                         note="; ".join(x for x in (
+                             f"{', '.join(dict.fromkeys(part['target']))}: {100 * key.mean():.1f}% of the items the "
+                             f"intact model gets right stay right with the key heads out, {100 * rand.mean():.1f}% "
+                             "with random heads", _interval_note(lo, hi, verdict)) if x),
+                         source="knockout/transfer.png"))
+    return _headline("transfer", subs, measure="per target, below", source="knockout/transfer.png")
+
+
+# ------------------------------------------------------------------------------------------------ analyze
+OPERAND_ROLES = ("operand_a", "operand_b", "operator")
+
+
+def key_attention(roles_all: dict[str, pd.DataFrame], cfg: dict, seed: int) -> list[dict]:
+    """Per operator: the share of END attention on operands and operator, mean over the analysed heads (the key
+    heads) minus mean over every other head, with an interval resampling heads within each group."""
+    min_diff = cfg["min_difference"]
+    rule = directional_rule("(key - other heads) attention share on operands and operator", +1,
+                            f"{100 * min_diff:g} points")
+    subs = []
+    rng = np.random.default_rng(seed)
+    alpha = (1 - cfg["confidence"]) / 2
+    for task, table in roles_all.items():
+        share = table[table["role"].isin(OPERAND_ROLES)].groupby(["layer", "head"]).agg(
+            share=("attention", "sum"), analysed=("analysed", "first"))
+        key, other = share.loc[share["analysed"], "share"].to_numpy(), share.loc[~share["analysed"], "share"].to_numpy()
+        if not len(key) or not len(other):
+            subs.append(_row("key_attention", task, rule=rule, note="no analysed head, or no other head"))
+            continue
+        boot = (rng.choice(key, (cfg["bootstrap"], len(key))).mean(1)
+                - rng.choice(other, (cfg["bootstrap"], len(other))).mean(1))
+        lo, hi = (float(x) for x in np.quantile(boot, [alpha, 1 - alpha]))
+        verdict = directional(lo, hi, direction=+1, min_effect=min_diff)
+        how = "key heads" if (table["selection"] == "key").all() else "strongest heads (the rule chose no key head)"
+        note = (f"{how}: {100 * key.mean():.1f}% of END attention on operands and operator; the other "
+                f"{len(other):,} heads: {100 * other.mean():.1f}%")
+        subs.append(_row("key_attention", task, measure=f"attention share on operands and operator, {how} minus other heads",
+                         value=100 * (key.mean() - other.mean()), ci_low=100 * lo, ci_high=100 * hi, unit="points",
+                         n=len(key), split="validation", verdict=verdict, rule=rule,
+                         note="; ".join(x for x in (note, _interval_note(lo, hi, verdict)) if x),
+                         source=f"analysis/{task}_roles.png"))
+    return _headline("key_attention", subs, measure="per operator, below", split="validation")
+
+
+def mlp_answer(probes: dict[str, pd.DataFrame], keys: dict[str, pd.DataFrame], cfg: dict) -> list[dict]:
+    """Per operator, at its key MLPs (the paper's vector definitions, items whose answer token is neither operand's
+    when there are any): cosine of the MLP output with the answer's unembedding minus the larger of the operands',
+    averaged over the key MLPs; interval from the per-target standard errors (unpaired, so conservative)."""
+    min_cos = cfg["min_cosine"]
+    rule = directional_rule("cos(output, answer) - max(cos(output, operand))", +1, f"{min_cos:g}")
+    z = stats_z(cfg["confidence"])
+    subs = []
+    for task, table in probes.items():
+        key = keys[task]
+        layers = [int(l) for l in key.loc[key["component"] == "mlp", "layer"]]
+        if not layers:
+            subs.append(_row("mlp_answer", task, rule=rule, note="no key MLP"))
+            continue
+        part = table[(table["variant"] == "paper") & (table["vector"] == "output") & table["layer"].isin(layers)]
+        subset = "answer_distinct" if (part["subset"] == "answer_distinct").any() else "all"
+        part = part[part["subset"] == subset].set_index(["layer", "target"])
+        diffs, variances = [], []
+        for l in layers:
+            operand = max(("a", "b"), key=lambda t: part.loc[(l, t), "mean"])
+            c, o = part.loc[(l, "c")], part.loc[(l, operand)]
+            diffs.append(c["mean"] - o["mean"])
+            variances.append(c["std"] ** 2 / c["n"] + o["std"] ** 2 / o["n"])
+        value = float(np.mean(diffs))
+        half = z * math.sqrt(sum(variances)) / len(layers)
+        lo, hi = value - half, value + half
+        verdict = directional(lo, hi, direction=+1, min_effect=min_cos)
+        subs.append(_row("mlp_answer", task, measure="cos(MLP output, answer) - cos(MLP output, nearer operand)",
+                         value=value, ci_low=lo, ci_high=hi, unit="cosine", n=int(part["n"].iloc[0]),
+                         split="validation", verdict=verdict, rule=rule,
+                         note=f"key MLPs {', '.join(f'L{l}' for l in layers)}; items: {subset}",
+                         source=f"analysis/{task}_probes.png"))
+    return _headline("mlp_answer", subs, measure="per operator, below", split="validation")
+
+
+def stats_z(confidence: float) -> float:
+    from statistics import NormalDist
+
+    return NormalDist().inv_cdf(0.5 + confidence / 2)
+
+
+# ------------------------------------------------------------------------------------------------ circuit
+def circuit_sufficient(circuits: dict[str, pd.DataFrame | None], cfg: dict, seed: int) -> list[dict]:
+    """Per operator: the key circuit's (key heads + key MLPs) faithfulness on full-answer accuracy (END, the
+    identification counterfactuals' means), against the layer-matched random circuits of its size (paired on
+    the same validation items and cluster draws, `circuit.key_vs_random`). `circuits`: per operator its per-item
+    circuit table, or None."""
+    from arithmech.interp.sufficiency import key_vs_random, smallest_k
+
+    level, min_diff = cfg["faithful"], cfg["min_difference"]
+    rule = (f"holds if the key circuit's faithfulness (full-answer accuracy) has its 95% interval at or above "
+            f"{100 * level:g}% and (key - random) faithfulness lies above 0; partly if only one of the two; does not "
+            f"hold if its interval lies below {100 * level:g}% and (key - random) lies below 0 or inside "
+            f"+-{100 * min_diff:g} points; else inconclusive")
+    subs = []
+    for task, items in circuits.items():
+        if items is None:
+            subs.append(_row("circuit_sufficient", task, rule=rule, note="no circuit table"))
+            continue
+        end = items[(items["positions"] == "end") & (items["means"] == "counterfactual")]
+        res = key_vs_random(end, measure="full", mlps="key", n_boot=cfg["bootstrap"], seed=seed,
+                            confidence=cfg["confidence"])
+        if res is None or not res["draws"]:
+            subs.append(_row("circuit_sufficient", task, rule=rule, note="the key-head rule selected no head"))
+            continue
+        if math.isnan(res["key"]):
+            subs.append(_row("circuit_sufficient", task, rule=rule, n=res["n_items"], split="validation",
+                             note="the model and the empty circuit score alike: faithfulness is undefined"))
+            continue
+        better = directional(res["ci_low"], res["ci_high"], direction=+1, min_effect=min_diff)
+        enough = "holds" if res["key_low"] >= level else "does not hold" if res["key_high"] < level else "inconclusive"
+        if better == "holds" and enough == "holds":
+            verdict = "holds"
+        elif "holds" in (better, enough):
+            verdict = "partly"
+        elif better == "does not hold" and enough == "does not hold":
+            verdict = "does not hold"
+        else:
+            verdict = "inconclusive"
+        logit = key_vs_random(end, measure="logit", mlps="key", n_boot=cfg["bootstrap"], seed=seed,
+                              confidence=cfg["confidence"])
+        table = _circuit_summary(items)
+        reach = {m: smallest_k(table, measure="full", mlps=m, level=level) for m in ("key", "all")}
+        note = (f"key circuit keeps {100 * res['key']:.1f}% [{100 * res['key_low']:.1f}, {100 * res['key_high']:.1f}] "
+                f"of full-answer accuracy, random circuits {100 * res['random']:.1f}% ({res['draws']} draws); answer "
+                f"logit: key {100 * logit['key']:.1f}% [{100 * logit['key_low']:.1f}, {100 * logit['key_high']:.1f}], "
+                f"key - random {100 * logit['difference']:+.1f} [{100 * logit['ci_low']:+.1f}, "
+                f"{100 * logit['ci_high']:+.1f}]; fewest top heads reaching {100 * level:g}%: "
+                + ", ".join(f"{'none on the grid' if k is None else k} with {m} MLPs" for m, k in reach.items()))
+        subs.append(_row("circuit_sufficient", task, measure="faithfulness (full answer), key - layer-matched random",
+                         value=100 * res["difference"], ci_low=100 * res["ci_low"], ci_high=100 * res["ci_high"],
+                         unit="points", n=res["n_items"], split="validation", verdict=verdict, rule=rule,
+                         note="; ".join(x for x in (note, _interval_note(res["ci_low"], res["ci_high"], verdict)) if x),
+                         source=f"circuit/{task}_faithfulness.png"))
+    return _headline("circuit_sufficient", subs, measure="per operator, below", split="validation")
+
+
+def _circuit_summary(items: pd.DataFrame) -> pd.DataFrame:
+    """The END curves' point faithfulness per set from the per-item table (what `smallest_k` reads)."""
+    from arithmech.interp.sufficiency import MEASURES, _faithfulness
+
+    end = items[(items["positions"] == "end") & (items["means"] == "counterfactual")]
+    means = end.groupby(["curve", "mlps", "k", "seed"], sort=False)[list(MEASURES.values())].mean().reset_index()
+    model = means.index[means["curve"] == "model"][0]
+    empty = means.index[means["curve"] == "empty"][0]
+    for measure, column in MEASURES.items():
+        values = means[column].to_numpy(float)[None]
+        means[f"faithfulness_{measure}"] = _faithfulness(values, model, empty)[0]
+    return means
+
+
+def heads_via_mlps(edges: dict[str, pd.DataFrame | None], cfg: dict) -> list[dict]:
+    """Per operator, the key heads' effects summed per validation sample (the edges table's KEY_SUM sender): the
+    path through the MLPs must lower the answer logit (as the operator's removal does) and more than the direct
+    path does."""
+    from arithmech.interp.sufficiency import KEY_SUM
+
+    rule = ("holds if the 95% intervals of the key heads' summed path through the MLPs and of (through the MLPs - "
+            "direct) both lie below 0; partly if only the first does; does not hold if the path through the MLPs "
+            "lies above 0 (the MLPs undo the heads' effect) or inside +-0.1% of the logit; else inconclusive")
+    subs = []
+    for task, table in edges.items():
+        rows = None if table is None else table[table["sender"] == KEY_SUM].set_index("path")
+        if rows is None or not {"via_mlps", "via_minus_direct"} <= set(rows.index):
+            subs.append(_row("heads_via_mlps", task, rule=rule, note="no key head, or no edge table"))
+            continue
+        via, diff = rows.loc["via_mlps"], rows.loc["via_minus_direct"]
+        first = directional(via["ci_low"], via["ci_high"], direction=-1, min_effect=0.001)
+        second = directional(diff["ci_low"], diff["ci_high"], direction=-1, min_effect=0.001)
+        verdict = ("holds" if first == second == "holds" else "partly" if first == "holds" else first)
+        mlps = table[(table["sender"] == KEY_SUM) & (table["path"] == "mlp")].sort_values("mean_effect")
+        strongest = ", ".join(f"L{int(r['receiver'])} {100 * r['mean_effect']:+.2f}%" for _, r in mlps.head(3).iterrows())
+        def pct(name):  # noqa: E306
+            r = rows.loc[name]
+            return f"{100 * r['mean_effect']:+.2f}% [{100 * r['ci_low']:+.2f}, {100 * r['ci_high']:+.2f}]"
+        note = (f"key heads summed, relative change of the answer logit: total {pct('total')}, direct {pct('direct')}, "
+                f"through the MLPs {pct('via_mlps')}, rest {pct('rest')}; most negative MLP paths: {strongest}")
+        subs.append(_row("heads_via_mlps", task, measure="key heads' summed path through the MLPs (relative logit change)",
+                         value=100 * via["mean_effect"], ci_low=100 * via["ci_low"], ci_high=100 * via["ci_high"],
+                         unit="percent", n=int(via["n"]), split="validation", verdict=verdict, rule=rule, note=note,
+                         source=f"circuit/{task}_edges.png"))
+    return _headline("heads_via_mlps", subs, measure="per operator, below", split="validation")
+
+
+# ------------------------------------------------------------------------------------------------ finetune
+STUDY_OFF = "the precise-SFT study did not run (study.arms is empty)"
+
+
+def _comparison(comp: pd.DataFrame, a: str, b: str, metric: str) -> pd.Series | None:
+    rows = comp[(comp["arm_a"] == a) & (comp["arm_b"] == b) & (comp["metric"] == metric)]
+    return rows.iloc[0] if len(rows) else None
+
+
+def sft_claims(study: pd.DataFrame | None, comp: pd.DataFrame | None, train_format: str | None, cfg: dict,
+               not_run: str | None = None) -> list[dict]:
+    """The study's four claims. `not_run`: why the study could not run (its summary's tables are empty)."""
+    claims = ("sft_vs_full", "sft_vs_random", "sft_off_target", "sft_speed")
+    if study is None or comp is None:
+        return [r for c in claims for r in _not_measured(c, STUDY_OFF)]
+    if not_run is not None or study.empty:
+        return [r for c in claims for r in _not_measured(c, not_run or "the precise-SFT study scored no model")]
+    margin, min_diff = cfg["non_inferiority"], cfg["min_difference"]
+    rows: list[dict] = []
+    source = "finetune/study.md"
+    split = f"test ({train_format})"
+
+    # matches or beats full fine-tuning: non-inferiority on the trained format's exact match
+    ni_rule = (f"holds if the 95% interval of (precise - full) exact match lies above -{100 * margin:g} points "
+               f"(non-inferior); does not hold if it lies below 0; inconclusive otherwise")
+    row = _comparison(comp, "precise", "full", "accuracy")
+    if row is None:
+        rows += _not_measured("sft_vs_full", "the study has no precise and full arms", rule=ni_rule)
+    else:
+        verdict = _non_inferior(row, margin)
+        rows.append(_study_row("sft_vs_full", row, verdict, ni_rule, split, source, "exact match, precise - full"))
+    row = _comparison(comp, "precise", "random_heads", "accuracy")
+    rule = directional_rule("(precise - layer-matched random heads) exact match", +1, f"{100 * min_diff:g} points")
+    if row is None:
+        rows += _not_measured("sft_vs_random", "the study has no precise and random_heads arms", rule=rule)
+    else:
+        verdict = directional(row["ci_low"], row["ci_high"], direction=+1, min_effect=min_diff)
+        rows.append(_study_row("sft_vs_random", row, verdict, rule, split, source,
+                               "exact match, precise - layer-matched random heads"))
+
+    # off target: lower KL to base, non-math accuracy not worse by more than the margin
+    subs = []
+    kl = _comparison(comp, "precise", "full", "kl_to_base")
+    if kl is not None:
+        verdict = directional(kl["ci_low"], kl["ci_high"], direction=-1, min_effect=0.0)
+        subs.append(_study_row("sft_off_target", kl, verdict,
+                               directional_rule("(precise - full) KL to base", -1, "0"), "WikiText-2 windows",
+                               source, "KL(base || model) per token, precise - full", scope="KL to base", scale=1,
+                               unit="nats"))
+    for metric in ("social_iqa", "strategyqa", "qa_wikidata"):
+        row = _comparison(comp, "precise", "full", metric)
+        if row is not None:
+            subs.append(_study_row("sft_off_target", row, _non_inferior(row, margin), ni_rule, "BIG-bench items",
+                                   source, f"{metric} accuracy, precise - full", scope=metric))
+    rows += _headline("sft_off_target", subs, measure="per measure, below", source=source)
+
+    # step time: full over precise, each arm's chosen run
+    speed_rule = (f"holds if full's mean step time / precise's >= {cfg['min_speedup']:g}; partly if > 1; "
+                  f"does not hold otherwise")
+    chosen = study[study["run"] == "chosen"].set_index("arm")
+    if {"precise", "full"} <= set(chosen.index) and "mean_step_s" in chosen:
+        ratio = float(chosen.loc["full", "mean_step_s"] / chosen.loc["precise", "mean_step_s"])
+        verdict = "holds" if ratio >= cfg["min_speedup"] else "partly" if ratio > 1 else "does not hold"
+        rows.append(_row("sft_speed", measure="mean step time, full / precise (chosen runs)", value=ratio,
+                         unit="ratio", n=int(chosen.loc["precise", "steps"]), split="training steps",
+                         verdict=verdict, rule=speed_rule, source=source,
+                         note=(f"full {chosen.loc['full', 'mean_step_s']:.3f} s, precise "
+                               f"{chosen.loc['precise', 'mean_step_s']:.3f} s per step; "
+                               f"{int(chosen.loc['precise', 'trainable_params']):,} against "
+                               f"{int(chosen.loc['full', 'trainable_params']):,} trained parameters")))
+    else:
+        rows += _not_measured("sft_speed", "the study has no precise and full arms", rule=speed_rule)
+    return rows
+
+
+def _p(p: float) -> str:
+    """'= 0.042' or '< 0.001' (display.p_value), to follow a 'p'."""
+    text = display.p_value(p)
+    return text if text.startswith("<") else f"= {text}"
+
+
+def _non_inferior(row: pd.Series, margin: float) -> str:
+    if row["ci_low"] > -margin:
+        return "holds"
+    return "does not hold" if row["ci_high"] < 0 else "inconclusive"
+
+
+def _study_row(claim: str, row: pd.Series, verdict: str, rule: str, split: str, source: str, measure: str,
+               scope: str = "all", scale: float = 100, unit: str = "points") -> dict:
+    note = f"p {_p(row['p_value'])} ({row['test']}), Holm-adjusted p {_p(row['p_holm'])}"
+    if verdict == "inconclusive":
+        note += "; " + _interval_note(row["ci_low"], row["ci_high"], verdict, scale, "" if unit == "nats" else " points")
+    return _row(claim, scope, measure=measure, value=scale * row["difference"], ci_low=scale * row["ci_low"],
+                ci_high=scale * row["ci_high"], unit=unit, n=int(row["n_items"]), split=split, verdict=verdict,
+                rule=rule, note=note, source=source)
+
+
+# ------------------------------------------------------------------------------------------------ the table
+def scorecard(*, keys: dict[str, pd.DataFrame], effects: dict[str, pd.DataFrame],
+              knockout_items: dict[str, pd.DataFrame | None], transfer_items: pd.DataFrame | None,
+              roles_all: dict[str, pd.DataFrame], probes: dict[str, pd.DataFrame], study: pd.DataFrame | None,
+              comparisons: pd.DataFrame | None, train_format: str | None, cfg: dict, seed: int,
+              circuits: dict[str, pd.DataFrame | None] | None = None,
+              edges: dict[str, pd.DataFrame | None] | None = None, study_not_run: str | None = None) -> pd.DataFrame:
+    """Every claim's rows (headline first), in the order of CLAIMS, with the columns COLUMNS."""
+    n_layers = int(max(int(e["layer"].max()) for e in effects.values())) + 1
+    rows = [
+        *few_key_heads(keys, effects, cfg),
+        *middle_layers(keys, n_layers, cfg),
+        *mlp_late(keys, effects, cfg),
+        *knockout_collapse(knockout_items, cfg, seed),
+        *key_attention(roles_all, cfg, seed),
+        *mlp_answer(probes, keys, cfg),
+        *transfer(transfer_items, cfg, seed),
+        *(circuit_sufficient(circuits, cfg, seed) if circuits
+          else _not_measured("circuit_sufficient", "the circuit rule did not run")),
+        *(heads_via_mlps(edges, cfg) if edges else _not_measured("heads_via_mlps", "the edges rule did not run")),
+        *sft_claims(study, comparisons, train_format, cfg, not_run=study_not_run),
+    ]
+    table = pd.DataFrame(rows, columns=COLUMNS)
+    order = {c: i for i, c in enumerate(CLAIMS)}
+    table = table.sort_values("claim", key=lambda s: s.map(order), kind="stable").reset_index(drop=True)
+    table["n"] = table["n"].astype("Int64")
+    unknown = set(table["verdict"]) - set(VERDICTS)
+    if unknown:
+        raise ValueError(f"unknown verdicts {sorted(unknown)}")
+    return table
+
+
+def read_knockout_items(path, task: str) -> pd.DataFrame:
+    """A knockout's per-item table with item_key and cluster prefixed by the operator (unique when pooled)."""
+    items = pd.read_parquet(path)
+    return items.assign(item_key=task + ":" + items["sample_id"].astype(str), cluster=task + ":" + items["cluster"])

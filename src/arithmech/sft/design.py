@@ -1,0 +1,519 @@
+"""The precise-SFT study: does training only the key heads improve arithmetic as much as training more,
+and does it keep what the model knew? (Zhang et al., ICML 2024, stage 4, on a target the model can move on.)
+
+Data. Arithmetic items in named formats (`study.formats`: a task, a template, an operator word and operand
+ranges), built with the workflow's prompt machinery (`prompts.render`, `prompts.split_answer`). Every item
+is one operand pair; pairs are split without overlap:
+  identify    the pairs the identify stage used for that task (results/{model}/pairs/{task}.parquet): never
+              trained on or scored here;
+  train, validation, test   of the trained format (`study.train_format`), disjoint, seeded sizes;
+  test        of every other format (transfer), also disjoint from the trained format's train and
+              validation pairs of the same task.
+
+The trained format. `study.train_format` names one (a key of `study.formats` or of
+`study.format_choice.candidates`; rule study_format measures it), or is `auto`: rule study_format measures
+the base model's greedy exact match on every candidate (`choose_format`) and the study trains the candidate
+inside `study.base_band` closest to the band's middle. A candidate is measured on the first `format_choice.items` pairs of the
+validation split it would have if it were trained, with the same few-shot prefix (`measurement_items`): the
+measured items are then exactly validation items of the chosen format, and its test split is never looked
+at before the models are scored.
+
+All prompts of a format share one fixed few-shot prefix (`study.n_shots` solved pairs that are in no test
+split), so the shared prefix runs once. An item's target is the answer and the separator's end ("68."):
+its greedy exact match is `scoring.score_targets`' greedy_match.
+
+Arms (`study.arms`): precise (the top `study.heads` heads by patching effect averaged over the tasks: the
+W_Q rows and W_O columns, with `study.kv: shared` also the K/V rows of their key/value heads), precise_mlp
+(the same plus the top `study.mlps` MLP layers), random_heads (as many heads, drawn LAYER-MATCHED: the same
+number in each layer as the key heads, never a key head; `study.random_draws` draws, so the same parameter
+count), full and lora. Every arm's lr is chosen on the validation split from its own grid
+(`study.lr_grid`), the same number of steps for all; the chosen lr is then trained with more seeds.
+
+Runs (results/{model}/finetune/study/runs/{arm}/{run}): `lr{i}` is grid point i with seed 0 (draw 0);
+`seed{s}` is seed s at the chosen lr; `draw{d}` is random-head draw d (seed 0) at the chosen lr. The
+models scored on the test sets are the chosen grid run (`chosen`), the seeds and the draws.
+
+This module is pure pandas/numpy (no torch): the DAG and the summary rules import it cheaply."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from arithmech.report import stats
+from arithmech.interp.nodes import layer_matched_heads
+
+AUTO = "auto"  # study.train_format: the format is chosen by measurement (rule study_format)
+ARMS = ("precise", "precise_mlp", "random_heads", "full", "lora")
+HEAD_ARMS = ("precise", "precise_mlp", "random_heads")
+STUDY_TASKS = ("addition", "subtraction", "multiplication", "division")
+SPLITS = ("train", "validation", "test")
+RUN_NAME = re.compile(r"(lr|seed|draw)(\d+)")
+MAX_PAIRS = 1_000_000  # operand pairs of one format: three digits by three (810,000) fit
+# Arm pairs compared on every metric (a - b): the study's questions.
+COMPARISONS = (
+    ("precise", "random_heads"),  # are the key heads special, at the same parameter count and layers?
+    ("precise", "full"),  # does training 1% of the model match training all of it?
+    ("precise", "lora"),
+    ("precise_mlp", "precise"),  # do the key MLPs add anything?
+    ("precise", "base"),  # does precise SFT help at all?
+    ("full", "base"),
+    ("random_heads", "base"),
+    ("lora", "base"),
+    ("precise_mlp", "base"),
+)
+
+
+def answer(task: str, a: int, b: int) -> int:
+    return {"addition": a + b, "subtraction": a - b, "multiplication": a * b, "division": a // b}[task]
+
+
+@dataclass(frozen=True)
+class Format:
+    """One item format. Operands: a in a_range, b in b_range (inclusive); subtraction keeps a >= b (answers
+    are non-negative); division reads a_range as the QUOTIENT range and b_range as the divisor's, so the
+    item is (q * b) / b and every answer is exact."""
+
+    name: str
+    task: str
+    template: str
+    operator: str
+    a_range: tuple[int, int]
+    b_range: tuple[int, int]
+
+    @classmethod
+    def from_config(cls, name: str, cfg: dict, section: str = "study.formats") -> Format:
+        where = f"config key '{section}.{name}'"
+        if cfg.get("task") not in STUDY_TASKS:
+            raise ValueError(f"{where}.task: expected one of {list(STUDY_TASKS)}, got {cfg.get('task')!r}")
+        for key in ("a", "b"):
+            r = cfg.get(key)
+            if not (isinstance(r, list) and len(r) == 2 and all(isinstance(x, int) for x in r) and 0 <= r[0] <= r[1]):
+                raise ValueError(f"{where}.{key}: expected [low, high] integers with 0 <= low <= high, got {r!r}")
+        if cfg["task"] == "division" and cfg["b"][0] < 1:
+            raise ValueError(f"{where}.b: a divisor range must start at 1 or more, got {cfg['b']!r}")
+        for field in ("{a}", "{op}", "{b}"):
+            if field not in cfg.get("template", ""):
+                raise ValueError(f"{where}.template: must contain {field}, got {cfg.get('template')!r}")
+        count = (cfg["a"][1] - cfg["a"][0] + 1) * (cfg["b"][1] - cfg["b"][0] + 1)
+        if count > MAX_PAIRS:
+            raise ValueError(f"{where}: {count:,} operand pairs, more than the {MAX_PAIRS:,} a format may have "
+                             "(the study lists and shuffles them all); narrow a or b")
+        return cls(name, cfg["task"], cfg["template"], str(cfg["operator"]), tuple(cfg["a"]), tuple(cfg["b"]))
+
+    def pairs(self) -> list[tuple[int, int]]:
+        """Every operand pair (a, b) of the format, in a fixed order."""
+        (a0, a1), (b0, b1) = self.a_range, self.b_range
+        if self.task == "division":
+            return [(q * b, b) for q in range(a0, a1 + 1) for b in range(b0, b1 + 1)]
+        out = [(a, b) for a in range(a0, a1 + 1) for b in range(b0, b1 + 1)]
+        return [(a, b) for a, b in out if a >= b] if self.task == "subtraction" else out
+
+    def line(self, a: int, b: int) -> str:
+        from arithmech.data.arithmetic import render
+
+        return render(self.template, a=a, op=self.operator, b=b).text
+
+
+def parse_formats(study: dict) -> dict[str, Format]:
+    formats = {name: Format.from_config(name, cfg) for name, cfg in study["formats"].items()}
+    if study["train_format"] not in formats:
+        raise ValueError(f"config key 'study.train_format': {study['train_format']!r} is not one of study.formats "
+                         f"({', '.join(formats)})")
+    return formats
+
+
+def candidate_formats(study: dict) -> dict[str, Format]:
+    """The candidates rule study_format measures (`study.format_choice.candidates`), in the config's order."""
+    return {name: Format.from_config(name, cfg, "study.format_choice.candidates")
+            for name, cfg in study["format_choice"]["candidates"].items()}
+
+
+def measured_formats(study: dict) -> dict[str, Format]:
+    """What rule study_format measures: with `train_format: auto` every candidate, in the config's order;
+    with a named format only that one (its measurement is recorded, nothing is chosen)."""
+    name = study["train_format"]
+    if name == AUTO:
+        return candidate_formats(study)
+    if name in study["formats"]:
+        return {name: Format.from_config(name, study["formats"][name])}
+    return {name: candidate_formats(study)[name]}
+
+
+def study_formats(study: dict, train_format: str | None) -> dict[str, dict]:
+    """The study's formats (config dicts) when `train_format` is trained: `study.formats`, plus the trained
+    format's definition from the candidates when it is not one of them (None: `study.formats` alone)."""
+    formats = dict(study["formats"])
+    if train_format is not None and train_format not in formats:
+        formats[train_format] = study["format_choice"]["candidates"][train_format]
+    return formats
+
+
+def _draw(pool: list, n: int, rng: np.random.Generator) -> list:
+    return [pool[i] for i in rng.permutation(len(pool))[:n]]
+
+
+def needed_pairs(study: dict) -> int:
+    """Operand pairs the trained format needs: its three splits and the few-shot pairs."""
+    return sum(study["splits"][s] for s in SPLITS) + study["n_shots"]
+
+
+def format_pool(fmt: Format, identify_pairs: dict[str, set]) -> list[tuple[int, int]]:
+    """The format's operand pairs without those the identify stage used for its task, in a fixed order."""
+    used = identify_pairs.get(fmt.task, set())
+    return [p for p in fmt.pairs() if p not in used]
+
+
+def trained_draw(fmt: Format, pool: list, study: dict, seed: int) -> tuple[list, list[str], list]:
+    """(pairs, their splits, the few-shot pairs) of the trained format: a seeded draw from `pool`
+    (`format_pool`), train first, then validation, then test; the shots are the first train pairs."""
+    sizes = study["splits"]
+    need = sizes["train"] + sizes["validation"] + sizes["test"]
+    if len(pool) < need + study["n_shots"]:
+        raise ValueError(f"config key 'study.splits': format {fmt.name!r} has {len(pool)} operand pairs left "
+                         f"after removing the identify stage's, fewer than the {need} asked for plus "
+                         f"{study['n_shots']} shots")
+    drawn = _draw(pool, need, np.random.default_rng([seed, 7, 0]))
+    split_of = ["train"] * sizes["train"] + ["validation"] * sizes["validation"] + ["test"] * sizes["test"]
+    shots = drawn[: min(study["n_shots"], sizes["train"])]
+    return drawn, split_of, shots
+
+
+def _item_rows(tokenizer, fmt: Format, pairs: list, splits: list[str], shots: list, separator: str) -> list[dict]:
+    """One item per operand pair: the few-shot prefix of `shots`, the question, cut where the answer starts."""
+    end = separator.rstrip("\n") or separator
+    prefix = "".join(fmt.line(a, b) + str(answer(fmt.task, a, b)) + separator for a, b in shots)
+    rows = []
+    for (a, b), split in zip(pairs, splits):
+        gold = answer(fmt.task, a, b)
+        prompt = _prompt(tokenizer, prefix + fmt.line(a, b), str(gold))
+        full = prefix + fmt.line(a, b) + str(gold) + end
+        rows.append({"format": fmt.name, "task": fmt.task, "split": split, "a": a, "b": b,
+                     "pair": f"{fmt.task}:{a}:{b}", "answer": gold, "prompt": prompt,
+                     "target": full[len(prompt):], "shots": json.dumps(shots)})
+    return rows
+
+
+def build_items(tokenizer, study: dict, identify_pairs: dict[str, set], separator: str, seed: int) -> pd.DataFrame:
+    """Every study item (module docstring). `identify_pairs`: task -> {(a, b)} used by the identify stage.
+
+    Columns: format, task, split, a, b, pair ("task:a:b", the cluster for intervals), answer, prompt (ends
+    where the answer starts), target (the rest of the line: "68."), shots (the few-shot pairs, JSON)."""
+    formats = parse_formats(study)
+    trained = formats[study["train_format"]]
+    rows = []
+    taken: set[tuple[str, int, int]] = set()  # the trained format's train + validation pairs
+    order = [trained] + [f for f in formats.values() if f is not trained]
+    for k, fmt in enumerate(order):
+        if fmt is trained:
+            drawn, split_of, shots = trained_draw(fmt, format_pool(fmt, identify_pairs), study, seed)
+            taken |= {(fmt.task, a, b) for (a, b), s in zip(drawn, split_of) if s != "test"}
+        else:
+            rng = np.random.default_rng([seed, 7, k])
+            pool = [p for p in format_pool(fmt, identify_pairs) if (fmt.task, *p) not in taken]
+            rest = _draw(pool, len(pool), rng)
+            shots, tests = rest[: study["n_shots"]], rest[study["n_shots"] : study["n_shots"] + study["transfer_test"]]
+            if not tests:
+                raise ValueError(f"config key 'study.formats.{fmt.name}': no operand pair is left for its test set")
+            drawn, split_of = tests, ["test"] * len(tests)
+        rows += _item_rows(tokenizer, fmt, drawn, split_of, shots, separator)
+    return pd.DataFrame(rows)
+
+
+def trained_format(items: pd.DataFrame) -> str:
+    """The name of the format the items train on (the one format with a train split)."""
+    names = items.loc[items["split"] == "train", "format"].unique()
+    if len(names) != 1:
+        raise ValueError(f"study items: expected one format with a train split, found {list(names)}")
+    return str(names[0])
+
+
+# ---------------------------------------------------------------------------------------------------
+# Choosing the trained format (rule study_format)
+
+
+def measurement_items(tokenizer, fmt: Format, identify_pairs: dict[str, set], study: dict, separator: str,
+                      seed: int) -> pd.DataFrame | None:
+    """The items rule study_format scores for `fmt`: the first `study.format_choice.items` pairs of the
+    validation split `build_items` draws when `fmt` is trained, with the same few-shot prefix, so that the
+    measured items of the chosen format are its own validation items (never its test items). None when the
+    format has too few operand pairs for `study.splits` (it cannot be trained)."""
+    pool = format_pool(fmt, identify_pairs)
+    if len(pool) < needed_pairs(study):
+        return None
+    drawn, split_of, shots = trained_draw(fmt, pool, study, seed)
+    validation = [p for p, s in zip(drawn, split_of) if s == "validation"][: study["format_choice"]["items"]]
+    return pd.DataFrame(_item_rows(tokenizer, fmt, validation, ["validation"] * len(validation), shots, separator))
+
+
+def _band_side(value: float, low: float, high: float) -> str:
+    return "below" if value < low else "above" if value > high else "inside"
+
+
+def _share(x: float) -> str:
+    return f"{100 * x:.1f}%"
+
+
+def choose_format(measured: pd.DataFrame, band, train_format: str) -> tuple[pd.DataFrame, dict]:
+    """The trained format from the base model's measured exact match on each format.
+
+    `measured`: one row per measured format in the config's order, with columns format, eligible (enough
+    operand pairs for the study's splits), n and exact_match (NaN where not measured). With `train_format:
+    auto` the choice is the eligible format whose exact match lies inside `band` (inclusive) closest to the
+    band's middle; a tie goes to the format listed first. With none inside, nothing is chosen and the nearest
+    eligible formats below and above the band are named. A named `train_format` is chosen whatever its value.
+
+    Returns (the table with columns in_band, distance (to the band's middle), chosen, nearest and reason
+    added; the choice: {"train_format", "chosen" (None when none), "band", "reason", "nearest"}).
+    """
+    low, high = (float(x) for x in band)
+    middle = (low + high) / 2
+    table = measured.reset_index(drop=True).copy()
+    value = table["exact_match"].astype(float)
+    measured_ok = table["eligible"].astype(bool) & value.notna()
+    table["in_band"] = measured_ok & value.between(low, high)
+    # rounded so that shares equally far from the middle (0.35 and 0.45 around 0.4) tie exactly
+    table["distance"] = (value - middle).abs().round(9)
+    table["chosen"] = False
+    table["nearest"] = False
+    auto = train_format == AUTO
+    nearest: list[dict] = []
+    if auto:
+        inside = table[table["in_band"]].sort_values("distance", kind="stable")
+        chosen = None if inside.empty else str(inside["format"].iloc[0])
+        if chosen is None:
+            for side, part, gap in (("below", table[measured_ok & (value < low)], low - value),
+                                    ("above", table[measured_ok & (value > high)], value - high)):
+                if len(part):
+                    i = gap[part.index].sort_values(kind="stable").index[0]
+                    table.loc[i, "nearest"] = True
+                    nearest.append({"format": str(table.loc[i, "format"]), "exact_match": float(value[i]),
+                                    "side": side})
+    else:
+        if train_format not in set(table["format"]):
+            raise ValueError(f"choose_format: the named format {train_format!r} was not measured")
+        chosen = train_format
+    reasons = []
+    for i, r in table.iterrows():
+        name = r["format"]
+        if not r["eligible"]:
+            text = r.get("reason") or "too few operand pairs for study.splits"
+        elif name == chosen and not auto:
+            text = f"named by study.train_format; {_band_side(value[i], low, high)} the band"
+        elif name == chosen:
+            text = f"chosen: inside the band, closest to its middle ({middle:g})"
+        elif r["in_band"]:
+            ahead = table.loc[table["format"] == chosen].iloc[0] if chosen is not None else None
+            tie = ahead is not None and ahead["distance"] == r["distance"]
+            text = (f"inside the band, {r['distance']:.3f} from its middle"
+                    + ("" if not auto else f"; {chosen} is as close and listed first" if tie else f"; {chosen} is closer"))
+        else:
+            side = _band_side(value[i], low, high)
+            text = f"{side} the band: " + ("too hard for the base model" if side == "below" else
+                                           "too easy for the base model")
+            if r["nearest"]:
+                text += f"; the nearest {side} it"
+        reasons.append(text)
+    table["reason"] = reasons
+    if chosen is not None:
+        table.loc[table["format"] == chosen, "chosen"] = True
+    n = int(table.loc[measured_ok, "n"].max()) if measured_ok.any() else 0
+    if chosen is not None:
+        row = table[table["chosen"]].iloc[0]
+        how = "named by study.train_format" if not auto else f"inside study.base_band [{low:g}, {high:g}], closest to its middle"
+        if not row["eligible"]:
+            reason = f"{chosen}: {how}; {row['reason']}"
+        else:
+            reason = f"{chosen}: base exact match {_share(row['exact_match'])} on {int(row['n'])} items, {how}"
+        if not auto and row["eligible"] and not row["in_band"]:
+            reason += f" (outside study.base_band [{low:g}, {high:g}])"
+    elif not measured_ok.any():
+        reason = ("no candidate format has enough operand pairs for study.splits and study.n_shots: give the "
+                  "candidates wider operand ranges or the study smaller splits")
+    else:
+        near = ", ".join(f"{x['format']} {_share(x['exact_match'])} ({x['side']})" for x in nearest)
+        reason = (f"no candidate format's base exact match lies inside study.base_band [{low:g}, {high:g}] "
+                  f"({n} items each); nearest: {near}. Widen study.base_band, add candidates to "
+                  f"study.format_choice.candidates, or name a format in study.train_format")
+    choice = {"train_format": train_format, "chosen": chosen, "band": [low, high], "reason": reason,
+              "nearest": nearest}
+    return table, choice
+
+
+def read_choice(path) -> dict:
+    """The choice rule study_format recorded in its table (`choose_format`)."""
+    from arithmech.io import read_parquet_meta
+
+    return read_parquet_meta(path)["choice"]
+
+
+def _prompt(tokenizer, text: str, answer_text: str) -> str:
+    """The prompt cut so that the next token starts the answer (`prompts.split_answer`)."""
+    from arithmech.data.arithmetic import split_answer
+
+    prompt, _ = split_answer(tokenizer, text, answer_text)
+    return prompt
+
+
+def format_summary(items: pd.DataFrame) -> pd.DataFrame:
+    """Items and distinct operand pairs per format and split."""
+    return (items.groupby(["format", "task", "split"], sort=False)
+            .agg(items=("pair", "size"), pairs=("pair", "nunique")).reset_index())
+
+
+# ---------------------------------------------------------------------------------------------------
+# Arms
+
+
+def parse_run(run: str) -> tuple[str, int]:
+    m = RUN_NAME.fullmatch(run)
+    if m is None:
+        raise ValueError(f"run name {run!r}: expected lr<i>, seed<s> or draw<d>")
+    return m[1], int(m[2])
+
+
+def arm_method(arm: str, run: str, study: dict, *, ranked_heads: list, ranked_mlps: list, n_heads: int,
+               seed: int) -> dict:
+    """The `finetune_config.parse_method` dict of one run of `arm` (ranked_*: nodes by patching effect, best first)."""
+    if arm not in ARMS:
+        raise ValueError(f"study arm {arm!r}: expected one of {list(ARMS)}")
+    kind, index = parse_run(run)
+    if arm in ("full", "lora"):
+        return {"method": arm, **({"lora": study["lora"]} if arm == "lora" else {})}
+    n = study["heads"]
+    if n > len(ranked_heads):
+        raise ValueError(f"config key 'study.heads': {n} heads asked for, the model has {len(ranked_heads)}")
+    heads = [tuple(map(int, h)) for h in ranked_heads[:n]]
+    mlps: list[int] = []
+    if arm == "random_heads":
+        draw = index if kind == "draw" else 0
+        heads = layer_matched_heads(heads, n_heads, seed=int(np.random.SeedSequence([seed, 11, draw]).generate_state(1)[0]))
+    if arm == "precise_mlp":
+        mlps = [int(m) for m in ranked_mlps[: study["mlps"]]]
+    return {"method": "random_heads" if arm == "random_heads" else "precise", "heads": [list(h) for h in heads],
+            "mlp_layers": mlps, "train_kv": study["kv"] == "shared"}
+
+
+def final_runs(arm: str, study: dict) -> list[str]:
+    """The runs of `arm` scored on the test sets: the chosen grid run, more seeds, more draws."""
+    runs = ["chosen"]
+    runs += [f"seed{s}" for s in range(1, study["seeds"].get(arm, 1))]
+    if arm == "random_heads":
+        runs += [f"draw{d}" for d in range(1, study["random_draws"])]
+    return runs
+
+
+def grid_runs(arm: str, study: dict) -> list[str]:
+    return [f"lr{i}" for i in range(len(study["lr_grid"][arm]))]
+
+
+def select_lr(val_by_run: dict[str, pd.DataFrame], grid: list[float]) -> dict:
+    """The grid run with the highest validation exact match; ties go to the lower mean answer NLL. Returns
+    {"run", "lr", "grid": [{run, lr, val_accuracy, val_nll}]}."""
+    table = []
+    for run, frame in val_by_run.items():
+        _, i = parse_run(run)
+        table.append({"run": run, "lr": grid[i], "val_accuracy": float(frame["correct"].mean()),
+                      "val_nll": float(frame["nll"].sum() / frame["n_tokens"].sum()), "val_n": len(frame)})
+    best = sorted(table, key=lambda r: (-r["val_accuracy"], r["val_nll"]))[0]
+    return {"run": best["run"], "lr": best["lr"], "grid": table}
+
+
+# ---------------------------------------------------------------------------------------------------
+# Study table and comparisons
+
+
+def per_item(evals: dict[tuple[str, str], pd.DataFrame]) -> pd.DataFrame:
+    """All scored rows of every model: (arm, run) -> its eval frame, stacked with arm and run columns."""
+    return pd.concat([f.assign(arm=arm, run=run) for (arm, run), f in evals.items()], ignore_index=True)
+
+
+def model_rows(rows: pd.DataFrame, train_format: str, confidence: float, n_boot: int, seed: int) -> pd.DataFrame:
+    """One row per scored model: exact match on every format's test set (intervals resample operand pairs),
+    answer NLL per token on the trained format, off-target metrics (KL to base per token, perplexity, gold
+    NLL per token on GSM8K and SVAMP solutions, non-math accuracies)."""
+    out = []
+    for (arm, run), frame in rows.groupby(["arm", "run"], sort=False):
+        rec: dict = {"arm": arm, "run": run}
+        for dataset, part in frame.groupby("dataset", sort=False):
+            if part["kind"].iloc[0] == "arithmetic":
+                est = stats.cluster_bootstrap(part["correct"].astype(float).to_numpy(), part["cluster"].to_numpy(),
+                                              n_boot=n_boot, seed=seed, confidence=confidence)
+                prefix = "accuracy" if dataset == train_format else f"transfer_{dataset}"
+                rec |= {prefix: est["estimate"], f"{prefix}_low": est["ci_low"], f"{prefix}_high": est["ci_high"]}
+                if dataset == train_format:
+                    rec |= {"test_n": est["n_items"], "test_pairs": est["n_clusters"],
+                            "answer_nll": float(part["nll"].sum() / part["n_tokens"].sum())}
+            elif part["kind"].iloc[0] == "nll":
+                rec[f"{dataset}_nll"] = float(part["nll"].sum() / part["n_tokens"].sum())
+            elif part["kind"].iloc[0] == "choice":
+                rec[dataset] = float(part["correct"].mean())
+            elif part["kind"].iloc[0] == "divergence":
+                n = part["n_tokens"].sum()
+                rec |= {"kl_to_base": float(part["kl"].sum() / n), "perplexity": float(np.exp(part["nll"].sum() / n)),
+                        "kl_tokens": int(n)}
+        out.append(rec)
+    return pd.DataFrame(out)
+
+
+def _aligned(rows: pd.DataFrame, arm: str, dataset: str, value: str) -> pd.DataFrame:
+    """Per item (cluster-labelled) value of `arm` on `dataset`, averaged over the arm's models (seeds, draws)."""
+    part = rows[(rows["arm"] == arm) & (rows["dataset"] == dataset)]
+    return part.groupby("item", sort=True).agg(value=(value, "mean"), cluster=("cluster", "first"),
+                                                weight=("n_tokens", "first") if "n_tokens" in part else ("item", "size"))
+
+
+def comparisons(rows: pd.DataFrame, train_format: str, confidence: float, n_boot: int,
+                seed: int) -> pd.DataFrame:
+    """Arm against arm on the same items, for every metric (COMPARISONS that both arms of this run have).
+    Exact match: difference of accuracy, McNemar's exact test when each arm is one model, else a paired
+    bootstrap over operand pairs; per-token NLL and KL: paired bootstrap of the ratio estimates over items
+    or windows. p_holm adjusts all p-values of the table together (one family) with Holm's method."""
+    present = set(rows["arm"])
+    out = []
+    for a, b in COMPARISONS:
+        if a not in present or b not in present:
+            continue
+        for dataset, part in rows[rows["arm"] == a].groupby("dataset", sort=False):
+            kind = part["kind"].iloc[0]
+            specs = {"arithmetic": [("correct", True, "accuracy" if dataset == train_format else f"transfer_{dataset}")],
+                     "choice": [("correct", True, dataset)],
+                     "nll": [("nll", False, f"{dataset}_nll")],
+                     "divergence": [("kl", False, "kl_to_base"), ("nll", False, "wikitext_nll")]}[kind]
+            if kind == "arithmetic" and dataset == train_format:
+                specs.append(("nll", False, "answer_nll"))
+            for value, binary, metric in specs:
+                if metric == "kl_to_base" and "base" in (a, b):
+                    continue  # the base model's KL to itself is 0 by definition
+                xa, xb = _aligned(rows, a, dataset, value), _aligned(rows, b, dataset, value)
+                joined = xa.merge(xb, left_index=True, right_index=True, suffixes=("", "_b"))
+                weights = None if binary else joined["weight"].to_numpy(float)
+                res = stats.compare(joined["value"].to_numpy(float), joined["value_b"].to_numpy(float),
+                                    joined["cluster"].to_numpy(), binary=binary, weights=weights, n_boot=n_boot,
+                                    seed=seed, confidence=confidence)
+                out.append({"arm_a": a, "arm_b": b, "metric": metric, "dataset": dataset,
+                            "n_models_a": rows[rows["arm"] == a]["run"].nunique(),
+                            "n_models_b": rows[rows["arm"] == b]["run"].nunique(), **res})
+    frame = pd.DataFrame(out)
+    if len(frame):
+        frame["p_holm"] = stats.holm(frame["p_value"].to_numpy(float))
+    return frame
+
+
+def curves(stats_by_run: dict[tuple[str, str], dict]) -> pd.DataFrame:
+    """Learning curves: exact match on the validation split and on a fixed test subset at every evaluated
+    step, per run (from the training jobs' `evaluations`)."""
+    rows = []
+    for (arm, run), record in stats_by_run.items():
+        for point in record.get("evaluations", []):
+            rows.append({"arm": arm, "run": run, **point})
+    return pd.DataFrame(rows)
+
+
+def read_json(path) -> dict:
+    return json.loads(Path(path).read_text())

@@ -1,0 +1,83 @@
+"""A fine-tuning run as a job sees it: train and save it (`train_and_save`, the one training entry point of
+the GSM8K recipe and of the study), and load what a run trained for evaluation (`load_finetuned`)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import pandas as pd
+
+from arithmech.io import atomic_dir, config_hash, write_parquet
+from arithmech.model.loading import LoadedModel, load_stage_model, stage_meta
+
+
+TRAINED_FILE = "trained.safetensors"  # precise, random_heads, lora: the deltas
+FULL_DIR = "model"  # full: a whole HF model directory
+STATS_FILE = "stats.json"
+
+
+def train_and_save(lm: LoadedModel, *, spec: dict, train_cfg: dict, examples: list[tuple[str, str]], settings: dict,
+                   run_name: str, checkpoint_root, out_dir, model_dir, stage: str, meta_params: dict, record: dict,
+                   append_eos: bool = True, evaluate=None, evaluate_every: int | None = None,
+                   final_tables: Callable[..., dict[str, pd.DataFrame]] | None = None,
+                   ) -> tuple:
+    """The one training entry point, of the GSM8K recipe (`finetune`) and of the study (`study_train`): train
+    `lm` by the method `spec` (`finetune_config.parse_method`) with `train_cfg` on (prompt, target) pairs,
+    resumable from checkpoint_root/<run_name>-<hash of `settings`>, then save the run (`save_training_run`)
+    with the Parquet tables `final_tables(stats)` returns, named by file. `append_eos`, `evaluate` and
+    `evaluate_every` go to `finetune.train`. Provenance: `stage_meta(model_dir, stage, **meta_params,
+    settings=settings)`. Returns (the `finetune.TrainStats`, the stats record, the final tables)."""
+    from arithmech.sft.training import prepare, train
+
+    checkpoints = Path(checkpoint_root) / f"{run_name}-{config_hash(settings)[:12]}"
+    ft = prepare(lm, spec, train_cfg["seed"])
+    start = time.perf_counter()
+    stats = train(ft, examples, train_cfg, checkpoint_dir=checkpoints, append_eos=append_eos, evaluate=evaluate,
+                  evaluate_every=evaluate_every)
+    wall = time.perf_counter() - start
+    tables = final_tables(stats) if final_tables is not None else {}
+    meta = stage_meta(model_dir, stage, **meta_params, settings=settings)
+    record = save_training_run(ft=ft, stats=stats, wall_s=wall, out_dir=out_dir, checkpoints=checkpoints, meta=meta,
+                               record=record, tables=tables)
+    return stats, record, tables
+
+
+def save_training_run(*, ft, stats, wall_s: float, out_dir, checkpoints, meta: dict, record: dict,
+                      tables: dict[str, pd.DataFrame]) -> dict:
+    """Write a finished training run into `out_dir` atomically (`io.atomic_dir`): what was trained
+    (`trained.safetensors`, or `model/` for full), `tables` (Parquet, by file name) and `stats.json` (the
+    TrainStats, `record`, wall time, mean step time, artifact bytes, provenance, model size, device and
+    dtype). Then remove the run's checkpoints: a rerun starts afresh. Returns the stats record."""
+    from arithmech.sft.deltas import save_trained
+
+    with atomic_dir(out_dir) as tmp:
+        save_trained(ft, tmp / (FULL_DIR if ft.method.name == "full" else TRAINED_FILE), {"provenance": meta})
+        for name, table in tables.items():
+            write_parquet(table, tmp / name, meta)
+        full = {**stats.to_dict(), **record, "wall_s_this_run": wall_s,
+                "mean_step_s": float(np.mean(stats.step_times_s)) if stats.step_times_s else float("nan"),
+                "artifact_bytes": _tree_bytes(tmp), "provenance": meta,
+                "n_parameters": ft.lm.describe()["n_parameters"], "device": str(ft.lm.device), "dtype": str(ft.lm.dtype)}
+        (tmp / STATS_FILE).write_text(json.dumps(full, indent=2) + "\n")
+    shutil.rmtree(checkpoints, ignore_errors=True)
+    return full
+
+
+def _tree_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in Path(path).rglob("*") if p.is_file())
+
+
+def load_finetuned(model_dir, finetune_dir, compute: dict) -> LoadedModel:
+    """The base model (finetune_dir None) or a fine-tuned one, ready for evaluation (no hooks)."""
+    from arithmech.sft.deltas import load_trained
+
+    if finetune_dir is None:
+        return load_stage_model(model_dir, compute)
+    finetune_dir = Path(finetune_dir)
+    trained = finetune_dir / FULL_DIR if (finetune_dir / FULL_DIR).is_dir() else finetune_dir / TRAINED_FILE
+    return load_trained(model_dir, trained, device=compute["device"], dtype=compute["dtype"])

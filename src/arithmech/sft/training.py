@@ -1,0 +1,423 @@
+"""The fine-tuning loop: a Llama-family model trained on (prompt, target) pairs by precise SFT of the key
+heads (Zhang et al., ICML 2024), the same on random heads, full fine-tuning or LoRA, resumable from
+checkpoints (`arithmech.sft.checkpoints`).
+
+Methods (`finetune_config.Method`, or a config dict through `finetune_config.parse_method`):
+  precise        train only the selected query heads' slices: for head h of layer l, the rows
+                 h*hd:(h+1)*hd of q_proj.weight (what the head reads) and the columns h*hd:(h+1)*hd of
+                 o_proj.weight (what it writes), as delta parameters (`arithmech.sft.deltas`). Optionally
+                 (`train_kv`) the rows of k_proj/v_proj of the key/value head g = h // (n_heads // n_kv_heads)
+                 it reads; with grouped-query attention that head is shared by its group, so it is trained
+                 once however many of its query heads are selected, and the change reaches every query head
+                 of the group (selected or not). Optionally (`mlp_layers`) the whole gate/up/down weights of
+                 key MLP layers.
+  random_heads   the same with a head list the caller drew at random (the baseline).
+  full           every parameter.
+  lora           peft LoRA adapters (r, alpha, dropout, target_modules), merged for evaluation.
+
+The optimizer (`TrainConfig.optimizer`: AdamW, or plain SGD, which keeps no state) holds state for the
+trained parameters only. Weight decay pulls head deltas towards 0, i.e. towards the base weights.
+"""
+
+from __future__ import annotations
+
+import math
+import resource
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+from tqdm import tqdm
+
+from arithmech.sft.checkpoints import latest_checkpoint, load_checkpoint, save_checkpoint
+from arithmech.sft.deltas import HeadDeltas
+from arithmech.sft.methods import HEAD_METHODS, Method, TrainConfig, parse_method
+from arithmech.io import config_hash
+from arithmech.model.loading import LoadedModel
+from arithmech.data.arithmetic import continuation_ids
+
+IGNORE_INDEX = -100  # label of positions that carry no loss (prompt, padding)
+
+
+def lr_factor(step: int, total: int, warmup: int, schedule: str) -> float:
+    """Multiplier of the peak lr at optimizer step `step` (0-based) of `total`."""
+    if step < warmup:
+        return (step + 1) / warmup  # the first step already moves (lr/warmup), unlike a ramp from 0
+    if schedule == "constant":
+        return 1.0
+    progress = (step - warmup) / max(1, total - warmup)
+    return 1.0 - progress if schedule == "linear" else 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def make_optimizer(config: TrainConfig, params: list[nn.Parameter]) -> torch.optim.Optimizer:
+    """The configured optimizer over `params` (its lr is reset every step by the schedule)."""
+    if config.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=config.lr, momentum=0, weight_decay=config.weight_decay)
+    return torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Data
+
+
+def ends_with_eos(tokenizer, ids: Sequence[int]) -> bool:
+    """Whether the last token of `ids` that is not whitespace only is the tokenizer's eos token: a chat
+    target ends its turn with it (SmolLM2-Instruct: "<|im_end|>", its eos) and the template often adds a
+    "\n" after it."""
+    for i in reversed(ids):
+        if i == tokenizer.eos_token_id:
+            return True
+        if tokenizer.decode([i]).strip():
+            return False
+    return False
+
+
+def encode_example(tokenizer, prompt: str, target: str, max_length: int,
+                   eos: bool = True) -> tuple[list[int], list[int]]:
+    """Token ids and labels of one example: prompt ids (with the tokenizer's special tokens, e.g. BOS), then
+    target ids (without), then eos. Labels are the ids on the target and eos, IGNORE_INDEX on the prompt.
+
+    eos: append the eos token, unless the target already ends with it (`ends_with_eos`: the last token
+    that is not whitespace only is eos, as in a chat turn "...<|im_end|>\n"; the target's ids are then
+    kept as they are). eos=False appends none: the model learns the target and nothing after it (e.g. a
+    few-shot answer "16." that the prompt format never ends with eos).
+    Too long: the prompt is cut from the left (its start, BOS included, goes) so the target stays whole;
+    a target (with its eos) longer than max_length alone is an error. The target ids are those that follow
+    the prompt in the whole text's tokenization (`prompts.continuation_ids`: no SentencePiece word-start
+    token of its own)."""
+    if eos and tokenizer.eos_token_id is None:
+        raise ValueError("the tokenizer has no eos token; the target must end with one (or train with "
+                         "append_eos=False)")
+    prompt_ids, target_ids = continuation_ids(tokenizer, prompt, target)
+    prompt_ids, target_ids = list(prompt_ids), list(target_ids)
+    if eos and not ends_with_eos(tokenizer, target_ids):
+        target_ids.append(tokenizer.eos_token_id)
+    if not target_ids:
+        raise ValueError(f"target {target!r} has no tokens to train on")
+    if len(target_ids) > max_length:
+        raise ValueError(f"target {target!r} is {len(target_ids)} tokens{' with eos' if eos else ''}, longer "
+                         f"than max_length={max_length} (finetune.train.max_length)")
+    keep = max_length - len(target_ids)
+    prompt_ids = prompt_ids[len(prompt_ids) - keep:] if keep else []
+    return prompt_ids + target_ids, [IGNORE_INDEX] * len(prompt_ids) + target_ids
+
+
+def collate(encoded: Sequence[tuple[list[int], list[int]]], pad_id: int, device) -> dict[str, torch.Tensor]:
+    """Right-padded batch: input_ids, attention_mask, labels [batch, seq] (labels IGNORE_INDEX on padding)."""
+    width = max(len(ids) for ids, _ in encoded)
+    ids = torch.full((len(encoded), width), pad_id, dtype=torch.long)
+    labels = torch.full((len(encoded), width), IGNORE_INDEX, dtype=torch.long)
+    mask = torch.zeros((len(encoded), width), dtype=torch.long)
+    for i, (x, y) in enumerate(encoded):
+        ids[i, :len(x)] = torch.tensor(x)
+        labels[i, :len(y)] = torch.tensor(y)
+        mask[i, :len(x)] = 1
+    return {"input_ids": ids.to(device), "attention_mask": mask.to(device), "labels": labels.to(device)}
+
+
+def batch_loss(model: nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, int]:
+    """Summed next-token cross-entropy over the labelled positions (fp32) and their number.
+
+    Position i predicts label i+1. Logits are computed only where a label follows (`logits_to_keep` as a
+    boolean [batch, seq] mask): the prompt is most of the tokens and the vocabulary projection is costly."""
+    labels = batch["labels"]
+    keep = torch.zeros_like(labels, dtype=torch.bool)
+    keep[:, :-1] = labels[:, 1:] != IGNORE_INDEX
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False,
+                   logits_to_keep=keep).logits  # [n_kept, vocab] (or [1, n_kept, vocab])
+    targets = labels[:, 1:][keep[:, :-1]]
+    loss = F.cross_entropy(logits.reshape(len(targets), -1).float(), targets, reduction="sum")
+    return loss, len(targets)
+
+
+def epoch_order(seed: int, epoch: int, n: int) -> np.ndarray:
+    """The example order of one epoch: a function of (seed, epoch) alone, so a resumed run needs no state."""
+    return np.random.default_rng([seed, epoch]).permutation(n)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Preparing a model
+
+
+@dataclass
+class FineTune:
+    """A model made ready for training by `prepare`.
+
+    params: exactly the trained tensors, by name (the deltas', the adapters' or all the model's).
+    model: the module to call (lm.model, or the peft wrapper for lora).  deltas: the HeadDeltas (precise,
+    random_heads).  grad_scale: the resolved factor on the head deltas' gradients (1.0: none).
+    """
+
+    lm: LoadedModel
+    method: Method
+    model: nn.Module
+    params: dict[str, nn.Parameter]
+    grad_scale: float = 1.0
+    deltas: HeadDeltas | None = None
+    scaled: list[str] = field(default_factory=list)  # names in params that grad_scale applies to
+
+    @property
+    def n_trainable(self) -> int:
+        """Trained elements: delta elements for the head methods (not the sizes of the matrices they sit in)."""
+        return sum(p.numel() for p in self.params.values())
+
+    def merged_model(self) -> nn.Module:
+        """The trained model as a plain HF model, for evaluation in this process: the deltas are folded into
+        the base weights (in place; afterwards the base is the trained model), LoRA is merged and unloaded."""
+        if self.deltas is not None:
+            self.deltas.fold()
+            self.deltas = None
+        elif self.method.name == "lora":
+            self.model = self.model.merge_and_unload()
+            self.lm.model = self.model
+        self.lm.model.eval()
+        self.lm.model.requires_grad_(False)
+        return self.lm.model
+
+
+def resolve_grad_scale(grad_scale: float | str | None, lm: LoadedModel, n_selected: int) -> float:
+    """The factor on the head deltas' gradients: None -> 1 (the default: no multiplier); "heads_ratio" ->
+    H / h with H = n_layers * n_heads (all query heads of the model) and h = n_selected (the trained ones);
+    a number -> itself.
+
+    An optional gradient multiplier, off unless configured: with "heads_ratio" the h trained heads' updates
+    are scaled up by H/h. It is applied after gradient clipping, so clipping does not undo it, and not to
+    MLP deltas. With SGD it multiplies the head deltas' step (the same as an lr H/h times larger for them).
+    AdamW is invariant to a constant gradient factor (m scales by c, sqrt(v) by c) except through eps: with
+    AdamW the factor mostly makes eps relatively smaller. Scale lr to change the step size itself."""
+    if grad_scale is None:
+        return 1.0
+    if grad_scale == "heads_ratio":
+        return lm.n_layers * lm.n_heads / n_selected
+    return float(grad_scale)
+
+
+def prepare(lm: LoadedModel, method: Method | dict, seed: int = 0) -> FineTune:
+    """Make `lm` trainable by `method` (in place: hooks, adapters or requires_grad on `lm.model`).
+
+    precise/random_heads: zero deltas on the selected heads (and MLP layers), hooks attached; no base weight
+    requires grad. full: every parameter requires grad. lora: peft adapters injected into lm.model,
+    initialised with `seed` (the caller's RNG is untouched). Prepare a loaded model once."""
+    method = parse_method(method) if isinstance(method, dict) else method
+    if method.name in HEAD_METHODS:
+        for i, (layer, head) in enumerate(method.heads):
+            if not (0 <= layer < lm.n_layers and 0 <= head < lm.n_heads):
+                raise ValueError(f"finetune.heads[{i}]: L{layer}H{head} is not a head of this model "
+                                 f"({lm.n_layers} layers x {lm.n_heads} heads)")
+        for i, layer in enumerate(method.mlp_layers):
+            if not 0 <= layer < lm.n_layers:
+                raise ValueError(f"finetune.mlp_layers[{i}]: layer {layer} is not in 0..{lm.n_layers - 1}")
+        dtype = torch.float32 if method.delta_dtype == "float32" else None
+        deltas = HeadDeltas(lm, method.heads, train_kv=method.train_kv, mlp_layers=method.mlp_layers,
+                            dtype=dtype).attach()
+        params = dict(deltas.deltas.items())
+        scale = resolve_grad_scale(method.grad_scale, lm, len(method.heads))
+        return FineTune(lm, method, lm.model, params, scale, deltas, deltas.head_keys)
+    if method.name == "full":
+        lm.model.requires_grad_(True)
+        return FineTune(lm, method, lm.model, dict(lm.model.named_parameters()))
+    from peft import LoraConfig, get_peft_model
+
+    cfg = method.lora
+    config = LoraConfig(r=cfg["r"], lora_alpha=cfg["alpha"], lora_dropout=cfg["dropout"],
+                        target_modules=list(cfg["target_modules"]), bias="none", task_type="CAUSAL_LM")
+    with torch.random.fork_rng(devices=[lm.device] if lm.device.type == "cuda" else []):
+        torch.manual_seed(seed)
+        try:
+            peft_model = get_peft_model(lm.model, config)
+        except ValueError as err:
+            raise ValueError(f"finetune.lora.target_modules {cfg['target_modules']}: {err}") from err
+    params = {n: p for n, p in peft_model.named_parameters() if p.requires_grad}
+    return FineTune(lm, method, peft_model, params)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Training
+
+
+@dataclass
+class TrainStats:
+    """What a training run measured. Lists have one entry per optimizer step of the whole run, resumed
+    steps included (from the checkpoint).
+
+    losses: mean cross-entropy per target token of each step.  step_times_s: wall time of each step
+    (forwards, backwards, optimizer).  peak_memory_bytes: on CUDA torch.cuda.max_memory_allocated during
+    this call; on CPU the peak resident set size of the whole PROCESS over its lifetime (getrusage), which
+    includes the model, the data and anything the process did before.  optimizer_state_bytes: the tensors
+    in optimizer.state (AdamW: exp_avg, exp_avg_sq, step; SGD without momentum: none, 0 bytes)."""
+
+    method: str
+    n_trainable: int
+    optimizer_state_bytes: int
+    steps: int
+    total_steps: int
+    losses: list[float]
+    step_times_s: list[float]
+    peak_memory_bytes: int
+    peak_memory_kind: str
+    resumed_from_step: int | None = None
+    evaluations: list[dict] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
+    return sum(t.numel() * t.element_size() for state in optimizer.state.values() for t in state.values()
+               if torch.is_tensor(t))
+
+
+def _peak_memory(device: torch.device) -> tuple[int, str]:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device), "cuda_max_memory_allocated"
+    # ru_maxrss is in kilobytes on Linux (bytes on macOS).
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss if sys.platform == "darwin" else rss * 1024, "process_peak_rss"
+
+
+def train(ft: FineTune, examples: Sequence[tuple[str, str]], config: TrainConfig | dict, *,
+          checkpoint_dir: str | Path | None = None, stop_at_step: int | None = None,
+          progress: bool = True, append_eos: bool = True,
+          evaluate: Callable[[int], dict] | None = None, evaluate_every: int | None = None) -> TrainStats:
+    """Train `ft` on (prompt, target) pairs with the configured optimizer (AdamW or SGD) over its trained
+    parameters only.
+
+    Loss: cross-entropy on the target tokens and eos (`encode_example`; append_eos=False: no eos is
+    appended, and a target that ends with eos keeps it either way), averaged over all target tokens
+    of an optimizer step (so grad_accumulation x batch_size is exactly one large batch). Examples are
+    shuffled per epoch (`epoch_order`); the last step of an epoch may be smaller. Dropout follows the model
+    config (train mode during the call, eval mode after) and lora.dropout; its RNG is seeded with `seed`
+    (the caller's RNG is untouched).
+
+    checkpoint_dir: every `checkpoint_every` steps and at the end of the call a checkpoint is written there
+    (`save_checkpoint`); a call that finds one resumes from it, and ends with the same parameters as an
+    uninterrupted run. stop_at_step: end the call after this many optimizer steps in all (resumed ones
+    included), without changing the schedule, as if the job were killed there (or to split a long run over
+    time-limited jobs).
+
+    evaluate, evaluate_every: after every `evaluate_every`-th optimizer step (and after the last one)
+    `evaluate(step)` is called with the model in eval mode and no gradients, and the dict it returns is kept
+    in `TrainStats.evaluations` (and in checkpoints, so a resumed run keeps the earlier ones): learning
+    curves without saving a model per point. It must not use the torch RNG's state for anything that
+    matters (greedy decoding does not), since the training RNG continues after it.
+    """
+    config = TrainConfig.from_dict(config) if isinstance(config, dict) else config._checked("finetune.train")
+    lm, device = ft.lm, ft.lm.device
+    tokenizer = lm.tokenizer
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    for i, ex in enumerate(examples):
+        if not (isinstance(ex, (tuple, list)) and len(ex) == 2 and all(isinstance(s, str) for s in ex)):
+            raise ValueError(f"examples[{i}]: expected a (prompt, target) pair of strings, got {ex!r}")
+    if not examples:
+        raise ValueError("examples: nothing to train on (empty list)")
+    encoded = [encode_example(tokenizer, p, t, config.max_length, eos=append_eos) for p, t in examples]
+    per_step = config.batch_size * config.grad_accumulation
+    steps_per_epoch = math.ceil(len(encoded) / per_step)
+    total = config.max_steps or config.epochs * steps_per_epoch
+    stop = total if stop_at_step is None else min(total, stop_at_step)
+
+    params = list(ft.params.values())
+    scaled = [ft.params[n] for n in ft.scaled] if ft.grad_scale != 1.0 else []
+    optimizer = make_optimizer(config, params)
+    fingerprint = {"config": asdict(config), "method": ft.method.describe(),
+                   "data": config_hash([list(ex) for ex in examples]), "append_eos": append_eos,
+                   "n_trainable": ft.n_trainable}
+    history = {"losses": [], "step_times_s": []}
+    start, resumed = 0, None
+    checkpoint = latest_checkpoint(checkpoint_dir) if checkpoint_dir is not None else None
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+    cuda_devices = [device] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=cuda_devices):
+        torch.manual_seed(config.seed)
+        if checkpoint is not None:
+            start, history = load_checkpoint(checkpoint, ft, optimizer, fingerprint)
+            resumed = start
+        sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+        bar = tqdm(total=total, initial=start, desc=f"finetune {ft.method.name}", file=sys.stderr,
+                   disable=not progress, dynamic_ncols=True)
+        saved_at = start
+        ft.model.train()
+        try:
+            for step in range(start, stop):
+                t0 = time.perf_counter()
+                epoch, position = divmod(step, steps_per_epoch)
+                chosen = epoch_order(config.seed, epoch, len(encoded))[position * per_step:(position + 1) * per_step]
+                step_examples = [encoded[i] for i in chosen]
+                # Position 0 predicts nothing (`batch_loss` shifts), so its label never counts.
+                n_tokens = max(1, sum(sum(y != IGNORE_INDEX for y in labels[1:]) for _, labels in step_examples))
+                optimizer.zero_grad(set_to_none=True)
+                loss_sum = 0.0
+                for j in range(0, len(step_examples), config.batch_size):
+                    batch = collate(step_examples[j:j + config.batch_size], pad_id, device)
+                    loss, _ = batch_loss(ft.model, batch)
+                    (loss / n_tokens).backward()
+                    loss_sum += loss.item()
+                if config.max_grad_norm is not None:
+                    torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm)
+                for p in scaled:  # after clipping, so the clip does not undo the factor
+                    if p.grad is not None:
+                        p.grad.mul_(ft.grad_scale)
+                for group in optimizer.param_groups:
+                    group["lr"] = config.lr * lr_factor(step, total, config.warmup_steps, config.schedule)
+                optimizer.step()
+                sync()
+                history["losses"].append(loss_sum / n_tokens)
+                history["step_times_s"].append(time.perf_counter() - t0)
+                bar.update(1)
+                bar.set_postfix(loss=f"{history['losses'][-1]:.4f}")
+                if evaluate is not None and ((step + 1) % (evaluate_every or total) == 0 or step + 1 == total):
+                    ft.model.eval()
+                    with torch.no_grad():
+                        history.setdefault("evaluations", []).append({"step": step + 1, **evaluate(step + 1)})
+                    ft.model.train()
+                if checkpoint_dir is not None and config.checkpoint_every and (step + 1) % config.checkpoint_every == 0:
+                    save_checkpoint(checkpoint_dir, ft, optimizer, step=step + 1, steps_per_epoch=steps_per_epoch,
+                                    fingerprint=fingerprint, history=history)
+                    saved_at = step + 1
+        finally:
+            bar.close()
+            ft.model.eval()
+        done = max(start, stop)  # a checkpoint past stop_at_step stays where it is
+        if checkpoint_dir is not None and done > saved_at:
+            save_checkpoint(checkpoint_dir, ft, optimizer, step=done, steps_per_epoch=steps_per_epoch,
+                            fingerprint=fingerprint, history=history)
+    peak, kind = _peak_memory(device)
+    return TrainStats(ft.method.name, ft.n_trainable, optimizer_state_bytes(optimizer), done, total,
+                      history["losses"], history["step_times_s"], peak, kind, resumed,
+                      history.get("evaluations", []))
+
+
+def finetune_examples(lm, data: dict, seed: int) -> list[tuple[str, str]]:
+    """(prompt, target) pairs from GSM8K train: the question in the configured style, the worked solution
+    ending "The answer is N." as the target (zero-shot: the model learns the format, not from examples)."""
+    from arithmech.data.datasets import load_gsm8k, subsample
+    from arithmech.data.formatting import math_prompts
+
+    train = subsample(load_gsm8k(data["file"]), data["n"], seed)
+    frame = math_prompts(train, (), data["style"], lm.tokenizer)
+    return list(zip(frame["prompt"], frame["target"]))
+
+
+def example_tokens(tokenizer, examples: list[tuple[str, str]]) -> list[int]:
+    """Tokens of each (prompt, target) example as training encodes it: prompt, target, BOS and EOS."""
+    def n_tokens(text):
+        return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    return [n_tokens(p) + n_tokens(t) + 2 for p, t in examples]
+
+
+def fitting_examples(tokenizer, examples: list[tuple[str, str]], max_length: int) -> list[tuple[str, str]]:
+    """The examples whose prompt, target and eos fit in `max_length` tokens (no truncated question)."""
+    fit = [e for e, n in zip(examples, example_tokens(tokenizer, examples)) if n <= max_length]
+    print(f"{len(fit)} of {len(examples)} training examples fit in max_length={max_length} tokens")
+    if not fit:
+        raise ValueError(f"config key 'finetune.train.max_length': no training example fits in {max_length} tokens")
+    return fit

@@ -1,0 +1,511 @@
+"""`make docs`: the numbers of README's scorecard block and of docs/results.md, generated from one model's
+results/ so that no number is typed by hand. Running it twice on the same results writes the same bytes (no
+date of the run, figures copied only when they differ, sorted outputs), so after a default run
+`git status` shows whether the committed docs still say what the workflow finds.
+
+    python -m arithmech.tools.docs_results [--model NAME] [--config config.yaml] [--results results]
+
+Torch-free: reads Parquet tables and copies PNGs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import filecmp
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pandas as pd
+import yaml
+
+from arithmech.report import display
+from arithmech.report.page import (figure_caption, key_component_rows, knockout_rows, provenance_text, study_not_run,
+                       study_rows, table_metric)
+from arithmech.report.verdicts import TIMING_CLAIMS
+from arithmech.io import atomic_path
+from arithmech.report.scorecard import claims_markdown, verdict_counts
+
+BEGIN = "<!-- BEGIN GENERATED: scorecard (make docs) -->"
+END = "<!-- END GENERATED: scorecard -->"
+
+
+class MissingResults(FileNotFoundError):
+    """A table or figure `make docs` needs is not in results/."""
+
+
+def require(path: Path) -> Path:
+    if not Path(path).is_file():
+        raise MissingResults(f"make docs: {path} is missing; run the workflow for this model first (make run)")
+    return Path(path)
+
+
+def markdown_table(df: pd.DataFrame) -> str:
+    """A GitHub Markdown table of already formatted cells."""
+    def cell(value) -> str:
+        return " ".join(("" if display.missing(value) else str(value)).split()).replace("|", "\\|")
+
+    lines = ["| " + " | ".join(cell(c) for c in df.columns) + " |", "|" + "---|" * len(df.columns)]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in df.itertuples(index=False)]
+    return "\n".join(lines) + "\n"
+
+
+def replace_block(text: str, block: str, where: str = "README.md", markers: tuple[str, str] = (BEGIN, END)) -> str:
+    """`text` with what lies between the `markers` (BEGIN and END lines) replaced by `block` (markers kept)."""
+    begin, end_marker = markers
+    start, end = text.find(begin), text.find(end_marker)
+    if start < 0 or end < 0 or end < start:
+        raise ValueError(f"{where} has no generated block: put the lines\n{begin}\n{end_marker}\n"
+                         "where the generated text goes")
+    return text[: start + len(begin)] + "\n" + block.rstrip("\n") + "\n" + text[end:]
+
+
+def write_if_changed(path: Path, text: str) -> None:
+    """Write `text` unless the file already holds it (its time stamp then stays as it is)."""
+    path = Path(path)
+    if path.is_file() and path.read_text() == text:
+        return
+    with atomic_path(path) as tmp:
+        tmp.write_text(text)
+
+
+# ---------------------------------------------------------------------------------------------------
+# The figures: copied from results/{model}/ into docs/figures/, named after their path there
+
+
+def figure_name(source: str) -> str:
+    """docs/figures/ file name of a result path: "knockout/addition.png" -> "knockout_addition.png"."""
+    return source.replace("/", "_")
+
+
+def figure_sources(root: Path, tasks: list[str]) -> list[str]:
+    """The figures results.md shows, those of them the run wrote, in the page's order."""
+    wanted = [f"effects/{t}.png" for t in tasks] + ["key_components/shared.png"]
+    wanted += [f"knockout/{t}.png" for t in tasks] + ["knockout/transfer.png"]
+    wanted += [f"circuit/{t}_faithfulness.png" for t in tasks]
+    wanted += [f"circuit/{tasks[0]}_{kind}.png" for kind in ("graph", "edges")] if tasks else []
+    wanted += [f"analysis/{t}_{kind}.png" for kind in ("roles", "probes") for t in tasks]
+    wanted += ["finetune/study.png", "finetune/study_curves.png", "eval/summary.png"]
+    return [s for s in wanted if (root / s).is_file()]
+
+
+def copy_figures(root: Path, sources: list[str], figures_dir: Path) -> None:
+    """Copy each figure unless an identical copy is there; remove the PNGs no result names any more."""
+    figures_dir.mkdir(parents=True, exist_ok=True)
+    names = {figure_name(s) for s in sources}
+    for stale in sorted(figures_dir.glob("*.png")):
+        if stale.name not in names:
+            stale.unlink()
+    for source in sources:
+        target = figures_dir / figure_name(source)
+        if not (target.is_file() and filecmp.cmp(root / source, target, shallow=False)):
+            with atomic_path(target) as tmp:
+                shutil.copyfile(root / source, tmp)
+
+
+# ---------------------------------------------------------------------------------------------------
+# docs/results.md, section by section
+
+
+def key_heads_table(key: pd.DataFrame) -> pd.DataFrame:
+    """One operator's key heads and MLPs, strongest first: effect with its 95% interval and how often the
+    rule selects the node across bootstrap resamples."""
+    metric = table_metric(key)
+    rows = []
+    for part in (key[key["component"] == "head"], key[key["component"] == "mlp"]):
+        for r in part.sort_values("mean_effect", kind="stable").to_dict("records"):
+            rows.append({
+                "node": r["node"], "layer": r["layer"], "effect": display.effect(r["mean_effect"], metric),
+                "95% interval": display.interval(r.get("ci_low"), r.get("ci_high"), lambda v: display.effect(v, metric)),
+                "selected in resamples": display.share(r.get("stability")),
+            })
+    return pd.DataFrame(rows, columns=["node", "layer", "effect", "95% interval", "selected in resamples"])
+
+
+def transfer_table(transfer: pd.DataFrame, tasks: list[str]) -> pd.DataFrame:
+    """Per target: accuracy with nothing knocked out, then per source operator its key heads knocked out
+    against as many layer-matched random heads (mean over draws)."""
+    rows = []
+    for target, part in transfer.groupby("target", sort=False):
+        row = {"target": target, "n": display.count(part["n"].iloc[0]),
+               "nothing knocked out": display.share(part["base_accuracy"].iloc[0])}
+        for source in tasks:
+            key = part.loc[(part["source"] == source) & (part["heads"] == "key"), "accuracy"]
+            rand = part.loc[(part["source"] == source) & (part["heads"] == "random"), "accuracy"]
+            row[f"{source} key / random"] = (f"{display.share(key.mean())} / {display.share(rand.mean())}"
+                                             if len(key) else "")
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def roles_table(roles: pd.DataFrame) -> pd.DataFrame:
+    """Per analysed head (rank order): its attention from END on each token role (shares of 1)."""
+    order = list(dict.fromkeys(roles["role"]))
+    wide = roles.pivot_table(index=["rank", "node"], columns="role", values="attention", sort=True)
+    out = wide.reset_index()[["node"]]
+    for role in order:
+        out[role.replace("_", " ")] = [display.share(v) for v in wide[role]]
+    return out
+
+
+def probes_table(probes: pd.DataFrame) -> pd.DataFrame:
+    """The MLP outputs at END against the unembedding of A, B, the answer C and random tokens (the paper's
+    vectors, all texts): the highest layer-mean cosine of each target and its layer, and the mean over the
+    last third of the layers."""
+    part = probes[(probes["variant"] == "paper") & (probes["subset"] == "all") & (probes["vector"] == "output")]
+    layers = sorted(part["layer"].unique())
+    late = set(layers[len(layers) - max(1, len(layers) // 3):])
+    rows = []
+    names = {"a": "operand A", "b": "operand B", "c": "answer C", "random": "random tokens"}
+    for target, name in names.items():
+        t = part[part["target"] == target]
+        if t.empty:
+            continue
+        peak = t.loc[t["mean"].idxmax()]
+        rows.append({"target": name, "highest cosine": display.number(peak["mean"], 3), "at layer": int(peak["layer"]),
+                     f"mean, layers {min(late)}-{max(late)}": display.number(t.loc[t["layer"].isin(late), "mean"].mean(), 3)})
+    return pd.DataFrame(rows)
+
+
+def knockout_long(wide: pd.DataFrame) -> pd.DataFrame:
+    """findings.knockout_rows with one row per scored answer (first token, full answer): narrow enough for
+    a Markdown page."""
+    rows = []
+    for r in wide.to_dict("records"):
+        for answer in ("first token", "full answer"):
+            rows.append({"task": r["task"], "positions": r["positions"], "n": r["n"], "K": r["K"], "answer": answer,
+                         **{label: r[f"{answer}: {label}"] for label in ("none", "top K", "random K", "layer-matched K")}})
+    return pd.DataFrame(rows)
+
+
+def caption(source: str, tasks: list[str]) -> str:
+    """The findings page's caption of a figure, and of the circuit figures only the docs show."""
+    name = Path(source).stem
+    if source.startswith("circuit/") and name.endswith("_graph"):
+        return (f"The key heads of {name.removesuffix('_graph')} as a circuit: each arrow an edge from a key head to "
+                "an MLP or straight to the answer logit whose 95% interval excludes 0; width = size, red lowers the "
+                "answer logit (edges).")
+    if source.startswith("circuit/") and name.endswith("_edges"):
+        return (f"Each sender head's effect on {name.removesuffix('_edges')} split by path: direct, through each "
+                "later MLP, the rest, and its total; dots: 95% interval excludes 0 (edges).")
+    return figure_caption(source, tasks)
+
+
+def image(source: str, tasks: list[str], prefix: str) -> str:
+    return f"![{source}]({prefix}{figure_name(source)})\n\n*{caption(source, tasks)}*\n"
+
+
+SUFFICIENCY_ROWS = [  # (label, curve, mlps, k: None = any) of the sufficiency table
+    ("key heads + key MLPs", "key", "key"), ("key heads + every MLP", "key", "all"),
+    ("random heads (key size) + key MLPs", "random", "key"), ("random heads (key size) + every MLP", "random", "all"),
+]
+
+
+def sufficiency_table(tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
+    """Per operator and ablation (positions, means): faithfulness of the key circuits and of their layer-matched
+    random draws (mean [min, max] over the draws), full-answer accuracy and answer logit, with 95% intervals."""
+    rows = []
+    for task, table in tables.items():
+        for (positions, means), part in table.groupby(["positions", "means"], sort=False):
+            n_key = part.loc[part["curve"] == "key", "k"]
+            for label, curve, mlps in SUFFICIENCY_ROWS:
+                sel = part[(part["curve"] == curve) & (part["mlps"] == mlps)]
+                if curve == "random" and len(n_key):
+                    sel = sel[sel["k"] == n_key.iloc[0]]
+                if not len(sel):
+                    continue
+                row = {"operator": task, "ablation": f"{positions}, {means} means", "n": display.count(part["n"].iloc[0]),
+                       "circuit": label, "heads": display.count(sel["n_heads"].iloc[0])}
+                for measure, name in (("full", "full answer"), ("logit", "answer logit")):
+                    col = f"faithfulness_{measure}"
+                    if curve == "random":
+                        row[name] = (f"{display.share(sel[col].mean())} [{display.share(sel[col].min())}, "
+                                     f"{display.share(sel[col].max())}] ({len(sel)} draws)")
+                    else:
+                        r = sel.iloc[0]
+                        row[name] = (f"{display.share(r[col])} "
+                                     + display.interval(r[f"{col}_low"], r[f"{col}_high"], display.share))
+                rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def circuit_summary(root: Path, tasks: list[str]) -> str:
+    """Per operator, one generated sentence on sufficiency and one on the edges (END, the identification
+    counterfactuals' means; full-answer accuracy and answer logit), or "" when the circuit rules did not run."""
+    from arithmech.interp.sufficiency import KEY_SUM, smallest_k
+
+    paths = {t: (root / f"circuit/{t}.parquet", root / f"circuit/{t}_edges.parquet") for t in tasks}
+    if not all(a.is_file() and b.is_file() for a, b in paths.values()):
+        return ""
+    pct = lambda v: display.share(v)  # noqa: E731
+    lines = []
+    for task, (table_path, edges_path) in paths.items():
+        table, edges = pd.read_parquet(table_path), pd.read_parquet(edges_path)
+        end = table[(table["positions"] == "end") & (table["means"] == "counterfactual")]
+        key = end[(end["curve"] == "key") & (end["mlps"] == "key")]
+        if not len(key) or not int(key["n_heads"].iloc[0]):
+            lines.append(f"- **{task}**: the key-head rule selected no head, so there is no key circuit.")
+            continue
+        k = key.iloc[0]
+        rand = end[(end["curve"] == "random") & (end["mlps"] == "key") & (end["k"] == k["k"])]
+        total = int(end.loc[end["curve"] == "model", "k"].iloc[0])
+        reach = smallest_k(end, measure="full", mlps="all", level=0.8)
+        text = (f"- **{task}**: the key circuit ({int(k['n_heads'])} heads + {int(k['n_mlps'])} MLPs, every other node "
+                f"mean-ablated) keeps {pct(k['faithfulness_full'])} "
+                f"{display.interval(k['faithfulness_full_low'], k['faithfulness_full_high'], pct)} of the full-answer "
+                f"accuracy and {pct(k['faithfulness_logit'])} "
+                f"{display.interval(k['faithfulness_logit_low'], k['faithfulness_logit_high'], pct)} of the answer "
+                f"logit; {len(rand)} random circuits of its size in the same layers keep {pct(rand['faithfulness_full'].mean())} "
+                f"and {pct(rand['faithfulness_logit'].mean())}. The fewest top heads that keep 80% of the full answers "
+                f"with every MLP: {_reach(reach, total)}.")
+        summed = edges[edges["sender"] == KEY_SUM].set_index(["path", "receiver"])["mean_effect"]
+        if len(summed):
+            mlps = summed.xs("mlp", level="path").sort_values().head(2)
+            text += (f" The key heads' summed effect on the answer logit: {100 * summed[('direct', -1)]:+.2f}% directly, "
+                     f"{100 * summed[('via_mlps', -1)]:+.2f}% through the MLPs (most negative: "
+                     + ", ".join(f"L{int(r)} {100 * v:+.2f}%" for r, v in mlps.items())
+                     + f"), {100 * summed[('rest', -1)]:+.2f}% by other paths; {100 * summed[('total', -1)]:+.2f}% in total")
+            if summed[("direct", -1)] < 0 < summed[("via_mlps", -1)]:
+                text += ": the MLPs push the answer logit back up, against the heads' direct effect."
+            else:
+                text += "."
+        lines.append(text)
+    claims_path = root / "claims.parquet"
+    if claims_path.is_file():
+        head = pd.read_parquet(claims_path).query("scope == 'all'").set_index("claim")["verdict"]
+        said = [f"the key components suffice: **{head['circuit_sufficient']}**" if "circuit_sufficient" in head else "",
+                f"the key heads act through the MLPs: **{head['heads_via_mlps']}**" if "heads_via_mlps" in head else ""]
+        if any(said):
+            lines.append("\nOn this model, " + "; ".join(s for s in said if s) + " (scorecard above).")
+    return "\n".join(lines) + "\n"
+
+
+def _reach(k: int | None, total: int) -> str:
+    if k is None:
+        return "none of the grid"
+    return f"only all {total} (the whole model)" if k == total else f"{k} of {total}"
+
+
+def smallest_k_table(tables: dict[str, pd.DataFrame], levels=(0.8, 0.9)) -> pd.DataFrame:
+    """Per operator: the fewest top heads (by effect) whose circuit reaches each faithfulness level, with the key
+    MLPs or every MLP (END, the identification counterfactuals' means); "none" when no grid point does."""
+    from arithmech.interp.sufficiency import smallest_k
+
+    rows = []
+    for task, table in tables.items():
+        end = table[(table["positions"] == "end") & (table["means"] == "counterfactual")]
+        total = int(end.loc[end["curve"] == "model", "k"].iloc[0])
+        for measure, name in (("full", "full answer"), ("logit", "answer logit")):
+            row = {"operator": task, "measure": name, "heads in the model": display.count(total)}
+            for level in levels:
+                for mlps in ("key", "all"):
+                    k = smallest_k(end, measure=measure, mlps=mlps, level=level)
+                    row[f"{100 * level:.0f}%, {mlps} MLPs"] = "none" if k is None else str(k)
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def edges_table(edges: dict[str, pd.DataFrame]) -> pd.DataFrame:
+    """Per operator: the key heads' effects summed per sample, split by path (relative change of the answer
+    logit, 95% intervals), and the three MLPs with the most negative path from them."""
+    from arithmech.interp.sufficiency import KEY_SUM
+
+    rows = []
+    for task, table in edges.items():
+        key = table[table["sender"] == KEY_SUM]
+        if not len(key):
+            continue
+        paths = key.set_index("path")
+        row = {"operator": task, "n": display.count(paths["n"].iloc[0])}
+        for path, name in (("total", "total"), ("direct", "direct"), ("via_mlps", "through the MLPs"), ("rest", "rest")):
+            r = paths.loc[path]
+            if isinstance(r, pd.DataFrame):
+                r = r.iloc[0]
+            row[name] = f"{100 * r['mean_effect']:+.2f}% [{100 * r['ci_low']:+.2f}, {100 * r['ci_high']:+.2f}]"
+        mlps = key[key["path"] == "mlp"].sort_values("mean_effect").head(3)
+        row["most negative MLP paths"] = ", ".join(f"L{int(m['receiver'])} {100 * m['mean_effect']:+.2f}%"
+                                                   for _, m in mlps.iterrows())
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def read_claims(root: Path, model: str) -> pd.DataFrame:
+    """The scorecard as the docs show it: a timing's value, interval and note (seconds per step) differ between
+    runs and machines, so they are left out here and the row points to the run's own claims.md."""
+    claims = pd.read_parquet(require(root / "claims.parquet"))
+    timed = claims["claim"].isin(TIMING_CLAIMS) & (claims["verdict"] != "not measured")
+    claims.loc[timed, ["value", "ci_low", "ci_high"]] = float("nan")
+    claims.loc[timed, "note"] = (f"a wall-clock timing, different on every run and machine: the ratio is in "
+                                 f"results/{model}/claims.md of your run")
+    return claims
+
+
+def results_markdown(root: Path, model: str, tasks: list[str], figures: list[str], prefix: str = "figures/") -> str:
+    """docs/results.md: every table of the default run a reader needs, numbers formatted for reading; the
+    figures are linked as `prefix` + their docs/figures/ name."""
+    claims = read_claims(root, model)
+    keys = {t: pd.read_parquet(require(root / f"key_components/{t}.parquet")) for t in tasks}
+    knockouts = {t: pd.read_parquet(require(root / f"knockout/{t}.parquet")) for t in tasks}
+    shown = set(figures)
+
+    def link(source: str) -> str | None:
+        return f"{prefix}{figure_name(source)}" if source in shown else None
+
+    def figure(source: str) -> list[str]:
+        return [image(source, tasks, prefix)] if source in shown else []
+
+    origin = provenance_text(root / f"knockout/{tasks[0]}.parquet")
+    out = [f"# Results of the default run: {model}\n",
+           f"Generated by `make docs` from `results/{model}/` ({origin}); do not edit by hand: after `make run`, "
+           "`make docs` rewrites this page and README's scorecard.\n",
+           "## Scorecard\n", f"{verdict_counts(claims)} Each claim is the paper's (Zhang et al., ICML 2024, "
+           "on LLaMA2-7B); the rule in its row decided the verdict, and each sub-row is one part of the claim "
+           "(an operator, a target, a position set).\n", claims_markdown(claims, sub_rows=True, link=link)]
+
+    out += ["## Key components (identify)\n",
+            "Heads and MLPs selected by their path-patching effect at END on the answer logit (the relative change "
+            "of the answer logit when the node gets its counterfactual value; negative: it falls), with 95% "
+            "intervals from resampling operand pairs.\n", markdown_table(key_component_rows(keys))]
+    out += figure("key_components/shared.png")
+    for task in tasks:
+        nodes = key_heads_table(keys[task])
+        out += [f"### {task}\n", markdown_table(nodes) if len(nodes) else "No head or MLP passed the rule.\n"]
+        out += figure(f"effects/{task}.png")
+
+    out += ["## Knockout (validate)\n",
+            "Accuracy on each operator's validation pairs with nothing, the top K heads, or K random heads "
+            "(uniform, or in the top K's layers; mean [min, max] over the draws) mean-ablated, at END (`end`) or "
+            "at every position (`all`); first answer token and full greedy answer.\n",
+            markdown_table(knockout_long(knockout_rows(knockouts)))]
+    for task in tasks:
+        out += figure(f"knockout/{task}.png")
+
+    transfer_path = root / "knockout/transfer.parquet"
+    if transfer_path.is_file():
+        out += ["## Transfer of the key heads (validate)\n",
+                "Full-answer accuracy on each target with one operator's key heads knocked out, against as many "
+                "layer-matched random heads (key / random). The paper: other operators, formats and word problems "
+                "suffer, the non-math control does not.\n",
+                markdown_table(transfer_table(pd.read_parquet(transfer_path), tasks))]
+        out += figure("knockout/transfer.png")
+
+    circuits = {t: root / f"circuit/{t}.parquet" for t in tasks}
+    edges = {t: root / f"circuit/{t}_edges.parquet" for t in tasks}
+    if all(p.is_file() for p in circuits.values()):
+        tables = {t: pd.read_parquet(p) for t, p in circuits.items()}
+        out += ["## From key components to a circuit (validate)\n", circuit_summary(root, tasks),
+                "Sufficiency: a circuit is kept and every other head and MLP mean-ablated (the knockout, inverted); "
+                "faithfulness = (m(circuit) - m(nothing kept)) / (m(model) - m(nothing kept)), 1 = all of the "
+                "model's behaviour kept, on each operator's validation pairs, 95% intervals resampling operand pairs. "
+                "Ablations: `end` (END and generated positions) or `all` (every position, per-template means), with "
+                "the means of the identification counterfactuals or of counterfactuals that keep the few-shot lines "
+                "(`blank`).\n", markdown_table(sufficiency_table(tables)),
+                "The fewest top heads by effect whose circuit keeps 80% or 90% of the behaviour (END, grid "
+                "`circuit.grid` plus every head):\n", markdown_table(smallest_k_table(tables))]
+        for task in tasks:
+            out += figure(f"circuit/{task}_faithfulness.png")
+        if all(p.is_file() for p in edges.values()):
+            out += ["Edges: the key heads' counterfactual change at END sent into one MLP only (every later node "
+                    "frozen), or straight to the logits (direct), or with everything downstream recomputed (total); "
+                    "the key heads' relative changes of the answer logit summed per sample, 95% intervals. The rest "
+                    "is total - direct - through the MLPs: paths through later heads and the final norm's "
+                    "interactions.\n", markdown_table(edges_table({t: pd.read_parquet(p) for t, p in edges.items()}))]
+            out += figure(f"circuit/{tasks[0]}_graph.png") + figure(f"circuit/{tasks[0]}_edges.png")
+
+    analysis = [(t, root / f"analysis/{t}_roles.parquet", root / f"analysis/{t}_probes.parquet") for t in tasks]
+    if any(r.is_file() or p.is_file() for _, r, p in analysis):
+        out += ["## Attention and MLP probes (analyze)\n",
+                "Where each analysed head looks from END (share of its attention on each token role, mean over "
+                "validation prompts), and how much the MLP outputs at END point to the unembedding of the operands "
+                "and of the answer (cosine).\n"]
+        for task, roles_path, probes_path in analysis:
+            out.append(f"### {task}\n")
+            if roles_path.is_file():
+                out.append(markdown_table(roles_table(pd.read_parquet(roles_path))))
+                out += figure(f"analysis/{task}_roles.png")
+            if probes_path.is_file():
+                out.append(markdown_table(probes_table(pd.read_parquet(probes_path))))
+                out += figure(f"analysis/{task}_probes.png")
+
+    study_path, comp_path = root / "finetune/study.parquet", root / "finetune/comparisons.parquet"
+    out.append("## Precise SFT study (finetune)\n")
+    not_run = study_not_run(study_path) if study_path.is_file() else None
+    if not_run is not None:
+        out.append(f"{not_run} The measured formats are in `results/{model}/finetune/study.md`.\n")
+    elif study_path.is_file():
+        arms, comp = study_rows(pd.read_parquet(study_path), pd.read_parquet(require(comp_path)))
+        out += ["Greedy full-answer exact match on the held-out test pairs of the trained format (the chosen run's "
+                "95% interval resamples operand pairs), KL(base || model) in nats per WikiText-2 token, and the "
+                "parameters each arm trains.\n", markdown_table(arms),
+                "The precise arm against the others, on the same test items (exact match in percentage points, KL "
+                "in nats), with intervals and p-values (McNemar where each arm is one model, else the paired "
+                "cluster bootstrap), Holm-adjusted over the whole comparison table.\n", markdown_table(comp)]
+        out += figure("finetune/study.png") + figure("finetune/study_curves.png")
+    else:
+        out.append("The study did not run in this configuration (`study.arms` is empty).\n")
+    out += figure("eval/summary.png")
+    return "\n".join(out)
+
+
+def scorecard_block(root: Path, model: str, tasks: list[str], figures: list[str], prefix: str = "docs/figures/") -> str:
+    """README's generated block: the scorecard's headline rows, each claim linking to its figure, and where
+    the numbers come from."""
+    claims = read_claims(root, model)
+    shown = set(figures)
+
+    def link(source: str) -> str | None:
+        return f"{prefix}{figure_name(source)}" if source in shown else None
+
+    origin = provenance_text(root / f"knockout/{tasks[0]}.parquet")
+    circuit = circuit_summary(root, tasks)
+    return (claims_markdown(claims, sub_rows=False, link=link)
+            + f"\n{verdict_counts(claims)} Model `{model}` ({origin}); generated by `make docs` from "
+              f"`results/{model}/`.\n"
+            + (f"\nFrom key components to a circuit, per operator (validation pairs; 95% intervals):\n\n{circuit}"
+               if circuit else ""))
+
+
+def relative_folder(folder, start) -> str:
+    """`folder` as seen from `start`, with a trailing slash: "figures/"."""
+    return Path(os.path.relpath(Path(folder).resolve(), Path(start).resolve())).as_posix() + "/"
+
+
+def make_docs(*, results_dir, model: str, tasks: list[str], readme, out_md, figures_dir) -> None:
+    """Fill README's scorecard block and write docs/results.md and docs/figures/ from results/{model}/."""
+    root = Path(results_dir) / model
+    require(root / "claims.parquet")
+    readme = Path(readme)
+    text = require(readme).read_text()
+    figures = figure_sources(root, tasks)
+    # figure links relative to the file that shows them
+    page = results_markdown(root, model, tasks, figures, relative_folder(figures_dir, Path(out_md).parent))
+    block = scorecard_block(root, model, tasks, figures, relative_folder(figures_dir, readme.parent))
+    copy_figures(root, figures, Path(figures_dir))
+    write_if_changed(Path(out_md), page)
+    write_if_changed(readme, replace_block(text, block, str(readme)))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", default="config.yaml", help="the run's config: its run.models[0] and run.tasks")
+    parser.add_argument("--model", help="the model to document (default: the config's first model)")
+    parser.add_argument("--results", default="results")
+    parser.add_argument("--readme", default="README.md")
+    parser.add_argument("--out", default="docs/results.md")
+    parser.add_argument("--figures", default="docs/figures")
+    args = parser.parse_args(argv)
+    config = yaml.safe_load(Path(args.config).read_text())
+    model = args.model or config["run"]["models"][0]
+    try:
+        make_docs(results_dir=args.results, model=model, tasks=list(config["run"]["tasks"]), readme=args.readme,
+                  out_md=args.out, figures_dir=args.figures)
+    except (MissingResults, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    print(f"make docs: {args.readme} (scorecard block), {args.out} and {args.figures}/ from {args.results}/{model}/")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
