@@ -98,7 +98,31 @@ def test_finetune_needs_exactly_one_length_and_an_lr_per_method(config, check_fa
 
 def test_unknown_finetune_method_names_the_key(config, check_fails):
     config["finetune"]["methods"] = ["precise", "magic"]
-    check_fails(config, "config key 'finetune.methods.1'")
+    check_fails(config, "config key 'finetune.methods.1': unknown method 'magic'; expected one of: precise (",
+                "random_heads (as many heads drawn layer-matched", "uniform_heads (as many heads drawn uniformly")
+
+
+def test_unknown_study_arm_and_recipe_precise_mlp_name_the_key(config, check_fails):
+    config["study"]["arms"] = ["precise", "random"]
+    config["finetune"]["methods"] = ["precise_mlp"]  # the recipe's precise trains finetune.mlps itself
+    check_fails(config, "config key 'study.arms.1': unknown method 'random'; expected one of: precise (",
+                "precise_mlp (", "config key 'finetune.methods.0': unknown method 'precise_mlp'")
+
+
+def test_schema_names_the_methods_of_sft_methods():
+    """finetune.methods and study.arms (and their lr, grid and seed keys) take the one vocabulary."""
+    from arithmech.sft.methods import METHODS, RECIPE_METHODS
+
+    schema = yaml.safe_load(SCHEMA.read_text())["properties"]
+    finetune, study = schema["finetune"]["properties"], schema["study"]["properties"]
+    assert finetune["methods"]["items"]["enum"] == list(RECIPE_METHODS) == list(finetune["lr"]["properties"])
+    assert study["arms"]["items"]["enum"] == list(METHODS) == list(study["lr_grid"]["properties"])
+    assert list(study["seeds"]["properties"]) == list(METHODS)
+
+
+def test_a_recipe_with_uniform_heads_needs_its_lr(config, check_fails):
+    config["finetune"]["methods"] = ["precise", "uniform_heads"]
+    check_fails(config, "config key 'finetune.lr.uniform_heads': missing")
 
 
 def test_split_share_that_empties_a_split_fails_naming_the_key(config, check_fails):

@@ -1,4 +1,5 @@
-"""Numbers for people (arithmech.report.display) and the claims scorecard (arithmech.report.scorecard)."""
+"""Numbers for people (arithmech.report.display), Markdown tables (arithmech.report.tables) and the claims
+scorecard (arithmech.report.scorecard)."""
 
 import math
 
@@ -7,6 +8,7 @@ import pytest
 
 from arithmech.report import display
 from arithmech.report.scorecard import claims_html, claims_markdown, scorecard_table, verdict_counts
+from arithmech.report.tables import markdown_table
 from claims_example import example_claims
 
 
@@ -82,3 +84,12 @@ def test_bad_verdicts_and_missing_headline_fail():
     with pytest.raises(ValueError, match="headline"):
         claims_markdown(claims[claims["scope"] != "all"])
     assert verdict_counts(claims[claims["claim"] == "transfer"]) == "Of 1 claim: 1 is not measured."
+
+
+def test_markdown_table_keeps_cells_as_formatted():
+    """Unpadded cells and a three-dash rule per column, as the committed docs have them; a cell's line breaks
+    become spaces and its pipes are escaped, a missing value is an empty cell."""
+    df = pd.DataFrame({"task": ["addition", None], "b | c": ["12.5% [10.1, 14.9]", " two\n lines "]})
+    assert markdown_table(df) == ("| task | b \\| c |\n|---|---|\n| addition | 12.5% [10.1, 14.9] |\n"
+                                  "|  | two lines |\n")
+    assert markdown_table(df.iloc[:0]) == "| task | b \\| c |\n|---|---|\n"

@@ -11,7 +11,7 @@ from arithmech.interp import effects as fx
 from arithmech.tools.docs_results import BEGIN, END, MissingResults, main, make_docs, replace_block
 from arithmech.io import write_parquet
 from claims_example import example_claims
-from test_findings import _figure, _knockout, _study
+from test_findings import knockout_table, study_tables, write_figure
 
 TASKS = ["addition", "division"]
 README = f"""# arithmech
@@ -50,10 +50,10 @@ def results_tree(root, study: bool = True):
         write_parquet(effects, model / f"effects/{task}.parquet")
         key = fx.key_components(effects, {"rule": "top_k", "k": 2}, {"rule": "top_k", "k": 1})
         write_parquet(key, model / f"key_components/{task}.parquet")
-        write_parquet(_knockout(), model / f"knockout/{task}.parquet",
+        write_parquet(knockout_table(), model / f"knockout/{task}.parquet",
                       {"model_sha256": "b179c9523d0e", "versions": {"arithmech": "0.1.0", "torch": "2.13.0"}})
-        _figure(model / f"effects/{task}.png")
-        _figure(model / f"knockout/{task}.png")
+        write_figure(model / f"effects/{task}.png")
+        write_figure(model / f"knockout/{task}.png")
     transfer = pd.DataFrame([
         {"source": s, "heads": h, "seed": sd, "target": t, "n": 6, "accuracy": acc, "base_accuracy": 0.8}
         for s in TASKS for t in [*TASKS, "SVAMP", "qa_wikidata"]
@@ -67,10 +67,10 @@ def results_tree(root, study: bool = True):
                             "mean": 0.01 * l * (3 if t == "c" else 1)} for l in range(3) for t in "abc"])
     write_parquet(probes, model / "analysis/addition_probes.parquet")
     if study:
-        s, c = _study()
+        s, c = study_tables()
         write_parquet(s, model / "finetune/study.parquet")
         write_parquet(c, model / "finetune/comparisons.parquet")
-        _figure(model / "finetune/study.png")
+        write_figure(model / "finetune/study.png")
     return model
 
 
@@ -233,7 +233,7 @@ def _circuit_tables(model, task: str, key_logit: float) -> None:
     edges = cx.summarize_edges(samples, pd.Series(np.arange(n) // 2), ["L0H0", "L1H1"], n_boot=50, seed=0,
                                confidence=0.95)
     write_parquet(edges, model / f"circuit/{task}_edges.parquet")
-    _figure(model / f"circuit/{task}_faithfulness.png")
+    write_figure(model / f"circuit/{task}_faithfulness.png")
 
 
 def test_the_circuit_section_and_summary(tmp_path):

@@ -12,6 +12,7 @@ import torch
 
 from arithmech.interp import effects as fx
 from arithmech.interp.patching import effects_frame
+from arithmech.report.stats import draw_cluster_counts
 
 # ---------------------------------------------------------------------------------------------------
 # Helpers
@@ -297,7 +298,7 @@ def test_bootstrap_matches_a_slow_loop_over_resamples():
     heads, mlps = {"rule": "relative", "z": 0.5}, {"rule": "top_k", "k": 1}
     got = fx.bootstrap(df, "relative_logit", heads, mlps, clusters=clusters, resamples=200, confidence=0.8,
                        seed=11).set_index("node")
-    counts = fx.draw_clusters(5, 200, seed=11)  # the same draws
+    counts = draw_cluster_counts(5, 200, seed=11, sampler="multinomial")  # the same draws
     df = df.assign(effect=(df["logit_p"] - df["logit_o"]) / df["logit_o"],
                    node=[fx.node_label(l, h) for l, h in zip(df["layer"], df["head"])])
     means_b, chosen = [], []

@@ -23,7 +23,7 @@ def _key():
     })
 
 
-def _knockout():
+def knockout_table():
     rows = [("top_heads", -1, k, acc, acc - 0.1) for k, acc in [(0, 1.0), (1, 0.8), (2, 0.3)]]
     rows += [("random_heads", s, k, acc, acc) for s, accs in [(0, [0.9, 0.7]), (1, [1.0, 0.9])]
              for k, acc in zip([1, 2], accs)]
@@ -45,7 +45,7 @@ def test_key_components_strongest_first():
 
 
 def test_knockout_rows_read_the_largest_k_and_the_random_draws():
-    row, every = knockout_rows({"addition": _knockout()}).to_dict("records")
+    row, every = knockout_rows({"addition": knockout_table()}).to_dict("records")
     assert row["K"] == 2 and row["n"] == "20" and row["positions"] == "end"
     assert row["first token: none"] == "100.0%" and row["first token: top K"] == "30.0%"
     assert row["full answer: top K"] == "20.0%"
@@ -54,7 +54,7 @@ def test_knockout_rows_read_the_largest_k_and_the_random_draws():
     assert every["positions"] == "all" and every["n"] == "8" and every["first token: top K"] == "15.0%"
 
 
-def _study():
+def study_tables():
     study = pd.DataFrame({
         "arm": ["base", "precise", "precise", "full"], "run": ["base", "chosen", "seed1", "chosen"],
         "accuracy": [0.2, 0.7, 0.6, 0.8], "accuracy_low": [0.1, 0.6, 0.5, 0.7], "accuracy_high": [0.3, 0.8, 0.7, 0.9],
@@ -70,7 +70,7 @@ def _study():
 
 
 def test_study_rows_format_for_reading():
-    study, comp = _study()
+    study, comp = study_tables()
     arms, rows = study_rows(study, comp)
     precise = arms.set_index("arm").loc["precise"]
     assert precise["exact match (chosen run)"] == "70.0% [60.0%, 80.0%]" and precise["mean over runs"] == "65.0%"
@@ -81,7 +81,7 @@ def test_study_rows_format_for_reading():
     assert rows["p"].iloc[0] == "< 0.001" and rows["p (Holm)"].iloc[0] == "0.080"
 
 
-def _figure(path):
+def write_figure(path):
     plt.figure(figsize=(2, 1))
     plt.plot([0, 1])
     plt.savefig(path)
@@ -90,17 +90,17 @@ def _figure(path):
 
 
 def test_page_opens_on_the_scorecard_and_embeds_its_figures(tmp_path):
-    study, comp = _study()
+    study, comp = study_tables()
     root = tmp_path / "results/m"
     (root / "effects").mkdir(parents=True)
     (root / "knockout").mkdir()
     paths = {"claims": root / "claims.parquet"}
     write_parquet(example_claims(), paths["claims"])
-    for name, frame in [("key", _key()), ("ko", _knockout()), ("study", study), ("comp", comp)]:
+    for name, frame in [("key", _key()), ("ko", knockout_table()), ("study", study), ("comp", comp)]:
         paths[name] = root / f"{name}.parquet"
         meta = {"model_sha256": "b179c9523d0e", "versions": {"torch": "2.13.0"}} if name == "ko" else None
         write_parquet(frame, paths[name], meta)
-    figures = [_figure(root / "effects/addition.png"), _figure(root / "knockout/addition.png")]
+    figures = [write_figure(root / "effects/addition.png"), write_figure(root / "knockout/addition.png")]
     out = tmp_path / "findings.html"
     run_findings(model="m", claims_path=paths["claims"], key_paths={"addition": paths["key"]},
                  knockout_paths={"addition": paths["ko"]}, figure_paths=figures, study_path=paths["study"],
@@ -130,7 +130,7 @@ def test_page_opens_on_the_scorecard_and_embeds_its_figures(tmp_path):
     page = out.read_text()
     assert "Precise SFT study" in page and reason in html.unescape(page) and "precise - random_heads" not in page
     (root / "finetune").mkdir()
-    figure = _figure(root / "finetune/study.png")  # it only repeats the reason: not on the page
+    figure = write_figure(root / "finetune/study.png")  # it only repeats the reason: not on the page
     run_findings(model="m", claims_path=paths["claims"], key_paths={"addition": paths["key"]},
                  knockout_paths={"addition": paths["ko"]}, figure_paths=[*figures, figure], study_path=paths["study"],
                  comparisons_path=paths["comp"], out_html=out)

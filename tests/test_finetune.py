@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
@@ -294,6 +295,10 @@ def test_grad_scale_and_config_errors(tiny_dir):
         ft_config.parse_method({"method": "full", "heads": ["L0H0"]})
     with pytest.raises(ValueError, match=r"finetune\.heads: method 'random_heads' needs"):
         ft_config.parse_method({"method": "random_heads"})
+    with pytest.raises(ValueError, match=r"finetune\.heads: method 'uniform_heads' needs"):
+        ft_config.parse_method({"method": "uniform_heads"})
+    with pytest.raises(ValueError, match=r"finetune\.method: expected one of \['precise', 'precise_mlp', 'random"):
+        ft_config.parse_method({"method": "random"})
     with pytest.raises(ValueError, match=r"finetune\.heads\[1\]: expected a head"):
         ft_config.parse_method({"method": "precise", "heads": ["L0H0", "head 3"]})
     with pytest.raises(ValueError, match=r"finetune: unknown key"):
@@ -302,6 +307,33 @@ def test_grad_scale_and_config_errors(tiny_dir):
         ft_config.TrainConfig.from_dict({"epochs": 1, "max_steps": 3})
     with pytest.raises(ValueError, match=r"finetune\.train\.schedule"):
         ft_config.TrainConfig.from_dict({"epochs": 1, "schedule": "step"})
+
+
+def test_select_nodes_draws_what_each_method_name_says():
+    """precise: the top heads and MLPs; random_heads: layer-matched (the study's seed per draw);
+    uniform_heads: uniform among the others (seed + draw: draw 0 is the run's seed); the same for the
+    recipe and the study."""
+    from arithmech.interp.nodes import layer_matched_heads, random_heads
+
+    ranked = [(2, 1), (0, 3), (2, 0), (1, 1), (0, 0), (1, 0)]
+    kw = {"heads": 2, "mlps": 1, "n_layers": 3, "n_heads": 4, "seed": 7}
+    assert ft_config.select_nodes("precise", ranked, [2, 0], **kw) == ([(2, 1), (0, 3)], [2])
+    assert ft_config.select_nodes("precise_mlp", ranked, [2, 0], **kw) == ([(2, 1), (0, 3)], [2])
+    for draw in (0, 1, 2):
+        derived = int(np.random.SeedSequence([7, 11, draw]).generate_state(1)[0])
+        assert ft_config.select_nodes("random_heads", ranked, [2, 0], draw=draw, **kw) == (
+            layer_matched_heads([(2, 1), (0, 3)], 4, seed=derived), [])
+        assert ft_config.select_nodes("uniform_heads", ranked, [2, 0], draw=draw, **kw) == (
+            random_heads(3, 4, 2, seed=7 + draw, exclude=[(2, 1), (0, 3)]), [])
+    layers = [sorted(h[0] for h in ft_config.select_nodes("random_heads", ranked, [], draw=d, **kw)[0])
+              for d in range(5)]
+    assert all(x == [0, 2] for x in layers)  # the top heads' layers
+    with pytest.raises(ValueError, match=r"config key 'study\.heads': 9 heads asked for, the model has 6"):
+        ft_config.select_nodes("precise", ranked, [], **(kw | {"heads": 9}), section="study")
+    with pytest.raises(ValueError, match="selects no heads"):
+        ft_config.select_nodes("full", ranked, [], **kw)
+    assert set(ft_config.METHODS) == set(ft_config.HEAD_METHODS) | {"full", "lora"}
+    assert "precise_mlp" not in ft_config.RECIPE_METHODS
 
 
 def test_epoch_order_and_lr_schedule():

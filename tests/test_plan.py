@@ -5,18 +5,33 @@ and the command prints its totals and names what it cannot read."""
 from __future__ import annotations
 
 import copy
-import inspect
 import json
 import re
 import shutil
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
-import yaml
 
-from arithmech.tools import plan as P
+from arithmech.tools.plan import PlanError, load_config, main, plan
+from arithmech.tools.plan.costmodel import (
+    Model,
+    decode_flops,
+    expected_longest,
+    forward_flops,
+    head_method_params,
+    lora_params,
+    training,
+)
+from arithmech.tools.plan.dryrun import Job, checkpoint_jobs
+from arithmech.tools.plan.interp_rules import set_bytes, transfer_targets
+from arithmech.tools.plan.jobcost import Setting
+from arithmech.tools.plan.planner import RULE_COSTS, cost_of, load_models, rule_row
+from arithmech.tools.plan.sft_rules import finetune_lengths
+from arithmech.tools.plan.shapes import SHAPES, Shape, model_shape, shape_from_config_json, tiny_shape
+from arithmech.tools.plan.tokens import TokenCounter
 
 ROOT = Path(__file__).resolve().parents[1]
 PAPER = ["configs/paper.yaml", "configs/llama2-7b.yaml"]
@@ -35,20 +50,20 @@ def test_every_rule_has_a_cost_entry():
     rules = workflow_rules()
     assert len(rules) >= 20
     missing = [
-        f"rule '{name}' ({where}) has no entry in RULE_COSTS (src/arithmech/plan.py). Add `\"{name}\": cpu_rule,` "
-        f"if its jobs run no model (tables, figures, summaries), or write `def {name}(s: Setting, m: Model, "
-        f"job: Job) -> Cost` (its FLOPs, memory reads and peak memory from the config) and add `\"{name}\": "
-        f"{name},`; then list it in docs/plan.md"
-        for name, where in rules.items() if name not in P.RULE_COSTS
+        f"rule '{name}' ({where}) has no entry in RULE_COSTS (src/arithmech/tools/plan/planner.py). Add "
+        f"`\"{name}\": cpu_rule,` if its jobs run no model (tables, figures, summaries), or write `def {name}(s: "
+        f"Setting, m: Model, job: Job) -> Cost` in interp_rules.py or sft_rules.py (its FLOPs, memory reads and "
+        f"peak memory from the config) and add `\"{name}\": {name},`; then list it in docs/plan.md"
+        for name, where in rules.items() if name not in RULE_COSTS
     ]
     stale = [f"RULE_COSTS has '{name}', which is no rule of the workflow any more: remove it"
-             for name in P.RULE_COSTS if name not in rules]
+             for name in RULE_COSTS if name not in rules]
     assert not missing + stale, "\n".join(missing + stale)
 
 
 def test_docs_list_every_rule():
     text = (ROOT / "docs" / "plan.md").read_text()
-    absent = [name for name in P.RULE_COSTS if f"`{name}`" not in text]
+    absent = [name for name in RULE_COSTS if f"`{name}`" not in text]
     assert not absent, f"docs/plan.md does not describe the rules {absent}"
 
 
@@ -70,7 +85,7 @@ def dry_run_counts(config_files: list[str], tmp_path: Path) -> dict[str, int]:
 @pytest.fixture(scope="module")
 def reports():
     """The plan of the default config and of the paper's, computed once for the tests below."""
-    return {key: P.plan([str(ROOT / f) for f in files], root=ROOT, workdir=ROOT / "tests")
+    return {key: plan([str(ROOT / f) for f in files], root=ROOT, workdir=ROOT / "tests")
             for key, files in (("default", []), ("paper", PAPER))}
 
 
@@ -106,15 +121,15 @@ def test_paper_plan_is_plausible(reports):
 
 def test_total_mode_adds_one_patch_layer_job_per_layer():
     config = {"patching": {"mode": "total"}}
-    shapes = {"m": P.SHAPES["meta-llama/Llama-2-7b-hf"]}
-    jobs = [P.Job("aggregate_effects", (("model", "m"), ("task", "addition")))]
-    added = P.checkpoint_jobs(jobs, config, shapes)
+    shapes = {"m": SHAPES["meta-llama/Llama-2-7b-hf"]}
+    jobs = [Job("aggregate_effects", (("model", "m"), ("task", "addition")))]
+    added = checkpoint_jobs(jobs, config, shapes)
     assert [job.get("layer") for job in added] == [str(i) for i in range(32)]
     assert all(job.added and job.rule == "patch_layer" for job in added)
-    assert P.checkpoint_jobs(jobs, {"patching": {"mode": "direct"}}, shapes) == []
+    assert checkpoint_jobs(jobs, {"patching": {"mode": "direct"}}, shapes) == []
 
 
-SMALL = P.Shape(n_layers=2, n_heads=2, n_kv_heads=1, head_dim=4, d_model=8, d_ff=16, vocab=10)
+SMALL = Shape(n_layers=2, n_heads=2, n_kv_heads=1, head_dim=4, d_model=8, d_ff=16, vocab=10)
 
 
 def test_parameter_counts():
@@ -124,67 +139,67 @@ def test_parameter_counts():
     assert SMALL.n_params == 1184 + 2 * 10 * 8 + 8  # embedding and unembedding, final norm
     published = {"meta-llama/Llama-2-7b-hf": 6_738_415_616, "meta-llama/Llama-2-13b-hf": 13_015_864_320,
                  "mistralai/Mistral-7B-v0.1": 7_241_732_096, "HuggingFaceTB/SmolLM2-135M-Instruct": 134_515_008}
-    assert {key: shape.n_params for key, shape in P.SHAPES.items()} == published
+    assert {key: shape.n_params for key, shape in SHAPES.items()} == published
 
 
 def test_flop_formula_by_hand():
     # 3 new tokens, no cache, the answer's logits once: 2 N per token, 4 L d_attn per (query, key) pair with
     # 1 + 2 + 3 = 6 causal pairs, 2 d V for the logits
-    assert P.forward_flops(SMALL, new=3, past=0, logits=1) == 2 * 1184 * 3 + 4 * 2 * 8 * 6 + 2 * 8 * 10 == 7648
+    assert forward_flops(SMALL, new=3, past=0, logits=1) == 2 * 1184 * 3 + 4 * 2 * 8 * 6 + 2 * 8 * 10 == 7648
     # 2 greedy steps after 5 positions: one token on 5, then on 6 cached positions
     step = lambda past: 2 * 1184 + 4 * 2 * 8 * (past + 1) + 2 * 8 * 10  # noqa: E731
-    assert P.decode_flops(SMALL, steps=2, context=5) == step(5) + step(6) == 5888
-    model = P.Model(name="small", shape=SMALL, tokens=P.TokenCounter(), resources={}, dtype_bytes=2)
-    full = P.training(model, sequences=4, seq=3, logits=1, trained=SMALL.n_params, full=True, steps=1, batch=4,
+    assert decode_flops(SMALL, steps=2, context=5) == step(5) + step(6) == 5888
+    model = Model(name="small", shape=SMALL, tokens=TokenCounter(), resources={}, dtype_bytes=2)
+    full = training(model, sequences=4, seq=3, logits=1, trained=SMALL.n_params, full=True, steps=1, batch=4,
                       optimizer="adamw")
     assert full.flops == 3 * 4 * 7648 + 16 * 1352  # forward and backward (6N), AdamW's update
-    heads = P.training(model, sequences=4, seq=3, logits=1, trained=64, full=False, steps=1, batch=4,
+    heads = training(model, sequences=4, seq=3, logits=1, trained=64, full=False, steps=1, batch=4,
                        optimizer="sgd")
     assert heads.flops == 2 * 4 * 7648 + 6 * 64 * 4 * 3 + 2 * 64
     assert full.reads == 3 * model.weight_bytes  # one micro-batch: forward and backward read the weights
 
 
 def test_trained_parameters_of_precise_sft():
-    shape = P.SHAPES["meta-llama/Llama-2-7b-hf"]
+    shape = SHAPES["meta-llama/Llama-2-7b-hf"]
     per_head = 2 * 4096 * 128  # W_Q rows and W_O columns
-    assert P.head_method_params(shape, heads=32, mlps=0, train_kv=False) == 32 * per_head
-    assert P.head_method_params(shape, heads=32, mlps=2, train_kv=True) == 64 * per_head + 2 * 3 * 4096 * 11008
-    assert P.lora_params(shape, {"r": 8, "target_modules": ["q_proj", "v_proj"]}) == 32 * 8 * 4 * 4096
+    assert head_method_params(shape, heads=32, mlps=0, train_kv=False) == 32 * per_head
+    assert head_method_params(shape, heads=32, mlps=2, train_kv=True) == 64 * per_head + 2 * 3 * 4096 * 11008
+    assert lora_params(shape, {"r": 8, "target_modules": ["q_proj", "v_proj"]}) == 32 * 8 * 4 * 4096
 
 
 def test_expected_longest_of_a_batch():
     # batches of 2 from [1, 2, 3]: {1, 2} -> 2, {1, 3} -> 3, {2, 3} -> 3
-    assert P.expected_longest([3, 1, 2], 2) == pytest.approx(8 / 3)
-    assert P.expected_longest([5, 7], 4) == 7
+    assert expected_longest([3, 1, 2], 2) == pytest.approx(8 / 3)
+    assert expected_longest([5, 7], 4) == 7
 
 
 def test_token_estimate_without_a_tokenizer():
     # "9 plus 9 is equal to ": 19 other characters -> 6 tokens, 2 digits, and the BOS token
-    assert P.TokenCounter().count("9 plus 9 is equal to ") == 6 + 2 + 1
-    assert P.TokenCounter().count(" 18", special=False) == 1 + 2
+    assert TokenCounter().count("9 plus 9 is equal to ") == 6 + 2 + 1
+    assert TokenCounter().count(" 18", special=False) == 1 + 2
 
 
-def llama_setting(config_files: list[str], batch: int) -> tuple[P.Setting, P.Model]:
-    config = P.load_config([str(ROOT / f) for f in config_files], root=ROOT)
+def llama_setting(config_files: list[str], batch: int) -> tuple[Setting, Model]:
+    config = load_config([str(ROOT / f) for f in config_files], root=ROOT)
     config = copy.deepcopy(config)
     config["compute"]["batch_size"] = batch
     config["evaluation"]["batch_size"] = batch
     config["finetune"]["train"]["batch_size"] = batch
     config["study"]["train"]["batch_size"] = batch
-    models = P.load_models(config, workdir=ROOT / "tests")
-    return P.Setting(config, root=ROOT, models=models), models["llama2-7b"]
+    models = load_models(config, workdir=ROOT / "tests")
+    return Setting(config, root=ROOT, models=models), models["llama2-7b"]
 
 
 GPU_JOBS = {
-    "paper": [P.Job("build_pairs", (("task", "addition"),)), P.Job("cache_activations", (("task", "division"),)),
-              P.Job("patch_all_layers"), P.Job("patch_layer", (("layer", "3"),)),
-              P.Job("knockout", (("task", "addition"),)), P.Job("transfer"), P.Job("analyze", (("task", "addition"),)),
-              *[P.Job("finetune", (("method", m),)) for m in ("precise", "random_heads", "full", "lora")],
-              *[P.Job("evaluate", (("method", "base"), ("dataset", d)))
+    "paper": [Job("build_pairs", (("task", "addition"),)), Job("cache_activations", (("task", "division"),)),
+              Job("patch_all_layers"), Job("patch_layer", (("layer", "3"),)),
+              Job("knockout", (("task", "addition"),)), Job("transfer"), Job("analyze", (("task", "addition"),)),
+              *[Job("finetune", (("method", m),)) for m in ("precise", "random_heads", "full", "lora")],
+              *[Job("evaluate", (("method", "base"), ("dataset", d)))
                 for d in ("gsm8k", "svamp", "mmlu", "qa_wikidata", "wikitext")]],
-    "study": [P.Job("study_train", (("arm", a), ("run", "lr0"))) for a in ("precise", "precise_mlp", "full", "lora")]
-    + [P.Job("study_evaluate", (("arm", "precise"), ("run", "chosen"))),
-       P.Job("study_evaluate", (("arm", "base"), ("run", "base")))],
+    "study": [Job("study_train", (("arm", a), ("run", "lr0"))) for a in ("precise", "precise_mlp", "full", "lora")]
+    + [Job("study_evaluate", (("arm", "precise"), ("run", "chosen"))),
+       Job("study_evaluate", (("arm", "base"), ("run", "base")))],
 }
 
 
@@ -195,8 +210,8 @@ def test_memory_grows_with_the_batch(key, files):
     for batch in batches:
         setting, model = llama_setting(files, batch)
         for job in GPU_JOBS[key]:
-            job = P.Job(job.rule, (("model", "llama2-7b"), *job.wildcards))
-            peaks.setdefault(job.label, []).append(P.cost_of(setting, job).gpu_bytes)
+            job = Job(job.rule, (("model", "llama2-7b"), *job.wildcards))
+            peaks.setdefault(job.label, []).append(cost_of(setting, job).gpu_bytes)
     for label, values in peaks.items():
         assert values == sorted(values), f"{label}: peak GPU memory by batch {batches}: {values}"
         assert values[0] >= model.weight_bytes
@@ -205,53 +220,48 @@ def test_memory_grows_with_the_batch(key, files):
 
 
 def test_shapes_from_a_local_directory_and_its_tokenizer(tiny_dir, tiny_lm):
-    shape, tokenizer = P.model_shape("mine", {"path": str(tiny_dir)}, workdir=ROOT / "tests")
+    shape, tokenizer = model_shape("mine", {"path": str(tiny_dir)}, workdir=ROOT / "tests")
     assert shape.n_params == sum(p.numel() for p in tiny_lm.model.parameters())
     assert (shape.n_layers, shape.n_heads, shape.n_kv_heads, shape.head_dim) == (3, 4, 2, 8)
-    counter = P.TokenCounter(tokenizer)
+    counter = TokenCounter(tokenizer)
     text = "3 plus 5 is equal to "
     assert counter.count(text) == len(tiny_lm.tokenizer(text)["input_ids"])
     assert "tokenizer.json" in counter.method
 
 
-def test_tiny_defaults_are_the_tiny_models():
-    from arithmech.model import tiny
-    defaults = {k: v.default for k, v in inspect.signature(tiny.build_tiny_model).parameters.items()
-                if k in P.TINY_DEFAULTS}
-    assert defaults == P.TINY_DEFAULTS
-    assert tiny.VOCAB_SIZE == P.TINY_VOCAB
+def test_tiny_shape_is_the_tiny_models(tiny_dir):
+    """The tiny source's shape, read from `tiny.build_tiny_model`'s defaults, is the shape of the model it builds."""
+    built = shape_from_config_json(tiny_dir / "config.json")
+    assert replace(tiny_shape({}), source="") == replace(built, source="")
+    assert tiny_shape({"n_layers": 5}).n_layers == 5
 
 
-def test_merge_is_snakemakes():
-    from snakemake.utils import update_config
-
-    base = yaml.safe_load((ROOT / "config.yaml").read_text())
-    for overlay in sorted((ROOT / "configs").glob("*.yaml")):
-        ours, theirs = copy.deepcopy(base), copy.deepcopy(base)
-        data = yaml.safe_load(overlay.read_text())
-        P.merge(ours, data)
-        update_config(theirs, data)
-        assert ours == theirs, overlay.name
+def test_a_config_json_of_another_architecture_is_named(tmp_path):
+    config = {"model_type": "gpt2", "num_hidden_layers": 2, "num_attention_heads": 2, "hidden_size": 8,
+              "intermediate_size": 16, "vocab_size": 10}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(PlanError, match=r"config.json: architecture 'gpt2' is not supported"):
+        shape_from_config_json(tmp_path / "config.json")
 
 
 def test_unknown_hub_model_names_the_model():
-    with pytest.raises(P.PlanError, match=r"model 'mine'.*org/unknown.*local Hugging Face directory"):
-        P.model_shape("mine", {"hub": "org/unknown"}, workdir=ROOT / "tests")
+    with pytest.raises(PlanError, match=r"model 'mine'.*org/unknown.*local Hugging Face directory"):
+        model_shape("mine", {"hub": "org/unknown"}, workdir=ROOT / "tests")
 
 
 def test_cli_names_an_unknown_config_file(capsys):
-    assert P.main(["configs/no-such.yaml", "--root", str(ROOT)]) == 2
+    assert main(["configs/no-such.yaml", "--root", str(ROOT)]) == 2
     assert "config file 'configs/no-such.yaml' not found" in capsys.readouterr().err
 
 
 def test_cli_names_an_unknown_model(tmp_path, capsys):
     (tmp_path / "models.yaml").write_text("run: {models: [nope]}\n")
-    assert P.main([str(tmp_path / "models.yaml"), "--root", str(ROOT)]) == 2
+    assert main([str(tmp_path / "models.yaml"), "--root", str(ROOT)]) == 2
     assert "unknown model name 'nope'" in capsys.readouterr().err
 
 
 def test_cli_prints_the_table_and_totals(reports, capsys):
-    assert P.main([*(str(ROOT / f) for f in PAPER), "--root", str(ROOT)]) == 0
+    assert main([*(str(ROOT / f) for f in PAPER), "--root", str(ROOT)]) == 0
     out = capsys.readouterr().out
     total = reports["paper"]["totals"]
     assert f"total: {total['jobs']} jobs, {total['gpu_jobs']} on a GPU, {total['gpu_hours']:.2f} GPU hours" in out
@@ -260,7 +270,7 @@ def test_cli_prints_the_table_and_totals(reports, capsys):
 
 
 def test_cli_json(capsys):
-    assert P.main(["--json", "--root", str(ROOT)]) == 0
+    assert main(["--json", "--root", str(ROOT)]) == 0
     report = json.loads(capsys.readouterr().out)
     assert set(report) == {"config_files", "throughput", "models", "rules", "totals", "warnings"}
     assert report["models"]["smollm2-135m"]["dtype_bytes"] == 2
@@ -268,23 +278,23 @@ def test_cli_json(capsys):
 
 
 def test_a_rule_without_entry_is_warned_about_not_counted():
-    setting = P.Setting({}, root=ROOT, models={})
-    cost = P.cost_of(setting, P.Job("new_rule", (("model", "m"),)))
+    setting = Setting({}, root=ROOT, models={})
+    cost = cost_of(setting, Job("new_rule", (("model", "m"),)))
     assert cost.unknown and not cost.gpu
-    row = P._row(("m", "new_rule"), cost)
+    row = rule_row(("m", "new_rule"), cost)
     assert row["kind"] == "unknown" and "new_rule" in row["warnings"][0]
 
 
 def test_transfer_memory_follows_its_longest_prompt_and_copies_per_forward():
     setting, model = llama_setting(PAPER, 32)
-    job = P.Job("transfer", (("model", "llama2-7b"),))
-    svamp = P.transfer_targets(setting, model)[-2]  # the prompts the job builds: the longest sets the memory
+    job = Job("transfer", (("model", "llama2-7b"),))
+    svamp = transfer_targets(setting, model)[-2]  # the prompts the job builds: the longest sets the memory
     assert svamp["longest"] > svamp["prompt"] and svamp["texts"] == setting.config["transfer"]["svamp"]["n"]
-    peak = P.cost_of(setting, job).gpu_bytes
-    assert peak >= model.weight_bytes + P.set_bytes(model, batch=32, prompt=svamp["longest"], tail=1,
+    peak = cost_of(setting, job).gpu_bytes
+    assert peak >= model.weight_bytes + set_bytes(model, batch=32, prompt=svamp["longest"], tail=1,
                                                     steps=svamp["steps"])
     setting.config["transfer"]["copies_per_forward"] = 64  # fewer rows at once: less memory
-    assert P.cost_of(setting, job).gpu_bytes < peak
+    assert cost_of(setting, job).gpu_bytes < peak
 
 
 def test_finetune_counts_only_the_examples_the_job_keeps():
@@ -292,17 +302,17 @@ def test_finetune_counts_only_the_examples_the_job_keeps():
     the plan counts the same examples, so fewer steps and a shorter longest sequence, and fails as the job
     would when none fits, naming the key."""
     setting, model = llama_setting(PAPER, 16)
-    job = P.Job("finetune", (("model", "llama2-7b"), ("method", "full")))
-    lengths = P._finetune_lengths(setting, model)
+    job = Job("finetune", (("model", "llama2-7b"), ("method", "full")))
+    lengths = finetune_lengths(setting, model)
     assert max(n for n, _ in lengths) <= setting.config["finetune"]["train"]["max_length"]
     cut = sorted(n for n, _ in lengths)[len(lengths) // 2]  # half the examples no longer fit
     short = copy.deepcopy(setting.config)
     short["finetune"]["train"]["max_length"] = cut
-    kept = P._finetune_lengths(P.Setting(short, root=ROOT, models=setting.models), model)
+    kept = finetune_lengths(Setting(short, root=ROOT, models=setting.models), model)
     assert len(kept) == sum(n <= cut for n, _ in lengths) < len(lengths)
     assert max(n for n, _ in kept) <= cut
-    shorter = P.Setting(short, root=ROOT, models=setting.models)
-    assert P.cost_of(shorter, job).gpu_bytes < P.cost_of(setting, job).gpu_bytes
+    shorter = Setting(short, root=ROOT, models=setting.models)
+    assert cost_of(shorter, job).gpu_bytes < cost_of(setting, job).gpu_bytes
     short["finetune"]["train"]["max_length"] = 8
-    with pytest.raises(P.PlanError, match=r"'finetune.train.max_length': no training example .* fits in 8 tokens"):
-        P._finetune_lengths(P.Setting(short, root=ROOT, models=setting.models), model)
+    with pytest.raises(PlanError, match=r"'finetune.train.max_length': no training example .* fits in 8 tokens"):
+        finetune_lengths(Setting(short, root=ROOT, models=setting.models), model)

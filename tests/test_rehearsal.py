@@ -4,15 +4,18 @@ stand-in sbatch's records. The rehearsal itself (`make rehearsal`) is too long f
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pandas as pd
 import pytest
 import yaml
 
-from arithmech.tools import rehearsal
 from arithmech.data.datasets import fetch_hub, load_commonsense_qa, load_mmlu
-from arithmech.tools.plan import load_config
+from arithmech.tools import rehearsal
+from arithmech.tools.plan import load_config, read_records
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +56,7 @@ def test_overlay_passes_the_schema_over_the_paper_config(tmp_path, hub):
         extra = rehearsal.overlay(tmp_path / "model", hub, size)
         path = tmp_path / f"{size}.yaml"
         path.write_text(yaml.safe_dump(extra))
-        config = load_config([rehearsal.ROOT / "configs/paper.yaml", path], root=rehearsal.ROOT)
+        config = load_config([ROOT / "configs/paper.yaml", path], root=ROOT)
         assert config["run"]["models"] == ["rehearsal"]
         assert config["prompts"]["keep_only_correct"] is False
         # the paper's shape stays: its templates, operator words, caps, threshold and fine-tuned components
@@ -70,17 +73,16 @@ def test_overlay_passes_the_schema_over_the_paper_config(tmp_path, hub):
 
 
 def test_peak_keeps_the_full_runs_largest_batches(tmp_path, hub):
-    from arithmech.tools.plan import _records
     from arithmech.model.tiny import build_tiny_model
     from transformers import AutoTokenizer
 
-    paper = load_config([rehearsal.ROOT / "configs/paper.yaml"], root=rehearsal.ROOT)
+    paper = load_config([ROOT / "configs/paper.yaml"], root=ROOT)
     build_tiny_model(tmp_path / "model", seed=0, **{**rehearsal.TOPOLOGY, "n_layers": 1})
     tokenizer = AutoTokenizer.from_pretrained(tmp_path / "model")
-    peak = rehearsal.peak_overlay(tmp_path, paper, tokenizer)
+    peak = rehearsal.peak_overlay(tmp_path, paper, tokenizer, root=ROOT)
     path = tmp_path / "peak.yaml"
     path.write_text(yaml.safe_dump(rehearsal.overlay(tmp_path / "model", hub, "peak", peak)))
-    config = load_config([rehearsal.ROOT / "configs/paper.yaml", path], root=rehearsal.ROOT)
+    config = load_config([ROOT / "configs/paper.yaml", path], root=ROOT)
     train, ev = config["finetune"]["train"], config["evaluation"]
     assert train["max_length"] == paper["finetune"]["train"]["max_length"] == 512  # not QUICK's 256
     assert (ev["gsm8k"]["max_new_tokens"], ev["svamp"]["max_new_tokens"]) == (256, 128)
@@ -89,15 +91,15 @@ def test_peak_keeps_the_full_runs_largest_batches(tmp_path, hub):
     assert config["finetune"]["data"]["n"] is None and ev["gsm8k"]["n"] is None and ev["svamp"]["n"] is None
     # one optimizer step of the longest training examples the finetune job keeps (it drops what does not fit)
     step = train["batch_size"] * train["grad_accumulation"]
-    everything = rehearsal.finetune_lengths(rehearsal.ROOT / paper["finetune"]["data"]["file"], paper, tokenizer)
+    everything = rehearsal.finetune_lengths(ROOT / paper["finetune"]["data"]["file"], paper, tokenizer)
     assert None in everything  # byte-level tokens: some GSM8K examples are longer than 512, and are dropped
     kept = rehearsal.finetune_lengths(Path(config["finetune"]["data"]["file"]), config, tokenizer)
     assert len(kept) == step and None not in kept
     assert sorted(kept) == sorted(n for n in everything if n is not None)[-step:]
     # one batch of the longest test questions, at their full answer lengths
     for name, text in [("gsm8k", lambda r: r["question"]), ("svamp", lambda r: f"{r['Body']} {r['Question']}")]:
-        source = sorted(len(text(r)) for r in _records(rehearsal.ROOT / paper["evaluation"][name]["file"]))
-        kept = sorted(len(text(r)) for r in _records(Path(ev[name]["file"])))
+        source = sorted(len(text(r)) for r in read_records(ROOT / paper["evaluation"][name]["file"]))
+        kept = sorted(len(text(r)) for r in read_records(Path(ev[name]["file"])))
         assert kept == source[-ev["batch_size"]:], name
 
 
@@ -217,6 +219,19 @@ def test_a_targeted_rehearsal_has_its_own_block_and_no_whole_run_counts(tmp_path
             "UTC, then `python -m arithmech.tools.rehearsal --size peak --jobs 1 --targets full`, started 2026-11-25 00:00 "
             "UTC on a CPU: 1 jobs through the SLURM stand-ins (1 COMPLETED) in 0 h 40 min; Snakemake exit 1, then 0."
             ) in peak
+
+
+def test_the_workflow_root_is_the_checkout_or_names_the_option(tmp_path, monkeypatch):
+    """Installed, the rehearsal finds no checkout next to its code: it runs the workflow of --root, by default
+    the current directory, and says so when that has no Snakefile."""
+    assert rehearsal.workflow_root(ROOT) == ROOT.resolve()
+    monkeypatch.chdir(ROOT)
+    assert rehearsal.workflow_root() == ROOT.resolve()
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(FileNotFoundError, match=rf"no Snakefile in {re.escape(str(tmp_path.resolve()))}: .* --root"):
+        rehearsal.workflow_root()
+    with pytest.raises(FileNotFoundError, match="--root"):
+        rehearsal.main(["--report-only"])
 
 
 def test_planned_jobs_sum_a_rule_over_models():

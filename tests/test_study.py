@@ -333,7 +333,7 @@ def test_layer_matched_heads():
 def test_arm_methods():
     study = _study() | {"heads": 2, "mlps": 1, "kv": "none"}
     ranked, mlps = [[2, 1], [0, 3], [1, 1], [2, 0]], [2, 0, 1]
-    nodes = {"ranked_heads": ranked, "ranked_mlps": mlps, "n_heads": 4, "seed": 0}
+    nodes = {"ranked_heads": ranked, "ranked_mlps": mlps, "n_layers": 3, "n_heads": 4, "seed": 0}
     precise = sd.arm_method("precise", "lr0", study, **nodes)
     assert precise == {"method": "precise", "heads": [[2, 1], [0, 3]], "mlp_layers": [], "train_kv": False}
     with_mlp = sd.arm_method("precise_mlp", "seed1", study, **nodes)
@@ -344,16 +344,42 @@ def test_arm_methods():
     assert len({json.dumps(sorted(d)) for d in draws}) > 1
     for d in draws:
         assert sorted(h[0] for h in d) == [0, 2] and not {tuple(h) for h in d} & {(2, 1), (0, 3)}
+    assert sd.arm_method("random_heads", "lr0", study, **nodes)["method"] == "random_heads"
+    assert with_mlp["method"] == "precise"  # trains as precise, with its MLP layers
+    uniform = [sd.arm_method("uniform_heads", r, study, **nodes) for r in ("lr0", "seed1", "draw1", "draw2")]
+    assert {u["method"] for u in uniform} == {"uniform_heads"} and all(u["mlp_layers"] == [] for u in uniform)
+    assert uniform[0]["heads"] == uniform[1]["heads"] and len({json.dumps(u["heads"]) for u in uniform}) > 1
+    assert all(not {tuple(h) for h in u["heads"]} & {(2, 1), (0, 3)} for u in uniform)
     assert sd.arm_method("full", "lr0", study, **nodes) == {"method": "full"}
     assert sd.arm_method("lora", "lr0", study, **nodes)["lora"] == study["lora"]
     with pytest.raises(ValueError, match="run name 'best'"):
         sd.arm_method("full", "best", study, **nodes)
+    with pytest.raises(ValueError, match="study arm 'random'"):
+        sd.arm_method("random", "lr0", study, **nodes)
+
+
+def test_an_arm_draws_the_heads_the_recipe_method_of_its_name_draws():
+    """One selection (sft.methods.select_nodes) for the study and the GSM8K recipe: draw d of an arm is the
+    recipe's draw of the same name with the same seed."""
+    from arithmech.sft.methods import select_nodes
+
+    study = _study() | {"heads": 3, "mlps": 2, "kv": "none"}
+    heads = [(l, h) for l in range(4) for h in range(4)]
+    ranked = [heads[i] for i in np.random.default_rng(0).permutation(len(heads))]
+    nodes = {"ranked_heads": ranked, "ranked_mlps": [3, 1, 0, 2], "n_layers": 4, "n_heads": 4, "seed": 5}
+    for arm in ("precise", "random_heads", "uniform_heads"):
+        for run, draw in (("lr0", 0), ("draw2", 2)):
+            spec = sd.arm_method(arm, run, study, **nodes)
+            want, _ = select_nodes(arm, ranked, [3, 1, 0, 2], heads=3, mlps=0, n_layers=4, n_heads=4, seed=5,
+                                   draw=draw)
+            assert spec["heads"] == [list(h) for h in want]
 
 
 def test_final_runs_and_select_lr():
     study = _study() | {"seeds": {"precise": 3}, "random_draws": 4}
     assert sd.final_runs("precise", study) == ["chosen", "seed1", "seed2"]
     assert sd.final_runs("random_heads", study) == ["chosen", "draw1", "draw2", "draw3"]
+    assert sd.final_runs("uniform_heads", study) == ["chosen", "draw1", "draw2", "draw3"]
     assert sd.final_runs("full", study) == ["chosen"]
     frame = lambda correct, nll: pd.DataFrame({"correct": correct, "nll": nll, "n_tokens": [2] * len(correct)})
     vals = {"lr0": frame([1, 0, 0], [1.0, 1, 1]), "lr1": frame([1, 1, 0], [9.0, 9, 9]), "lr2": frame([0, 1, 1], [2.0, 2, 2])}

@@ -11,6 +11,7 @@ from jsonschema import Draft202012Validator
 
 
 TRANSFER_COPIES = 256  # transfer.copies_per_forward where a config leaves it out
+SHARED_PREFIX_MIN_TOKENS = 8  # a prompt prefix shorter than this is not run apart (generation.SharedPrefix)
 
 
 class ConfigError(ValueError):
@@ -29,7 +30,7 @@ def validate_config(config: dict, schema_path: str | Path) -> None:
     schema = yaml.safe_load(Path(schema_path).read_text())
     _fill_model_defaults(config, schema)
     errors = sorted(Draft202012Validator(schema).iter_errors(config), key=lambda e: list(map(str, e.absolute_path)))
-    problems = [f"config key '{_key(e.absolute_path)}': {e.message}" for e in errors]
+    problems = [f"config key '{_key(e.absolute_path)}': {_message(e)}" for e in errors]
     if not problems:
         for i, name in enumerate(config["run"]["models"]):
             if name not in config["models"]:
@@ -64,6 +65,17 @@ def validate_config(config: dict, schema_path: str | Path) -> None:
         raise ConfigError("invalid configuration:\n  " + "\n  ".join(problems))
 
 
+def _message(error) -> str:
+    """The schema's message, or for an unknown fine-tuning method or study arm every valid name with what it
+    trains (`sft.methods.METHODS`: a name means the same in both sections)."""
+    from arithmech.sft.methods import METHODS, RECIPE_METHODS, unknown_method
+
+    section = list(error.absolute_path)[:2]
+    if error.validator == "enum" and section in (["finetune", "methods"], ["study", "arms"]):
+        return unknown_method(error.instance, RECIPE_METHODS if section[0] == "finetune" else tuple(METHODS))
+    return error.message
+
+
 def _fill_model_defaults(config: dict, schema: dict) -> None:
     """Give every model without `resources` the schema's default (JSON Schema only checks; it fills nothing
     in), in place, so the rules that read `config["models"][name]["resources"]` find it."""
@@ -77,7 +89,7 @@ def _fill_model_defaults(config: dict, schema: dict) -> None:
 
 
 def _length_problems(train: dict, key: str) -> list[str]:
-    """The training-length rule (`finetune_config.length_problem`) of the section at config key `key`."""
+    """The training-length rule (`methods.length_problem`) of the section at config key `key`."""
     from arithmech.sft.methods import length_problem
 
     problem = length_problem(train.get("epochs"), train.get("max_steps"), f"config key '{key}'")

@@ -5,7 +5,7 @@ import re
 from snakemake.exceptions import IncompleteCheckpointException
 
 from arithmech.code_digest import script_digest
-from arithmech.sft.methods import HEAD_METHODS, METHODS
+from arithmech.sft.methods import DRAWN_METHODS, HEAD_METHODS, METHODS, RECIPE_METHODS
 
 MODELS = config["run"]["models"]
 TASKS = config["run"]["tasks"]
@@ -17,9 +17,9 @@ wildcard_constraints:
     model="|".join(map(re.escape, MODELS)),
     task="|".join(TASKS),
     layer=r"\d+",
-    method="|".join(["base", *METHODS]),
+    method="|".join(["base", *RECIPE_METHODS]),
     dataset="|".join(EVAL_DATASETS),
-    arm="|".join(["base", *study.ARMS]),
+    arm="|".join(["base", *METHODS]),
     run=r"lr\d+|seed\d+|draw\d+|chosen|base",
 
 
@@ -276,7 +276,7 @@ def study_train_params(wildcards):
     used["lr_grid"] = {wildcards.arm: STUDY["lr_grid"][wildcards.arm]}
     if wildcards.arm == "lora":
         used["lora"] = STUDY["lora"]
-    if wildcards.arm == "random_heads":
+    if wildcards.arm in DRAWN_METHODS:
         used["random_draws"] = STUDY["random_draws"]
     return used
 
@@ -286,7 +286,7 @@ def study_train_inputs(wildcards):
     # waits for study_format with `auto` (study_items_inputs)
     study_choice(wildcards.model)
     files = {}
-    if wildcards.arm in study.HEAD_ARMS:
+    if wildcards.arm in HEAD_METHODS:
         files |= {
             f"effects_{t}": f"results/{wildcards.model}/effects/{t}.parquet"
             for t in TASKS

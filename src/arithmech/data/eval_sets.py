@@ -37,12 +37,15 @@ KIND_KEYS = {
 class EvalSet:
     """`load(path)` gives a frame with the columns its kind is scored on (math: id, question, gold; choice:
     id, input, choices, correct; qa: id, input, targets) or, for perplexity, the text. `hub` is the Hub
-    data set whose layout the loader reads (None: only the vendored file's layout, so no `hub:` source)."""
+    data set whose layout the loader reads (None: only the vendored file's layout, so no `hub:` source);
+    `hub_rows`, the rows of the Hub split configs/paper.yaml evaluates on, where the repository has no copy
+    (`make plan` counts them, the rehearsal generates as many)."""
 
     name: str
     kind: str
     load: Callable
     hub: str | None = None
+    hub_rows: int | None = None
 
     @property
     def keys(self) -> tuple[str, ...]:
@@ -57,8 +60,8 @@ REGISTRY = {
         EvalSet("social_iqa", "choice", load_bigbench_choice),
         EvalSet("strategyqa", "choice", load_bigbench_choice),
         EvalSet("qa_wikidata", "qa", load_bigbench_generation),
-        EvalSet("mmlu", "choice", load_mmlu, hub="cais/mmlu"),
-        EvalSet("commonsense_qa", "choice", load_commonsense_qa, hub="tau/commonsense_qa"),
+        EvalSet("mmlu", "choice", load_mmlu, hub="cais/mmlu", hub_rows=14042),  # all, test
+        EvalSet("commonsense_qa", "choice", load_commonsense_qa, hub="tau/commonsense_qa", hub_rows=1221),  # validation
         EvalSet("wikitext", "perplexity", load_text, hub="Salesforce/wikitext"),
     )
 }

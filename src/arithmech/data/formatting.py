@@ -8,7 +8,7 @@ few-shot blocks, and the chat-template rendering of the same conversation.
 Its users: math prompts (GSM8K, SVAMP), multiple-choice contexts (each choice scored as the continuation
 " " + choice), and few-shot direct-answer prompts of a question set (the transfer's SVAMP and qa_wikidata).
 
-Math prompts (solved few-shot examples from GSM8K train, `data.few_shot_examples`):
+Math prompts (solved few-shot examples from GSM8K train, `datasets.few_shot_examples`):
   style "plain":  prompt = qa_prompt(q, shots)
                   target = " " + solution
   style "chat":   prompt = the tokenizer's chat template over the messages (user: shot q, assistant: shot
@@ -51,7 +51,7 @@ def _check_style(style: str, tokenizer) -> None:
 def _chat(tokenizer, messages: list[dict], generation_prompt: bool) -> str:
     text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
     # Templates that write the BOS token into the text (LLaMA-2) would get a second one when the text is
-    # tokenized with special tokens (`prompts.encode`); drop the written one.
+    # tokenized with special tokens (`arithmetic.encode`); drop the written one.
     bos = tokenizer.bos_token
     if bos and text.startswith(bos) and tokenizer("x")["input_ids"][:1] == [tokenizer.bos_token_id]:
         text = text[len(bos) :]

@@ -1,1 +1,12 @@
-"""arithmech.interp."""
+"""Interpretation: which heads and MLPs carry the operator, and how (the paper's stages 1 to 3 and the circuit).
+
+patching.collect, direct_logits and total_logits patch every node at END; effects_frame tabulates the logits.
+effects.aggregate and key_components turn per-sample patching into per-node effects and the key components.
+nodes.ranked_heads, random_heads and layer_matched_heads give the head sets compared (Head is (layer, head)).
+ablation.mean_ablate and knockout mean-ablate heads and MLPs; set_answers scores many head sets at once.
+analysis.token_roles, attention_rows and mlp_probes explain the key heads' attention and the MLPs.
+sufficiency.circuit_sets and faithfulness_table test circuits for sufficiency; edges.edge_logits patches
+head -> MLP edges.
+
+Import from the modules (no re-exports here), so that importing the package imports no torch.
+"""

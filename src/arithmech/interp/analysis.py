@@ -1,7 +1,7 @@
 """Explaining the key components: where the key heads look from END, and what the MLPs read and write.
 
 - `token_roles` labels every token of a prompt (operand_a, operand_b, operator, equals, prefix, other)
-  from the tokenizer's character offsets and the character spans `prompts.build_prompts` records, so
+  from the tokenizer's character offsets and the character spans `arithmetic.build_prompts` records, so
   multi-digit and decimal operands split into several tokens are still found.
 - `attention_rows` recomputes, for chosen query heads, the attention weights from END to every key
   position from the model's own queries and keys (hooked, rotated with the model's rotary embedding); it

@@ -32,7 +32,7 @@ from tqdm.auto import tqdm
 
 from arithmech.intervention.hooks import hooks, patch_end
 from arithmech.model.loading import LoadedModel
-from arithmech.interp.patching import EndState, _float_norm, _unembed_scores, float_copy
+from arithmech.interp.patching import EndState, float_copy, float_norm, unembed_scores
 from arithmech.data.arithmetic import encode
 from arithmech.interp.nodes import Head
 
@@ -76,12 +76,12 @@ def edge_logits(lm: LoadedModel, ref: EndState, cf: EndState, answer_ids: torch.
     senders, receivers = [(int(l), int(h)) for l, h in senders], [int(r) for r in receivers]
     _check(lm, ref, senders, receivers)
     n = len(answer_ids)
-    norm = _float_norm(lm)
+    norm = float_norm(lm)
     dev = lm.final_norm.weight.device
     batches = [torch.arange(s, min(s + batch_size, n)) for s in range(0, n, batch_size)]
     logit_o = torch.empty(n)
     for rows in batches:  # the same closed form at zero change (`patching.direct_logits`' logit_o)
-        base, _ = _unembed_scores(lm, norm(ref.resid[rows].to(dev, torch.float32)[:, None]), answer_ids[rows], None)
+        base, _ = unembed_scores(lm, norm(ref.resid[rows].to(dev, torch.float32)[:, None]), answer_ids[rows], None)
         logit_o[rows] = base[:, 0].cpu()
     logit_p = torch.full((n, len(senders), len(receivers)), float("nan"))
     for j, r in enumerate(receivers):
@@ -95,7 +95,7 @@ def edge_logits(lm: LoadedModel, ref: EndState, cf: EndState, answer_ids: torch.
             inputs = torch.cat([x, x + deltas], 1)  # [b, 1 + S_live, d]; column 0 unpatched
             out = mlp(mlp_norm(inputs))
             changed = ref.resid[rows].to(dev, torch.float32)[:, None] + (out[:, 1:] - out[:, :1])  # [b, S_live, d]
-            scores, _ = _unembed_scores(lm, norm(changed), answer_ids[rows], None)
+            scores, _ = unembed_scores(lm, norm(changed), answer_ids[rows], None)
             logit_p[rows[:, None], torch.tensor(live)[None], j] = scores.cpu()
         del mlp_norm, mlp
     return EdgeLogits(logit_o, logit_p)

@@ -7,6 +7,8 @@ import warnings
 import numpy as np
 import pandas as pd
 
+from arithmech.report import stats
+
 # Each metric maps the patching table (one row per sample and node) to a per-row effect.
 # More negative means the node carries more of the operation.
 METRICS = {
@@ -135,13 +137,8 @@ def bootstrap(
             missing = list(labels.index[labels.isna()])
             raise ValueError(f"{len(missing)} sample ids have no cluster, e.g. {missing[:5]}")
         labels = labels.to_numpy()
-    _, cluster = np.unique(labels, return_inverse=True)  # [n_samples] cluster index
-    n_clusters = int(cluster.max()) + 1
-    sums = np.zeros((n_clusters, values.shape[1]))
-    np.add.at(sums, cluster, values)  # [n_clusters, n_nodes]
-    sizes = np.bincount(cluster, minlength=n_clusters)  # [n_clusters]
-    counts = draw_clusters(n_clusters, resamples, seed)  # [resamples, n_clusters]
-    means = (counts @ sums) / (counts @ sizes)[:, None]  # [resamples, n_nodes]
+    _, means = stats.cluster_resampled_means(values, labels, n_boot=resamples, seed=seed,
+                                             sampler="multinomial")  # [resamples, n_nodes]
     alpha = 1.0 - confidence
     low, high = np.quantile(means, [alpha / 2, 1 - alpha / 2], axis=0)
     out = frame.drop_duplicates("node").set_index("node").loc[wide.columns, NODE].reset_index()
@@ -152,12 +149,6 @@ def bootstrap(
         if len(cols):
             out.loc[cols, "stability"] = select_rows(means[:, cols], rule).mean(0)
     return out
-
-
-def draw_clusters(n_clusters: int, resamples: int, seed: int) -> np.ndarray:
-    """How often each cluster is drawn in each resample, [resamples, n_clusters] (rows sum to n_clusters)."""
-    rng = np.random.default_rng(seed)
-    return rng.multinomial(n_clusters, np.full(n_clusters, 1.0 / n_clusters), size=resamples)
 
 
 def describe_rule(rule: dict) -> str:

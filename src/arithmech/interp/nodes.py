@@ -1,6 +1,7 @@
 """Nodes: the head type, heads and MLPs ranked by their patching effect, and the random head sets a
 knockout, a circuit or a fine-tuning arm is compared with. Torch-free (the Snakefile imports the study,
-which draws its layer-matched arm with these).
+whose arms `sft.methods.select_nodes` draws with these: its method uniform_heads draws `random_heads`, its
+method random_heads `layer_matched_heads`).
 
     ranked_heads(effects)                  one operator's heads, strongest (most negative) effect first
     rank_across_tasks(effects, "head")     nodes ranked by their effect averaged over operators (a table)

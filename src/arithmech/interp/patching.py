@@ -167,7 +167,7 @@ def float_copy(module: torch.nn.Module) -> torch.nn.Module:
     return module
 
 
-def _float_norm(lm: LoadedModel) -> torch.nn.Module:
+def float_norm(lm: LoadedModel) -> torch.nn.Module:
     """A float32 copy of the model's final norm."""
     return float_copy(lm.final_norm)
 
@@ -177,7 +177,7 @@ def _float_unembed(lm: LoadedModel, with_logprobs: bool) -> torch.Tensor | None:
     return lm.unembed.weight.float() if with_logprobs else None
 
 
-def _unembed_scores(lm: LoadedModel, normed: torch.Tensor, answer_ids: torch.Tensor, full: torch.Tensor | None):
+def unembed_scores(lm: LoadedModel, normed: torch.Tensor, answer_ids: torch.Tensor, full: torch.Tensor | None):
     """Unembedding of final-normed residuals [B, N, d] in float32 -> answer logits [B, N] (and log-probs
     [B, N] when `full`, the float32 unembedding of `_float_unembed`, is given; else None). Without it only
     the answers' rows of the unembedding are read, not the whole vocabulary."""
@@ -210,7 +210,7 @@ def direct_logits(
     other nodes frozen at their reference values, and unpatched (logit_o: the same closed form at zero
     change). All in float32 whatever the model dtype: in bf16 a logit near 20 is rounded to 0.125, more
     than most effects."""
-    norm, full = _float_norm(lm), _float_unembed(lm, with_logprobs)
+    norm, full = float_norm(lm), _float_unembed(lm, with_logprobs)
     dev = lm.final_norm.weight.device
     out_logits, out_lp = [], []
     for start in range(0, len(answer_ids), batch_size):
@@ -222,7 +222,7 @@ def direct_logits(
             deltas.append((cf.mlps[sl, layer].float() - ref.mlps[sl, layer].float()).to(dev)[:, None])
         base = ref.resid[sl].to(dev, torch.float32)[:, None]  # [B, 1, d]
         resid = torch.cat([base, base + torch.cat(deltas, 1)], 1)  # [B, 1 + N, d]; column 0 unpatched
-        logits, lp = _unembed_scores(lm, norm(resid), answer_ids[sl], full)
+        logits, lp = unembed_scores(lm, norm(resid), answer_ids[sl], full)
         out_logits.append(logits.cpu())
         out_lp.append(lp.cpu() if lp is not None else None)
     return _split_unpatched(torch.cat(out_logits), torch.cat(out_lp) if with_logprobs else None)
@@ -323,7 +323,7 @@ def total_logits(
         prefix = prefix_cache(lm, enc)
         plain = end_forward(lm, enc, prefix, 1, output_hidden_states=True)
         resid = plain.hidden_states  # [L+1] x [n, 1, d]
-        lo, lp = _unembed_scores(lm, plain.last_hidden_state, answers, full)  # [n, 1]
+        lo, lp = unembed_scores(lm, plain.last_hidden_state, answers, full)  # [n, 1]
         del plain  # and its copy of the prefix cache: only the residuals are needed on
         prefix_copies = PrefixCopies(prefix, room=1)  # copied once per number of copies, not per forward
         logit_out = torch.empty(n, 1 + len(nodes))  # column 0 unpatched, then the nodes
@@ -340,7 +340,7 @@ def total_logits(
                 heads, mlps = _node_patches(lm, part, cf, rows, base=None)
                 with patch_end(lm, heads, mlps), lm.layers_from(layer):
                     normed = end_forward(lm, enc, prefix_copies, k, inputs_embeds=resid[layer]).last_hidden_state
-                lo, lp = _unembed_scores(lm, normed, answers.repeat_interleave(k), full)  # [n*k, 1]
+                lo, lp = unembed_scores(lm, normed, answers.repeat_interleave(k), full)  # [n*k, 1]
                 logit_out[:, [1 + c for c in cols]] = lo.view(n, k).cpu()
                 if with_logprobs:
                     lp_out[:, [1 + c for c in cols]] = lp.view(n, k).cpu()

@@ -114,13 +114,13 @@ def faithfulness_table(sets: Sequence[CircuitSet], values: dict[str, np.ndarray]
         matrix = np.asarray(matrix, dtype=float)
         point, boot = stats.cluster_resampled_means(matrix.T, clusters, n_boot=n_boot, seed=seed)
         table[measure] = point
-        table[f"faithfulness_{measure}"] = _faithfulness(point[None], i_model, i_empty)[0]
-        low, high = stats.percentile_interval(_faithfulness(boot, i_model, i_empty), confidence)
+        table[f"faithfulness_{measure}"] = faithfulness(point[None], i_model, i_empty)[0]
+        low, high = stats.percentile_interval(faithfulness(boot, i_model, i_empty), confidence)
         table[f"faithfulness_{measure}_low"], table[f"faithfulness_{measure}_high"] = low, high
     return table
 
 
-def _faithfulness(means: np.ndarray, i_model: int, i_empty: int) -> np.ndarray:
+def faithfulness(means: np.ndarray, i_model: int, i_empty: int) -> np.ndarray:
     """(m(C) - m(empty)) / (m(M) - m(empty)) for every column of means [n_rows, n_sets]; NaN where M = empty."""
     span = means[:, i_model] - means[:, i_empty]
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -150,7 +150,7 @@ def key_vs_random(items: pd.DataFrame, *, measure: str, mlps: str, n_boot: int, 
     wide = wide.dropna()
     clusters = items.drop_duplicates("sample_id").set_index("sample_id").loc[wide.index, "cluster"]
     point, boot = stats.cluster_resampled_means(wide.to_numpy(float), clusters.to_numpy(), n_boot=n_boot, seed=seed)
-    f_point, f_boot = (_faithfulness(m, 0, 1) for m in (point[None], boot))
+    f_point, f_boot = (faithfulness(m, 0, 1) for m in (point[None], boot))
     diff = lambda f: f[:, 2] - f[:, 3:].mean(1)  # noqa: E731
     low, high = stats.percentile_interval(diff(f_boot)[:, None], confidence)
     k_low, k_high = stats.percentile_interval(f_boot[:, 2:3], confidence)

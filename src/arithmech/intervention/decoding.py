@@ -53,7 +53,7 @@ def greedy_decode(
                      the rows' own tokens, or END alone, after a prefix cache)
     attention_mask:  [rows, cached + S] over the cached and the new tokens
     position_ids:    [rows, S]; default from the attention mask (a row's positions are those of its
-                     unpadded sequence, as `prompts.encode` gives them)
+                     unpadded sequence, as `arithmetic.encode` gives them)
     past_key_values: a cache of the first `cached` positions of every row, or None; it is extended and
                      shrunk in place, so pass a copy of one that is reused (`kvcache.repeated_cache`)
     hooks:           `Hooks`, called with `row_ids` of the forward's rows (default 0..rows-1)

@@ -5,7 +5,7 @@ without hooks such as a mean ablation active.
 `hooks` everywhere is `decoding.Hooks`: None, or hooks(rows) -> the context manager entered around each
 forward, rows (LongTensor) the indices in `texts` of the forward's rows; hooks acting on every row alike
 ignore them (`lambda rows: ablation.mean_ablate(...)`), per-row ones select with them
-(`ablation.ablation_hooks`). Batches are left-padded (`prompts.encode`), so END, the position that predicts
+(`ablation.ablation_hooks`). Batches are left-padded (`arithmetic.encode`), so END, the position that predicts
 the next token, is index -1.
 """
 
@@ -19,6 +19,7 @@ import pandas as pd
 import torch
 from tqdm import tqdm
 
+from arithmech.config import SHARED_PREFIX_MIN_TOKENS
 from arithmech.data.answers import answer_correct, answer_tokens, cut_at
 from arithmech.intervention.decoding import Hooks, entered, greedy_decode
 from arithmech.intervention.kvcache import repeated_cache
@@ -94,14 +95,14 @@ def shared_prefix_length(ids: Sequence[Sequence[int]]) -> int:
 class SharedPrefix:
     """The longest token prefix that all texts share, run once, and batches that continue from its cache.
 
-    `of` tokenizes every text (as `prompts.encode` does) and finds the common prefix of the token ids, so a
+    `of` tokenizes every text (as `arithmetic.encode` does) and finds the common prefix of the token ids, so a
     prefix never ends inside a token of one text's own tokenization; it keeps at least one token per text
     to run (the END that predicts the first new token). `batch(rows)` returns `decoding.greedy_decode`
     inputs: input_ids [rows, longest rest] (each row's own tokens, left-padded), attention_mask
     [rows, prefix + longest rest] and past_key_values, a fresh copy of the prefix cache repeated over the
     rows (decoding extends it)."""
 
-    MIN_TOKENS = 8  # a shorter shared prefix is not worth a separate forward
+    MIN_TOKENS = SHARED_PREFIX_MIN_TOKENS  # a shorter shared prefix is not worth a separate forward
 
     def __init__(self, lm: LoadedModel, ids: list[list[int]], length: int):
         self.lm, self.ids, self.length = lm, ids, length
@@ -276,7 +277,7 @@ def generate_texts(
 
 
 def pad_left(seqs: list[list[int]], pad_id: int, device) -> dict[str, torch.Tensor]:
-    """Left-padded batch like `prompts.encode`: input_ids, attention_mask, position_ids [batch, seq]."""
+    """Left-padded batch like `arithmetic.encode`: input_ids, attention_mask, position_ids [batch, seq]."""
     width = max(len(s) for s in seqs)
     ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(seqs), width), dtype=torch.long)

@@ -14,6 +14,7 @@ from typing import Callable
 import pandas as pd
 
 from arithmech.report import display
+from arithmech.report.tables import markdown_cell
 
 VERDICTS = ("holds", "partly", "does not hold", "inconclusive", "not measured")
 # Markdown has no colour: a coloured mark before the word does the same work on GitHub
@@ -66,40 +67,38 @@ def check_verdicts(claims: pd.DataFrame) -> None:
 # Markdown
 
 
-def _md(text) -> str:
-    """A Markdown table cell: no line breaks, pipes escaped."""
-    return " ".join(_text(text).split()).replace("|", "\\|")
-
-
 def claims_markdown(claims: pd.DataFrame, sub_rows: bool = True, link: Callable[[str], str | None] | None = None) -> str:
     """The scorecard as a GitHub Markdown table: per claim its statement, the paper's number (LLaMA2-7B), what
     was measured on this model (value, interval, n, split; the note in italics), the verdict and the rule
     that decided it. With `sub_rows`, each claim's other scopes follow as indented rows. `link(source)` gives
     the URL of a row's figure or table (None: no link); the claim's statement links to it."""
     check_verdicts(claims)
+    # rows written here, not by tables.markdown_table: a sub-row's empty paper cell reads "| |" in the committed
+    # docs, and markdown_table pads every cell alike ("|  |")
     lines = ["| Claim | Paper (LLaMA2-7B) | Measured on this model | Verdict | Decided by |",
              "|---|---|---|---|---|"]
 
     def measured_cell(row) -> str:
-        note = _md(row["note"])
-        text = _md(measured_text(row))
+        note = markdown_cell(row["note"])
+        text = markdown_cell(measured_text(row))
         return "<br>".join(t for t in (text, f"*{note}*" if note else "") if t)
 
     def verdict_cell(row) -> str:
         return f"{VERDICT_MARKS[row['verdict']]} **{row['verdict']}**"
 
     for head, subs in grouped(claims):
-        statement = _md(head["statement"])
+        statement = markdown_cell(head["statement"])
         url = link(_text(head["source"])) if link and _text(head["source"]) else None
         if url:
             statement = f"[{statement}]({url})"
-        lines.append(f"| {statement} | {_md(head['paper'])} | {measured_cell(head)} | {verdict_cell(head)} | "
-                     f"{_md(head['rule'])} |")
+        lines.append(f"| {statement} | {markdown_cell(head['paper'])} | {measured_cell(head)} | "
+                     f"{verdict_cell(head)} | {markdown_cell(head['rule'])} |")
         if not sub_rows:
             continue
         for _, row in subs.iterrows():
-            rule = _md(row["rule"]) if _text(row["rule"]) != _text(head["rule"]) else ""
-            lines.append(f"| &nbsp;&nbsp;↳ {_md(row['scope'])} | | {measured_cell(row)} | {verdict_cell(row)} | {rule} |")
+            rule = markdown_cell(row["rule"]) if _text(row["rule"]) != _text(head["rule"]) else ""
+            lines.append(f"| &nbsp;&nbsp;↳ {markdown_cell(row['scope'])} | | {measured_cell(row)} | "
+                         f"{verdict_cell(row)} | {rule} |")
     return "\n".join(lines) + "\n"
 
 

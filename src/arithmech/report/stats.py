@@ -17,6 +17,8 @@ would carry. What is computed:
     independent evidence and give intervals that are too narrow. For a paired difference the same cluster
     draw is used for both arms, which keeps the pairing inside the bootstrap. The paired bootstrap also
     gives a two-sided p-value from where 0 falls in the bootstrap distribution of the difference.
+  * `draw_cluster_counts`: the cluster draws of every resampling here, and of the identification's bootstrap
+    (`interp.effects.bootstrap`, through `cluster_resampled_means`).
   * `compare`: one comparison row (difference, interval, p-value and which test gave it).
   * `holm`: Holm-Bonferroni adjustment over a family of comparisons.
 
@@ -100,9 +102,23 @@ def _cluster_sums(values: np.ndarray, weights: np.ndarray, clusters) -> tuple[np
             np.bincount(index, weights=weights, minlength=n_clusters))
 
 
-def _draw_cluster_counts(n_clusters: int, n_boot: int, seed: int) -> np.ndarray:
-    """How often each cluster is drawn in each bootstrap replicate, [n_boot, n_clusters] (rows sum to G)."""
+def draw_cluster_counts(n_clusters: int, n_boot: int, seed: int, sampler: str = "indices") -> np.ndarray:
+    """How often each cluster is drawn in each bootstrap replicate, [n_boot, n_clusters]: each replicate draws
+    n_clusters clusters with replacement (each row sums to n_clusters).
+
+    The two samplers draw from the same distribution but give different counts for one seed: "indices" draws
+    the cluster ids (this module's intervals, and through them the circuit's and the study's), "multinomial"
+    the counts at once (the identification's bootstrap, `interp.effects.bootstrap`); each caller keeps its
+    own so that its results stay as they are.
+
+        >>> draw_cluster_counts(3, 2, seed=0).sum(1).tolist()
+        [3, 3]
+    """
     rng = np.random.default_rng(seed)
+    if sampler == "multinomial":
+        return rng.multinomial(n_clusters, np.full(n_clusters, 1.0 / n_clusters), size=n_boot)
+    if sampler != "indices":
+        raise ValueError(f"sampler must be 'indices' or 'multinomial', got {sampler!r}")
     drawn = rng.integers(0, n_clusters, size=(n_boot, n_clusters))  # cluster ids, one row per replicate
     flat = (drawn + np.arange(n_boot)[:, None] * n_clusters).ravel()
     return np.bincount(flat, minlength=n_boot * n_clusters).reshape(n_boot, n_clusters)
@@ -199,16 +215,18 @@ def cluster_bootstrap(values, clusters, *, weights=None, n_boot: int = 2000, see
     n = _check_lengths(values=v, clusters=np.asarray(clusters).reshape(-1))
     w = _prepare_weights(weights, n)
     sum_v, sum_w = _cluster_sums(v, w, clusters)
-    counts = _draw_cluster_counts(len(sum_v), n_boot, seed)
+    counts = draw_cluster_counts(len(sum_v), n_boot, seed)
     low, high = _percentile_interval(_boot_ratios(counts, sum_v, sum_w), confidence)
     return {"estimate": ratio_estimate(v, None if weights is None else w), "ci_low": low, "ci_high": high,
             "n_items": n, "n_clusters": len(sum_v)}
 
 
-def cluster_resampled_means(values, clusters, *, n_boot: int = 2000, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+def cluster_resampled_means(values, clusters, *, n_boot: int = 2000, seed: int = 0,
+                            sampler: str = "indices") -> tuple[np.ndarray, np.ndarray]:
     """Column means of `values` [n_items, n_columns] and their cluster-bootstrap replicates [n_boot, n_columns]:
-    each replicate draws n_clusters clusters with replacement (one draw serves every column, so statistics that
-    combine columns, e.g. ratios of differences, stay paired). NaN values are not allowed (align first)."""
+    each replicate draws n_clusters clusters with replacement (`draw_cluster_counts` with `sampler`; one draw
+    serves every column, so statistics that combine columns, e.g. ratios of differences, stay paired). NaN
+    values are not allowed (align first)."""
     v = np.asarray(values, dtype=float)
     if v.ndim != 2:
         raise ValueError(f"values must be [n_items, n_columns]; got shape {v.shape}")
@@ -221,7 +239,7 @@ def cluster_resampled_means(values, clusters, *, n_boot: int = 2000, seed: int =
     sums = np.zeros((n_clusters, v.shape[1]))
     np.add.at(sums, index, v)  # [n_clusters, n_columns]
     sizes = np.bincount(index, minlength=n_clusters).astype(float)
-    counts = _draw_cluster_counts(n_clusters, n_boot, seed)  # [n_boot, n_clusters]
+    counts = draw_cluster_counts(n_clusters, n_boot, seed, sampler)  # [n_boot, n_clusters]
     return v.mean(0), (counts @ sums) / (counts @ sizes)[:, None]
 
 
@@ -256,7 +274,7 @@ def paired_cluster_bootstrap(values_a, values_b, clusters, *, weights=None, n_bo
     w = _prepare_weights(weights, n)
     sum_a, sum_w = _cluster_sums(a, w, clusters)
     sum_b, _ = _cluster_sums(b, w, clusters)
-    counts = _draw_cluster_counts(len(sum_w), n_boot, seed)
+    counts = draw_cluster_counts(len(sum_w), n_boot, seed)
     diffs = _boot_ratios(counts, sum_a, sum_w) - _boot_ratios(counts, sum_b, sum_w)
     low, high = _percentile_interval(diffs, confidence)
     valid = diffs[~np.isnan(diffs)]

@@ -530,7 +530,7 @@ def circuit_sufficient(circuits: dict[str, pd.DataFrame | None], cfg: dict, seed
 
 def _circuit_summary(items: pd.DataFrame) -> pd.DataFrame:
     """The END curves' point faithfulness per set from the per-item table (what `smallest_k` reads)."""
-    from arithmech.interp.sufficiency import MEASURES, _faithfulness
+    from arithmech.interp.sufficiency import MEASURES, faithfulness
 
     end = items[(items["positions"] == "end") & (items["means"] == "counterfactual")]
     means = end.groupby(["curve", "mlps", "k", "seed"], sort=False)[list(MEASURES.values())].mean().reset_index()
@@ -538,7 +538,7 @@ def _circuit_summary(items: pd.DataFrame) -> pd.DataFrame:
     empty = means.index[means["curve"] == "empty"][0]
     for measure, column in MEASURES.items():
         values = means[column].to_numpy(float)[None]
-        means[f"faithfulness_{measure}"] = _faithfulness(values, model, empty)[0]
+        means[f"faithfulness_{measure}"] = faithfulness(values, model, empty)[0]
     return means
 
 

@@ -31,7 +31,7 @@ def save_checkpoint(checkpoint_dir: str | Path, ft, optimizer: torch.optim.Optim
                     steps_per_epoch: int, fingerprint: dict, history: dict) -> Path:
     """Write checkpoint_dir/step-{step:08d}/ atomically (`io.atomic_dir`), then name it in
     checkpoint_dir/latest and remove older checkpoints. It holds:
-      trainable.safetensors   the trained tensors (ft.params; `ft` a `finetune.FineTune`)
+      trainable.safetensors   the trained tensors (ft.params; `ft` a `training.FineTune`)
       optimizer.pt            the optimizer's state dict (AdamW moments; SGD: hyperparameters only)
       rng.pt                  the torch CPU (and CUDA) RNG states after `step` steps
       trainer.json            step, epoch and position in it, the lr schedule's position, the run's
@@ -60,7 +60,7 @@ def save_checkpoint(checkpoint_dir: str | Path, ft, optimizer: torch.optim.Optim
 
 
 def load_checkpoint(path: Path, ft, optimizer: torch.optim.Optimizer, fingerprint: dict) -> tuple[int, dict]:
-    """Restore the parameters of `ft` (a `finetune.FineTune`), the optimizer and the RNG from checkpoint `path`;
+    """Restore the parameters of `ft` (a `training.FineTune`), the optimizer and the RNG from checkpoint `path`;
     return (step, history)."""
     state = json.loads((path / "trainer.json").read_text())
     saved = state["fingerprint"]

@@ -21,7 +21,7 @@ and head:
   model.layers.{l}.self_attn.q_proj.weight.lora_A         [r, d_in]  (LoRA; .lora_B [d_out, r] with the
                                                           scaling folded in: the update is lora_B @ lora_A)
 with the method, heads and shapes as JSON in the header (`read_trained_meta`). For full, a normal HF
-directory (save_pretrained plus the tokenizer), loaded with `models.load_model`.
+directory (save_pretrained plus the tokenizer), loaded with `loading.load_model`.
 """
 
 from __future__ import annotations
@@ -181,7 +181,7 @@ class HeadDeltas(nn.Module):
 
 
 def _lora_factors(ft) -> dict[str, torch.Tensor]:
-    """The trained LoRA factors of `ft` (a `finetune.FineTune`): of every adapted module, under `<module path
+    """The trained LoRA factors of `ft` (a `training.FineTune`): of every adapted module, under `<module path
     in the base model>.weight.` lora_A [r, d_in] and lora_B [d_out, r], the scaling alpha/r folded into
     lora_B, so that the update of the weight is lora_B @ lora_A. A module that stores its weight transposed
     (fan_in_fan_out, GPT-2's Conv1D) saves its whole update under `.weight` instead."""
@@ -200,7 +200,7 @@ def _lora_factors(ft) -> dict[str, torch.Tensor]:
 
 
 def save_trained(ft, path: str | Path, meta: dict | None = None) -> Path:
-    """Save what `ft` (a `finetune.FineTune`) trained (module docstring): a safetensors file of deltas for
+    """Save what `ft` (a `training.FineTune`) trained (module docstring): a safetensors file of deltas for
     precise and random_heads, of the LoRA factors for lora, or an HF model directory for full.
     `meta` is added to the recorded metadata. Written atomically; returns `path`."""
     path = Path(path)

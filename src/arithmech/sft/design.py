@@ -2,7 +2,7 @@
 and does it keep what the model knew? (Zhang et al., ICML 2024, stage 4, on a target the model can move on.)
 
 Data. Arithmetic items in named formats (`study.formats`: a task, a template, an operator word and operand
-ranges), built with the workflow's prompt machinery (`prompts.render`, `prompts.split_answer`). Every item
+ranges), built with the workflow's prompt machinery (`arithmetic.render`, `arithmetic.split_answer`). Every item
 is one operand pair; pairs are split without overlap:
   identify    the pairs the identify stage used for that task (results/{model}/pairs/{task}.parquet): never
               trained on or scored here;
@@ -22,16 +22,19 @@ All prompts of a format share one fixed few-shot prefix (`study.n_shots` solved 
 split), so the shared prefix runs once. An item's target is the answer and the separator's end ("68."):
 its greedy exact match is `scoring.score_targets`' greedy_match.
 
-Arms (`study.arms`): precise (the top `study.heads` heads by patching effect averaged over the tasks: the
-W_Q rows and W_O columns, with `study.kv: shared` also the K/V rows of their key/value heads), precise_mlp
-(the same plus the top `study.mlps` MLP layers), random_heads (as many heads, drawn LAYER-MATCHED: the same
-number in each layer as the key heads, never a key head; `study.random_draws` draws, so the same parameter
-count), full and lora. Every arm's lr is chosen on the validation split from its own grid
-(`study.lr_grid`), the same number of steps for all; the chosen lr is then trained with more seeds.
+Arms (`study.arms`: names of `sft.methods.METHODS`, whose heads `sft.methods.select_nodes` selects): precise
+(the top `study.heads` heads by patching effect averaged over the tasks: the W_Q rows and W_O columns, with
+`study.kv: shared` also the K/V rows of their key/value heads), precise_mlp (the same plus the top
+`study.mlps` MLP layers), random_heads (as many heads, drawn LAYER-MATCHED: the same number in each layer as
+the key heads, never a key head; `study.random_draws` draws, so the same parameter count), uniform_heads (as
+many heads drawn uniformly among the others, as many draws), full and lora. Every arm's lr is chosen on the
+validation split from its own grid (`study.lr_grid`), the same number of steps for all; the chosen lr is
+then trained with more seeds.
 
 Runs (results/{model}/finetune/study/runs/{arm}/{run}): `lr{i}` is grid point i with seed 0 (draw 0);
-`seed{s}` is seed s at the chosen lr; `draw{d}` is random-head draw d (seed 0) at the chosen lr. The
-models scored on the test sets are the chosen grid run (`chosen`), the seeds and the draws.
+`seed{s}` is seed s at the chosen lr; `draw{d}` is random-head draw d (seed 0) at the chosen lr (the arms
+of `sft.methods.DRAWN_METHODS`). The models scored on the test sets are the chosen grid run (`chosen`), the
+seeds and the draws.
 
 This module is pure pandas/numpy (no torch): the DAG and the summary rules import it cheaply."""
 
@@ -46,11 +49,9 @@ import numpy as np
 import pandas as pd
 
 from arithmech.report import stats
-from arithmech.interp.nodes import layer_matched_heads
+from arithmech.sft.methods import DRAWN_METHODS, METHODS, select_nodes
 
 AUTO = "auto"  # study.train_format: the format is chosen by measurement (rule study_format)
-ARMS = ("precise", "precise_mlp", "random_heads", "full", "lora")
-HEAD_ARMS = ("precise", "precise_mlp", "random_heads")
 STUDY_TASKS = ("addition", "subtraction", "multiplication", "division")
 SPLITS = ("train", "validation", "test")
 RUN_NAME = re.compile(r"(lr|seed|draw)(\d+)")
@@ -58,12 +59,14 @@ MAX_PAIRS = 1_000_000  # operand pairs of one format: three digits by three (810
 # Arm pairs compared on every metric (a - b): the study's questions.
 COMPARISONS = (
     ("precise", "random_heads"),  # are the key heads special, at the same parameter count and layers?
+    ("precise", "uniform_heads"),  # ... at the same parameter count, anywhere in the model?
     ("precise", "full"),  # does training 1% of the model match training all of it?
     ("precise", "lora"),
     ("precise_mlp", "precise"),  # do the key MLPs add anything?
     ("precise", "base"),  # does precise SFT help at all?
     ("full", "base"),
     ("random_heads", "base"),
+    ("uniform_heads", "base"),
     ("lora", "base"),
     ("precise_mlp", "base"),
 )
@@ -353,7 +356,7 @@ def read_choice(path) -> dict:
 
 
 def _prompt(tokenizer, text: str, answer_text: str) -> str:
-    """The prompt cut so that the next token starts the answer (`prompts.split_answer`)."""
+    """The prompt cut so that the next token starts the answer (`arithmetic.split_answer`)."""
     from arithmech.data.arithmetic import split_answer
 
     prompt, _ = split_answer(tokenizer, text, answer_text)
@@ -377,25 +380,21 @@ def parse_run(run: str) -> tuple[str, int]:
     return m[1], int(m[2])
 
 
-def arm_method(arm: str, run: str, study: dict, *, ranked_heads: list, ranked_mlps: list, n_heads: int,
-               seed: int) -> dict:
-    """The `finetune_config.parse_method` dict of one run of `arm` (ranked_*: nodes by patching effect, best first)."""
-    if arm not in ARMS:
-        raise ValueError(f"study arm {arm!r}: expected one of {list(ARMS)}")
+def arm_method(arm: str, run: str, study: dict, *, ranked_heads: list, ranked_mlps: list, n_layers: int,
+               n_heads: int, seed: int) -> dict:
+    """The `sft.methods.parse_method` dict of one run of `arm` (ranked_*: nodes by patching effect, best first;
+    the heads and MLPs from `sft.methods.select_nodes`). Every grid and seed run trains draw 0."""
+    if arm not in METHODS:
+        raise ValueError(f"study arm {arm!r}: expected one of {list(METHODS)}")
     kind, index = parse_run(run)
     if arm in ("full", "lora"):
         return {"method": arm, **({"lora": study["lora"]} if arm == "lora" else {})}
-    n = study["heads"]
-    if n > len(ranked_heads):
-        raise ValueError(f"config key 'study.heads': {n} heads asked for, the model has {len(ranked_heads)}")
-    heads = [tuple(map(int, h)) for h in ranked_heads[:n]]
-    mlps: list[int] = []
-    if arm == "random_heads":
-        draw = index if kind == "draw" else 0
-        heads = layer_matched_heads(heads, n_heads, seed=int(np.random.SeedSequence([seed, 11, draw]).generate_state(1)[0]))
-    if arm == "precise_mlp":
-        mlps = [int(m) for m in ranked_mlps[: study["mlps"]]]
-    return {"method": "random_heads" if arm == "random_heads" else "precise", "heads": [list(h) for h in heads],
+    heads, mlps = select_nodes(arm, ranked_heads, ranked_mlps, heads=study["heads"],
+                               mlps=study["mlps"] if arm == "precise_mlp" else 0,  # the precise arm: heads alone
+                               n_layers=n_layers, n_heads=n_heads, seed=seed, draw=index if kind == "draw" else 0,
+                               section="study")
+    # precise_mlp trains as precise does (its mlp_layers make the difference)
+    return {"method": "precise" if arm == "precise_mlp" else arm, "heads": [list(h) for h in heads],
             "mlp_layers": mlps, "train_kv": study["kv"] == "shared"}
 
 
@@ -403,7 +402,7 @@ def final_runs(arm: str, study: dict) -> list[str]:
     """The runs of `arm` scored on the test sets: the chosen grid run, more seeds, more draws."""
     runs = ["chosen"]
     runs += [f"seed{s}" for s in range(1, study["seeds"].get(arm, 1))]
-    if arm == "random_heads":
+    if arm in DRAWN_METHODS:
         runs += [f"draw{d}" for d in range(1, study["random_draws"])]
     return runs
 

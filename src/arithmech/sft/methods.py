@@ -1,6 +1,14 @@
 """What fine-tuning trains and with which hyperparameters, torch-free (the rules and the config checks read
-it): the method names, `Method` (which parameters a method trains) and `TrainConfig` (the training loop's
-settings), parsed from config dicts with errors that name the key."""
+it): the method names, which heads and MLPs a head method trains (`select_nodes`), `Method` (which
+parameters a method trains) and `TrainConfig` (the training loop's settings), parsed from config dicts with
+errors that name the key.
+
+One vocabulary serves the GSM8K recipe (`finetune.methods`) and the study (`study.arms`), so a name means
+the same draw in both:
+
+    >>> select_nodes("precise", [(2, 1), (0, 3), (1, 1)], [2, 0], heads=2, mlps=1, n_layers=3, n_heads=4, seed=0)
+    ([(2, 1), (0, 3)], [2])
+"""
 
 from __future__ import annotations
 
@@ -8,10 +16,23 @@ import re
 from dataclasses import dataclass, field, fields
 
 import numpy as np
-from arithmech.interp.nodes import Head
+from arithmech.interp.nodes import Head, layer_matched_heads, random_heads
 
-METHODS = ("precise", "random_heads", "full", "lora")
-HEAD_METHODS = ("precise", "random_heads")
+# Every method name and what it trains (the config checks quote these when a name is unknown).
+METHODS = {
+    "precise": "the top `heads` heads by patching effect averaged over run.tasks, and in the GSM8K recipe the "
+               "top `finetune.mlps` MLPs",
+    "precise_mlp": "the study's precise plus the whole weights of the top `study.mlps` MLPs",
+    "random_heads": "as many heads drawn layer-matched, the same number in each layer as the top heads and never "
+                    "a top head",
+    "uniform_heads": "as many heads drawn uniformly among all heads but the top ones",
+    "full": "every parameter",
+    "lora": "LoRA factors",
+}
+HEAD_METHODS = ("precise", "precise_mlp", "random_heads", "uniform_heads")  # per-head deltas (`select_nodes`)
+DRAWN_METHODS = ("random_heads", "uniform_heads")  # heads drawn at random: the study trains several draws
+# The recipe's precise already trains `finetune.mlps` MLPs, so precise_mlp is the study's alone.
+RECIPE_METHODS = tuple(name for name in METHODS if name != "precise_mlp")
 SCHEDULES = ("constant", "linear", "cosine")
 OPTIMIZERS = ("adamw", "sgd")
 
@@ -28,13 +49,13 @@ def length_problem(epochs, max_steps, where: str) -> str | None:
 class Method:
     """What to train.
 
-    name: one of METHODS.  heads: (layer, query head) pairs (precise, random_heads).  train_kv: also train
-    the K/V rows (W_K, W_V) of the key/value head g = h // (n_heads // n_kv_heads) that each selected query
-    head h reads, so that a head's W_Q, W_K, W_V and W_O slices are all trained. With grouped-query
+    name: one of METHODS.  heads: (layer, query head) pairs (HEAD_METHODS, `select_nodes`).  train_kv: also
+    train the K/V rows (W_K, W_V) of the key/value head g = h // (n_heads // n_kv_heads) that each selected
+    query head h reads, so that a head's W_Q, W_K, W_V and W_O slices are all trained. With grouped-query
     attention (n_kv_heads < n_heads) key/value head g is shared: training it changes the attention pattern
     and output of EVERY query head h' of that layer with h' // (n_heads // n_kv_heads) == g, selected or not.
     Without train_kv only the selected heads' q rows and o columns change, and no other head's q, k or v.
-    mlp_layers: layers whose whole MLP weights are trained (precise, random_heads).  grad_scale: an optional
+    mlp_layers: layers whose whole MLP weights are trained (HEAD_METHODS).  grad_scale: an optional
     factor on the head deltas' gradients (`resolve_grad_scale`).
     delta_dtype: "model" (deltas in the model's dtype) or "float32" (fp32 deltas, cast to the activations'
     dtype in the forward: fp32 master weights for a bf16 model). bf16 deltas start at 0, where bf16 is
@@ -60,6 +81,42 @@ class Method:
         if self.name == "lora":
             out["lora"] = dict(self.lora)
         return out
+
+
+def unknown_method(name, allowed=tuple(METHODS)) -> str:
+    """What an unknown method name gets told: every allowed name with what it trains."""
+    listed = "; ".join(f"{m} ({METHODS[m]})" for m in allowed)
+    return f"unknown method {name!r}; expected one of: {listed}"
+
+
+def select_nodes(method: str, ranked_heads, ranked_mlps, *, heads: int, mlps: int, n_layers: int, n_heads: int,
+                 seed: int, draw: int = 0, section: str = "finetune") -> tuple[list[Head], list[int]]:
+    """(heads, MLP layers) that head method `method` trains, from every head and MLP layer ranked by patching
+    effect, best first (`interp.nodes.ranked_nodes`):
+
+        precise, precise_mlp   the top `heads` heads and the top `mlps` MLP layers
+        random_heads           `heads` heads drawn layer-matched (`layer_matched_heads`), no MLP
+        uniform_heads          `heads` heads drawn uniformly among the others (`random_heads`), no MLP
+
+    Draw `draw` (the study's draw{d} runs; the recipe trains draw 0) is seeded by SeedSequence([seed, 11,
+    draw]) for random_heads and by seed + draw for uniform_heads. `section` is the config section the counts
+    come from, named in errors.
+
+    >>> select_nodes("uniform_heads", [(2, 1), (0, 3), (1, 1)], [2, 0], heads=2, mlps=1, n_layers=3, n_heads=4,
+    ...              seed=0)[1]
+    []
+    """
+    if method not in HEAD_METHODS:
+        raise ValueError(f"{section}: method {method!r} selects no heads; head methods are {list(HEAD_METHODS)}")
+    if heads > len(ranked_heads):
+        raise ValueError(f"config key '{section}.heads': {heads} heads asked for, the model has {len(ranked_heads)}")
+    top = [(int(l), int(h)) for l, h in ranked_heads[:heads]]
+    if method == "random_heads":
+        derived = int(np.random.SeedSequence([seed, 11, draw]).generate_state(1)[0])
+        return layer_matched_heads(top, n_heads, seed=derived), []
+    if method == "uniform_heads":
+        return random_heads(n_layers, n_heads, heads, seed=seed + draw, exclude=top), []
+    return top, [int(m) for m in ranked_mlps[:mlps]]
 
 
 def parse_head(value, where: str) -> Head:

@@ -27,11 +27,11 @@ def train_and_save(lm: LoadedModel, *, spec: dict, train_cfg: dict, examples: li
                    final_tables: Callable[..., dict[str, pd.DataFrame]] | None = None,
                    ) -> tuple:
     """The one training entry point, of the GSM8K recipe (`finetune`) and of the study (`study_train`): train
-    `lm` by the method `spec` (`finetune_config.parse_method`) with `train_cfg` on (prompt, target) pairs,
+    `lm` by the method `spec` (`methods.parse_method`) with `train_cfg` on (prompt, target) pairs,
     resumable from checkpoint_root/<run_name>-<hash of `settings`>, then save the run (`save_training_run`)
     with the Parquet tables `final_tables(stats)` returns, named by file. `append_eos`, `evaluate` and
-    `evaluate_every` go to `finetune.train`. Provenance: `stage_meta(model_dir, stage, **meta_params,
-    settings=settings)`. Returns (the `finetune.TrainStats`, the stats record, the final tables)."""
+    `evaluate_every` go to `training.train`. Provenance: `stage_meta(model_dir, stage, **meta_params,
+    settings=settings)`. Returns (the `training.TrainStats`, the stats record, the final tables)."""
     from arithmech.sft.training import prepare, train
 
     checkpoints = Path(checkpoint_root) / f"{run_name}-{config_hash(settings)[:12]}"

@@ -178,7 +178,7 @@ def choice_loglik(
 ) -> list[np.ndarray]:
     """Summed log-likelihood of each choice given its context: one [n_choices] float64 array per item.
 
-    Each choice is scored as the sequence context ids + choice ids (see `prompts.continuation_ids`); only the
+    Each choice is scored as the sequence context ids + choice ids (see `arithmetic.continuation_ids`); only the
     choice tokens are scored, and each context is read once for all its choices (`batch_size` items per
     forward). A choice usually starts with the space that separates it from the context (" Yes")."""
     return _choice_scores(lm, contexts, choices_per_item, batch_size, progress)[0]
@@ -189,7 +189,7 @@ def evaluate_choice(
 ) -> pd.DataFrame:
     """Multiple-choice accuracy by log-likelihood.
 
-    `frame`: columns id, input, choices (list of str), correct (index), as `data.load_bigbench_choice`
+    `frame`: columns id, input, choices (list of str), correct (index), as `datasets.load_bigbench_choice`
     gives, and optionally prompt (the context; by default `formatting.choice_prompt(input)`). Each choice is
     scored as the continuation " " + choice. Returns one row per item: id, prediction (the choice with the
     highest summed log-likelihood; the first on a tie), correct_index, correct (bool; the main accuracy),
@@ -303,7 +303,7 @@ def score_targets(
 ) -> pd.DataFrame:
     """Teacher-forced scores of each target after its prompt, one forward per batch.
 
-    Returns one row per item, in input order: n_tokens (target tokens, `prompts.continuation_ids`), nll
+    Returns one row per item, in input order: n_tokens (target tokens, `arithmetic.continuation_ids`), nll
     (summed negative log-likelihood of the target tokens, nats, float64) and greedy_match (every target token
     is the argmax given the prompt and the target tokens before it). greedy_match is exactly whether greedy
     decoding would produce the target's tokens first (a target "68." after "23 + 45 = " is the greedy full

@@ -2,7 +2,7 @@
 heads (Zhang et al., ICML 2024), the same on random heads, full fine-tuning or LoRA, resumable from
 checkpoints (`arithmech.sft.checkpoints`).
 
-Methods (`finetune_config.Method`, or a config dict through `finetune_config.parse_method`):
+Methods (`methods.Method`, or a config dict through `methods.parse_method`):
   precise        train only the selected query heads' slices: for head h of layer l, the rows
                  h*hd:(h+1)*hd of q_proj.weight (what the head reads) and the columns h*hd:(h+1)*hd of
                  o_proj.weight (what it writes), as delta parameters (`arithmech.sft.deltas`). Optionally
@@ -89,7 +89,7 @@ def encode_example(tokenizer, prompt: str, target: str, max_length: int,
     few-shot answer "16." that the prompt format never ends with eos).
     Too long: the prompt is cut from the left (its start, BOS included, goes) so the target stays whole;
     a target (with its eos) longer than max_length alone is an error. The target ids are those that follow
-    the prompt in the whole text's tokenization (`prompts.continuation_ids`: no SentencePiece word-start
+    the prompt in the whole text's tokenization (`arithmetic.continuation_ids`: no SentencePiece word-start
     token of its own)."""
     if eos and tokenizer.eos_token_id is None:
         raise ValueError("the tokenizer has no eos token; the target must end with one (or train with "

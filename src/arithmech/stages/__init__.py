@@ -1,6 +1,10 @@
-"""Rule entry points, one module per stage: `identify`, `validate`, `analyze`, `finetune` (the paper's GSM8K
-recipe), `study` (the precise-SFT study) and `figures` (figures drawn from the stages' tables). Each function
-reads a rule's inputs, calls the library and writes its outputs atomically with provenance; keyword-only,
-so a script cannot swap two paths silently, and runnable (and tested) without Snakemake. `common` holds
-what several stages share; `arithmech.jobs` sets a job up. Importing this package imports nothing else.
+"""The rule entry points, one module per workflow/rules/*.smk: identify, validate, analyze, circuit, finetune,
+study, claims, findings.
+
+Each run_* function reads a rule's inputs, calls the library and writes its outputs atomically with provenance;
+keyword-only, so a script cannot swap two paths silently, and runnable (and tested) without Snakemake:
+
+    from arithmech.stages.identify import run_build_pairs      (workflow/scripts/build_pairs.py)
+
+No stage imports another stage, and nothing else imports a stage (tests/test_architecture.py).
 """

@@ -24,7 +24,7 @@ def _key_nodes(key: pd.DataFrame) -> tuple[list[tuple[int, int]], list[int]]:
 def contrast_end_mean(lm, *, task: str, pairs: pd.DataFrame, prompts: dict, cf_shots: str, seed: int,
                       batch_size: int) -> AlignedMean:
     """The END mean over the identification pairs' counterfactuals rebuilt with `counterfactual_shots: cf_shots`
-    (the same shots and null words: `prompts.build_prompts` draws them per sample id)."""
+    (the same shots and null words: `arithmetic.build_prompts` draws them per sample id)."""
     import torch
     from arithmech.intervention.means import AlignedMean
 
@@ -140,7 +140,7 @@ def run_edges(*, model: str, model_dir, tasks: list[str], pairs_paths, effects_p
     split into its total effect (downstream recomputed, `patching.total_logits`), its direct path
     (`patching.direct_logits`) and its path through every MLP of its layer or later (`edges.edge_logits`), as
     changes of the answer logit (and relative to the unpatched closed-form logit); per sample (`out_samples`) and
-    aggregated with intervals and shares of the total (`circuit.summarize_edges`, `out_tables`), by the relative
+    aggregated with intervals and shares of the total (`sufficiency.summarize_edges`, `out_tables`), by the relative
     change for `metric` relative_logit (by the logit difference, with a warning, for an operator where no scored
     pair has a positive unpatched logit), else by the logit difference (the edges have no probabilities). One job
     for all operators: the model loads once."""

@@ -18,35 +18,19 @@ from arithmech.sft.runs import load_finetuned, train_and_save
 from arithmech.sft.training import finetune_examples, fitting_examples
 
 
-def select_finetune_nodes(method: str, effects_paths: dict, finetune: dict, *, n_layers: int, n_heads: int,
-                          seed: int) -> tuple[list, list]:
-    """(heads, mlp layers) a head method trains: precise, the top `finetune.heads` heads (and top
-    `finetune.mlps` MLPs) by patching effect averaged over the tasks; random_heads, as many heads drawn at
-    random (seeded) among the others, and no MLPs."""
-    from arithmech.interp.nodes import random_heads
-
-    ranked, ranked_mlps = ranked_nodes({t: pd.read_parquet(p) for t, p in effects_paths.items()})
-    n = finetune["heads"]
-    if n > len(ranked):
-        raise ValueError(f"config key 'finetune.heads': {n} heads asked for, the model has {len(ranked)}")
-    top = ranked[:n]
-    if method == "random_heads":
-        return random_heads(n_layers, n_heads, n, seed=seed, exclude=top), []
-    return top, ranked_mlps[: finetune["mlps"]]
-
-
 def run_finetune(*, model: str, model_dir, method: str, effects_paths: dict, data_path, finetune: dict, compute: dict,
                  seed: int, out_dir, checkpoint_root) -> None:
     """Fine-tune with one method and save what was trained into `out_dir`: the deltas (`trained.safetensors`)
     or, for full, a model directory (`model/`), plus `stats.json` (trainable parameters, step times, peak
     memory, losses). A killed job resumes from `checkpoint_root/<method>-<hash of the settings>`."""
-    from arithmech.sft.methods import HEAD_METHODS, parse_method
+    from arithmech.sft.methods import HEAD_METHODS, parse_method, select_nodes
 
     lm = load_stage_model(model_dir, compute)
     spec: dict = {"method": method}
     if method in HEAD_METHODS:
-        heads, mlps = select_finetune_nodes(method, effects_paths, finetune, n_layers=lm.n_layers, n_heads=lm.n_heads,
-                                            seed=seed)
+        ranked, ranked_mlps = ranked_nodes({t: pd.read_parquet(p) for t, p in effects_paths.items()})
+        heads, mlps = select_nodes(method, ranked, ranked_mlps, heads=finetune["heads"], mlps=finetune["mlps"],
+                                   n_layers=lm.n_layers, n_heads=lm.n_heads, seed=seed, section="finetune")
         spec |= {"heads": [list(h) for h in heads], "mlp_layers": mlps, "train_kv": finetune["train_kv"],
                  "grad_scale": finetune["grad_scale"], "delta_dtype": "float32" if lm.dtype != torch.float32 else "model"}
     elif method == "lora":
@@ -144,24 +128,10 @@ def accuracy_sets(datasets: list[str]) -> list[str]:
     return [d for d in datasets if REGISTRY[d].kind != "perplexity"]
 
 
-def markdown_table(summary: pd.DataFrame, datasets: list[str]) -> str:
-    """Table 1 as Markdown: accuracies as 'value [low, high]', perplexity, trainable parameters, step time."""
-    scored = accuracy_sets(datasets)
-    head = ["method", *scored, "WikiText-2 ppl", "trainable params", "s/step",
-            "train s", "peak MB"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for r in summary.to_dict("records"):
-        cells = [r["method"]]
-        cells += [f"{r[d]:.1f} [{r[d + '_low']:.1f}, {r[d + '_high']:.1f}]" for d in scored]
-        cells += [f"{r.get('wikitext_ppl', float('nan')):.2f}", f"{r['trainable_params']:,}",
-                  f"{r['mean_step_s']:.2f}", f"{r['train_time_s']:.0f}", f"{r['peak_memory_mb']:.0f}"]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
-
-
 def run_summarize_eval(*, model: str, methods: list[str], eval_paths: dict, stats_paths: dict, confidence: float,
                        out_table, out_md, out_html, out_png) -> None:
     from arithmech.report import plots
+    from arithmech.report.tables import eval_markdown
     from arithmech.io import atomic_path
 
     summary = eval_summary(eval_paths, stats_paths, confidence)
@@ -170,7 +140,7 @@ def run_summarize_eval(*, model: str, methods: list[str], eval_paths: dict, stat
     write_parquet(summary, out_table, meta)
     with atomic_path(out_md) as tmp:
         Path(tmp).write_text(f"# {model}: base vs fine-tuned (accuracy %, {100 * confidence:.0f}% Wilson intervals)\n\n"
-                             + markdown_table(summary, datasets))
+                             + eval_markdown(summary, accuracy_sets(datasets)))
     write_html_table(summary, out_html, f"{model}: evaluation of every fine-tuning method")
     plots.eval_summary(summary, accuracy_sets(datasets),
                        f"{model}: accuracy after fine-tuning on GSM8K ({100 * confidence:.0f}% intervals)", out_png)

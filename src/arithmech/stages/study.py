@@ -12,6 +12,7 @@ import pandas as pd
 from arithmech.sft import design as sd
 from arithmech.io import atomic_path, config_hash, provenance, write_html_page, write_json, write_parquet
 from arithmech.model.loading import load_stage_model, model_record, stage_meta
+from arithmech.report.tables import format_markdown, study_markdown
 from arithmech.sft.runs import load_finetuned, train_and_save
 from arithmech.interp.nodes import ranked_nodes
 
@@ -30,10 +31,10 @@ FORMAT_COLUMNS = ["format", "task", "template", "operator", "a", "b", "pairs", "
 def run_study_format(*, model_dir, pairs_paths: dict, study: dict, prompts: dict, compute: dict, seed: int,
                      out_table) -> None:
     """Measure the base model's greedy exact match on every candidate format (`study.train_format: auto`)
-    or on the named format, and choose the trained format (`study.choose_format`).
+    or on the named format, and choose the trained format (`design.choose_format`).
     formats.parquet: one row per measured format (FORMAT_COLUMNS; `a` and `b` the operand ranges as text,
     `pairs` the operand pairs left after the identify stage's, the Wilson interval at `study.confidence`);
-    the choice is in its metadata under `choice` (`study.read_choice`) and in the log."""
+    the choice is in its metadata under `choice` (`design.read_choice`) and in the log."""
     import time
 
     import torch
@@ -130,8 +131,9 @@ def run_study_train(*, model_dir, items_path, effects_paths: dict, arm: str, run
     fmt = items[items["format"] == sd.trained_format(items)]
     train_items, val = fmt[fmt["split"] == "train"], fmt[fmt["split"] == "validation"]
     curve_test = fmt[fmt["split"] == "test"].head(study["curve"]["test_items"])
-    heads, mlps = ranked_nodes({t: pd.read_parquet(p) for t, p in effects_paths.items()}) if arm in sd.HEAD_ARMS else ([], [])
-    spec = sd.arm_method(arm, run, study, ranked_heads=heads, ranked_mlps=mlps, n_heads=lm.n_heads, seed=seed)
+    heads, mlps = ranked_nodes({t: pd.read_parquet(p) for t, p in effects_paths.items()}) if arm in HEAD_METHODS else ([], [])
+    spec = sd.arm_method(arm, run, study, ranked_heads=heads, ranked_mlps=mlps, n_layers=lm.n_layers,
+                         n_heads=lm.n_heads, seed=seed)
     if spec["method"] in HEAD_METHODS and lm.dtype != torch.float32:
         spec["delta_dtype"] = "float32"
     parse_method(spec)
@@ -170,7 +172,7 @@ def run_study_train(*, model_dir, items_path, effects_paths: dict, arm: str, run
 
 
 def run_study_select(*, arm: str, study: dict, run_dirs: dict, out_path) -> None:
-    """Choose `arm`'s lr: the grid run with the best validation exact match (`study.select_lr`)."""
+    """Choose `arm`'s lr: the grid run with the best validation exact match (`design.select_lr`)."""
     vals = {run: pd.read_parquet(Path(d) / VAL_FILE) for run, d in run_dirs.items()}
     choice = sd.select_lr(vals, list(study["lr_grid"][arm]))
     choice |= {"arm": arm, "criterion": "validation exact match, ties to the lower answer NLL",
@@ -300,45 +302,12 @@ def run_study_summary(*, model: str, study: dict, formats_path, items_path, sele
     write_parquet(table, out_study, meta)
     write_parquet(comp, out_comparisons, meta)
     with atomic_path(out_md) as tmp:
-        Path(tmp).write_text(study_markdown(model, table, comp, fmt, study["confidence"])
-                             + "\n" + format_markdown(formats, choice))
+        Path(tmp).write_text(study_markdown(model, table, comp, fmt, study["confidence"]) + "\n"
+                             + format_markdown(format_display(formats), choice, auto=choice["train_format"] == sd.AUTO))
     write_html_page([("Scored models", table, ""), ("The trained format", format_display(formats), choice["reason"])],
                     out_html, f"{model}: precise-SFT study (trained on {fmt})")
     plots.study_accuracy(table, fmt, f"{model}: exact match after training on {fmt}", out_png)
     plots.study_curves(curves, f"{model}: learning curves on {fmt}", out_curves)
-
-
-def study_markdown(model: str, table: pd.DataFrame, comp: pd.DataFrame, fmt: str, confidence: float) -> str:
-    """The study's tables in Markdown: per model, then the comparisons of exact match and KL."""
-    pct = f"{100 * confidence:.0f}%"
-    transfer = [c for c in table.columns if c.startswith("transfer_") and not c.endswith(("_low", "_high"))]
-    head = ["arm", "run", "lr", f"{fmt} exact match [{pct}]", *[c[len("transfer_"):] for c in transfer],
-            "KL to base (nats/token)", "WikiText ppl", "GSM8K NLL", "SVAMP NLL", "social_iqa", "strategyqa",
-            "qa_wikidata", "trained params", "s/step"]
-    lines = [f"# {model}: precise-SFT study, trained on `{fmt}`\n", "| " + " | ".join(head) + " |",
-             "|" + "---|" * len(head)]
-
-    def f(x, spec):
-        return "" if x is None or (isinstance(x, float) and np.isnan(x)) else format(x, spec)
-
-    for r in table.to_dict("records"):
-        cells = [r["arm"], r["run"], f(r.get("lr"), ".0e"),
-                 f"{100 * r['accuracy']:.1f} [{100 * r['accuracy_low']:.1f}, {100 * r['accuracy_high']:.1f}]"]
-        cells += [f(100 * r[c], ".1f") for c in transfer]
-        cells += [f(r.get("kl_to_base"), ".4f"), f(r.get("perplexity"), ".2f"), f(r.get("gsm8k_nll"), ".3f"),
-                  f(r.get("svamp_nll"), ".3f")]
-        cells += [f(100 * r[c], ".1f") if c in r else "" for c in ("social_iqa", "strategyqa", "qa_wikidata")]
-        cells += [f"{int(r.get('trainable_params') or 0):,}", f(r.get("mean_step_s"), ".2f")]
-        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
-    lines += ["", f"## Comparisons (a - b on the same items; {pct} intervals resample operand pairs, items or windows)",
-              "", "| a | b | metric | difference | interval | p | p (Holm) | test |", "|---|---|---|---|---|---|---|---|"]
-    for r in comp.to_dict("records"):
-        scale = 100 if r["metric"] in ("accuracy", "social_iqa", "strategyqa", "qa_wikidata") or \
-            r["metric"].startswith("transfer_") else 1
-        lines.append(f"| {r['arm_a']} | {r['arm_b']} | {r['metric']} | {scale * r['difference']:+.3g} | "
-                     f"[{scale * r['ci_low']:+.3g}, {scale * r['ci_high']:+.3g}] | {r['p_value']:.3g} | "
-                     f"{r['p_holm']:.3g} | {r['test']} |")
-    return "\n".join(lines) + "\n"
 
 
 def format_display(formats: pd.DataFrame) -> pd.DataFrame:
@@ -354,20 +323,6 @@ def format_display(formats: pd.DataFrame) -> pd.DataFrame:
                          "base exact match % [interval]": [share(r) for r in formats.to_dict("records")],
                          "in band": formats["in_band"].map({True: "yes", False: ""}),
                          "chosen": formats["chosen"].map({True: "yes", False: ""}), "reason": formats["reason"]})
-
-
-def format_markdown(formats: pd.DataFrame, choice: dict) -> str:
-    """The trained format's choice in Markdown: how it was made, then every measured format."""
-    low, high = choice["band"]
-    how = ("named by `study.train_format`" if choice["train_format"] != sd.AUTO
-           else "`study.train_format: auto`: the candidate inside `study.base_band` closest to its middle")
-    table = format_display(formats)
-    lines = ["## The trained format", "", f"Base model's greedy exact match on each measured format (validation "
-             f"items, the band [{low:g}, {high:g}]); {how}. {choice['reason']}.", "",
-             "| " + " | ".join(table.columns) + " |", "|" + "---|" * len(table.columns)]
-    for r in table.to_dict("records"):
-        lines.append("| " + " | ".join(str(v).replace("|", "\\|") for v in r.values()) + " |")
-    return "\n".join(lines) + "\n"
 
 
 def write_not_run(*, model: str, study: dict, formats: pd.DataFrame, choice: dict, out_study, out_comparisons,
@@ -386,7 +341,8 @@ def write_not_run(*, model: str, study: dict, formats: pd.DataFrame, choice: dic
     write_parquet(pd.DataFrame({c: pd.Series(dtype=object if c in ("arm_a", "arm_b", "metric", "dataset", "test")
                                              else float) for c in COMPARISON_COLUMNS}), out_comparisons, meta)
     with atomic_path(out_md) as tmp:
-        Path(tmp).write_text(f"# {model}: precise-SFT study\n\n**{reason}**\n\n" + format_markdown(formats, choice))
+        Path(tmp).write_text(f"# {model}: precise-SFT study\n\n**{reason}**\n\n"
+                             + format_markdown(format_display(formats), choice, auto=choice["train_format"] == sd.AUTO))
     write_html_page([("The study could not run", pd.DataFrame({"reason": [reason]}), ""),
                      ("The trained format", format_display(formats), "")],
                     out_html, f"{model}: precise-SFT study (not run)")

@@ -26,6 +26,7 @@ from arithmech.report.page import (figure_caption, key_component_rows, knockout_
 from arithmech.report.verdicts import TIMING_CLAIMS
 from arithmech.io import atomic_path
 from arithmech.report.scorecard import claims_markdown, verdict_counts
+from arithmech.report.tables import markdown_table
 
 BEGIN = "<!-- BEGIN GENERATED: scorecard (make docs) -->"
 END = "<!-- END GENERATED: scorecard -->"
@@ -39,16 +40,6 @@ def require(path: Path) -> Path:
     if not Path(path).is_file():
         raise MissingResults(f"make docs: {path} is missing; run the workflow for this model first (make run)")
     return Path(path)
-
-
-def markdown_table(df: pd.DataFrame) -> str:
-    """A GitHub Markdown table of already formatted cells."""
-    def cell(value) -> str:
-        return " ".join(("" if display.missing(value) else str(value)).split()).replace("|", "\\|")
-
-    lines = ["| " + " | ".join(cell(c) for c in df.columns) + " |", "|" + "---|" * len(df.columns)]
-    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in df.itertuples(index=False)]
-    return "\n".join(lines) + "\n"
 
 
 def replace_block(text: str, block: str, where: str = "README.md", markers: tuple[str, str] = (BEGIN, END)) -> str:

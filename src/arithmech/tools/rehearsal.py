@@ -23,6 +23,12 @@ those jobs, to check the plan's memory at the full sizes in a fraction of the fu
 The result: one row per job (rule, wildcards, wall seconds, peak resident memory of its largest process)
 in `jobs.tsv` of the working directory, and per rule the job count beside the count `make plan` takes from
 a dry run of the same configuration (`plan.json`), total and largest wall time and memory, printed.
+
+It runs the workflow of a checkout, `--root` (default: the current directory): its Snakefile, config.yaml,
+configs/paper.yaml, data files, SLURM profile and stand-ins (tests/fake_slurm).
+
+    python -m arithmech.tools.rehearsal --size quick                  (make rehearsal, from the checkout)
+    python -m arithmech.tools.rehearsal --root ~/arithmech --work /scratch/rehearsal
 """
 
 from __future__ import annotations
@@ -42,17 +48,20 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from arithmech.tools.docs_results import markdown_table, replace_block, write_if_changed
-from arithmech.io import write_json
-from arithmech.tools.plan import load_config, merge, plan
-from arithmech.model.tiny import build_tiny_model
+from snakemake.utils import update_config
 
-ROOT = Path(__file__).resolve().parents[3]
-STAND_INS = ROOT / "tests" / "fake_slurm"
+from arithmech.data.eval_sets import REGISTRY
+from arithmech.io import write_json
+from arithmech.model.tiny import build_tiny_model
+from arithmech.report.tables import markdown_table
+from arithmech.tools.docs_results import replace_block, write_if_changed
+from arithmech.tools.plan import data_path, load_config, plan, read_records
+
+STAND_INS = Path("tests") / "fake_slurm"  # the SLURM stand-in commands, in the checkout
 # LLaMA2-7B: 32 layers, 32 heads of dimension 128 (no GQA), MLP width 11008 = 2.6875 x the model width.
 TOPOLOGY = {"n_layers": 32, "n_heads": 32, "n_kv_heads": 32, "head_dim": 4, "intermediate_size": 344,
             "max_positions": 4096}
-MMLU_ROWS, COMMONSENSE_QA_ROWS = 14042, 1221  # cais/mmlu all/test; tau/commonsense_qa validation
+MMLU_ROWS, COMMONSENSE_QA_ROWS = REGISTRY["mmlu"].hub_rows, REGISTRY["commonsense_qa"].hub_rows
 # The random model's limits, merged over configs/paper.yaml (`overlay`).
 OVERLAY = {
     "prompts": {"keep_only_correct": False},  # it answers nothing correctly: every prompt would be dropped
@@ -77,6 +86,19 @@ MARKERS = ("<!-- BEGIN GENERATED: rehearsal (make rehearsal) -->", "<!-- END GEN
 PEAK_MARKERS = ("<!-- BEGIN GENERATED: rehearsal-peak (make rehearsal-peak) -->",
                 "<!-- END GENERATED: rehearsal-peak -->")
 RESOURCES = {"gpus": 1, "gpu_model": "a100", "mem_mb": 64000, "runtime": 120}  # as config.yaml gives llama2-7b
+
+
+def workflow_root(root: Path | str | None = None) -> Path:
+    """The checkout whose workflow the rehearsal runs (`--root`; default: the current directory), resolved;
+    an error naming --root when it has no Snakefile or no SLURM stand-ins."""
+    root = Path.cwd() if root is None else Path(root).expanduser()
+    root = root.resolve()
+    if not (root / "Snakefile").is_file():
+        raise FileNotFoundError(f"no Snakefile in {root}: run the rehearsal from the checkout, or give it with "
+                                f"--root")
+    if not (root / STAND_INS).is_dir():
+        raise FileNotFoundError(f"no SLURM stand-ins ({STAND_INS}) in {root}: give the checkout with --root")
+    return root
 
 
 def hub_layout(root: Path, seed: int = 0) -> dict[str, dict]:
@@ -117,9 +139,8 @@ def longest_records(source: Path, out: Path, n: int, lengths: list[float | None]
     """The `n` records of data file `source` (JSON Lines or a JSON list) with the largest `lengths` (one per
     record, None: left out), written to `out` in the same format (atomically)."""
     from arithmech.io import atomic_path
-    from arithmech.tools.plan import _records
 
-    records = _records(source)
+    records = read_records(source)
     kept = [i for i, length in enumerate(lengths) if length is not None]
     if len(lengths) != len(records) or len(kept) < n:
         raise ValueError(f"{source}: {len(kept)} of its {len(records)} records can be kept, fewer than the {n} "
@@ -146,28 +167,28 @@ def finetune_lengths(source: Path, config: dict, tokenizer) -> list[int | None]:
     return [n if n <= config["finetune"]["train"]["max_length"] else None for n in lengths]
 
 
-def peak_overlay(work: Path, config: dict, tokenizer) -> dict:
-    """Size peak over `config` (configs/paper.yaml merged): the full run's largest batch of each job whose batch
-    grows with the data sizes, files written under work/peak. Fine-tuning: the longest
-    `batch_size x grad_accumulation` GSM8K training examples that fit in `max_length` (`finetune_lengths`, in
-    `tokenizer`'s tokens), all of them (one optimizer step an epoch); evaluation: the longest
-    `evaluation.batch_size` GSM8K test questions and SVAMP problems (in characters: no question is dropped) at
-    their full `max_new_tokens`; the transfer keeps its full sets. The other sets are capped as `QUICK`."""
-    from arithmech.tools.plan import _records, data_path
-
+def peak_overlay(work: Path, config: dict, tokenizer, *, root: Path) -> dict:
+    """Size peak over `config` (configs/paper.yaml merged; its data files relative to the checkout `root`): the
+    full run's largest batch of each job whose batch grows with the data sizes, files written under
+    work/peak. Fine-tuning: the longest `batch_size x grad_accumulation` GSM8K training examples that fit in
+    `max_length` (`finetune_lengths`, in `tokenizer`'s tokens), all of them (one optimizer step an epoch);
+    evaluation: the longest `evaluation.batch_size` GSM8K test questions and SVAMP problems (in characters:
+    no question is dropped) at their full `max_new_tokens`; the transfer keeps its full sets. The other sets
+    are capped as `QUICK`."""
     peak = Path(work) / "peak"
     train, ev = config["finetune"]["train"], config["evaluation"]
     step = train["batch_size"] * train["grad_accumulation"]
-    source = data_path(config["finetune"]["data"]["file"], root=ROOT)
+    source = data_path(config["finetune"]["data"]["file"], root=root)
     gsm8k_train = longest_records(source, peak / "gsm8k_train.jsonl", step,
                                   finetune_lengths(source, config, tokenizer))
-    source = data_path(ev["gsm8k"]["file"], root=ROOT)
+    source = data_path(ev["gsm8k"]["file"], root=root)
     gsm8k_test = longest_records(source, peak / "gsm8k_test.jsonl", ev["batch_size"],
-                                 [len(r["question"]) for r in _records(source)])
-    source = data_path(ev["svamp"]["file"], root=ROOT)
+                                 [len(r["question"]) for r in read_records(source)])
+    source = data_path(ev["svamp"]["file"], root=root)
     svamp = longest_records(source, peak / "svamp.json", ev["batch_size"],
-                            [len(f"{r['Body']} {r['Question']}") for r in _records(source)])
-    extra = merge({}, QUICK)
+                            [len(f"{r['Body']} {r['Question']}") for r in read_records(source)])
+    extra = {}
+    update_config(extra, QUICK)
     del extra["transfer"]
     extra["finetune"] = {"data": {"file": str(gsm8k_train), "n": None}}
     extra["evaluation"]["gsm8k"] = {"file": str(gsm8k_test), "n": None}
@@ -183,13 +204,13 @@ def overlay(model_dir: Path, hub: dict[str, dict], size: str, peak: dict | None 
         "models": {"rehearsal": {"source": {"path": str(model_dir)}, "resources": dict(RESOURCES)}},
         "evaluation": {name: {"hub": block} for name, block in hub.items()},
     }
-    merge(extra, OVERLAY)
+    update_config(extra, OVERLAY)
     if size == "quick":
-        merge(extra, QUICK)
+        update_config(extra, QUICK)
     elif size == "peak":
         if peak is None:
             raise ValueError("size peak needs its overlay (peak_overlay)")
-        merge(extra, peak)
+        update_config(extra, peak)
     return extra
 
 
@@ -230,7 +251,7 @@ def per_rule(jobs: pd.DataFrame, planned: dict[str, int] | None = None) -> pd.Da
     return table
 
 
-def plan_of(work: Path, configs: list[Path]) -> dict:
+def plan_of(work: Path, configs: list[Path], *, root: Path) -> dict:
     """`make plan`'s report (`plan.plan`) for the rehearsal's configuration, in the dtype its jobs run in here
     (compute.dtype auto: float32 without a GPU, which the plan must be told), so that its memory estimates
     can stand beside the measured peaks and its job counts (`planned_jobs`) beside the jobs run. Written to
@@ -240,7 +261,7 @@ def plan_of(work: Path, configs: list[Path]) -> dict:
     work = Path(work)
     dtype = work / "plan-dtype.yaml"
     dtype.write_text(yaml.safe_dump({} if torch.cuda.is_available() else {"compute": {"dtype": "float32"}}))
-    report = plan([*configs, dtype], root=ROOT, workdir=work)
+    report = plan([*configs, dtype], root=root, workdir=work)
     write_json(report, work / "plan.json")
     return report
 
@@ -358,14 +379,15 @@ def seed_work(work: Path, source: Path) -> None:
         shutil.copytree(source / name, work / name, symlinks=True, dirs_exist_ok=True)
 
 
-def run(work: Path, *, size: str = "quick", jobs: int = 1, seed: int = 0, targets: list[str] | None = None,
-        seed_from: Path | None = None) -> tuple[pd.DataFrame, dict]:
+def run(work: Path, *, root: Path | None = None, size: str = "quick", jobs: int = 1, seed: int = 0,
+        targets: list[str] | None = None, seed_from: Path | None = None) -> tuple[pd.DataFrame, dict]:
     """Build the model and the Hub directories under `work`, write the merged config there, and run the
-    whole workflow through the SLURM profile with the stand-ins; with `targets` (paths under `work`) only
-    the jobs that make them, forced to run, and what they need that is missing; with `seed_from`, first copy
-    that rehearsal's model and results (`seed_work`). Returns (`job_table`, make plan's report for the same
-    configuration, also in work/plan.json); raises with the log's tail when Snakemake fails (the jobs that ran
-    are still in work/jobs.tsv)."""
+    whole workflow of the checkout `root` (`workflow_root`) through its SLURM profile with the stand-ins;
+    with `targets` (paths under `work`) only the jobs that make them, forced to run, and what they need that
+    is missing; with `seed_from`, first copy that rehearsal's model and results (`seed_work`). Returns
+    (`job_table`, make plan's report for the same configuration, also in work/plan.json); raises with the
+    log's tail when Snakemake fails (the jobs that ran are still in work/jobs.tsv)."""
+    root = workflow_root(root)
     work = Path(work).resolve()
     work.mkdir(parents=True, exist_ok=True)
     if seed_from is not None:
@@ -376,27 +398,28 @@ def run(work: Path, *, size: str = "quick", jobs: int = 1, seed: int = 0, target
     if not (model_dir / "config.json").is_file():
         build_tiny_model(model_dir, seed=seed, **TOPOLOGY)
     hub = hub_layout(work / "hub", seed)
-    configs = [ROOT / "configs" / "paper.yaml", work / "rehearsal.yaml"]
+    configs = [root / "configs" / "paper.yaml", work / "rehearsal.yaml"]
     peak = None
     if size == "peak":
         from transformers import AutoTokenizer
 
-        peak = peak_overlay(work, load_config(configs[:1], root=ROOT), AutoTokenizer.from_pretrained(model_dir))
+        peak = peak_overlay(work, load_config(configs[:1], root=root), AutoTokenizer.from_pretrained(model_dir),
+                            root=root)
     (work / "rehearsal.yaml").write_text(yaml.safe_dump(overlay(model_dir, hub, size, peak), sort_keys=False))
-    load_config(configs, root=ROOT)  # a config the schema refuses fails here, not in the first job
-    report = plan_of(work, configs)
-    shutil.copy2(ROOT / "config.yaml", work / "config.yaml")  # the Snakefile's `configfile:`
+    load_config(configs, root=root)  # a config the schema refuses fails here, not in the first job
+    report = plan_of(work, configs, root=root)
+    shutil.copy2(root / "config.yaml", work / "config.yaml")  # the Snakefile's `configfile:`
     env = {
         **os.environ,
-        "PATH": f"{STAND_INS}:{Path(sys.executable).parent}:{os.environ['PATH']}",
+        "PATH": f"{root / STAND_INS}:{Path(sys.executable).parent}:{os.environ['PATH']}",
         "FAKE_SLURM_DIR": str(state),
         "SLURM_ACCOUNT": os.environ.get("SLURM_ACCOUNT", "rehearsal"),
         "SLURM_PARTITION": os.environ.get("SLURM_PARTITION", "gpu"),
         "HF_HUB_OFFLINE": "1",  # the Hub sets come from `hub`'s directories, never the network
         "HF_DATASETS_OFFLINE": "1",
     }
-    cmd = [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "--directory", str(work),
-           "--configfile", *map(str, configs), "--profile", str(ROOT / "workflow/profiles/slurm"),
+    cmd = [sys.executable, "-m", "snakemake", "-s", str(root / "Snakefile"), "--directory", str(work),
+           "--configfile", *map(str, configs), "--profile", str(root / "workflow/profiles/slurm"),
            "--jobs", str(jobs), "--slurm-init-seconds-before-status-checks", "1",
            "--seconds-between-status-checks", "2", "--retries", "0"]
     if targets:
@@ -427,8 +450,12 @@ def run(work: Path, *, size: str = "quick", jobs: int = 1, seed: int = 0, target
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--work", type=Path, default=ROOT / "rehearsal",
-                        help="working directory (the model, the config, results/, jobs.tsv)")
+    parser.add_argument("--root", type=Path, default=None,
+                        help="the checkout whose workflow is rehearsed (its Snakefile, config.yaml, configs/, data, "
+                             "SLURM profile and tests/fake_slurm; default: the current directory)")
+    parser.add_argument("--work", type=Path, default=None,
+                        help="working directory (the model, the config, results/, jobs.tsv; default: "
+                             "rehearsal/ in --root)")
     parser.add_argument("--size", choices=["quick", "full", "peak"], default="quick",
                         help="quick: capped fine-tuning data and evaluation sets; full: the paper's sizes; peak: "
                              "the full run's largest batch of each job whose batch grows with the sizes")
@@ -442,10 +469,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--report-only", action="store_true",
                         help="run nothing: print (and with --docs write) the summary of the rehearsal in --work")
     args = parser.parse_args(argv)
+    if args.work is None:
+        args.work = workflow_root(args.root) / "rehearsal"
     if args.report_only:
         table, report = read_jobs(args.work)
     else:
-        table, report = run(args.work, size=args.size, jobs=args.jobs, targets=args.targets,
+        table, report = run(args.work, root=args.root, size=args.size, jobs=args.jobs, targets=args.targets,
                             seed_from=args.seed_from)
     with pd.option_context("display.max_rows", None, "display.width", 160):
         print(per_rule(table, planned_jobs(report)).round(1).to_string())

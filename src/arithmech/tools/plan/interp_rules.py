@@ -1,0 +1,312 @@
+"""Cost functions of the rules that find and test the mechanism (identify, validate, analyze, circuit):
+the prompts' answers, the activation cache, patching, the knockout and transfer ablations, the attention
+analysis, the circuits and their edges. Each takes (setting, model, job) and returns the job's `Cost`.
+
+    knockout(setting, setting.models["llama2-7b"], Job("knockout", (("model", "llama2-7b"), ("task", "addition"))))
+"""
+
+from __future__ import annotations
+
+import math
+
+from arithmech.tools.plan.costmodel import (
+    LOGIT_BYTES,
+    Model,
+    Work,
+    forward_flops,
+    forwards,
+    generation,
+    inference_bytes,
+    kv_bytes,
+    set_generation,
+)
+from arithmech.tools.plan.dryrun import Job
+from arithmech.tools.plan.jobcost import Cost, Setting, gpu_cost
+from arithmech.tools.plan.shapes import Shape
+from arithmech.tools.plan.workload import TaskPrompts, data_path, longest_text, svamp_questions
+
+
+def build_pairs(s: Setting, m: Model, job: Job) -> Cost:
+    """Greedy answers of every candidate prompt (the correct-only filter), then of the kept pairs'
+    counterfactuals (the leak)."""
+    p, bs = s.prompts(m, job.get("task")), s.batch()
+    kept = p.identification + p.validation
+    work = (generation(m, rows=p.candidates, prompt=p.ref_tokens, steps=p.answer_steps, batch=bs)
+            + generation(m, rows=kept, prompt=p.cf_tokens, steps=p.answer_steps, batch=bs))
+    seq = max(p.ref_tokens, p.cf_tokens)
+    act = inference_bytes(m.shape, rows=bs, seq=seq, kv=seq + p.answer_steps, logits=bs, dtype_bytes=m.dtype_bytes)
+    return gpu_cost(m, work=work, activations=act,
+                    note=f"{p.candidates} prompts x {p.answer_steps} steps, then {kept} counterfactuals")
+
+
+def cache_bytes(shape: Shape, p: TaskPrompts, *, dtype_bytes: int) -> float:
+    """The activation cache file of one task (`stages.identify.run_cache_activations`): per identification
+    pair and prompt (reference, counterfactual) every head's and MLP's END output and the final residual in
+    the model's dtype; per template the float32 counterfactual means at every position (the longest
+    counterfactual's)."""
+    per_state = shape.n_layers * (shape.d_attn + shape.d_model) + shape.d_model
+    states = 2 * p.identification * per_state * dtype_bytes
+    means = p.templates * p.cf_longest * shape.n_layers * (shape.d_attn + shape.d_model) * 4
+    return states + means
+
+
+def cache_activations(s: Setting, m: Model, job: Job) -> Cost:
+    """Two forwards per identification pair (reference, counterfactual), capturing every node at END, and for
+    the counterfactual at every position (the template means, summed in float32)."""
+    p, bs, sh = s.prompts(m, job.get("task")), s.batch(), m.shape
+    work = Work(p.identification * (forward_flops(sh, new=p.ref_tokens) + forward_flops(sh, new=p.cf_tokens)))
+    work += forwards(m, 2 * math.ceil(p.identification / bs))
+    captured = bs * p.cf_longest * sh.n_layers * (sh.d_attn + sh.d_model) * (m.dtype_bytes + 8)
+    act = captured + inference_bytes(sh, rows=bs, seq=p.cf_longest, kv=p.cf_longest, logits=bs,
+                                     dtype_bytes=m.dtype_bytes)
+    size = cache_bytes(sh, p, dtype_bytes=m.dtype_bytes)
+    return gpu_cost(m, work=work, activations=act, loaded=size,
+                    note=f"2 x {p.identification} forwards; cache file {size / 1e9:.2f} GB")
+
+
+def patch_all_layers(s: Setting, m: Model, job: Job) -> Cost:
+    """Direct mode: the closed form on the cached END states, no forward (the two forwards per pair are
+    cache_activations'): per sample and layer the heads' changes through W_O (2 d d_attn) and every node's
+    final norm and answer logit (a few d each; with prob_change the whole unembedding)."""
+    sh, bs = m.shape, s.batch()
+    with_probs = s.config["patching"]["metric"] == "prob_change"
+    nodes = sh.n_heads + 1
+    per_layer = 2 * sh.d_model * sh.d_attn + nodes * (6 * sh.d_model + (2 * sh.d_model * sh.vocab if with_probs else 0))
+    samples = sum(s.prompts(m, t).identification for t in s.config["run"]["tasks"])
+    act = bs * nodes * sh.d_model * 4 * 3 + (bs * nodes * sh.vocab * LOGIT_BYTES if with_probs else 0)
+    largest = max(cache_bytes(sh, s.prompts(m, t), dtype_bytes=m.dtype_bytes) for t in s.config["run"]["tasks"])
+    return gpu_cost(m, work=Work(samples * sh.n_layers * per_layer), activations=act, loaded=largest,
+                    note=f"closed form, {samples} samples x {sh.n_layers * nodes} nodes (forwards: cache_activations)")
+
+
+def patch_layer(s: Setting, m: Model, job: Job) -> Cost:
+    """Total mode, one layer l of every task: per identification pair the prompt once (prefix and END), then
+    each of the layer's nodes patched: END through layers l..L-1 on the prefix cache, its answer logit."""
+    sh, bs = m.shape, s.batch()
+    layer, copies = int(job.get("layer")), s.config["patching"]["copies_per_forward"]
+    depth, nodes = sh.n_layers - layer, sh.n_heads + 1
+    chunk = max(1, copies // bs)
+    work, longest = Work(), 0.0
+    for task in s.config["run"]["tasks"]:
+        p = s.prompts(m, task)
+        per_copy = (2 * sh.body_params * depth / sh.n_layers + 4 * depth * sh.d_attn * p.ref_tokens
+                    + 2 * sh.d_model)
+        batches = math.ceil(p.identification / bs)
+        copies_cache = p.identification * nodes * kv_bytes(m, p.ref_tokens) * depth / sh.n_layers
+        work += Work(p.identification * (forward_flops(sh, new=p.ref_tokens) + nodes * per_copy), copies_cache)
+        work += forwards(m, batches * (2 + math.ceil(nodes / chunk) * depth / sh.n_layers))
+        longest = max(longest, p.ref_tokens)
+    rows = bs * min(chunk, nodes)
+    act = inference_bytes(sh, rows=rows, seq=1, kv=longest + 1, logits=0, dtype_bytes=m.dtype_bytes)
+    act += inference_bytes(sh, rows=bs, seq=longest, kv=longest, logits=0, dtype_bytes=m.dtype_bytes)
+    largest = max(cache_bytes(sh, s.prompts(m, t), dtype_bytes=m.dtype_bytes) for t in s.config["run"]["tasks"])
+    return gpu_cost(m, work=work, activations=act, loaded=largest,
+                    note=f"layer {layer}: {nodes} nodes x identification pairs, END through {depth} layers")
+
+
+def set_bytes(m: Model, *, batch: int, prompt: float, tail: float, steps: float, copies: int = 256) -> float:
+    """GPU memory of `ablation.greedy_end_sets` beyond the weights: the batch's prefix cache, and its
+    batch x max(1, copies // batch) rows, each a copy of its text's cache with room for the answer, running
+    the tail with its logits; and one layer of those copies again, as rows that have ended leave: a layer's
+    kept rows are gathered into new buffers before its old ones are freed (`kvcache.RoomyLayer`)."""
+    rows = batch * max(1, copies // batch)
+    prefix = kv_bytes(m, batch * prompt)
+    leaving = kv_bytes(m, rows * (prompt + steps)) / m.shape.n_layers
+    return prefix + leaving + inference_bytes(m.shape, rows=rows, seq=min(tail, prompt), kv=prompt + steps,
+                                              logits=rows, dtype_bytes=m.dtype_bytes)
+
+
+def knockout_sets(ablation: dict, *, heads: int) -> tuple[int, int]:
+    """Node sets of the knockout rule (`stages.validate.knockout_node_sets`) at positions end and all: top k
+    heads (k = 0..K at end; 0 and random_k at all), two random controls of `random_seeds` draws each (at
+    random_k at end; at K at all), the key MLPs."""
+    top = min(ablation["max_heads"], heads)
+    random_k = {min(k, top) for k in ablation["random_k"]} - {0}
+    end = (top + 1) + 2 * ablation["random_seeds"] * len(random_k) + 1
+    every = len({min(k, top) for k in [0, *ablation["random_k"]]}) + 2 * ablation["random_seeds"] * 1 + 1
+    return end, every
+
+
+def knockout(s: Setting, m: Model, job: Job) -> Cost:
+    """Greedy answers of the validation pairs with each node set mean-ablated at END and generated positions
+    (prefix cache), and of a draw of them with each set ablated at every position (per template)."""
+    p, bs, ablation = s.prompts(m, job.get("task")), s.batch(), s.config["ablation"]
+    end_sets, all_sets = knockout_sets(ablation, heads=m.shape.n_layers * m.shape.n_heads)
+    common = {"prompt": p.ref_tokens, "steps": p.answer_steps, "batch": bs}
+    work, parts = Work(), []
+    if "end" in ablation["positions"]:
+        work += set_generation(m, texts=p.validation, sets=end_sets, tail=1, **common)
+        parts.append(f"{end_sets} sets x {p.validation} pairs")
+    if "all" in ablation["positions"]:
+        drawn = min(ablation["all_positions_samples"], p.validation)
+        work += set_generation(m, texts=drawn, sets=all_sets, tail=p.cf_longest, groups=p.templates, **common)
+        parts.append(f"{all_sets} x {drawn} at every position")
+    act = set_bytes(m, batch=bs, prompt=p.ref_tokens, tail=p.cf_longest, steps=p.answer_steps)
+    return gpu_cost(m, work=work, activations=act, loaded=cache_bytes(m.shape, p, dtype_bytes=m.dtype_bytes),
+                    note="; ".join(parts) + f", {p.answer_steps} steps")
+
+
+def transfer_targets(s: Setting, m: Model) -> list[dict]:
+    """The transfer's target sets (`stages.validate.transfer_targets`): texts, mean prompt tokens (and the
+    longest where prompts differ in length beyond their operands) and greedy steps of each operator's
+    validation pairs, both number formats of every operator, SVAMP and the non-math control."""
+    from arithmech.data.arithmetic import render
+
+    cfg, prompts, tokens = s.config["transfer"], s.config["prompts"], m.tokens
+    targets = []
+    for task in s.config["run"]["tasks"]:
+        p = s.prompts(m, task)
+        targets.append({"texts": min(cfg["max_samples"], p.validation), "prompt": p.ref_tokens,
+                        "steps": p.answer_steps})
+    for fmt in ("multi_digit", "decimal"):
+        for task in s.config["run"]["tasks"]:
+            value, answer = format_extremes(task, fmt, cfg["formats"][fmt])
+            lines = [render(t, a=value, op=longest_text(prompts["operators"][task]), b=value).text
+                     for t in prompts["templates"]]
+            shot = max(lines, key=len) + answer + prompts["shot_separator"]
+            counts = tokens.counts([shot * prompts["n_shots"] + line for line in lines])
+            targets.append({"texts": cfg["formats"]["n"], "prompt": sum(counts) / len(counts), "longest": max(counts),
+                            "steps": 1 + tokens.count(" " + answer, special=False)})
+    targets.append(_svamp_target(s, m))
+    targets.append(_non_math_target(s, m))
+    return targets
+
+
+def format_extremes(task: str, fmt: str, cfg: dict) -> tuple[str, str]:
+    """(longest operand, longest answer) of `task` in number format `fmt` (`arithmetic.format_operands`):
+    multi-digit integers up to cfg.max; decimals up to cfg.max with 2 decimals (multiplication: times at
+    most 9; division: an integer quotient of at most 9)."""
+    if fmt == "multi_digit":
+        high, low = int(cfg["max"]), int(cfg["min"])
+        answers = {"addition": 2 * high, "subtraction": high - low, "multiplication": high * high, "division": high}
+        return str(high), str(answers[task])
+    high = float(cfg["max"])
+    answers = {"addition": f"{2 * high:.2f}", "subtraction": f"{high:.2f}", "multiplication": f"{9 * high:.2f}",
+               "division": "9"}
+    return f"{high:.2f}", answers[task]
+
+
+def _svamp_target(s: Setting, m: Model) -> dict:
+    """The SVAMP target: mean prompt tokens (the work) and the longest prompt (a batch is padded to its
+    longest: the memory), from the very prompts the transfer job builds (`data.formatting.svamp_prompts`)."""
+    from arithmech.data.formatting import svamp_prompts
+
+    cfg = s.config["transfer"]["svamp"]
+    path = data_path(cfg["file"], root=s.root)
+    items = svamp_questions(path)
+    keep, texts = svamp_prompts(path, cfg, s.config["seed"])
+    counts = m.tokens.counts(texts)
+    steps = 1 + max(m.tokens.counts([" " + a for _, a in items], special=False))
+    return {"texts": len(keep), "prompt": sum(counts) / len(counts), "longest": max(counts), "steps": steps}
+
+
+def _non_math_target(s: Setting, m: Model) -> dict:
+    """The non-math target, as `_svamp_target` (`data.formatting.non_math_prompts`)."""
+    from arithmech.data.formatting import non_math_prompts
+
+    cfg = s.config["transfer"]["non_math"]
+    keep, texts = non_math_prompts(data_path(cfg["file"], root=s.root), cfg, s.config["seed"])
+    counts = m.tokens.counts(texts)
+    return {"texts": len(keep), "prompt": sum(counts) / len(counts), "longest": max(counts),
+            "steps": cfg["max_new_tokens"]}
+
+
+def transfer(s: Setting, m: Model, job: Job) -> Cost:
+    """Greedy answers of every target set with each operator's key heads and its random layer-matched draws
+    ablated (and none), on the prefix cache."""
+    from arithmech.config import TRANSFER_COPIES
+
+    bs, tasks = s.batch(), s.config["run"]["tasks"]
+    sets = 1 + len(tasks) * (1 + s.config["transfer"]["random_seeds"])
+    copies = s.config["transfer"].get("copies_per_forward", TRANSFER_COPIES)
+    work, act, texts = Work(), 0.0, 0
+    for target in transfer_targets(s, m):
+        work += set_generation(m, texts=target["texts"], sets=sets, prompt=target["prompt"], tail=1,
+                               steps=target["steps"], batch=bs, copies=copies)
+        longest = target.get("longest", target["prompt"])  # the memory of the batch padded to its longest prompt
+        act = max(act, set_bytes(m, batch=bs, prompt=longest, tail=1, steps=target["steps"], copies=copies))
+        texts += target["texts"]
+    largest = max(cache_bytes(m.shape, s.prompts(m, t), dtype_bytes=m.dtype_bytes) for t in tasks)
+    return gpu_cost(m, work=work, activations=act, loaded=largest, note=f"{sets} sets x {texts} prompts")
+
+
+def analyze(s: Setting, m: Model, job: Job) -> Cost:
+    """Two forwards per analysed validation pair (attention of every head from END with its q and k
+    captured, and the MLP probes)."""
+    p, bs, sh = s.prompts(m, job.get("task")), s.batch(), m.shape
+    n = min(s.config["analysis"]["max_samples"], p.validation)
+    scores = 2 * sh.n_layers * p.ref_tokens ** 2 * sh.d_attn  # every head's scores, recomputed from q and k
+    work = Work(n * (2 * forward_flops(sh, new=p.ref_tokens) + scores)) + forwards(m, 2 * math.ceil(n / bs))
+    captured = bs * p.ref_tokens * sh.n_layers * (sh.d_attn + sh.d_kv) * m.dtype_bytes
+    act = captured + inference_bytes(sh, rows=bs, seq=p.ref_tokens, kv=p.ref_tokens, logits=bs,
+                                     dtype_bytes=m.dtype_bytes)
+    return gpu_cost(m, work=work, activations=act, note=f"2 x {n} forwards")
+
+
+# The key heads the circuit rules keep or send from, before any run knows them: the paper's "fewer than 5%".
+ASSUMED_KEY_SHARE = 0.05
+
+
+def circuit_set_counts(circuit: dict, shape: Shape) -> tuple[int, int, int]:
+    """(distinct ablations with the curves, without them, assumed key heads) of `sufficiency.circuit_sets`, for a
+    model of `shape` whose key heads are ASSUMED_KEY_SHARE of its heads."""
+    from arithmech.interp.sufficiency import circuit_sets
+
+    ranked = [(l, h) for l in range(shape.n_layers) for h in range(shape.n_heads)]
+    n_key = max(1, round(ASSUMED_KEY_SHARE * len(ranked)))
+    common = {"ranked_heads": ranked, "key_heads": ranked[:n_key], "key_mlps": [0], "n_layers": shape.n_layers,
+              "n_heads": shape.n_heads, "grid": circuit["grid"], "draws": circuit["random_draws"],
+              "band_draws": circuit["band_draws"], "seed": 0}
+    distinct = lambda sets: len({(c.heads, c.mlp_layers) for c in sets})  # noqa: E731
+    return distinct(circuit_sets(**common)), distinct(circuit_sets(**common, curves=False)), n_key
+
+
+def circuit(s: Setting, m: Model, job: Job) -> Cost:
+    """Greedy answers of the validation pairs with everything outside each circuit mean-ablated (`stages.circuit`):
+    every circuit at END on the prefix cache; the key circuits at every position (per template) on a draw of the
+    pairs; and, with contrast means, the key circuits again after two forwards' worth of identification
+    counterfactuals for their means."""
+    p, bs, cfg = s.prompts(m, job.get("task")), s.batch(), s.config["circuit"]
+    full, short, n_key = circuit_set_counts(cfg, m.shape)
+    common = {"prompt": p.ref_tokens, "steps": p.answer_steps, "batch": bs}
+    end_n = min(cfg["max_samples"], p.validation)
+    work, parts = Work(), []
+    if "end" in cfg["positions"]:
+        work += set_generation(m, texts=end_n, sets=full, tail=1, **common)
+        parts.append(f"{full} circuits x {end_n} pairs")
+    if "all" in cfg["positions"]:
+        drawn = min(cfg["all_positions_samples"], p.validation)
+        work += set_generation(m, texts=drawn, sets=short, tail=p.cf_longest, groups=p.templates, **common)
+        parts.append(f"{short} x {drawn} at every position")
+    prompts = s.config["prompts"]
+    if cfg["contrast_means"] and cfg["contrast_means"] != prompts["counterfactual_shots"] and prompts["n_shots"] > 0:
+        work += Work(p.identification * forward_flops(m.shape, new=p.ref_tokens)) + forwards(
+            m, math.ceil(p.identification / bs))
+        work += set_generation(m, texts=end_n, sets=short, tail=1, **common)
+        parts.append(f"{short} x {end_n} with {cfg['contrast_means']} means")
+    act = set_bytes(m, batch=bs, prompt=p.ref_tokens, tail=p.cf_longest, steps=p.answer_steps)
+    return gpu_cost(m, work=work, activations=act, loaded=cache_bytes(m.shape, p, dtype_bytes=m.dtype_bytes),
+                    note="; ".join(parts) + f", {p.answer_steps} steps; {n_key} key heads assumed")
+
+
+def edges(s: Setting, m: Model, job: Job) -> Cost:
+    """Per operator (one job for all): two forwards per scored validation pair capturing the MLP inputs; each
+    sender's total effect (its END token through the layers from its own, for every pair: counted as the whole
+    model); the closed form, one MLP per sender, receiver and pair."""
+    sh, bs, cfg = m.shape, s.batch(), s.config["circuit"]["edges"]
+    senders = cfg["senders"] + max(1, round(ASSUMED_KEY_SHARE * sh.n_layers * sh.n_heads))
+    work, pairs = Work(), 0
+    for task in s.config["run"]["tasks"]:
+        p = s.prompts(m, task)
+        n = min(cfg["max_samples"], p.validation)
+        pairs += n
+        work += Work(n * (forward_flops(sh, new=p.ref_tokens) + forward_flops(sh, new=p.cf_tokens)))
+        work += forwards(m, 2 * math.ceil(n / bs))
+        work += Work(n * senders * forward_flops(sh, new=1, past=p.ref_tokens, logits=0))
+        work += Work(n * senders * sh.n_layers / 2 * 6 * sh.d_model * sh.d_ff)
+    captured = bs * s.prompts(m, s.config["run"]["tasks"][0]).ref_tokens * sh.n_layers * 2 * sh.d_model * m.dtype_bytes
+    act = captured + inference_bytes(sh, rows=bs, seq=s.prompts(m, s.config["run"]["tasks"][0]).ref_tokens,
+                                     kv=s.prompts(m, s.config["run"]["tasks"][0]).ref_tokens, logits=bs,
+                                     dtype_bytes=m.dtype_bytes)
+    return gpu_cost(m, work=work, activations=act,
+                    note=f"{pairs} pairs x 2 forwards, {senders} senders (key heads assumed 5%)")

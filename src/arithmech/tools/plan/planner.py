@@ -1,0 +1,201 @@
+"""The plan of one configuration, put together: every job of the dry run costed by its rule's function in
+`RULE_COSTS`, summed per model and rule into GPU hours and peak memory, with warnings where a job outgrows
+its GPUs, its `mem_mb` or its `runtime`, and the totals.
+
+    report = plan(["configs/paper.yaml", "configs/llama2-7b.yaml"], root=Path("."))
+    report["totals"]["gpu_hours"]
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from pathlib import Path
+from typing import Callable, Sequence
+
+from arithmech.tools.plan.costmodel import DTYPE_BYTES, Model, Throughput
+from arithmech.tools.plan.dryrun import Job, checkpoint_jobs, load_config, parse_dry_run, snakemake_dry_run
+from arithmech.tools.plan.errors import PlanError
+from arithmech.tools.plan.interp_rules import (
+    analyze,
+    build_pairs,
+    cache_activations,
+    circuit,
+    edges,
+    knockout,
+    patch_all_layers,
+    patch_layer,
+    transfer,
+)
+from arithmech.tools.plan.jobcost import Cost, Setting, cpu_rule, local_rule, target_rule
+from arithmech.tools.plan.sft_rules import evaluate, finetune, study_evaluate, study_format, study_train
+from arithmech.tools.plan.shapes import model_shape
+from arithmech.tools.plan.tokens import TokenCounter
+
+
+# Every rule of the workflow and what one of its jobs costs (tests/test_plan.py checks that every rule of
+# the Snakefile and workflow/rules/*.smk has an entry).
+RULE_COSTS: dict[str, Callable[[Setting, Model | None, Job], Cost]] = {
+    "all": target_rule,
+    "prepare_model": local_rule,
+    "fetch_dataset": local_rule,
+    "build_pairs": build_pairs,
+    "cache_activations": cache_activations,
+    "patch_all_layers": patch_all_layers,
+    "patch_layer": patch_layer,
+    "aggregate_effects": cpu_rule,
+    "plot_effects": cpu_rule,
+    "summarize_key_components": cpu_rule,
+    "knockout": knockout,
+    "transfer": transfer,
+    "plot_knockout": cpu_rule,
+    "plot_transfer": cpu_rule,
+    "analyze": analyze,
+    "plot_analysis": cpu_rule,
+    "circuit": circuit,
+    "edges": edges,
+    "plot_circuit": cpu_rule,
+    "finetune": finetune,
+    "evaluate": evaluate,
+    "summarize_eval": cpu_rule,
+    "study_format": study_format,
+    "study_items": cpu_rule,
+    "study_train": study_train,
+    "study_select": cpu_rule,
+    "study_evaluate": study_evaluate,
+    "study_summary": cpu_rule,
+    "claims": cpu_rule,
+    "findings": cpu_rule,
+}
+
+
+def job_seconds(cost: Cost, *, throughput: Throughput) -> float:
+    """Seconds one GPU job holds its GPUs: its FLOPs at the throughput, or its memory reads at the bandwidth
+    where those take longer (memory-bound decoding), plus the start-up."""
+    compute = cost.work.flops / (throughput.tflops * 1e12)
+    reads = cost.work.reads / (throughput.bandwidth * 1e12)
+    return max(compute, reads) + throughput.startup_s
+
+
+def load_models(config: dict, *, workdir: Path) -> dict[str, Model]:
+    """The models of `run.models` with their shapes, token counters, resources and bytes per weight."""
+    models = {}
+    dtype = config["compute"]["dtype"]
+    for name in config["run"]["models"]:
+        spec = config["models"][name]
+        shape, tokenizer = model_shape(name, spec["source"], workdir=workdir)
+        models[name] = Model(name=name, shape=shape, tokens=TokenCounter(tokenizer), resources=spec["resources"],
+                             dtype_bytes=DTYPE_BYTES[dtype])
+    return models
+
+
+def cost_of(s: Setting, job: Job) -> Cost:
+    """The cost of one job, from its rule's entry in `RULE_COSTS`; a rule without one is marked unknown (left
+    out of the totals, with a warning; tests/test_plan.py fails on it)."""
+    function = RULE_COSTS.get(job.rule)
+    if function is None:
+        return Cost(gpu=False, unknown=True,
+                    note="no entry in RULE_COSTS (src/arithmech/tools/plan/planner.py): not counted")
+    model = s.models.get(job.get("model", ""))
+    if model is None and function not in (cpu_rule, local_rule, target_rule):
+        raise PlanError(f"job {job.label} runs a model but names none of run.models")
+    return function(s, model, job)
+
+
+def plan(config_files: Sequence[str | Path], *, root: Path, throughput: Throughput = Throughput(),
+         workdir: Path | None = None) -> dict:
+    """The plan of `config_files` over root/config.yaml: per model and rule the jobs, GPU hours (per job, the
+    longest, and in all), peak GPU and host memory, with warnings where a job outgrows its GPUs, its
+    `mem_mb` or its `runtime`; and the totals. JSON-able."""
+    if not (root / "Snakefile").is_file():
+        raise PlanError(f"no Snakefile in {root}: run from the checkout or give --root")
+    config = load_config(config_files, root=root)
+    models = load_models(config, workdir=workdir or Path.cwd())
+    jobs = parse_dry_run(snakemake_dry_run(config_files, root=root))
+    jobs += checkpoint_jobs(jobs, config, {name: m.shape for name, m in models.items()})
+    setting = Setting(config, root=root, models=models)
+    rows: dict[tuple[str, str], dict] = {}
+    for job in jobs:
+        cost = cost_of(setting, job)
+        model = models.get(job.get("model", ""))
+        key = (model.name if model else "", job.rule)
+        if key not in rows:
+            rows[key] = rule_row(key, cost)
+        _add_job(rows[key], job=job, cost=cost, model=model, throughput=throughput)
+    order = {**{name: i for i, name in enumerate(models)}, "": len(models)}
+    rules = {name: i for i, name in enumerate(RULE_COSTS)}
+    table = [_finish(rows[key]) for key in sorted(rows, key=lambda k: (order[k[0]], rules.get(k[1], len(rules))))]
+    return {
+        "config_files": ["config.yaml", *map(str, config_files)],
+        "throughput": asdict(throughput),
+        "models": {name: _model_entry(m) for name, m in models.items()},
+        "rules": table,
+        "totals": _totals(table),
+        "warnings": [w for row in table for w in row["warnings"]],
+    }
+
+
+def _model_entry(m: Model) -> dict:
+    return {"shape": m.shape.describe(), "shape_source": m.shape.source, "tokens": m.tokens.method,
+            "dtype_bytes": m.dtype_bytes, "resources": m.resources}
+
+
+def rule_row(key: tuple[str, str], cost: Cost) -> dict:
+    """A new row of the plan for (model, rule) whose first job costs `cost`: its kind, no jobs counted yet,
+    and a warning when the rule has no cost entry."""
+    kind = "gpu" if cost.gpu else ("local" if cost.local else ("unknown" if cost.unknown else "cpu"))
+    warnings = [f"rule '{key[1]}' has no cost entry in RULE_COSTS (src/arithmech/tools/plan/planner.py): its jobs "
+                f"are not in the totals"] if cost.unknown else []
+    return {"model": key[0], "rule": key[1], "kind": kind, "jobs": 0, "added_jobs": 0, "gpu_hours": 0.0,
+            "gpu_hours_per_job": 0.0, "gpu_gb": 0.0, "host_gb": 0.0, "note": cost.note, "costliest": None,
+            "warnings": warnings}
+
+
+def _add_job(row: dict, *, job: Job, cost: Cost, model: Model | None, throughput: Throughput) -> None:
+    """Count one more job into its rule's row: the jobs, the GPU hours (a job holds all its GPUs), the longest
+    job's hours and note, the largest memory, and the job's warnings."""
+    row["jobs"] += 1
+    row["added_jobs"] += int(job.added)
+    if not cost.gpu or model is None:
+        return
+    gpus = model.resources["gpus"]
+    hours = job_seconds(cost, throughput=throughput) * gpus / 3600
+    row["gpu_hours"] += hours
+    row["gpu_gb"] = max(row["gpu_gb"], cost.gpu_bytes / 1e9)
+    row["host_gb"] = max(row["host_gb"], cost.host_bytes / 1e9)
+    if row["costliest"] is None or hours > row["gpu_hours_per_job"]:
+        row |= {"gpu_hours_per_job": hours, "costliest": job.label, "note": cost.note}
+    row["warnings"] += _warnings(job, cost, model, throughput, hours / gpus)
+
+
+def _warnings(job: Job, cost: Cost, model: Model, throughput: Throughput, hours: float) -> list[str]:
+    """What one GPU job outgrows: its GPUs' memory, the job's memory request, its runtime."""
+    res, where = model.resources, f"{model.name}: {job.label}"
+    found = []
+    capacity = res["gpus"] * throughput.gpu_memory_gb
+    if cost.gpu_bytes / 1e9 > capacity:
+        found.append(f"{where}: peak GPU memory {cost.gpu_bytes / 1e9:.0f} GB exceeds {res['gpus']} x "
+                     f"{throughput.gpu_memory_gb:g} GB (--gpu-memory-gb)")
+    if cost.host_bytes / 1e6 > res["mem_mb"]:
+        found.append(f"{where}: host memory {cost.host_bytes / 1e9:.0f} GB exceeds models.{model.name}.resources."
+                     f"mem_mb ({res['mem_mb']} MB)")
+    if hours * 60 > res["runtime"]:
+        found.append(f"{where}: {hours * 60:.0f} min exceeds models.{model.name}.resources.runtime "
+                     f"({res['runtime']} min)")
+    return found
+
+
+def _finish(row: dict) -> dict:
+    if row["jobs"] > 1 and row["costliest"]:
+        row["note"] = f"longest {row['costliest']}: {row['note']}"
+    if row["added_jobs"]:
+        row["note"] += f"; {row['added_jobs']} jobs after the prepare_model checkpoint (one per layer)"
+    return row
+
+
+def _totals(table: list[dict]) -> dict:
+    gpu = [row for row in table if row["kind"] == "gpu"]
+    return {"jobs": sum(row["jobs"] for row in table), "gpu_jobs": sum(row["jobs"] for row in gpu),
+            "gpu_hours": sum(row["gpu_hours"] for row in gpu),
+            "gpu_gb": max((row["gpu_gb"] for row in gpu), default=0.0),
+            "host_gb": max((row["host_gb"] for row in gpu), default=0.0)}
+

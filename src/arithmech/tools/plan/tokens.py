@@ -1,0 +1,53 @@
+"""Tokens of texts as a model's tokenizer counts them, or estimated from characters without one.
+
+    TokenCounter().count("9 plus 9 is equal to ")      # 9: 6 for 19 other characters, 2 digits, BOS
+    TokenCounter(Path("model/tokenizer.json")).counts(["a", "b"], special=False)
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Sequence
+
+CHARS_PER_TOKEN = 3.5  # characters per token of English text other than digits (the estimate without a tokenizer)
+CHAT_TOKENS_PER_MESSAGE = 5  # a chat template's role header and end of turn, per message (estimated)
+
+
+class TokenCounter:
+    """Tokens of texts: by the model's tokenizer (a tokenizer.json, read by the `tokenizers` library), or
+    estimated: every digit one token (the LLaMA, Mistral and SmolLM2 tokenizers split numbers into digits),
+    the other characters 3.5 a token (rounded up), plus 1 for the BOS token when special tokens count."""
+
+    def __init__(self, tokenizer_file: Path | None = None):
+        self.file = tokenizer_file
+        self._tokenizer = None
+        if tokenizer_file is not None:
+            from tokenizers import Tokenizer
+
+            self._tokenizer = Tokenizer.from_file(str(tokenizer_file))
+
+    @property
+    def method(self) -> str:
+        if self._tokenizer is None:
+            return f"estimated from characters ({CHARS_PER_TOKEN} per token, digits 1 each)"
+        return f"counted by {self.file}"
+
+    @staticmethod
+    def estimate(text: str) -> int:
+        """Tokens of `text` without special tokens, estimated from its characters."""
+        digits = sum(c.isdigit() for c in text)
+        return math.ceil((len(text) - digits) / CHARS_PER_TOKEN) + digits
+
+    def counts(self, texts: Sequence[str], *, special: bool = True) -> list[int]:
+        """Tokens of each text; `special`: with the tokenizer's special tokens (BOS), as a prompt is encoded."""
+        if self._tokenizer is None:
+            return [self.estimate(text) + int(special) for text in texts]
+        return [len(e.ids) for e in self._tokenizer.encode_batch(list(texts), add_special_tokens=special)]
+
+    def count(self, text: str, *, special: bool = True) -> int:
+        return self.counts([text], special=special)[0]
+
+    def mean(self, texts: Sequence[str], *, special: bool = True) -> float:
+        counts = self.counts(texts, special=special)
+        return sum(counts) / len(counts) if counts else 0.0
