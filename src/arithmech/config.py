@@ -10,10 +10,6 @@ import yaml
 from jsonschema import Draft202012Validator
 
 
-TRANSFER_COPIES = 256  # transfer.copies_per_forward where a config leaves it out
-SHARED_PREFIX_MIN_TOKENS = 8  # a prompt prefix shorter than this is not run apart (generation.SharedPrefix)
-
-
 class ConfigError(ValueError):
     pass
 

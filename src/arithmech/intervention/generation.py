@@ -19,7 +19,7 @@ import pandas as pd
 import torch
 from tqdm import tqdm
 
-from arithmech.config import SHARED_PREFIX_MIN_TOKENS
+from arithmech.intervention.batching import SHARED_PREFIX_MIN_TOKENS
 from arithmech.data.answers import answer_correct, answer_tokens, cut_at
 from arithmech.intervention.decoding import Hooks, entered, greedy_decode
 from arithmech.intervention.kvcache import repeated_cache
@@ -102,7 +102,7 @@ class SharedPrefix:
     [rows, prefix + longest rest] and past_key_values, a fresh copy of the prefix cache repeated over the
     rows (decoding extends it)."""
 
-    MIN_TOKENS = SHARED_PREFIX_MIN_TOKENS  # a shorter shared prefix is not worth a separate forward
+    MIN_TOKENS = SHARED_PREFIX_MIN_TOKENS
 
     def __init__(self, lm: LoadedModel, ids: list[list[int]], length: int):
         self.lm, self.ids, self.length = lm, ids, length

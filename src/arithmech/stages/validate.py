@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from arithmech.config import TRANSFER_COPIES
+from arithmech.intervention.batching import TRANSFER_COPIES
 from arithmech.data.formatting import non_math_prompts, svamp_prompts
 from arithmech.io import write_parquet
 from arithmech.data.arithmetic import split_pairs

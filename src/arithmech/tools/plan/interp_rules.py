@@ -214,7 +214,7 @@ def _non_math_target(s: Setting, m: Model) -> dict:
 def transfer(s: Setting, m: Model, job: Job) -> Cost:
     """Greedy answers of every target set with each operator's key heads and its random layer-matched draws
     ablated (and none), on the prefix cache."""
-    from arithmech.config import TRANSFER_COPIES
+    from arithmech.intervention.batching import TRANSFER_COPIES
 
     bs, tasks = s.batch(), s.config["run"]["tasks"]
     sets = 1 + len(tasks) * (1 + s.config["transfer"]["random_seeds"])

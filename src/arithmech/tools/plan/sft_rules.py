@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-from arithmech.config import SHARED_PREFIX_MIN_TOKENS
+from arithmech.intervention.batching import SHARED_PREFIX_MIN_TOKENS
 from arithmech.data.eval_sets import REGISTRY
 from arithmech.data.formatting import math_example, qa_prompt
 from arithmech.tools.plan.costmodel import (
