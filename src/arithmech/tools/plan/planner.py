@@ -110,7 +110,9 @@ def plan(config_files: Sequence[str | Path], *, root: Path, throughput: Throughp
         raise PlanError(f"no Snakefile in {root}: run from the checkout or give --root")
     config = load_config(config_files, root=root)
     models = load_models(config, workdir=workdir or Path.cwd())
-    jobs = parse_dry_run(snakemake_dry_run(config_files, root=root))
+    # Snakemake lists a dry run's jobs in no fixed order: sorted, the sums and the costliest of equal jobs
+    # come out the same on every run
+    jobs = sorted(parse_dry_run(snakemake_dry_run(config_files, root=root)), key=lambda j: (j.rule, j.wildcards))
     jobs += checkpoint_jobs(jobs, config, {name: m.shape for name, m in models.items()})
     setting = Setting(config, root=root, models=models)
     rows: dict[tuple[str, str], dict] = {}
