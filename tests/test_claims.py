@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import re
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -358,3 +360,18 @@ def test_heads_via_mlps():
     assert by["multiplication"]["verdict"] == "does not hold"  # the MLPs undo the heads' effect
     assert "through the MLPs +10.00%" in by["multiplication"]["note"] and "L20 +10.00%" in by["multiplication"]["note"]
     assert by["division"]["verdict"] == "not measured" and by["all"]["verdict"] == "partly"
+
+
+PAPER_TEXT = Path(__file__).resolve().parents[1].parent / "shared" / "paper"  # the paper's text, beside the checkout
+
+
+@pytest.mark.skipif(not PAPER_TEXT.is_dir(), reason=f"the paper's text is not at {PAPER_TEXT}")
+def test_every_number_of_the_paper_column_is_in_the_papers_text():
+    """The scorecard's "paper" column quotes the paper: each of its numbers appears in the text available here
+    (../shared/paper, whose README lists what is missing, e.g. Table 1); a claim whose number is not there says
+    so instead of giving one."""
+    text = " ".join(p.read_text(encoding="utf-8") for p in PAPER_TEXT.glob("*.txt")).replace(",", "")
+    in_text = set(re.findall(r"\d+(?:\.\d+)?", text))
+    for claim in claims.CLAIMS.values():
+        numbers = [n.replace(",", "") for n in re.findall(r"\d[\d,]*(?:\.\d+)?", claim.paper)]
+        assert not [n for n in numbers if n not in in_text], f"{claim.id}: {claim.paper!r}"

@@ -48,21 +48,20 @@ CLAIMS = {c.id: c for c in (
     Claim("few_key_heads", "identify", "Fewer than 5% of the attention heads are key heads for arithmetic.",
           "< 5% of 1,024 heads; key heads below -5% relative logit change"),
     Claim("middle_layers", "identify", "The key heads sit in the middle layers.",
-          "from layer 12 of 32, mostly layers 12-17 (relative depth 0.39-0.55)"),
+          "from the 12th layer, mostly layers 12-17 (section 5.1)"),
     Claim("mlp_late", "identify", "MLPs before the key heads have almost no effect; later MLPs have large effects.",
-          "early MLPs near 0, MLPs after the key heads strongly negative (Figure 2)"),
+          "MLPs 0-16 about +-0.0%, from the 17th layer about +-10.0% (section 5.1)"),
     Claim("knockout_collapse", "validate",
           "Knocking out the key heads collapses accuracy; knocking out as many random heads does not.",
-          "accuracy 100% -> about 30% (about 70% lower); random heads: little change"),
+          "a decrease of around 70% in accuracy (introduction); random heads: not available here"),
     Claim("key_attention", "analyze", "Key heads attend from END to the operands and the operator.",
-          "most of the key heads' END attention on operand and operator tokens"),
+          "\"These heads particularly attend to the operands and operators\" (introduction)"),
     Claim("mlp_answer", "analyze", "The MLPs' outputs carry the answer more than the operands.",
           "operands' information processed by the MLPs, progressively leading to the answer"),
     Claim("circuit_sufficient", "circuit",
           "The key heads and key MLPs suffice: with every other head and MLP mean-ablated they keep most of the "
           "model's arithmetic, more than as many random heads in the same layers.",
-          "the paper's interpretation (heads find the operands, MLPs compute the answer); it tests necessity only "
-          "(for comparison, Wang et al.'s IOI circuit keeps 87% of the logit difference)"),
+          "the paper's interpretation (heads find the operands, MLPs compute the answer); it tests necessity only"),
     Claim("heads_via_mlps", "circuit",
           "The key heads act through the MLPs: their effect reaches the answer through later MLPs more than directly.",
           "\"employs a set of heads to pinpoint arithmetic operands, subsequently engaging MLPs to work out the "
@@ -72,13 +71,14 @@ CLAIMS = {c.id: c for c in (
           "not a non-math task.",
           "heads identified on one data set transfer to other data sets and tasks"),
     Claim("sft_vs_full", "finetune", "Precise SFT of the key heads matches or beats full fine-tuning on math.",
-          "GSM8K 14.6 -> 27.4 with precise SFT of 32 heads + 2 MLPs, above full SFT (Table 1)"),
+          "\"not only matches but can surpass\" full fine-tuning, tuning as few as 32 of 1,024 heads (introduction); "
+          "Table 1's numbers are not available here"),
     Claim("sft_vs_random", "finetune", "Precise SFT of the key heads beats fine-tuning as many other heads.",
           "no such control in the paper (added here: as many heads in the same layers)"),
     Claim("sft_off_target", "finetune", "Precise SFT costs less off target than full fine-tuning.",
-          "non-math performance not compromised (MMLU, CommonsenseQA)"),
+          "\"much less impact on non-mathematical tasks\" (introduction); Table 1's numbers are not available here"),
     Claim("sft_speed", "finetune", "A precise-SFT step is faster than a full fine-tuning step.",
-          "3.3x faster per step"),
+          "not available here (Table 1)"),
 )}
 
 
