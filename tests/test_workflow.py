@@ -722,15 +722,15 @@ def test_library_edits_rerun_exactly_the_rules_that_run_the_edited_code(run, tmp
             path.write_text(original)
 
     # every figure goes through plots._save
-    assert planned_after("plots.py", "def _save(fig, path: str | Path) -> None:\n",
+    assert planned_after("report/plots.py", "def _save(fig, path: str | Path) -> None:\n",
                          "def _save(fig, path: str | Path) -> None:\n    fig.set_dpi(fig.get_dpi())\n") == {
         "plot_effects": 2, "plot_knockout": 2, "plot_transfer": 1, "summarize_key_components": 1, "plot_analysis": 2,
         "plot_circuit": 2, "summarize_eval": 1, "study_summary": 1, "claims": 1, "findings": 1, "all": 1,
     }  # the summaries re-draw beside their tables and rewrite them: the scorecard and the findings page re-read
-    assert planned_after("patching.py", "@torch.no_grad()\ndef direct_logits(",
+    assert planned_after("interp/patching.py", "@torch.no_grad()\ndef direct_logits(",
                          "def _unused_helper():\n    return 0\n\n\n@torch.no_grad()\ndef direct_logits(") == {}
-    assert planned_after("patching.py", "def direct_logits(", "# a comment\ndef direct_logits(") == {}
-    assert planned_after("patching.py", '"""Unembedding of final-normed', '"""Unembedding of the final-normed') == {
+    assert planned_after("interp/patching.py", "def direct_logits(", "# a comment\ndef direct_logits(") == {}
+    assert planned_after("interp/patching.py", '"""Unembedding of final-normed', '"""Unembedding of the final-normed') == {
         "patch_all_layers": 1, **FROM_EFFECTS,
     }
 
