@@ -7,7 +7,7 @@ TORCH ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.arithmech-installed
 
-.PHONY: setup run study test test-fast gpu-check benchmark peer-benchmark report clean-results slurm-profile docs plan rehearsal rehearsal-peak
+.PHONY: setup run study test test-fast gpu-check benchmark peer-benchmark report clean-results docs plan rehearsal rehearsal-peak
 
 $(STAMP): requirements.txt envs/default-model.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +32,8 @@ study: $(STAMP)
 # The cost plan before the first GPU hour (docs/plan.md): per rule the jobs (from a dry run), GPU hours and peak
 # GPU and host memory, and the totals. CONFIGS are merged over config.yaml in order, as --configfile merges
 # them; options go in PLAN_ARGS, e.g. make plan CONFIGS=configs/mistral-7b.yaml PLAN_ARGS='--tflops 300 --json'.
+# PLAN_ARGS='--compare results' then sets the plan against that finished run: planned against measured jobs, wall
+# time and peak memory per rule (its benchmark files and the jobs' usage records).
 CONFIGS ?= configs/paper.yaml configs/llama2-7b.yaml
 plan: $(STAMP)
 	$(BIN)/python -m arithmech.tools.plan $(CONFIGS) $(PLAN_ARGS)
@@ -92,14 +94,3 @@ docs: $(STAMP)
 
 clean-results:
 	rm -rf results .snakemake
-
-# The SLURM profile as the user profile named `slurm`, where `snakemake --profile slurm` looks for it
-# ($XDG_CONFIG_HOME/snakemake, else ~/.config/snakemake). A different profile of that name is left alone.
-PROFILE_HOME ?= $(or $(XDG_CONFIG_HOME),$(HOME)/.config)/snakemake
-slurm-profile:
-	@if [ -e "$(PROFILE_HOME)/slurm" ] && ! diff -r -q workflow/profiles/slurm "$(PROFILE_HOME)/slurm" >/dev/null; then \
-		echo "error: $(PROFILE_HOME)/slurm exists and differs from workflow/profiles/slurm; not overwriting it" \
-			"(compare: diff -r workflow/profiles/slurm $(PROFILE_HOME)/slurm)" >&2; exit 1; fi
-	mkdir -p "$(PROFILE_HOME)/slurm"
-	cp -r workflow/profiles/slurm/. "$(PROFILE_HOME)/slurm/"
-	@echo "installed: snakemake --profile slurm now uses $(PROFILE_HOME)/slurm"

@@ -332,9 +332,10 @@ def test_prepare_hub_unreachable_fails_with_one_message(tmp_path, monkeypatch):
     """No network here: a Hub id cannot be fetched, and the user gets one message naming it."""
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(ModelSourceError, match="could not download 'meta-llama/Llama-2-7b-hf'"):
-        prepare_model({"hub": "meta-llama/Llama-2-7b-hf", "revision": "main"}, tmp_path / "model")
+        prepare_model({"hub": "meta-llama/Llama-2-7b-hf", "revision": "main"}, tmp_path / "model",
+                      model_cache=str(tmp_path / "cache"))
     assert not (tmp_path / "model").exists()
-    assert [p for p in tmp_path.iterdir()] == []
+    assert [p.name for p in tmp_path.iterdir()] == ["cache"]  # the model cache, checked writable before the download
 
 
 def test_atomic_files_follow_the_umask(tmp_path):

@@ -288,12 +288,13 @@ def test_summary_says_when_the_study_could_not_run(tmp_path):
     the scorecard's study rows `not measured` with that reason."""
     from arithmech.report import verdicts as claims
     from arithmech.report.page import study_not_run
-    from arithmech.io import read_parquet_meta, write_parquet
+    from arithmech.io import read_parquet_meta, write_json, write_parquet
 
     table, choice = sd.choose_format(_measured(("add2", 0.95), ("mul2", 0.1)), [0.2, 0.6], "auto")
     table = table.assign(task="addition", template="{a} {op} {b} = ", operator="+", a="10-99", b="10-99", pairs=8100,
                          correct=0, ci_low=0.0, ci_high=1.0)
     write_parquet(table, tmp_path / "formats.parquet", {"choice": choice})
+    write_json(choice, sd.choice_path(tmp_path / "formats.parquet"))
     out = {k: tmp_path / f"{k}.{ext}" for k, ext in (("study", "parquet"), ("comparisons", "parquet"), ("md", "md"),
                                                      ("html", "html"), ("png", "png"), ("curves", "png"))}
     run_study_summary(model="m", study=_study(), formats_path=tmp_path / "formats.parquet", items_path=None,

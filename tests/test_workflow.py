@@ -537,31 +537,57 @@ def test_transfer_change_reruns_only_transfer(run):
         "transfer": 1, "plot_transfer": 1, "claims": 1, "findings": 1, "all": 1}
 
 
-def test_slurm_profile_dry_run_asks_for_gpus_only_where_the_model_runs(run):
-    """The real SLURM profile, resolved without a cluster: GPU, memory and runtime from the model's
-    resources for rules that run the model, none for aggregation; account/partition from the environment."""
-    path = with_config(run, lambda c: c["models"]["tiny"]["resources"].update(gpus=2, gpu_model="a100", mem_mb=12000))
-    env = {"SLURM_ACCOUNT": "proj42", "SLURM_PARTITION": "gpu-short"}
-    proc = snakemake(run, "--profile", str(run / "workflow/profiles/slurm"), "--dry-run", "--forcerun", "build_pairs",
-                     "--configfile", str(path), env=env)
+GPU_RULES = ("build_pairs", "cache_activations", "patch_all_layers", "knockout", "analyze", "transfer", "circuit",
+             "edges", "finetune", "evaluate", "study_format", "study_train", "study_evaluate")
+CPU_RULES = ("aggregate_effects", "plot_effects", "plot_knockout", "plot_transfer", "plot_analysis",
+             "summarize_key_components", "summarize_eval", "study_items", "study_select", "study_summary",
+             "plot_circuit", "claims", "findings")
+
+
+def slurm_dry_run(run, env):
+    """The workflow profile's dry run on the SLURM executor, without a cluster: {rule: resources lines}. (Whether
+    a job runs locally does not show in a dry run: tests/test_slurm.py checks it against a real Slurm.)"""
+    def resources(c):
+        c["models"]["tiny"]["resources"].update(gpus=2, gpu_model="a100", mem_mb=12000,
+                                                finetune={"gpus": 4, "mem_mb": 30000}, evaluate={"runtime": 45})
+    proc = snakemake(run, "--workflow-profile", str(run / "workflow/profiles/slurm"), "--dry-run", "--forceall",
+                     "--configfile", str(with_config(run, resources)), env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    jobs = {}
-    rule = None
+    jobs, rule = {}, None
     for line in proc.stdout.splitlines():
-        if line.startswith(("rule ", "localrule ", "checkpoint ")):
+        if line.startswith(("rule ", "checkpoint ")):
             rule = line.split()[1].rstrip(":")
         elif line.strip().startswith("resources:") and rule:
             jobs.setdefault(rule, set()).add(line.strip())
-    for rule in ("build_pairs", "cache_activations", "patch_all_layers", "knockout", "analyze", "transfer", "circuit",
-                 "edges", "finetune", "evaluate", "study_format", "study_train", "study_evaluate"):
+    return jobs
+
+
+def test_slurm_dry_run_asks_each_rule_for_its_own_resources(run):
+    """The workflow profile resolved without a cluster: GPUs, memory and runtime from the model's resources and
+    its per-rule blocks for the rules that run the model; CPU-only jobs no GPU and no partition (they run on the
+    submitting host); account and partition passed only when set."""
+    jobs = slurm_dry_run(run, env={"SLURM_ACCOUNT": "proj42", "SLURM_PARTITION": "gpu-short"})
+    for rule in GPU_RULES:
         (resources,) = jobs[rule]
-        assert "gpu=2" in resources and "gpu_model=a100" in resources and "mem_mb=12000" in resources
+        assert "gpu_model=a100" in resources, rule
         assert "slurm_account=proj42" in resources and "slurm_partition=gpu-short" in resources
-    for rule in ("aggregate_effects", "plot_effects", "plot_knockout", "plot_transfer", "plot_analysis",
-                 "summarize_key_components", "summarize_eval", "study_items", "study_select", "study_summary",
-                 "plot_circuit"):
+        gpus, mem, minutes = {"finetune": (4, 30000, 30), "study_train": (4, 30000, 30), "evaluate": (2, 12000, 45),
+                              "study_evaluate": (2, 12000, 45), "study_format": (2, 12000, 45)}.get(rule, (2, 12000, 30))
+        assert f"gpu={gpus}" in resources and f"mem_mb={mem}" in resources and f"runtime={minutes}" in resources, rule
+    for rule in CPU_RULES:
         (resources,) = jobs[rule]
-        assert "gpu=" not in resources and "mem_mb=4000" in resources
+        assert "gpu=" not in resources and "slurm_partition" not in resources, rule
+    unset = slurm_dry_run(run, env={"SLURM_ACCOUNT": "", "SLURM_PARTITION": ""})
+    assert not any("slurm_account" in r or "slurm_partition" in r for lines in unset.values() for r in lines)
+
+
+def test_slurm_dry_run_sends_cpu_jobs_to_the_cpu_partition_when_named(run):
+    jobs = slurm_dry_run(run, env={"SLURM_PARTITION": "gpu-short", "SLURM_CPU_PARTITION": "cpu-short"})
+    for rule in CPU_RULES:
+        (resources,) = jobs[rule]
+        assert "gpu=" not in resources and "slurm_partition=cpu-short" in resources, rule
+        assert "mem_mb=4000" in resources
+    assert all("slurm_partition=gpu-short" in next(iter(jobs[rule])) for rule in GPU_RULES)
 
 
 def test_report_contains_every_figure_and_table(run, tmp_path):

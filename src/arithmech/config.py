@@ -1,5 +1,6 @@
 """Configuration checks that run before any job: the JSON schema (draft 2020-12) plus the cross-references
-a schema cannot express. Every error names the offending key."""
+a schema cannot express. Every error names the offending key. They run while Snakemake parses the workflow,
+so they import nothing beyond the standard library and Snakemake's own dependencies (pyyaml, jsonschema)."""
 
 from __future__ import annotations
 
@@ -109,7 +110,7 @@ def _split_problems(prompts: dict, tasks: list[str]) -> list[str]:
 
 def _study_problems(study: dict) -> list[str]:
     """What the schema cannot say about the `study` section: cross-references, ranges, split sizes."""
-    from arithmech.sft.design import AUTO, Format
+    from arithmech.sft.study_config import AUTO, Format
 
     problems = []
     candidates = study["format_choice"]["candidates"]

@@ -1,20 +1,32 @@
-"""What every rule script does around its entry point: log, seeds, threads, and a traceback in the log.
+"""What every rule script does around its entry point: log, seeds, threads, a traceback in the log, the
+batch split a cluster retry asks for, and the job's usage (wall time, peak host and GPU memory) next to its log.
 
-Torch-free, so that jobs which only read tables and draw figures never import it."""
+Standard library only at import (the cluster resources read GPU_OOM_MARK while Snakemake parses the
+workflow), and torch-free, so that jobs which only read tables and draw figures never import it."""
 
 from __future__ import annotations
 
 import contextlib
 import random
+import resource
 import sys
+import time
 import traceback
+from pathlib import Path
 
-import numpy as np
+# Written into the log when a job runs out of GPU memory; the retry's resources read it (arithmech.tools.cluster).
+GPU_OOM_MARK = "arithmech: GPU out of memory"
+# Where a job's batch sizes are among its params: inference batches (examples per forward), and training's
+# blocks, whose batch_size x grad_accumulation examples make one optimizer step.
+INFERENCE_BATCHES = (("compute", "batch_size"), ("evaluation", "batch_size"))
+TRAINING_BLOCKS = (("finetune", "train"), ("study", "train"))
 
 
 def seed_everything(seed: int, threads: int | None = None) -> None:
     """Seed Python's and NumPy's generators, and torch's (with its thread count) when the job imported it:
     every entry module that uses torch imports it at module level, before the job starts."""
+    import numpy as np
+
     random.seed(seed)
     np.random.seed(seed)
     torch = sys.modules.get("torch")
@@ -24,10 +36,71 @@ def seed_everything(seed: int, threads: int | None = None) -> None:
             torch.set_num_threads(threads)
 
 
+def split_batches(params, split: int) -> list[str]:
+    """Make every batch of a job's `params` (a rule's params: dicts by name) `split` times smaller, in place,
+    for a retry after running out of GPU memory. Training keeps its examples per optimizer step: the batch
+    shrinks to a divisor of itself and grad_accumulation grows by as much. Returns what changed."""
+    changed = []
+    for name, key in INFERENCE_BATCHES:
+        block = params.get(name)
+        if isinstance(block, dict) and isinstance(block.get(key), int):
+            new = max(1, block[key] // split)
+            changed.append(f"{name}.{key} {block[key]} -> {new}")
+            block[key] = new
+    for name, key in TRAINING_BLOCKS:
+        block = (params.get(name) or {}).get(key) if isinstance(params.get(name), dict) else None
+        if isinstance(block, dict) and isinstance(block.get("batch_size"), int):
+            size, accumulation = block["batch_size"], block.get("grad_accumulation") or 1
+            new = max(d for d in range(1, size + 1) if size % d == 0 and d <= max(1, size // split))
+            block["batch_size"], block["grad_accumulation"] = new, accumulation * size // new
+            changed.append(f"{name}.{key}.batch_size {size} -> {new}, grad_accumulation {accumulation} -> "
+                           f"{block['grad_accumulation']} (examples per step unchanged)")
+    return changed
+
+
+def is_gpu_oom(err: BaseException) -> bool:
+    """torch's out-of-memory error of an accelerator (checked by name: this module does not import torch)."""
+    return type(err).__name__ == "OutOfMemoryError" or "CUDA out of memory" in str(err)
+
+
+def gpu_oom_advice(smk) -> str:
+    """The log's lines after running out of GPU memory: what the retry does and the keys to change."""
+    model = getattr(smk.wildcards, "model", "<model>") if hasattr(smk, "wildcards") else "<model>"
+    batches = [f"{n}.{k}" for n, k in INFERENCE_BATCHES if isinstance(smk.params.get(n), dict)]
+    batches += [f"{n}.{k}.batch_size" for n, k in TRAINING_BLOCKS
+                if isinstance(smk.params.get(n), dict) and k in smk.params.get(n)]
+    return (f"{GPU_OOM_MARK} in rule {smk.rule}. A retry (the SLURM profile's `retries`) splits the batch in "
+            f"two per attempt. To change it for good: give the rule more GPUs (models.{model}.resources.gpus, "
+            f"or its `finetune` / `evaluate` block) or lower {' or '.join(batches) or 'its batch size'}.")
+
+
+def gpu_peaks_mb() -> dict[str, float] | None:
+    """Peak allocated memory of every accelerator this process used, in MB (None: torch or CUDA unused)."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return None
+    return {f"cuda:{i}": round(torch.cuda.max_memory_allocated(i) / 2**20, 1) for i in range(torch.cuda.device_count())}
+
+
+def write_usage(smk, wall_s: float, ok: bool, batch_split: int) -> None:
+    """The job's own record next to its log (`<log>.usage.json`): wall time, peak host and GPU memory."""
+    if not smk.log:
+        return
+    from arithmech.io import write_json
+
+    log = Path(smk.log[0])
+    host_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: kilobytes
+    write_json({"rule": smk.rule, "wildcards": dict(smk.wildcards.items()), "ok": ok, "wall_s": round(wall_s, 3),
+                "host_peak_mb": round(host_mb, 1), "gpu_peak_mb": gpu_peaks_mb(), "batch_split": batch_split},
+               log.with_name(log.name.removesuffix(".log") + ".usage.json"))
+
+
 @contextlib.contextmanager
 def job(smk):
     """Set up a rule script: stderr/stdout (tqdm progress included) to the rule's log, seeds and threads
-    from the rule; a failure's traceback goes to the log before Snakemake reports it."""
+    from the rule, the batch split of a retry (resource `batch_split`); a failure's traceback goes to the log
+    before Snakemake reports it (after running out of GPU memory, with what to change); the job's usage is
+    written next to its log either way."""
     log = open(smk.log[0], "w", buffering=1) if smk.log else None
     with contextlib.ExitStack() as stack:
         if log is not None:
@@ -35,8 +108,18 @@ def job(smk):
             stack.enter_context(contextlib.redirect_stderr(log))
             stack.enter_context(contextlib.redirect_stdout(log))
         seed_everything(smk.params.get("seed", 0), smk.threads)
+        split = int(getattr(smk, "resources", {}).get("batch_split", 1) or 1)
+        if split > 1:
+            for change in split_batches(smk.params, split):
+                print(f"retry after running out of GPU memory: {change}", file=sys.stderr)
+        start, ok = time.perf_counter(), False
         try:
             yield
-        except BaseException:
+            ok = True
+        except BaseException as err:
             traceback.print_exc(file=sys.stderr)
+            if is_gpu_oom(err):
+                print(gpu_oom_advice(smk), file=sys.stderr)
             raise
+        finally:
+            write_usage(smk, time.perf_counter() - start, ok, split)

@@ -14,11 +14,13 @@ rule analyze:
         probes="results/{model}/analysis/{task}_probes.parquet",
     log:
         "results/{model}/logs/analyze/{task}.log",
+    benchmark:
+        "results/{model}/benchmarks/analyze/{task}.tsv"
     conda:
         "../../envs/arithmech.yaml"
     threads: 2
     resources:
-        **GPU_RESOURCES,
+        **gpu_resources("analyze"),
     params:
         code=library_code("analyze"),
         analysis=config["analysis"],
@@ -66,6 +68,9 @@ rule plot_analysis:
         ),
     log:
         "results/{model}/logs/plot_analysis/{task}.log",
+    benchmark:
+        "results/{model}/benchmarks/plot_analysis/{task}.tsv"
+    localrule: CPU_JOBS_LOCAL
     conda:
         "../../envs/arithmech.yaml"
     resources:

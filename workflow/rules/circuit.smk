@@ -14,11 +14,13 @@ rule circuit:
         per_item="results/{model}/circuit/{task}_items.parquet",
     log:
         "results/{model}/logs/circuit/{task}.log",
+    benchmark:
+        "results/{model}/benchmarks/circuit/{task}.tsv"
     conda:
         "../../envs/arithmech.yaml"
     threads: 2
     resources:
-        **GPU_RESOURCES,
+        **gpu_resources("circuit"),
     params:
         code=library_code("circuit"),
         circuit={k: v for k, v in config["circuit"].items() if k != "edges"},
@@ -43,11 +45,13 @@ rule edges:
         ),
     log:
         "results/{model}/logs/edges.log",
+    benchmark:
+        "results/{model}/benchmarks/edges.tsv"
     conda:
         "../../envs/arithmech.yaml"
     threads: 2
     resources:
-        **GPU_RESOURCES,
+        **gpu_resources("edges"),
     params:
         code=library_code("edges"),
         tasks=TASKS,
@@ -95,6 +99,9 @@ rule plot_circuit:
         ),
     log:
         "results/{model}/logs/plot_circuit/{task}.log",
+    benchmark:
+        "results/{model}/benchmarks/plot_circuit/{task}.tsv"
+    localrule: CPU_JOBS_LOCAL
     conda:
         "../../envs/arithmech.yaml"
     resources:

@@ -16,6 +16,9 @@ rule claims:
         ),
     log:
         "results/{model}/logs/claims.log",
+    benchmark:
+        "results/{model}/benchmarks/claims.tsv"
+    localrule: CPU_JOBS_LOCAL
     conda:
         "../../envs/arithmech.yaml"
     resources:

@@ -5,6 +5,7 @@ import re
 from snakemake.exceptions import IncompleteCheckpointException
 
 from arithmech.code_digest import script_digest
+from arithmech.tools import cluster
 from arithmech.sft.methods import DRAWN_METHODS, HEAD_METHODS, METHODS, RECIPE_METHODS
 
 MODELS = config["run"]["models"]
@@ -23,28 +24,43 @@ wildcard_constraints:
     run=r"lr\d+|seed\d+|draw\d+|chosen|base",
 
 
-def model_resource(key):
-    """Cluster resource of a GPU job from `models.<model>.resources`; memory and runtime grow with each
-    retry (attempt 1, 2, ...), so a job killed for memory or time is resubmitted with more.
-    """
+def model_job_resources(name, wildcards, attempt):
+    """A model job's resources at `attempt` (arithmech.tools.cluster): `models.<model>.resources` with the
+    block of rule `name` over it; a retry after the job ran out of GPU memory (read from its log) splits the batch,
+    after another failure it asks for more host memory; both ask for more time."""
+    first = cluster.job_resources(config["models"][wildcards.model]["resources"], name)
+    gpu_oom = attempt > 1 and cluster.gpu_oom_logged(
+        getattr(rules, name).log[0].format(**dict(wildcards.items()))
+    )
+    return cluster.retry_resources(first, attempt, gpu_oom)
 
-    def get(wildcards, attempt):
-        value = config["models"][wildcards.model]["resources"].get(key, "")
-        return value * attempt if key in ("mem_mb", "runtime") else value
 
-    return get
+def gpu_resources(name):
+    """What a job of rule `name` that runs the model asks a cluster for (local runs ignore gpu and gpu_model);
+    `batch_split` is read by the job itself (arithmech.jobs)."""
+
+    def get(key, default):
+        return lambda wildcards, attempt: model_job_resources(
+            name, wildcards, attempt
+        ).get(key, default)
+
+    return {
+        "gpu": get("gpus", 1),
+        "gpu_model": get("gpu_model", ""),
+        "mem_mb": get("mem_mb", None),
+        "runtime": get("runtime", None),
+        "batch_split": get("batch_split", 1),
+        **cluster.slurm_settings(os.environ, gpu=True),
+    }
 
 
-# What every rule that runs the model asks a cluster for (local runs ignore gpu and gpu_model).
-GPU_RESOURCES = {
-    "gpu": model_resource("gpus"),
-    "gpu_model": model_resource("gpu_model"),
-    "mem_mb": model_resource("mem_mb"),
-    "runtime": model_resource("runtime"),
-}
+# CPU-only jobs (tables, figures, the scorecard) run on the submitting host unless $SLURM_CPU_PARTITION names a
+# partition for them (arithmech.tools.cluster.cpu_jobs_local).
+CPU_JOBS_LOCAL = cluster.cpu_jobs_local(os.environ)
 CPU_RESOURCES = {
-    "mem_mb": lambda wildcards, attempt: 4000 * attempt,
-    "runtime": lambda wildcards, attempt: 20 * attempt,
+    "mem_mb": lambda wildcards, attempt: cluster.CPU_JOB["mem_mb"] * attempt,
+    "runtime": lambda wildcards, attempt: cluster.CPU_JOB["runtime"] * attempt,
+    **cluster.slurm_settings(os.environ, gpu=False),
 }
 
 
@@ -232,7 +248,7 @@ def study_choice(model):
     """
     if STUDY["train_format"] != study.AUTO:
         return STUDY["train_format"]
-    return study.read_choice(checkpoints.study_format.get(model=model).output[0])[
+    return study.read_choice(checkpoints.study_format.get(model=model).output.table)[
         "chosen"
     ]
 
@@ -245,10 +261,10 @@ def study_runs(model):
     try:
         return study_choice(model) is not None
     except IncompleteCheckpointException:
-        table = Path(study_format_table(model))
-        return (
-            study.read_choice(table)["chosen"] is not None if table.is_file() else True
-        )
+        table = study_format_table(model)
+        if not study.choice_path(table).is_file():
+            return True
+        return study.read_choice(table)["chosen"] is not None
 
 
 def study_items_inputs(wildcards):
@@ -345,7 +361,8 @@ def study_final_models():
 def study_summary_inputs(wildcards):
     """The format table; when the study runs, its items, every scored model, lr choice and training run."""
     root = f"results/{wildcards.model}/finetune/study"
-    files = {"formats": study_format_table(wildcards.model)}
+    table = study_format_table(wildcards.model)
+    files = {"formats": table, "choice": str(study.choice_path(table))}
     if not study_runs(wildcards.model):
         return files
     files["study_items"] = f"{root}/items.parquet"

@@ -14,8 +14,13 @@ rule findings:
         ),
     log:
         "results/{model}/logs/findings.log",
+    benchmark:
+        "results/{model}/benchmarks/findings.tsv"
+    localrule: CPU_JOBS_LOCAL
     conda:
         "../../envs/arithmech.yaml"
+    resources:
+        **CPU_RESOURCES,
     params:
         code=library_code("findings"),
         tasks=TASKS,

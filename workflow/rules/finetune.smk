@@ -11,11 +11,13 @@ rule finetune:
         directory("results/{model}/finetune/{method}"),
     log:
         "results/{model}/logs/finetune/{method}.log",
+    benchmark:
+        "results/{model}/benchmarks/finetune/{method}.tsv"
     conda:
         "../../envs/arithmech.yaml"
     threads: 2
     resources:
-        **GPU_RESOURCES,
+        **gpu_resources("finetune"),
     params:
         code=library_code("finetune"),
         finetune=finetune_params,
@@ -33,6 +35,8 @@ rule fetch_dataset:
         "results/data/{dataset}.parquet",
     log:
         "results/logs/fetch_dataset/{dataset}.log",
+    benchmark:
+        "results/benchmarks/fetch_dataset/{dataset}.tsv"
     localrule: True
     conda:
         "../../envs/arithmech.yaml"
@@ -52,11 +56,13 @@ rule evaluate:
         "results/{model}/eval/{method}/{dataset}.parquet",
     log:
         "results/{model}/logs/evaluate/{method}/{dataset}.log",
+    benchmark:
+        "results/{model}/benchmarks/evaluate/{method}/{dataset}.tsv"
     conda:
         "../../envs/arithmech.yaml"
     threads: 2
     resources:
-        **GPU_RESOURCES,
+        **gpu_resources("evaluate"),
     params:
         code=library_code("evaluate"),
         evaluation=evaluate_params,
@@ -93,6 +99,9 @@ rule summarize_eval:
         ),
     log:
         "results/{model}/logs/summarize_eval.log",
+    benchmark:
+        "results/{model}/benchmarks/summarize_eval.tsv"
+    localrule: CPU_JOBS_LOCAL
     conda:
         "../../envs/arithmech.yaml"
     resources:

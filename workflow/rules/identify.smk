@@ -6,6 +6,8 @@ checkpoint prepare_model:
         directory("results/{model}/model"),
     log:
         "results/{model}/logs/prepare_model.log",
+    benchmark:
+        "results/{model}/benchmarks/prepare_model.tsv"
     localrule: True  # downloads: cluster nodes are often offline
     conda:
         "../../envs/arithmech.yaml"
@@ -24,11 +26,13 @@ rule build_pairs:
         dropped="results/{model}/pairs/{task}_dropped.parquet",
     log:
         "results/{model}/logs/build_pairs/{task}.log",
+    benchmark:
+        "results/{model}/benchmarks/build_pairs/{task}.tsv"
     conda:
         "../../envs/arithmech.yaml"
     threads: 2
     resources:
-        **GPU_RESOURCES,
+        **gpu_resources("build_pairs"),
     params:
         code=library_code("build_pairs"),
         prompts=config["prompts"],
@@ -46,11 +50,13 @@ rule cache_activations:
         "results/{model}/activations/{task}.safetensors",
     log:
         "results/{model}/logs/cache_activations/{task}.log",
+    benchmark:
+        "results/{model}/benchmarks/cache_activations/{task}.tsv"
     conda:
         "../../envs/arithmech.yaml"
     threads: 2
     resources:
-        **GPU_RESOURCES,
+        **gpu_resources("cache_activations"),
     params:
         code=library_code("cache_activations"),
         compute=config["compute"],
@@ -70,11 +76,13 @@ rule patch_all_layers:
         expand("results/{{model}}/patching/{task}/all_layers.parquet", task=TASKS),
     log:
         "results/{model}/logs/patch_all_layers.log",
+    benchmark:
+        "results/{model}/benchmarks/patch_all_layers.tsv"
     conda:
         "../../envs/arithmech.yaml"
     threads: 1
     resources:
-        **GPU_RESOURCES,
+        **gpu_resources("patch_all_layers"),
     params:
         code=library_code("patch_all_layers"),
         patching=patching_params(),
@@ -95,11 +103,13 @@ rule patch_layer:
         expand("results/{{model}}/patching/{task}/layer{{layer}}.parquet", task=TASKS),
     log:
         "results/{model}/logs/patch_layer/layer{layer}.log",
+    benchmark:
+        "results/{model}/benchmarks/patch_layer/{layer}.tsv"
     conda:
         "../../envs/arithmech.yaml"
     threads: 1
     resources:
-        **GPU_RESOURCES,
+        **gpu_resources("patch_layer"),
     params:
         code=library_code("patch_layer"),
         patching=patching_params(),
@@ -129,6 +139,9 @@ rule aggregate_effects:
         ),
     log:
         "results/{model}/logs/aggregate_effects/{task}.log",
+    benchmark:
+        "results/{model}/benchmarks/aggregate_effects/{task}.tsv"
+    localrule: CPU_JOBS_LOCAL
     conda:
         "../../envs/arithmech.yaml"
     resources:
@@ -161,6 +174,9 @@ rule plot_effects:
         ),
     log:
         "results/{model}/logs/plot_effects/{task}.log",
+    benchmark:
+        "results/{model}/benchmarks/plot_effects/{task}.tsv"
+    localrule: CPU_JOBS_LOCAL
     conda:
         "../../envs/arithmech.yaml"
     resources:
@@ -202,6 +218,9 @@ rule summarize_key_components:
         ),
     log:
         "results/{model}/logs/summarize_key_components.log",
+    benchmark:
+        "results/{model}/benchmarks/summarize_key_components.tsv"
+    localrule: CPU_JOBS_LOCAL
     conda:
         "../../envs/arithmech.yaml"
     resources:

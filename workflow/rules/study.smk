@@ -12,14 +12,17 @@ checkpoint study_format:
         model="results/{model}/model",
         pairs=expand("results/{{model}}/pairs/{task}.parquet", task=TASKS),
     output:
-        "results/{model}/finetune/study/formats.parquet",
+        table=study_format_table("{model}"),
+        choice=str(study.choice_path(study_format_table("{model}"))),
     log:
         "results/{model}/logs/study/format.log",
+    benchmark:
+        "results/{model}/benchmarks/study_format.tsv"
     conda:
         "../../envs/arithmech.yaml"
     threads: 2
     resources:
-        **GPU_RESOURCES,
+        **gpu_resources("study_format"),
     params:
         code=library_code("study_format"),
         study=study_format_params(),
@@ -40,6 +43,9 @@ rule study_items:
         "results/{model}/finetune/study/items.parquet",
     log:
         "results/{model}/logs/study/items.log",
+    benchmark:
+        "results/{model}/benchmarks/study_items.tsv"
+    localrule: CPU_JOBS_LOCAL
     conda:
         "../../envs/arithmech.yaml"
     resources:
@@ -63,11 +69,13 @@ rule study_train:
         directory("results/{model}/finetune/study/runs/{arm}/{run}"),
     log:
         "results/{model}/logs/study/train/{arm}/{run}.log",
+    benchmark:
+        "results/{model}/benchmarks/study_train/{arm}/{run}.tsv"
     conda:
         "../../envs/arithmech.yaml"
     threads: 2
     resources:
-        **GPU_RESOURCES,
+        **gpu_resources("study_train"),
     params:
         code=library_code("study_train"),
         study=study_train_params,
@@ -85,6 +93,9 @@ rule study_select:
         "results/{model}/finetune/study/select/{arm}.json",
     log:
         "results/{model}/logs/study/select/{arm}.log",
+    benchmark:
+        "results/{model}/benchmarks/study_select/{arm}.tsv"
+    localrule: CPU_JOBS_LOCAL
     conda:
         "../../envs/arithmech.yaml"
     resources:
@@ -107,11 +118,13 @@ rule study_evaluate:
         "results/{model}/finetune/study/eval/{arm}/{run}.parquet",
     log:
         "results/{model}/logs/study/eval/{arm}/{run}.log",
+    benchmark:
+        "results/{model}/benchmarks/study_evaluate/{arm}/{run}.tsv"
     conda:
         "../../envs/arithmech.yaml"
     threads: 2
     resources:
-        **GPU_RESOURCES,
+        **gpu_resources("study_evaluate"),
     params:
         code=library_code("study_evaluate"),
         study=study_params("off_target"),
@@ -151,6 +164,9 @@ rule study_summary:
         ),
     log:
         "results/{model}/logs/study/summary.log",
+    benchmark:
+        "results/{model}/benchmarks/study_summary.tsv"
+    localrule: CPU_JOBS_LOCAL
     conda:
         "../../envs/arithmech.yaml"
     resources:

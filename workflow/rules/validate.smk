@@ -13,11 +13,13 @@ rule knockout:
         per_item="results/{model}/knockout/{task}_items.parquet",
     log:
         "results/{model}/logs/knockout/{task}.log",
+    benchmark:
+        "results/{model}/benchmarks/knockout/{task}.tsv"
     conda:
         "../../envs/arithmech.yaml"
     threads: 2
     resources:
-        **GPU_RESOURCES,
+        **gpu_resources("knockout"),
     params:
         code=library_code("knockout"),
         ablation=config["ablation"],
@@ -40,11 +42,13 @@ rule transfer:
         per_item="results/{model}/knockout/transfer_items.parquet",
     log:
         "results/{model}/logs/transfer.log",
+    benchmark:
+        "results/{model}/benchmarks/transfer.tsv"
     conda:
         "../../envs/arithmech.yaml"
     threads: 2
     resources:
-        **GPU_RESOURCES,
+        **gpu_resources("transfer"),
     params:
         code=library_code("transfer"),
         tasks=TASKS,
@@ -70,6 +74,9 @@ rule plot_knockout:
         ),
     log:
         "results/{model}/logs/plot_knockout/{task}.log",
+    benchmark:
+        "results/{model}/benchmarks/plot_knockout/{task}.tsv"
+    localrule: CPU_JOBS_LOCAL
     conda:
         "../../envs/arithmech.yaml"
     resources:
@@ -100,6 +107,9 @@ rule plot_transfer:
         ),
     log:
         "results/{model}/logs/plot_transfer.log",
+    benchmark:
+        "results/{model}/benchmarks/plot_transfer.tsv"
+    localrule: CPU_JOBS_LOCAL
     conda:
         "../../envs/arithmech.yaml"
     resources:

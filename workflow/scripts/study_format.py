@@ -9,5 +9,5 @@ with job(snakemake):
         prompts=snakemake.params.prompts,
         compute=snakemake.params.compute,
         seed=snakemake.params.seed,
-        out_table=snakemake.output[0],
+        out_table=snakemake.output.table,
     )

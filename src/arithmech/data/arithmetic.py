@@ -21,10 +21,10 @@ from decimal import Decimal
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
-import numpy as np
-import pandas as pd
-
-if TYPE_CHECKING:  # torch is imported by the tokenizer's return_tensors; config checks import this module
+if TYPE_CHECKING:  # torch is imported by the tokenizer's return_tensors; numpy and pandas by the functions that
+    # use them: the config checks call operand_pairs while Snakemake parses the workflow
+    import numpy as np
+    import pandas as pd
     import torch
 
 TASKS: dict[str, Callable[[int, int], int]] = {
@@ -112,6 +112,9 @@ def build_prompts(tokenizer, task: str, cfg: dict, seed: int) -> pd.DataFrame:
     """All reference/counterfactual pairs of one task (before checking the model's answers).
 
     `cfg` is the config's `prompts` section. One row per (template, operator word, a, b)."""
+    import numpy as np
+    import pandas as pd
+
     pairs = operand_pairs(task, cfg["operands"]["min"], cfg["operands"]["max"])
     sep = cfg["shot_separator"]
     cf_shots = cfg.get("counterfactual_shots", "keep")
@@ -173,6 +176,9 @@ def split_operands(df: pd.DataFrame, validation_share: float, seed: int) -> pd.S
     operand pairs (a, b), shuffled with `seed`, give round(validation_share * n_pairs) pairs to validation and
     the rest to identification. Every template of a pair shares its split, so the validation stages score
     only operand pairs that played no part in choosing the heads or the ablation means."""
+    import numpy as np
+    import pandas as pd
+
     pairs = sorted(set(zip(df["a"], df["b"])))
     n_val = round(validation_share * len(pairs))
     if not 0 < n_val < len(pairs):
@@ -196,6 +202,9 @@ def select_samples(
         token, what path patching reads) or False (keep every pair).
     Returns (kept, dropped), both with the columns of `checked`, `split` and `correct` (the answer as the
     keep rule reads it; the full answer when nothing is filtered); `dropped` adds `drop_reason`."""
+    import numpy as np
+    import pandas as pd
+
     if keep_only_correct not in KEEP_RULES:
         raise ValueError(f"prompts.keep_only_correct must be full, first_token or false; got {keep_only_correct!r}")
     df = pd.concat([df.reset_index(drop=True), checked.reset_index(drop=True)], axis=1)
@@ -310,6 +319,9 @@ def format_prompts(task: str, fmt: str, fmt_cfg: dict, prompts_cfg: dict, *, n: 
     the config's templates, operator words, shot count and separator; the shots are in the same format.
     Columns: task, format, template_id, operator, a, b, answer (string as in the shots), gold (float),
     prompt (ends where the answer starts)."""
+    import numpy as np
+    import pandas as pd
+
     if task not in TASKS:
         raise PromptError(f"unknown task {task!r}; known: {', '.join(TASKS)}")
     rng = np.random.default_rng([seed, list(TASKS).index(task), FORMATS.index(fmt) if fmt in FORMATS else 99])

@@ -3,8 +3,9 @@ its evaluate job reads, and the Hub data set whose layout its loader reads (when
 
 Adding a set: one `EvalSet` entry here plus its block under `evaluation` in
 workflow/schemas/config.schema.yaml; a config then names it in `evaluation.datasets` and gives its block
-(`file:` or `hub:` plus the kind's keys). The Snakefile reads this module when it builds the DAG, so it
-imports no torch (the loaders import `datasets` only when called).
+(`file:` or `hub:` plus the kind's keys). The Snakefile reads this module while Snakemake parses the
+workflow, so it needs the standard library alone: each entry names its loader in `arithmech.data.datasets`,
+imported (with pandas) when a job loads the set.
 """
 
 from __future__ import annotations
@@ -12,17 +13,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
-
-from arithmech.data.datasets import (
-    fetch_hub,
-    load_bigbench_choice,
-    load_bigbench_generation,
-    load_commonsense_qa,
-    load_gsm8k,
-    load_mmlu,
-    load_svamp,
-    load_text,
-)
 
 # The settings each kind of set reads from its config block (besides file or hub, which give the data).
 KIND_KEYS = {
@@ -35,15 +25,16 @@ KIND_KEYS = {
 
 @dataclass(frozen=True)
 class EvalSet:
-    """`load(path)` gives a frame with the columns its kind is scored on (math: id, question, gold; choice:
-    id, input, choices, correct; qa: id, input, targets) or, for perplexity, the text. `hub` is the Hub
-    data set whose layout the loader reads (None: only the vendored file's layout, so no `hub:` source);
-    `hub_rows`, the rows of the Hub split configs/paper.yaml evaluates on, where the repository has no copy
-    (`make plan` counts them, the rehearsal generates as many)."""
+    """`load(path)`, the function `loader` of `arithmech.data.datasets`, gives a frame with the columns its
+    kind is scored on (math: id, question, gold; choice: id, input, choices, correct; qa: id, input,
+    targets) or, for perplexity, the text. `hub` is the Hub data set whose layout the loader reads (None:
+    only the vendored file's layout, so no `hub:` source); `hub_rows`, the rows of the Hub split
+    configs/paper.yaml evaluates on, where the repository has no copy (`make plan` counts them, the
+    rehearsal generates as many)."""
 
     name: str
     kind: str
-    load: Callable
+    loader: str
     hub: str | None = None
     hub_rows: int | None = None
 
@@ -51,18 +42,24 @@ class EvalSet:
     def keys(self) -> tuple[str, ...]:
         return KIND_KEYS[self.kind]
 
+    @property
+    def load(self) -> Callable:
+        from arithmech.data import datasets
+
+        return getattr(datasets, self.loader)
+
 
 REGISTRY = {
     s.name: s
     for s in (
-        EvalSet("gsm8k", "math", load_gsm8k, hub="openai/gsm8k"),
-        EvalSet("svamp", "math", load_svamp, hub="ChilleD/SVAMP"),
-        EvalSet("social_iqa", "choice", load_bigbench_choice),
-        EvalSet("strategyqa", "choice", load_bigbench_choice),
-        EvalSet("qa_wikidata", "qa", load_bigbench_generation),
-        EvalSet("mmlu", "choice", load_mmlu, hub="cais/mmlu", hub_rows=14042),  # all, test
-        EvalSet("commonsense_qa", "choice", load_commonsense_qa, hub="tau/commonsense_qa", hub_rows=1221),  # validation
-        EvalSet("wikitext", "perplexity", load_text, hub="Salesforce/wikitext"),
+        EvalSet("gsm8k", "math", "load_gsm8k", hub="openai/gsm8k"),
+        EvalSet("svamp", "math", "load_svamp", hub="ChilleD/SVAMP"),
+        EvalSet("social_iqa", "choice", "load_bigbench_choice"),
+        EvalSet("strategyqa", "choice", "load_bigbench_choice"),
+        EvalSet("qa_wikidata", "qa", "load_bigbench_generation"),
+        EvalSet("mmlu", "choice", "load_mmlu", hub="cais/mmlu", hub_rows=14042),  # all, test
+        EvalSet("commonsense_qa", "choice", "load_commonsense_qa", hub="tau/commonsense_qa", hub_rows=1221),  # validation
+        EvalSet("wikitext", "perplexity", "load_text", hub="Salesforce/wikitext"),
     )
 }
 
@@ -132,6 +129,8 @@ def unfetched_hub_sets(evaluation: dict) -> dict[str, dict]:
 
 def fetch(name: str, hub: dict, out_path: str | Path) -> None:
     """Download the Hub split of evaluation set `name` into `out_path` (Parquet), checked by its loader."""
+    from arithmech.data.datasets import fetch_hub
+
     where = _where(hub)
     try:
         fetch_hub(hub, out_path, REGISTRY[name].load)

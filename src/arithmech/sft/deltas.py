@@ -11,17 +11,18 @@ effective weight is W + scatter(delta) (`HeadDeltas.effective_weight`) without e
 Only the deltas require gradients, so autograd computes no gradient for any base weight, and the optimizer
 holds state for the deltas only. Biases (Qwen2's q/k/v) are not trained.
 
-Saved artifacts (`save_trained`): for precise, random_heads and lora one safetensors file of deltas, which
-`apply_trained` adds to a base model in place (a plain HF model afterwards, no hooks); keys name the module
-and head:
+Saved artifacts (`save_trained`): for the head methods (precise, random_heads, ...) one safetensors file of
+deltas, which `apply_trained` adds to a base model in place (a plain HF model afterwards, no hooks); keys
+name the module and head:
   model.layers.{l}.self_attn.q_proj.weight.head.{h}       [hd, d_model]   rows h*hd:(h+1)*hd
   model.layers.{l}.self_attn.o_proj.weight.head.{h}       [d_model, hd]   columns h*hd:(h+1)*hd
   model.layers.{l}.self_attn.k_proj.weight.kv_head.{g}    [hd, d_model]   rows g*hd:(g+1)*hd (v_proj alike)
   model.layers.{l}.mlp.gate_proj.weight                   the whole matrix (MLP layers)
-  model.layers.{l}.self_attn.q_proj.weight.lora_A         [r, d_in]  (LoRA; .lora_B [d_out, r] with the
-                                                          scaling folded in: the update is lora_B @ lora_A)
-with the method, heads and shapes as JSON in the header (`read_trained_meta`). For full, a normal HF
-directory (save_pretrained plus the tokenizer), loaded with `loading.load_model`.
+with the method, heads and shapes as JSON in the header (`read_trained_meta`). For lora, a PEFT adapter
+directory (peft's own `save_pretrained`: adapter_config.json, adapter_model.safetensors with the factors
+unscaled), which `PeftModel.from_pretrained(base, path)` loads and `apply_trained` merges into a base model
+(`lora_updates`). For full, a normal HF directory (save_pretrained plus the tokenizer), loaded with
+`loading.load_model`. Both directories hold the recorded metadata in finetune.json.
 """
 
 from __future__ import annotations
@@ -40,12 +41,14 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 from torch import nn
 
-from arithmech.sft.methods import Head
+from arithmech.interp.nodes import Head
 from arithmech.intervention.hooks import hooks
 from arithmech.io import atomic_dir, write_safetensors
 from arithmech.model.loading import LoadedModel, load_model
 
 MLP_PROJS = ("gate_proj", "up_proj", "down_proj")
+META_FILE = "finetune.json"  # the recorded metadata of a saved directory (full, lora)
+ADAPTER_CONFIG, ADAPTER_WEIGHTS = "adapter_config.json", "adapter_model.safetensors"  # peft's file names
 
 
 @dataclass(frozen=True)
@@ -180,28 +183,9 @@ class HeadDeltas(nn.Module):
         return [key for key, slot in self.slots.items() if slot.kind != "full"]
 
 
-def _lora_factors(ft) -> dict[str, torch.Tensor]:
-    """The trained LoRA factors of `ft` (a `training.FineTune`): of every adapted module, under `<module path
-    in the base model>.weight.` lora_A [r, d_in] and lora_B [d_out, r], the scaling alpha/r folded into
-    lora_B, so that the update of the weight is lora_B @ lora_A. A module that stores its weight transposed
-    (fan_in_fan_out, GPT-2's Conv1D) saves its whole update under `.weight` instead."""
-    from peft.tuners.lora import LoraLayer
-
-    out = {}
-    for name, module in ft.model.get_base_model().named_modules():
-        if not isinstance(module, LoraLayer):
-            continue
-        if getattr(module, "fan_in_fan_out", False):
-            out[f"{name}.weight"] = module.get_delta_weight("default").detach()
-            continue
-        out[f"{name}.weight.lora_A"] = module.lora_A["default"].weight.detach().clone()
-        out[f"{name}.weight.lora_B"] = (module.lora_B["default"].weight * module.scaling["default"]).detach()
-    return out
-
-
 def save_trained(ft, path: str | Path, meta: dict | None = None) -> Path:
     """Save what `ft` (a `training.FineTune`) trained (module docstring): a safetensors file of deltas for
-    precise and random_heads, of the LoRA factors for lora, or an HF model directory for full.
+    the head methods, a PEFT adapter directory for lora, or an HF model directory for full.
     `meta` is added to the recorded metadata. Written atomically; returns `path`."""
     path = Path(path)
     lm = ft.lm
@@ -209,46 +193,77 @@ def save_trained(ft, path: str | Path, meta: dict | None = None) -> Path:
         with atomic_dir(path) as tmp:
             lm.model.save_pretrained(tmp)
             lm.tokenizer.save_pretrained(tmp)
-            (tmp / "finetune.json").write_text(json.dumps({**ft.method.describe(), **(meta or {})}, indent=2) + "\n")
+            (tmp / META_FILE).write_text(json.dumps({**ft.method.describe(), **(meta or {})}, indent=2) + "\n")
         return path
-    tensors = ft.deltas.named_tensors() if ft.deltas is not None else _lora_factors(ft)
     info = {**ft.method.describe(), "n_layers": lm.n_layers, "n_heads": lm.n_heads, "n_kv_heads": lm.n_kv_heads,
-            "head_dim": lm.head_dim, "d_model": lm.d_model, "n_trainable": ft.n_trainable,
-            "shapes": {k: list(v.shape) for k, v in tensors.items()}, **(meta or {})}
-    write_safetensors(tensors, path, info)
+            "head_dim": lm.head_dim, "d_model": lm.d_model, "n_trainable": ft.n_trainable}
+    if ft.method.name == "lora":
+        with atomic_dir(path) as tmp:
+            # The embeddings are never trained here; "auto" would look the base model up on the Hub.
+            ft.model.save_pretrained(tmp, save_embedding_layers=False)
+            (tmp / META_FILE).write_text(json.dumps({**info, **(meta or {})}, indent=2) + "\n")
+        return path
+    tensors = ft.deltas.named_tensors()
+    write_safetensors(tensors, path, {**info, "shapes": {k: list(v.shape) for k, v in tensors.items()}, **(meta or {})})
     return path
+
+
+def lora_updates(adapter_dir: str | Path) -> dict[str, torch.Tensor]:
+    """The weight update of every module of a PEFT LoRA adapter directory (as `save_trained` writes it), under
+    `<module path in the base model>.weight`: (lora_B * alpha/r) @ lora_A in float32, [d_out, d_in]. The
+    scaling goes into lora_B before the product, the order of the factors saved before the PEFT layout, so
+    evaluations are bit-identical to those. Adapter options that change the update otherwise (rsLoRA, rank
+    or alpha patterns, fan_in_fan_out; DoRA, biases and saved modules show as other keys) are errors."""
+    adapter_dir = Path(adapter_dir)
+    config_file, weights_file = adapter_dir / ADAPTER_CONFIG, adapter_dir / ADAPTER_WEIGHTS
+    config = json.loads(config_file.read_text())
+    others = [key for key in ("use_rslora", "rank_pattern", "alpha_pattern", "fan_in_fan_out") if config.get(key)]
+    if config.get("peft_type") != "LORA" or others:
+        raise ValueError(f"{config_file}: expected a plain LoRA adapter (peft_type LORA, as save_trained writes "
+                         f"it), got peft_type {config.get('peft_type')!r} with {others or 'no other options'}")
+    scaling = config["lora_alpha"] / config["r"]
+    factors: dict[str, dict[str, torch.Tensor]] = {}
+    for key, tensor in load_file(str(weights_file)).items():
+        m = re.fullmatch(r"base_model\.model\.(.+)\.lora_([AB])\.weight", key)
+        if m is None:
+            raise ValueError(f"{weights_file}: key {key!r} is not a LoRA factor "
+                             "(base_model.model.<module>.lora_A.weight or .lora_B.weight)")
+        factors.setdefault(m[1], {})[m[2]] = tensor
+    updates = {}
+    for module, pair in sorted(factors.items()):
+        if set(pair) != {"A", "B"}:
+            raise ValueError(f"{weights_file}: {module} has lora_{''.join(pair)} without its pair")
+        updates[f"{module}.weight"] = (pair["B"] * scaling).float() @ pair["A"].float()  # [d_out, d_in]
+    return updates
 
 
 def read_trained_meta(path: str | Path) -> dict:
     """The metadata `save_trained` wrote (method, heads, shapes, ...)."""
     path = Path(path)
     if path.is_dir():
-        return json.loads((path / "finetune.json").read_text())
+        return json.loads((path / META_FILE).read_text())
     with safe_open(str(path), "pt") as f:
         return json.loads((f.metadata() or {}).get("arithmech", "{}"))
 
 
 @torch.no_grad()
 def apply_trained(model: LoadedModel | nn.Module, path: str | Path) -> nn.Module:
-    """Add the deltas saved by `save_trained` to `model`'s weights IN PLACE and return the (HF) model.
+    """Add what `save_trained` saved at `path` (a deltas file or a LoRA adapter directory) to `model`'s weights
+    IN PLACE and return the (HF) model.
 
-    The result is a plain model without hooks (the same as `FineTune.merged_model` after training). Deltas
+    The result is a plain model without hooks (the same as `FineTune.merged_model` after training). Updates
     are cast to the weight's dtype. A full fine-tune is a whole model directory: load it with load_model."""
     module = model.model if isinstance(model, LoadedModel) else model
     path = Path(path)
-    if path.is_dir():
+    if path.is_dir() and not (path / ADAPTER_CONFIG).is_file():
         raise ValueError(f"{path} is a directory (a full fine-tune saves a whole model): load it with "
                          "arithmech.model.loading.load_model instead of applying it to a base model")
     modules = dict(module.named_modules())
-    tensors = load_file(str(path))
-    factors = {key: tensors.pop(key) for key in [k for k in tensors if re.search(r"\.lora_[AB]$", k)]}
-    for key in sorted(k for k in factors if k.endswith(".lora_A")):
-        pair = key[: -len("A")] + "B"
-        if pair not in factors:
-            raise ValueError(f"{path}: {key} has no {pair}")
-        tensors[key[: -len(".lora_A")]] = factors.pop(pair).float() @ factors.pop(key).float()  # [d_out, d_in]
-    if factors:
-        raise ValueError(f"{path}: {sorted(factors)} without their lora_A")
+    tensors = lora_updates(path) if path.is_dir() else load_file(str(path))
+    if any(re.search(r"\.lora_[AB]$", key) for key in tensors):
+        raise ValueError(f"{path} holds LoRA factors in the former layout (keys <module>.weight.lora_A and "
+                         ".lora_B), which is no longer read: LoRA is now saved as a PEFT adapter directory; re-run "
+                         "the rule that trained it (finetune, or study_train for a study run) to save it anew")
     for key, delta in tensors.items():
         m = re.fullmatch(r"(.+)\.weight(?:\.(head|kv_head)\.(\d+))?", key)
         if m is None or m[1] not in modules:
@@ -272,9 +287,10 @@ def apply_trained(model: LoadedModel | nn.Module, path: str | Path) -> nn.Module
 
 
 def load_trained(base_dir: str | Path, trained: str | Path, device: str = "auto", dtype: str = "auto") -> LoadedModel:
-    """The fine-tuned model for evaluation: load_model(trained) for a full fine-tune (a directory), else the
-    base model with the saved deltas applied."""
-    if Path(trained).is_dir():
+    """The fine-tuned model for evaluation: load_model(trained) for a full fine-tune (a model directory), else
+    the base model with the saved deltas or LoRA adapter applied (`apply_trained`)."""
+    trained = Path(trained)
+    if trained.is_dir() and not (trained / ADAPTER_CONFIG).is_file():
         return load_model(trained, device=device, dtype=dtype)
     lm = load_model(base_dir, device=device, dtype=dtype)
     apply_trained(lm, trained)

@@ -1,7 +1,8 @@
-"""What fine-tuning trains and with which hyperparameters, torch-free (the rules and the config checks read
-it): the method names, which heads and MLPs a head method trains (`select_nodes`), `Method` (which
-parameters a method trains) and `TrainConfig` (the training loop's settings), parsed from config dicts with
-errors that name the key.
+"""What fine-tuning trains and with which hyperparameters: the method names, which heads and MLPs a head
+method trains (`select_nodes`), `Method` (which parameters a method trains) and `TrainConfig` (the training
+loop's settings), parsed from config dicts with errors that name the key. Standard library only at import
+(`select_nodes` imports NumPy when called): the Snakefile and the config checks read it while Snakemake
+parses the workflow.
 
 One vocabulary serves the GSM8K recipe (`finetune.methods`) and the study (`study.arms`), so a name means
 the same draw in both:
@@ -14,9 +15,11 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field, fields
+from numbers import Integral  # int and NumPy's integers
+from typing import TYPE_CHECKING
 
-import numpy as np
-from arithmech.interp.nodes import Head, layer_matched_heads, random_heads
+if TYPE_CHECKING:
+    from arithmech.interp.nodes import Head
 
 # Every method name and what it trains (the config checks quote these when a name is unknown).
 METHODS = {
@@ -106,6 +109,10 @@ def select_nodes(method: str, ranked_heads, ranked_mlps, *, heads: int, mlps: in
     ...              seed=0)[1]
     []
     """
+    import numpy as np
+
+    from arithmech.interp.nodes import layer_matched_heads, random_heads
+
     if method not in HEAD_METHODS:
         raise ValueError(f"{section}: method {method!r} selects no heads; head methods are {list(HEAD_METHODS)}")
     if heads > len(ranked_heads):
@@ -125,7 +132,7 @@ def parse_head(value, where: str) -> Head:
         m = re.fullmatch(r"L(\d+)H(\d+)", value.strip())
         if m:
             return int(m[1]), int(m[2])
-    elif isinstance(value, (list, tuple)) and len(value) == 2 and all(isinstance(v, (int, np.integer)) for v in value):
+    elif isinstance(value, (list, tuple)) and len(value) == 2 and all(isinstance(v, Integral) for v in value):
         return int(value[0]), int(value[1])
     raise ValueError(f"{where}: expected a head as [layer, head] or 'L<layer>H<head>', got {value!r}")
 
@@ -155,7 +162,7 @@ def parse_method(cfg: dict, where: str = "finetune") -> Method:
     if len(set(heads)) != len(heads):
         raise ValueError(f"{where}.heads: duplicate heads in {['L%dH%d' % h for h in heads]}")
     mlp_layers = cfg.get("mlp_layers") or []
-    if not all(isinstance(x, (int, np.integer)) for x in mlp_layers) or len(set(mlp_layers)) != len(mlp_layers):
+    if not all(isinstance(x, Integral) for x in mlp_layers) or len(set(mlp_layers)) != len(mlp_layers):
         raise ValueError(f"{where}.mlp_layers: expected a list of distinct layer indices, got {mlp_layers!r}")
     grad_scale = cfg.get("grad_scale")
     if not (grad_scale is None or grad_scale == "heads_ratio"
@@ -222,7 +229,7 @@ class TrainConfig:
             v = getattr(self, name)
             if v is None and allow_none:
                 return
-            if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < (0 if allow_zero else 1):
+            if not isinstance(v, Integral) or isinstance(v, bool) or v < (0 if allow_zero else 1):
                 raise ValueError(f"{where}.{name}: expected an integer >= {0 if allow_zero else 1}, got {v!r}")
 
         for name in ("batch_size", "grad_accumulation", "max_length"):

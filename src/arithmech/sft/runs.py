@@ -16,7 +16,8 @@ from arithmech.io import atomic_dir, config_hash, write_parquet
 from arithmech.model.loading import LoadedModel, load_stage_model, stage_meta
 
 
-TRAINED_FILE = "trained.safetensors"  # precise, random_heads, lora: the deltas
+TRAINED_FILE = "trained.safetensors"  # the head methods: the deltas
+ADAPTER_DIR = "adapter"  # lora: a PEFT adapter directory (PeftModel.from_pretrained loads it)
 FULL_DIR = "model"  # full: a whole HF model directory
 STATS_FILE = "stats.json"
 
@@ -50,13 +51,14 @@ def train_and_save(lm: LoadedModel, *, spec: dict, train_cfg: dict, examples: li
 def save_training_run(*, ft, stats, wall_s: float, out_dir, checkpoints, meta: dict, record: dict,
                       tables: dict[str, pd.DataFrame]) -> dict:
     """Write a finished training run into `out_dir` atomically (`io.atomic_dir`): what was trained
-    (`trained.safetensors`, or `model/` for full), `tables` (Parquet, by file name) and `stats.json` (the
-    TrainStats, `record`, wall time, mean step time, artifact bytes, provenance, model size, device and
-    dtype). Then remove the run's checkpoints: a rerun starts afresh. Returns the stats record."""
+    (`trained.safetensors`, `adapter/` for lora, `model/` for full: `trained_name`), `tables` (Parquet, by file
+    name) and `stats.json` (the TrainStats, `record`, wall time, mean step time, artifact bytes, provenance,
+    model size, device and dtype). Then remove the run's checkpoints: a rerun starts afresh. Returns the
+    stats record."""
     from arithmech.sft.deltas import save_trained
 
     with atomic_dir(out_dir) as tmp:
-        save_trained(ft, tmp / (FULL_DIR if ft.method.name == "full" else TRAINED_FILE), {"provenance": meta})
+        save_trained(ft, tmp / trained_name(ft.method.name), {"provenance": meta})
         for name, table in tables.items():
             write_parquet(table, tmp / name, meta)
         full = {**stats.to_dict(), **record, "wall_s_this_run": wall_s,
@@ -66,6 +68,11 @@ def save_training_run(*, ft, stats, wall_s: float, out_dir, checkpoints, meta: d
         (tmp / STATS_FILE).write_text(json.dumps(full, indent=2) + "\n")
     shutil.rmtree(checkpoints, ignore_errors=True)
     return full
+
+
+def trained_name(method: str) -> str:
+    """Where a run of `method` saves what it trained, in its run directory."""
+    return {"full": FULL_DIR, "lora": ADAPTER_DIR}.get(method, TRAINED_FILE)
 
 
 def _tree_bytes(path: Path) -> int:
@@ -78,6 +85,9 @@ def load_finetuned(model_dir, finetune_dir, compute: dict) -> LoadedModel:
 
     if finetune_dir is None:
         return load_stage_model(model_dir, compute)
-    finetune_dir = Path(finetune_dir)
-    trained = finetune_dir / FULL_DIR if (finetune_dir / FULL_DIR).is_dir() else finetune_dir / TRAINED_FILE
+    trained = next((Path(finetune_dir) / name for name in (FULL_DIR, ADAPTER_DIR, TRAINED_FILE)
+                    if (Path(finetune_dir) / name).exists()), None)
+    if trained is None:
+        raise FileNotFoundError(f"{finetune_dir} holds none of {FULL_DIR}/, {ADAPTER_DIR}/, {TRAINED_FILE}: "
+                                "re-run the rule that trained it (finetune or study_train)")
     return load_trained(model_dir, trained, device=compute["device"], dtype=compute["dtype"])

@@ -20,9 +20,10 @@ from arithmech.sft.training import finetune_examples, fitting_examples
 
 def run_finetune(*, model: str, model_dir, method: str, effects_paths: dict, data_path, finetune: dict, compute: dict,
                  seed: int, out_dir, checkpoint_root) -> None:
-    """Fine-tune with one method and save what was trained into `out_dir`: the deltas (`trained.safetensors`)
-    or, for full, a model directory (`model/`), plus `stats.json` (trainable parameters, step times, peak
-    memory, losses). A killed job resumes from `checkpoint_root/<method>-<hash of the settings>`."""
+    """Fine-tune with one method and save what was trained into `out_dir`: the deltas (`trained.safetensors`),
+    for lora a PEFT adapter directory (`adapter/`), for full a model directory (`model/`), plus `stats.json`
+    (trainable parameters, step times, peak memory, losses). A killed job resumes from
+    `checkpoint_root/<method>-<hash of the settings>`."""
     from arithmech.sft.methods import HEAD_METHODS, parse_method, select_nodes
 
     lm = load_stage_model(model_dir, compute)

@@ -13,10 +13,13 @@ from arithmech.io import provenance, read_parquet_meta, write_html_table, write_
 from arithmech.data.arithmetic import SPLITS, build_prompts, select_samples, split_pairs
 
 
-def run_prepare_model(*, source: dict, out_dir: str | Path) -> None:
+def run_prepare_model(*, source: dict, out_dir: str | Path, model_cache: str | None = None,
+                      model: str | None = None) -> None:
+    """Prepare model `model` from its config `source` into `out_dir`; a Hub source downloads into `model_cache`
+    (config key `run.model_cache`; None: huggingface_hub's own cache)."""
     from arithmech.model.loading import prepare_model
 
-    prepare_model(source, out_dir)
+    prepare_model(source, out_dir, model_cache=model_cache, model=model)
 
 
 def run_build_pairs(*, model_dir, task: str, prompts: dict, compute: dict, seed: int, out_pairs, out_dropped) -> None:

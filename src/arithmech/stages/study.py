@@ -34,7 +34,8 @@ def run_study_format(*, model_dir, pairs_paths: dict, study: dict, prompts: dict
     or on the named format, and choose the trained format (`design.choose_format`).
     formats.parquet: one row per measured format (FORMAT_COLUMNS; `a` and `b` the operand ranges as text,
     `pairs` the operand pairs left after the identify stage's, the Wilson interval at `study.confidence`);
-    the choice is in its metadata under `choice` (`design.read_choice`) and in the log."""
+    the choice is in its metadata under `choice`, in formats.choice.json beside it (`design.read_choice`, which
+    the workflow reads while it plans) and in the log."""
     import time
 
     import torch
@@ -74,6 +75,7 @@ def run_study_format(*, model_dir, pairs_paths: dict, study: dict, prompts: dict
     meta = stage_meta(model_dir, "study_format", study=study, seed=seed)
     meta["choice"] = choice
     write_parquet(table, out_table, meta)
+    write_json(choice, sd.choice_path(out_table))
 
 
 def run_study_items(*, model_dir, pairs_paths: dict, study: dict, prompts: dict, seed: int, out_items) -> None:

@@ -12,6 +12,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Callable, Sequence
 
+from arithmech.tools.cluster import job_resources, resources_key
 from arithmech.tools.plan.costmodel import DTYPE_BYTES, Model, Throughput
 from arithmech.tools.plan.dryrun import Job, checkpoint_jobs, load_config, parse_dry_run, snakemake_dry_run
 from arithmech.tools.plan.errors import PlanError
@@ -159,7 +160,7 @@ def _add_job(row: dict, *, job: Job, cost: Cost, model: Model | None, throughput
     row["added_jobs"] += int(job.added)
     if not cost.gpu or model is None:
         return
-    gpus = model.resources["gpus"]
+    gpus = job_resources(model.resources, job.rule)["gpus"]
     hours = job_seconds(cost, throughput=throughput) * gpus / 3600
     row["gpu_hours"] += hours
     row["gpu_gb"] = max(row["gpu_gb"], cost.gpu_bytes / 1e9)
@@ -170,18 +171,20 @@ def _add_job(row: dict, *, job: Job, cost: Cost, model: Model | None, throughput
 
 
 def _warnings(job: Job, cost: Cost, model: Model, throughput: Throughput, hours: float) -> list[str]:
-    """What one GPU job outgrows: its GPUs' memory, the job's memory request, its runtime."""
-    res, where = model.resources, f"{model.name}: {job.label}"
+    """What one GPU job outgrows: its GPUs' memory, the job's memory request, its runtime (the rule's own
+    resources: `models.<name>.resources` with its per-rule block, as the cluster gets them)."""
+    res, where = job_resources(model.resources, job.rule), f"{model.name}: {job.label}"
+    key = resources_key(model.name, job.rule)
     found = []
     capacity = res["gpus"] * throughput.gpu_memory_gb
     if cost.gpu_bytes / 1e9 > capacity:
         found.append(f"{where}: peak GPU memory {cost.gpu_bytes / 1e9:.0f} GB exceeds {res['gpus']} x "
                      f"{throughput.gpu_memory_gb:g} GB (--gpu-memory-gb)")
     if cost.host_bytes / 1e6 > res["mem_mb"]:
-        found.append(f"{where}: host memory {cost.host_bytes / 1e9:.0f} GB exceeds models.{model.name}.resources."
+        found.append(f"{where}: host memory {cost.host_bytes / 1e9:.0f} GB exceeds {key}."
                      f"mem_mb ({res['mem_mb']} MB)")
     if hours * 60 > res["runtime"]:
-        found.append(f"{where}: {hours * 60:.0f} min exceeds models.{model.name}.resources.runtime "
+        found.append(f"{where}: {hours * 60:.0f} min exceeds {key}.runtime "
                      f"({res['runtime']} min)")
     return found
 

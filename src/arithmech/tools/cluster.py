@@ -1,0 +1,144 @@
+"""What a job asks a SLURM cluster for, and the checks before anything is queued (docs/cluster.md).
+
+Read by the Snakefile while it parses (so standard library only) and by `make plan`:
+
+- `job_resources(model_cfg, rule)`: a model job's GPUs, memory and runtime, from `models.<name>.resources` with
+  its per-rule block (`finetune`, `evaluate`) over the model's own values;
+- `retry_resources(...)`: what a retry asks for: after the job ran out of GPU memory (its log says so) a
+  smaller batch (`batch_split`, applied by `arithmech.jobs`), otherwise more host memory; more time either way;
+- `slurm_settings(environ)`: account and partitions, passed only when set;
+- `check_slurm(environ)`: the account and partitions exist for this user, before any job is queued.
+"""
+
+from __future__ import annotations
+
+import getpass
+import shutil
+import subprocess
+from pathlib import Path
+
+from arithmech.jobs import GPU_OOM_MARK
+
+# Per-rule blocks of `models.<name>.resources`: a block's keys override the model's own for these rules; every
+# other model rule takes the model's own values.
+RESOURCE_GROUPS = {
+    "finetune": ("finetune", "study_train"),
+    "evaluate": ("evaluate", "study_evaluate", "study_format"),
+}
+RESOURCE_KEYS = ("gpus", "gpu_model", "mem_mb", "runtime")
+
+# CPU-only jobs: host memory (MB) and runtime (minutes) of the first attempt.
+CPU_JOB = {"mem_mb": 4000, "runtime": 20}
+
+# The environment variables that say where jobs go (unset: not passed, the scheduler's default applies).
+ACCOUNT_VAR, PARTITION_VAR, CPU_PARTITION_VAR = "SLURM_ACCOUNT", "SLURM_PARTITION", "SLURM_CPU_PARTITION"
+
+
+class ClusterSettingError(ValueError):
+    """An account or partition the cluster does not know for this user; the message names what to set."""
+
+
+def resource_group(rule: str) -> str | None:
+    """The per-rule block of `models.<name>.resources` that applies to `rule`, or None (the model's own)."""
+    return next((group for group, rules in RESOURCE_GROUPS.items() if rule in rules), None)
+
+
+def job_resources(resources: dict, rule: str) -> dict:
+    """A model job's first-attempt resources: the model's `resources` with the rule's block over them."""
+    own = {key: resources[key] for key in RESOURCE_KEYS if key in resources}
+    group = resource_group(rule)
+    return own | (resources.get(group) or {}) if group else own
+
+
+def resources_key(model: str, rule: str) -> str:
+    """The configuration key of `rule`'s resources, for messages."""
+    group = resource_group(rule)
+    return f"models.{model}.resources" + (f".{group}" if group else "")
+
+
+def gpu_oom_logged(log_path: str | Path) -> bool:
+    """Whether the job that wrote `log_path` ran out of GPU memory (`arithmech.jobs` marks it)."""
+    try:
+        return GPU_OOM_MARK in Path(log_path).read_text(errors="replace")
+    except OSError:
+        return False
+
+
+def retry_resources(first: dict, attempt: int, gpu_oom: bool) -> dict:
+    """What attempt `attempt` (1, 2, ...) asks for. After running out of GPU memory, more host memory would
+    not help: the batch is split into 2^(attempt-1) parts (examples per optimizer step unchanged), host
+    memory stays; otherwise (killed for host memory or time, or another failure) memory grows with the
+    attempt. Runtime grows with the attempt in both cases (smaller batches take longer)."""
+    out = dict(first)
+    out["runtime"] = first["runtime"] * attempt
+    if gpu_oom and attempt > 1:
+        out["batch_split"] = 2 ** (attempt - 1)
+    else:
+        out["mem_mb"] = first["mem_mb"] * attempt
+        out["batch_split"] = 1
+    return out
+
+
+def slurm_settings(environ: dict, *, gpu: bool) -> dict:
+    """The account and partition resources of a GPU (`gpu`) or CPU job, only those that are set. CPU jobs go
+    to $SLURM_CPU_PARTITION (when unset they run on the submitting host: see `cpu_jobs_local`)."""
+    out = {}
+    if environ.get(ACCOUNT_VAR):
+        out["slurm_account"] = environ[ACCOUNT_VAR]
+    partition = environ.get(PARTITION_VAR if gpu else CPU_PARTITION_VAR)
+    if partition:
+        out["slurm_partition"] = partition
+    return out
+
+
+def cpu_jobs_local(environ: dict) -> bool:
+    """CPU-only jobs (tables, figures, the scorecard: seconds each) run on the submitting host unless a CPU
+    partition is named: a queue wait for seconds of work, and no GPU partition's rules to break."""
+    return not environ.get(CPU_PARTITION_VAR)
+
+
+def _query(cmd: list[str]) -> list[str] | None:
+    """The non-empty output lines of a SLURM client command, or None when it is missing or fails."""
+    if shutil.which(cmd[0]) is None:
+        return None
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if proc.returncode != 0:
+        return None
+    return [line.strip() for line in proc.stdout.splitlines() if line.strip()]
+
+
+def check_slurm(environ: dict, user: str | None = None) -> list[str]:
+    """Before any job is queued: every partition named exists, the account named is one of the user's (or,
+    when none is named, the user has a default account). Raises `ClusterSettingError` naming what to set;
+    returns notes on what could not be checked (no `sinfo` or `sacctmgr` on this host)."""
+    user = user or environ.get("USER") or getpass.getuser()
+    notes, errors = [], []
+    partitions = _query(["sinfo", "-h", "-o", "%R"])
+    if partitions is None:
+        notes.append("sinfo did not answer: partitions not checked")
+    else:
+        for var in (PARTITION_VAR, CPU_PARTITION_VAR):
+            name = environ.get(var)
+            if name and name not in partitions:
+                errors.append(f"{var}={name}: no such partition on this cluster; partitions: "
+                              f"{', '.join(sorted(set(partitions)))}")
+    rows = _query(["sacctmgr", "-nP", "show", "associations", f"user={user}", "format=account"])
+    if rows is None:
+        notes.append("sacctmgr did not answer: account not checked")
+    else:
+        accounts = sorted(set(rows))
+        account = environ.get(ACCOUNT_VAR)
+        if account and account not in accounts:
+            errors.append(f"{ACCOUNT_VAR}={account}: user {user} may not submit to this account; the user's "
+                          f"accounts: {', '.join(accounts) or 'none'}")
+        if not account:
+            default = _query(["sacctmgr", "-nP", "show", "user", user, "format=defaultaccount"]) or []
+            if not any(default):
+                errors.append(f"{ACCOUNT_VAR} is not set and user {user} has no default account: "
+                              f"export {ACCOUNT_VAR}=<one of: {', '.join(accounts) or 'ask your cluster admins'}>")
+    if errors:
+        raise ClusterSettingError("SLURM settings: " + "; ".join(errors))
+    return notes
