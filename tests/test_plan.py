@@ -316,3 +316,188 @@ def test_finetune_counts_only_the_examples_the_job_keeps():
     short["finetune"]["train"]["max_length"] = 8
     with pytest.raises(PlanError, match=r"'finetune.train.max_length': no training example .* fits in 8 tokens"):
         finetune_lengths(Setting(short, root=ROOT, models=setting.models), model)
+
+
+# The plan against a finished run (`--compare`, arithmech.tools.plan.measured): a results tree written here by
+# the writers the workflow uses, Snakemake's benchmark records and the jobs' own records (arithmech.jobs).
+
+TINY = ROOT / "tests/config/tiny.yaml"
+
+
+@pytest.fixture(scope="module")
+def tiny_plan():
+    """The plan of the smoke configuration (model `tiny`), computed once."""
+    return plan([str(TINY)], root=ROOT, workdir=ROOT / "tests")
+
+
+def write_benchmark(path: Path, *runs: tuple[float, float | None]) -> None:
+    """A benchmark TSV as Snakemake writes it, one row per (seconds, max_rss MiB or None: not sampled)."""
+    from snakemake.benchmark import BenchmarkRecord, write_benchmark_records
+
+    records = []
+    for seconds, rss in runs:
+        record = BenchmarkRecord(running_time=seconds, max_rss=rss, max_vms=2 * (rss or 0), max_uss=rss,
+                                 max_pss=rss, io_in=0.1, io_out=0.05, cpu_usage=seconds, cpu_time=seconds)
+        record.data_collected, record.process_gone = rss is not None, rss is None
+        records.append(record)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_benchmark_records(records, str(path), False)
+
+
+def write_record(log: Path, rule: str, wildcards: dict, *, ok: bool = True, gpu: dict | None = None) -> Path:
+    """A job's own record as `arithmech.jobs.write_usage` writes it next to `log`; `gpu`: the peaks a CUDA job
+    records (this machine has none, so they are set in the written file)."""
+    from snakemake.iocontainers import InputFiles, Log, OutputFiles, Params, ResourceList, Snakemake, Wildcards
+
+    from arithmech.jobs import write_usage
+
+    log.parent.mkdir(parents=True, exist_ok=True)
+    smk = Snakemake(InputFiles(), OutputFiles(), Params(), Wildcards(fromdict=wildcards), 1, ResourceList(),
+                    Log([str(log)]), {}, rule, 0)  # the object a rule script gets
+    write_usage(smk, 1.0, ok, 1)
+    path = log.with_name(log.stem + ".usage.json")
+    if gpu is not None:
+        record = json.loads(path.read_text())
+        assert record["gpu_peak_mb"] is None  # what a job without CUDA writes
+        path.write_text(json.dumps(record | {"gpu_peak_mb": gpu}))
+    return path
+
+
+def finished_run(results: Path) -> Path:
+    """results/: build_pairs (2 jobs on CUDA, one on 2 GPUs; one job's run not sampled), knockout (1 of 2 jobs
+    measured, run twice: `repeat`; the other's attempt failed), aggregate_effects on the CPU, a rule and a model
+    the plan does not have."""
+    tiny = results / "tiny"
+    write_benchmark(tiny / "benchmarks/build_pairs/addition.tsv", (10.0, 500.0))
+    write_benchmark(tiny / "benchmarks/build_pairs/division.tsv", (30.0, None))
+    write_record(tiny / "logs/build_pairs/addition.log", "build_pairs", {"model": "tiny", "task": "addition"},
+                 gpu={"cuda:0": 800.0, "cuda:1": 1200.0})
+    write_record(tiny / "logs/build_pairs/division.log", "build_pairs", {"model": "tiny", "task": "division"},
+                 gpu={"cuda:0": 600.0})
+    write_benchmark(tiny / "benchmarks/knockout/addition.tsv", (40.0, 700.0), (20.0, 900.0))
+    write_record(tiny / "logs/knockout/addition.log", "knockout", {"model": "tiny", "task": "addition"},
+                 gpu={"cuda:0": 2000.0})
+    write_record(tiny / "logs/knockout/division.log", "knockout", {"model": "tiny", "task": "division"},
+                 ok=False, gpu={"cuda:0": 9000.0})  # ran out of memory: its peak is no finished job's peak
+    write_benchmark(tiny / "benchmarks/aggregate_effects/addition.tsv", (3.0, 300.0))
+    write_record(tiny / "logs/aggregate_effects/addition.log", "aggregate_effects",
+                 {"model": "tiny", "task": "addition"})
+    write_benchmark(tiny / "benchmarks/new_rule.tsv", (1.0, 100.0))
+    write_benchmark(results / "other/benchmarks/build_pairs/addition.tsv", (5.0, 50.0))
+    return results
+
+
+def test_comparison_numbers(tiny_plan, tmp_path):
+    from arithmech.tools.plan.measured import compare, measure
+
+    results = finished_run(tmp_path / "results")
+    comparison = compare(tiny_plan, measure(results), results=results)
+    rows = {(row["model"], row["rule"]): row for row in comparison["rows"]}
+    planned = {row["rule"]: row for row in tiny_plan["rules"] if row["model"] == "tiny"}
+    mib = 2**20 / 1e9
+
+    pairs = rows["tiny", "build_pairs"]
+    plan_s = planned["build_pairs"]["gpu_hours_per_job"] * 3600  # tiny.yaml: 1 GPU a job
+    assert (pairs["jobs_planned"], pairs["jobs_measured"], pairs["job_records"], pairs["failed"]) == (2, 2, 2, 0)
+    assert (pairs["longest_s"], pairs["mean_s"], pairs["longest_job"]) == (30.0, 20.0, "build_pairs/division")
+    assert pairs["planned_wall_s"] == pytest.approx(plan_s) and pairs["measured_on"] == "cuda"
+    assert pairs["wall_ratio"] == pytest.approx(30.0 / plan_s)
+    assert pairs["gpu_gb"] == pytest.approx(1200 * mib)  # the larger device of the larger job
+    assert pairs["gpu_ratio"] == pytest.approx(1200 * mib / planned["build_pairs"]["gpu_gb"])
+    assert pairs["host_gb"] == pytest.approx(500 * mib)  # the run that was not sampled ("NA") counts no memory
+    assert pairs["host_ratio"] == pytest.approx(500 * mib / planned["build_pairs"]["host_gb"])
+
+    knockout = rows["tiny", "knockout"]
+    assert (knockout["jobs_planned"], knockout["jobs_measured"], knockout["job_records"], knockout["failed"]) == \
+        (2, 1, 2, 1)
+    assert knockout["longest_s"] == knockout["mean_s"] == 30.0  # the mean of the job's two runs
+    assert knockout["host_gb"] == pytest.approx(900 * mib)
+    assert knockout["gpu_gb"] == pytest.approx(2000 * mib)  # the failed attempt's 9000 left out
+
+    cpu = rows["tiny", "aggregate_effects"]
+    assert cpu["measured_on"] == "cpu" and cpu["longest_s"] == 3.0 and cpu["gpu_gb"] is None
+    assert cpu["planned_wall_s"] is cpu["wall_ratio"] is cpu["host_ratio"] is None  # the plan estimates no CPU job
+
+    assert comparison["not_planned"] == ["other/build_pairs", "tiny/new_rule"]
+    measured_rules = {"build_pairs", "knockout", "aggregate_effects"}
+    assert comparison["not_measured"] == [f"tiny/{row['rule']}" for row in tiny_plan["rules"]
+                                          if row["model"] == "tiny" and row["rule"] not in measured_rules]
+    assert "all" not in {row["rule"] for row in comparison["rows"]}  # the target runs nothing: never measured
+    assert comparison["failed"] == {"tiny/knockout": 1}
+    assert (comparison["jobs_measured"], comparison["job_records"], comparison["cuda_records"]) == (6, 5, 3)
+
+
+def test_a_cpu_run_sets_no_time_against_the_plan(tiny_plan, tmp_path):
+    from arithmech.tools.plan.cli import render_comparison
+    from arithmech.tools.plan.measured import compare, measure
+
+    tiny = tmp_path / "results/tiny"
+    write_benchmark(tiny / "benchmarks/build_pairs/addition.tsv", (10.0, 500.0))
+    write_record(tiny / "logs/build_pairs/addition.log", "build_pairs", {"model": "tiny", "task": "addition"})
+    comparison = compare(tiny_plan, measure(tmp_path / "results"), results="results")
+    row = next(row for row in comparison["rows"] if row["rule"] == "build_pairs")
+    assert row["measured_on"] == "cpu" and row["wall_ratio"] is None and row["gpu_ratio"] is None
+    assert row["host_ratio"] == pytest.approx(500 * 2**20 / 1e9 / row["planned_host_gb"])
+    text = render_comparison(comparison)
+    assert "No job recorded CUDA: a CPU run" in text
+    line = next(line for line in text.splitlines() if line.startswith("build_pairs "))
+    assert line.split()[1:6] == ["2/1", _plan_value(row["planned_wall_s"]), "10.0", "10.0", "cpu"]
+    assert line.split()[7] == "n/a"
+    (tmp_path / "empty").mkdir()
+    nothing = compare(tiny_plan, measure(tmp_path / "empty"), results="empty")
+    assert "Nothing measured" in render_comparison(nothing) and "No job recorded CUDA" not in render_comparison(nothing)
+    assert len(nothing["not_measured"]) == len(nothing["rows"]) == len(tiny_plan["rules"]) - 1  # all but `all`
+
+
+def _plan_value(seconds: float) -> str:
+    return f"{seconds:.1f}" if 10 <= seconds < 1000 else (f"{seconds:.2f}" if seconds < 10 else f"{seconds:.0f}")
+
+
+@pytest.mark.parametrize("text,message", [
+    ("s\th:m:s\n", r"expected a Snakemake benchmark TSV.* found 1 line"),
+    ("s\th:m:s\tmax_rss\n12.5\t0:00:12\n", r", line 2: 2 fields, expected 3"),
+    ("s\th:m:s\tmax_rss\nslow\t0:00:12\t100\n", r", line 2: column s is 'slow', expected a number"),
+])
+def test_a_malformed_benchmark_names_the_file(tmp_path, capsys, text, message):
+    bad = tmp_path / "results/tiny/benchmarks/knockout/addition.tsv"
+    bad.parent.mkdir(parents=True)
+    bad.write_text(text)
+    # the results are read before the plan's dry run: a bad file fails at once
+    assert main([str(TINY), "--root", str(ROOT), "--compare", str(tmp_path / "results")]) == 2
+    err = capsys.readouterr().err
+    assert f"benchmark file '{bad}'" in err and re.search(message, err), err
+
+
+def test_a_malformed_job_record_and_a_missing_directory_are_named(tmp_path, capsys):
+    bad = tmp_path / "results/tiny/logs/knockout/addition.usage.json"
+    bad.parent.mkdir(parents=True)
+    bad.write_text('{"rule": "knockout"}')
+    assert main([str(TINY), "--root", str(ROOT), "--compare", str(tmp_path / "results")]) == 2
+    assert f"job record '{bad}': expected a JSON object with the keys rule, ok" in capsys.readouterr().err
+    assert main([str(TINY), "--root", str(ROOT), "--compare", str(tmp_path / "nowhere")]) == 2
+    assert f"--compare '{tmp_path / 'nowhere'}': no such directory" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_compare_with_a_tiny_run(tmp_path, capsys):
+    """The smoke configuration run up to one task's pairs (prepare_model, build_pairs) on this machine, then
+    `--compare` on its results: the numbers are the run's own benchmark and job record."""
+    shutil.copy2(ROOT / "config.yaml", tmp_path / "config.yaml")  # the Snakefile's `configfile:`
+    cmd = [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "--directory", str(tmp_path),
+           "--configfile", str(TINY), "--cores", "2", "results/tiny/pairs/addition.parquet"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert main([str(TINY), "--root", str(ROOT), "--compare", str(tmp_path / "results"), "--json"]) == 0
+    comparison = json.loads(capsys.readouterr().out)["comparison"]
+    rows = {row["rule"]: row for row in comparison["rows"]}
+    tsv = (tmp_path / "results/tiny/benchmarks/build_pairs/addition.tsv").read_text().splitlines()
+    bench = dict(zip(tsv[0].split("\t"), tsv[1].split("\t")))
+    record = json.loads((tmp_path / "results/tiny/logs/build_pairs/addition.usage.json").read_text())
+    pairs = rows["build_pairs"]
+    assert record["rule"] == "build_pairs" and record["ok"] and record["gpu_peak_mb"] is None  # no CUDA here
+    assert (pairs["jobs_planned"], pairs["jobs_measured"], pairs["job_records"]) == (2, 1, 1)
+    assert pairs["longest_s"] == pairs["mean_s"] == float(bench["s"]) >= record["wall_s"]  # the whole job
+    assert pairs["host_gb"] == pytest.approx(float(bench["max_rss"]) * 2**20 / 1e9)
+    assert pairs["measured_on"] == "cpu" and pairs["wall_ratio"] is None and pairs["gpu_gb"] is None
+    assert rows["prepare_model"]["jobs_measured"] == 1 and comparison["not_planned"] == []
+    assert "tiny/knockout" in comparison["not_measured"] and "tiny/build_pairs" not in comparison["not_measured"]

@@ -24,20 +24,26 @@ tokenizer when its local directory has a tokenizer.json, else estimated from cha
 No torch is imported unless a shape is read from a local config.json or the tiny model's spec
 (`arithmech.model.loading.config_shape`, `arithmech.model.tiny` own those).
 
+Against a finished run (`--compare RESULTS_DIR`): per model and rule, the jobs planned and measured, the
+costliest job's planned time against the measured wall times, planned against measured peak GPU and host
+memory (`measured`: Snakemake's benchmark files and the jobs' own records, `arithmech.jobs.write_usage`).
+
 The modules, in the order they build on each other: `errors`, `shapes` (model sizes), `tokens` (token
 counts), `dryrun` (the merged configuration and the dry run's jobs), `costmodel` (throughput, FLOPs, bytes,
 trained parameters), `workload` (prompts and data sets the configuration implies), `jobcost` (`Cost`,
 `Setting`), `interp_rules` and `sft_rules` (one cost function per rule), `planner` (`RULE_COSTS`, `plan`),
-`cli` (the table and `main`).
+`measured` (a finished run read back, `measure`, and set against the plan, `compare`), `cli` (the tables and
+`main`).
 """
 
-from arithmech.tools.plan.cli import main, render_text
+from arithmech.tools.plan.cli import main, render_comparison, render_text
 from arithmech.tools.plan.costmodel import Throughput
 from arithmech.tools.plan.dryrun import load_config
 from arithmech.tools.plan.errors import PlanError
+from arithmech.tools.plan.measured import compare, measure
 from arithmech.tools.plan.planner import RULE_COSTS, plan
 from arithmech.tools.plan.shapes import SHAPES
 from arithmech.tools.plan.workload import HUB_SETS, data_path, read_records
 
-__all__ = ["HUB_SETS", "RULE_COSTS", "SHAPES", "PlanError", "Throughput", "data_path", "load_config", "main", "plan",
-           "read_records", "render_text"]
+__all__ = ["HUB_SETS", "RULE_COSTS", "SHAPES", "PlanError", "Throughput", "compare", "data_path", "load_config", "main",
+           "measure", "plan", "read_records", "render_comparison", "render_text"]

@@ -1,7 +1,9 @@
-"""The command line: the plan as a readable table per model, or as JSON.
+"""The command line: the plan as a readable table per model, or as JSON; with --compare, the plan against a
+finished run (`measured`) as a second table per model.
 
     python -m arithmech.tools.plan configs/paper.yaml configs/llama2-7b.yaml        (make plan)
     python -m arithmech.tools.plan --json --tflops 300
+    python -m arithmech.tools.plan tests/config/tiny.yaml --compare results
 """
 
 from __future__ import annotations
@@ -9,11 +11,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import textwrap
 from pathlib import Path
 from typing import Sequence
 
-from arithmech.tools.plan.costmodel import Throughput
+from arithmech.tools.plan.costmodel import HOST_BASE_BYTES, Throughput
 from arithmech.tools.plan.errors import PlanError
+from arithmech.tools.plan.measured import compare, measure
 from arithmech.tools.plan.planner import plan
 
 
@@ -58,6 +62,57 @@ def _text_row(row: dict) -> str:
             f"{row['gpu_gb']:>8.1f}{row['host_gb']:>9.1f}  {row['note']}")
 
 
+def render_comparison(comparison: dict) -> str:
+    """The plan against a finished run: per model and rule, planned against measured jobs, time and memory,
+    then the rules only one side has and the failed attempts."""
+    cuda = comparison["cuda_records"]
+    lines = [
+        f"against the finished run in {comparison['results']}: {comparison['jobs_measured']} jobs measured "
+        f"(benchmark files), {comparison['job_records']} job records, {cuda} of them on CUDA",
+        "jobs: planned/measured. plan s: the costliest planned job's time (its GPU h over its GPUs); longest, mean:",
+        "the measured jobs' wall seconds (benchmark s). GPU GB: planned peak against the largest gpu_peak_mb of any",
+        "job and device. host GB: planned against the largest max_rss. ratio: measured / planned. GB: 1e9 bytes.",
+    ]
+    if not comparison["jobs_measured"] + comparison["job_records"]:
+        lines += [f"Nothing measured: no benchmark file or job record in {comparison['results']}",
+                  "(a run from before every rule had a benchmark, or another directory)."]
+    elif not cuda:
+        lines += ["No job recorded CUDA: a CPU run. Its seconds are no GPU time, so no time ratio ('cpu'); GPU",
+                  f"memory n/a; host memory compared (the plan's includes {HOST_BASE_BYTES / 1e9:g} GB for Python, "
+                  "torch and CUDA)."]
+    header = (f"{'rule':<26}{'jobs':>7}{'plan s':>9}{'longest':>9}{'mean':>9}{'ratio':>7}{'GPU GB':>8}{'meas.':>7}"
+              f"{'ratio':>7}{'host GB':>9}{'meas.':>7}{'ratio':>7}")
+    for model in dict.fromkeys(row["model"] for row in comparison["rows"]):
+        lines += ["", model or "no model", header]
+        lines += [_comparison_row(row) for row in comparison["rows"] if row["model"] == model]
+    lines.append("")
+    for label, names in (("planned, not measured", comparison["not_measured"]),
+                         ("ran, not planned", comparison["not_planned"])):
+        lines.append(textwrap.fill(f"{label}: {', '.join(names) if names else 'none'}", width=118,
+                                   subsequent_indent="  ", break_on_hyphens=False))
+    failed = comparison["failed"]
+    if failed:
+        lines.append("failed attempts (left out of the peaks): "
+                     + ", ".join(f"{name} {count}" for name, count in failed.items()))
+    return "\n".join(lines) + "\n"
+
+
+def _value(value: float | None, missing: str = "-") -> str:
+    if value is None:
+        return missing
+    return f"{value:.2f}" if value < 10 else (f"{value:.1f}" if value < 1000 else f"{value:.0f}")
+
+
+def _comparison_row(row: dict) -> str:
+    wall_ratio = "cpu" if row["measured_on"] == "cpu" and row["planned_wall_s"] else _value(row["wall_ratio"])
+    gpu = _value(row["gpu_gb"], "n/a" if row["jobs_measured"] else "-")
+    jobs = f"{row['jobs_planned']}/{row['jobs_measured']}"
+    return (f"{row['rule']:<26}{jobs:>7}{_value(row['planned_wall_s']):>9}"
+            f"{_value(row['longest_s']):>9}{_value(row['mean_s']):>9}{wall_ratio:>7}"
+            f"{_value(row['planned_gpu_gb']):>8}{gpu:>7}{_value(row['gpu_ratio']):>7}"
+            f"{_value(row['planned_host_gb']):>9}{_value(row['host_gb']):>7}{_value(row['host_ratio']):>7}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """`python -m arithmech.tools.plan [CONFIG ...] [options]`: print the plan; exit status 2 with the message of a
     configuration, model or dry run it cannot read."""
@@ -76,14 +131,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--root", type=Path, default=None,
                         help="the checkout (its Snakefile, config.yaml, data; default: the current directory)")
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
+    parser.add_argument("--compare", type=Path, default=None, metavar="RESULTS_DIR",
+                        help="a finished run's results directory: after the plan, planned against measured jobs, "
+                             "wall time and peak memory per rule (its benchmarks/ and logs/*.usage.json)")
     args = parser.parse_args(argv)
     root = (args.root or Path.cwd()).resolve()
     throughput = Throughput(tflops=args.tflops, bandwidth=args.bandwidth, startup_s=args.startup_s,
                             gpu_memory_gb=args.gpu_memory_gb)
     try:
+        measured = measure(args.compare) if args.compare is not None else None  # first: a bad file fails fast
         report = plan(args.configs, root=root, throughput=throughput)
+        if measured is not None:
+            report["comparison"] = compare(report, measured, results=args.compare)
     except PlanError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    print(json.dumps(report, indent=2) if args.json else render_text(report), end="" if not args.json else "\n")
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print(render_text(report), end="")
+        if "comparison" in report:
+            print("\n" + render_comparison(report["comparison"]), end="")
     return 0
