@@ -52,7 +52,13 @@ rehearsal-peak: $(STAMP)
 	$(BIN)/python -m arithmech.tools.rehearsal --size peak --work rehearsal-peak --seed-from rehearsal \
 		--targets $(PEAK_TARGETS) $(REHEARSAL_ARGS)
 
+# The SLURM tests run on a real one-node Slurm (tests/slurm/cluster.sh). As root, a cluster that is down is started
+# here and stopped when the tests end; otherwise the tests' slurm_cluster fixture says how to start it.
 test: $(STAMP)
+	@if [ "$$(id -u)" = 0 ] && ! bash tests/slurm/cluster.sh status >/dev/null 2>&1; then \
+		trap 'bash tests/slurm/cluster.sh stop' EXIT; trap 'exit 130' INT TERM; \
+		bash tests/slurm/cluster.sh up || true; \
+	fi; \
 	$(BIN)/python -m pytest
 
 # Everything but the slow tests (the whole tiny workflow, the SLURM stand-in, the Snakemake linters, the

@@ -82,3 +82,25 @@ def n_hooks(model: torch.nn.Module) -> int:
     (once, for good)."""
     return sum(1 for m in model.modules() for d in (m._forward_hooks, m._forward_pre_hooks) for fn in d.values()
                if "output_capturing_hook" not in getattr(fn, "__qualname__", ""))
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster():
+    """The real one-node Slurm of tests/slurm/ (cluster.sh; the object is a slurm.cluster.SlurmCluster): started
+    here when it is not up and then stopped at the session's end. Where it cannot start (not root, not installed)
+    the fixture fails with how to start it, or skips where ARITHMECH_SKIP_SLURM=1."""
+    import os
+
+    from slurm import cluster
+
+    try:
+        running, started = cluster.ensure_cluster()
+    except cluster.ClusterUnavailable as err:
+        running, why = None, str(err)
+    if running is None:
+        if os.environ.get("ARITHMECH_SKIP_SLURM") == "1":
+            pytest.skip(f"ARITHMECH_SKIP_SLURM=1 and {why}")
+        pytest.fail(why, pytrace=False)
+    yield running
+    if started:
+        cluster.stop()
