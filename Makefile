@@ -61,7 +61,7 @@ test: $(STAMP)
 	fi; \
 	$(BIN)/python -m pytest
 
-# Everything but the slow tests (the whole tiny workflow, the SLURM stand-in, the Snakemake linters, the
+# Everything but the slow tests (the whole tiny workflow, the runs through the test Slurm, the Snakemake linters, the
 # TransformerLens benchmark on the tiny model).
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -m "not slow"
