@@ -14,6 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import yaml
 
 from arithmech.tools.plan import PlanError, load_config, main, plan
 from arithmech.tools.plan.costmodel import (
@@ -501,3 +502,18 @@ def test_compare_with_a_tiny_run(tmp_path, capsys):
     assert pairs["measured_on"] == "cpu" and pairs["wall_ratio"] is None and pairs["gpu_gb"] is None
     assert rows["prepare_model"]["jobs_measured"] == 1 and comparison["not_planned"] == []
     assert "tiny/knockout" in comparison["not_measured"] and "tiny/build_pairs" not in comparison["not_measured"]
+
+
+def test_warnings_use_each_rules_own_resources(tmp_path):
+    """A `finetune` block with 2 GPUs lifts full fine-tuning's GPU-memory warning (the same per-rule resources
+    the cluster gets, arithmech.tools.cluster); a small `evaluate` block's runtime is warned about under its key."""
+    overlay = tmp_path / "rule-resources.yaml"
+    overlay.write_text(yaml.safe_dump({"models": {"llama2-7b": {"resources": {
+        "gpus": 1, "mem_mb": 64000, "runtime": 120,
+        "finetune": {"gpus": 2, "mem_mb": 128000}, "evaluate": {"runtime": 1}}}}}))
+    report = plan([str(ROOT / f) for f in PAPER] + [str(overlay)], root=ROOT, workdir=ROOT / "tests")
+    warnings = report["warnings"]
+    assert not any("finetune[method=full]" in w and "GPU memory" in w for w in warnings)
+    assert any(w.startswith("llama2-7b: evaluate[") and "models.llama2-7b.resources.evaluate.runtime" in w
+               for w in warnings)
+    assert not any("models.llama2-7b.resources.runtime" in w and "evaluate[" in w for w in warnings)
