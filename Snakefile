@@ -49,21 +49,35 @@ include: "workflow/rules/findings.smk"
 # A Hub evaluation set that cannot be fetched stops the run here, with one error naming it, before any job
 # is queued (not in dry runs; sets already fetched are not checked again).
 onstart:
-    software.check_job_software(workflow.deployment_settings.deployment_method)
-    # On SLURM: the account and partitions are the cluster's and the user's (arithmech.tools.cluster).
-    if workflow.executor_plugin.cli_prefix == "slurm":
-        try:
-            for note in cluster.check_slurm(os.environ):
-                print(f"note: {note}")
-        except cluster.ClusterSettingError as err:
-            raise WorkflowError(str(err)) from None
+    # What would fail jobs for a reason known now stops the run here, in one message, before any job is queued:
+    # the jobs' software; on SLURM the account and partitions; Hub data sets and models (token, licence,
+    # cache). Not in dry runs; sets and models already fetched are not checked again.
+    on_slurm = workflow.executor_plugin.cli_prefix == "slurm"
+    checks = [
+        lambda: software.check_job_software(
+            workflow.deployment_settings.deployment_method
+        ),
+        lambda: cluster.check_slurm(os.environ) if on_slurm else [],
+        lambda: model_access.check_models(config),
+    ]
     if FINETUNE_METHODS:
-        for name, hub in unfetched_hub_sets(config["evaluation"]).items():
-            try:
-                check_fetchable(name, hub)
-            except RuntimeError as err:
-                raise WorkflowError(str(err)) from None
-    model_access.check_models(config)  # Hub models: cache, token, licence
+        checks += [
+            lambda name=name, hub=hub: check_fetchable(name, hub)
+            for name, hub in unfetched_hub_sets(config["evaluation"]).items()
+        ]
+    problems = []
+    for check in checks:
+        try:
+            notes = check() or []  # what could not be checked here
+        except (RuntimeError, ValueError) as err:
+            problems.append(f"{type(err).__name__}: {err}")
+            continue
+        for note in notes:
+            print(f"note: {note}")
+    if problems:
+        raise WorkflowError(
+            "Stopped before any job was queued:\n" + "\n".join(problems)
+        ) from None
 
 
 rule all:

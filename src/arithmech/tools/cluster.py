@@ -34,7 +34,7 @@ CPU_JOB = {"mem_mb": 4000, "runtime": 20}
 ACCOUNT_VAR, PARTITION_VAR, CPU_PARTITION_VAR = "SLURM_ACCOUNT", "SLURM_PARTITION", "SLURM_CPU_PARTITION"
 
 
-class ClusterSettingError(ValueError):
+class ClusterSettingError(RuntimeError):
     """An account or partition the cluster does not know for this user; the message names what to set."""
 
 
