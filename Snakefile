@@ -72,6 +72,10 @@ onstart:
         except (RuntimeError, ValueError) as err:
             problems.append(f"{type(err).__name__}: {err}")
             continue
+        except (
+            ImportError
+        ) as err:  # a Snakemake without the project's packages (route c): the jobs check
+            notes = [f"not checked before the run ({err})"]
         for note in notes:
             print(f"note: {note}")
     if problems:

@@ -261,3 +261,18 @@ def test_bare_snakemake_run_stops_before_any_job_naming_the_routes(bare_snakemak
         assert out.count(command) == 1, command
     assert "ModuleNotFoundError" not in out and "prepare_model:" not in out
     assert not (work / "results").exists()
+
+
+@pytest.mark.slow
+def test_bare_snakemake_stops_once_on_the_papers_hub_configuration(bare_snakemake, tmp_path):
+    """The paper's configuration (a Hub model, Hub data sets): the checks that need packages the bare
+    environment lacks say so as notes, and the run stops once, on the missing job software, without a traceback."""
+    work = workdir_with_default_config(tmp_path)
+    configs = [ROOT / "configs/paper.yaml", ROOT / "configs/llama2-7b.yaml"]
+    proc = subprocess.run([bare_snakemake, "-s", ROOT / "Snakefile", "--cores", "1", "--configfile", *configs],
+                          cwd=work, env=ENV, capture_output=True, text=True, timeout=300)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert out.count("JobSoftwareError") == 1, out[-3000:]
+    assert "note: Hub models llama2-7b not checked before the run" in out
+    assert "Traceback" not in out and not (work / "results").exists()

@@ -48,20 +48,28 @@ def download_needs(sources: dict[str, dict], directory: Path) -> dict[str, int]:
     return {repo: max(0, size - hub.cached_bytes(directory, repo)) for repo, size in sizes.items() if size is not None}
 
 
-def check_models(config: dict, *, workdir: str | Path = ".") -> None:
+def check_models(config: dict, *, workdir: str | Path = ".") -> list[str]:
     """Raise ModelAccessError listing every Hub model of the run that cannot be downloaded as configured (see
-    the module's docstring); return quietly when there is nothing to download."""
+    the module's docstring). Returns notes on what could not be checked: a Snakemake installed without the
+    project's packages (docs/cluster.md, route c) lacks huggingface_hub, and prepare_model, which runs with
+    them, checks the same when it runs."""
     pending = unprepared_hub_models(config, Path(workdir))
     if not pending:
-        return
-    from arithmech.model import hub
+        return []
+    try:
+        from arithmech.model import hub
+
+        import huggingface_hub  # noqa: F401
+        from arithmech.tools.plan import SHAPES  # noqa: F401
+    except ImportError as err:
+        return [f"Hub models {', '.join(pending)} not checked before the run ({err}): prepare_model checks them"]
 
     model_cache = config["run"].get("model_cache")
     directory = hub.cache_dir(model_cache)
     to_fetch = {name: source for name, source in pending.items()
                 if hub.cached_snapshot(source["hub"], source.get("revision"), directory) is None}
     if not to_fetch:
-        return
+        return []
     needs = download_needs(to_fetch, directory)
     needed_for = (f"the weights still to download ({', '.join(f'{r} {n / 1e9:.1f} GB' for r, n in needs.items())}: "
                   f"parameters x {BYTES_PER_PARAMETER} bytes)")
@@ -73,3 +81,4 @@ def check_models(config: dict, *, workdir: str | Path = ".") -> None:
             problems.append(f"model '{name}' (config key 'models.{name}.source'): {problem}")
     if problems:
         raise ModelAccessError("cannot download the run's models, so no job was queued:\n  " + "\n  ".join(problems))
+    return []
