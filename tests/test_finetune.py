@@ -246,6 +246,28 @@ def test_full_saves_a_loadable_model(tiny_dir, tmp_path):
         deltas.apply_trained(fresh(tiny_dir), out)
 
 
+def test_eval_summary_records_each_methods_training_precision(tmp_path):
+    """The recipe's Table 1 ends with each run's model_dtype and master_dtype (empty for the base model and for a
+    stats.json written before they were recorded); the other columns keep their order."""
+    import json
+
+    import pandas as pd
+
+    from arithmech.stages.finetune import eval_summary
+
+    pd.DataFrame({"correct": [True, False]}).to_parquet(tmp_path / "eval.parquet")
+    record = {"n_trainable": 10, "n_parameters": 100, "steps": 2, "mean_step_s": 0.1, "step_times_s": [0.1, 0.1],
+              "peak_memory_bytes": 2**20, "peak_memory_kind": "process_peak_rss", "optimizer_state_bytes": 80,
+              "artifact_bytes": 40, "losses": [2.0, 1.0]}
+    (tmp_path / "full.json").write_text(json.dumps({**record, "model_dtype": "bfloat16", "master_dtype": "float32"}))
+    (tmp_path / "old.json").write_text(json.dumps(record))
+    methods = ("base", "full", "old")
+    summary = eval_summary({m: {"gsm8k": tmp_path / "eval.parquet"} for m in methods},
+                           {m: tmp_path / f"{m}.json" for m in methods[1:]}, 0.95)
+    assert list(summary.columns[-3:]) == ["final_loss", "model_dtype", "master_dtype"]
+    assert summary[["model_dtype", "master_dtype"]].values.tolist() == [["", ""], ["bfloat16", "float32"], ["", ""]]
+
+
 def test_grad_scale_multiplies_the_head_gradients_only(tiny_dir, tmp_path):
     """After one step AdamW's exp_avg is (1 - beta1) * grad: with grad_scale 2.5 (and no clipping) it is 2.5x
     larger for the head deltas and unchanged for the MLP deltas."""

@@ -315,6 +315,35 @@ def test_summary_says_when_the_study_could_not_run(tmp_path):
     assert all(r["verdict"] == "not measured" and r["note"] == meta["reason"] for r in rows)
 
 
+def test_training_precision_in_study_md_and_the_sft_vs_full_note():
+    """study.md names the precision each arm trained in; the scorecard's sft_vs_full row says it for precise and
+    full, and flags optimizers that updated different dtypes (bf16 weights updated in place lose small updates)."""
+    from arithmech.report import verdicts as claims
+    from arithmech.stages.study import precision_markdown
+
+    fair = {"model_dtype": "bfloat16", "master_dtype": "float32"}
+    table = pd.DataFrame([{"arm": "base", "run": "base", "model_dtype": "", "master_dtype": ""},
+                          {"arm": "precise", "run": "chosen", **fair}, {"arm": "precise", "run": "seed1", **fair},
+                          {"arm": "full", "run": "chosen", **fair}])
+    md = precision_markdown(table)
+    assert md.startswith("## Training precision") and "base" not in md
+    assert md.count("- precise: model in bfloat16, optimizer updating float32 tensors") == 1
+    assert "- full: model in bfloat16, optimizer updating float32 tensors" in md
+    comp = pd.DataFrame([{"arm_a": "precise", "arm_b": "full", "metric": "accuracy", "difference": -0.01,
+                          "ci_low": -0.04, "ci_high": 0.02, "p_value": 0.5, "p_holm": 0.5, "test": "mcnemar",
+                          "n_items": 100}])
+    cfg = {"non_inferiority": 0.05, "min_difference": 0.02, "min_speedup": 2.0}
+
+    def note(study: pd.DataFrame) -> str:
+        return next(r["note"] for r in claims.sft_claims(study, comp, "add2", cfg) if r["claim"] == "sft_vs_full")
+
+    assert "trained in (model / optimizer): precise bfloat16 / float32, full bfloat16 / float32" in note(table)
+    assert "different dtypes" not in note(table)
+    in_place = table.assign(master_dtype=np.where(table["arm"] == "full", "bfloat16", table["master_dtype"]))
+    assert "full bfloat16 / bfloat16 (the optimizers updated different dtypes" in note(in_place)
+    assert note(table.drop(columns=["model_dtype", "master_dtype"])).endswith("training precision not recorded")
+
+
 def test_layer_matched_heads():
     key = [(5, 0), (5, 3), (7, 1), (9, 2)]
     drawn = layer_matched_heads(key, n_heads=6, seed=3)

@@ -455,6 +455,9 @@ def test_study_outputs(run):
     assert {("precise", "random_heads"), ("precise", "full"), ("precise", "base")} <= set(zip(comp["arm_a"], comp["arm_b"]))
     assert comp["p_value"].between(0, 1).all() and (comp["ci_low"] <= comp["ci_high"]).all()
     assert "| precise | chosen |" in (res / "study.md").read_text()
+    assert "## Training precision" in (res / "study.md").read_text()
+    trained = study[study["arm"] != "base"]
+    assert set(trained["model_dtype"]) == {"float32"} and set(trained["master_dtype"]) == {"float32"}  # CPU
     for name in ("study.png", "study_curves.png"):
         assert (res / name).read_bytes()[:4] == b"\x89PNG"
     assert not any((res / "study/.checkpoints").glob("*/step-*"))

@@ -606,6 +606,7 @@ def sft_claims(study: pd.DataFrame | None, comp: pd.DataFrame | None, train_form
     else:
         verdict = _non_inferior(row, margin)
         rows.append(_study_row("sft_vs_full", row, verdict, ni_rule, split, source, "exact match, precise - full"))
+        rows[-1]["note"] += "; " + _precision_note(study, ("precise", "full"))
     row = _comparison(comp, "precise", "random_heads", "accuracy")
     rule = directional_rule("(precise - layer-matched random heads) exact match", +1, f"{100 * min_diff:g} points")
     if row is None:
@@ -648,6 +649,21 @@ def sft_claims(study: pd.DataFrame | None, comp: pd.DataFrame | None, train_form
     else:
         rows += _not_measured("sft_speed", "the study has no precise and full arms", rule=speed_rule)
     return rows
+
+
+def _precision_note(study: pd.DataFrame, arms: tuple[str, ...]) -> str:
+    """Which precision each arm's chosen run trained in (study.parquet's model_dtype, master_dtype): a bf16
+    weight updated in bf16 loses small updates, so arms compare fairly only if their optimizers update the same
+    dtype."""
+    chosen = study[study["run"] == "chosen"].set_index("arm")
+    if not {"model_dtype", "master_dtype"} <= set(chosen.columns):
+        return "training precision not recorded"
+    present = [arm for arm in arms if arm in chosen.index]
+    note = "trained in (model / optimizer): " + ", ".join(
+        f"{arm} {chosen.loc[arm, 'model_dtype'] or '?'} / {chosen.loc[arm, 'master_dtype'] or '?'}" for arm in present)
+    if len({chosen.loc[arm, "master_dtype"] for arm in present}) > 1:
+        note += " (the optimizers updated different dtypes: not a like-for-like comparison)"
+    return note
 
 
 def _p(p: float) -> str:

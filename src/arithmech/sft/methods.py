@@ -60,10 +60,10 @@ class Method:
     Without train_kv only the selected heads' q rows and o columns change, and no other head's q, k or v.
     mlp_layers: layers whose whole MLP weights are trained (HEAD_METHODS).  grad_scale: an optional
     factor on the head deltas' gradients (`resolve_grad_scale`).
-    delta_dtype: "model" (deltas in the model's dtype) or "float32" (fp32 deltas, cast to the activations'
-    dtype in the forward: fp32 master weights for a bf16 model). bf16 deltas start at 0, where bf16 is
-    finest, but like bf16 weights they drop updates below ~1/256 of their value.  lora: {r, alpha, dropout,
-    target_modules}.
+    delta_dtype: "float32" (the default: fp32 deltas, cast to the activations' dtype in the forward, i.e.
+    fp32 master weights for a bf16 model, as full fine-tuning and LoRA train; on a float32 model the same as
+    "model") or "model" (deltas in the model's dtype). bf16 deltas start at 0, where bf16 is finest, but like
+    bf16 weights they drop updates below ~1/256 of their value.  lora: {r, alpha, dropout, target_modules}.
     """
 
     name: str
@@ -71,7 +71,7 @@ class Method:
     train_kv: bool = False
     mlp_layers: tuple[int, ...] = ()
     grad_scale: float | str | None = None
-    delta_dtype: str = "model"
+    delta_dtype: str = "float32"
     lora: dict = field(default_factory=lambda: {"r": 8, "alpha": 16, "dropout": 0.0,
                                                 "target_modules": ["q_proj", "v_proj"]})
 
@@ -168,7 +168,7 @@ def parse_method(cfg: dict, where: str = "finetune") -> Method:
     if not (grad_scale is None or grad_scale == "heads_ratio"
             or (isinstance(grad_scale, (int, float)) and not isinstance(grad_scale, bool) and grad_scale > 0)):
         raise ValueError(f"{where}.grad_scale: expected a positive number, 'heads_ratio' or null, got {grad_scale!r}")
-    delta_dtype = cfg.get("delta_dtype") or "model"
+    delta_dtype = cfg.get("delta_dtype") or Method.delta_dtype
     if delta_dtype not in ("model", "float32"):
         raise ValueError(f"{where}.delta_dtype: expected 'model' or 'float32', got {delta_dtype!r}")
     lora = Method("lora").lora | (cfg.get("lora") or {})

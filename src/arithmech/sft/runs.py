@@ -52,9 +52,9 @@ def save_training_run(*, ft, stats, wall_s: float, out_dir, checkpoints, meta: d
                       tables: dict[str, pd.DataFrame]) -> dict:
     """Write a finished training run into `out_dir` atomically (`io.atomic_dir`): what was trained
     (`trained.safetensors`, `adapter/` for lora, `model/` for full: `trained_name`), `tables` (Parquet, by file
-    name) and `stats.json` (the TrainStats, `record`, wall time, mean step time, artifact bytes, provenance,
-    model size, device and dtype). Then remove the run's checkpoints: a rerun starts afresh. Returns the
-    stats record."""
+    name) and `stats.json` (the TrainStats, with the precision it trained in: model_dtype and master_dtype;
+    `record`, wall time, mean step time, artifact bytes, provenance, model size, device and dtype). Then remove
+    the run's checkpoints: a rerun starts afresh. Returns the stats record."""
     from arithmech.sft.deltas import save_trained
 
     with atomic_dir(out_dir) as tmp:

@@ -17,6 +17,12 @@ Methods (`methods.Method`, or a config dict through `methods.parse_method`):
 
 The optimizer (`TrainConfig.optimizer`: AdamW, or plain SGD, which keeps no state) holds state for the
 trained parameters only. Weight decay pulls head deltas towards 0, i.e. towards the base weights.
+
+Precision: every method trains float32 tensors, whatever the model's dtype, so that no arm loses small updates
+that another keeps (a bf16 weight drops any update below ~1/256 of its value). The head methods train float32
+deltas (`Method.delta_dtype`), peft keeps LoRA factors in float32, and full fine-tuning of a bf16/fp16 model
+trains float32 master copies of the weights (`MasterWeights`) while the model computes in its own dtype.
+On a float32 model (the CPU default) the model's own parameters are trained, as before.
 """
 
 from __future__ import annotations
@@ -145,13 +151,56 @@ def epoch_order(seed: int, epoch: int, n: int) -> np.ndarray:
 # Preparing a model
 
 
+class MasterWeights:
+    """Float32 master copies of a bf16/fp16 model's parameters, for full fine-tuning (mixed precision with
+    master weights, Micikevicius et al., ICLR 2018): the optimizer updates the float32 copies, and the model
+    keeps its dtype, computes in it and receives the rounded copies after every step. Gradients are computed
+    in the model's dtype and summed over micro-batches in float32.
+
+    Chosen over autocast on float32 parameters because the forward is then exactly the bf16 model's, as for
+    the head methods, evaluation during training sees the model in its dtype, and the trained model is saved
+    as it is. FSDP2's fully_shard with MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=float32) does the
+    same (float32 parameters held by the optimizer, bf16 compute, float32 gradient reduction) and would
+    replace this class."""
+
+    def __init__(self, model: nn.Module):
+        # (the model's parameter, its float32 master: always a copy), by name; tied weights appear once.
+        self.pairs = {name: (p, nn.Parameter(p.detach().to(torch.float32, copy=True)))
+                      for name, p in model.named_parameters()}
+
+    @property
+    def params(self) -> dict[str, nn.Parameter]:
+        """The float32 masters, by the model's parameter names: what the optimizer trains."""
+        return {name: master for name, (_, master) in self.pairs.items()}
+
+    def accumulate_grads(self) -> None:
+        """Add the model's gradients (its dtype) to the masters' (float32) and clear the model's."""
+        for p, master in self.pairs.values():
+            if p.grad is not None:
+                grad = p.grad.float()
+                master.grad = grad if master.grad is None else master.grad.add_(grad)
+                p.grad = None
+
+    @torch.no_grad()
+    def copy_to_model(self) -> None:
+        """Round the masters into the model's parameters (after a step, or after a checkpoint restored them)."""
+        for p, master in self.pairs.values():
+            p.copy_(master)
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """'bfloat16' for torch.bfloat16: how stats.json and the tables name a dtype."""
+    return str(dtype).removeprefix("torch.")
+
+
 @dataclass
 class FineTune:
     """A model made ready for training by `prepare`.
 
-    params: exactly the trained tensors, by name (the deltas', the adapters' or all the model's).
-    model: the module to call (lm.model, or the peft wrapper for lora).  deltas: the HeadDeltas (precise,
-    random_heads).  grad_scale: the resolved factor on the head deltas' gradients (1.0: none).
+    params: exactly the trained tensors, by name (the deltas', the adapters', all the model's, or for full
+    fine-tuning of a bf16/fp16 model their float32 masters).  model: the module to call (lm.model, or the peft
+    wrapper for lora).  deltas: the HeadDeltas (precise, random_heads).  grad_scale: the resolved factor on the
+    head deltas' gradients (1.0: none).  master: the float32 master weights (full on a bf16/fp16 model).
     """
 
     lm: LoadedModel
@@ -161,11 +210,20 @@ class FineTune:
     grad_scale: float = 1.0
     deltas: HeadDeltas | None = None
     scaled: list[str] = field(default_factory=list)  # names in params that grad_scale applies to
+    master: MasterWeights | None = None
 
     @property
     def n_trainable(self) -> int:
         """Trained elements: delta elements for the head methods (not the sizes of the matrices they sit in)."""
         return sum(p.numel() for p in self.params.values())
+
+    @property
+    def master_dtype(self) -> torch.dtype:
+        """The dtype the optimizer updates (that of every trained tensor)."""
+        dtypes = {p.dtype for p in self.params.values()}
+        if len(dtypes) != 1:
+            raise ValueError(f"the trained tensors of {self.method.name} mix dtypes {sorted(map(str, dtypes))}")
+        return dtypes.pop()
 
     def merged_model(self) -> nn.Module:
         """The trained model as a plain HF model, for evaluation in this process: the deltas are folded into
@@ -202,8 +260,9 @@ def prepare(lm: LoadedModel, method: Method | dict, seed: int = 0) -> FineTune:
     """Make `lm` trainable by `method` (in place: hooks, adapters or requires_grad on `lm.model`).
 
     precise/random_heads: zero deltas on the selected heads (and MLP layers), hooks attached; no base weight
-    requires grad. full: every parameter requires grad. lora: peft adapters injected into lm.model,
-    initialised with `seed` (the caller's RNG is untouched). Prepare a loaded model once."""
+    requires grad. full: every parameter requires grad; on a bf16/fp16 model the optimizer trains float32
+    masters of them (`MasterWeights`). lora: peft adapters injected into lm.model, initialised with `seed`
+    (the caller's RNG is untouched). Prepare a loaded model once."""
     method = parse_method(method) if isinstance(method, dict) else method
     if method.name in HEAD_METHODS:
         for i, (layer, head) in enumerate(method.heads):
@@ -221,7 +280,10 @@ def prepare(lm: LoadedModel, method: Method | dict, seed: int = 0) -> FineTune:
         return FineTune(lm, method, lm.model, params, scale, deltas, deltas.head_keys)
     if method.name == "full":
         lm.model.requires_grad_(True)
-        return FineTune(lm, method, lm.model, dict(lm.model.named_parameters()))
+        if lm.dtype == torch.float32:
+            return FineTune(lm, method, lm.model, dict(lm.model.named_parameters()))
+        master = MasterWeights(lm.model)
+        return FineTune(lm, method, lm.model, master.params, master=master)
     from peft import LoraConfig, get_peft_model
 
     cfg = method.lora
@@ -230,7 +292,8 @@ def prepare(lm: LoadedModel, method: Method | dict, seed: int = 0) -> FineTune:
     with torch.random.fork_rng(devices=[lm.device] if lm.device.type == "cuda" else []):
         torch.manual_seed(seed)
         try:
-            peft_model = get_peft_model(lm.model, config)
+            # autocast_adapter_dtype: the factors are float32 on a bf16/fp16 base (peft's default, made explicit)
+            peft_model = get_peft_model(lm.model, config, autocast_adapter_dtype=True)
         except ValueError as err:
             raise ValueError(f"finetune.lora.target_modules {cfg['target_modules']}: {err}") from err
     params = {n: p for n, p in peft_model.named_parameters() if p.requires_grad}
@@ -246,6 +309,8 @@ class TrainStats:
     """What a training run measured. Lists have one entry per optimizer step of the whole run, resumed
     steps included (from the checkpoint).
 
+    model_dtype: the dtype of the model's weights (its compute).  master_dtype: the dtype the optimizer updates
+    (the deltas', the LoRA factors', the weights' or their float32 masters').
     losses: mean cross-entropy per target token of each step.  step_times_s: wall time of each step
     (forwards, backwards, optimizer).  peak_memory_bytes: on CUDA torch.cuda.max_memory_allocated during
     this call; on CPU the peak resident set size of the whole PROCESS over its lifetime (getrusage), which
@@ -254,6 +319,8 @@ class TrainStats:
 
     method: str
     n_trainable: int
+    model_dtype: str
+    master_dtype: str
     optimizer_state_bytes: int
     steps: int
     total_steps: int
@@ -340,6 +407,8 @@ def train(ft: FineTune, examples: Sequence[tuple[str, str]], config: TrainConfig
         if checkpoint is not None:
             start, history = load_checkpoint(checkpoint, ft, optimizer, fingerprint)
             resumed = start
+            if ft.master is not None:
+                ft.master.copy_to_model()
         sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
         bar = tqdm(total=total, initial=start, desc=f"finetune {ft.method.name}", file=sys.stderr,
                    disable=not progress, dynamic_ncols=True)
@@ -359,6 +428,8 @@ def train(ft: FineTune, examples: Sequence[tuple[str, str]], config: TrainConfig
                     batch = collate(step_examples[j:j + config.batch_size], pad_id, device)
                     loss, _ = batch_loss(ft.model, batch)
                     (loss / n_tokens).backward()
+                    if ft.master is not None:
+                        ft.master.accumulate_grads()
                     loss_sum += loss.item()
                 if config.max_grad_norm is not None:
                     torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm)
@@ -368,6 +439,8 @@ def train(ft: FineTune, examples: Sequence[tuple[str, str]], config: TrainConfig
                 for group in optimizer.param_groups:
                     group["lr"] = config.lr * lr_factor(step, total, config.warmup_steps, config.schedule)
                 optimizer.step()
+                if ft.master is not None:
+                    ft.master.copy_to_model()
                 sync()
                 history["losses"].append(loss_sum / n_tokens)
                 history["step_times_s"].append(time.perf_counter() - t0)
@@ -390,9 +463,9 @@ def train(ft: FineTune, examples: Sequence[tuple[str, str]], config: TrainConfig
             save_checkpoint(checkpoint_dir, ft, optimizer, step=done, steps_per_epoch=steps_per_epoch,
                             fingerprint=fingerprint, history=history)
     peak, kind = _peak_memory(device)
-    return TrainStats(ft.method.name, ft.n_trainable, optimizer_state_bytes(optimizer), done, total,
-                      history["losses"], history["step_times_s"], peak, kind, resumed,
-                      history.get("evaluations", []))
+    return TrainStats(ft.method.name, ft.n_trainable, dtype_name(lm.dtype), dtype_name(ft.master_dtype),
+                      optimizer_state_bytes(optimizer), done, total, history["losses"], history["step_times_s"],
+                      peak, kind, resumed, history.get("evaluations", []))
 
 
 def finetune_examples(lm, data: dict, seed: int) -> list[tuple[str, str]]:

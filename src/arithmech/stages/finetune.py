@@ -8,7 +8,6 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import torch
 
 from arithmech.interp.nodes import ranked_nodes
 from arithmech.data.eval_sets import REGISTRY
@@ -33,7 +32,7 @@ def run_finetune(*, model: str, model_dir, method: str, effects_paths: dict, dat
         heads, mlps = select_nodes(method, ranked, ranked_mlps, heads=finetune["heads"], mlps=finetune["mlps"],
                                    n_layers=lm.n_layers, n_heads=lm.n_heads, seed=seed, section="finetune")
         spec |= {"heads": [list(h) for h in heads], "mlp_layers": mlps, "train_kv": finetune["train_kv"],
-                 "grad_scale": finetune["grad_scale"], "delta_dtype": "float32" if lm.dtype != torch.float32 else "model"}
+                 "grad_scale": finetune["grad_scale"]}  # float32 deltas: `Method.delta_dtype`
     elif method == "lora":
         spec["lora"] = finetune["lora"]
     parse_method(spec)  # fail on a bad method before loading data
@@ -93,7 +92,8 @@ def run_evaluate(*, model: str, model_dir, method: str, dataset: str, finetune_d
 def eval_summary(eval_paths: dict, stats_paths: dict, confidence: float) -> pd.DataFrame:
     """The paper's Table 1: one row per method (base first), per data set the accuracy with its Wilson
     interval (WikiText-2: perplexity), and the training cost: trainable parameters, mean step time, train
-    wall time, peak memory, optimizer state and saved artifact sizes."""
+    wall time, peak memory, optimizer state and saved artifact sizes, and the precision it trained in (the
+    model's dtype, the dtype the optimizer updated)."""
     from arithmech.report.stats import accuracy_interval
 
     rows = []
@@ -119,6 +119,9 @@ def eval_summary(eval_paths: dict, stats_paths: dict, confidence: float) -> pd.D
             "optimizer_state_mb": stats["optimizer_state_bytes"] / 2**20 if stats else float("nan"),
             "artifact_mb": stats["artifact_bytes"] / 2**20 if stats else float("nan"),
             "final_loss": stats["losses"][-1] if stats else float("nan"),
+            # the precision each method trained in (runs saved before these were recorded: "")
+            "model_dtype": stats.get("model_dtype", "") if stats else "",
+            "master_dtype": stats.get("master_dtype", "") if stats else "",
         }
         rows.append(row)
     return pd.DataFrame(rows)

@@ -136,8 +136,6 @@ def run_study_train(*, model_dir, items_path, effects_paths: dict, arm: str, run
     heads, mlps = ranked_nodes({t: pd.read_parquet(p) for t, p in effects_paths.items()}) if arm in HEAD_METHODS else ([], [])
     spec = sd.arm_method(arm, run, study, ranked_heads=heads, ranked_mlps=mlps, n_layers=lm.n_layers,
                          n_heads=lm.n_heads, seed=seed)
-    if spec["method"] in HEAD_METHODS and lm.dtype != torch.float32:
-        spec["delta_dtype"] = "float32"
     parse_method(spec)
     lr = run_lr(run, study, arm, selection_path)
     train_cfg = {**study["train"], "lr": lr, "seed": run_seed(run, seed)}
@@ -288,7 +286,8 @@ def run_study_summary(*, model: str, study: dict, formats_path, items_path, sele
                       "peak_memory_mb": rec["peak_memory_bytes"] / 2**20 if rec else np.nan,
                       "optimizer_state_mb": rec["optimizer_state_bytes"] / 2**20 if rec else np.nan,
                       "artifact_mb": rec["artifact_bytes"] / 2**20 if rec else np.nan,
-                      "final_loss": rec["losses"][-1] if rec else np.nan})
+                      "final_loss": rec["losses"][-1] if rec else np.nan,
+                      "model_dtype": rec.get("model_dtype", ""), "master_dtype": rec.get("master_dtype", "")})
     table = pd.concat([table, pd.DataFrame(extra)], axis=1)
     comp = sd.comparisons(rows, fmt, study["confidence"], study["bootstrap"], seed)
     curves = sd.curves(records)
@@ -305,11 +304,21 @@ def run_study_summary(*, model: str, study: dict, formats_path, items_path, sele
     write_parquet(comp, out_comparisons, meta)
     with atomic_path(out_md) as tmp:
         Path(tmp).write_text(study_markdown(model, table, comp, fmt, study["confidence"]) + "\n"
+                             + precision_markdown(table) + "\n"
                              + format_markdown(format_display(formats), choice, auto=choice["train_format"] == sd.AUTO))
     write_html_page([("Scored models", table, ""), ("The trained format", format_display(formats), choice["reason"])],
                     out_html, f"{model}: precise-SFT study (trained on {fmt})")
     plots.study_accuracy(table, fmt, f"{model}: exact match after training on {fmt}", out_png)
     plots.study_curves(curves, f"{model}: learning curves on {fmt}", out_curves)
+
+
+def precision_markdown(table: pd.DataFrame) -> str:
+    """The precision each arm trained in (study.parquet's model_dtype and master_dtype) for study.md, one line
+    per arm (and per precision, should its runs differ): arms compare fairly only if none lost small updates."""
+    trained = table[table["arm"] != "base"]
+    lines = [f"- {arm}: model in {model or 'unrecorded'}, optimizer updating {master or 'unrecorded'} tensors"
+             for (arm, model, master), _ in trained.groupby(["arm", "model_dtype", "master_dtype"], sort=False)]
+    return "## Training precision\n\n" + "\n".join(lines or ["- no arm was trained"]) + "\n"
 
 
 def format_display(formats: pd.DataFrame) -> pd.DataFrame:
