@@ -21,6 +21,7 @@ from typing import Callable, ContextManager
 
 import torch
 
+from arithmech.intervention.kvcache import select_rows
 from arithmech.model.loading import LoadedModel
 
 # hooks(rows) -> the context manager entered around a forward; rows: LongTensor [forward rows], each row's
@@ -94,7 +95,7 @@ def greedy_decode(
         keep = (~done).nonzero()[:, 0]
         if len(keep) < len(live):  # finished rows leave the forwards and the cache
             live, mask, pos, nxt = live[keep], mask[keep], pos[keep], nxt[keep]
-            cache.batch_select_indices(keep.to(mask.device))
+            select_rows(cache, keep)
         ids = nxt[:, None].to(mask.device)
         mask = torch.cat([mask, mask.new_ones(len(live), 1)], 1)
         pos = pos[:, -1:] + 1

@@ -39,24 +39,33 @@ class Captured:
     mlp_in[layer]: [batch, (seq,) d_model]            input of the norm in front of the MLP (the residual
                                                       stream entering the MLP block; with `mlp_inputs` only)
     resid_final:  [batch, (seq,) d_model]             input of the final norm (the residual stream)
+
+    Each layer's entries are on that layer's device; `resid_final` and the stacked tensors are on `device`
+    (the model's input device, where the batch and its masks are).
     """
 
     heads: dict[int, torch.Tensor] = field(default_factory=dict)
     mlps: dict[int, torch.Tensor] = field(default_factory=dict)
     mlp_in: dict[int, torch.Tensor] = field(default_factory=dict)
     resid_final: torch.Tensor | None = None
+    device: torch.device | None = None
+
+    def _stacked(self, per_layer: dict[int, torch.Tensor], dim: int) -> torch.Tensor:
+        # On a model spread over devices the layers' captures are on several devices, which torch.stack
+        # refuses: gather them on one (a no-op on a model on one device).
+        return torch.stack([per_layer[k].to(self.device) for k in sorted(per_layer)], dim=dim)
 
     def stacked_heads(self) -> torch.Tensor:
         """[batch, (seq,) n_layers, n_heads, head_dim] in layer order."""
-        return torch.stack([self.heads[k] for k in sorted(self.heads)], dim=-3)
+        return self._stacked(self.heads, dim=-3)
 
     def stacked_mlps(self) -> torch.Tensor:
         """[batch, (seq,) n_layers, d_model] in layer order."""
-        return torch.stack([self.mlps[k] for k in sorted(self.mlps)], dim=-2)
+        return self._stacked(self.mlps, dim=-2)
 
     def stacked_mlp_inputs(self) -> torch.Tensor:
         """[batch, (seq,) n_layers, d_model] in layer order."""
-        return torch.stack([self.mlp_in[k] for k in sorted(self.mlp_in)], dim=-2)
+        return self._stacked(self.mlp_in, dim=-2)
 
 
 @contextmanager
@@ -64,7 +73,7 @@ def capture(lm: LoadedModel, layers: Iterable[int] | None = None, end_only: bool
             mlp_inputs: bool = False) -> Iterator[Captured]:
     """Record head outputs, MLP outputs and the final residual of `layers` (default: all) during forwards;
     with `mlp_inputs`, also the residual stream entering each MLP block (the input of `lm.mlp_norm`)."""
-    out = Captured()
+    out = Captured(device=lm.device)
     layers = range(lm.n_layers) if layers is None else list(layers)
     pick = (lambda x: x[:, -1]) if end_only else (lambda x: x)
 
@@ -88,7 +97,7 @@ def capture(lm: LoadedModel, layers: Iterable[int] | None = None, end_only: bool
         return fn
 
     def resid_hook(module, args):
-        out.resid_final = pick(args[0]).detach()
+        out.resid_final = pick(args[0]).detach().to(out.device)  # from the last layer's device, if spread
 
     pre = [(lm.o_proj(l), head_hook(l)) for l in layers] + [(lm.final_norm, resid_hook)]
     if mlp_inputs:

@@ -74,6 +74,16 @@ class RoomyLayer(DynamicLayer):
         self._view()
 
 
+def select_rows(cache, rows: torch.Tensor) -> None:
+    """Keep the rows `rows` (LongTensor, any device) of every layer of `cache`, in place: rows that finished
+    leave a decoding batch. On a model spread over devices each layer's keys live on that layer's device,
+    and a CPU tensor cannot be indexed with a CUDA index nor one GPU's tensor with another's: the index goes
+    to each layer's device."""
+    for layer in cache.layers:
+        if layer.is_initialized:  # a layer the forwards skipped (`LoadedModel.layers_from`) holds nothing
+            layer.batch_select_indices(rows.to(layer.keys.device))
+
+
 def prefix_cache(lm: LoadedModel, enc: dict[str, torch.Tensor], tail: int = 1):
     """Keys and values of every position but the last `tail` (default: all but END) of a left-padded batch
     (one forward). An intervention on the last `tail` positions changes nothing before them, so many

@@ -377,11 +377,26 @@ def load_model(model_dir: str | Path, device: str = "auto", dtype: str = "auto")
         )
     except Exception as err:
         raise ModelSourceError(f"could not load the model in {model_dir}: {err}") from err
-    if not spread:
+    if spread:
+        refuse_offload(model.hf_device_map, model_dir)
+    else:
         model.to(dev)
     model.eval()
     model.requires_grad_(False)
     return LoadedModel(model, model_dir)
+
+
+def refuse_offload(device_map: dict, model_dir: str | Path) -> None:
+    """Refuse a spread over the GPUs (`device_map="auto"`) that left modules on the CPU or on disk: they would
+    be offloaded, their weights copied to a GPU at every forward, many times slower than a model that fits."""
+    off = {name: str(where) for name, where in device_map.items() if str(where) in ("cpu", "disk")}
+    if off:
+        names = ", ".join(f"{name} ({where})" for name, where in list(off.items())[:4])
+        raise ModelSourceError(
+            f"the model in {model_dir} does not fit on the {torch.cuda.device_count()} visible GPUs: "
+            f"{len(off)} of its {len(device_map)} blocks would be offloaded ({names}{', ...' if len(off) > 4 else ''}). "
+            "Give its jobs more GPUs: raise models.<name>.resources.gpus (for fine-tuning and evaluation, the "
+            "`gpus` of its `finetune` and `evaluate` blocks), or choose larger GPUs with `gpu_model`.")
 
 
 def model_record(model_dir: str | Path) -> dict:

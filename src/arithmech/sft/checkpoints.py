@@ -43,8 +43,8 @@ def save_checkpoint(checkpoint_dir: str | Path, ft, optimizer: torch.optim.Optim
         save_file({n: p.detach().contiguous().cpu() for n, p in ft.params.items()}, str(tmp / "trainable.safetensors"))
         torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
         rng = {"cpu": torch.get_rng_state()}
-        if ft.lm.device.type == "cuda":
-            rng["cuda"] = torch.cuda.get_rng_state(ft.lm.device)
+        if ft.lm.device.type == "cuda":  # every GPU's: a model spread over several draws dropout on each
+            rng["cuda"] = torch.cuda.get_rng_state_all()
         torch.save(rng, tmp / "rng.pt")
         epoch, position = divmod(step, steps_per_epoch)
         state = {"step": step, "epoch": epoch, "position_in_epoch": position, "steps_per_epoch": steps_per_epoch,
@@ -82,5 +82,8 @@ def load_checkpoint(path: Path, ft, optimizer: torch.optim.Optimizer, fingerprin
     rng = torch.load(path / "rng.pt", weights_only=True)
     torch.set_rng_state(rng["cpu"])
     if "cuda" in rng and ft.lm.device.type == "cuda":
-        torch.cuda.set_rng_state(rng["cuda"], ft.lm.device)
+        if isinstance(rng["cuda"], list):
+            torch.cuda.set_rng_state_all(rng["cuda"])
+        else:  # a checkpoint written with one GPU's state
+            torch.cuda.set_rng_state(rng["cuda"], ft.lm.device)
     return state["step"], state["history"]

@@ -135,10 +135,13 @@ def batch_loss(model: nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.
     labels = batch["labels"]
     keep = torch.zeros_like(labels, dtype=torch.bool)
     keep[:, :-1] = labels[:, 1:] != IGNORE_INDEX
-    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False,
-                   logits_to_keep=keep).logits  # [n_kept, vocab] (or [1, n_kept, vocab])
     targets = labels[:, 1:][keep[:, :-1]]
-    loss = F.cross_entropy(logits.reshape(len(targets), -1).float(), targets, reduction="sum")
+    # The mask indexes the final hidden states: on a model spread over devices they are on the final norm's
+    # (the last) device, not on the input's, where the batch is.
+    hidden_device = model.get_decoder().norm.weight.device
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False,
+                   logits_to_keep=keep.to(hidden_device)).logits  # [n_kept, vocab] (or [1, n_kept, vocab])
+    loss = F.cross_entropy(logits.reshape(len(targets), -1).float(), targets.to(logits.device), reduction="sum")
     return loss, len(targets)
 
 
@@ -289,7 +292,7 @@ def prepare(lm: LoadedModel, method: Method | dict, seed: int = 0) -> FineTune:
     cfg = method.lora
     config = LoraConfig(r=cfg["r"], lora_alpha=cfg["alpha"], lora_dropout=cfg["dropout"],
                         target_modules=list(cfg["target_modules"]), bias="none", task_type="CAUSAL_LM")
-    with torch.random.fork_rng(devices=[lm.device] if lm.device.type == "cuda" else []):
+    with torch.random.fork_rng(devices=list(range(torch.cuda.device_count())) if lm.device.type == "cuda" else []):
         torch.manual_seed(seed)
         try:
             # autocast_adapter_dtype: the factors are float32 on a bf16/fp16 base (peft's default, made explicit)
@@ -313,7 +316,7 @@ class TrainStats:
     (the deltas', the LoRA factors', the weights' or their float32 masters').
     losses: mean cross-entropy per target token of each step.  step_times_s: wall time of each step
     (forwards, backwards, optimizer).  peak_memory_bytes: on CUDA torch.cuda.max_memory_allocated during
-    this call; on CPU the peak resident set size of the whole PROCESS over its lifetime (getrusage), which
+    this call, summed over the GPUs (a model spread over several: an upper bound); on CPU the peak resident set size of the whole PROCESS over its lifetime (getrusage), which
     includes the model, the data and anything the process did before.  optimizer_state_bytes: the tensors
     in optimizer.state (AdamW: exp_avg, exp_avg_sq, step; SGD without momentum: none, 0 bytes)."""
 
@@ -341,8 +344,14 @@ def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
 
 
 def _peak_memory(device: torch.device) -> tuple[int, str]:
+    """On CUDA, the sum over every visible GPU of its peak allocated memory: a model spread over several GPUs
+    (`load_model` with more than one visible) holds its weights, activations and optimizer state on all of
+    them, and the sum is what the run needed in all, comparable with a run on one GPU (an upper bound: the
+    GPUs' peaks need not fall at the same moment). A visible GPU that holds nothing adds nothing. Each GPU's own
+    peak is in the job's usage record (`arithmech.jobs.gpu_peaks_mb`)."""
     if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device), "cuda_max_memory_allocated"
+        peaks = [torch.cuda.max_memory_allocated(i) for i in range(torch.cuda.device_count())]
+        return sum(peaks), "cuda_max_memory_allocated" if len(peaks) == 1 else "cuda_max_memory_allocated_sum"
     # ru_maxrss is in kilobytes on Linux (bytes on macOS).
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return rss if sys.platform == "darwin" else rss * 1024, "process_peak_rss"
@@ -398,10 +407,10 @@ def train(ft: FineTune, examples: Sequence[tuple[str, str]], config: TrainConfig
     history = {"losses": [], "step_times_s": []}
     start, resumed = 0, None
     checkpoint = latest_checkpoint(checkpoint_dir) if checkpoint_dir is not None else None
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-
-    cuda_devices = [device] if device.type == "cuda" else []
+    # every GPU: a model spread over several computes and draws dropout on each
+    cuda_devices = list(range(torch.cuda.device_count())) if device.type == "cuda" else []
+    for index in cuda_devices:
+        torch.cuda.reset_peak_memory_stats(index)
     with torch.random.fork_rng(devices=cuda_devices):
         torch.manual_seed(config.seed)
         if checkpoint is not None:
