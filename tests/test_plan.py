@@ -101,15 +101,17 @@ def test_job_counts_are_the_dry_runs(key, files, reports, tmp_path):
 
 def test_paper_plan_is_plausible(reports):
     """LLaMA2-7B under configs/paper.yaml: GPU rules cost hours, CPU rules none; full fine-tuning needs more
-    than one 80 GB GPU (weights, gradients and AdamW state in bf16 are 8 bytes a parameter, 54 GB) and is
-    warned about; precise SFT trains 32 heads with K/V rows plus 2 MLPs."""
+    than one 80 GB GPU (bf16 weights and gradients, float32 masters, their gradients and AdamW state: 20 bytes a
+    parameter, 135 GB) and gets the 3 GPUs of its `finetune` block; precise SFT trains 32 heads with K/V rows plus 2 MLPs."""
     report = reports["paper"]
     rows = {row["rule"]: row for row in report["rules"]}
     assert rows["aggregate_effects"]["kind"] == "cpu" and rows["aggregate_effects"]["gpu_hours"] == 0
     assert rows["prepare_model"]["kind"] == "local"
     assert all(rows[r]["gpu_hours"] > 0 for r in ("build_pairs", "knockout", "finetune", "evaluate"))
-    assert rows["finetune"]["gpu_gb"] > 8 * 6.74
-    assert any("finetune[method=full]" in w and "80 GB" in w for w in report["warnings"])
+    # full fine-tuning in bf16 with float32 master weights: 2 + 2 + 4 + 4 + 8 bytes a parameter, plus activations;
+    # config.yaml's `finetune` block of 3 x 80 GB GPUs holds it, so the paper's plan warns about nothing
+    assert 20 * 6.74 < rows["finetune"]["gpu_gb"] <= 3 * 80
+    assert report["warnings"] == []
     total = sum(row["gpu_hours"] for row in report["rules"])
     assert report["totals"]["gpu_hours"] == pytest.approx(total)
     assert 1 < total < 50
@@ -117,7 +119,7 @@ def test_paper_plan_is_plausible(reports):
     # planned, and its full fine-tuning of short arithmetic items fits one 80 GB GPU
     assert all(rows[r]["jobs"] >= 1 for r in ("study_format", "study_items", "study_train", "study_select",
                                               "study_evaluate", "study_summary"))
-    assert rows["study_format"]["gpu_hours"] > 0 and rows["study_train"]["gpu_gb"] < 80
+    assert rows["study_format"]["gpu_hours"] > 0 and rows["study_train"]["gpu_gb"] <= 3 * 80  # its finetune block
 
 
 def test_total_mode_adds_one_patch_layer_job_per_layer():
@@ -505,15 +507,19 @@ def test_compare_with_a_tiny_run(tmp_path, capsys):
 
 
 def test_warnings_use_each_rules_own_resources(tmp_path):
-    """A `finetune` block with 2 GPUs lifts full fine-tuning's GPU-memory warning (the same per-rule resources
+    """A `finetune` block with 3 GPUs lifts full fine-tuning's GPU-memory warning (the same per-rule resources
     the cluster gets, arithmech.tools.cluster); a small `evaluate` block's runtime is warned about under its key."""
     overlay = tmp_path / "rule-resources.yaml"
     overlay.write_text(yaml.safe_dump({"models": {"llama2-7b": {"resources": {
         "gpus": 1, "mem_mb": 64000, "runtime": 120,
-        "finetune": {"gpus": 2, "mem_mb": 128000}, "evaluate": {"runtime": 1}}}}}))
+        "finetune": {"gpus": 3, "mem_mb": 128000}, "evaluate": {"runtime": 1}}}}}))
     report = plan([str(ROOT / f) for f in PAPER] + [str(overlay)], root=ROOT, workdir=ROOT / "tests")
     warnings = report["warnings"]
     assert not any("finetune[method=full]" in w and "GPU memory" in w for w in warnings)
     assert any(w.startswith("llama2-7b: evaluate[") and "models.llama2-7b.resources.evaluate.runtime" in w
                for w in warnings)
     assert not any("models.llama2-7b.resources.runtime" in w and "evaluate[" in w for w in warnings)
+    one_gpu = tmp_path / "one-gpu.yaml"
+    one_gpu.write_text(yaml.safe_dump({"models": {"llama2-7b": {"resources": {"finetune": {"gpus": 1}}}}}))
+    report = plan([str(ROOT / f) for f in PAPER] + [str(one_gpu)], root=ROOT, workdir=ROOT / "tests")
+    assert any("finetune[method=full]" in w and "exceeds 1 x 80 GB" in w for w in report["warnings"])

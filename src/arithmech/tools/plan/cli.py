@@ -15,6 +15,7 @@ import textwrap
 from pathlib import Path
 from typing import Sequence
 
+from arithmech.tools.cluster import RESOURCE_GROUPS
 from arithmech.tools.plan.costmodel import HOST_BASE_BYTES, Throughput
 from arithmech.tools.plan.errors import PlanError
 from arithmech.tools.plan.measured import compare, measure
@@ -23,6 +24,16 @@ from arithmech.tools.plan.planner import plan
 
 def _hours(value: float) -> str:
     return f"{value:.3f}" if value < 0.1 else f"{value:.2f}"
+
+
+def _resources_text(res: dict) -> str:
+    """A model's resources as the plan shows them: its own, then each per-rule block's overrides."""
+    def text(r):
+        parts = [f"{r['gpus']} GPU" if "gpus" in r else "", f"{r['mem_mb']} MB" if "mem_mb" in r else "",
+                 f"{r['runtime']} min" if "runtime" in r else ""]
+        return ", ".join(p for p in parts if p)
+    blocks = [f"{group}: {text(res[group])}" for group in RESOURCE_GROUPS if res.get(group)]
+    return "; ".join([text(res), *blocks])
 
 
 def render_text(report: dict) -> str:
@@ -40,7 +51,7 @@ def render_text(report: dict) -> str:
         res = entry["resources"]
         lines += ["", f"{name}: {entry['shape']}", f"  shape: {entry['shape_source']}; tokens {entry['tokens']}; "
                   f"{entry['dtype_bytes']} bytes a weight",
-                  f"  resources per job: {res['gpus']} GPU, {res['mem_mb']} MB, {res['runtime']} min", "", header]
+                  f"  resources per job: {_resources_text(res)}", "", header]
         lines += [_text_row(row) for row in report["rules"] if row["model"] == name]
     shared = [row for row in report["rules"] if not row["model"]]
     if shared:

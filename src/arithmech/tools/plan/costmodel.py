@@ -192,13 +192,17 @@ def saved_activation_bytes(shape: Shape, *, dtype_bytes: int) -> float:
 def training_bytes(shape: Shape, *, weights: float, trained: float, full: bool, batch: float, seq: float,
                    logits: float, dtype_bytes: int, optimizer: str) -> float:
     """GPU memory of a training step: the weights; the trained parameters' gradients and optimizer state
-    (full fine-tuning: in the model's dtype, a gradient and AdamW's two moments; other methods: float32
-    deltas or adapters with their float32 gradient and moments, 16 bytes a parameter); the activations
-    kept for the backward of `batch` sequences of `seq` tokens (every layer: an upper bound); `logits`
-    unembedded positions (`TRAIN_LOGIT_BYTES` each)."""
+    (full fine-tuning of a float32 model: a float32 gradient and AdamW's two moments; of a bf16/fp16 model
+    (`sft.training.MasterWeights`): its gradient in the model's dtype, a float32 master copy with its float32
+    gradient, and the moments in float32, 18 bytes a parameter beyond the weights; other methods: float32
+    deltas or adapters with their float32 gradient and moments, 16 bytes a parameter); the activations kept
+    for the backward of `batch` sequences of `seq` tokens (every layer: an upper bound); `logits` unembedded
+    positions (`TRAIN_LOGIT_BYTES` each)."""
     moments = 2 if optimizer == "adamw" else 0
-    if full:
-        state = trained * dtype_bytes * (1 + moments)
+    if full and dtype_bytes >= 4:
+        state = trained * 4 * (1 + moments)
+    elif full:
+        state = trained * (dtype_bytes + 4 + 4 + 4 * moments)
     else:
         state = trained * 4 * (2 + moments)
     kept = batch * seq * shape.n_layers * saved_activation_bytes(shape, dtype_bytes=dtype_bytes)
