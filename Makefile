@@ -38,18 +38,32 @@ CONFIGS ?= configs/paper.yaml configs/llama2-7b.yaml
 plan: $(STAMP)
 	$(BIN)/python -m arithmech.tools.plan $(CONFIGS) $(PLAN_ARGS)
 
-# The paper's configuration rehearsed at LLaMA2-7B's shape on a tiny random model, through the SLURM profile with
-# the stand-in commands (arithmech.tools.rehearsal): every job, its wall time and peak memory. REHEARSAL_ARGS, e.g.
-# '--size full' (the paper's data sizes: hours on 2 cores) or '--work /scratch/rehearsal'.
+# The paper's configuration rehearsed at LLaMA2-7B's shape on a tiny random model, through the SLURM profile on a real
+# Slurm (arithmech.tools.rehearsal): every job, and from sacct its state, wall time and peak memory. With SLURM_CONF
+# unset it is the test suite's one-node cluster (tests/slurm/cluster.sh; as root, started here when down and stopped
+# after), its account and partitions unless SLURM_ACCOUNT, SLURM_PARTITION, SLURM_CPU_PARTITION say otherwise (its
+# CPU partition: every job goes through sbatch and sacct). REHEARSAL_ARGS, e.g. '--size full' (the paper's data
+# sizes: hours on 2 cores) or '--work /scratch/rehearsal'.
+REHEARSAL_SLURM = if [ -z "$${SLURM_CONF:-}" ]; then \
+		if [ "$$(id -u)" = 0 ] && ! bash tests/slurm/cluster.sh status >/dev/null 2>&1; then \
+			trap 'bash tests/slurm/cluster.sh stop' EXIT; trap 'exit 130' INT TERM; \
+			bash tests/slurm/cluster.sh up || exit 1; \
+		fi; \
+		. "$${ARITHMECH_SLURM_DIR:-/tmp/arithmech-slurm}/env.sh" 2>/dev/null || { echo "no Slurm: set SLURM_CONF," \
+			"or start the test cluster: sudo bash tests/slurm/cluster.sh up" >&2; exit 1; }; \
+		export SLURM_ACCOUNT="$${SLURM_ACCOUNT:-$$ARITHMECH_SLURM_ACCOUNT}" \
+			SLURM_PARTITION="$${SLURM_PARTITION:-$$ARITHMECH_SLURM_PARTITION}" \
+			SLURM_CPU_PARTITION="$${SLURM_CPU_PARTITION:-$$ARITHMECH_SLURM_CPU_PARTITION}"; \
+	fi;
 rehearsal: $(STAMP)
-	$(BIN)/python -m arithmech.tools.rehearsal $(REHEARSAL_ARGS)
+	@$(REHEARSAL_SLURM) $(BIN)/python -m arithmech.tools.rehearsal $(REHEARSAL_ARGS)
 
 # After `make rehearsal`: the costliest job (by make plan) of each GPU rule whose largest batch grows from the
 # quick size to the full one, at the full run's largest batch (--size peak), on the quick rehearsal's results.
 PEAK_TARGETS = results/rehearsal/finetune/full results/rehearsal/eval/base/gsm8k.parquet \
 	results/rehearsal/knockout/transfer.parquet
 rehearsal-peak: $(STAMP)
-	$(BIN)/python -m arithmech.tools.rehearsal --size peak --work rehearsal-peak --seed-from rehearsal \
+	@$(REHEARSAL_SLURM) $(BIN)/python -m arithmech.tools.rehearsal --size peak --work rehearsal-peak --seed-from rehearsal \
 		--targets $(PEAK_TARGETS) $(REHEARSAL_ARGS)
 
 # The SLURM tests run on a real one-node Slurm (tests/slurm/cluster.sh). As root, a cluster that is down is started
@@ -70,7 +84,7 @@ test-fast: $(STAMP)
 # then the patching benchmark there. Fails rather than skipping when no CUDA device is visible.
 gpu-check: $(STAMP)
 	$(BIN)/python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'gpu-check: no CUDA device')"
-	$(BIN)/python -m pytest -m gpu -v tests/test_devices.py
+	$(BIN)/python -m pytest -m gpu -v tests/test_devices.py tests/test_master_weights.py tests/test_jobs_gpu.py tests/test_device_spread.py
 	$(BIN)/python benchmarks/patching_speed.py --device cuda --dtype bfloat16
 
 benchmark: $(STAMP)

@@ -1,10 +1,12 @@
 """The rehearsal's pieces (arithmech.tools.rehearsal): the Hub-layout directories read by `datasets` and the
-loaders as fetch_dataset reads them, the overlay config the schema accepts, and the per-job table of the
-stand-in sbatch's records. The rehearsal itself (`make rehearsal`) is too long for the suite."""
+loaders as fetch_dataset reads them, the overlay config the schema accepts, and the per-job table: the jobs the
+SLURM executor plugin logs as submitted, with what the test suite's real Slurm (`slurm_cluster`) recorded for them
+in `sacct`. The rehearsal itself (`make rehearsal`) is too long for the suite."""
 
 import json
 import os
 import re
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -133,18 +135,49 @@ def test_seed_work_copies_a_rehearsals_model_and_results_with_their_times(tmp_pa
     assert (work / "model" / "config.json").is_file()
 
 
-def test_job_table_reads_the_stand_in_records(tmp_path):
-    (tmp_path / "call_101").write_text("--parsable --comment rule_knockout_wildcards_rehearsal_addition -A x")
-    (tmp_path / "usage_101").write_text(json.dumps({"wall_s": 12.5, "max_rss_mb": 900.0, "exit": 0}))
-    (tmp_path / "state_101").write_text("COMPLETED\n")
-    (tmp_path / "call_102").write_text("--comment rule_knockout_wildcards_rehearsal_division")
-    (tmp_path / "state_102").write_text("RUNNING\n")
-    (tmp_path / "call_103").write_text("--comment rule_edges_wildcards_rehearsal")
-    (tmp_path / "usage_103").write_text(json.dumps({"wall_s": 3.0, "max_rss_mb": 400.0, "exit": 0}))
-    jobs = rehearsal.job_table(tmp_path)
+def plugin_log(jobs: list[tuple[str, str, str]], logdir: Path) -> str:
+    """Snakemake's log lines for jobs (Slurm id, rule, wildcards) as the SLURM executor plugin writes them."""
+    return "".join(f"Job {i} has been submitted with SLURM jobid {job} (log: "
+                   f"{logdir / f'rule_{rule}' / wildcards / f'{job}.log'}).\nSelect jobs to execute...\n"
+                   for i, (job, rule, wildcards) in enumerate(jobs))
+
+
+def test_submissions_name_each_jobs_rule_and_wildcards(tmp_path):
+    log = plugin_log([("12", "evaluate", "rehearsal_base_gsm8k"), ("13", "findings", "")], tmp_path / "logs/slurm")
+    assert rehearsal.submissions(log) == [(12, "evaluate", "rehearsal_base_gsm8k"), (13, "findings", "")]
+    assert rehearsal.submissions("Select jobs to execute...\n") == []
+
+
+def test_sacct_times_and_sizes():
+    assert rehearsal.slurm_seconds("00:01:05") == 65 and rehearsal.slurm_seconds("1-02:00:00") == 93600
+    assert rehearsal.slurm_megabytes("2048K") == 2 and rehearsal.slurm_megabytes("1.5G") == 1536
+    assert pd.isna(rehearsal.slurm_megabytes(""))
+
+
+@pytest.mark.slow  # real jobs: about 15 s
+def test_job_table_reads_what_slurm_recorded(slurm_cluster, tmp_path):
+    holds = "import time; x = b'x' * (300 << 20); time.sleep(4)"
+    ok = slurm_cluster.sbatch("--mem=1000M", "-o", str(tmp_path / "%j.out"), "--wrap", f'{sys.executable} -c "{holds}"')
+    killed = slurm_cluster.sbatch("--mem=100M", "-o", str(tmp_path / "%j.out"), "--wrap",
+                                  f'{sys.executable} -c "{holds}"')
+    for job in (ok, killed):
+        slurm_cluster.wait(job, timeout=120)
+    log = plugin_log([(ok, "knockout", "rehearsal_addition"), (killed, "knockout", "rehearsal_division"),
+                      ("999999", "edges", "rehearsal")], tmp_path / "logs/slurm")
+    submitted = rehearsal.submissions(log)
+    jobs = rehearsal.job_table(submitted, rehearsal.sacct_usage([job for job, _, _ in submitted], slurm_cluster.env))
     assert list(jobs["rule"]) == ["knockout", "knockout", "edges"]
     assert list(jobs["wildcards"]) == ["rehearsal_addition", "rehearsal_division", "rehearsal"]
-    assert jobs.loc[0, "wall_s"] == 12.5 and pd.isna(jobs.loc[1, "wall_s"])
+    assert list(jobs["state"]) == ["COMPLETED", "OUT_OF_MEMORY", ""]  # sacct knows no job 999999
+    assert jobs.loc[0, "wall_s"] >= 4 and 300 < jobs.loc[0, "peak_rss_mb"] < 1000  # MaxRSS of its largest step
+    assert pd.isna(jobs.loc[2, "wall_s"]) and pd.isna(jobs.loc[2, "peak_rss_mb"])
+
+
+def test_per_rule_counts_jobs_beside_the_plan():
+    jobs = pd.DataFrame({"job": [101, 102, 103], "rule": ["knockout", "knockout", "edges"],
+                         "wildcards": ["rehearsal_addition", "rehearsal_division", "rehearsal"],
+                         "wall_s": [12.5, float("nan"), 3.0], "peak_rss_mb": [900.0, float("nan"), 400.0],
+                         "state": ["COMPLETED", "", "COMPLETED"]}, columns=rehearsal.JOB_COLUMNS)
     by_rule = rehearsal.per_rule(jobs)
     assert by_rule.loc["knockout", "jobs"] == 2 and by_rule.loc["knockout", "max_rss_mb"] == 900.0
     assert list(by_rule.index) == ["knockout", "edges"]
@@ -183,7 +216,7 @@ def test_summary_is_written_into_the_docs_generated_block(tmp_path, capsys):
     rehearsal.main(["--work", str(work), "--report-only", "--docs", str(docs)])
     text = docs.read_text()
     assert "old, typed numbers" not in text and text.startswith("# Title\n") and text.endswith("After.\n")
-    assert "3 jobs through the SLURM stand-ins (2 COMPLETED, 1 FAILED) in 1 h 2 min; Snakemake exit 1." in text
+    assert "3 jobs through Slurm (2 COMPLETED, 1 FAILED, as `sacct` reports them) in 1 h 2 min; Snakemake exit 1." in text
     assert "| `knockout` | 2 | 2 | 42 | 30 | 1,200 | 1,500 |" in text
     assert "| `edges` | 1 | 1 | 3 | 3 | 400 |  |" in text  # no GPU: no estimate
     assert "| `prepare_model` | 0 | 1 |  |  |  |  |" in text  # a local rule: planned, not run through sbatch
@@ -217,7 +250,8 @@ def test_a_targeted_rehearsal_has_its_own_block_and_no_whole_run_counts(tmp_path
     assert "| `finetune` | 1 | 400 | 400 | 3,000 | 3,800 |" in peak
     assert ("`python -m arithmech.tools.rehearsal --size peak --jobs 1 --targets gsm8k.parquet`, started 2026-11-24 22:40 "
             "UTC, then `python -m arithmech.tools.rehearsal --size peak --jobs 1 --targets full`, started 2026-11-25 00:00 "
-            "UTC on a CPU: 1 jobs through the SLURM stand-ins (1 COMPLETED) in 0 h 40 min; Snakemake exit 1, then 0."
+            "UTC on a CPU: 1 jobs through Slurm (1 COMPLETED, as `sacct` reports them) in 0 h 40 min; Snakemake exit 1, "
+            "then 0."
             ) in peak
 
 

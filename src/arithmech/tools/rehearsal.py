@@ -3,8 +3,9 @@
 A random Llama with LLaMA2-7B's topology where the code branches on it (32 layers, 32 query heads, 32
 key/value heads: no grouped-query attention, 1,024 heads) but a tiny width (`arithmech.model.tiny`: head dimension
 4, its byte-level tokenizer with 400 tokens), run through the real SLURM executor plugin and the profile in
-workflow/profiles/slurm with the stand-in commands of tests/fake_slurm (they run each job on this machine and
-record its wall time and peak memory), on `configs/paper.yaml`: every template and operator word, the
+workflow/profiles/slurm on a real Slurm (the one Slurm's clients reach: `make rehearsal` uses the test suite's
+one-node cluster, tests/slurm/cluster.sh, unless SLURM_CONF names another; jobs go where SLURM_ACCOUNT,
+SLURM_PARTITION and SLURM_CPU_PARTITION say), on `configs/paper.yaml`: every template and operator word, the
 1,000-pair caps, the -5% threshold, 32 key heads with K/V and 2 MLPs, the study with `train_format: auto`,
 the Hub-fetched MMLU and CommonsenseQA through rule fetch_dataset, read from local directories laid out as
 the Hub serves them (`hub_layout`; generated questions of the real sizes: no network here).
@@ -20,12 +21,13 @@ examples that fit in its max_length, one batch of the longest GSM8K and SVAMP qu
 lengths, the transfer whole; with `targets` and `seed_from` (a quick rehearsal's directory) it runs just
 those jobs, to check the plan's memory at the full sizes in a fraction of the full run's time.
 
-The result: one row per job (rule, wildcards, wall seconds, peak resident memory of its largest process)
-in `jobs.tsv` of the working directory, and per rule the job count beside the count `make plan` takes from
-a dry run of the same configuration (`plan.json`), total and largest wall time and memory, printed.
+The result: one row per Slurm job (rule, wildcards, and from `sacct` its State, Elapsed seconds and the largest
+MaxRSS of its steps) in `jobs.tsv` of the working directory, and per rule the job count beside the count
+`make plan` takes from a dry run of the same configuration (`plan.json`), total and largest wall time and
+memory, printed.
 
 It runs the workflow of a checkout, `--root` (default: the current directory): its Snakefile, config.yaml,
-configs/paper.yaml, data files, SLURM profile and stand-ins (tests/fake_slurm).
+configs/paper.yaml, data files and SLURM profile.
 
     python -m arithmech.tools.rehearsal --size quick                  (make rehearsal, from the checkout)
     python -m arithmech.tools.rehearsal --root ~/arithmech --work /scratch/rehearsal
@@ -38,6 +40,7 @@ import datetime
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -57,7 +60,7 @@ from arithmech.report.tables import markdown_table
 from arithmech.tools.docs_results import replace_block, write_if_changed
 from arithmech.tools.plan import data_path, load_config, plan, read_records
 
-STAND_INS = Path("tests") / "fake_slurm"  # the SLURM stand-in commands, in the checkout
+PROFILE = Path("workflow") / "profiles" / "slurm"  # the workflow's SLURM profile, in the checkout
 # LLaMA2-7B: 32 layers, 32 heads of dimension 128 (no GQA), MLP width 11008 = 2.6875 x the model width.
 TOPOLOGY = {"n_layers": 32, "n_heads": 32, "n_kv_heads": 32, "head_dim": 4, "intermediate_size": 344,
             "max_positions": 4096}
@@ -85,19 +88,24 @@ QUICK = {
 MARKERS = ("<!-- BEGIN GENERATED: rehearsal (make rehearsal) -->", "<!-- END GENERATED: rehearsal -->")
 PEAK_MARKERS = ("<!-- BEGIN GENERATED: rehearsal-peak (make rehearsal-peak) -->",
                 "<!-- END GENERATED: rehearsal-peak -->")
-RESOURCES = {"gpus": 1, "gpu_model": "a100", "mem_mb": 64000, "runtime": 120}  # as config.yaml gives llama2-7b
+# As config.yaml gives llama2-7b, but no GPU type (types are a site's names: the test cluster's GPUs have none) and
+# at most the memory of the GPU partition's nodes (`node_memory_mb`), or sbatch refuses every job.
+RESOURCES = {"gpus": 1, "mem_mb": 64000, "runtime": 120}
+# What the SLURM executor plugin logs for each job it submits (snakemake.log), and the job's log path
+# (<slurm-logdir>/rule_<rule>/<wildcards>/<id>.log) that names its rule and wildcards.
+SUBMITTED = re.compile(r"has been submitted with SLURM jobid (\d+) \(log: (.+?)\)\.?$", re.M)
 
 
 def workflow_root(root: Path | str | None = None) -> Path:
     """The checkout whose workflow the rehearsal runs (`--root`; default: the current directory), resolved;
-    an error naming --root when it has no Snakefile or no SLURM stand-ins."""
+    an error naming --root when it has no Snakefile or no SLURM profile."""
     root = Path.cwd() if root is None else Path(root).expanduser()
     root = root.resolve()
     if not (root / "Snakefile").is_file():
         raise FileNotFoundError(f"no Snakefile in {root}: run the rehearsal from the checkout, or give it with "
                                 f"--root")
-    if not (root / STAND_INS).is_dir():
-        raise FileNotFoundError(f"no SLURM stand-ins ({STAND_INS}) in {root}: give the checkout with --root")
+    if not (root / PROFILE).is_dir():
+        raise FileNotFoundError(f"no SLURM profile ({PROFILE}) in {root}: give the checkout with --root")
     return root
 
 
@@ -214,33 +222,99 @@ def overlay(model_dir: Path, hub: dict[str, dict], size: str, peak: dict | None 
     return extra
 
 
-def submitted_rule(args: list[str]) -> tuple[str, str]:
-    """(rule, wildcards) of one sbatch call recorded by the stand-in (its arguments), from the --comment the
-    SLURM executor plugin writes ("rule_<rule>_wildcards_<wildcards>")."""
-    rule, _, wildcards = args[args.index("--comment") + 1].removeprefix("rule_").partition("_wildcards_")
-    return rule, wildcards
+def node_memory_mb(partition: str | None, env: dict[str, str]) -> int:
+    """The memory (MB) that every node of `partition` (None: the default partition) has, from `sinfo`: a job that
+    asks for more is refused. An error that says how to reach a Slurm when none answers."""
+    proc = subprocess.run(["sinfo", "-h", "-o", "%P %m"], capture_output=True, text=True, env=env, timeout=60)
+    if proc.returncode:
+        raise RuntimeError(f"no Slurm answers here (`sinfo` exited {proc.returncode}: {proc.stderr.strip()}); on "
+                           f"this machine start the test cluster (`sudo bash tests/slurm/cluster.sh up`) or run "
+                           f"`make rehearsal`, which does")
+    sizes: dict[str, int] = {}
+    for line in proc.stdout.splitlines():  # a line per partition and node size; "8000+": 8000 and more
+        name, memory = line.split()
+        sizes[name] = min(sizes.get(name, 2**62), int(memory.rstrip("+")))
+    default = [name for name in sizes if name.endswith("*")]
+    key = f"{partition}*" if f"{partition}*" in sizes else partition if partition else (default or [None])[0]
+    if key not in sizes:
+        raise RuntimeError(f"Slurm has no partition {partition or '(default)'}: it has "
+                           f"{', '.join(name.rstrip('*') for name in sizes) or 'none'} (SLURM_PARTITION)")
+    return sizes[key]
 
 
-def job_table(state: Path) -> pd.DataFrame:
-    """One row per job the stand-in sbatch ran: id, rule, wildcards (from its --comment), wall_s and
-    peak_rss_mb (tests/fake_slurm/measure.py; NaN for a job that never started), state."""
-    rows = []
-    for call in sorted(state.glob("call_*"), key=lambda p: int(p.name.split("_")[1])):
-        job = call.name.split("_")[1]
-        rule, wildcards = submitted_rule(call.read_text().split())
-        usage_file = state / f"usage_{job}"
-        usage = json.loads(usage_file.read_text()) if usage_file.is_file() else {}
-        status = state / f"state_{job}"
-        rows.append({"job": int(job), "rule": rule, "wildcards": wildcards,
-                     "wall_s": usage.get("wall_s", np.nan), "peak_rss_mb": usage.get("max_rss_mb", np.nan),
-                     "state": status.read_text().strip() if status.is_file() else ""})
-    return pd.DataFrame(rows, columns=["job", "rule", "wildcards", "wall_s", "peak_rss_mb", "state"])
+def submissions(log_text: str) -> list[tuple[int, str, str]]:
+    """(Slurm job id, rule, wildcards) of every job the SLURM executor plugin submitted, from its lines in a
+    Snakemake log: the job's log path names the rule (rule_<rule>/) and the wildcards (the folder below it, none
+    for a rule without wildcards)."""
+    jobs = []
+    for job_id, log in SUBMITTED.findall(log_text):
+        parts = Path(log).parts
+        rule_at = max(i for i, part in enumerate(parts) if part.startswith("rule_"))
+        wildcards = "/".join(parts[rule_at + 1:-1])
+        jobs.append((int(job_id), parts[rule_at].removeprefix("rule_"), wildcards))
+    return jobs
+
+
+def slurm_seconds(elapsed: str) -> float:
+    """sacct's Elapsed ([D-]HH:MM:SS) in seconds."""
+    days, _, clock = elapsed.rpartition("-")
+    seconds = 0.0
+    for field in clock.split(":"):
+        seconds = seconds * 60 + float(field)
+    return seconds + 86400 * int(days or 0)
+
+
+def slurm_megabytes(size: str) -> float:
+    """sacct's MaxRSS ("716K", "1.50G", "" for a step that reported none) in MB (MiB, as Slurm counts); NaN for
+    none."""
+    if not size:
+        return np.nan
+    scale = {"K": 2**-10, "M": 1.0, "G": 2**10, "T": 2**20}
+    return float(size[:-1]) * scale[size[-1]] if size[-1] in scale else float(size) / 2**20
+
+
+def sacct_usage(job_ids: list[int], env: dict[str, str] | None = None) -> dict[int, dict]:
+    """Per job, what Slurm's accounting recorded (`sacct`): its State (the first word: "CANCELLED by 0" is
+    CANCELLED; OUT_OF_MEMORY where a step was killed for memory, though the job itself then ends FAILED), wall_s
+    (Elapsed: from its start to its end, queueing left out) and peak_rss_mb (the largest MaxRSS of its steps: a
+    step's processes together at their peak, sampled every JobAcctGatherFrequency; NaN for a job that never
+    started)."""
+    if not job_ids:
+        return {}
+    proc = subprocess.run(["sacct", "-P", "-n", "-j", ",".join(map(str, job_ids)), "-o",
+                           "JobID,State,Elapsed,MaxRSS"], capture_output=True, text=True, env=env, timeout=120)
+    if proc.returncode:
+        raise RuntimeError(f"sacct exited {proc.returncode}: {proc.stderr.strip()}")
+    usage: dict[int, dict] = {}
+    for line in proc.stdout.splitlines():
+        step, state, elapsed, max_rss = line.split("|")
+        job = int(step.split(".")[0])
+        row = usage.setdefault(job, {"state": "", "wall_s": np.nan, "peak_rss_mb": np.nan})
+        if "." not in step:  # the job's own row (sacct's first); its steps (12.batch, 12.0) carry the memory
+            row.update(state=state.split(" ")[0], wall_s=slurm_seconds(elapsed))
+        elif state == "OUT_OF_MEMORY":  # the job's row says FAILED: the exit of its batch script's srun
+            row["state"] = state
+        row["peak_rss_mb"] = np.fmax(row["peak_rss_mb"], slurm_megabytes(max_rss))
+    return usage
+
+
+JOB_COLUMNS = ["job", "rule", "wildcards", "wall_s", "peak_rss_mb", "state"]
+
+
+def job_table(submitted: list[tuple[int, str, str]], usage: dict[int, dict]) -> pd.DataFrame:
+    """One row per submitted job (`submissions`) with its `sacct_usage`: job, rule, wildcards, wall_s,
+    peak_rss_mb (NaN where sacct has none) and state ("" for a job sacct does not know)."""
+    rows = [{"job": job, "rule": rule, "wildcards": wildcards,
+             **usage.get(job, {"state": "", "wall_s": np.nan, "peak_rss_mb": np.nan})}
+            for job, rule, wildcards in submitted]
+    return pd.DataFrame(rows, columns=JOB_COLUMNS)
 
 
 def per_rule(jobs: pd.DataFrame, planned: dict[str, int] | None = None) -> pd.DataFrame:
     """Per rule, in the order of its first job: jobs run, total and largest wall seconds, largest peak memory
     (MB); with `planned` (rule -> jobs, `planned_jobs` of make plan's report), the planned count beside it and a
-    row for each planned rule that ran no job through sbatch (a local rule runs on the submitting host)."""
+    row for each planned rule that ran no job through sbatch (a local rule runs on the submitting host, and so
+    does every CPU-only rule when SLURM_CPU_PARTITION is unset)."""
     grouped = jobs.groupby("rule", sort=False)
     table = pd.DataFrame({"jobs": grouped.size(), "wall_s": grouped["wall_s"].sum(),
                           "max_wall_s": grouped["wall_s"].max(), "max_rss_mb": grouped["peak_rss_mb"].max()})
@@ -312,7 +386,7 @@ def summary_markdown(work: Path) -> str:
     minutes = round(sum(r["wall_s"] for r in runs) / 60)
     commands = ", then ".join(f"`{r['command']}`, started {r['started']}" for r in runs)
     lines = [f"{commands} on {meta['machine']}: {len(table)} jobs through "
-             f"the SLURM stand-ins ({finished}) in {minutes // 60} h {minutes % 60} min; Snakemake exit "
+             f"Slurm ({finished}, as `sacct` reports them) in {minutes // 60} h {minutes % 60} min; Snakemake exit "
              f"{', then '.join(str(r['snakemake_exit']) for r in runs)}.", ""]
     targeted = any(r.get("targets") for r in runs)  # a few jobs only: the whole run's planned counts do not apply
     rules = per_rule(table, None if targeted else planned_jobs(report))
@@ -382,18 +456,25 @@ def seed_work(work: Path, source: Path) -> None:
 def run(work: Path, *, root: Path | None = None, size: str = "quick", jobs: int = 1, seed: int = 0,
         targets: list[str] | None = None, seed_from: Path | None = None) -> tuple[pd.DataFrame, dict]:
     """Build the model and the Hub directories under `work`, write the merged config there, and run the
-    whole workflow of the checkout `root` (`workflow_root`) through its SLURM profile with the stand-ins;
-    with `targets` (paths under `work`) only the jobs that make them, forced to run, and what they need that
-    is missing; with `seed_from`, first copy that rehearsal's model and results (`seed_work`). Returns
-    (`job_table`, make plan's report for the same configuration, also in work/plan.json); raises with the
-    log's tail when Snakemake fails (the jobs that ran are still in work/jobs.tsv)."""
+    whole workflow of the checkout `root` (`workflow_root`) through its SLURM profile on the Slurm that the
+    environment's clients reach (SLURM_CONF; SLURM_ACCOUNT, SLURM_PARTITION and SLURM_CPU_PARTITION say where jobs
+    go, as for any run); with `targets` (paths under `work`) only the jobs that make them, forced to run, and what
+    they need that is missing; with `seed_from`, first copy that rehearsal's model and results (`seed_work`).
+    Returns (`job_table` of every invocation in `work`, make plan's report for the same configuration, also in
+    work/plan.json); raises with the log's tail when Snakemake fails (the jobs that ran are still in
+    work/jobs.tsv)."""
     root = workflow_root(root)
     work = Path(work).resolve()
     work.mkdir(parents=True, exist_ok=True)
+    env = {
+        **os.environ,
+        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",  # the jobs' own snakemake: this Python's
+        "HF_HUB_OFFLINE": "1",  # the Hub sets come from `hub`'s directories, never the network
+        "HF_DATASETS_OFFLINE": "1",
+    }
+    node_mb = node_memory_mb(env.get("SLURM_PARTITION"), env)  # also: a Slurm answers, before any work
     if seed_from is not None:
         seed_work(work, seed_from)
-    state = work / "slurm-state"
-    state.mkdir(exist_ok=True)
     model_dir = work / "model"
     if not (model_dir / "config.json").is_file():
         build_tiny_model(model_dir, seed=seed, **TOPOLOGY)
@@ -405,30 +486,29 @@ def run(work: Path, *, root: Path | None = None, size: str = "quick", jobs: int 
 
         peak = peak_overlay(work, load_config(configs[:1], root=root), AutoTokenizer.from_pretrained(model_dir),
                             root=root)
-    (work / "rehearsal.yaml").write_text(yaml.safe_dump(overlay(model_dir, hub, size, peak), sort_keys=False))
+    extra = overlay(model_dir, hub, size, peak)
+    resources = extra["models"]["rehearsal"]["resources"]
+    resources["mem_mb"] = min(resources["mem_mb"], node_mb)
+    (work / "rehearsal.yaml").write_text(yaml.safe_dump(extra, sort_keys=False))
     load_config(configs, root=root)  # a config the schema refuses fails here, not in the first job
     report = plan_of(work, configs, root=root)
     shutil.copy2(root / "config.yaml", work / "config.yaml")  # the Snakefile's `configfile:`
-    env = {
-        **os.environ,
-        "PATH": f"{root / STAND_INS}:{Path(sys.executable).parent}:{os.environ['PATH']}",
-        "FAKE_SLURM_DIR": str(state),
-        "SLURM_ACCOUNT": os.environ.get("SLURM_ACCOUNT", "rehearsal"),
-        "SLURM_PARTITION": os.environ.get("SLURM_PARTITION", "gpu"),
-        "HF_HUB_OFFLINE": "1",  # the Hub sets come from `hub`'s directories, never the network
-        "HF_DATASETS_OFFLINE": "1",
-    }
+    # the Slurm job ids of earlier invocations in this directory (--targets after a run): the table keeps them
+    earlier = pd.read_csv(work / "jobs.tsv", sep="\t", keep_default_na=False) if (work / "run.json").is_file() \
+        and (work / "jobs.tsv").is_file() else pd.DataFrame(columns=JOB_COLUMNS)
     cmd = [sys.executable, "-m", "snakemake", "-s", str(root / "Snakefile"), "--directory", str(work),
-           "--configfile", *map(str, configs), "--profile", str(root / "workflow/profiles/slurm"),
+           "--configfile", *map(str, configs), "--workflow-profile", str(root / PROFILE),
            "--jobs", str(jobs), "--slurm-init-seconds-before-status-checks", "1",
-           "--seconds-between-status-checks", "2", "--retries", "0"]
+           "--seconds-between-status-checks", "2", "--retries", "0", "--slurm-keep-successful-logs"]
     if targets:
         cmd += [*targets, "--forcerun", *targets]
     started, start = datetime.datetime.now(datetime.timezone.utc), time.perf_counter()
     with open(work / "snakemake.log", "w") as log:
         proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=work)
     wall_s = time.perf_counter() - start
-    table = job_table(state)
+    submitted = [*((int(r.job), r.rule, r.wildcards) for r in earlier.itertuples()),
+                 *submissions((work / "snakemake.log").read_text())]
+    table = job_table(submitted, sacct_usage([job for job, _, _ in submitted], env))
     table.to_csv(work / "jobs.tsv", sep="\t", index=False)
     meta = {"started": started.strftime("%Y-%m-%d %H:%M UTC"), "wall_s": round(wall_s, 1), "size": size,
             "jobs": jobs, "machine": machine(), "snakemake_exit": proc.returncode, "targets": targets or [],
@@ -439,7 +519,7 @@ def run(work: Path, *, root: Path | None = None, size: str = "quick", jobs: int 
         before = json.loads((work / "run.json").read_text())
         meta["earlier"] = [*before.pop("earlier", []), before]
     write_json(meta, work / "run.json")
-    print(f"rehearsal ({size}): {len(table)} jobs through the SLURM stand-ins in {wall_s:.0f} s; "
+    print(f"rehearsal ({size}): {len(table)} jobs through Slurm in {wall_s:.0f} s; "
           f"per job in {work / 'jobs.tsv'}")
     if proc.returncode != 0:
         tail = (work / "snakemake.log").read_text()[-4000:]
@@ -452,7 +532,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--root", type=Path, default=None,
                         help="the checkout whose workflow is rehearsed (its Snakefile, config.yaml, configs/, data, "
-                             "SLURM profile and tests/fake_slurm; default: the current directory)")
+                             "SLURM profile; default: the current directory)")
     parser.add_argument("--work", type=Path, default=None,
                         help="working directory (the model, the config, results/, jobs.tsv; default: "
                              "rehearsal/ in --root)")
