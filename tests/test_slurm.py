@@ -31,7 +31,6 @@ from arithmech.tools.rehearsal import hub_layout, submissions
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).parent))
-from test_slurm_cluster import gone  # noqa: E402
 from test_workflow import tiny_config  # noqa: E402
 
 from slurm import cluster  # noqa: E402
@@ -215,12 +214,7 @@ def stop_processes(slurm, job: str) -> list[int]:
 
 
 def restart_slurmd(slurm) -> None:
-    pid = int((slurm.state / "run/slurmd.pid").read_text())
-    os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + 30
-    while not gone(pid):
-        assert time.monotonic() < deadline, f"slurmd (pid {pid}) still running 30 s after SIGTERM"
-        time.sleep(0.2)
+    cluster.stop_slurmd(slurm.state)
     time.sleep(3)  # down a few seconds, the job running on
     proc = cluster.run_script("start", timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr

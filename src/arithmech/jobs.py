@@ -48,7 +48,8 @@ def split_batches(params, split: int) -> list[str]:
             changed.append(f"{name}.{key} {block[key]} -> {new}")
             block[key] = new
     for name, key in TRAINING_BLOCKS:
-        block = (params.get(name) or {}).get(key) if isinstance(params.get(name), dict) else None
+        outer = params.get(name)
+        block = outer.get(key) if isinstance(outer, dict) else None
         if isinstance(block, dict) and isinstance(block.get("batch_size"), int):
             size, accumulation = block["batch_size"], block.get("grad_accumulation") or 1
             new = max(d for d in range(1, size + 1) if size % d == 0 and d <= max(1, size // split))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import time
 from dataclasses import dataclass
@@ -139,3 +140,21 @@ def ensure_cluster() -> tuple[SlurmCluster, bool]:
     if started:
         start()
     return SlurmCluster.from_state(), started
+
+
+def gone(pid: int) -> bool:
+    """Exited (a zombie counts: PID 1 reaps it later)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1].startswith("Z")
+    except FileNotFoundError:
+        return True
+
+
+def stop_slurmd(state: Path = STATE, timeout: float = 30) -> None:
+    """SIGTERM the cluster's slurmd and wait until it has exited (its jobs' slurmstepd run on without it)."""
+    pid = int((state / "run/slurmd.pid").read_text())
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while not gone(pid):
+        assert time.monotonic() < deadline, f"slurmd (pid {pid}) still running {timeout:g} s after SIGTERM"
+        time.sleep(0.2)
