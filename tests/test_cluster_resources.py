@@ -20,8 +20,8 @@ MODEL = {"gpus": 1, "gpu_model": "a100", "mem_mb": 64000, "runtime": 120,
 
 
 @pytest.mark.parametrize("rule, expected", [
-    ("finetune", {"gpus": 2, "gpu_model": "a100", "mem_mb": 128000, "runtime": 120}),
-    ("study_train", {"gpus": 2, "gpu_model": "a100", "mem_mb": 128000, "runtime": 120}),
+    ("finetune", {"gpus": 2, "gpu_model": "a100", "mem_mb": 128000, "runtime": 120, "cpus_per_gpu": 2}),
+    ("study_train", {"gpus": 2, "gpu_model": "a100", "mem_mb": 128000, "runtime": 120, "cpus_per_gpu": 2}),
     ("evaluate", {"gpus": 1, "gpu_model": "a100", "mem_mb": 64000, "runtime": 60}),
     ("study_evaluate", {"gpus": 1, "gpu_model": "a100", "mem_mb": 64000, "runtime": 60}),
     ("patch_layer", {"gpus": 1, "gpu_model": "a100", "mem_mb": 64000, "runtime": 120}),
@@ -130,3 +130,40 @@ def test_the_cluster_module_reads_no_heavy_package_while_the_workflow_parses():
             "print(sorted(m for m in ('numpy', 'pandas', 'torch') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def submit_string(resources: dict, threads: int = 2) -> str:
+    """The sbatch command snakemake-executor-plugin-slurm generates for a job with these resources (under the
+    names the rules give them: workflow/rules/common.smk's gpu_resources), with its own functions."""
+    from snakemake_executor_plugin_slurm.submit_string import get_submit_command
+    from snakemake_executor_plugin_slurm.utils import set_gres_string
+
+    names = {"gpus": "gpu", "gpu_model": "gpu_model", "mem_mb": "mem_mb", "runtime": "runtime",
+             "cpus_per_gpu": "cpus_per_gpu"}
+    job = SimpleNamespace(threads=threads, resources=Namedlist(
+        fromdict={names[k]: v for k, v in resources.items() if k in names and v is not None}))
+    params = {"run_uuid": "u", "slurm_logfile": "log", "comment_str": "c", "account": "-A proj42",
+              "partition": "-p gpu", "workdir": "/w"}
+    return get_submit_command(job, params) + set_gres_string(job)
+
+
+def test_a_job_with_several_gpus_asks_for_cpus_per_gpu_and_one_task():
+    """Fine-tuning on 3 GPUs runs 3 processes inside one Slurm task: the plugin's own submit string asks for
+    the GPUs and 2 CPUs per GPU, and no --ntasks-per-gpu (which would allocate 3 tasks the job step never
+    starts); a one-GPU job keeps --cpus-per-task of the rule's threads."""
+    first = cluster.retry_resources(cluster.job_resources({**MODEL, "finetune": {"gpus": 3}}, "finetune"), 1, False)
+    assert first["cpus_per_gpu"] == cluster.CPUS_PER_GPU == 2
+    call = submit_string(first)
+    assert "--gpus=a100:3" in call and "--cpus-per-gpu=2" in call
+    assert "--ntasks" not in call and "--cpus-per-task" not in call
+    assert "--mem 64000" in call and "-t 120" in call
+    one = submit_string(cluster.retry_resources(cluster.job_resources(MODEL, "evaluate"), 1, False))
+    assert "--gpus=a100:1" in one and "--cpus-per-task=2" in one and "--cpus-per-gpu" not in one
+
+
+def test_gpu_settings_hand_the_rules_gpus_and_runtime_to_the_launcher():
+    smk = SimpleNamespace(resources=Namedlist(fromdict={"gpu": 3, "runtime": 240}), threads=2,
+                          params=Namedlist(fromdict={"compute": {"device": "auto"}}))
+    assert jobs.gpu_settings(smk) == {"gpus": 3, "nodes": 1, "device": "auto", "timeout_s": 14400.0}
+    local = SimpleNamespace(resources=Namedlist(fromdict={}), threads=1, params=Namedlist(fromdict={}))
+    assert jobs.gpu_settings(local) == {"gpus": 1, "nodes": 1, "device": "auto", "timeout_s": None}

@@ -19,6 +19,7 @@ import yaml
 from arithmech.tools.plan import PlanError, load_config, main, plan
 from arithmech.tools.plan.costmodel import (
     Model,
+    Throughput,
     decode_flops,
     expected_longest,
     forward_flops,
@@ -29,7 +30,7 @@ from arithmech.tools.plan.costmodel import (
 from arithmech.tools.plan.dryrun import Job, checkpoint_jobs
 from arithmech.tools.plan.interp_rules import set_bytes, transfer_targets
 from arithmech.tools.plan.jobcost import Setting
-from arithmech.tools.plan.planner import RULE_COSTS, cost_of, load_models, rule_row
+from arithmech.tools.plan.planner import RULE_COSTS, add_job, cost_of, load_models, rule_row
 from arithmech.tools.plan.sft_rules import finetune_lengths
 from arithmech.tools.plan.shapes import SHAPES, Shape, model_shape, shape_from_config_json, tiny_shape
 from arithmech.tools.plan.tokens import TokenCounter
@@ -101,16 +102,17 @@ def test_job_counts_are_the_dry_runs(key, files, reports, tmp_path):
 
 def test_paper_plan_is_plausible(reports):
     """LLaMA2-7B under configs/paper.yaml: GPU rules cost hours, CPU rules none; full fine-tuning needs more
-    than one 80 GB GPU (bf16 weights and gradients, float32 masters, their gradients and AdamW state: 20 bytes a
-    parameter, 135 GB) and gets the 3 GPUs of its `finetune` block; precise SFT trains 32 heads with K/V rows plus 2 MLPs."""
+    than one 80 GB GPU (float32 weights, gradients and AdamW state: 16 bytes a parameter, 108 GB, with FSDP2)
+    and gets the 3 GPUs of its `finetune` block, where each rank holds a third of that and of the activations;
+    precise SFT trains 32 heads with K/V rows plus 2 MLPs."""
     report = reports["paper"]
     rows = {row["rule"]: row for row in report["rules"]}
     assert rows["aggregate_effects"]["kind"] == "cpu" and rows["aggregate_effects"]["gpu_hours"] == 0
     assert rows["prepare_model"]["kind"] == "local"
     assert all(rows[r]["gpu_hours"] > 0 for r in ("build_pairs", "knockout", "finetune", "evaluate"))
-    # full fine-tuning in bf16 with float32 master weights: 2 + 2 + 4 + 4 + 8 bytes a parameter, plus activations;
-    # config.yaml's `finetune` block of 3 x 80 GB GPUs holds it, so the paper's plan warns about nothing
-    assert 20 * 6.74 < rows["finetune"]["gpu_gb"] <= 3 * 80
+    # full fine-tuning sharded over config.yaml's `finetune` block of 3 GPUs: each rank's peak (float32 masters,
+    # gradients and moments, 16 bytes a parameter over 3, plus its share of the activations) fits one 80 GB GPU
+    assert 16 * 6.74 / 3 < rows["finetune"]["gpu_gb"] <= 80
     assert report["warnings"] == []
     total = sum(row["gpu_hours"] for row in report["rules"])
     assert report["totals"]["gpu_hours"] == pytest.approx(total)
@@ -120,6 +122,49 @@ def test_paper_plan_is_plausible(reports):
     assert all(rows[r]["jobs"] >= 1 for r in ("study_format", "study_items", "study_train", "study_select",
                                               "study_evaluate", "study_summary"))
     assert rows["study_format"]["gpu_hours"] > 0 and rows["study_train"]["gpu_gb"] <= 3 * 80  # its finetune block
+
+
+def test_training_on_several_gpus_divides_memory_and_time_a_spread_only_memory():
+    """A training job with G GPUs runs G ranks (FSDP2 for full fine-tuning, data parallel otherwise): its work is
+    divided over them and its peak is one rank's, each rank holding 1/G of the float32 state and of every
+    micro-batch; an evaluation job with G GPUs spreads one model over them (device_map): its peak is the
+    whole model's and its time is not divided."""
+    setting, model = llama_setting(PAPER, 16)
+    full = Job("finetune", (("model", "llama2-7b"), ("method", "full")))
+    costs = {}
+    for gpus in (1, 2, 4):
+        model.resources["finetune"] = {"gpus": gpus}
+        costs[gpus] = cost_of(setting, full)
+    assert [c.ranks for c in costs.values()] == [1, 2, 4]
+    assert costs[1].work.flops == costs[2].work.flops == costs[4].work.flops  # the same steps, split
+    n = 6.74e9
+    # 1 GPU: bf16 weights and gradients, float32 masters, gradients and moments (MasterWeights): 20 bytes a
+    # parameter; G ranks: 16 bytes a parameter over G, two gathered layers and 1/G of the activations
+    assert costs[1].gpu_bytes > 20 * n
+    assert 16 * n / 2 < costs[2].gpu_bytes < costs[1].gpu_bytes / 2 + 4e9
+    assert 16 * n / 4 < costs[4].gpu_bytes < costs[2].gpu_bytes
+    precise = Job("finetune", (("model", "llama2-7b"), ("method", "precise")))
+    model.resources["finetune"] = {"gpus": 1}
+    one = cost_of(setting, precise)
+    model.resources["finetune"] = {"gpus": 4}
+    four = cost_of(setting, precise)
+    assert four.ranks == 4 and model.weight_bytes < four.gpu_bytes < one.gpu_bytes  # replicated weights
+    # the planner: GPU hours of a training job stay those of one GPU; a spread job's grow with its GPUs
+    evaluate = Job("evaluate", (("model", "llama2-7b"), ("method", "base"), ("dataset", "gsm8k")))
+    rows = {}
+    for gpus in (1, 4):
+        model.resources["finetune"] = model.resources["evaluate"] = {"gpus": gpus}
+        for job in (full, evaluate):
+            row = rule_row(("llama2-7b", job.rule), cost_of(setting, job))
+            add_job(row, job=job, cost=cost_of(setting, job), model=model, throughput=Throughput())
+            rows[job.rule, gpus] = row
+    # the start-up is paid once per job, on every GPU
+    startup = Throughput().startup_s / 3600
+    train_1, train_4 = rows["finetune", 1]["gpu_hours"], rows["finetune", 4]["gpu_hours"]
+    assert train_4 - 4 * startup == pytest.approx(train_1 - startup)  # 4 GPUs for a quarter of the time
+    assert rows["evaluate", 4]["gpu_hours"] == pytest.approx(4 * rows["evaluate", 1]["gpu_hours"])
+    assert any("exceeds 1 x 80 GB" in w for w in rows["finetune", 1]["warnings"])
+    assert not any("GPU memory" in w for w in rows["finetune", 4]["warnings"])
 
 
 def test_total_mode_adds_one_patch_layer_job_per_layer():

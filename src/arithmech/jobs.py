@@ -59,6 +59,17 @@ def split_batches(params, split: int) -> list[str]:
     return changed
 
 
+def gpu_settings(smk) -> dict:
+    """How a training job runs over its GPUs (`arithmech.sft.distributed.run_on_gpus`): the rule's `gpu` and
+    `nodes` resources, `compute.device`, and its runtime as the time limit of a multi-process run."""
+    resources = getattr(smk, "resources", {})
+    runtime = resources.get("runtime")
+    compute = smk.params.get("compute") or {}
+    return {"gpus": int(resources.get("gpu", 1) or 1), "nodes": int(resources.get("nodes", 1) or 1),
+            "device": compute.get("device", "auto"),
+            "timeout_s": 60 * float(runtime) if runtime else None}
+
+
 def is_gpu_oom(err: BaseException) -> bool:
     """torch's out-of-memory error of an accelerator (checked by name: this module does not import torch)."""
     return type(err).__name__ == "OutOfMemoryError" or "CUDA out of memory" in str(err)
@@ -90,7 +101,8 @@ def write_usage(smk, wall_s: float, ok: bool, batch_split: int) -> None:
     from arithmech.io import write_json
 
     log = Path(smk.log[0])
-    host_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: kilobytes
+    # Linux: kilobytes; a training job over several GPUs runs its ranks as child processes (the largest one's)
+    host_mb = max(resource.getrusage(who).ru_maxrss for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)) / 1024
     write_json({"rule": smk.rule, "wildcards": dict(smk.wildcards.items()), "ok": ok, "wall_s": round(wall_s, 3),
                 "host_peak_mb": round(host_mb, 1), "gpu_peak_mb": gpu_peaks_mb(), "batch_split": batch_split},
                log.with_name(log.name.removesuffix(".log") + ".usage.json"))

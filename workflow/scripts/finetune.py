@@ -1,8 +1,12 @@
-from arithmech.jobs import job
+from arithmech.jobs import gpu_settings, job
+from arithmech.sft.distributed import run_on_gpus
 from arithmech.stages.finetune import run_finetune
 
 with job(snakemake):
-    run_finetune(
+    # gpus > 1: one process per GPU (gloo processes on CPU), each running run_finetune
+    run_on_gpus(
+        run_finetune,
+        **gpu_settings(snakemake),
         model=snakemake.wildcards.model,
         model_dir=snakemake.input.model,
         method=snakemake.wildcards.method,

@@ -32,7 +32,11 @@ def train_and_save(lm: LoadedModel, *, spec: dict, train_cfg: dict, examples: li
     resumable from checkpoint_root/<run_name>-<hash of `settings`>, then save the run (`save_training_run`)
     with the Parquet tables `final_tables(stats)` returns, named by file. `append_eos`, `evaluate` and
     `evaluate_every` go to `training.train`. Provenance: `stage_meta(model_dir, stage, **meta_params,
-    settings=settings)`. Returns (the `training.TrainStats`, the stats record, the final tables)."""
+    settings=settings)`. Returns (the `training.TrainStats`, the stats record, the final tables).
+
+    Under a process group of several ranks (`sft.distributed.run_on_gpus`) every rank trains its share and
+    rank 0 alone writes (a sharded model is gathered for it first); every rank gets the record."""
+    from arithmech.sft import distributed
     from arithmech.sft.training import prepare, train
 
     checkpoints = Path(checkpoint_root) / f"{run_name}-{config_hash(settings)[:12]}"
@@ -42,14 +46,20 @@ def train_and_save(lm: LoadedModel, *, spec: dict, train_cfg: dict, examples: li
                   evaluate_every=evaluate_every)
     wall = time.perf_counter() - start
     tables = final_tables(stats) if final_tables is not None else {}
-    meta = stage_meta(model_dir, stage, **meta_params, settings=settings)
-    record = save_training_run(ft=ft, stats=stats, wall_s=wall, out_dir=out_dir, checkpoints=checkpoints, meta=meta,
-                               record=record, tables=tables)
-    return stats, record, tables
+    device = str(ft.lm.device)  # where it trained (rank 0's GPU), before a sharded model is gathered on the CPU
+    if ft.sharded:  # every rank sends its shards; rank 0 saves a plain model in the dtype it was loaded in
+        state = distributed.full_state_dict(ft.model)
+        if distributed.is_main():
+            ft.model = ft.lm.model = distributed.unsharded_copy(ft.model, state, ft.loaded_dtype)
+    if distributed.is_main():  # several processes: rank 0 alone writes, and tells the others what
+        meta = stage_meta(model_dir, stage, **meta_params, settings=settings)
+        record = save_training_run(ft=ft, stats=stats, wall_s=wall, out_dir=out_dir, checkpoints=checkpoints,
+                                   meta=meta, record=record, tables=tables, device=device)
+    return stats, distributed.broadcast(record), tables
 
 
 def save_training_run(*, ft, stats, wall_s: float, out_dir, checkpoints, meta: dict, record: dict,
-                      tables: dict[str, pd.DataFrame]) -> dict:
+                      tables: dict[str, pd.DataFrame], device: str | None = None) -> dict:
     """Write a finished training run into `out_dir` atomically (`io.atomic_dir`): what was trained
     (`trained.safetensors`, `adapter/` for lora, `model/` for full: `trained_name`), `tables` (Parquet, by file
     name) and `stats.json` (the TrainStats, with the precision it trained in: model_dtype and master_dtype;
@@ -64,7 +74,8 @@ def save_training_run(*, ft, stats, wall_s: float, out_dir, checkpoints, meta: d
         full = {**stats.to_dict(), **record, "wall_s_this_run": wall_s,
                 "mean_step_s": float(np.mean(stats.step_times_s)) if stats.step_times_s else float("nan"),
                 "artifact_bytes": _tree_bytes(tmp), "provenance": meta,
-                "n_parameters": ft.lm.describe()["n_parameters"], "device": str(ft.lm.device), "dtype": str(ft.lm.dtype)}
+                "n_parameters": ft.lm.describe()["n_parameters"], "device": device or str(ft.lm.device),
+                "dtype": str(ft.lm.dtype)}
         (tmp / STATS_FILE).write_text(json.dumps(full, indent=2) + "\n")
     shutil.rmtree(checkpoints, ignore_errors=True)
     return full

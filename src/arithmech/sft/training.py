@@ -41,6 +41,7 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm import tqdm
 
+from arithmech.sft import distributed
 from arithmech.sft.checkpoints import latest_checkpoint, load_checkpoint, save_checkpoint
 from arithmech.sft.deltas import HeadDeltas
 from arithmech.sft.methods import HEAD_METHODS, Method, TrainConfig, parse_method
@@ -201,9 +202,10 @@ class FineTune:
     """A model made ready for training by `prepare`.
 
     params: exactly the trained tensors, by name (the deltas', the adapters', all the model's, or for full
-    fine-tuning of a bf16/fp16 model their float32 masters).  model: the module to call (lm.model, or the peft
-    wrapper for lora).  deltas: the HeadDeltas (precise, random_heads).  grad_scale: the resolved factor on the
-    head deltas' gradients (1.0: none).  master: the float32 master weights (full on a bf16/fp16 model).
+    fine-tuning of a bf16/fp16 model their float32 masters; sharded over several processes, FSDP2's float32
+    shards).  model: the module to call (lm.model, or the peft wrapper for lora).  deltas: the HeadDeltas
+    (precise, random_heads).  grad_scale: the resolved factor on the head deltas' gradients (1.0: none).
+    master: the float32 master weights (full on a bf16/fp16 model).
     """
 
     lm: LoadedModel
@@ -214,6 +216,8 @@ class FineTune:
     deltas: HeadDeltas | None = None
     scaled: list[str] = field(default_factory=list)  # names in params that grad_scale applies to
     master: MasterWeights | None = None
+    sharded: bool = False  # full fine-tuning over several processes: FSDP2 shards (`distributed.shard_model`)
+    loaded_dtype: torch.dtype | None = None  # the model's dtype as loaded, when sharding made its weights float32
 
     @property
     def n_trainable(self) -> int:
@@ -264,8 +268,10 @@ def prepare(lm: LoadedModel, method: Method | dict, seed: int = 0) -> FineTune:
 
     precise/random_heads: zero deltas on the selected heads (and MLP layers), hooks attached; no base weight
     requires grad. full: every parameter requires grad; on a bf16/fp16 model the optimizer trains float32
-    masters of them (`MasterWeights`). lora: peft adapters injected into lm.model, initialised with `seed`
-    (the caller's RNG is untouched). Prepare a loaded model once."""
+    masters of them (`MasterWeights`); under a process group of several ranks the model is sharded with FSDP2
+    instead (`distributed.shard_model`: float32 shards, compute in the model's dtype). lora: peft adapters
+    injected into lm.model, initialised with `seed` (the caller's RNG is untouched). Prepare a loaded model
+    once."""
     method = parse_method(method) if isinstance(method, dict) else method
     if method.name in HEAD_METHODS:
         for i, (layer, head) in enumerate(method.heads):
@@ -283,6 +289,10 @@ def prepare(lm: LoadedModel, method: Method | dict, seed: int = 0) -> FineTune:
         return FineTune(lm, method, lm.model, params, scale, deltas, deltas.head_keys)
     if method.name == "full":
         lm.model.requires_grad_(True)
+        if distributed.world()[1] > 1:
+            loaded = lm.dtype
+            distributed.shard_model(lm.model, loaded)
+            return FineTune(lm, method, lm.model, dict(lm.model.named_parameters()), sharded=True, loaded_dtype=loaded)
         if lm.dtype == torch.float32:
             return FineTune(lm, method, lm.model, dict(lm.model.named_parameters()))
         master = MasterWeights(lm.model)
@@ -316,9 +326,10 @@ class TrainStats:
     (the deltas', the LoRA factors', the weights' or their float32 masters').
     losses: mean cross-entropy per target token of each step.  step_times_s: wall time of each step
     (forwards, backwards, optimizer).  peak_memory_bytes: on CUDA torch.cuda.max_memory_allocated during
-    this call, summed over the GPUs (a model spread over several: an upper bound); on CPU the peak resident set size of the whole PROCESS over its lifetime (getrusage), which
-    includes the model, the data and anything the process did before.  optimizer_state_bytes: the tensors
-    in optimizer.state (AdamW: exp_avg, exp_avg_sq, step; SGD without momentum: none, 0 bytes)."""
+    this call, summed over the GPUs (a model spread over several: an upper bound); on CPU the peak resident
+    set size of the whole PROCESS over its lifetime (getrusage), which includes the model, the data and
+    anything the process did before; trained over several processes (one GPU each), the maximum over the ranks.  optimizer_state_bytes: the tensors in optimizer.state (AdamW: exp_avg,
+    exp_avg_sq, step; SGD without momentum: none, 0 bytes; sharded: the whole state, all shards)."""
 
     method: str
     n_trainable: int
@@ -333,12 +344,14 @@ class TrainStats:
     peak_memory_kind: str
     resumed_from_step: int | None = None
     evaluations: list[dict] = field(default_factory=list)
+    world_size: int = 1  # processes that trained (`arithmech.sft.distributed`); peak memory is their maximum
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
 def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
+    """Bytes of the optimizer's state tensors (sharded ones, DTensors, count their whole size)."""
     return sum(t.numel() * t.element_size() for state in optimizer.state.values() for t in state.values()
                if torch.is_tensor(t))
 
@@ -406,13 +419,14 @@ def train(ft: FineTune, examples: Sequence[tuple[str, str]], config: TrainConfig
                    "n_trainable": ft.n_trainable}
     history = {"losses": [], "step_times_s": []}
     start, resumed = 0, None
+    rank, world = distributed.world()
     checkpoint = latest_checkpoint(checkpoint_dir) if checkpoint_dir is not None else None
     # every GPU: a model spread over several computes and draws dropout on each
     cuda_devices = list(range(torch.cuda.device_count())) if device.type == "cuda" else []
     for index in cuda_devices:
         torch.cuda.reset_peak_memory_stats(index)
     with torch.random.fork_rng(devices=cuda_devices):
-        torch.manual_seed(config.seed)
+        torch.manual_seed(distributed.rank_seed(config.seed, rank))
         if checkpoint is not None:
             start, history = load_checkpoint(checkpoint, ft, optimizer, fingerprint)
             resumed = start
@@ -420,7 +434,7 @@ def train(ft: FineTune, examples: Sequence[tuple[str, str]], config: TrainConfig
                 ft.master.copy_to_model()
         sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
         bar = tqdm(total=total, initial=start, desc=f"finetune {ft.method.name}", file=sys.stderr,
-                   disable=not progress, dynamic_ncols=True)
+                   disable=not progress or rank > 0, dynamic_ncols=True)
         saved_at = start
         ft.model.train()
         try:
@@ -433,14 +447,18 @@ def train(ft: FineTune, examples: Sequence[tuple[str, str]], config: TrainConfig
                 n_tokens = max(1, sum(sum(y != IGNORE_INDEX for y in labels[1:]) for _, labels in step_examples))
                 optimizer.zero_grad(set_to_none=True)
                 loss_sum = 0.0
-                for j in range(0, len(step_examples), config.batch_size):
-                    batch = collate(step_examples[j:j + config.batch_size], pad_id, device)
+                for part, weight in rank_batches(step_examples, config.batch_size, rank, world, ft.sharded):
+                    batch = collate(part, pad_id, device)
                     loss, _ = batch_loss(ft.model, batch)
-                    (loss / n_tokens).backward()
+                    (loss * weight / n_tokens).backward()
                     if ft.master is not None:
                         ft.master.accumulate_grads()
-                    loss_sum += loss.item()
-                if config.max_grad_norm is not None:
+                    loss_sum += loss.item() if weight else 0.0
+                if world > 1:
+                    loss_sum = distributed.all_reduce_sum(loss_sum)
+                    if not ft.sharded:  # FSDP2 reduced the shards' gradients in the backward
+                        distributed.all_reduce_grads(params)
+                if config.max_grad_norm is not None:  # after the reduction: the norm of the whole gradient
                     torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm)
                 for p in scaled:  # after clipping, so the clip does not undo the factor
                     if p.grad is not None:
@@ -472,9 +490,31 @@ def train(ft: FineTune, examples: Sequence[tuple[str, str]], config: TrainConfig
             save_checkpoint(checkpoint_dir, ft, optimizer, step=done, steps_per_epoch=steps_per_epoch,
                             fingerprint=fingerprint, history=history)
     peak, kind = _peak_memory(device)
-    return TrainStats(ft.method.name, ft.n_trainable, dtype_name(lm.dtype), dtype_name(ft.master_dtype),
-                      optimizer_state_bytes(optimizer), done, total, history["losses"], history["step_times_s"],
-                      peak, kind, resumed, history.get("evaluations", []))
+    return TrainStats(ft.method.name, ft.n_trainable, dtype_name(ft.loaded_dtype or lm.dtype),
+                      dtype_name(ft.master_dtype), optimizer_state_bytes(optimizer), done,
+                      total, history["losses"], history["step_times_s"], distributed.all_reduce_max(peak),
+                      kind if world == 1 else f"{kind}_max_over_ranks", resumed, history.get("evaluations", []), world)
+
+
+def rank_batches(step_examples: list, batch_size: int, rank: int, world: int,
+                 sharded: bool) -> list[tuple[list, int]]:
+    """The micro-batches this rank computes of one optimizer step, each with the factor on its summed loss.
+
+    One process: the step's micro-batches of batch_size, factor 1. Several: each of those micro-batches is split
+    over the ranks (rank r takes its examples r, r+G, ...), so a rank's activations and work are 1/G of one
+    process's; the loss stays divided by the step's global token count, so the ranks' gradients sum to the
+    one-process gradient. Sharded (FSDP2) models average gradients over the G ranks, hence the factor G; and
+    every rank must run as many forwards and backwards as the others (each is collective), so a rank with no
+    share of a micro-batch repeats its first example with factor 0."""
+    parts = []
+    for j in range(0, len(step_examples), batch_size):
+        whole = step_examples[j:j + batch_size]
+        mine = whole[rank::world]
+        if mine:
+            parts.append((mine, world if sharded else 1))
+        elif sharded:
+            parts.append((whole[:1], 0))
+    return parts
 
 
 def finetune_examples(lm, data: dict, seed: int) -> list[tuple[str, str]]:

@@ -3,7 +3,8 @@
 Read by the Snakefile while it parses (so standard library only) and by `make plan`:
 
 - `job_resources(model_cfg, rule)`: a model job's GPUs, memory and runtime, from `models.<name>.resources` with
-  its per-rule block (`finetune`, `evaluate`) over the model's own values;
+  its per-rule block (`finetune`, `evaluate`) over the model's own values, and CPUs for every GPU of a job with
+  several (`cpus_per_gpu`: a training job runs one process per GPU, `arithmech.sft.distributed`);
 - `retry_resources(...)`: what a retry asks for: after the job ran out of GPU memory (its log says so) a
   smaller batch (`batch_split`, applied by `arithmech.jobs`), otherwise more host memory; more time either way;
 - `slurm_settings(environ)`: account and partitions, passed only when set;
@@ -27,6 +28,11 @@ RESOURCE_GROUPS = {
 }
 RESOURCE_KEYS = ("gpus", "gpu_model", "mem_mb", "runtime")
 
+# A job with several GPUs runs one process per GPU within its one Slurm task (`arithmech.sft.distributed`): it
+# asks for CPUs per GPU (the plugin's --cpus-per-gpu; a one-GPU job gets --cpus-per-task=<the rule's threads>), and
+# no --ntasks-per-gpu, which would allocate Slurm tasks that the plugin's one-task job step never starts.
+CPUS_PER_GPU = 2
+
 # CPU-only jobs: host memory (MB) and runtime (minutes) of the first attempt.
 CPU_JOB = {"mem_mb": 4000, "runtime": 20}
 
@@ -44,10 +50,14 @@ def resource_group(rule: str) -> str | None:
 
 
 def job_resources(resources: dict, rule: str) -> dict:
-    """A model job's first-attempt resources: the model's `resources` with the rule's block over them."""
+    """A model job's first-attempt resources: the model's `resources` with the rule's block over them, and
+    `cpus_per_gpu` when it asks for several GPUs."""
     own = {key: resources[key] for key in RESOURCE_KEYS if key in resources}
     group = resource_group(rule)
-    return own | (resources.get(group) or {}) if group else own
+    out = own | (resources.get(group) or {}) if group else own
+    if out.get("gpus", 1) > 1:
+        out["cpus_per_gpu"] = CPUS_PER_GPU
+    return out
 
 
 def resources_key(model: str, rule: str) -> str:

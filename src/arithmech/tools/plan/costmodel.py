@@ -190,22 +190,30 @@ def saved_activation_bytes(shape: Shape, *, dtype_bytes: int) -> float:
 
 
 def training_bytes(shape: Shape, *, weights: float, trained: float, full: bool, batch: float, seq: float,
-                   logits: float, dtype_bytes: int, optimizer: str) -> float:
+                   logits: float, dtype_bytes: int, optimizer: str, ranks: int = 1) -> float:
     """GPU memory of a training step: the weights; the trained parameters' gradients and optimizer state
     (full fine-tuning of a float32 model: a float32 gradient and AdamW's two moments; of a bf16/fp16 model
     (`sft.training.MasterWeights`): its gradient in the model's dtype, a float32 master copy with its float32
     gradient, and the moments in float32, 18 bytes a parameter beyond the weights; other methods: float32
     deltas or adapters with their float32 gradient and moments, 16 bytes a parameter); the activations kept
     for the backward of `batch` sequences of `seq` tokens (every layer: an upper bound); `logits` unembedded
-    positions (`TRAIN_LOGIT_BYTES` each)."""
+    positions (`TRAIN_LOGIT_BYTES` each).
+
+    `ranks` > 1 (one process per GPU, `sft.distributed`), one rank's peak: full fine-tuning is sharded with FSDP2,
+    float32 weights, gradients and moments divided over the ranks, plus two decoder layers gathered in the compute
+    dtype with their float32 gradient (the one computing, the one prefetched); other methods replicate the
+    weights and their small trained state. `batch` and `logits` are then the rank's own micro-batch's."""
     moments = 2 if optimizer == "adamw" else 0
+    kept = batch * seq * shape.n_layers * saved_activation_bytes(shape, dtype_bytes=dtype_bytes)
+    if full and ranks > 1:
+        gathered = 2 * trained / shape.n_layers * (dtype_bytes + 4)
+        return trained * 4 * (2 + moments) / ranks + gathered + kept + logits * shape.vocab * TRAIN_LOGIT_BYTES
     if full and dtype_bytes >= 4:
         state = trained * 4 * (1 + moments)
     elif full:
         state = trained * (dtype_bytes + 4 + 4 + 4 * moments)
     else:
         state = trained * 4 * (2 + moments)
-    kept = batch * seq * shape.n_layers * saved_activation_bytes(shape, dtype_bytes=dtype_bytes)
     return weights + state + kept + logits * shape.vocab * TRAIN_LOGIT_BYTES
 
 
@@ -251,6 +259,12 @@ def training_steps(train: dict, *, examples: int) -> tuple[int, int]:
     per_step = train["batch_size"] * train["grad_accumulation"]
     steps = train["max_steps"] or train["epochs"] * math.ceil(examples / per_step)
     return steps, steps * per_step
+
+
+def rank_batch(train: dict, ranks: int) -> int:
+    """Sequences of one rank's micro-batch when every micro-batch of batch_size is split over `ranks` processes
+    (`sft.training.rank_batches`)."""
+    return math.ceil(train["batch_size"] / ranks)
 
 
 def expected_longest(lengths: Sequence[float], batch: int) -> float:

@@ -19,7 +19,12 @@ from arithmech.tools.plan.workload import SetStats, TaskPrompts, set_stats, task
 @dataclass(frozen=True)
 class Cost:
     """One job's cost: `work` (FLOPs, weight reads), peak GPU memory and host memory (bytes), what it runs
-    (`note`), and whether it holds a GPU (`gpu`; False: a CPU job, or a local one with `local`)."""
+    (`note`), and whether it holds a GPU (`gpu`; False: a CPU job, or a local one with `local`).
+
+    `ranks`: the processes a training job runs, one per GPU (`arithmech.sft.distributed`: data parallel, full
+    fine-tuning sharded with FSDP2): its work is split over them (the job's wall time is work / ranks) and
+    `gpu_bytes` is one rank's peak, to fit one GPU. 1: one process, whose model a job with several GPUs spreads
+    over them (device_map: `gpu_bytes` is the whole job's, to fit all of them; the time is not divided)."""
 
     work: Work = Work()
     gpu_bytes: float = 0.0
@@ -28,6 +33,7 @@ class Cost:
     gpu: bool = True
     local: bool = False
     unknown: bool = False
+    ranks: int = 1
 
 
 class Setting:

@@ -12,6 +12,7 @@ import math
 from arithmech.intervention.batching import SHARED_PREFIX_MIN_TOKENS
 from arithmech.data.eval_sets import REGISTRY
 from arithmech.data.formatting import math_example, qa_prompt
+from arithmech.tools.cluster import job_resources
 from arithmech.tools.plan.costmodel import (
     CUDA_CONTEXT_BYTES,
     HOST_BASE_BYTES,
@@ -23,6 +24,7 @@ from arithmech.tools.plan.costmodel import (
     forwards,
     generation,
     inference_bytes,
+    rank_batch,
     scoring,
     trained_params,
     training,
@@ -81,12 +83,23 @@ def finetune(s: Setting, m: Model, job: Job) -> Cost:
     work = training(m, sequences=sequences, seq=padded, logits=targets, trained=trained, full=full, steps=steps,
                     batch=train["batch_size"], optimizer=train["optimizer"])
     longest = max(n for n, _ in lengths)
-    gpu = training_bytes(m.shape, weights=m.weight_bytes, trained=trained, full=full, batch=train["batch_size"],
-                         seq=longest, logits=train["batch_size"] * max(t for _, t in lengths),
-                         dtype_bytes=m.dtype_bytes, optimizer=train["optimizer"])
+    ranks = training_ranks(m, job)
+    batch = rank_batch(train, ranks)
+    gpu = training_bytes(m.shape, weights=m.weight_bytes, trained=trained, full=full, batch=batch,
+                         seq=longest, logits=batch * max(t for _, t in lengths),
+                         dtype_bytes=m.dtype_bytes, optimizer=train["optimizer"], ranks=ranks)
     return Cost(work=work, gpu_bytes=gpu + CUDA_CONTEXT_BYTES, host_bytes=m.weight_bytes + HOST_BASE_BYTES,
                 note=f"{steps} steps x {sequences // steps} examples x {padded:.0f} tokens, "
-                     f"{_millions(trained)} trained")
+                     f"{_millions(trained)} trained{parallel_note(full, ranks)}", ranks=ranks)
+
+
+def training_ranks(m: Model, job: Job) -> int:
+    """The processes a training job runs: one per GPU of its rule's resources (`sft.distributed`)."""
+    return int(job_resources(m.resources, job.rule).get("gpus", 1))
+
+
+def parallel_note(full: bool, ranks: int) -> str:
+    return "" if ranks == 1 else f", {ranks} ranks ({'FSDP2 shards' if full else 'data parallel'})"
 
 
 def _solved_shot(question: str, answer: str) -> str:
@@ -209,11 +222,13 @@ def study_train(s: Setting, m: Model, job: Job) -> Cost:
     points = math.ceil(steps / study["curve"]["every"])
     scored = study["splits"]["validation"] + study["curve"]["test_items"]
     work += scoring(m, items=scored, shared=prefix, rest=own + target, targets=target, batch=s.batch()).times(points)
-    gpu = training_bytes(sh, weights=m.weight_bytes, trained=trained, full=full, batch=train["batch_size"], seq=seq,
-                         logits=train["batch_size"] * target, dtype_bytes=m.dtype_bytes,
-                         optimizer=train["optimizer"])
+    ranks = training_ranks(m, job)
+    batch = rank_batch(train, ranks)
+    gpu = training_bytes(sh, weights=m.weight_bytes, trained=trained, full=full, batch=batch, seq=seq,
+                         logits=batch * target, dtype_bytes=m.dtype_bytes, optimizer=train["optimizer"], ranks=ranks)
     return Cost(work=work, gpu_bytes=gpu + CUDA_CONTEXT_BYTES, host_bytes=m.weight_bytes + HOST_BASE_BYTES,
-                note=f"{steps} steps x {sequences // steps} items, {_millions(trained)} trained; {points} curve points")
+                note=f"{steps} steps x {sequences // steps} items, {_millions(trained)} trained"
+                     f"{parallel_note(full, ranks)}; {points} curve points", ranks=ranks)
 
 
 def study_evaluate(s: Setting, m: Model, job: Job) -> Cost:

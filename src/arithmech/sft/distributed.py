@@ -1,0 +1,373 @@
+"""Training over G processes (a fine-tuning job with `gpus: G > 1`), in plain PyTorch (torch.distributed).
+
+The launcher (`run_on_gpus`, in the job's own process) starts G worker processes, each of which runs the job's
+entry point with the same keywords under an initialised process group: rank r owns GPU r of the job (gloo
+processes on CPU, so the same code runs in the tests). What training does with them (`arithmech.sft.training`):
+each optimizer step's examples are split across the ranks and the loss is divided by the step's GLOBAL count of
+target tokens, so a step is the one-process step whatever G; the head methods and LoRA keep the frozen base
+replicated and sum the trained tensors' gradients over the ranks (`all_reduce_grads`); full fine-tuning shards
+every decoder layer, then the root, with FSDP2 (`shard_model`). Only rank 0 writes outputs.
+
+Why our own launcher rather than torchrun: one code path for a job on one node (G local processes) and on
+several (one `srun` task per GPU, `worker_command`), rank and world size passed explicitly (the SLURM plugin's
+job step strips SLURM_* variables), the rendezvous store held by the launcher itself (so rank 0 may be on any
+node), and a failing rank's traceback copied into the rule's log while the other ranks are stopped.
+
+Every multi-process run has a timeout (the store's and the process group's, and the launcher's wall clock), and
+workers pass a barrier before `destroy_process_group` (a run can hang at teardown without it).
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import pickle
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+
+DEFAULT_TIMEOUT_S = 24 * 3600  # a job without a runtime (local runs): one day at most
+POLL_S = 0.2
+FAILED_MARK = "arithmech: rank failed"  # what a failing worker prints before its traceback
+
+
+# ---------------------------------------------------------------------------------------------------
+# Inside a worker (and in one process: rank 0 of 1)
+
+
+def world() -> tuple[int, int]:
+    """(rank, world size) of this process: (0, 1) without a process group."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def is_main() -> bool:
+    """Whether this process writes outputs: rank 0, or the only process."""
+    return world()[0] == 0
+
+
+def rank_seed(seed: int, rank: int) -> int:
+    """Rank r's torch seed: `seed` itself on rank 0 (one process trains as before), another stream derived from
+    (seed, rank) on the others, so that their dropout masks differ."""
+    return seed if rank == 0 else int(np.random.SeedSequence([seed, rank]).generate_state(1)[0])
+
+
+def all_reduce_grads(params: list[nn.Parameter]) -> None:
+    """Sum the trained tensors' gradients over the ranks (each rank's loss is already divided by the global
+    token count: the sum is the one-process gradient). A tensor a rank gave no gradient counts as zeros.
+    SUM, not AVG: gloo has no PREMUL_SUM and the loss carries the scale."""
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+        dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
+
+
+def all_reduce_sum(value: float) -> float:
+    """`value` summed over the ranks (itself in one process)."""
+    if world()[1] == 1:
+        return value
+    t = torch.tensor([value], dtype=torch.float64, device=reduce_device())
+    dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return float(t.item())
+
+
+def all_reduce_max(value: int) -> int:
+    """`value`'s maximum over the ranks (itself in one process): the peak memory of a run."""
+    if world()[1] == 1:
+        return value
+    t = torch.tensor([value], dtype=torch.int64, device=reduce_device())
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item())
+
+
+def broadcast(obj):
+    """Rank 0's `obj` on every rank (a picklable object; itself in one process)."""
+    if world()[1] == 1:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def gather(obj) -> list:
+    """Every rank's `obj`, by rank, on every rank."""
+    if world()[1] == 1:
+        return [obj]
+    out = [None] * world()[1]
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def barrier() -> None:
+    if world()[1] > 1:
+        dist.barrier()
+
+
+def reduce_device() -> torch.device:
+    """Where collective tensors live: the rank's GPU under NCCL, the CPU under gloo."""
+    return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+
+
+def shard_model(model: nn.Module, compute_dtype: torch.dtype) -> None:
+    """Full fine-tuning over the ranks: PyTorch FSDP2 (`fully_shard`) on every decoder layer, then the root, in
+    place. The parameters become float32 row shards (DTensors of the parameters' own shapes and names: the
+    optimizer, created after this, updates float32 master weights); forwards compute in `compute_dtype` (the
+    model's loaded dtype) and gradients are reduced in float32 (MixedPrecisionPolicy)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    device = next(model.parameters()).device
+    model.float()
+    policy = MixedPrecisionPolicy(param_dtype=None if compute_dtype == torch.float32 else compute_dtype,
+                                  reduce_dtype=torch.float32)
+    mesh = init_device_mesh(device.type, (world()[1],))
+    for layer in model.get_decoder().layers:
+        fully_shard(layer, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
+
+
+def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor] | None:
+    """A sharded model's whole state dict on rank 0's CPU (None on the others); every rank must call it."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return state if is_main() else None
+
+
+def unsharded_copy(model: nn.Module, state: dict[str, torch.Tensor], dtype: torch.dtype) -> nn.Module:
+    """A plain (unsharded) CPU copy of an FSDP-sharded HF model from its gathered `state`, in `dtype`, in eval
+    mode and without gradients: what rank 0 saves. Built on the meta device (no second initialisation of the
+    weights); the buffers that state dicts leave out (rotary frequencies) are copied from `model`."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        plain = AutoModelForCausalLM.from_config(model.config, dtype=dtype)
+    plain.load_state_dict({name: t.to(dtype) for name, t in state.items()}, strict=False, assign=True)
+    for name, buf in model.named_buffers():
+        owner, _, leaf = name.rpartition(".")
+        setattr(plain.get_submodule(owner), leaf, buf.detach().cpu())
+    plain.tie_weights()
+    missing = [n for n, p in plain.named_parameters() if p.is_meta]
+    if missing:
+        raise RuntimeError(f"gathering the sharded model left parameters unset: {missing[:4]}")
+    plain.eval()
+    plain.requires_grad_(False)
+    return plain
+
+
+# ---------------------------------------------------------------------------------------------------
+# The launcher (the job's own process)
+
+
+def visible_gpus() -> list[str]:
+    """The GPUs this process may use, as CUDA_VISIBLE_DEVICES names them (Slurm sets it for a job)."""
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if listed is not None:
+        return [g for g in listed.split(",") if g.strip()]
+    return [str(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
+
+
+def plan_world(gpus: int, device: str) -> tuple[int, str]:
+    """(world size, backend) of a job asking for `gpus` with `compute.device` = `device`: G gloo processes on
+    the CPU; on CUDA one NCCL process per visible GPU, at most G (a local run on a machine with fewer GPUs than
+    the rule asks for runs on those it has, as a local run ignores `gpus`)."""
+    gpus = int(gpus or 1)
+    cuda = device != "cpu" and torch.cuda.is_available()
+    if not cuda:
+        return gpus, "gloo"
+    have = len(visible_gpus())
+    if have < gpus:
+        print(f"the job asks for {gpus} GPUs and sees {have}: training on {have}", file=sys.stderr)
+    return max(1, min(gpus, have)), "nccl"
+
+
+def worker_command(spec: Path, *, world_size: int, store: tuple[str, int], backend: str, timeout_s: float,
+                   rank: int | None = None, local_rank: int | None = None) -> list[str]:
+    """The command of one worker: `python -m arithmech.sft.distributed` with the spec file, the world size, the
+    store's address and port, the backend and the timeout; rank and local rank given (local processes) or read
+    by the worker from the SLURM_PROCID / SLURM_LOCALID that its own `srun` task sets (several nodes)."""
+    cmd = [sys.executable, "-m", "arithmech.sft.distributed", str(spec), "--world-size", str(world_size),
+           "--store", f"{store[0]}:{store[1]}", "--backend", backend, "--timeout-s", str(int(timeout_s))]
+    if rank is not None:
+        cmd += ["--rank", str(rank), "--local-rank", str(local_rank if local_rank is not None else rank)]
+    return cmd
+
+
+def srun_command(worker: list[str], *, job_id: str, nodes: int, world_size: int, cpus_per_task: int) -> list[str]:
+    """One `srun` task per GPU over `nodes` nodes, with every count explicit (the plugin's job step strips the
+    SLURM_* variables but the job id): `--jobid`, `--nodes`, `--ntasks`, `--ntasks-per-node`, one GPU and
+    `cpus_per_task` CPUs a task; `--kill-on-bad-exit` stops every task when one fails."""
+    if world_size % nodes:
+        raise ValueError(f"{world_size} GPUs cannot be split evenly over {nodes} nodes: make "
+                         "models.<name>.resources.finetune.gpus a multiple of its nodes")
+    return ["srun", f"--jobid={job_id}", f"--nodes={nodes}", f"--ntasks={world_size}",
+            f"--ntasks-per-node={world_size // nodes}", "--gpus-per-task=1", f"--cpus-per-task={cpus_per_task}",
+            "--kill-on-bad-exit=1", *worker]
+
+
+def run_on_gpus(fn: Callable, *, gpus: int = 1, device: str = "auto", nodes: int = 1, timeout_s: float | None = None,
+                **kwargs):
+    """Run `fn(**kwargs)` (a module-level function: a job's entry point) in this process when the job has one GPU
+    (`gpus` 1, the rule's resource), else in G worker processes under one process group (module docstring).
+
+    The workers' output goes into this process's stdout (rank 0's, i.e. the rule's log); a rank that fails
+    stops the others and its traceback is written to stderr before this raises. `timeout_s` (the job's runtime;
+    default a day) ends a run that takes longer, every rank included. `nodes` > 1: the workers are `srun` tasks
+    across the job's nodes (`srun_command`), the launcher's host holding the store."""
+    world_size, backend = plan_world(gpus, device)
+    if world_size == 1:
+        return fn(**kwargs)
+    timeout_s = float(timeout_s or DEFAULT_TIMEOUT_S)
+    # The rendezvous store lives here, so workers on any node find it; port 0: the system picks a free one.
+    host = socket.gethostname() if nodes > 1 else "127.0.0.1"
+    store = dist.TCPStore(host, 0, None, True, datetime.timedelta(seconds=timeout_s), wait_for_workers=False)
+    # the job's CPUs shared by its ranks on this node (a cluster job asks for cpus_per_gpu: arithmech.tools.cluster)
+    threads = max(1, len(os.sched_getaffinity(0)) // (world_size // max(1, nodes)))
+    # several nodes need a shared file system for the spec and the logs: the working directory's
+    with tempfile.TemporaryDirectory(prefix=".arithmech-ranks-", dir=Path.cwd() if nodes > 1 else None) as tmp:
+        spec = Path(tmp) / "call.pkl"
+        spec.write_bytes(pickle.dumps((fn, kwargs)))
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p), "OMP_NUM_THREADS": str(threads)}
+        logs = [Path(tmp) / f"rank{r}.log" for r in range(world_size)]
+        if nodes > 1:
+            worker = worker_command(spec, world_size=world_size, store=(host, store.port), backend=backend,
+                                    timeout_s=timeout_s)
+            job_id = os.environ.get("SLURM_JOB_ID") or os.environ.get("SLURM_JOBID")
+            if not job_id:
+                raise RuntimeError(f"nodes={nodes}: a job over several nodes runs inside a Slurm job (no SLURM_JOB_ID)")
+            # each task writes its own log, named by the rank Slurm gives it
+            cmd = srun_command(["bash", "-c", shlex.join(worker) + f' > {tmp}/rank"$SLURM_PROCID".log 2>&1'],
+                               job_id=job_id, nodes=nodes, world_size=world_size, cpus_per_task=threads)
+            procs = [subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)]
+        else:
+            print(f"training over {world_size} processes ({backend}); rank 0's output follows", flush=True)
+            gpus = visible_gpus() if backend == "nccl" else []
+            live = output_fd()  # rank 0 writes straight into the rule's log, so its progress shows as it runs
+            procs = []
+            for r in range(world_size):
+                cmd = worker_command(spec, world_size=world_size, store=(host, store.port), backend=backend,
+                                     timeout_s=timeout_s, rank=r, local_rank=r)
+                # one GPU each (NCCL): the rank loads the model on it as a one-GPU job does
+                own = {"CUDA_VISIBLE_DEVICES": gpus[r]} if backend == "nccl" else {}
+                with open(logs[r], "w") as log:
+                    out = live if r == 0 and live is not None else log
+                    procs.append(subprocess.Popen(cmd, env={**env, **own}, stdout=out, stderr=subprocess.STDOUT))
+        failed = wait_all(procs, timeout_s)
+        # rank 0's output is the job's (when it could not go to the log directly); another rank's only when it
+        # failed: its traceback
+        for r, log in enumerate(logs):
+            text = log.read_text(errors="replace") if log.is_file() else ""
+            if (r == 0 and text) or FAILED_MARK in text:
+                print(f"--- rank {r} of {world_size} ---\n{text.rstrip()}", file=sys.stdout if r == 0 else sys.stderr)
+        if failed is not None:
+            raise RuntimeError(f"training over {world_size} processes failed: {failed}; the failing rank's "
+                               "traceback is above")
+    return None
+
+
+def output_fd() -> int | None:
+    """The file descriptor under this process's stdout (the rule's log in a job), or None (e.g. under pytest's
+    capture, which has none)."""
+    try:
+        sys.stdout.flush()
+        return sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
+def wait_all(procs: list[subprocess.Popen], timeout_s: float) -> str | None:
+    """Wait for every process; when one fails or the time is up, stop the others. Returns None when all
+    succeeded, else what went wrong."""
+    deadline = time.monotonic() + timeout_s
+    try:
+        while True:
+            codes = [p.poll() for p in procs]
+            bad = [(i, c) for i, c in enumerate(codes) if c not in (None, 0)]
+            if bad:
+                return ", ".join(f"process {i} exited with {c}" for i, c in bad)
+            if all(c == 0 for c in codes):
+                return None
+            if time.monotonic() > deadline:
+                return f"timed out after {timeout_s:.0f} s (the job's runtime)"
+            time.sleep(POLL_S)
+    finally:
+        stop(procs)
+
+
+def stop(procs: list[subprocess.Popen], grace_s: float = 10.0) -> None:
+    """Terminate the processes still running (SIGTERM: a worker leaves its atomic writes cleaned up), then
+    kill those that remain after `grace_s`."""
+    running = [p for p in procs if p.poll() is None]
+    for p in running:
+        p.terminate()
+    end = time.monotonic() + grace_s
+    for p in running:
+        try:
+            p.wait(timeout=max(0.1, end - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def worker_main(argv: list[str]) -> int:
+    """One rank: join the process group through the launcher's store, run the spec's call, and pass a barrier
+    before tearing the group down. A failure prints its traceback and exits 1 (the launcher stops the rest)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m arithmech.sft.distributed")
+    parser.add_argument("spec")
+    parser.add_argument("--world-size", type=int, required=True)
+    parser.add_argument("--store", required=True)
+    parser.add_argument("--backend", default="gloo")
+    parser.add_argument("--timeout-s", type=float, default=DEFAULT_TIMEOUT_S)
+    parser.add_argument("--rank", type=int, default=None)
+    parser.add_argument("--local-rank", type=int, default=None)
+    args = parser.parse_args(argv)
+    # several nodes: the rank of this task as its srun sets it
+    rank = args.rank if args.rank is not None else int(os.environ["SLURM_PROCID"])
+    local_rank = args.local_rank if args.local_rank is not None else int(os.environ.get("SLURM_LOCALID", rank))
+    # one GPU per rank (the launcher sets it for local ranks; an srun task may see its node's GPUs): read from the
+    # variable, not from CUDA, so that it is set before CUDA starts
+    listed = [g for g in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if g.strip()]
+    if args.backend == "nccl" and len(listed) > 1:
+        os.environ["CUDA_VISIBLE_DEVICES"] = listed[local_rank]
+    # SIGTERM from the launcher: unwind, so that atomic writes remove their temporary directories
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    timeout = datetime.timedelta(seconds=args.timeout_s)
+    host, port = args.store.rsplit(":", 1)
+    try:
+        store = dist.TCPStore(host, int(port), args.world_size, False, timeout)
+        dist.init_process_group(args.backend, store=store, rank=rank, world_size=args.world_size, timeout=timeout)
+        from arithmech.jobs import seed_everything
+
+        fn, kwargs = pickle.loads(Path(args.spec).read_bytes())
+        seed_everything(int(kwargs.get("seed", 0)), int(os.environ.get("OMP_NUM_THREADS", 0)) or None)
+        fn(**kwargs)
+        dist.barrier()
+        dist.destroy_process_group()
+    except BaseException as err:
+        if isinstance(err, SystemExit) and err.code == 143:  # stopped by the launcher after another rank failed
+            os._exit(143)
+        print(f"{FAILED_MARK}: rank {rank} of {args.world_size}", file=sys.stderr)
+        traceback.print_exc(file=sys.stderr)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)  # no teardown: the other ranks may wait in a collective; the launcher stops them
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(worker_main(sys.argv[1:]))

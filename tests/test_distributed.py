@@ -1,0 +1,175 @@
+"""Training over several processes (`arithmech.sft.distributed`) on CPU: 2 gloo processes against one, for full
+fine-tuning (FSDP2), every head method and LoRA (data parallel); resuming a run checkpointed under 2
+processes; only rank 0 writes; a failing rank fails the run with its traceback and leaves nothing
+half-written; the multi-node launch command. Every run has a timeout (`run_on_gpus`'s and the test's)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from arithmech.model.loading import load_model
+from arithmech.sft import distributed
+from arithmech.sft import training as ft
+
+EXAMPLES = [(f"{a} plus {b} is equal to ", str(a + b)) for a, b in [(1, 2), (3, 4), (2, 2), (4, 1), (3, 3)]]
+HEADS = [[1, 0], [2, 3]]
+# 5 examples, 4 a step in micro-batches of 2: each split 1 + 1 over the ranks; the second step's one example
+# leaves rank 1 without a share (FSDP2: a forward with factor 0); a clip that binds
+CONFIG = {"lr": 1e-3, "batch_size": 2, "grad_accumulation": 2, "max_grad_norm": 0.05, "seed": 0, "max_steps": 2,
+          "warmup_steps": 0}
+SPECS = {
+    "full": {"method": "full"},
+    "precise": {"method": "precise", "heads": HEADS, "train_kv": True, "mlp_layers": [1]},
+    "random_heads": {"method": "random_heads", "heads": HEADS},
+    "lora": {"method": "lora", "lora": {"r": 4, "alpha": 8, "dropout": 0.0, "target_modules": ["q_proj", "v_proj"]}},
+}
+TIMEOUT_S = 240
+
+
+def trained_tensors(run: ft.FineTune) -> dict[str, torch.Tensor] | None:
+    """What `run` trained, whole, on rank 0 (None on the others); every rank calls it."""
+    if run.sharded:
+        return distributed.full_state_dict(run.model)
+    return {n: p.detach().clone() for n, p in run.params.items()} if distributed.is_main() else None
+
+
+def train_tiny(*, model_dir, spec, config, out, checkpoint_dir=None, stop_at_step=None, fail_rank=None,
+               seed=0):
+    """A worker (and the one-process reference): train the tiny model and, on rank 0, save what was trained,
+    the losses and the world size to `out`."""
+    rank, world = distributed.world()
+    if rank == fail_rank:
+        raise ValueError(f"rank {rank} fails on purpose")
+    lm = load_model(model_dir, device="cpu")
+    run = ft.prepare(lm, spec, seed=0)
+    stats = ft.train(run, EXAMPLES, config, checkpoint_dir=checkpoint_dir, stop_at_step=stop_at_step, progress=False)
+    tensors = trained_tensors(run)
+    if distributed.is_main():
+        torch.save({"tensors": tensors, "losses": stats.losses, "world": stats.world_size,
+                    "peak_kind": stats.peak_memory_kind, "n_trainable": stats.n_trainable}, out)
+
+
+def launch(tmp_path, name, **kwargs) -> dict:
+    out = tmp_path / f"{name}.pt"
+    distributed.run_on_gpus(train_tiny, gpus=2, device="cpu", timeout_s=TIMEOUT_S, out=out, **kwargs)
+    return torch.load(out, weights_only=False)
+
+
+def one_process(tmp_path, name, **kwargs) -> dict:
+    out = tmp_path / f"{name}-1.pt"
+    train_tiny(out=out, **kwargs)
+    return torch.load(out, weights_only=False)
+
+
+def assert_close(two: dict, one: dict, atol=1e-4):
+    assert set(two["tensors"]) >= set(one["tensors"]) - {"lm_head.weight"}
+    worst = max((two["tensors"][n] - t).abs().max().item() for n, t in one["tensors"].items() if n in two["tensors"])
+    assert worst <= atol, worst
+    assert two["losses"] == pytest.approx(one["losses"], rel=1e-5)
+
+
+@pytest.mark.parametrize("method", list(SPECS))
+def test_two_processes_train_as_one(method, tiny_dir, tmp_path):
+    """2 steps with the examples of each step split over 2 ranks (one step 2 + 1, clipping on) end within 1e-4 of
+    one process, and the parameters actually moved."""
+    args = {"model_dir": tiny_dir, "spec": SPECS[method], "config": CONFIG}
+    two, one = launch(tmp_path, method, **args), one_process(tmp_path, method, **args)
+    assert two["world"] == 2 and one["world"] == 1 and two["n_trainable"] == one["n_trainable"]
+    assert two["peak_kind"] == "process_peak_rss_max_over_ranks"
+    assert_close(two, one)
+    base = load_model(tiny_dir, device="cpu").model.state_dict()
+    if method == "full":
+        moved = max((one["tensors"][n] - base[n]).abs().max().item() for n in base)
+        assert moved > 1e-4  # a step of lr 1e-3 moves the weights by far more than the tolerance
+    else:
+        assert max(t.abs().max().item() for t in one["tensors"].values() if t.abs().max() > 0) > 1e-4
+
+
+@pytest.mark.parametrize("method", ["full", "precise"])
+def test_resume_under_two_processes(method, tiny_dir, tmp_path):
+    """Stopped after step 1 under 2 processes, resumed under 2: the same result as uninterrupted."""
+    args = {"model_dir": tiny_dir, "spec": SPECS[method], "config": {**CONFIG, "checkpoint_every": 1}}
+    whole = launch(tmp_path, "whole", checkpoint_dir=tmp_path / "ckpt-whole", **args)
+    launch(tmp_path, "first", checkpoint_dir=tmp_path / "ckpt", stop_at_step=1, **args)
+    assert (tmp_path / "ckpt" / "step-00000001").is_dir()
+    resumed = launch(tmp_path, "resumed", checkpoint_dir=tmp_path / "ckpt", **args)
+    assert resumed["losses"] == whole["losses"]
+    for name, t in whole["tensors"].items():
+        assert torch.equal(resumed["tensors"][name], t), name
+
+
+def test_a_failing_rank_fails_the_run_with_its_traceback(tiny_dir, tmp_path, capsys):
+    """Rank 1 raises: the launcher stops rank 0, raises, prints rank 1's traceback, and nothing is written."""
+    with pytest.raises(RuntimeError, match="training over 2 processes failed"):
+        distributed.run_on_gpus(train_tiny, gpus=2, device="cpu", timeout_s=TIMEOUT_S, model_dir=tiny_dir,
+                                spec=SPECS["precise"], config=CONFIG, out=tmp_path / "never.pt", fail_rank=1)
+    err = capsys.readouterr().err
+    assert "rank 1 of 2" in err and "ValueError: rank 1 fails on purpose" in err and "Traceback" in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_hung_run_times_out(tiny_dir, tmp_path):
+    """A run past its time limit is stopped (every rank) and fails, naming the limit."""
+    with pytest.raises(RuntimeError, match="timed out after 3 s"):
+        distributed.run_on_gpus(sleep_forever, gpus=2, device="cpu", timeout_s=3, seed=0)
+
+
+def test_rank_zeros_output_goes_straight_into_the_rule_log(tmp_path):
+    """In a job, stdout is the rule's log (`jobs.job`): rank 0 writes into it as it runs, the others' output
+    stays out unless they fail."""
+    import contextlib
+
+    log = tmp_path / "rule.log"
+    with open(log, "w") as out, contextlib.redirect_stdout(out):
+        distributed.run_on_gpus(say_hello, gpus=2, device="cpu", timeout_s=TIMEOUT_S, seed=0)
+    lines = log.read_text().splitlines()
+    assert lines == ["training over 2 processes (gloo); rank 0's output follows", "hello from rank 0 of 2"]
+
+
+def say_hello(seed):
+    rank, world = distributed.world()
+    print(f"hello from rank {rank} of {world}")
+
+
+def sleep_forever(seed):
+    import time
+
+    time.sleep(3600)
+
+
+def test_one_gpu_runs_in_this_process(tmp_path):
+    """gpus 1: the entry point runs here, with no process group (the one-process path is unchanged)."""
+    seen = []
+    distributed.run_on_gpus(lambda **kw: seen.append((distributed.world(), kw)), gpus=1, device="cpu", a=1)
+    assert seen == [((0, 1), {"a": 1})]
+
+
+def test_multi_node_launch_command():
+    """Across nodes: one srun task per GPU, every count explicit (the plugin's job step strips SLURM_*)."""
+    worker = distributed.worker_command(Path("/shared/call.pkl"), world_size=8, store=("node1", 29500),
+                                        backend="nccl", timeout_s=7200)
+    assert worker[1:] == ["-m", "arithmech.sft.distributed", "/shared/call.pkl", "--world-size", "8",
+                          "--store", "node1:29500", "--backend", "nccl", "--timeout-s", "7200"]
+    cmd = distributed.srun_command(worker, job_id="4242", nodes=2, world_size=8, cpus_per_task=4)
+    assert cmd[:8] == ["srun", "--jobid=4242", "--nodes=2", "--ntasks=8", "--ntasks-per-node=4", "--gpus-per-task=1",
+                       "--cpus-per-task=4", "--kill-on-bad-exit=1"]
+    assert cmd[8:] == worker
+    with pytest.raises(ValueError, match="multiple of its nodes"):
+        distributed.srun_command(worker, job_id="1", nodes=3, world_size=8, cpus_per_task=1)
+    local = distributed.worker_command(Path("c.pkl"), world_size=2, store=("127.0.0.1", 1), backend="gloo",
+                                       timeout_s=60, rank=1, local_rank=1)
+    assert local[-4:] == ["--rank", "1", "--local-rank", "1"]
+
+
+def test_rank_batches_split_each_micro_batch():
+    """Each micro-batch is split over the ranks (rank r: its examples r, r+G, ...); a sharded model's ranks run
+    equally many forwards, one with factor 0 where a rank has no share."""
+    step = list("abc")
+    assert ft.rank_batches(step, 2, 0, 1, False) == [(["a", "b"], 1), (["c"], 1)]
+    assert ft.rank_batches(step, 2, 0, 2, False) == [(["a"], 1), (["c"], 1)]
+    assert ft.rank_batches(step, 2, 1, 2, False) == [(["b"], 1)]
+    assert ft.rank_batches(step, 2, 1, 2, True) == [(["b"], 2), (["c"], 0)]
+    assert ft.rank_batches(list("abcd"), 4, 1, 2, True) == [(["b", "d"], 2)]
