@@ -1,5 +1,7 @@
 """A claims table of the shape arithmech.report.verdicts writes (one row per claim and scope), with every verdict,
-sub-rows, missing intervals and a claim that was not measured: what the scorecard renderers are tested on."""
+sub-rows, missing intervals and a claim that was not measured: what the scorecard renderers are tested on. Its
+"paper" cells are made-up placeholders, not the paper's numbers (those are verdicts.CLAIMS, checked against the
+paper's text in tests/test_claims.py)."""
 
 import numpy as np
 import pandas as pd
@@ -32,7 +34,7 @@ def example_claims() -> pd.DataFrame:
          "direction", "", "knockout/addition.png"),
         ("knockout_collapse", "division | all", "validate", "", "", "accuracy drop", -3.1, -12.0, 6.0, "points", 40,
          "validation", "inconclusive", "holds if the interval of key minus layer-matched random excludes 0 in the "
-         "paper's direction", "detectable difference 14.2 points at 80% power", "knockout/division.png"),
+         "paper's direction", "too little power: detects about 14 points with 80% power", "knockout/division.png"),
         ("key_attention", "all", "analyze", "Key heads attend from END to the operands and the operator.",
          "most attention on the operands", "effect of the strongest head on the answer logit", -0.01311, -0.015,
          -0.011, "effect", 120, "validation", "does not hold", "holds if key heads give the operands more than "
@@ -44,7 +46,7 @@ def example_claims() -> pd.DataFrame:
         ("sft_vs_full", "all", "finetune", "Precise SFT matches or beats full fine-tuning on the math target.",
          "precise 48.1 vs full 47.6", "test exact match, precise minus full", -2.0, -9.5, 5.0, "points", 200, "test",
          "inconclusive", "holds if the interval's lower end is above -5 points",
-         "detectable difference 9.0 points", "finetune/study.png"),
+         "too little power: detects about 9.0 points with 80% power", "finetune/study.png"),
         ("sft_off_target", "all", "finetune", "Precise SFT costs less off target than full fine-tuning.",
          "less forgetting", "KL to base, precise minus full", -0.0123, -0.02, -0.004, "nats", 1179648, "test", "holds",
          "holds if the interval excludes 0 below", "", "finetune/study.md"),

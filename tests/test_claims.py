@@ -117,9 +117,22 @@ def test_mlp_late_compares_mlps_before_and_after_the_first_key_head():
     eff = effects_table({(2, 0): -0.01}, {0: (0.005, 0.004, 0.006), 3: (-0.03, -0.04, -0.02)})
     rows = claims.mlp_late({"addition": key_table(eff, ["L2H0"], [])}, {"addition": eff}, CFG)
     assert rows[1]["value"] == pytest.approx(6.0) and rows[1]["verdict"] == "holds"
+    # effects at their intervals' precision
+    assert rows[1]["note"].startswith("later: L3MLP -3.0% [-4.0, -2.0]; earlier: L0MLP 0.50% in size")
     early = effects_table({(2, 0): -0.01}, {0: (0.05, 0.04, 0.06), 3: (-0.03, -0.04, -0.02)})
     rows = claims.mlp_late({"addition": key_table(early, ["L2H0"], [])}, {"addition": early}, CFG)
     assert rows[1]["verdict"] == "does not hold"
+
+
+def test_notes_print_the_same_text_when_the_last_digits_move():
+    """An interval end that differs between two CPUs in its fourth digit (docs/performance.md, Reproducibility)
+    leaves the note unchanged: it prints at the interval's precision, not at fixed decimals."""
+    def note(ci_low):
+        eff = effects_table({(2, 0): -0.01}, {0: (0.005, 0.004, 0.006), 3: (-0.1162, ci_low, -0.0576)})
+        return claims.mlp_late({"addition": key_table(eff, ["L2H0"], [])}, {"addition": eff}, CFG)[1]["note"]
+
+    assert note(-0.16574) == note(-0.16576)
+    assert note(-0.16574).startswith("later: L3MLP -12% [-17, -6];")
 
 
 # ------------------------------------------------------------------------------------------------ validate
@@ -153,6 +166,9 @@ def test_knockout_collapse_against_random_heads():
     assert subs[0]["value"] == pytest.approx(100 * (top - matched))
     assert subs[0]["ci_low"] < subs[0]["value"] < subs[0]["ci_high"] < 0
     assert subs[0]["unit"] == "points" and subs[0]["n"] == 120
+    # accuracies are counts (exact); the resampled differences print at their intervals' precision
+    assert re.search(r"accuracy 100\.0% -> \d+\.\d% .*layer-matched \d+\.\d% \(difference -\d+ \[-\d+, -\d+\]\)",
+                     subs[0]["note"]), subs[0]["note"]
 
 
 def test_a_small_drop_that_random_heads_share_is_not_a_collapse():
@@ -168,6 +184,8 @@ def test_knockout_too_few_items_is_inconclusive_with_the_detectable_difference()
                                     CFG, seed=1)
     sub = rows[1]
     assert sub["verdict"] == "inconclusive" and "detects about" in sub["note"]
+    # two significant digits, like the interval's width it comes from
+    assert re.search(r"detects about \d\d points with 80% power", sub["note"]), sub["note"]
 
 
 def transfer_items(key_acc: dict[str, float], random_acc: dict[str, float], n: int = 80, seed: int = 0):
@@ -294,6 +312,27 @@ def test_sft_claims_from_the_studys_comparisons():
     assert speed["value"] == pytest.approx(2.5) and "1,179,648" in speed["note"]
 
 
+def test_the_circuit_arm_against_the_precise_arm():
+    comp = comparisons([("circuit", "precise", "accuracy", 0.08, 0.03, 0.13)])
+    study = pd.concat([study_table(0.5, 0.2), study_table(0.5, 0.2).iloc[:1].assign(arm="circuit")])
+    study = study.assign(model_dtype="float32", master_dtype="float32")
+    (row,) = [r for r in claims.sft_claims(study, comp, "add2", CFG) if r["claim"] == "sft_circuit_vs_precise"]
+    assert row["verdict"] == "holds" and row["value"] == pytest.approx(8.0) and row["scope"] == "all"
+    assert "circuit float32 / float32, precise float32 / float32" in row["note"]
+    worse = comparisons([("circuit", "precise", "accuracy", -0.08, -0.13, -0.03)])
+    (row,) = [r for r in claims.sft_claims(study, worse, "add2", CFG) if r["claim"] == "sft_circuit_vs_precise"]
+    assert row["verdict"] == "does not hold"
+    close = comparisons([("circuit", "precise", "accuracy", 0.0, -0.09, 0.09)])  # reaches 5 points both ways
+    (row,) = [r for r in claims.sft_claims(study, close, "add2", CFG) if r["claim"] == "sft_circuit_vs_precise"]
+    assert row["verdict"] == "inconclusive" and "detects about" in row["note"]
+    # a study without the circuit arm: the row says the arm did not run, the other rows are unaffected
+    rows = claims.sft_claims(study_table(0.5, 0.2), comparisons([("precise", "full", "accuracy", -0.01, -0.04, 0.02)]),
+                             "add2", CFG)
+    (row,) = [r for r in rows if r["claim"] == "sft_circuit_vs_precise"]
+    assert row["verdict"] == "not measured" and "circuit arm did not run" in row["note"]
+    assert {r["claim"]: r["verdict"] for r in rows if r["scope"] == "all"}["sft_vs_full"] == "holds"
+
+
 def test_full_fine_tuning_clearly_better_does_not_hold():
     comp = comparisons([("precise", "full", "accuracy", -0.2, -0.3, -0.1)])
     rows = claims.sft_claims(study_table(0.5, 0.6), comp, "add2", CFG)
@@ -304,7 +343,8 @@ def test_full_fine_tuning_clearly_better_does_not_hold():
 
 def test_without_the_study_every_sft_claim_is_not_measured_and_says_why():
     rows = claims.sft_claims(None, None, "add2", CFG)
-    assert {r["claim"] for r in rows} == {"sft_vs_full", "sft_vs_random", "sft_off_target", "sft_speed"}
+    assert {r["claim"] for r in rows} == {"sft_vs_full", "sft_vs_random", "sft_circuit_vs_precise", "sft_off_target",
+                                          "sft_speed"}
     assert all(r["verdict"] == "not measured" and "did not run" in r["note"] for r in rows)
 
 
@@ -329,7 +369,10 @@ def test_circuit_sufficient():
                                       "subtraction": circuit_items(0.0, 0.0), "multiplication": None}, CFG, seed=0)
     by = {r["scope"]: r for r in rows}
     assert by["addition"]["verdict"] == "holds" and by["addition"]["value"] == pytest.approx(85.0)
-    assert "keeps 95.0%" in by["addition"]["note"] and "24 with all MLPs" in by["addition"]["note"]
+    # at the interval's precision (two significant digits of its width or larger end)
+    note = by["addition"]["note"]
+    assert "keeps 95% [88, 100] of full-answer" in note and "24 with all MLPs" in note
+    assert "key - random +85 [+73, +95];" in note
     assert by["division"]["verdict"] == "partly"  # beats random circuits, keeps far less than 80%
     assert by["subtraction"]["verdict"] == "does not hold"  # keeps nothing, no better than random
     assert by["multiplication"]["verdict"] == "not measured"
@@ -358,20 +401,139 @@ def test_heads_via_mlps():
     assert by["addition"]["verdict"] == "holds" and by["addition"]["value"] == pytest.approx(-5.0)
     assert by["subtraction"]["verdict"] == "partly"  # through the MLPs, but less than directly
     assert by["multiplication"]["verdict"] == "does not hold"  # the MLPs undo the heads' effect
-    assert "through the MLPs +10.00%" in by["multiplication"]["note"] and "L20 +10.00%" in by["multiplication"]["note"]
+    # at the intervals' precision: two significant digits of the larger end when the width has more
+    note = by["multiplication"]["note"]
+    assert "through the MLPs +10% [+10, +10]" in note and "L20 +10%" in note
+    assert "total +3.0% [+2.9, +3.1], direct -7.0% [-7.1, -6.9]" in note and "rest 0.00% [-0.10, +0.10]" in note
     assert by["division"]["verdict"] == "not measured" and by["all"]["verdict"] == "partly"
+
+
+def discover_summary(task: str, rows: list[dict]) -> pd.DataFrame:
+    """The discover rule's summary (one row per task and target) with the columns the claim reads; each dict
+    overrides a faithful, small circuit that beats random ones (chosen at target 0.8)."""
+    base = {"task": task, "target": 0.8, "chosen": True, "n_heads": 20, "n_mlps": 10, "share": 0.1,
+            "faithfulness_full": 0.9, "faithfulness_full_low": 0.85, "faithfulness_full_high": 0.95,
+            "faithfulness_logit": 0.8, "faithfulness_logit_low": 0.7, "faithfulness_logit_high": 0.9,
+            "faithfulness_first": 0.9, "faithfulness_first_low": 0.8, "faithfulness_first_high": 1.0,
+            "key_faithfulness_full": 0.05, "key_faithfulness_full_low": 0.0, "key_faithfulness_full_high": 0.1,
+            "random_faithfulness_full": 0.1, "diff_vs_random_full": 0.8, "diff_vs_random_full_ci_low": 0.7,
+            "diff_vs_random_full_ci_high": 0.9, "constant_first": 0.55, "n_items": 120, "n_clusters": 40,
+            "draws": 5}
+    return pd.DataFrame([base | r for r in rows])
+
+
+def test_a_small_faithful_circuit():
+    summary = pd.concat([
+        discover_summary("addition", [{}]),
+        # too large: a quarter of the nodes is the most a small circuit may have
+        discover_summary("subtraction", [{"share": 0.4, "n_heads": 100, "n_mlps": 20}]),
+        # faithful, but random circuits of its size are as faithful
+        discover_summary("multiplication", [{"diff_vs_random_full": 0.0, "diff_vs_random_full_ci_low": -0.02,
+                                             "diff_vs_random_full_ci_high": 0.02}]),
+        # no target kept 80% of the full answers: the largest target's circuit is scored, and falls short
+        discover_summary("division", [{"target": 0.8, "chosen": False, "faithfulness_full": 0.3,
+                                       "faithfulness_full_low": 0.2, "faithfulness_full_high": 0.4},
+                                      {"target": 0.95, "chosen": False, "faithfulness_full": 0.6,
+                                       "faithfulness_full_low": 0.5, "faithfulness_full_high": 0.7,
+                                       "diff_vs_random_full_ci_low": -0.01, "diff_vs_random_full_ci_high": 0.03}]),
+        # the chosen target's row, not the others
+        discover_summary("union", [{"target": 0.8, "chosen": False, "faithfulness_full_high": 0.7},
+                                   {"target": 0.9, "chosen": True}, {"target": 0.95, "chosen": True}]),
+    ], ignore_index=True)
+    rows = claims.circuit_faithful(summary, CFG)
+    by = {r["scope"]: r for r in rows}
+    assert list(by) == ["all", "addition", "subtraction", "multiplication", "division", "union of the operators"]
+    assert by["addition"]["verdict"] == "holds" and by["addition"]["value"] == pytest.approx(90.0)
+    assert by["addition"]["ci_low"] == pytest.approx(85.0) and by["addition"]["n"] == 120
+    assert "20 heads + 10 MLPs (10.0% of nodes)" in by["addition"]["note"]
+    assert "circuit - random +80 [+70, +90] points" in by["addition"]["note"]
+    assert "key circuit 5% [0, 10]" in by["addition"]["note"] and "answer logit 80% [70, 90]" in by["addition"]["note"]
+    assert by["subtraction"]["verdict"] == "does not hold" and "more than 25%" in by["subtraction"]["note"]
+    assert by["multiplication"]["verdict"] == "partly"
+    assert by["division"]["verdict"] == "does not hold" and "target 0.95" in by["division"]["note"]
+    assert "the largest target's is scored" in by["division"]["note"]
+    assert by["union of the operators"]["verdict"] == "holds" and "found at target 0.9;" in by["union of the operators"]["note"]
+    assert rows[0]["verdict"] == "partly" and rows[0]["claim"] == "circuit_faithful"
+    # no more than max_circuit_share: the same circuit is too large under a stricter setting
+    strict = claims.circuit_faithful(discover_summary("addition", [{}]), CFG | {"max_circuit_share": 0.05})
+    assert strict[1]["verdict"] == "does not hold"
+    # an interval that straddles the level and a random difference that reaches 5 points: inconclusive
+    wide = discover_summary("addition", [{"faithfulness_full_low": 0.7, "diff_vs_random_full_ci_low": -0.1,
+                                          "diff_vs_random_full_ci_high": 0.3}])
+    assert claims.circuit_faithful(wide, CFG)[1]["verdict"] == "inconclusive"
+
+
+def test_a_circuit_without_its_discovery_is_not_run():
+    rows = claims.circuit_faithful(None, CFG)
+    assert len(rows) == 1 and rows[0]["verdict"] == "not measured" and "did not run" in rows[0]["note"]
+    undefined = claims.circuit_faithful(discover_summary("addition", [{"faithfulness_full": math.nan}]), CFG)
+    assert undefined[1]["verdict"] == "not measured" and "undefined" in undefined[1]["note"]
+    # a summary without a column the claim reads fails naming it, rather than scoring something else
+    renamed = discover_summary("addition", [{}]).rename(columns={"diff_vs_random_full_ci_low": "ci_low"})
+    with pytest.raises(ValueError, match="diff_vs_random_full_ci_low"):
+        claims.circuit_faithful(renamed, CFG)
+    named = claims.circuit_faithful(discover_summary("addition", [{"measure": "logprob"}]), CFG)
+    assert "found at target 0.8 of the logprob;" in named[1]["note"]
+
+
+def test_the_scorecard_without_discovery_or_circuit_arm_says_not_run():
+    """The two new claims are in the table, not measured, when their inputs are absent (the workflow wires
+    them when the rules run)."""
+    eff = effects_table({(2, 1): -0.08}, {3: (-0.1, -0.12, -0.08)})
+    table = claims.scorecard(
+        keys={"addition": key_table(eff, ["L2H1"], ["L3MLP"])}, effects={"addition": eff},
+        knockout_items={"addition": None}, transfer_items=None, roles_all={"addition": roles_all(0.7, 0.2)},
+        probes={"addition": probes(0.2, 0.05)}, study=None, comparisons=None, train_format=None, cfg=CFG, seed=0)
+    head = table[table["scope"] == "all"].set_index("claim")
+    assert list(head.index) == list(claims.CLAIMS)  # every claim once, in order
+    assert head.loc["circuit_faithful", "verdict"] == "not measured"
+    assert "discover rule did not run" in head.loc["circuit_faithful", "note"]
+    assert head.loc["sft_circuit_vs_precise", "verdict"] == "not measured"
+    with_discovery = claims.scorecard(
+        keys={"addition": key_table(eff, ["L2H1"], ["L3MLP"])}, effects={"addition": eff},
+        knockout_items={"addition": None}, transfer_items=None, roles_all={"addition": roles_all(0.7, 0.2)},
+        probes={"addition": probes(0.2, 0.05)}, study=None, comparisons=None, train_format=None, cfg=CFG, seed=0,
+        discover=discover_summary("addition", [{}]))
+    assert with_discovery.set_index(["claim", "scope"]).loc[("circuit_faithful", "all"), "verdict"] == "holds"
 
 
 PAPER_TEXT = Path(__file__).resolve().parents[1].parent / "shared" / "paper"  # the paper's text, beside the checkout
 
 
+def paper_text() -> str:
+    """The paper's text as the checks read it: LaTeX's \\% and \\pm as written here, curly quotes straight,
+    whitespace collapsed."""
+    text = " ".join(p.read_text(encoding="utf-8") for p in sorted(PAPER_TEXT.glob("*.txt")))
+    for a, b in (("\\%", "%"), ("\\pm", "+-"), ("’", "'"), ("“", '"'), ("”", '"'), ("–", "-")):
+        text = text.replace(a, b)
+    return " ".join(text.split())
+
+
+def numbers(text: str) -> list[str]:
+    """Every number of a text with its percent sign, thousands separators dropped: "1,024 heads, 5%" ->
+    ["1024", "5%"]."""
+    return [n.replace(",", "") for n in re.findall(r"\d[\d,]*(?:\.\d+)?%?", text)]
+
+
 @pytest.mark.skipif(not PAPER_TEXT.is_dir(), reason=f"the paper's text is not at {PAPER_TEXT}")
 def test_every_number_of_the_paper_column_is_in_the_papers_text():
-    """The scorecard's "paper" column quotes the paper: each of its numbers appears in the text available here
-    (../shared/paper, whose README lists what is missing, e.g. Table 1); a claim whose number is not there says
-    so instead of giving one."""
-    text = " ".join(p.read_text(encoding="utf-8") for p in PAPER_TEXT.glob("*.txt")).replace(",", "")
-    in_text = set(re.findall(r"\d+(?:\.\d+)?", text))
+    """The scorecard's "paper" column quotes the paper: each of its numbers (with its percent sign) appears in
+    the text available here (../shared/paper, whose README lists what is missing, e.g. Table 1), and each quoted
+    phrase appears there word for word; a claim whose number is not there says so instead of giving one."""
+    text = paper_text()
+    in_text = set(numbers(text))
     for claim in claims.CLAIMS.values():
-        numbers = [n.replace(",", "") for n in re.findall(r"\d[\d,]*(?:\.\d+)?", claim.paper)]
-        assert not [n for n in numbers if n not in in_text], f"{claim.id}: {claim.paper!r}"
+        missing = [n for n in numbers(claim.paper) if n not in in_text]
+        assert not missing, f"{claim.id}: {missing} of {claim.paper!r} are not in {PAPER_TEXT}"
+        for quote in re.findall(r'"([^"]+)"', claim.paper):
+            assert quote in text, f"{claim.id}: the quote {quote!r} is not in {PAPER_TEXT}"
+    # the check can fail: Table 1's numbers are not in the text
+    assert "48.1%" not in in_text and "1000" not in in_text
+
+
+def test_the_paper_column_says_where_a_number_is_not_available():
+    """The claims whose numbers are only in Table 1 or the knockout figures say so."""
+    for claim in ("knockout_collapse", "sft_vs_full", "sft_off_target"):
+        assert "not available here" in claims.CLAIMS[claim].paper
+    assert "no time is given" in claims.CLAIMS["sft_speed"].paper
+    assert "Table 1: not available here" in claims.CLAIMS["sft_vs_full"].paper

@@ -97,9 +97,11 @@ def test_docs_fill_the_block_and_write_results(tmp_path):
     for heading in ["## Scorecard", "## Key components", "### addition", "## Knockout", "## Transfer",
                     "## Attention and MLP probes", "## Precise SFT study"]:
         assert heading in page
-    assert "-1.31%" in page and "[-1.51%, -1.11%]" in page  # effects in percent with intervals
+    # effects in percent with intervals, at the interval's precision; shares of resamples in whole percent
+    assert "| L0H1 | 0 | -1.3% | [-1.5%, -1.1%] | 90% |" in page
     assert "10.0% / 72.5%" in page  # transfer: key / random (mean of draws)
-    assert "1,179,648" in page and "< 0.001" in page and not re.search(r"\de-\d", page)
+    # no raw float (a small value in nats may read "1e-3", one significant digit)
+    assert "1,179,648" in page and "< 0.001" in page and not re.search(r"\d\.\d+e-\d", page)
     assert "![" in page and "(figures/knockout_addition.png)" in page
     assert sorted(p.name for p in figures.iterdir()) == [
         "effects_addition.png", "effects_division.png", "finetune_study.png", "knockout_addition.png",
@@ -188,7 +190,7 @@ def check_docs(results, model: str, tasks: list[str], tmp_path) -> str:
     assert text.split(BEGIN)[0] == README.split(BEGIN)[0] and text.split(END)[1] == README.split(END)[1]
     assert "54.7" not in text and "| Claim |" in text
     page = out.read_text()
-    assert not re.search(r"\de-\d", page) and "%" in page  # no scientific notation, shares in percent
+    assert not re.search(r"\d\.\d+e-\d", page) and "%" in page  # shares in percent; only one-digit tiny nats ("2e-3")
     for link in re.findall(r"\]\((figures/[^)]+)\)", page):
         assert (out.parent / link).is_file(), link
     return page
@@ -250,4 +252,7 @@ def test_the_circuit_section_and_summary(tmp_path):
     assert "-6.00% directly, -2.90% through the MLPs (most negative: L1 -3.90%, L2 +1.00%)" in line
     assert line in page and "75.0%" in block.split("- **division**")[1]
     assert "| addition | full answer | 12 | none | only" not in page and "| addition | answer logit | 12 |" in page
+    # the edges table: each path's estimate at its interval's precision; a zero-width interval at two digits
+    assert ("| addition | 10 | -10% [-10, -10] | -6.0% [-6.0, -6.0] | -2.9% [-3.4, -2.5] | -1.1% [-1.5, -0.6] | "
+            "L1 -3.9%, L2 +1.00% |") in page
     assert "circuit_addition_faithfulness.png" in {p.name for p in figures.iterdir()}

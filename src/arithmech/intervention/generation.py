@@ -223,14 +223,26 @@ def greedy_answers(
     return lm.tokenizer.batch_decode(ids, skip_special_tokens=True)
 
 
+def longest_first(lm: LoadedModel, texts: Sequence[str]) -> np.ndarray:
+    """The order that sorts `texts` by token count, longest first (ties keep their order): batches of similar
+    lengths pad little, and an out-of-memory error shows in the first batch."""
+    lengths = np.array([len(ids) for ids in lm.tokenizer(list(texts))["input_ids"]]) if len(texts) else np.zeros(0)
+    return np.argsort(-lengths, kind="stable")
+
+
 def check_answers(lm: LoadedModel, texts: list[str], answers, answer_token_ids, *, batch_size: int,
                   desc: str | None = None) -> pd.DataFrame:
     """The model's greedy answer to each arithmetic prompt, read two ways: its first token against the
     answer's first token (what path patching measures) and the whole greedy answer against the number
     (`answer_correct`). One row per text: predicted_token_id, full_answer (the decoded greedy tokens),
-    correct_first_token, correct_full."""
-    answers = list(answers)
-    tokens = greedy_generate(lm, texts, answer_tokens(lm.tokenizer, answers), batch_size, progress=desc)
+    correct_first_token, correct_full. Prompts run longest first (`longest_first`): the default config's
+    few-shot prompts of six templates, padded in their given order, cost 6-13% more tokens per task."""
+    answers, texts = list(answers), list(texts)
+    order = longest_first(lm, texts)
+    ordered = greedy_generate(lm, [texts[i] for i in order], answer_tokens(lm.tokenizer, answers), batch_size,
+                              progress=desc)
+    tokens = torch.empty_like(ordered)
+    tokens[torch.as_tensor(order, dtype=torch.long)] = ordered
     full = lm.tokenizer.batch_decode(tokens, skip_special_tokens=True)
     first = tokens[:, 0].numpy()
     return pd.DataFrame({
@@ -259,8 +271,7 @@ def generate_texts(
     Prompts are generated longest first, so each batch holds prompts of similar length (little padding) and
     an out-of-memory error shows in the first batch. `hooks` get row indices into `prompts`."""
     prompts = list(prompts)
-    lengths = np.array([len(ids) for ids in lm.tokenizer(prompts)["input_ids"]]) if prompts else np.zeros(0)
-    order = np.argsort(-lengths, kind="stable")
+    order = longest_first(lm, prompts)
     ordered = [prompts[i] for i in order]
     if hooks is not None:  # the decoder numbers rows as `ordered`
         order_t, given = torch.as_tensor(order, dtype=torch.long), hooks

@@ -31,7 +31,9 @@ def key_component_rows(key_tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
 
         def listed(part: pd.DataFrame) -> str:
             part = part.sort_values("mean_effect", kind="stable")
-            return ", ".join(f"{n} {display.effect(e, metric)}" for n, e in zip(part["node"], part["mean_effect"]))
+            low, high = (part[c] if c in part else [None] * len(part) for c in ("ci_low", "ci_high"))
+            return ", ".join(f"{n} {display.effect(e, metric, lo, hi)}"
+                             for n, e, lo, hi in zip(part["node"], part["mean_effect"], low, high))
 
         heads, mlps = key[key["component"] == "head"], key[key["component"] == "mlp"]
         total = int(key["n_heads_total"].iloc[0]) if len(key) else 0
@@ -80,8 +82,8 @@ def study_not_run(study_path) -> str | None:
 
 def study_rows(study: pd.DataFrame, comparisons: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(per arm: test exact match of its chosen run with its interval, mean over all its runs, KL to base,
-    trainable parameters; the precise arm's comparisons on test exact match and KL to base, with intervals
-    and p-values, raw and Holm-adjusted)."""
+    trainable parameters; the precise and circuit arms' comparisons on test exact match and KL to base, with
+    intervals and p-values, raw and Holm-adjusted)."""
     arms = []
     for arm, part in study.groupby("arm", sort=False):
         chosen = part[part["run"].isin(["chosen", "base"])].iloc[0]
@@ -90,19 +92,21 @@ def study_rows(study: pd.DataFrame, comparisons: pd.DataFrame) -> tuple[pd.DataF
             "exact match (chosen run)": f"{display.share(chosen['accuracy'])} "
                                         f"{display.interval(chosen['accuracy_low'], chosen['accuracy_high'], display.share)}",
             "mean over runs": display.share(part["accuracy"].mean()),
-            "KL to base (nats/token)": display.significant(chosen.get("kl_to_base", float("nan")), 2),
+            "KL to base (nats/token)": display.nats(chosen.get("kl_to_base", float("nan"))),
             "trainable parameters": display.count(chosen.get("trainable_params", float("nan"))),
         })
     comp = comparisons[comparisons["metric"].isin(["accuracy", "kl_to_base"])
-                       & comparisons["arm_a"].str.startswith("precise")]
+                       & (comparisons["arm_a"].str.startswith("precise") | (comparisons["arm_a"] == "circuit"))]
     rows = []
     for c in comp.to_dict("records"):
+        # at the precision the resampled interval supports, so a re-run on another CPU prints the same text
+        d, lo, hi = c["difference"], c["ci_low"], c["ci_high"]
         if c["metric"] == "accuracy":  # a difference of two shares: percentage points
-            diff = display.points(100 * c["difference"])
-            ends = display.interval(100 * c["ci_low"], 100 * c["ci_high"], lambda v: display.number(v, 1, sign=True))
+            diff = display.estimate(100 * d, 100 * lo, 100 * hi, sign=True) + " points"
+            ends = display.bounds(100 * lo, 100 * hi, sign=True)
         else:
-            diff = f"{display.significant(c['difference'], 2)} nats"
-            ends = display.interval(c["ci_low"], c["ci_high"], lambda v: display.significant(v, 2))
+            diff = display.estimate(d, lo, hi, fallback=display.nats) + " nats"
+            ends = display.bounds(lo, hi, fallback=display.nats)
         rows.append({"comparison": f"{c['arm_a']} - {c['arm_b']}",
                      "metric": {"accuracy": "exact match", "kl_to_base": "KL to base"}[c["metric"]],
                      "difference": diff, "interval": ends, "p": display.p_value(c["p_value"]),
@@ -111,13 +115,41 @@ def study_rows(study: pd.DataFrame, comparisons: pd.DataFrame) -> tuple[pd.DataF
     return pd.DataFrame(arms), pd.DataFrame(rows, columns=columns)
 
 
+def circuit_sentences(summary: pd.DataFrame) -> str:
+    """Two sentences on the model's own circuit (the discover rule's summary, chosen targets): the union over
+    operators against the paper's key circuit and random circuits of its size, then each operator's size."""
+    chosen = summary[summary["chosen"].astype(bool)].sort_values("target").drop_duplicates("task")
+    if chosen.empty:
+        return "The discover rule chose no circuit: no target's circuit kept enough full answers."
+    rows = chosen.set_index("task")
+
+    def size(r) -> str:
+        return f"{int(r['n_heads'])} heads and {int(r['n_mlps'])} MLPs ({display.share(r['share'])} of the nodes)"
+
+    def kept(r, name="faithfulness_full") -> str:  # at its resampled interval's precision
+        low, high = r[name + "_low"], r[name + "_high"]
+        return (display.estimate(r[name], low, high, scale=100, suffix="%", fallback=display.share) + " "
+                + display.bounds(low, high, scale=100, suffix="%", fallback=display.share)).strip()
+
+    first = ""
+    if "union" in rows.index:
+        u = rows.loc["union"]
+        first = (f"Over all operators, the circuit that pruning finds on the identification pairs has {size(u)} and "
+                 f"keeps {kept(u)} of the full-answer accuracy on the validation pairs; the key heads and key "
+                 f"MLPs keep {kept(u, 'key_faithfulness_full')}, random circuits of its size "
+                 f"{display.share(u['random_faithfulness_full'])}. ")
+    per_task = [f"{task}: {int(r['n_heads'])} heads + {int(r['n_mlps'])} MLPs keeping "
+                f"{display.share(r['faithfulness_full'])}" for task, r in rows.iterrows() if task != "union"]
+    return first + ("Per operator, " + "; ".join(per_task) + "." if per_task else "")
+
+
 # ---------------------------------------------------------------------------------------------------
 # The page
 
 # Where each result's figures and tables sit in the Snakemake report, by the first folder of its path
 REPORT_CATEGORIES = {"effects": "1. Identify", "key_components": "1. Identify", "knockout": "2. Validate",
-                     "circuit": "2. Validate", "analysis": "3. Analyze", "eval": "4. Precise SFT",
-                     "finetune": "4. Precise SFT"}
+                     "circuit": "2. Validate", "discover": "2. Validate", "analysis": "3. Analyze",
+                     "eval": "4. Precise SFT", "finetune": "4. Precise SFT"}
 
 
 def report_entry(source: str) -> str:
@@ -145,6 +177,12 @@ def figure_caption(source: str, tasks: list[str]) -> str:
         return (f"How much of the model's behaviour a circuit keeps when every other head and MLP is mean-ablated, "
                 f"{name.removesuffix('_faithfulness')}: 1 = all of it, 0 = none; the top k heads by effect against "
                 "as many random heads in the same layers, the key circuits starred (sufficiency, validate).")
+    if source.startswith("discover/") and name.endswith("_path"):
+        return (f"Pruning path, {name.removesuffix('_path')}: faithfulness against the number of nodes kept as the "
+                "pruning drops heads and MLPs on the identification pairs, one line per target (discover).")
+    if source.startswith("discover/") and name.endswith("_circuit"):
+        return (f"The discovered circuit, {name.removesuffix('_circuit')}, on the layer x head grid over the paper's "
+                "key heads: the key heads it keeps, the heads it adds and the key heads it leaves out (discover).")
     if source == "finetune/study.png":
         return ("Held-out exact match of each precise-SFT study arm after training, with 95% intervals "
                 "(precise SFT against full fine-tuning, LoRA and random heads).")
@@ -190,11 +228,13 @@ def provenance_text(path) -> str:
 
 def findings_html(*, model: str, claims: pd.DataFrame, keys: dict[str, pd.DataFrame],
                   knockouts: dict[str, pd.DataFrame], figures: dict[str, Path], study: pd.DataFrame | None,
-                  comparisons: pd.DataFrame | None, not_run: str | None, origin: str) -> str:
+                  comparisons: pd.DataFrame | None, not_run: str | None, origin: str,
+                  discover: pd.DataFrame | None = None) -> str:
     """The findings page of one model as one HTML document: the claims scorecard, the figures (embedded),
     key components and knockout per task, and the study when it ran (`not_run`: why it could not). `keys` and
     `knockouts` map operator -> table; `figures` maps a PNG's path under the model's results folder (a
-    scorecard row's source) to its file; `origin`, the results' provenance (`provenance_text`)."""
+    scorecard row's source) to its file; `origin`, the results' provenance (`provenance_text`); `discover`, the
+    discover rule's summary (None: it did not run)."""
     tasks = list(keys)
     sources = dict(figures)
     if not_run is not None:  # the study's figure only repeats the reason, given below
@@ -208,11 +248,13 @@ def findings_html(*, model: str, claims: pd.DataFrame, keys: dict[str, pd.DataFr
     e = html.escape
     body = [f"<h1>{e(model)}: does the paper hold?</h1>",
             f"<p class='lead'>Zhang et al. (ICML 2024) found the few attention heads and MLPs that do arithmetic in "
-            f"LLaMA2-7B and fine-tuned only them. This page checks each of their claims on {e(model)}. "
-            f"{e(verdict_counts(claims))} Each row gives the paper's number, the value measured here with its 95% "
-            "interval and sample size, the verdict and the rule that decided it; <i>Behind it</i> links to the "
-            "figure below or names the report entry (category: file) that holds the table.</p>",
-            "<h2 id='scorecard'>Scorecard</h2>", scorecard_table(claims, link), "<h2 id='figures'>Figures</h2>"]
+            f"LLaMA2-7B and fine-tuned only them. Each line below is one of their claims, checked on {e(model)}. "
+            f"{e(verdict_counts(claims))}</p>",
+            f"<div id='scorecard'>{scorecard_table(claims, link)}</div>"]
+    if discover is not None and len(discover):
+        body += ["<h2 id='circuit'>The model's own circuit</h2>",
+                 f"<p class='note'>{e(circuit_sentences(discover))}</p>"]
+    body.append("<h2 id='figures'>Figures</h2>")
     body.append("<div class='figures'>")
     for source, path in sources.items():
         body.append(f"<figure id='{figure_anchor(source)}'>{embedded_png(path)}"
@@ -238,7 +280,7 @@ def findings_html(*, model: str, claims: pd.DataFrame, keys: dict[str, pd.DataFr
             ("Precise SFT study: arms", arms,
              "Greedy full-answer exact match on the held-out test pairs of the trained format, the chosen run's "
              "95% interval resampling operand pairs; KL(base || model) in nats per WikiText-2 token."),
-            ("Precise SFT study: the precise arm against the others", comp,
+            ("Precise SFT study: the precise and circuit arms against the others", comp,
              "Differences on the same test items (exact match in percentage points, KL in nats), with intervals and "
              "p-values (McNemar where each arm is one model, else the paired cluster bootstrap), Holm-adjusted over "
              "the whole comparison table."),

@@ -46,39 +46,50 @@ class Claim:
 
 CLAIMS = {c.id: c for c in (
     Claim("few_key_heads", "identify", "Fewer than 5% of the attention heads are key heads for arithmetic.",
-          "< 5% of 1,024 heads; key heads below -5% relative logit change"),
+          "< 5% of the attention heads (introduction); key heads: a logit change \"exceeding -5%\" (section 5.1)"),
     Claim("middle_layers", "identify", "The key heads sit in the middle layers.",
           "from the 12th layer, mostly layers 12-17 (section 5.1)"),
     Claim("mlp_late", "identify", "MLPs before the key heads have almost no effect; later MLPs have large effects.",
           "MLPs 0-16 about +-0.0%, from the 17th layer about +-10.0% (section 5.1)"),
     Claim("knockout_collapse", "validate",
           "Knocking out the key heads collapses accuracy; knocking out as many random heads does not.",
-          "a decrease of around 70% in accuracy (introduction); random heads: not available here"),
+          "\"a decrease of around 70% in accuracy\" with the key heads/MLPs knocked out (introduction); the "
+          "knockout figures: not available here"),
     Claim("key_attention", "analyze", "Key heads attend from END to the operands and the operator.",
           "\"These heads particularly attend to the operands and operators\" (introduction)"),
     Claim("mlp_answer", "analyze", "The MLPs' outputs carry the answer more than the operands.",
-          "operands' information processed by the MLPs, progressively leading to the answer"),
+          "\"the subsequent MLPs gradually deduce the correct answers\" (introduction)"),
     Claim("circuit_sufficient", "circuit",
           "The key heads and key MLPs suffice: with every other head and MLP mean-ablated they keep most of the "
           "model's arithmetic, more than as many random heads in the same layers.",
-          "the paper's interpretation (heads find the operands, MLPs compute the answer); it tests necessity only"),
+          "the paper's hypothesis (heads find the operands, MLPs work out the answers); it tests necessity only "
+          "(knockout)"),
     Claim("heads_via_mlps", "circuit",
           "The key heads act through the MLPs: their effect reaches the answer through later MLPs more than directly.",
-          "\"employs a set of heads to pinpoint arithmetic operands, subsequently engaging MLPs to work out the "
-          "answers\" (the paper's interpretation; no edge is measured there)"),
+          "the hypothesis that heads \"pinpoint arithmetic operands\", \"subsequently engaging MLPs to work out the "
+          "answers\" (introduction); no path is measured"),
+    Claim("circuit_faithful", "discover",
+          "A small circuit is faithful: the fewest heads and MLPs found by pruning keep the model's answers on "
+          "held-out pairs, better than random circuits of their size.",
+          "no circuit is searched in the paper (added here); its key heads are \"less than 5% of heads\" "
+          "(introduction)"),
     Claim("transfer", "validate",
           "The key heads transfer: knocking them out hurts other operators, formats and word problems, "
           "not a non-math task.",
-          "heads identified on one data set transfer to other data sets and tasks"),
+          "\"the key heads/MLPs identified on one dataset are also effective for other datasets\" (introduction)"),
     Claim("sft_vs_full", "finetune", "Precise SFT of the key heads matches or beats full fine-tuning on math.",
-          "\"not only matches but can surpass\" full fine-tuning, tuning as few as 32 of 1,024 heads (introduction); "
-          "Table 1's numbers are not available here"),
+          "\"not only matches but can surpass\" full-model fine-tuning with \"as few as 32 attention heads\" of 1024 "
+          "(introduction); Table 1: not available here"),
     Claim("sft_vs_random", "finetune", "Precise SFT of the key heads beats fine-tuning as many other heads.",
           "no such control in the paper (added here: as many heads in the same layers)"),
+    Claim("sft_circuit_vs_precise", "finetune",
+          "Fine-tuning the faithful circuit's heads beats fine-tuning as many key heads.",
+          "no such arm in the paper (added here: the discovered circuit's heads, as many as the key heads)"),
     Claim("sft_off_target", "finetune", "Precise SFT costs less off target than full fine-tuning.",
-          "\"much less impact on non-mathematical tasks\" (introduction); Table 1's numbers are not available here"),
+          "\"much less impact on non-mathematical tasks\" (introduction); Table 1: not available here"),
     Claim("sft_speed", "finetune", "A precise-SFT step is faster than a full fine-tuning step.",
-          "not available here (Table 1)"),
+          "\"naturally benefits from shorter training times\" (section 4.3); no time is given in the text available "
+          "here"),
 )}
 
 
@@ -152,8 +163,16 @@ def _not_measured(claim: str, why: str, **fields) -> list[dict]:
 
 def _interval_note(low: float, high: float, verdict: str, unit_scale: float = 100, unit: str = " points") -> str:
     if verdict != "inconclusive":
-        return ""
-    return f"too little power: detects about {unit_scale * detectable(low, high):.1f}{unit} with 80% power"
+        return ""  # two significant digits, like the interval's width it is computed from
+    size = display.significant(unit_scale * detectable(low, high), 2)
+    return f"too little power: detects about {size}{unit} with 80% power"
+
+
+def _in_percent(value, low, high, sign: bool = False, unit: str = "%") -> str:
+    """A fraction and its resampled interval in percent, "-12% [-17, -6]" (`unit` after the value), at the
+    interval's precision (display.estimate): digits that differ between CPUs are not printed."""
+    return (display.estimate(value, low, high, scale=100, sign=sign, suffix=unit) + " "
+            + display.bounds(low, high, scale=100, sign=sign)).strip()
 
 
 # ------------------------------------------------------------------------------------------------ identify
@@ -238,7 +257,8 @@ def mlp_late(keys: dict[str, pd.DataFrame], effects: dict[str, pd.DataFrame], cf
             continue
         strongest = late.loc[late["mean_effect"].idxmin()]
         early_max = float(early["mean_effect"].abs().max())
-        early_at = int(early.loc[early["mean_effect"].abs().idxmax(), "layer"])
+        earliest = early.loc[early["mean_effect"].abs().idxmax()]
+        early_at = int(earliest["layer"])
         ratio = abs(float(strongest["mean_effect"])) / early_max if early_max > 0 else math.inf
         significant = float(strongest["ci_high"]) < 0
         verdict = ("holds" if ratio >= ratio_needed and significant else "partly" if ratio > 1 else "does not hold")
@@ -246,9 +266,10 @@ def mlp_late(keys: dict[str, pd.DataFrame], effects: dict[str, pd.DataFrame], cf
             "mlp_late", task, measure="|strongest later MLP effect| / |strongest earlier MLP effect|", value=ratio,
             unit="ratio", n=int(strongest["n"]), split="identification", verdict=verdict, rule=rule,
             source=f"effects/{task}.png",
-            note=(f"later: L{int(strongest['layer'])}MLP {100 * strongest['mean_effect']:.2f}% "
-                  f"[{100 * strongest['ci_low']:.2f}, {100 * strongest['ci_high']:.2f}]; earlier: L{early_at}MLP "
-                  f"{100 * early_max:.2f}% in size (first key head in layer {first})")))
+            note=(f"later: L{int(strongest['layer'])}MLP "
+                  f"{_in_percent(strongest['mean_effect'], strongest['ci_low'], strongest['ci_high'])}; earlier: "
+                  f"L{early_at}MLP {display.estimate(early_max, earliest['ci_low'], earliest['ci_high'], scale=100)}% "
+                  f"in size (first key head in layer {first})")))
     return _headline("mlp_late", subs, measure="per operator, below", split="identification")
 
 
@@ -332,8 +353,9 @@ def _knockout_row(task: str, positions: str, K: int, part: pd.DataFrame, answer:
     lm = controls["layer-matched"][1]
     note = (f"accuracy {100 * base_acc:.1f}% -> {100 * top_acc:.1f}% with the top {K} heads "
             f"({100 * drop:.0f}% lower); random: " +
-            ", ".join(f"{name} {100 * acc:.1f}% (difference {100 * c['difference']:+.1f} "
-                      f"[{100 * c['ci_low']:+.1f}, {100 * c['ci_high']:+.1f}])" for name, (acc, c) in controls.items()))
+            ", ".join(f"{name} {100 * acc:.1f}% (difference "
+                      f"{_in_percent(c['difference'], c['ci_low'], c['ci_high'], sign=True, unit='')})"
+                      for name, (acc, c) in controls.items()))
     extra = _interval_note(lm["ci_low"], lm["ci_high"], verdict)
     return _row("knockout_collapse", scope, measure=f"top {K} minus {K} layer-matched random heads, {label}",
                 value=100 * lm["difference"], ci_low=100 * lm["ci_low"], ci_high=100 * lm["ci_high"], unit="points",
@@ -514,11 +536,11 @@ def circuit_sufficient(circuits: dict[str, pd.DataFrame | None], cfg: dict, seed
                               confidence=cfg["confidence"])
         table = _circuit_summary(items)
         reach = {m: smallest_k(table, measure="full", mlps=m, level=level) for m in ("key", "all")}
-        note = (f"key circuit keeps {100 * res['key']:.1f}% [{100 * res['key_low']:.1f}, {100 * res['key_high']:.1f}] "
+        note = (f"key circuit keeps {_in_percent(res['key'], res['key_low'], res['key_high'])} "
                 f"of full-answer accuracy, random circuits {100 * res['random']:.1f}% ({res['draws']} draws); answer "
-                f"logit: key {100 * logit['key']:.1f}% [{100 * logit['key_low']:.1f}, {100 * logit['key_high']:.1f}], "
-                f"key - random {100 * logit['difference']:+.1f} [{100 * logit['ci_low']:+.1f}, "
-                f"{100 * logit['ci_high']:+.1f}]; fewest top heads reaching {100 * level:g}%: "
+                f"logit: key {_in_percent(logit['key'], logit['key_low'], logit['key_high'])}, "
+                f"key - random {_in_percent(logit['difference'], logit['ci_low'], logit['ci_high'], True, '')}; "
+                f"fewest top heads reaching {100 * level:g}%: "
                 + ", ".join(f"{'none on the grid' if k is None else k} with {m} MLPs" for m, k in reach.items()))
         subs.append(_row("circuit_sufficient", task, measure="faithfulness (full answer), key - layer-matched random",
                          value=100 * res["difference"], ci_low=100 * res["ci_low"], ci_high=100 * res["ci_high"],
@@ -562,10 +584,12 @@ def heads_via_mlps(edges: dict[str, pd.DataFrame | None], cfg: dict) -> list[dic
         second = directional(diff["ci_low"], diff["ci_high"], direction=-1, min_effect=0.001)
         verdict = ("holds" if first == second == "holds" else "partly" if first == "holds" else first)
         mlps = table[(table["sender"] == KEY_SUM) & (table["path"] == "mlp")].sort_values("mean_effect")
-        strongest = ", ".join(f"L{int(r['receiver'])} {100 * r['mean_effect']:+.2f}%" for _, r in mlps.head(3).iterrows())
+        strongest = ", ".join(f"L{int(r['receiver'])} "
+                              f"{display.estimate(r['mean_effect'], r['ci_low'], r['ci_high'], scale=100, sign=True)}%"
+                              for _, r in mlps.head(3).iterrows())
         def pct(name):  # noqa: E306
             r = rows.loc[name]
-            return f"{100 * r['mean_effect']:+.2f}% [{100 * r['ci_low']:+.2f}, {100 * r['ci_high']:+.2f}]"
+            return _in_percent(r["mean_effect"], r["ci_low"], r["ci_high"], sign=True)
         note = (f"key heads summed, relative change of the answer logit: total {pct('total')}, direct {pct('direct')}, "
                 f"through the MLPs {pct('via_mlps')}, rest {pct('rest')}; most negative MLP paths: {strongest}")
         subs.append(_row("heads_via_mlps", task, measure="key heads' summed path through the MLPs (relative logit change)",
@@ -573,6 +597,97 @@ def heads_via_mlps(edges: dict[str, pd.DataFrame | None], cfg: dict) -> list[dic
                          unit="percent", n=int(via["n"]), split="validation", verdict=verdict, rule=rule, note=note,
                          source=f"circuit/{task}_edges.png"))
     return _headline("heads_via_mlps", subs, measure="per operator, below", split="validation")
+
+
+# ------------------------------------------------------------------------------------------------ discover
+DISCOVER_OFF = "the discover rule did not run (no discover/summary.parquet)"
+DISCOVER_COLUMNS = ["task", "target", "chosen", "n_heads", "n_mlps", "share", "n_items", "draws", "constant_first",
+                    "random_faithfulness_full", "diff_vs_random_full", "diff_vs_random_full_ci_low",
+                    "diff_vs_random_full_ci_high"] + [
+    f"{name}{suffix}" for name in ("faithfulness_full", "faithfulness_logit", "faithfulness_first",
+                                   "key_faithfulness_full") for suffix in ("", "_low", "_high")]
+
+
+def circuit_faithful(summary: pd.DataFrame | None, cfg: dict) -> list[dict]:
+    """Per operator and for the union over operators (the discover rule's summary, one row per task and
+    target, columns DISCOVER_COLUMNS): the chosen target's circuit must be small (at most `max_circuit_share`
+    of all heads and MLPs), keep at least `faithful` of the full-answer accuracy on validation pairs (interval
+    at or above it) and beat random circuits of its size (paired interval above 0). The discover rule chooses
+    the smallest target whose circuit keeps enough full answers on the identification pairs; where it chose
+    none, the largest target's circuit is scored and the row says so."""
+    if summary is None:
+        return _not_measured("circuit_faithful", DISCOVER_OFF)
+    missing = [c for c in DISCOVER_COLUMNS if c not in summary.columns]
+    if missing:
+        raise ValueError(f"the discover summary (discover/summary.parquet) lacks the columns {missing}")
+    level, min_diff, max_share = cfg["faithful"], cfg["min_difference"], cfg["max_circuit_share"]
+    rule = (f"holds if the circuit has at most {100 * max_share:g}% of the heads and MLPs, its faithfulness (full "
+            f"answer, validation pairs) has its 95% interval at or above {100 * level:g}% and (circuit - random "
+            f"circuits of its size) lies above 0; partly if it is that small and only one of the two holds; does not "
+            f"hold if it is larger, or if its interval lies below {100 * level:g}% and (circuit - random) lies below "
+            f"0 or inside +-{100 * min_diff:g} points; else inconclusive")
+    if summary.empty:
+        return _not_measured("circuit_faithful", "the discover rule found no circuit (its summary is empty)",
+                             rule=rule)
+    subs = []
+    for task, rows in summary.groupby("task", sort=False):
+        chosen = rows[rows["chosen"].astype(bool)]
+        fallback = chosen.empty
+        row = (rows.sort_values("target").iloc[-1] if fallback else chosen.sort_values("target").iloc[0])
+        subs.append(_circuit_faithful_row(str(task), row, fallback, rule, level, min_diff, max_share))
+    return _headline("circuit_faithful", subs, measure="per operator and their union, below", split="validation",
+                     source="discover/summary.parquet")
+
+
+def _circuit_faithful_row(task: str, r: pd.Series, fallback: bool, rule: str, level: float, min_diff: float,
+                          max_share: float) -> dict:
+    scope = "union of the operators" if task == "union" else task
+    size = f"{int(r['n_heads'])} heads + {int(r['n_mlps'])} MLPs ({100 * r['share']:.1f}% of nodes)"
+    source = "discover/summary.parquet"
+    if math.isnan(r["faithfulness_full"]):
+        return _row("circuit_faithful", scope, rule=rule, n=int(r["n_items"]), split="validation", source=source,
+                    note=f"{size}: the model and the empty circuit score alike on full answers, so faithfulness is "
+                         "undefined")
+    small = r["share"] <= max_share
+    enough = ("holds" if r["faithfulness_full_low"] >= level else
+              "does not hold" if r["faithfulness_full_high"] < level else "inconclusive")
+    better = directional(r["diff_vs_random_full_ci_low"], r["diff_vs_random_full_ci_high"], direction=+1,
+                         min_effect=min_diff)
+    if not small:
+        verdict = "does not hold"
+    elif enough == better == "holds":
+        verdict = "holds"
+    elif "holds" in (enough, better):
+        verdict = "partly"
+    elif enough == better == "does not hold":
+        verdict = "does not hold"
+    else:
+        verdict = "inconclusive"
+
+    def pct(name: str) -> str:
+        return _in_percent(r[name], r[name + "_low"], r[name + "_high"])
+
+    random = "no random circuit drawn"
+    if int(r["draws"]):
+        random = (f"random circuits of its size {100 * r['random_faithfulness_full']:.1f}% ({int(r['draws'])} draws), "
+                  "circuit - random " + _in_percent(r["diff_vs_random_full"], r["diff_vs_random_full_ci_low"],
+                                                    r["diff_vs_random_full_ci_high"], sign=True, unit="")
+                  + " points")
+    pruned = "" if display.missing(r.get("measure")) else f" of the {r['measure']}"  # the pruning's measure
+    note = [f"found at target {r['target']:g}{pruned}" + (" (no target's circuit kept enough full answers on the "
+                                                          "identification pairs: the largest target's is scored)"
+                                                          if fallback else ""),
+            f"{size}" + ("" if small else f", more than {100 * max_share:g}%"),
+            f"key circuit {pct('key_faithfulness_full')}", random,
+            f"answer logit {pct('faithfulness_logit')}",
+            f"first token {pct('faithfulness_first')} (a constant first token is right on "
+            f"{100 * r['constant_first']:.0f}% of the items)"]
+    if verdict == "inconclusive":
+        note.append(_interval_note(r["diff_vs_random_full_ci_low"], r["diff_vs_random_full_ci_high"], verdict))
+    return _row("circuit_faithful", scope, measure="the discovered circuit's faithfulness (full answer)",
+                value=100 * r["faithfulness_full"], ci_low=100 * r["faithfulness_full_low"],
+                ci_high=100 * r["faithfulness_full_high"], unit="percent", n=int(r["n_items"]), split="validation",
+                verdict=verdict, rule=rule, note="; ".join(note), source=source)
 
 
 # ------------------------------------------------------------------------------------------------ finetune
@@ -586,8 +701,8 @@ def _comparison(comp: pd.DataFrame, a: str, b: str, metric: str) -> pd.Series | 
 
 def sft_claims(study: pd.DataFrame | None, comp: pd.DataFrame | None, train_format: str | None, cfg: dict,
                not_run: str | None = None) -> list[dict]:
-    """The study's four claims. `not_run`: why the study could not run (its summary's tables are empty)."""
-    claims = ("sft_vs_full", "sft_vs_random", "sft_off_target", "sft_speed")
+    """The study's five claims. `not_run`: why the study could not run (its summary's tables are empty)."""
+    claims = ("sft_vs_full", "sft_vs_random", "sft_circuit_vs_precise", "sft_off_target", "sft_speed")
     if study is None or comp is None:
         return [r for c in claims for r in _not_measured(c, STUDY_OFF)]
     if not_run is not None or study.empty:
@@ -615,6 +730,18 @@ def sft_claims(study: pd.DataFrame | None, comp: pd.DataFrame | None, train_form
         verdict = directional(row["ci_low"], row["ci_high"], direction=+1, min_effect=min_diff)
         rows.append(_study_row("sft_vs_random", row, verdict, rule, split, source,
                                "exact match, precise - layer-matched random heads"))
+
+    # the discovered circuit's heads against the key heads, at the same head count
+    row = _comparison(comp, "circuit", "precise", "accuracy")
+    rule = directional_rule("(circuit - precise) exact match", +1, f"{100 * min_diff:g} points")
+    if row is None:
+        rows += _not_measured("sft_circuit_vs_precise",
+                              "the circuit arm did not run (study.arms has no circuit, or no precise)", rule=rule)
+    else:
+        verdict = directional(row["ci_low"], row["ci_high"], direction=+1, min_effect=min_diff)
+        rows.append(_study_row("sft_circuit_vs_precise", row, verdict, rule, split, source,
+                               "exact match, circuit - precise (as many heads)"))
+        rows[-1]["note"] += "; " + _precision_note(study, ("circuit", "precise"))
 
     # off target: lower KL to base, non-math accuracy not worse by more than the margin
     subs = []
@@ -694,8 +821,10 @@ def scorecard(*, keys: dict[str, pd.DataFrame], effects: dict[str, pd.DataFrame]
               roles_all: dict[str, pd.DataFrame], probes: dict[str, pd.DataFrame], study: pd.DataFrame | None,
               comparisons: pd.DataFrame | None, train_format: str | None, cfg: dict, seed: int,
               circuits: dict[str, pd.DataFrame | None] | None = None,
-              edges: dict[str, pd.DataFrame | None] | None = None, study_not_run: str | None = None) -> pd.DataFrame:
-    """Every claim's rows (headline first), in the order of CLAIMS, with the columns COLUMNS."""
+              edges: dict[str, pd.DataFrame | None] | None = None, study_not_run: str | None = None,
+              discover: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Every claim's rows (headline first), in the order of CLAIMS, with the columns COLUMNS. `discover`: the
+    discover rule's summary (None: the rule did not run)."""
     n_layers = int(max(int(e["layer"].max()) for e in effects.values())) + 1
     rows = [
         *few_key_heads(keys, effects, cfg),
@@ -708,6 +837,7 @@ def scorecard(*, keys: dict[str, pd.DataFrame], effects: dict[str, pd.DataFrame]
         *(circuit_sufficient(circuits, cfg, seed) if circuits
           else _not_measured("circuit_sufficient", "the circuit rule did not run")),
         *(heads_via_mlps(edges, cfg) if edges else _not_measured("heads_via_mlps", "the edges rule did not run")),
+        *circuit_faithful(discover, cfg),
         *sft_claims(study, comparisons, train_format, cfg, not_run=study_not_run),
     ]
     table = pd.DataFrame(rows, columns=COLUMNS)

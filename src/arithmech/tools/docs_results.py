@@ -100,16 +100,17 @@ def copy_figures(root: Path, sources: list[str], figures_dir: Path) -> None:
 
 
 def key_heads_table(key: pd.DataFrame) -> pd.DataFrame:
-    """One operator's key heads and MLPs, strongest first: effect with its 95% interval and how often the
-    rule selects the node across bootstrap resamples."""
+    """One operator's key heads and MLPs, strongest first: effect with its 95% interval (at the interval's
+    precision) and how often the rule selects the node across bootstrap resamples (whole percent)."""
     metric = table_metric(key)
     rows = []
     for part in (key[key["component"] == "head"], key[key["component"] == "mlp"]):
         for r in part.sort_values("mean_effect", kind="stable").to_dict("records"):
             rows.append({
-                "node": r["node"], "layer": r["layer"], "effect": display.effect(r["mean_effect"], metric),
-                "95% interval": display.interval(r.get("ci_low"), r.get("ci_high"), lambda v: display.effect(v, metric)),
-                "selected in resamples": display.share(r.get("stability")),
+                "node": r["node"], "layer": r["layer"],
+                "effect": display.effect(r["mean_effect"], metric, r.get("ci_low"), r.get("ci_high")),
+                "95% interval": display.effect_bounds(r.get("ci_low"), r.get("ci_high"), metric),
+                "selected in resamples": display.resampled_share(r.get("stability")),
             })
     return pd.DataFrame(rows, columns=["node", "layer", "effect", "95% interval", "selected in resamples"])
 
@@ -215,10 +216,15 @@ def sufficiency_table(tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
                                      f"{display.share(sel[col].max())}] ({len(sel)} draws)")
                     else:
                         r = sel.iloc[0]
-                        row[name] = (f"{display.share(r[col])} "
-                                     + display.interval(r[f"{col}_low"], r[f"{col}_high"], display.share))
+                        row[name] = _faithful(r[col], r[f"{col}_low"], r[f"{col}_high"])
                 rows.append(row)
     return pd.DataFrame(rows)
+
+
+def _faithful(value, low, high) -> str:
+    """A faithfulness (a fraction) with its resampled interval, in percent at the interval's precision."""
+    return (display.estimate(value, low, high, scale=100, suffix="%", fallback=display.share) + " "
+            + display.bounds(low, high, scale=100, suffix="%", fallback=display.share)).strip()
 
 
 def circuit_summary(root: Path, tasks: list[str]) -> str:
@@ -242,11 +248,10 @@ def circuit_summary(root: Path, tasks: list[str]) -> str:
         rand = end[(end["curve"] == "random") & (end["mlps"] == "key") & (end["k"] == k["k"])]
         total = int(end.loc[end["curve"] == "model", "k"].iloc[0])
         reach = smallest_k(end, measure="full", mlps="all", level=0.8)
+        full = _faithful(k["faithfulness_full"], k["faithfulness_full_low"], k["faithfulness_full_high"])
+        logit = _faithful(k["faithfulness_logit"], k["faithfulness_logit_low"], k["faithfulness_logit_high"])
         text = (f"- **{task}**: the key circuit ({int(k['n_heads'])} heads + {int(k['n_mlps'])} MLPs, every other node "
-                f"mean-ablated) keeps {pct(k['faithfulness_full'])} "
-                f"{display.interval(k['faithfulness_full_low'], k['faithfulness_full_high'], pct)} of the full-answer "
-                f"accuracy and {pct(k['faithfulness_logit'])} "
-                f"{display.interval(k['faithfulness_logit_low'], k['faithfulness_logit_high'], pct)} of the answer "
+                f"mean-ablated) keeps {full} of the full-answer accuracy and {logit} of the answer "
                 f"logit; {len(rand)} random circuits of its size in the same layers keep {pct(rand['faithfulness_full'].mean())} "
                 f"and {pct(rand['faithfulness_logit'].mean())}. The fewest top heads that keep 80% of the full answers "
                 f"with every MLP: {_reach(reach, total)}.")
@@ -313,10 +318,13 @@ def edges_table(edges: dict[str, pd.DataFrame]) -> pd.DataFrame:
             r = paths.loc[path]
             if isinstance(r, pd.DataFrame):
                 r = r.iloc[0]
-            row[name] = f"{100 * r['mean_effect']:+.2f}% [{100 * r['ci_low']:+.2f}, {100 * r['ci_high']:+.2f}]"
+            row[name] = (display.estimate(r["mean_effect"], r["ci_low"], r["ci_high"], scale=100, sign=True, suffix="%")
+                         + " " + display.bounds(r["ci_low"], r["ci_high"], scale=100, sign=True))
         mlps = key[key["path"] == "mlp"].sort_values("mean_effect").head(3)
-        row["most negative MLP paths"] = ", ".join(f"L{int(m['receiver'])} {100 * m['mean_effect']:+.2f}%"
-                                                   for _, m in mlps.iterrows())
+        row["most negative MLP paths"] = ", ".join(
+            f"L{int(m['receiver'])} "
+            + display.estimate(m["mean_effect"], m["ci_low"], m["ci_high"], scale=100, sign=True, suffix="%")
+            for _, m in mlps.iterrows())
         rows.append(row)
     return pd.DataFrame(rows)
 
