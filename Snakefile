@@ -40,6 +40,7 @@ include: "workflow/rules/identify.smk"
 include: "workflow/rules/validate.smk"
 include: "workflow/rules/analyze.smk"
 include: "workflow/rules/circuit.smk"
+include: "workflow/rules/discover.smk"
 include: "workflow/rules/finetune.smk"
 include: "workflow/rules/study.smk"
 include: "workflow/rules/claims.smk"
@@ -92,5 +93,14 @@ rule all:
         if FINETUNE_METHODS
         else [],
         expand("results/{model}/finetune/study.png", model=MODELS) if STUDY_ARMS else [],
+        expand(
+            [
+                "results/{model}/discover/{task}_path.png",
+                "results/{model}/discover/{task}_circuit.png",
+            ],
+            model=MODELS,
+            task=TASKS,
+        ),
+        expand("results/{model}/discover/summary.parquet", model=MODELS),
         expand("results/{model}/claims.parquet", model=MODELS),
         expand("results/{model}/findings.html", model=MODELS),

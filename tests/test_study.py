@@ -311,7 +311,8 @@ def test_summary_says_when_the_study_could_not_run(tmp_path):
     assert all(out[k].read_bytes()[:4] == b"\x89PNG" for k in ("png", "curves"))
     rows = claims.sft_claims(pd.read_parquet(out["study"]), pd.read_parquet(out["comparisons"]), None, {},
                              not_run=meta["reason"])
-    assert {r["claim"] for r in rows} == {"sft_vs_full", "sft_vs_random", "sft_off_target", "sft_speed"}
+    assert {r["claim"] for r in rows} == {"sft_vs_full", "sft_vs_random", "sft_off_target", "sft_speed",
+                                         "sft_circuit_vs_precise"}
     assert all(r["verdict"] == "not measured" and r["note"] == meta["reason"] for r in rows)
 
 

@@ -686,6 +686,41 @@ def test_per_item_tables_add_up_to_the_tables(run):
     np.testing.assert_allclose(merged["accuracy"], merged["correct"], atol=1e-12)
 
 
+def test_discover_outputs_and_the_circuit_arm(run):
+    """Discovery on every operator and their union: one chosen circuit per operator, nested across targets and
+    scored on validation pairs; the study's circuit arm trains that union's strongest heads; the scorecard's two
+    new rows are there; a discover setting re-runs discovery, the circuit arm and what reads them, nothing else."""
+    import json
+
+    from arithmech.interp.nodes import circuit_first, parse_nodes, ranked_nodes
+    from arithmech.report.verdicts import VERDICTS
+
+    res = run / "results/tiny"
+    summary = pd.read_parquet(res / "discover/summary.parquet")
+    assert set(summary["task"]) == {*TASKS, "union"}
+    union: set = set()
+    for task in TASKS:
+        table = pd.read_parquet(res / f"discover/{task}.parquet").sort_values("target")
+        assert table["chosen"].sum() == 1 and (table["n_nodes"].diff().dropna() >= 0).all()  # nested circuits
+        union |= set(parse_nodes(table.loc[table["chosen"], "nodes"].iloc[0])[0])
+        validation = pd.read_parquet(res / f"discover/{task}_validation.parquet")
+        assert (validation["split"] == "validation").all()
+        for name in ("path", "circuit"):
+            assert (res / f"discover/{task}_{name}.png").read_bytes()[:4] == b"\x89PNG"
+    ranked, _ = ranked_nodes({t: pd.read_parquet(res / f"effects/{t}.parquet") for t in TASKS})
+    heads = yaml.safe_load((run / "config.yaml").read_text())["study"]["heads"]
+    stats = json.loads((res / "finetune/study/runs/circuit/lr0/stats.json").read_text())
+    assert [tuple(h) for h in stats["spec"]["heads"]] == circuit_first(ranked, union)[:heads]
+    claims = pd.read_parquet(res / "claims.parquet")
+    for claim in ("circuit_faithful", "sft_circuit_vs_precise"):
+        rows = claims[claims["claim"] == claim]
+        assert len(rows) and rows["verdict"].isin(VERDICTS).all()
+    assert (claims.loc[claims["claim"] == "sft_circuit_vs_precise", "verdict"] != "not measured").all()
+    planned = planned_rules(dry_run(run, lambda c: c["circuit"]["discover"].update(random_draws=6)))
+    assert {"discover", "discover_union", "study_train", "claims", "findings"} <= set(planned)
+    assert not {"circuit", "edges", "knockout", "patch_all_layers"} & set(planned)
+
+
 def test_claims_scorecard(run):
     """Every claim of the paper has a headline row with a verdict and its rule; rows point at files that exist;
     the Markdown and HTML name every claim."""

@@ -23,7 +23,11 @@ rule circuit:
         **gpu_resources("circuit"),
     params:
         code=library_code("circuit"),
-        circuit={k: v for k, v in config["circuit"].items() if k != "edges"},
+        circuit={
+            k: v
+            for k, v in config["circuit"].items()
+            if k not in ("edges", "discover")
+        },
         prompts=config["prompts"],
         compute=config["compute"],
         seed=config["seed"],

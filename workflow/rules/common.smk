@@ -27,29 +27,34 @@ wildcard_constraints:
 def model_job_resources(name, wildcards, attempt):
     """A model job's resources at `attempt` (arithmech.tools.cluster): `models.<model>.resources` with the
     block of rule `name` over it; a retry after the job ran out of GPU memory (read from its log) splits the batch,
-    after another failure it asks for more host memory; both ask for more time."""
+    after another failure it asks for more host memory; both ask for more time. Under the SLURM plugin's names
+    (cluster.rule_resources: a job over several nodes is the plugin's MPI job)."""
     first = cluster.job_resources(config["models"][wildcards.model]["resources"], name)
     gpu_oom = attempt > 1 and cluster.gpu_oom_logged(
         getattr(rules, name).log[0].format(**dict(wildcards.items()))
     )
-    return cluster.retry_resources(first, attempt, gpu_oom)
+    return cluster.rule_resources(cluster.retry_resources(first, attempt, gpu_oom))
 
 
 def gpu_resources(name):
     """What a job of rule `name` that runs the model asks a cluster for (local runs ignore gpu and gpu_model);
-    `batch_split` is read by the job itself (arithmech.jobs)."""
+    `batch_split` is read by the job itself (arithmech.jobs), `nodes` and `tasks_per_node` by a training job's
+    launcher too. A value of None is not passed. Every model's `nodes` is checked here, while the workflow
+    parses (cluster.check_nodes)."""
+    for model in MODELS:
+        cluster.check_nodes(model, config["models"][model]["resources"], name)
 
-    def get(key, default):
+    def get(key):
         return lambda wildcards, attempt: model_job_resources(
             name, wildcards, attempt
-        ).get(key, default)
+        ).get(key)
 
+    # one node: gpu, gpu_model, cpus_per_gpu (several GPUs); several nodes: gres, nodes, tasks_per_node, mpi
+    keys = ("gpu", "gpu_model", "mem_mb", "runtime", "batch_split", "cpus_per_gpu")
+    if name in cluster.TRAINING_RULES:
+        keys += ("gres", "nodes", "tasks_per_node", "mpi")
     return {
-        "gpu": get("gpus", 1),
-        "gpu_model": get("gpu_model", ""),
-        "mem_mb": get("mem_mb", None),
-        "runtime": get("runtime", None),
-        "batch_split": get("batch_split", 1),
+        **{key: get(key) for key in keys},
         **cluster.slurm_settings(os.environ, gpu=True),
     }
 
@@ -307,6 +312,13 @@ def study_train_inputs(wildcards):
             f"effects_{t}": f"results/{wildcards.model}/effects/{t}.parquet"
             for t in TASKS
         }
+    if (
+        wildcards.arm == "circuit"
+    ):  # the circuits the discover rule chose, one per operator
+        files |= {
+            f"discover_{t}": f"results/{wildcards.model}/discover/{t}.parquet"
+            for t in TASKS
+        }
     if not wildcards.run.startswith("lr"):
         files["selection"] = (
             f"results/{wildcards.model}/finetune/study/select/{wildcards.arm}.json"
@@ -389,7 +401,8 @@ def study_summary_inputs(wildcards):
 
 def findings_inputs(wildcards):
     """The claims scorecard, the tables the page repeats, and the figures it embeds: the first task's
-    heatmap, knockout curve and faithfulness curve, and the study's figure when the study runs.
+    heatmap, knockout curve, faithfulness curve, pruning path and discovered circuit, and the study's figure
+    when the study runs.
     """
     root = f"results/{wildcards.model}"
     inputs = {
@@ -398,8 +411,11 @@ def findings_inputs(wildcards):
             f"{root}/effects/{TASKS[0]}.png",
             f"{root}/knockout/{TASKS[0]}.png",
             f"{root}/circuit/{TASKS[0]}_faithfulness.png",
+            f"{root}/discover/{TASKS[0]}_path.png",
+            f"{root}/discover/{TASKS[0]}_circuit.png",
         ]
         + ([f"{root}/finetune/study.png"] if STUDY_ARMS else []),
+        "discover": f"{root}/discover/summary.parquet",
         **{
             f"key_{t}": f"results/{wildcards.model}/key_components/{t}.parquet"
             for t in TASKS
@@ -422,11 +438,14 @@ def findings_inputs(wildcards):
 
 def claims_inputs(wildcards):
     """Every table the scorecard reads: per operator its key components, effects, knockout items, attention of
-    every head by role, MLP probes, circuit items and edges; the transfer items; the study's tables when the
-    study runs.
+    every head by role, MLP probes, circuit items and edges; the transfer items; the discovered circuits'
+    summary; the study's tables when the study runs.
     """
     root = f"results/{wildcards.model}"
-    inputs = {"transfer": f"{root}/knockout/transfer_items.parquet"}
+    inputs = {
+        "transfer": f"{root}/knockout/transfer_items.parquet",
+        "discover": f"{root}/discover/summary.parquet",
+    }
     for t in TASKS:
         inputs |= {
             f"key_{t}": f"{root}/key_components/{t}.parquet",

@@ -22,4 +22,5 @@ with job(snakemake):
         out_html=snakemake.output.html,
         circuit_item_paths={t: inputs[f"circuit_{t}"] for t in tasks},
         edges_paths={t: inputs[f"edges_{t}"] for t in tasks},
+        discover_path=inputs.discover,
     )

@@ -13,5 +13,6 @@ with job(snakemake):
         figure_paths=list(inputs.figures),
         study_path=inputs.get("study"),
         comparisons_path=inputs.get("comparisons"),
+        discover_path=inputs.discover,
         out_html=snakemake.output.html,
     )

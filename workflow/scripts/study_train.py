@@ -19,4 +19,5 @@ with job(snakemake):
         selection_path=inputs.get("selection"),
         out_dir=snakemake.output[0],
         checkpoint_root=snakemake.params.checkpoints,
+        discover_paths={k[len("discover_"):]: v for k, v in inputs.items() if k.startswith("discover_")},
     )

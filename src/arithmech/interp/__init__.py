@@ -7,6 +7,8 @@ ablation.mean_ablate and knockout mean-ablate heads and MLPs; set_answers scores
 analysis.token_roles, attention_rows and mlp_probes explain the key heads' attention and the MLPs.
 sufficiency.circuit_sets and faithfulness_table test circuits for sufficiency; edges.edge_logits patches
 head -> MLP edges.
+discovery.prune finds the smallest circuit that keeps a target share of a measure (greedy node pruning, exact
+END-token trials on a prefix cache), ordered by EndTrials.attribution (integrated gradients).
 
 Import from the modules (no re-exports here), so that importing the package imports no torch.
 """

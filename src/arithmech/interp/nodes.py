@@ -8,6 +8,8 @@ method random_heads `layer_matched_heads`).
     ranked_nodes(effects)                  the same as (heads, MLP layers), what fine-tuning selects from
     random_heads(...)                      k heads drawn uniformly among the others
     layer_matched_heads(ranked, ...)       one head per ranked head, drawn in its layer
+    parse_nodes("L3H2 L5MLP")              a node list as written in tables, back to (heads, MLP layers)
+    circuit_first(ranked, circuit)         a ranking with a circuit's heads first (the study's circuit arm)
 """
 
 from __future__ import annotations
@@ -18,6 +20,30 @@ import numpy as np
 import pandas as pd
 
 Head = tuple[int, int]  # (layer, query head)
+
+
+def parse_nodes(text: str) -> tuple[list[Head], list[int]]:
+    """(heads, MLP layers) from a space-separated node list as the circuit tables write it ("L3H2 L5MLP",
+    `sufficiency.CircuitSet.nodes`); an empty string is the empty circuit."""
+    heads, mlps = [], []
+    for token in str(text).split():
+        if token.endswith("MLP") and token.startswith("L"):
+            mlps.append(int(token[1:-3]))
+        elif token.startswith("L") and "H" in token:
+            layer, head = token[1:].split("H")
+            heads.append((int(layer), int(head)))
+        else:
+            raise ValueError(f"node {token!r}: expected L<layer>H<head> or L<layer>MLP")
+    return heads, mlps
+
+
+def circuit_first(ranked: Sequence[Head], circuit: Iterable[Head]) -> list[Head]:
+    """Every head of `ranked`, the circuit's heads first, each group in ranked order: the top k of this list are
+    the k circuit heads of strongest effect, as precise SFT takes the top k heads of `ranked`. (A circuit of fewer
+    than k heads is filled with the strongest heads outside it: the caller says so.)"""
+    inside = {(int(l), int(h)) for l, h in circuit}
+    ranked = [(int(l), int(h)) for l, h in ranked]
+    return [h for h in ranked if h in inside] + [h for h in ranked if h not in inside]
 
 
 def random_heads(n_layers: int, n_heads: int, k: int, seed: int, exclude: Iterable[Head] = ()) -> list[Head]:

@@ -1,5 +1,5 @@
-"""From key components to a circuit: are they sufficient, and do the key heads act through the MLPs? Torch-free
-(the node sets and the statistics; `stages.circuit` runs the model, `edges` holds the edge closed form).
+"""From key components to a circuit: are they sufficient, and do the key heads act through the MLPs? Torch-free at
+import (the node sets and the statistics; `score_sets` runs the model, `edges` holds the edge closed form).
 
 Sufficiency (Wang et al.'s faithfulness). A circuit C is a set of heads and MLPs that is KEPT; every other head
 and MLP is mean-ablated (the knockout, inverted: `ablation`). A measure m (full-answer accuracy, the answer's
@@ -59,6 +59,13 @@ class CircuitSet:
         return " ".join([f"L{l}H{h}" for l, h in self.heads] + [f"L{l}MLP" for l in self.mlp_layers])
 
 
+def key_nodes(key: pd.DataFrame) -> tuple[list[Head], list[int]]:
+    """The key heads [(layer, head)] and key MLP layers of a key_components table."""
+    heads = key[key["component"] == "head"]
+    return ([(int(l), int(h)) for l, h in zip(heads["layer"], heads["head"])],
+            [int(l) for l in key.loc[key["component"] == "mlp", "layer"]])
+
+
 def circuit_sets(*, ranked_heads: Sequence[Head], key_heads: Sequence[Head], key_mlps: Sequence[int], n_layers: int,
                  n_heads: int, grid: Sequence[int], draws: int, band_draws: int, seed: int,
                  curves: bool = True) -> list[CircuitSet]:
@@ -87,6 +94,33 @@ def circuit_sets(*, ranked_heads: Sequence[Head], key_heads: Sequence[Head], key
             drawn = layer_matched_heads(ranked[:k], n_heads, seed=seed * 1000 + 800 + k * 10 + d, n_layers=n_layers)
             sets.append(CircuitSet("random", "key", k, d, tuple(drawn), mlp_sets["key"]))
     return sets
+
+
+def score_sets(lm, scored: pd.DataFrame, sets: list[CircuitSet], *, means, positions: str, batch_size: int
+                ) -> dict[str, np.ndarray]:
+    """Per-item measures of every set on the pairs `scored` (prompt, answer, answer_token_id, template_id), {measure:
+    [n_sets, n]} for `MEASURES` (full, logit, first): greedy answers with everything outside the set mean-ablated at
+    `positions` (`ablation.set_answers`), each distinct ablation run once. Runs the model (torch imported here)."""
+    import torch
+    from arithmech.interp.ablation import answers_correct, set_answers
+
+    from arithmech.data.answers import answer_tokens
+
+    distinct = list(dict.fromkeys((s.heads, s.mlp_layers) for s in sets))
+    ablated = [CircuitSet("", "", 0, -1, h, m).ablated(lm.n_layers, lm.n_heads) for h, m in distinct]
+    answers = torch.tensor(scored["answer_token_id"].to_numpy())
+    result = set_answers(lm, list(scored["prompt"]), scored["answer"], head_sets=[a[0] for a in ablated],
+                         mlp_sets=[a[1] for a in ablated], means=means, positions=positions,
+                         template_ids=scored["template_id"], answer_ids=answers,
+                         max_new_tokens=answer_tokens(lm.tokenizer, scored["answer"]), batch_size=batch_size,
+                         copies=256)
+    per_distinct = {
+        "first": (result.first_tokens == answers[None]).numpy(),
+        "full": answers_correct(lm.tokenizer, result.tokens, scored["answer"]),
+        "logit": result.first_answer_logits.numpy(),
+    }
+    where = [distinct.index((s.heads, s.mlp_layers)) for s in sets]
+    return {m: v[where].astype(float) for m, v in per_distinct.items()}
 
 
 def constant_accuracy(values: Sequence) -> float:
@@ -128,19 +162,20 @@ def faithfulness(means: np.ndarray, i_model: int, i_empty: int) -> np.ndarray:
 
 
 def key_vs_random(items: pd.DataFrame, *, measure: str, mlps: str, n_boot: int, seed: int,
-                  confidence: float) -> dict | None:
-    """Faithfulness of the key circuit minus the mean faithfulness of the layer-matched random circuits of its
-    size (same MLPs), paired on the same items and cluster draws. `items`: one variant's per-item table
-    (`stages.circuit`: curve, mlps, k, seed, sample_id, cluster and the MEASURES columns). None when the
-    key circuit or its random draws are missing.
+                  confidence: float, curve: str = "key", column: str | None = None) -> dict | None:
+    """Faithfulness of the key circuit (or the one circuit of `curve`, e.g. a discovered one) minus the mean
+    faithfulness of the layer-matched random circuits of its size (same MLPs), paired on the same items and
+    cluster draws. `items`: one variant's per-item table (`stages.circuit`: curve, mlps, k, seed, sample_id,
+    cluster and the MEASURES columns; `column` names another per-item column to use instead of measure's). None
+    when the circuit or its random draws are missing.
     Returns {difference, ci_low, ci_high, key, key_low, key_high, random, n_items, n_clusters, draws}."""
-    column = MEASURES[measure]
-    key = items[(items["curve"] == "key") & (items["mlps"] == mlps)]
+    column = column or MEASURES[measure]
+    key = items[(items["curve"] == curve) & (items["mlps"] == mlps)]
     if not len(key):
         return None
     n_key = int(key["k"].iloc[0])
     picks = {"model": items["curve"] == "model", "empty": items["curve"] == "empty",
-             "key": (items["curve"] == "key") & (items["mlps"] == mlps)}
+             "key": (items["curve"] == curve) & (items["mlps"] == mlps)}
     rand = items[(items["curve"] == "random") & (items["mlps"] == mlps) & (items["k"] == n_key)]
     draws = sorted(rand["seed"].unique())
     if not draws:

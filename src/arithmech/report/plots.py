@@ -331,13 +331,14 @@ def eval_summary(summary: pd.DataFrame, datasets: list[str], title: str, path: s
     _save(fig, path)
 
 
-STUDY_ARMS = ("base", "precise", "precise_mlp", "random_heads", "uniform_heads", "full", "lora")
+STUDY_ARMS = ("base", "precise", "precise_mlp", "random_heads", "uniform_heads", "full", "lora", "circuit")
 
 
 def _arm_colors() -> dict:
     """One colour per study arm, the same in every study figure (precise and random heads far apart)."""
     palette = sns.color_palette("colorblind", 10)
-    return dict(zip(STUDY_ARMS, [palette[7], palette[1], palette[2], palette[0], palette[9], palette[4], palette[5]]))
+    return dict(zip(STUDY_ARMS, [palette[7], palette[1], palette[2], palette[0], palette[9], palette[4], palette[5],
+                                 palette[3]]))
 
 
 def study_accuracy(table: pd.DataFrame, train_format: str, title: str, path: str | Path) -> None:
@@ -538,3 +539,70 @@ def circuit_graph(edges: pd.DataFrame, title: str, path: str | Path, max_edges: 
     ax.set_title(f"{title}\n{len(shown)} of {len(sig[sig['path'].isin(['mlp', 'direct'])])} edges whose interval "
                  f"excludes 0 (width = |effect|; red lowers the answer logit)", fontsize=9)
     _save(fig, path)
+
+
+TARGET_COLORS = ("#1b9e77", "#d95f02", "#7570b3", "#e7298a", "#66a61e")
+
+
+def pruning_path(path: pd.DataFrame, title: str, out: str | Path) -> None:
+    """The greedy pruning path (`interp.discovery.prune`): faithfulness of the measure on the identification pairs
+    after each visit against the nodes still kept, one colour per target (the highest prunes the whole model,
+    each lower one goes on from the circuit above; the chosen one thicker), its target dashed, each circuit's
+    size marked."""
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    first = path[path["target"] == path["target"].max()].sort_values("visit")
+    total = int(first["nodes_kept"].iloc[0] + first["dropped"].iloc[0])
+    start = (total, 1.0)  # the highest target prunes the whole model; each lower one the circuit above it
+    for i, (target, part) in enumerate(sorted(path.groupby("target"), key=lambda g: -g[0])):
+        part = part.sort_values("visit")
+        color = TARGET_COLORS[i % len(TARGET_COLORS)]
+        chosen = bool(part["chosen"].iloc[0]) if "chosen" in part else False
+        x = np.r_[start[0], part["nodes_kept"].to_numpy()]
+        y = np.r_[start[1], part["faithfulness"].to_numpy()]
+        start = (x[-1], y[-1])
+        ax.step(x, y, where="post", color=color, lw=2.2 if chosen else 1.1,
+                label=f"target {target:g}: {int(part['nodes_kept'].iloc[-1])} nodes" + (" (chosen)" if chosen else ""))
+        ax.axhline(target, color=color, ls="--", lw=0.8)
+        ax.plot(part["nodes_kept"].iloc[-1], part["faithfulness"].iloc[-1], "o", color=color, mec="black", ms=6)
+    if total > 50:  # the first sweep's long tail, and the few nodes the targets differ by
+        ax.set_xscale("symlog", linthresh=10)
+        ax.set_xlim(total * 1.05, 0)
+        ax.minorticks_off()
+    else:
+        ax.invert_xaxis()
+    ax.set_xlabel(f"nodes kept (heads and MLPs, of {total})")
+    ax.set_ylabel("faithfulness of the measure (identification pairs)")
+    ax.legend(fontsize=8, loc="lower left")
+    ax.set_title(title, fontsize=10)
+    _save(fig, out)
+
+
+def circuit_grid(nodes: str, key_heads, n_layers: int, n_heads: int, title: str, out: str | Path) -> None:
+    """A circuit ("L3H2 L5MLP ...", `CircuitSet.nodes`) on the layer x head grid with an MLP column, over the key
+    heads: kept key heads, added heads (not key heads), key heads it leaves out, and kept MLPs."""
+    labels = nodes.split()
+    heads = {tuple(int(x) for x in s[1:].split("H")) for s in labels if not s.endswith("MLP")}
+    mlps = {int(s[1:-3]) for s in labels if s.endswith("MLP")}
+    key = {(int(l), int(h)) for l, h in key_heads}
+    grid = np.zeros((n_layers, n_heads + 1))
+    for l, h in heads:
+        grid[l, h] = 2 if (l, h) in key else 1
+    for l, h in key - heads:
+        grid[l, h] = 3
+    for l in mlps:
+        grid[l, n_heads] = 4
+    colors = ["#f4f4f4", "#1f78b4", "#33a02c", "#fb9a99", "#6a3d9a"]
+    names = ["ablated", "added head", "key head kept", "key head left out", "MLP kept"]
+    fig, ax = plt.subplots(figsize=(max(4.5, 0.35 * (n_heads + 1) + 2), max(3.5, 0.22 * n_layers + 1.5)))
+    ax.imshow(grid, cmap=matplotlib.colors.ListedColormap(colors), vmin=-0.5, vmax=4.5, aspect="auto",
+              origin="lower", interpolation="nearest")
+    ax.axvline(n_heads - 0.5, color="black", lw=0.8)
+    ax.set_xticks(range(n_heads + 1), [str(h) for h in range(n_heads)] + ["MLP"], fontsize=7)
+    ax.set_yticks(range(n_layers), [str(l) for l in range(n_layers)], fontsize=6)
+    ax.set_xlabel("head")
+    ax.set_ylabel("layer")
+    counts = [int((grid[:, :n_heads] == v).sum()) for v in range(4)] + [len(mlps)]
+    ax.legend(handles=[Rectangle((0, 0), 1, 1, color=c, label=f"{n} ({k})") for c, n, k in zip(colors, names, counts)],
+              fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1))
+    ax.set_title(title, fontsize=9)
+    _save(fig, out)

@@ -25,7 +25,8 @@ its greedy exact match is `scoring.score_targets`' greedy_match.
 Arms (`study.arms`: names of `sft.methods.METHODS`, whose heads `sft.methods.select_nodes` selects): precise
 (the top `study.heads` heads by patching effect averaged over the tasks: the W_Q rows and W_O columns, with
 `study.kv: shared` also the K/V rows of their key/value heads), precise_mlp (the same plus the top
-`study.mlps` MLP layers), random_heads (as many heads, drawn LAYER-MATCHED: the same number in each layer as
+`study.mlps` MLP layers), circuit (as many heads, trained as precise, from the union over the operators of the
+circuits the discover rule chose, ranked as precise ranks all heads: `interp.nodes.circuit_first`), random_heads (as many heads, drawn LAYER-MATCHED: the same number in each layer as
 the key heads, never a key head; `study.random_draws` draws, so the same parameter count), uniform_heads (as
 many heads drawn uniformly among the others, as many draws), full and lora. Every arm's lr is chosen on the
 validation split from its own grid (`study.lr_grid`), the same number of steps for all; the chosen lr is
@@ -74,12 +75,16 @@ COMPARISONS = (
     ("precise", "full"),  # does training 1% of the model match training all of it?
     ("precise", "lora"),
     ("precise_mlp", "precise"),  # do the key MLPs add anything?
+    ("circuit", "precise"),  # is the discovered circuit a better place to train than the key heads?
+    ("circuit", "random_heads"),
+    ("circuit", "full"),
     ("precise", "base"),  # does precise SFT help at all?
     ("full", "base"),
     ("random_heads", "base"),
     ("uniform_heads", "base"),
     ("lora", "base"),
     ("precise_mlp", "base"),
+    ("circuit", "base"),
 )
 
 
@@ -309,9 +314,30 @@ def arm_method(arm: str, run: str, study: dict, *, ranked_heads: list, ranked_ml
                                mlps=study["mlps"] if arm == "precise_mlp" else 0,  # the precise arm: heads alone
                                n_layers=n_layers, n_heads=n_heads, seed=seed, draw=index if kind == "draw" else 0,
                                section="study")
-    # precise_mlp trains as precise does (its mlp_layers make the difference)
-    return {"method": "precise" if arm == "precise_mlp" else arm, "heads": [list(h) for h in heads],
+    # precise_mlp and circuit train as precise does (their MLP layers or heads make the difference)
+    return {"method": "precise" if arm in ("precise_mlp", "circuit") else arm, "heads": [list(h) for h in heads],
             "mlp_layers": mlps, "train_kv": study["kv"] == "shared"}
+
+
+def circuit_ranking(ranked_heads: list, discovered: dict[str, pd.DataFrame], n: int) -> tuple[list, str | None]:
+    """The circuit arm's head ranking: the heads of the union over operators of the circuit the discover rule
+    chose for each (`discovered`: task -> its table, one row per target with `chosen` and `nodes`), ranked by
+    patching effect as `ranked_heads` ranks all heads (`interp.nodes.circuit_first`), so that the arm's top `n`
+    heads are the union's `n` strongest. Returns (ranking, a note when the union has fewer than `n` heads: the
+    arm is then filled with the strongest heads outside it, and the note says how many)."""
+    from arithmech.interp.nodes import circuit_first, parse_nodes
+
+    union: set = set()
+    for task, table in discovered.items():
+        chosen = table[table["chosen"].astype(bool)]
+        if len(chosen) != 1:
+            raise ValueError(f"the discover table of {task!r} marks {len(chosen)} circuits as chosen; expected one")
+        union |= set(parse_nodes(chosen["nodes"].iloc[0])[0])
+    note = None
+    if len(union) < n:
+        note = (f"the discovered circuits' union has {len(union)} heads, fewer than study.heads = {n}: the circuit "
+                f"arm trains them and the {n - len(union)} strongest heads outside it")
+    return circuit_first(ranked_heads, union), note
 
 
 def select_lr(val_by_run: dict[str, pd.DataFrame], grid: list[float]) -> dict:

@@ -26,16 +26,19 @@ METHODS = {
     "precise": "the top `heads` heads by patching effect averaged over run.tasks, and in the GSM8K recipe the "
                "top `finetune.mlps` MLPs",
     "precise_mlp": "the study's precise plus the whole weights of the top `study.mlps` MLPs",
+    "circuit": "the study's precise count of heads from the discovered circuit (circuit.discover): its heads "
+               "ranked by patching effect averaged over run.tasks, as precise ranks all heads",
     "random_heads": "as many heads drawn layer-matched, the same number in each layer as the top heads and never "
                     "a top head",
     "uniform_heads": "as many heads drawn uniformly among all heads but the top ones",
     "full": "every parameter",
     "lora": "LoRA factors",
 }
-HEAD_METHODS = ("precise", "precise_mlp", "random_heads", "uniform_heads")  # per-head deltas (`select_nodes`)
+HEAD_METHODS = ("precise", "precise_mlp", "circuit", "random_heads", "uniform_heads")  # per-head deltas (`select_nodes`)
 DRAWN_METHODS = ("random_heads", "uniform_heads")  # heads drawn at random: the study trains several draws
-# The recipe's precise already trains `finetune.mlps` MLPs, so precise_mlp is the study's alone.
-RECIPE_METHODS = tuple(name for name in METHODS if name != "precise_mlp")
+# The recipe's precise already trains `finetune.mlps` MLPs, so precise_mlp is the study's alone; so is circuit (the
+# study asks whether the discovered circuit is the better place to train).
+RECIPE_METHODS = tuple(name for name in METHODS if name not in ("precise_mlp", "circuit"))
 SCHEDULES = ("constant", "linear", "cosine")
 OPTIMIZERS = ("adamw", "sgd")
 
@@ -98,6 +101,8 @@ def select_nodes(method: str, ranked_heads, ranked_mlps, *, heads: int, mlps: in
     effect, best first (`interp.nodes.ranked_nodes`):
 
         precise, precise_mlp   the top `heads` heads and the top `mlps` MLP layers
+        circuit                the same, from a ranking that puts the discovered circuit's heads first
+                               (`interp.nodes.circuit_first`)
         random_heads           `heads` heads drawn layer-matched (`layer_matched_heads`), no MLP
         uniform_heads          `heads` heads drawn uniformly among the others (`random_heads`), no MLP
 

@@ -1,5 +1,5 @@
-"""The rule entry points, one module per workflow/rules/*.smk: identify, validate, analyze, circuit, finetune,
-study, claims, findings.
+"""The rule entry points, one module per workflow/rules/*.smk: identify, validate, analyze, circuit, discover,
+finetune, study, claims, findings.
 
 Each run_* function reads a rule's inputs, calls the library and writes its outputs atomically with provenance;
 keyword-only, so a script cannot swap two paths silently, and runnable (and tested) without Snakemake:

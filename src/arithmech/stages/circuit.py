@@ -15,12 +15,6 @@ from arithmech.io import write_parquet
 from arithmech.data.arithmetic import split_pairs
 
 
-def _key_nodes(key: pd.DataFrame) -> tuple[list[tuple[int, int]], list[int]]:
-    heads = key[key["component"] == "head"]
-    return ([(int(l), int(h)) for l, h in zip(heads["layer"], heads["head"])],
-            [int(l) for l in key.loc[key["component"] == "mlp", "layer"]])
-
-
 def contrast_end_mean(lm, *, task: str, pairs: pd.DataFrame, prompts: dict, cf_shots: str, seed: int,
                       batch_size: int) -> AlignedMean:
     """The END mean over the identification pairs' counterfactuals rebuilt with `counterfactual_shots: cf_shots`
@@ -38,31 +32,6 @@ def contrast_end_mean(lm, *, task: str, pairs: pd.DataFrame, prompts: dict, cf_s
     state, _ = collect(lm, list(rebuilt["cf_prompt"]), answers, batch_size, desc=f"{cf_shots} means")
     # float64 sums, as `means.GroupedMean.end` takes the default means
     return AlignedMean(state.heads.double().mean(0)[None].float(), state.mlps.double().mean(0)[None].float())
-
-
-def _score_sets(lm, scored: pd.DataFrame, sets: list[cx.CircuitSet], *, means, positions: str, batch_size: int
-                ) -> dict[str, np.ndarray]:
-    """Per-item measures of every set, {measure: [n_sets, n]}, each distinct ablation run once."""
-    import torch
-    from arithmech.interp.ablation import answers_correct, set_answers
-
-    from arithmech.data.answers import answer_tokens
-
-    distinct = list(dict.fromkeys((s.heads, s.mlp_layers) for s in sets))
-    ablated = [cx.CircuitSet("", "", 0, -1, h, m).ablated(lm.n_layers, lm.n_heads) for h, m in distinct]
-    answers = torch.tensor(scored["answer_token_id"].to_numpy())
-    result = set_answers(lm, list(scored["prompt"]), scored["answer"], head_sets=[a[0] for a in ablated],
-                         mlp_sets=[a[1] for a in ablated], means=means, positions=positions,
-                         template_ids=scored["template_id"], answer_ids=answers,
-                         max_new_tokens=answer_tokens(lm.tokenizer, scored["answer"]), batch_size=batch_size,
-                         copies=256)
-    per_distinct = {
-        "first": (result.first_tokens == answers[None]).numpy(),
-        "full": answers_correct(lm.tokenizer, result.tokens, scored["answer"]),
-        "logit": result.first_answer_logits.numpy(),
-    }
-    where = [distinct.index((s.heads, s.mlp_layers)) for s in sets]
-    return {m: v[where].astype(float) for m, v in per_distinct.items()}
 
 
 def run_circuit(*, model: str, task: str, model_dir, pairs_path, cache_path, effects_path, key_path, circuit: dict,
@@ -84,7 +53,7 @@ def run_circuit(*, model: str, task: str, model_dir, pairs_path, cache_path, eff
     pairs = pd.read_parquet(pairs_path)
     validation = split_pairs(pairs, "validation", str(pairs_path))
     cache = load_file(str(cache_path))
-    key_heads, key_mlps = _key_nodes(pd.read_parquet(key_path))
+    key_heads, key_mlps = cx.key_nodes(pd.read_parquet(key_path))
     common = {"ranked_heads": ranked_heads(pd.read_parquet(effects_path)), "key_heads": key_heads,
               "key_mlps": key_mlps, "n_layers": lm.n_layers, "n_heads": lm.n_heads, "grid": circuit["grid"],
               "draws": circuit["random_draws"], "band_draws": circuit["band_draws"], "seed": seed}
@@ -104,7 +73,7 @@ def run_circuit(*, model: str, task: str, model_dir, pairs_path, cache_path, eff
         variants.append(("end", contrast, end_items, cx.circuit_sets(**common, curves=False), means))
     tables, items = [], []
     for positions, label, scored, sets, means in variants:
-        values = _score_sets(lm, scored, sets, means=means, positions="end" if positions == "end" else "all",
+        values = cx.score_sets(lm, scored, sets, means=means, positions="end" if positions == "end" else "all",
                              batch_size=compute["batch_size"])
         clusters = (scored["a"].astype(str) + "," + scored["b"].astype(str)).to_numpy()
         table = cx.faithfulness_table(sets, values, clusters, n_boot=circuit["bootstrap"], seed=seed,
@@ -129,7 +98,7 @@ def run_circuit(*, model: str, task: str, model_dir, pairs_path, cache_path, eff
 def edge_senders(effects: pd.DataFrame, keys: dict[str, pd.DataFrame], n_top: int) -> list[tuple[int, int]]:
     """The sender heads of one operator: its top `n_top` heads by effect and every operator's key heads, in the
     operator's effect order."""
-    union = {h for key in keys.values() for h in _key_nodes(key)[0]}
+    union = {h for key in keys.values() for h in cx.key_nodes(key)[0]}
     ranked = ranked_heads(effects)
     return [h for i, h in enumerate(ranked) if i < n_top or h in union]
 
@@ -184,7 +153,7 @@ def run_edges(*, model: str, model_dir, tasks: list[str], pairs_paths, effects_p
         samples = pd.concat(rows, ignore_index=True)
         clusters = pd.Series((pairs["a"].astype(str) + "," + pairs["b"].astype(str)).to_numpy(),
                              index=pairs["sample_id"])
-        key_labels = [node_label(l, h) for l, h in _key_nodes(keys[task])[0]]
+        key_labels = [node_label(l, h) for l, h in cx.key_nodes(keys[task])[0]]
         value = "rel_effect" if metric == "relative_logit" else "change"
         if value == "rel_effect" and not (logit_o > 0).any():  # e.g. a random model: the run goes on, and says so
             warnings.warn(f"{task}: no scored pair has a positive unpatched answer logit, where a relative change "

@@ -4,6 +4,7 @@ two paths silently."""
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -120,10 +121,11 @@ def run_seed(run: str, seed: int) -> int:
 
 
 def run_study_train(*, model_dir, items_path, effects_paths: dict, arm: str, run: str, study: dict, compute: dict,
-                    seed: int, selection_path, out_dir, checkpoint_root) -> None:
+                    seed: int, selection_path, out_dir, checkpoint_root, discover_paths: dict | None = None) -> None:
     """Train one run (module docstring of `arithmech.sft.design`) and save what was trained, `stats.json`
     (with the learning-curve points) and the final validation scores (`val.parquet`). A killed job resumes
-    from `checkpoint_root/<arm>-<run>-<hash of the settings>`."""
+    from `checkpoint_root/<arm>-<run>-<hash of the settings>`. The circuit arm reads the discover rule's tables
+    (`discover_paths`, task -> results/{model}/discover/{task}.parquet)."""
     import torch
 
     from arithmech.sft.methods import HEAD_METHODS, parse_method
@@ -134,6 +136,15 @@ def run_study_train(*, model_dir, items_path, effects_paths: dict, arm: str, run
     train_items, val = fmt[fmt["split"] == "train"], fmt[fmt["split"] == "validation"]
     curve_test = fmt[fmt["split"] == "test"].head(study["curve"]["test_items"])
     heads, mlps = ranked_nodes({t: pd.read_parquet(p) for t, p in effects_paths.items()}) if arm in HEAD_METHODS else ([], [])
+    circuit_note = None
+    if arm == "circuit":
+        if not discover_paths:
+            raise ValueError("study arm 'circuit' needs the discover rule's tables (results/{model}/discover/{task}"
+                             ".parquet); none was given")
+        heads, circuit_note = sd.circuit_ranking(heads, {t: pd.read_parquet(p) for t, p in discover_paths.items()},
+                                                 study["heads"])
+        if circuit_note:
+            warnings.warn(circuit_note, stacklevel=2)
     spec = sd.arm_method(arm, run, study, ranked_heads=heads, ranked_mlps=mlps, n_layers=lm.n_layers,
                          n_heads=lm.n_heads, seed=seed)
     parse_method(spec)
@@ -165,7 +176,7 @@ def run_study_train(*, model_dir, items_path, effects_paths: dict, arm: str, run
         meta_params={"arm": arm, "run": run}, append_eos=False, evaluate=evaluate,
         evaluate_every=study["curve"]["every"], final_tables=final_val,
         record={"arm": arm, "run": run, "lr": lr, "seed": train_cfg["seed"], "n_examples": len(examples), "spec": spec,
-                "train": train_cfg},
+                "train": train_cfg, **({"circuit_note": circuit_note} if circuit_note else {})},
     )
     print(f"{arm} {run}: lr {lr:g}, {stats.n_trainable} trained parameters, {record['mean_step_s']:.2f} s/step, "
           f"validation exact match {tables[VAL_FILE]['correct'].mean():.3f}")

@@ -310,3 +310,69 @@ def edges(s: Setting, m: Model, job: Job) -> Cost:
                                      dtype_bytes=m.dtype_bytes)
     return gpu_cost(m, work=work, activations=act,
                     note=f"{pairs} pairs x 2 forwards, {senders} senders (key heads assumed 5%)")
+
+
+# The share of the nodes a discovered circuit keeps, before any run knows it (what the later sweeps revisit).
+ASSUMED_CIRCUIT_SHARE = 0.2
+
+
+def discover_trials(cfg: dict, shape: Shape) -> tuple[int, int]:
+    """(END forwards of the first sweep, of every later sweep) of `discovery.prune` for a model of `shape`: one
+    forward per visited node; the first sweep (the highest target's, from the whole model) visits every node, or
+    `max_trials` of them on a model of at least that many heads; a later sweep (the highest target's again, or a
+    lower target's, from the circuit above it) the nodes still kept (ASSUMED_CIRCUIT_SHARE)."""
+    nodes = shape.n_layers * (shape.n_heads + 1)
+    tried = min(nodes, cfg["max_trials"]) if shape.n_layers * shape.n_heads >= cfg["max_trials"] else nodes
+    return tried, math.ceil(ASSUMED_CIRCUIT_SHARE * nodes)
+
+
+def discover(s: Setting, m: Model, job: Job) -> Cost:
+    """`stages.discover.run_discover` for one operator: the identification draw's prefix once; the attribution's
+    integrated-gradient steps as END forwards with their backward (about 3 forwards); the pruning's END forwards
+    (the highest target's first sweep from the visited node's layer on, half the model on average, with the
+    candidates' unembedding only; then up to max_passes - 1 more sweeps at that target and max_passes at each
+    lower one over the nodes still kept, the whole model); greedy answers of the
+    identification draw for the model, the empty circuit and every target's circuit; on the validation draw greedy
+    answers and one END forward per circuit (the key circuit, per target its circuit, its random draws and the
+    top heads of its size), and the added heads' attention (one forward per pair)."""
+    p, bs, sh = s.prompts(m, job.get("task")), s.batch(), m.shape
+    cfg = s.config["circuit"]["discover"]
+    n_id, n_val = min(cfg["max_samples"], p.identification), min(cfg["validation_samples"], p.validation)
+    targets = len(cfg["targets"])
+    first, later = discover_trials(cfg, sh)
+    end = forward_flops(sh, new=1, past=p.ref_tokens, logits=0)
+    work = Work(n_id * forward_flops(sh, new=p.ref_tokens - 1, logits=0))
+    work += Work(3 * n_id * cfg["ig_steps"] * forward_flops(sh, new=1, past=p.ref_tokens))
+    sweeps = (cfg["max_passes"] - 1) + (targets - 1) * cfg["max_passes"]  # later sweeps, every target
+    work += Work(n_id * (first * end / 2 + sweeps * later * end))
+    work += forwards(m, first + sweeps * later + 3 * math.ceil(n_id / bs))
+    common = {"prompt": p.ref_tokens, "steps": p.answer_steps, "batch": bs}
+    work += set_generation(m, texts=n_id, sets=2 + targets, tail=1, **common)
+    sets = 3 + targets * (cfg["random_draws"] + 2)
+    work += set_generation(m, texts=n_val, sets=sets, tail=1, **common)
+    work += Work(n_val * (forward_flops(sh, new=p.ref_tokens) + sets * end)) + forwards(m, 2 * math.ceil(n_val / bs))
+    rows = n_id * cfg["ig_steps"]
+    act = max(set_bytes(m, batch=bs, prompt=p.ref_tokens, tail=1, steps=p.answer_steps),
+              kv_bytes(m, rows * p.ref_tokens) + 3 * inference_bytes(sh, rows=rows, seq=1, kv=p.ref_tokens + 1,
+                                                                     logits=rows, dtype_bytes=m.dtype_bytes))
+    return gpu_cost(m, work=work, activations=act, loaded=cache_bytes(sh, p, dtype_bytes=m.dtype_bytes),
+                    note=f"{n_id} pairs x ({first} + up to {sweeps} x {later}) END trials; {sets} circuits x "
+                         f"{n_val} validation pairs")
+
+
+def discover_union(s: Setting, m: Model, job: Job) -> Cost:
+    """`stages.discover.run_discover_union`: per operator, greedy answers and one END forward per circuit (the model,
+    the empty circuit, the union of the key circuits, the union of the discovered ones and its random draws) on
+    the validation draw."""
+    bs, sh, cfg = s.batch(), m.shape, s.config["circuit"]["discover"]
+    sets, work, pairs = 4 + cfg["random_draws"], Work(), 0
+    for task in s.config["run"]["tasks"]:
+        p = s.prompts(m, task)
+        n = min(cfg["validation_samples"], p.validation)
+        pairs += n
+        work += set_generation(m, texts=n, sets=sets, tail=1, prompt=p.ref_tokens, steps=p.answer_steps, batch=bs)
+        work += Work(n * (forward_flops(sh, new=p.ref_tokens - 1, logits=0)
+                          + sets * forward_flops(sh, new=1, past=p.ref_tokens)))
+    p = s.prompts(m, s.config["run"]["tasks"][0])
+    act = set_bytes(m, batch=bs, prompt=p.ref_tokens, tail=1, steps=p.answer_steps)
+    return gpu_cost(m, work=work, activations=act, note=f"{sets} circuits x {pairs} validation pairs")

@@ -21,6 +21,8 @@ from arithmech.tools.plan.interp_rules import (
     build_pairs,
     cache_activations,
     circuit,
+    discover,
+    discover_union,
     edges,
     knockout,
     patch_all_layers,
@@ -55,6 +57,9 @@ RULE_COSTS: dict[str, Callable[[Setting, Model | None, Job], Cost]] = {
     "circuit": circuit,
     "edges": edges,
     "plot_circuit": cpu_rule,
+    "discover": discover,
+    "discover_union": discover_union,
+    "plot_discover": cpu_rule,
     "finetune": finetune,
     "evaluate": evaluate,
     "summarize_eval": cpu_rule,
@@ -71,10 +76,11 @@ RULE_COSTS: dict[str, Callable[[Setting, Model | None, Job], Cost]] = {
 
 def job_seconds(cost: Cost, *, throughput: Throughput) -> float:
     """Seconds one GPU job holds its GPUs: its FLOPs at the throughput, or its memory reads at the bandwidth
-    where those take longer (memory-bound decoding), plus the start-up."""
+    where those take longer (memory-bound decoding), divided over its ranks (a training job's processes, one per
+    GPU; a spread model's job: one), plus the start-up."""
     compute = cost.work.flops / (throughput.tflops * 1e12)
     reads = cost.work.reads / (throughput.bandwidth * 1e12)
-    return max(compute, reads) + throughput.startup_s
+    return max(compute, reads) / cost.ranks + throughput.startup_s
 
 
 def load_models(config: dict, *, workdir: Path) -> dict[str, Model]:
@@ -123,7 +129,7 @@ def plan(config_files: Sequence[str | Path], *, root: Path, throughput: Throughp
         key = (model.name if model else "", job.rule)
         if key not in rows:
             rows[key] = rule_row(key, cost)
-        _add_job(rows[key], job=job, cost=cost, model=model, throughput=throughput)
+        add_job(rows[key], job=job, cost=cost, model=model, throughput=throughput)
     order = {**{name: i for i, name in enumerate(models)}, "": len(models)}
     rules = {name: i for i, name in enumerate(RULE_COSTS)}
     table = [_finish(rows[key]) for key in sorted(rows, key=lambda k: (order[k[0]], rules.get(k[1], len(rules))))]
@@ -153,7 +159,7 @@ def rule_row(key: tuple[str, str], cost: Cost) -> dict:
             "warnings": warnings}
 
 
-def _add_job(row: dict, *, job: Job, cost: Cost, model: Model | None, throughput: Throughput) -> None:
+def add_job(row: dict, *, job: Job, cost: Cost, model: Model | None, throughput: Throughput) -> None:
     """Count one more job into its rule's row: the jobs, the GPU hours (a job holds all its GPUs), the longest
     job's hours and note, the largest memory, and the job's warnings."""
     row["jobs"] += 1
@@ -161,7 +167,7 @@ def _add_job(row: dict, *, job: Job, cost: Cost, model: Model | None, throughput
     if not cost.gpu or model is None:
         return
     gpus = job_resources(model.resources, job.rule)["gpus"]
-    hours = job_seconds(cost, throughput=throughput) * gpus / 3600
+    hours = job_seconds(cost, throughput=throughput) * gpus / 3600  # it holds all its GPUs for its wall time
     row["gpu_hours"] += hours
     row["gpu_gb"] = max(row["gpu_gb"], cost.gpu_bytes / 1e9)
     row["host_gb"] = max(row["host_gb"], cost.host_bytes / 1e9)
@@ -176,9 +182,11 @@ def _warnings(job: Job, cost: Cost, model: Model, throughput: Throughput, hours:
     res, where = job_resources(model.resources, job.rule), f"{model.name}: {job.label}"
     key = resources_key(model.name, job.rule)
     found = []
-    capacity = res["gpus"] * throughput.gpu_memory_gb
-    if cost.gpu_bytes / 1e9 > capacity:
-        found.append(f"{where}: peak GPU memory {cost.gpu_bytes / 1e9:.0f} GB exceeds {res['gpus']} x "
+    # one rank per GPU: each rank's peak must fit one GPU; a spread model's whole peak all of them
+    share = 1 if cost.ranks > 1 else res["gpus"]
+    if cost.gpu_bytes / 1e9 > share * throughput.gpu_memory_gb:
+        per = f"a rank's peak GPU memory (of {cost.ranks})" if cost.ranks > 1 else "peak GPU memory"
+        found.append(f"{where}: {per} {cost.gpu_bytes / 1e9:.0f} GB exceeds {share} x "
                      f"{throughput.gpu_memory_gb:g} GB (--gpu-memory-gb)")
     if cost.host_bytes / 1e6 > res["mem_mb"]:
         found.append(f"{where}: host memory {cost.host_bytes / 1e9:.0f} GB exceeds {key}."

@@ -1,0 +1,346 @@
+"""Circuit discovery (`arithmech.interp.discovery`): rule entry points. `run_discover` prunes one operator's circuit on
+its IDENTIFICATION pairs (the pairs that chose the key heads and the ablation means) and scores it on its VALIDATION
+pairs against the key circuit, layer-matched random circuits of its size and the top heads by effect;
+`run_discover_union` scores the union of every operator's chosen circuit and writes the summary table;
+`run_plot_discover` draws the pruning path and the circuit over the key heads."""
+
+from __future__ import annotations
+
+import time
+import warnings
+
+import numpy as np
+import pandas as pd
+
+from arithmech.data.arithmetic import split_pairs
+from arithmech.interp import sufficiency as cx
+from arithmech.interp.nodes import layer_matched_heads, ranked_heads
+from arithmech.io import write_parquet
+
+MEASURE_COLUMN = "measure_value"  # the per-item column of the pruning measure in the items tables
+
+
+def _clusters(scored: pd.DataFrame) -> np.ndarray:
+    return (scored["a"].astype(str) + "," + scored["b"].astype(str)).to_numpy()
+
+
+def _scored_pairs(pairs: pd.DataFrame, discover: dict, seed: int, where: str) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(identification draw, validation draw): seeded draws of `max_samples` and `validation_samples` pairs."""
+    from arithmech.data.datasets import subsample
+
+    ident = subsample(split_pairs(pairs, "identification", where), discover["max_samples"], seed)
+    val = subsample(split_pairs(pairs, "validation", where), discover["validation_samples"], seed)
+    return ident, val
+
+
+def _random_sets(curve_heads, mlps, *, n_layers, n_heads, draws, seed, label) -> list[cx.CircuitSet]:
+    return [cx.CircuitSet("random", label, len(curve_heads), d,
+                          tuple(layer_matched_heads(curve_heads, n_heads, seed=seed * 1000 + 900 + d, n_layers=n_layers))
+                          if curve_heads else (), tuple(mlps)) for d in range(draws)]
+
+
+def _measure_values(lm, scored, sets, means, measure, batch_size) -> np.ndarray:
+    """The pruning measure of every set on every scored pair, [n_sets, n] (END forwards on the prefix cache)."""
+    from arithmech.interp.discovery import EndTrials, all_nodes
+
+    trials = EndTrials(lm, list(scored["prompt"]), scored["answer_token_id"].to_numpy(), means, measure=measure,
+                       batch_size=batch_size)
+    nodes = all_nodes(lm.n_layers, lm.n_heads)
+    masks = np.array([[(l, h) in set(s.heads) if h >= 0 else l in set(s.mlp_layers) for l, h in nodes] for s in sets])
+    return trials.per_item(masks)
+
+
+def _score(lm, scored, sets, targets, means, measure, batch_size, *, n_boot, seed, confidence, extra=None):
+    """(faithfulness table, per-item table) of `sets` (one 'model', one 'empty') on `scored`: full-answer accuracy,
+    answer logit and first-token accuracy (`sufficiency.score_sets`) and the pruning measure (as 'measure')."""
+    values = cx.score_sets(lm, scored, sets, means=means, positions="end", batch_size=batch_size)
+    values["measure"] = _measure_values(lm, scored, sets, means, measure, batch_size)
+    clusters = _clusters(scored)
+    table = cx.faithfulness_table(sets, values, clusters, n_boot=n_boot, seed=seed, confidence=confidence)
+    table = table.assign(target=targets, measure_name=measure, n=len(scored), split="validation",
+                         constant_first=cx.constant_accuracy(scored["answer_token_id"]),
+                         constant_full=cx.constant_accuracy(scored["answer"]), **(extra or {}))
+    n = len(scored)
+    items = pd.DataFrame({
+        "curve": np.repeat([s.curve for s in sets], n), "mlps": np.repeat([s.mlps for s in sets], n),
+        "k": np.repeat([s.k for s in sets], n), "seed": np.repeat([s.seed for s in sets], n),
+        "target": np.repeat(targets, n), "sample_id": np.tile(scored["sample_id"].to_numpy(), len(sets)),
+        "cluster": np.tile(clusters, len(sets)),
+        **{cx.MEASURES[m]: values[m].reshape(-1) for m in cx.MEASURES}, MEASURE_COLUMN: values["measure"].reshape(-1),
+        **{k: v for k, v in (extra or {}).items()},
+    })
+    return table, items
+
+
+def choose_target(table: pd.DataFrame, min_full_share: float) -> tuple[float, bool]:
+    """(target, whether one reached the share): the smallest target whose circuit keeps at least `min_full_share`
+    of the full model's full-answer accuracy on the identification pairs (`full_share`), else the largest."""
+    ok = table[table["full_share"] >= min_full_share]
+    if len(ok):
+        return float(ok["target"].min()), True
+    return float(table["target"].max()), False
+
+
+def run_discover(*, model: str, task: str, model_dir, pairs_path, cache_path, effects_path, key_path, discover: dict,
+                 compute: dict, seed: int, out_table, out_path, out_validation, out_items, out_added) -> None:
+    """Discover one operator's circuit at every `discover["targets"]` on a seeded draw of its identification pairs
+    (`discovery.prune`, visits ordered by `EndTrials.attribution`), choose the target (`choose_target`, on those
+    pairs), and score every target's circuit on a seeded draw of its validation pairs against the key circuit (key
+    heads, key MLPs), `random_draws` layer-matched random head sets of its size (its MLPs) and its size's top heads
+    by effect (its MLPs), with cluster-bootstrap intervals. Writes the circuits (`out_table`), the pruning path
+    (`out_path`), the validation faithfulness (`out_validation`) with its per-item values (`out_items`), and the added
+    heads' direct effects and END attention by token role (`out_added`)."""
+    from safetensors.torch import load_file
+
+    from arithmech.interp.ablation import cache_means
+    from arithmech.interp.discovery import EndTrials, MLP, all_nodes, node_label, prune
+    from arithmech.model.loading import load_stage_model, stage_meta
+
+    lm = load_stage_model(model_dir, compute)
+    pairs = pd.read_parquet(pairs_path)
+    ident, val = _scored_pairs(pairs, discover, seed, str(pairs_path))
+    means = cache_means(load_file(str(cache_path)), "end")
+    effects = pd.read_parquet(effects_path)
+    key_heads, key_mlps = cx.key_nodes(pd.read_parquet(key_path))
+    nodes = all_nodes(lm.n_layers, lm.n_heads)
+    measure, targets, batch = discover["measure"], [float(t) for t in discover["targets"]], compute["batch_size"]
+
+    start = time.perf_counter()
+    trials = EndTrials(lm, list(ident["prompt"]), ident["answer_token_id"].to_numpy(), means, measure=measure,
+                       batch_size=max(batch, len(ident)))
+    attribution = trials.attribution(discover["ig_steps"])
+    max_trials = discover["max_trials"] if lm.n_layers * lm.n_heads >= discover["max_trials"] else None
+    pruned, path = prune(trials, targets, attribution=attribution, max_trials=max_trials,
+                         max_passes=discover["max_passes"])
+    seconds = time.perf_counter() - start
+
+    # full-answer accuracy kept on the identification pairs: what the target is chosen on
+    every = tuple((l, h) for l, h in nodes if h != MLP)
+    found = [cx.CircuitSet("discovered", "discovered", len(p.heads(nodes)), -1, tuple(p.heads(nodes)),
+                           tuple(p.mlps(nodes))) for p in pruned]
+    base = [cx.CircuitSet("model", "all", len(every), -1, every, tuple(range(lm.n_layers))),
+            cx.CircuitSet("empty", "none", 0, -1, (), ())]
+    on_ident = cx.score_sets(lm, ident, base + found, means=means, positions="end", batch_size=batch)["full"].mean(1)
+    table = pd.DataFrame({
+        "task": task, "target": targets, "measure": measure,
+        "n_heads": [len(s.heads) for s in found], "n_mlps": [len(s.mlp_layers) for s in found],
+        "n_nodes": [len(s.heads) + len(s.mlp_layers) for s in found],
+        "share": [(len(s.heads) + len(s.mlp_layers)) / len(nodes) for s in found],
+        "nodes": [s.nodes() for s in found], "faithfulness": [p.faithfulness for p in pruned],
+        "full_accuracy": on_ident[2:], "model_full_accuracy": on_ident[0],
+        "full_share": on_ident[2:] / on_ident[0] if on_ident[0] > 0 else np.nan,
+        "minimal": [p.minimal for p in pruned], "trials": [p.trials for p in pruned], "seconds": seconds,
+        "n_identification": len(ident),
+    })
+    chosen, reached = choose_target(table, discover["min_full_share"])
+    if not reached:
+        why = (" (the full model answers none of them in full)" if on_ident[0] == 0 else
+               f" (the circuits keep {', '.join(f'{x:.0%}' for x in table['full_share'])})")
+        warnings.warn(f"{task}: no target's circuit keeps {discover['min_full_share']:.0%} of the full model's "
+                      f"full-answer accuracy on the identification pairs{why} (circuit.discover.min_full_share); "
+                      f"taking the largest target, {chosen}", stacklevel=2)
+    table["chosen"] = table["target"] == chosen
+    table["share_reached"] = reached
+
+    # validation: every target's circuit against the key circuit, random circuits of its size, the top heads
+    ranked = ranked_heads(effects)
+    sets, set_targets = [*base, cx.CircuitSet("key", "key", len(key_heads), -1, tuple(key_heads),
+                                              tuple(sorted(key_mlps)))], [np.nan] * 3
+    for p, s in zip(pruned, found):
+        mine = [s, *_random_sets(list(s.heads), s.mlp_layers, n_layers=lm.n_layers, n_heads=lm.n_heads,
+                                 draws=discover["random_draws"], seed=seed, label="discovered"),
+                cx.CircuitSet("top", "discovered", len(s.heads), -1, tuple(ranked[: len(s.heads)]), s.mlp_layers)]
+        sets += mine
+        set_targets += [p.target] * len(mine)
+    validation, items = _score(lm, val, sets, np.array(set_targets), means, measure, batch,
+                               n_boot=discover["bootstrap"], seed=seed, confidence=discover["confidence"])
+    key_set = set(key_heads)
+    discovered = validation["curve"] == "discovered"
+    heads_of = [s.heads for s in sets]
+    validation["key_kept"] = [" ".join(node_label(h) for h in hs if h in key_set) if d else ""
+                              for hs, d in zip(heads_of, discovered)]
+    validation["added"] = [" ".join(node_label(h) for h in hs if h not in key_set) if d else ""
+                           for hs, d in zip(heads_of, discovered)]
+    validation["key_only"] = [" ".join(node_label(h) for h in key_heads if h not in set(hs)) if d else ""
+                              for hs, d in zip(heads_of, discovered)]
+    validation.insert(0, "task", task)
+    validation["chosen"] = validation["target"] == chosen
+    added = _added_heads(lm, val, table, key_set, effects, batch)
+
+    meta = stage_meta(model_dir, "discover", task=task, discover=discover, seed=seed, key_heads=len(key_heads),
+                      chosen=chosen, seconds=seconds)
+    write_parquet(table, out_table, meta)
+    path = path.assign(task=task, chosen=path["target"] == chosen)
+    write_parquet(path, out_path, meta)
+    write_parquet(validation, out_validation, meta)
+    write_parquet(items.assign(task=task), out_items, meta)
+    write_parquet(added, out_added, meta)
+
+
+def _added_heads(lm, scored: pd.DataFrame, table: pd.DataFrame, key_set: set, effects: pd.DataFrame,
+                 batch_size: int) -> pd.DataFrame:
+    """Per target, every discovered head that is not a key head: its direct effect and rank by effect (the
+    effects table), and its END attention by token role on the scored pairs (`analysis.role_attention`, the
+    analysis stage's measure), one column per role."""
+    from arithmech.interp.analysis import attention_rows, role_attention, token_roles
+
+    rows = []
+    for target, nodes in zip(table["target"], table["nodes"]):
+        for label in nodes.split():
+            if label.endswith("MLP"):
+                continue
+            layer, head = (int(x) for x in label[1:].split("H"))
+            if (layer, head) not in key_set:
+                rows.append({"target": target, "node": label, "layer": layer, "head": head})
+    added = pd.DataFrame(rows, columns=["target", "node", "layer", "head"])
+    heads = effects[effects["component"] == "head"].sort_values("mean_effect", kind="stable").reset_index(drop=True)
+    heads["effect_rank"] = np.arange(1, len(heads) + 1)
+    added = added.merge(heads[["layer", "head", "mean_effect", "effect_rank"]], on=["layer", "head"], how="left")
+    distinct = sorted(set(zip(added["layer"], added["head"])))
+    if not distinct:
+        return added
+    roles = [token_roles(lm.tokenizer, row["prompt"], row) for row in scored.to_dict("records")]
+    attention = role_attention(attention_rows(lm, list(scored["prompt"]), distinct, batch_size), roles)
+    wide = attention.pivot_table(index=["layer", "head"], columns="role", values="attention").add_prefix("attention_")
+    return added.merge(wide.reset_index(), on=["layer", "head"], how="left")
+
+
+def _summary_row(task, target, chosen, circuit_row: pd.Series, key_row: pd.Series | None, items: pd.DataFrame,
+                 n_nodes: int, measure: str, discover: dict, seed: int, model_full: float) -> dict:
+    """One summary row: the circuit's validation faithfulness, the key circuit's, and the paired difference from
+    its layer-matched random circuits (full answers, and the pruning measure); full_share: its full-answer
+    accuracy over the model's (`model_full`)."""
+    boot = {"n_boot": discover["bootstrap"], "seed": seed, "confidence": discover["confidence"]}
+    full = cx.key_vs_random(items, measure="full", mlps="discovered", curve="discovered", **boot)
+    by_measure = cx.key_vs_random(items, measure="full", mlps="discovered", curve="discovered", column=MEASURE_COLUMN,
+                                  **boot)
+    row = {"task": task, "target": target, "chosen": chosen, "measure": measure,
+           "n_heads": int(circuit_row["n_heads"]), "n_mlps": int(circuit_row["n_mlps"]),
+           "share": (circuit_row["n_heads"] + circuit_row["n_mlps"]) / n_nodes}
+    for m in ("full", "logit", "first", "measure"):
+        for suffix in ("", "_low", "_high"):
+            row[f"faithfulness_{m}{suffix}"] = float(circuit_row[f"faithfulness_{m}{suffix}"])
+    for suffix in ("", "_low", "_high"):
+        row[f"key_faithfulness_full{suffix}"] = np.nan if key_row is None else float(key_row[f"faithfulness_full{suffix}"])
+    row |= {"random_faithfulness_full": full["random"], "diff_vs_random_full": full["difference"],
+            "ci_low": full["ci_low"], "ci_high": full["ci_high"],
+            "diff_vs_random_full_ci_low": full["ci_low"], "diff_vs_random_full_ci_high": full["ci_high"],
+            "random_faithfulness_measure": by_measure["random"], "diff_vs_random_measure": by_measure["difference"],
+            "diff_vs_random_measure_low": by_measure["ci_low"], "diff_vs_random_measure_high": by_measure["ci_high"],
+            "constant_first": float(circuit_row["constant_first"]), "first": float(circuit_row["first"]),
+            "full_share": float(circuit_row["full"]) / model_full if model_full > 0 else np.nan,
+            "n_items": full["n_items"], "n_clusters": full["n_clusters"], "draws": full["draws"]}
+    return row
+
+
+def task_summary(task: str, table: pd.DataFrame, validation: pd.DataFrame, items: pd.DataFrame, *, n_nodes: int,
+                 discover: dict, seed: int) -> list[dict]:
+    """The summary rows of one operator, one per target (`run_discover`'s tables)."""
+    rows = []
+    key = validation[validation["curve"] == "key"]
+    model_full = float(validation.loc[validation["curve"] == "model", "full"].iloc[0])
+    for _, circuit in table.iterrows():
+        target = circuit["target"]
+        scored = validation[(validation["curve"] == "discovered") & (validation["target"] == target)].iloc[0]
+        mine = items[items["curve"].isin(["model", "empty"]) | (items["target"] == target)]
+        rows.append(_summary_row(task, target, bool(circuit["chosen"]), scored, key.iloc[0] if len(key) else None,
+                                 mine, n_nodes, circuit["measure"], discover, seed, model_full))
+    # reported, never chosen on: the smallest target whose circuit keeps min_full_share on validation pairs
+    keeps = [r["target"] for r in rows if r["full_share"] >= discover["min_full_share"]]
+    for r in rows:
+        r["smallest_target_validation"] = min(keeps) if keeps else np.nan
+    return rows
+
+
+def run_discover_union(*, model: str, model_dir, tasks: list[str], pairs_paths, cache_paths, key_paths, table_paths,
+                       validation_paths, items_paths, discover: dict, compute: dict, seed: int, out_validation,
+                       out_summary) -> None:
+    """The union of every operator's chosen circuit (and, beside it, the union of the key circuits), scored on each
+    operator's validation pairs (the draw `run_discover` scored) against `random_draws` layer-matched random head
+    sets of its size with its MLPs (`out_validation`, one block of rows per operator and one pooled over operators,
+    task 'union'); and the summary (`out_summary`): one row per operator and target from `run_discover`'s tables,
+    and one for the union (pooled; target NaN)."""
+    from safetensors.torch import load_file
+
+    from arithmech.interp.ablation import cache_means
+    from arithmech.interp.discovery import all_nodes
+    from arithmech.model.loading import load_stage_model, stage_meta
+
+    lm = load_stage_model(model_dir, compute)
+    n_nodes = len(all_nodes(lm.n_layers, lm.n_heads))
+    tables = {t: pd.read_parquet(p) for t, p in zip(tasks, table_paths, strict=True)}
+    measure = discover["measure"]
+    heads, mlps, key_h, key_m = set(), set(), set(), set()
+    for task, key_path in zip(tasks, key_paths, strict=True):
+        chosen = tables[task][tables[task]["chosen"]].iloc[0]
+        for label in chosen["nodes"].split():
+            if label.endswith("MLP"):
+                mlps.add(int(label[1:-3]))
+            else:
+                heads.add(tuple(int(x) for x in label[1:].split("H")))
+        kh, km = cx.key_nodes(pd.read_parquet(key_path))
+        key_h |= set(kh)
+        key_m |= set(km)
+    every = tuple((l, h) for l in range(lm.n_layers) for h in range(lm.n_heads))
+    union = cx.CircuitSet("discovered", "discovered", len(heads), -1, tuple(sorted(heads)), tuple(sorted(mlps)))
+    sets = [cx.CircuitSet("model", "all", len(every), -1, every, tuple(range(lm.n_layers))),
+            cx.CircuitSet("empty", "none", 0, -1, (), ()),
+            cx.CircuitSet("key", "key", len(key_h), -1, tuple(sorted(key_h)), tuple(sorted(key_m))), union,
+            *_random_sets(list(union.heads), union.mlp_layers, n_layers=lm.n_layers, n_heads=lm.n_heads,
+                          draws=discover["random_draws"], seed=seed, label="discovered")]
+    targets = np.full(len(sets), np.nan)
+    boot = {"n_boot": discover["bootstrap"], "seed": seed, "confidence": discover["confidence"]}
+    blocks, all_items, constants = [], [], []
+    for task, pairs_path, cache_path in zip(tasks, pairs_paths, cache_paths, strict=True):
+        _, val = _scored_pairs(pd.read_parquet(pairs_path), discover, seed, str(pairs_path))
+        means = cache_means(load_file(str(cache_path)), "end")
+        table, items = _score(lm, val, sets, targets, means, measure, compute["batch_size"], **boot)
+        blocks.append(table.assign(task=task))
+        all_items.append(items.assign(task=task, sample_id=task + ":" + items["sample_id"].astype(str),
+                                      cluster=task + ":" + items["cluster"]))
+        constants.append(table["constant_first"].iloc[0] * len(val))
+    items = pd.concat(all_items, ignore_index=True)
+    # pooled over operators: every set's values side by side on the same items
+    n_sets = len(sets)
+    wide = {m: items[col].to_numpy(float).reshape(len(tasks), n_sets, -1).transpose(1, 0, 2).reshape(n_sets, -1)
+            for m, col in [*((m, cx.MEASURES[m]) for m in cx.MEASURES), ("measure", MEASURE_COLUMN)]}
+    pooled_clusters = items["cluster"].to_numpy().reshape(len(tasks), n_sets, -1)[:, 0].reshape(-1)
+    pooled = cx.faithfulness_table(sets, wide, pooled_clusters, **boot)
+    n_items = len(pooled_clusters)
+    pooled = pooled.assign(task="union", target=targets, measure_name=measure, n=n_items, split="validation",
+                           constant_first=sum(constants) / n_items, constant_full=np.nan)
+    validation = pd.concat([*blocks, pooled], ignore_index=True)
+    validation["chosen"] = True
+
+    rows = []
+    for task, val_path, items_path in zip(tasks, validation_paths, items_paths, strict=True):
+        rows += task_summary(task, tables[task], pd.read_parquet(val_path), pd.read_parquet(items_path),
+                             n_nodes=n_nodes, discover=discover, seed=seed)
+    circuit_row = pooled[pooled["curve"] == "discovered"].iloc[0]
+    key_row = pooled[pooled["curve"] == "key"].iloc[0]
+    model_full = float(pooled.loc[pooled["curve"] == "model", "full"].iloc[0])
+    rows.append(_summary_row("union", np.nan, True, circuit_row, key_row, items, n_nodes, measure, discover, seed,
+                             model_full) | {"smallest_target_validation": np.nan})
+    meta = stage_meta(model_dir, "discover_union", tasks=tasks, discover=discover, seed=seed)
+    write_parquet(validation, out_validation, meta)
+    write_parquet(pd.DataFrame(rows), out_summary, meta)
+
+
+def run_plot_discover(*, model: str, task: str, path_path, validation_path, key_path, out_path_png,
+                      out_grid_png) -> None:
+    """The discover stage's figures: the pruning path (faithfulness against nodes kept, every target) and the
+    chosen circuit on the layer x head grid over the key heads (the grid's size: the path's nodes, every node
+    being visited)."""
+    from arithmech.report import plots
+
+    path, validation = pd.read_parquet(path_path), pd.read_parquet(validation_path)
+    key_heads, _ = cx.key_nodes(pd.read_parquet(key_path))
+    n_layers, n_heads = int(path["layer"].max()) + 1, int(path["head"].max()) + 1
+    measure = validation["measure_name"].iloc[0]
+    plots.pruning_path(path, f"{model}, {task}: greedy pruning on identification pairs ({measure})", out_path_png)
+    chosen = validation[(validation["curve"] == "discovered") & validation["chosen"]].iloc[0]
+    f, lo, hi = (chosen[f"faithfulness_full{s}"] for s in ("", "_low", "_high"))
+    plots.circuit_grid(chosen["nodes"], key_heads, n_layers, n_heads,
+                       f"{model}, {task}: discovered circuit (target {chosen['target']:g}) over the key heads\n"
+                       f"validation: full-answer faithfulness {f:.2f} [{lo:.2f}, {hi:.2f}], first-token accuracy "
+                       f"{chosen['first']:.2f} (constant {chosen['constant_first']:.2f})", out_grid_png)
