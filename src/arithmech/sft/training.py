@@ -111,7 +111,8 @@ def encode_example(tokenizer, prompt: str, target: str, max_length: int,
         raise ValueError(f"target {target!r} is {len(target_ids)} tokens{' with eos' if eos else ''}, longer "
                          f"than max_length={max_length} (finetune.train.max_length)")
     keep = max_length - len(target_ids)
-    prompt_ids = prompt_ids[len(prompt_ids) - keep:] if keep else []
+    # max(0, ...): a prompt that fits stays whole (a negative start would keep only its last keep - len tokens)
+    prompt_ids = prompt_ids[max(0, len(prompt_ids) - keep):] if keep else []
     return prompt_ids + target_ids, [IGNORE_INDEX] * len(prompt_ids) + target_ids
 
 
@@ -128,11 +129,26 @@ def collate(encoded: Sequence[tuple[list[int], list[int]]], pad_id: int, device)
     return {"input_ids": ids.to(device), "attention_mask": mask.to(device), "labels": labels.to(device)}
 
 
-def batch_loss(model: nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, int]:
+def batch_loss(model: nn.Module, batch: dict[str, torch.Tensor], *,
+               shared_prefix: bool = True) -> tuple[torch.Tensor, int]:
     """Summed next-token cross-entropy over the labelled positions (fp32) and their number.
 
     Position i predicts label i+1. Logits are computed only where a label follows (`logits_to_keep` as a
-    boolean [batch, seq] mask): the prompt is most of the tokens and the vocabulary projection is costly."""
+    boolean [batch, seq] mask): the prompt is most of the tokens and the vocabulary projection is costly.
+
+    shared_prefix: when every row starts with the same tokens that carry no loss (the study's few-shot
+    examples: about 26 of an item's 38 tokens), run them once (`prefix_loss`); the loss and gradients are
+    the whole forward's up to float reassociation. `common_prefix` says when it applies; otherwise, or with
+    shared_prefix=False (the reference), every row runs whole (`plain_loss`)."""
+    if shared_prefix:
+        length = common_prefix(model, batch)
+        if length:
+            return prefix_loss(model, batch, length)
+    return plain_loss(model, batch)
+
+
+def plain_loss(model: nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, int]:
+    """`batch_loss` with every row's whole sequence in one forward."""
     labels = batch["labels"]
     keep = torch.zeros_like(labels, dtype=torch.bool)
     keep[:, :-1] = labels[:, 1:] != IGNORE_INDEX
@@ -144,6 +160,60 @@ def batch_loss(model: nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.
                    logits_to_keep=keep.to(hidden_device)).logits  # [n_kept, vocab] (or [1, n_kept, vocab])
     loss = F.cross_entropy(logits.reshape(len(targets), -1).float(), targets.to(logits.device), reduction="sum")
     return loss, len(targets)
+
+
+MIN_SHARED_PREFIX = 2  # shorter common prefixes (BOS alone) run whole: a second forward would cost more
+
+
+def common_prefix(model: nn.Module, batch: dict[str, torch.Tensor]) -> int:
+    """The number P of leading positions that `prefix_loss` can run once for every row: the longest prefix
+    that all rows share (same ids, none padding) with no label on positions 1..P-1 (so no loss is predicted
+    inside it but the first label after it, at P), shorter than the batch. 0 where the shared path does not
+    apply: P < MIN_SHARED_PREFIX, a single row, or a model whose forward the split would change or break:
+    dropout active (one mask for the prefix instead of one per row), activation checkpointing (no cache in
+    training), parameters on several devices (`load_model`'s spread: untested there)."""
+    ids, mask, labels = batch["input_ids"], batch["attention_mask"], batch["labels"]
+    rows, width = ids.shape
+    if rows < 2 or width <= MIN_SHARED_PREFIX:
+        return 0
+    same = (ids == ids[:1]).all(0) & (mask == 1).all(0)
+    same[1:] &= (labels[:, 1:] == IGNORE_INDEX).all(0)  # a label inside the prefix ends it there
+    length = int(same.long().cumprod(0).sum())
+    if not MIN_SHARED_PREFIX <= length < width:
+        return 0
+    if model.training and (getattr(model.config, "attention_dropout", 0.0) > 0 or any(
+            isinstance(m, nn.Dropout) and m.p > 0 for m in model.modules())):
+        return 0
+    if getattr(model, "is_activation_checkpointing", False) or len({p.device for p in model.parameters()}) > 1:
+        return 0
+    return length
+
+
+def prefix_loss(model: nn.Module, batch: dict[str, torch.Tensor], length: int) -> tuple[torch.Tensor, int]:
+    """`batch_loss` with the first `length` positions, the same in every row (`common_prefix`), run once.
+
+    The prefix runs as one row with gradients (the trained parameters change its keys and values); its last
+    position's logits predict every row's label at `length`. Its cache, repeated over the rows (Hugging
+    Face's `batch_repeat_interleave`, differentiable, so each row's gradient flows back into the one prefix),
+    is the past of one forward over the rest of every row at positions length.. with the whole attention mask.
+    Not `intervention.kvcache.repeated_cache`: it deep-copies the layers, which tensors in an autograd graph
+    refuse, and writes its buffers in place."""
+    ids, mask, labels = batch["input_ids"], batch["attention_mask"], batch["labels"]
+    rows, width = ids.shape
+    out = model(input_ids=ids[:1, :length], use_cache=True, logits_to_keep=1)
+    first = labels[:, length] != IGNORE_INDEX  # the rows whose label right after the prefix counts
+    loss = F.cross_entropy(out.logits[0, -1:].float().expand(int(first.sum()), -1), labels[first, length],
+                           reduction="sum")
+    cache = out.past_key_values
+    cache.batch_repeat_interleave(rows)
+    keep = torch.zeros((rows, width - length), dtype=torch.bool, device=labels.device)
+    keep[:, :-1] = labels[:, length + 1:] != IGNORE_INDEX
+    targets = labels[:, length + 1:][keep[:, :-1]]
+    positions = torch.arange(length, width, device=ids.device).expand(rows, -1)
+    logits = model(input_ids=ids[:, length:], attention_mask=mask, position_ids=positions, past_key_values=cache,
+                   use_cache=True, logits_to_keep=keep).logits
+    loss = loss + F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets, reduction="sum")
+    return loss, int(first.sum()) + len(targets)
 
 
 def epoch_order(seed: int, epoch: int, n: int) -> np.ndarray:
@@ -373,7 +443,8 @@ def _peak_memory(device: torch.device) -> tuple[int, str]:
 def train(ft: FineTune, examples: Sequence[tuple[str, str]], config: TrainConfig | dict, *,
           checkpoint_dir: str | Path | None = None, stop_at_step: int | None = None,
           progress: bool = True, append_eos: bool = True,
-          evaluate: Callable[[int], dict] | None = None, evaluate_every: int | None = None) -> TrainStats:
+          evaluate: Callable[[int], dict] | None = None, evaluate_every: int | None = None,
+          shared_prefix: bool = True) -> TrainStats:
     """Train `ft` on (prompt, target) pairs with the configured optimizer (AdamW or SGD) over its trained
     parameters only.
 
@@ -395,6 +466,11 @@ def train(ft: FineTune, examples: Sequence[tuple[str, str]], config: TrainConfig
     in `TrainStats.evaluations` (and in checkpoints, so a resumed run keeps the earlier ones): learning
     curves without saving a model per point. It must not use the torch RNG's state for anything that
     matters (greedy decoding does not), since the training RNG continues after it.
+
+    shared_prefix: run the prefix that a micro-batch's rows share once (`batch_loss`); False runs every row
+    whole (the reference). A model sharded with FSDP2 always runs rows whole: there the split gave the same
+    loss and gradients (2 CPU ranks, gloo, 2026-11-26), but it gathers every layer twice per micro-batch and
+    is untested on GPUs.
     """
     config = TrainConfig.from_dict(config) if isinstance(config, dict) else config._checked("finetune.train")
     lm, device = ft.lm, ft.lm.device
@@ -449,7 +525,7 @@ def train(ft: FineTune, examples: Sequence[tuple[str, str]], config: TrainConfig
                 loss_sum = 0.0
                 for part, weight in rank_batches(step_examples, config.batch_size, rank, world, ft.sharded):
                     batch = collate(part, pad_id, device)
-                    loss, _ = batch_loss(ft.model, batch)
+                    loss, _ = batch_loss(ft.model, batch, shared_prefix=shared_prefix and not ft.sharded)
                     (loss * weight / n_tokens).backward()
                     if ft.master is not None:
                         ft.master.accumulate_grads()
