@@ -132,33 +132,109 @@ def test_the_cluster_module_reads_no_heavy_package_while_the_workflow_parses():
     assert out.strip() == "[]"
 
 
-def submit_string(resources: dict, threads: int = 2) -> str:
-    """The sbatch command snakemake-executor-plugin-slurm generates for a job with these resources (under the
-    names the rules give them: workflow/rules/common.smk's gpu_resources), with its own functions."""
+def submit_string(model: dict, rule: str, threads: int = 2) -> str:
+    """The sbatch command snakemake-executor-plugin-slurm generates for a first attempt of `rule` with `model`'s
+    resources, as the rules hand them to it (cluster.rule_resources, workflow/rules/common.smk's gpu_resources:
+    None is not passed), with the plugin's own functions."""
     from snakemake_executor_plugin_slurm.submit_string import get_submit_command
     from snakemake_executor_plugin_slurm.utils import set_gres_string
 
-    names = {"gpus": "gpu", "gpu_model": "gpu_model", "mem_mb": "mem_mb", "runtime": "runtime",
-             "cpus_per_gpu": "cpus_per_gpu"}
-    job = SimpleNamespace(threads=threads, resources=Namedlist(
-        fromdict={names[k]: v for k, v in resources.items() if k in names and v is not None}))
+    job = SimpleNamespace(threads=threads, resources=Namedlist(fromdict=rule_resources(model, rule)))
     params = {"run_uuid": "u", "slurm_logfile": "log", "comment_str": "c", "account": "-A proj42",
               "partition": "-p gpu", "workdir": "/w"}
     return get_submit_command(job, params) + set_gres_string(job)
+
+
+def rule_resources(model: dict, rule: str) -> dict:
+    """A first attempt's resources under the rule's names, without the unset ones (Snakemake drops None)."""
+    first = cluster.retry_resources(cluster.job_resources(model, rule), 1, False)
+    return {k: v for k, v in cluster.rule_resources(first).items() if v is not None}
 
 
 def test_a_job_with_several_gpus_asks_for_cpus_per_gpu_and_one_task():
     """Fine-tuning on 3 GPUs runs 3 processes inside one Slurm task: the plugin's own submit string asks for
     the GPUs and 2 CPUs per GPU, and no --ntasks-per-gpu (which would allocate 3 tasks the job step never
     starts); a one-GPU job keeps --cpus-per-task of the rule's threads."""
-    first = cluster.retry_resources(cluster.job_resources({**MODEL, "finetune": {"gpus": 3}}, "finetune"), 1, False)
-    assert first["cpus_per_gpu"] == cluster.CPUS_PER_GPU == 2
-    call = submit_string(first)
+    three = {**MODEL, "finetune": {"gpus": 3}}
+    assert cluster.job_resources(three, "finetune")["cpus_per_gpu"] == cluster.CPUS_PER_GPU == 2
+    call = submit_string(three, "finetune")
     assert "--gpus=a100:3" in call and "--cpus-per-gpu=2" in call
-    assert "--ntasks" not in call and "--cpus-per-task" not in call
+    assert "--ntasks" not in call and "--cpus-per-task" not in call and "--nodes" not in call
     assert "--mem 64000" in call and "-t 120" in call
-    one = submit_string(cluster.retry_resources(cluster.job_resources(MODEL, "evaluate"), 1, False))
+    one = submit_string(MODEL, "evaluate")
     assert "--gpus=a100:1" in one and "--cpus-per-task=2" in one and "--cpus-per-gpu" not in one
+    assert "mpi" not in rule_resources(three, "finetune")  # one node: the plugin's job step is `srun -n1`
+
+
+TWO_NODES = {**MODEL, "finetune": {"gpus": 4, "nodes": 2, "mem_mb": 128000}}
+
+
+def test_a_fine_tuning_job_over_two_nodes_asks_for_two_gpus_and_two_tasks_on_each():
+    """gpus 4 over nodes 2: the plugin's own submit string asks for 2 nodes, 2 GPUs on each (--gres, per node:
+    --gpus=4 would count over the job and may place 3 + 1), 2 tasks a node and 2 CPUs per GPU; `mpi` makes the
+    plugin's job step run the job's process in the batch script, which starts the tasks itself (one srun task
+    per GPU, tests/test_distributed.py)."""
+    call = submit_string(TWO_NODES, "finetune")
+    for flag in ("--nodes=2", "--ntasks-per-node=2", "--gres=gpu:a100:2", "--cpus-per-gpu=2", "--mem 128000",
+                 "-t 120", "-A proj42", "-p gpu"):
+        assert flag in call.split() or f" {flag} " in f" {call} ", flag
+    assert "--gpus" not in call and "--ntasks-per-gpu" not in call and "--ntasks=" not in call
+    assert rule_resources(TWO_NODES, "finetune")["mpi"] == "srun"
+    untyped = submit_string({**TWO_NODES, "gpu_model": None}, "study_train")
+    assert "--gres=gpu:2" in untyped and "--nodes=2" in untyped
+    # the other rules of the model stay on one node
+    evaluate = submit_string(TWO_NODES, "evaluate")
+    assert "--nodes" not in evaluate and "--gpus=a100:1" in evaluate and "mpi" not in rule_resources(TWO_NODES, "evaluate")
+
+
+def test_the_training_job_reads_its_gpus_and_nodes_from_those_resources():
+    """The job's launcher (jobs.gpu_settings -> run_on_gpus) sees 4 GPUs over 2 nodes; a retry keeps them."""
+    smk = SimpleNamespace(resources=Namedlist(fromdict=rule_resources(TWO_NODES, "finetune")),
+                          params=Namedlist(fromdict={"compute": {"device": "auto"}}))
+    assert jobs.gpu_settings(smk) == {"gpus": 4, "nodes": 2, "device": "auto", "timeout_s": 7200.0}
+    retry = cluster.rule_resources(cluster.retry_resources(cluster.job_resources(TWO_NODES, "finetune"), 2, True))
+    assert (retry["nodes"], retry["tasks_per_node"], retry["gres"], retry["batch_split"]) == (2, 2, "gpu:a100:2", 2)
+
+
+@pytest.mark.parametrize("resources, rule, message", [
+    ({**MODEL, "nodes": 2}, "patch_layer",
+     "models.m.resources.nodes is 2, and it applies to rule patch_layer, which runs in one process"),
+    ({**MODEL, "finetune": {"nodes": 2}}, "finetune",  # gpus from the model's own: 1
+     "models.m.resources.finetune: gpus (1, the job's GPUs over all its nodes) is not a multiple of nodes (2)"),
+    ({**MODEL, "evaluate": {"nodes": 2, "gpus": 4}}, "study_evaluate",
+     "models.m.resources.evaluate.nodes is 2, and it applies to rule study_evaluate"),
+    ({**MODEL, "finetune": {"gpus": 3, "nodes": 2}}, "finetune",
+     "models.m.resources.finetune: gpus (3, the job's GPUs over all its nodes) is not a multiple of nodes (2)"),
+    ({**MODEL, "finetune": {"gpus": 2, "nodes": 2}}, "study_train",
+     "models.m.resources.finetune: gpus 2 over nodes 2 is 1 GPU a node; a job over several nodes needs at least 2"),
+])
+def test_nodes_a_job_cannot_use_are_refused_naming_the_key(resources, rule, message):
+    with pytest.raises(cluster.ResourceError) as err:
+        cluster.check_nodes("m", resources, rule)
+    assert message in str(err.value)
+
+
+def test_nodes_where_they_serve_pass_the_check():
+    for rule in ("finetune", "study_train", "evaluate", "patch_layer"):
+        cluster.check_nodes("m", TWO_NODES, rule)
+        cluster.check_nodes("m", {**TWO_NODES, "nodes": 1}, rule)
+
+
+def test_the_schema_takes_nodes_in_a_models_resources_and_refuses_nonsense():
+    """`nodes` is an optional integer >= 1 in models.<name>.resources and its blocks (config.schema.yaml)."""
+    import yaml
+    from jsonschema import Draft202012Validator
+
+    schema = yaml.safe_load((ROOT / "workflow/schemas/config.schema.yaml").read_text())
+    resources = schema["properties"]["models"]["additionalProperties"]["properties"]["resources"]
+    validator = Draft202012Validator({**resources, "$defs": schema["$defs"]})
+    assert not list(validator.iter_errors(TWO_NODES | {"gpu_model": "a100"}))
+    assert not list(validator.iter_errors({"gpus": 1, "mem_mb": 1, "runtime": 1, "nodes": 1}))
+    for bad, where in [({"nodes": 0}, ["finetune", "nodes"]), ({"nodes": 1.5}, ["finetune", "nodes"]),
+                       ({"nodes": "2"}, ["finetune", "nodes"])]:
+        errors = list(validator.iter_errors({**MODEL, "finetune": {"gpus": 4, **bad}}))
+        assert [list(e.absolute_path) for e in errors] == [where], bad
+    assert list(validator.iter_errors({**MODEL, "nodes": 0}))
 
 
 def test_gpu_settings_hand_the_rules_gpus_and_runtime_to_the_launcher():
@@ -167,3 +243,43 @@ def test_gpu_settings_hand_the_rules_gpus_and_runtime_to_the_launcher():
     assert jobs.gpu_settings(smk) == {"gpus": 3, "nodes": 1, "device": "auto", "timeout_s": 14400.0}
     local = SimpleNamespace(resources=Namedlist(fromdict={}), threads=1, params=Namedlist(fromdict={}))
     assert jobs.gpu_settings(local) == {"gpus": 1, "nodes": 1, "device": "auto", "timeout_s": None}
+
+
+def dry_run(tmp_path: Path, resources: dict) -> str:
+    """The workflow's dry run for the SLURM executor (no SLURM binaries needed), on the tiny configuration with
+    these model resources: the jobs with the resources the rules give them, or the error."""
+    import shutil
+
+    import yaml
+
+    shutil.copy2(ROOT / "config.yaml", tmp_path / "config.yaml")  # what `configfile:` reads, as in a checkout
+    (tmp_path / "overlay.yaml").write_text(yaml.safe_dump({"models": {"tiny": {"resources": resources}}}))
+    cmd = [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "--directory", str(tmp_path),
+           "--executor", "slurm", "--jobs", "2", "--dry-run", "--configfile", str(ROOT / "tests/config/tiny.yaml"),
+           "overlay.yaml"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    return proc.stdout + proc.stderr
+
+
+def test_the_workflow_gives_a_two_node_fine_tuning_job_its_resources_and_refuses_nodes_elsewhere(tmp_path):
+    """The rules themselves (common.smk's gpu_resources): finetune and study_train over 2 nodes as the plugin's
+    MPI job with GPUs per node, every other model rule on one node; `nodes` at the model's level fails the parse,
+    naming the key, before any job is planned."""
+    log = dry_run(tmp_path, {"gpus": 1, "mem_mb": 8000, "runtime": 30, "finetune": {"gpus": 4, "nodes": 2}})
+    seen = {}  # rule -> the resources of its jobs, as the dry run prints them (key=value, ...)
+    for block in log.split("\nrule ")[1:]:
+        line = next(ln for ln in block.splitlines() if ln.strip().startswith("resources:"))
+        pairs = dict(item.split("=", 1) for item in line.split(":", 1)[1].strip().split(", "))
+        seen.setdefault(block.split(":", 1)[0], []).append(pairs)
+    assert {"finetune", "study_train", "evaluate", "knockout"} <= set(seen), log[-3000:]
+    for rule, found in seen.items():
+        for res in found:
+            if rule in ("finetune", "study_train"):
+                assert (res["gres"], res["nodes"], res["tasks_per_node"], res["mpi"], res["cpus_per_gpu"]) == (
+                    "gpu:2", "2", "2", "srun", "2") and "gpu" not in res, (rule, res)
+            else:
+                assert not {"nodes", "mpi", "gres", "tasks_per_node"} & set(res), (rule, res)
+    bad = dry_run(tmp_path, {"gpus": 1, "mem_mb": 8000, "runtime": 30, "nodes": 2})
+    assert "models.tiny.resources.nodes is 2, and it applies to rule" in bad, bad[-3000:]
+    assert "Job stats" not in bad
+

@@ -1,15 +1,20 @@
 """Training over several processes (`arithmech.sft.distributed`) on CPU: 2 gloo processes against one, for full
 fine-tuning (FSDP2), every head method and LoRA (data parallel); resuming a run checkpointed under 2
 processes; only rank 0 writes; a failing rank fails the run with its traceback and leaves nothing
-half-written; the multi-node launch command. Every run has a timeout (`run_on_gpus`'s and the test's)."""
+half-written; the multi-node launch (its srun command, and 4 ranks started through a stand-in srun). Every run has a timeout (`run_on_gpus`'s and the test's)."""
 
 from __future__ import annotations
 
+import json
+import os
+import shlex
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+from arithmech import jobs
 from arithmech.model.loading import load_model
 from arithmech.sft import distributed
 from arithmech.sft import training as ft
@@ -162,6 +167,139 @@ def test_multi_node_launch_command():
     local = distributed.worker_command(Path("c.pkl"), world_size=2, store=("127.0.0.1", 1), backend="gloo",
                                        timeout_s=60, rank=1, local_rank=1)
     assert local[-4:] == ["--rank", "1", "--local-rank", "1"]
+
+
+# Stands in for Slurm's `srun` across nodes (this machine has one node): records its arguments, then starts the
+# command --ntasks times as Slurm would on --ntasks-per-node tasks a node, each with the SLURM_PROCID /
+# SLURM_LOCALID / SLURM_NODEID Slurm gives it, and fails when a task fails.
+FAKE_SRUN = """#!/usr/bin/env python3
+import json, os, subprocess, sys
+args = sys.argv[1:]
+opts = {}
+while args[0].startswith("--"):
+    key, _, value = args.pop(0)[2:].partition("=")
+    opts[key] = value
+open(os.environ["SRUN_RECORD"], "w").write(json.dumps(sys.argv[1:]))
+if os.environ.get("SRUN_REFUSE"):
+    print("srun: error: Unable to create step for job 4242: More processors requested than permitted")
+    sys.exit(1)
+n, per_node = int(opts["ntasks"]), int(opts["ntasks-per-node"])
+procs = [subprocess.Popen(args, env={**os.environ, "SLURM_PROCID": str(r), "SLURM_LOCALID": str(r % per_node),
+                                     "SLURM_NODEID": str(r // per_node)}) for r in range(n)]
+sys.exit(max(p.wait() for p in procs))
+"""
+
+
+def report_rank(out, seed):
+    """A worker: write its rank, world size, node and a collective's result (the ranks' sum of 1: the world size)."""
+    rank, world = distributed.world()
+    total = distributed.all_reduce_sum(1.0)
+    Path(out, f"rank{rank}.json").write_text(json.dumps({
+        "world": world, "node": os.environ.get("SLURM_NODEID"), "local": os.environ.get("SLURM_LOCALID"),
+        "sum": total, "cuda": os.environ.get("CUDA_VISIBLE_DEVICES")}))
+    print(f"hello from rank {rank} of {world}")
+
+
+def test_a_two_node_job_launches_one_srun_task_per_gpu(tmp_path, monkeypatch, capsys):
+    """A fine-tuning job with gpus 4 over nodes 2 (the resources of tests/test_cluster_resources.py's 2 x 2 job):
+    the launcher runs one `srun` with every count explicit (the plugin's job step passes only SLURM_JOB_ID), and
+    the 4 ranks it starts, 2 a node, join one process group with ranks from SLURM_PROCID. `srun` here is a
+    stand-in that starts the tasks on this machine (FAKE_SRUN): a second node cannot be had here."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text(FAKE_SRUN)
+    (bin_dir / "srun").chmod(0o755)
+    work, out = tmp_path / "work", tmp_path / "out"
+    work.mkdir()
+    out.mkdir()
+    monkeypatch.chdir(work)  # the spec and the ranks' logs go to the (shared) working directory
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("SRUN_RECORD", str(tmp_path / "srun.json"))
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    distributed.run_on_gpus(report_rank, gpus=4, nodes=2, device="cpu", timeout_s=TIMEOUT_S, out=str(out), seed=0)
+    argv = json.loads((tmp_path / "srun.json").read_text())
+    # CPUs a task: this process's over the node's 2 ranks, at most what the job has per GPU
+    cpus = min(jobs.CPUS_PER_GPU, max(1, len(os.sched_getaffinity(0)) // 2))
+    assert argv[:7] == ["--jobid=4242", "--nodes=2", "--ntasks=4", "--ntasks-per-node=2", "--gpus-per-task=1",
+                        f"--cpus-per-task={cpus}", "--kill-on-bad-exit=1"]
+    worker = argv[-1]  # bash -c '<python -m arithmech.sft.distributed ...> > <dir>/rank"$SLURM_PROCID".log'
+    assert "-m arithmech.sft.distributed" in worker and "--world-size 4" in worker and "--backend gloo" in worker
+    assert "--rank" not in worker  # the rank is Slurm's
+    ranks = {r: json.loads((out / f"rank{r}.json").read_text()) for r in range(4)}
+    assert [(v["world"], v["node"], v["local"], v["sum"]) for v in ranks.values()] == [
+        (4, "0", "0", 4.0), (4, "0", "1", 4.0), (4, "1", "0", 4.0), (4, "1", "1", 4.0)]
+    assert "hello from rank 0 of 4" in capsys.readouterr().out  # rank 0's output is the job's
+    assert list(work.iterdir()) == []  # the spec and the logs are removed
+
+
+def srun_in_job(out: str) -> None:
+    """Run in a real Slurm job as a multi-node job's process (tests/test_cluster_resources.py's 2 x 2 job shrunk
+    to the test Slurm's one node): the store here, the spec in the shared `out`, 2 workers started with the srun
+    command `run_on_gpus` uses across nodes (`multi_node_command`), nodes=1."""
+    import datetime
+    import pickle
+    import subprocess
+    import sys
+
+    import torch.distributed as dist
+
+    store = dist.TCPStore("127.0.0.1", 0, None, True, datetime.timedelta(seconds=120), wait_for_workers=False)
+    spec = Path(out, "call.pkl")
+    spec.write_bytes(pickle.dumps((report_rank, {"out": out, "seed": 0})))
+    worker = distributed.worker_command(spec, world_size=2, store=("127.0.0.1", store.port), backend="gloo",
+                                        timeout_s=120)
+    cmd = distributed.multi_node_command(worker, tmp=out, job_id=distributed.slurm_job_id(), nodes=1, world_size=2,
+                                         cpus_per_task=1)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    subprocess.run(cmd, env=env, timeout=180, check=True)
+
+
+@pytest.mark.slow
+def test_the_srun_launch_runs_under_a_real_slurm(slurm_cluster, tmp_path):
+    """Under the test Slurm (one node, 2 GPUs as a GRES), in a job submitted as the plugin submits a multi-node
+    fine-tuning job (its MPI job: --ntasks-per-node, GPUs per node as --gres, CPUs per GPU) and with every SLURM_*
+    variable stripped but the job id (as the plugin's job step strips them), the launch's srun starts 2 tasks that
+    join one process group as ranks 0 and 1 (Slurm's SLURM_PROCID), each with its own GPU."""
+    code = (f"import sys; sys.path[:0] = {[str(Path(__file__).parent), *sys.path]!r}; "
+            f"import test_distributed as t; t.srun_in_job({str(tmp_path)!r})")
+    keep = " ".join(f"{k}={shlex.quote(v)}" for k, v in slurm_cluster.env.items() if k in ("PATH", "HOME", "SLURM_CONF"))
+    script = tmp_path / "job.sh"
+    script.write_text(f'#!/bin/bash\nexec env -i {keep} SLURM_JOB_ID="$SLURM_JOB_ID" '
+                      f"{shlex.quote(sys.executable)} -c {shlex.quote(code)}\n")
+    job = slurm_cluster.sbatch("-t", "5", "--mem", "3000", "--nodes=1", "--ntasks-per-node=2", "--cpus-per-gpu=1",
+                               "--gres=gpu:2", "-D", str(tmp_path), "-o", str(tmp_path / "job.out"), str(script))
+    row = slurm_cluster.wait(job, timeout=180)
+    assert row["State"] == "COMPLETED", (tmp_path / "job.out").read_text()
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert [(v["world"], v["sum"]) for v in ranks] == [(2, 2.0), (2, 2.0)]
+    assert sorted(v["cuda"] for v in ranks) == ["0", "1"]  # --gpus-per-task=1: one GPU each
+
+
+def test_a_multi_node_launch_that_srun_refuses_fails_with_srun_s_message(tmp_path, monkeypatch, capsys):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text(FAKE_SRUN)
+    (bin_dir / "srun").chmod(0o755)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("SRUN_RECORD", str(tmp_path / "srun.json"))
+    monkeypatch.setenv("SRUN_REFUSE", "1")
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    with pytest.raises(RuntimeError, match="training over 4 processes failed: process 0 exited with 1"):
+        distributed.run_on_gpus(report_rank, gpus=4, nodes=2, device="cpu", timeout_s=TIMEOUT_S, out="x", seed=0)
+    assert "srun: error: Unable to create step for job 4242" in capsys.readouterr().err
+
+
+def test_a_local_run_of_a_multi_node_config_trains_on_this_machine(tmp_path, monkeypatch, capsys):
+    """Outside a Slurm job (a local run ignores cluster resources) `nodes` 2 runs the ranks here, no srun."""
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    monkeypatch.delenv("SLURM_JOBID", raising=False)
+    monkeypatch.setenv("SLURM_NODEID", "0")
+    monkeypatch.setenv("SLURM_LOCALID", "0")
+    distributed.run_on_gpus(report_rank, gpus=2, nodes=2, device="cpu", timeout_s=TIMEOUT_S, out=str(tmp_path),
+                            seed=0)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rank0.json", "rank1.json"]
+    assert "outside a Slurm job: training on this machine only" in capsys.readouterr().err
 
 
 def test_rank_batches_split_each_micro_batch():

@@ -16,6 +16,9 @@ from pathlib import Path
 
 # Written into the log when a job runs out of GPU memory; the retry's resources read it (arithmech.tools.cluster).
 GPU_OOM_MARK = "arithmech: GPU out of memory"
+# CPUs a job with several GPUs asks for per GPU (arithmech.tools.cluster), i.e. per training process: also the
+# most a process over several nodes asks its Slurm task for (arithmech.sft.distributed)
+CPUS_PER_GPU = 2
 # Where a job's batch sizes are among its params: inference batches (examples per forward), and training's
 # blocks, whose batch_size x grad_accumulation examples make one optimizer step.
 INFERENCE_BATCHES = (("compute", "batch_size"), ("evaluation", "batch_size"))
@@ -60,13 +63,16 @@ def split_batches(params, split: int) -> list[str]:
 
 
 def gpu_settings(smk) -> dict:
-    """How a training job runs over its GPUs (`arithmech.sft.distributed.run_on_gpus`): the rule's `gpu` and
-    `nodes` resources, `compute.device`, and its runtime as the time limit of a multi-process run."""
+    """How a training job runs over its GPUs (`arithmech.sft.distributed.run_on_gpus`): its GPUs and nodes,
+    `compute.device`, and its runtime as the time limit of a multi-process run. From the rule's resources
+    (arithmech.tools.cluster.rule_resources): on one node `gpu`; over several, `nodes` with `tasks_per_node`
+    (one Slurm task per GPU on each node)."""
     resources = getattr(smk, "resources", {})
     runtime = resources.get("runtime")
     compute = smk.params.get("compute") or {}
-    return {"gpus": int(resources.get("gpu", 1) or 1), "nodes": int(resources.get("nodes", 1) or 1),
-            "device": compute.get("device", "auto"),
+    nodes = int(resources.get("nodes", 1) or 1)
+    gpus = nodes * int(resources["tasks_per_node"]) if nodes > 1 else int(resources.get("gpu", 1) or 1)
+    return {"gpus": gpus, "nodes": nodes, "device": compute.get("device", "auto"),
             "timeout_s": 60 * float(runtime) if runtime else None}
 
 

@@ -38,6 +38,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from arithmech.jobs import CPUS_PER_GPU
+
 DEFAULT_TIMEOUT_S = 24 * 3600  # a job without a runtime (local runs): one day at most
 POLL_S = 0.2
 FAILED_MARK = "arithmech: rank failed"  # what a failing worker prints before its traceback
@@ -180,11 +182,14 @@ def visible_gpus() -> list[str]:
     return [str(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
 
 
-def plan_world(gpus: int, device: str) -> tuple[int, str]:
+def plan_world(gpus: int, device: str, nodes: int = 1) -> tuple[int, str]:
     """(world size, backend) of a job asking for `gpus` with `compute.device` = `device`: G gloo processes on
     the CPU; on CUDA one NCCL process per visible GPU, at most G (a local run on a machine with fewer GPUs than
-    the rule asks for runs on those it has, as a local run ignores `gpus`)."""
+    the rule asks for runs on those it has, as a local run ignores `gpus`). Over several `nodes` the GPUs are
+    Slurm's, on every node: all G, NCCL unless the device is the CPU."""
     gpus = int(gpus or 1)
+    if nodes > 1:
+        return gpus, "gloo" if device == "cpu" else "nccl"
     cuda = device != "cpu" and torch.cuda.is_available()
     if not cuda:
         return gpus, "gloo"
@@ -192,6 +197,11 @@ def plan_world(gpus: int, device: str) -> tuple[int, str]:
     if have < gpus:
         print(f"the job asks for {gpus} GPUs and sees {have}: training on {have}", file=sys.stderr)
     return max(1, min(gpus, have)), "nccl"
+
+
+def slurm_job_id() -> str | None:
+    """The Slurm job this process runs in (the plugin's job step keeps this variable), or None."""
+    return os.environ.get("SLURM_JOB_ID") or os.environ.get("SLURM_JOBID") or None
 
 
 def worker_command(spec: Path, *, world_size: int, store: tuple[str, int], backend: str, timeout_s: float,
@@ -218,6 +228,14 @@ def srun_command(worker: list[str], *, job_id: str, nodes: int, world_size: int,
             "--kill-on-bad-exit=1", *worker]
 
 
+def multi_node_command(worker: list[str], *, tmp: str | Path, job_id: str, nodes: int, world_size: int,
+                       cpus_per_task: int) -> list[str]:
+    """The `srun` that starts `worker` as one task per GPU over `nodes` nodes (`srun_command`), each task's
+    output in `tmp`/rank<r>.log, r being the rank Slurm gives the task (SLURM_PROCID, which the worker reads)."""
+    logged = ["bash", "-c", shlex.join(worker) + f' > {shlex.quote(str(tmp))}/rank"$SLURM_PROCID".log 2>&1']
+    return srun_command(logged, job_id=job_id, nodes=nodes, world_size=world_size, cpus_per_task=cpus_per_task)
+
+
 def run_on_gpus(fn: Callable, *, gpus: int = 1, device: str = "auto", nodes: int = 1, timeout_s: float | None = None,
                 **kwargs):
     """Run `fn(**kwargs)` (a module-level function: a job's entry point) in this process when the job has one GPU
@@ -227,7 +245,11 @@ def run_on_gpus(fn: Callable, *, gpus: int = 1, device: str = "auto", nodes: int
     stops the others and its traceback is written to stderr before this raises. `timeout_s` (the job's runtime;
     default a day) ends a run that takes longer, every rank included. `nodes` > 1: the workers are `srun` tasks
     across the job's nodes (`srun_command`), the launcher's host holding the store."""
-    world_size, backend = plan_world(gpus, device)
+    if nodes > 1 and not slurm_job_id():
+        # a local run of a multi-node config (a local run ignores the cluster resources): this machine only
+        print(f"nodes={nodes} outside a Slurm job: training on this machine only", file=sys.stderr)
+        nodes = 1
+    world_size, backend = plan_world(gpus, device, nodes)
     if world_size == 1:
         return fn(**kwargs)
     timeout_s = float(timeout_s or DEFAULT_TIMEOUT_S)
@@ -236,6 +258,8 @@ def run_on_gpus(fn: Callable, *, gpus: int = 1, device: str = "auto", nodes: int
     store = dist.TCPStore(host, 0, None, True, datetime.timedelta(seconds=timeout_s), wait_for_workers=False)
     # the job's CPUs shared by its ranks on this node (a cluster job asks for cpus_per_gpu: arithmech.tools.cluster)
     threads = max(1, len(os.sched_getaffinity(0)) // (world_size // max(1, nodes)))
+    if nodes > 1:  # a task asks for no more CPUs than the job has per GPU (this process's may be the whole node's)
+        threads = min(threads, CPUS_PER_GPU)
     # several nodes need a shared file system for the spec and the logs: the working directory's
     with tempfile.TemporaryDirectory(prefix=".arithmech-ranks-", dir=Path.cwd() if nodes > 1 else None) as tmp:
         spec = Path(tmp) / "call.pkl"
@@ -245,13 +269,13 @@ def run_on_gpus(fn: Callable, *, gpus: int = 1, device: str = "auto", nodes: int
         if nodes > 1:
             worker = worker_command(spec, world_size=world_size, store=(host, store.port), backend=backend,
                                     timeout_s=timeout_s)
-            job_id = os.environ.get("SLURM_JOB_ID") or os.environ.get("SLURM_JOBID")
-            if not job_id:
-                raise RuntimeError(f"nodes={nodes}: a job over several nodes runs inside a Slurm job (no SLURM_JOB_ID)")
-            # each task writes its own log, named by the rank Slurm gives it
-            cmd = srun_command(["bash", "-c", shlex.join(worker) + f' > {tmp}/rank"$SLURM_PROCID".log 2>&1'],
-                               job_id=job_id, nodes=nodes, world_size=world_size, cpus_per_task=threads)
-            procs = [subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)]
+            print(f"training over {world_size} processes on {nodes} nodes ({backend}); rank 0's output follows "
+                  "when it ends", flush=True)
+            cmd = multi_node_command(worker, tmp=tmp, job_id=slurm_job_id(), nodes=nodes, world_size=world_size,
+                                     cpus_per_task=threads)
+            # srun's own messages (a step Slurm refuses, a task it kills) go to a log of their own, shown on failure
+            with open(Path(tmp) / "srun.log", "w") as srun_log:
+                procs = [subprocess.Popen(cmd, env=env, stdout=srun_log, stderr=subprocess.STDOUT)]
         else:
             print(f"training over {world_size} processes ({backend}); rank 0's output follows", flush=True)
             gpus = visible_gpus() if backend == "nccl" else []
@@ -272,6 +296,9 @@ def run_on_gpus(fn: Callable, *, gpus: int = 1, device: str = "auto", nodes: int
             text = log.read_text(errors="replace") if log.is_file() else ""
             if (r == 0 and text) or FAILED_MARK in text:
                 print(f"--- rank {r} of {world_size} ---\n{text.rstrip()}", file=sys.stdout if r == 0 else sys.stderr)
+        srun_text = (Path(tmp) / "srun.log").read_text(errors="replace").strip() if nodes > 1 else ""
+        if failed is not None and srun_text:
+            print(f"--- srun ---\n{srun_text}", file=sys.stderr)
         if failed is not None:
             raise RuntimeError(f"training over {world_size} processes failed: {failed}; the failing rank's "
                                "traceback is above")

@@ -5,6 +5,9 @@ Read by the Snakefile while it parses (so standard library only) and by `make pl
 - `job_resources(model_cfg, rule)`: a model job's GPUs, memory and runtime, from `models.<name>.resources` with
   its per-rule block (`finetune`, `evaluate`) over the model's own values, and CPUs for every GPU of a job with
   several (`cpus_per_gpu`: a training job runs one process per GPU, `arithmech.sft.distributed`);
+- `check_nodes(model, resources, rule)`: a job over several nodes (`nodes`) is a training job with the same
+  number of GPUs, at least 2, on each node; `rule_resources(first)`: those resources under the names the SLURM
+  plugin reads (a multi-node job as the plugin's MPI job, see `MULTI_NODE`);
 - `retry_resources(...)`: what a retry asks for: after the job ran out of GPU memory (its log says so) a
   smaller batch (`batch_split`, applied by `arithmech.jobs`), otherwise more host memory; more time either way;
 - `slurm_settings(environ)`: account and partitions, passed only when set;
@@ -18,7 +21,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from arithmech.jobs import GPU_OOM_MARK
+from arithmech.jobs import CPUS_PER_GPU, GPU_OOM_MARK
 
 # Per-rule blocks of `models.<name>.resources`: a block's keys override the model's own for these rules; every
 # other model rule takes the model's own values.
@@ -26,12 +29,26 @@ RESOURCE_GROUPS = {
     "finetune": ("finetune", "study_train"),
     "evaluate": ("evaluate", "study_evaluate", "study_format"),
 }
-RESOURCE_KEYS = ("gpus", "gpu_model", "mem_mb", "runtime")
+RESOURCE_KEYS = ("gpus", "gpu_model", "mem_mb", "runtime", "nodes")
+# The rules that run one process per GPU (`arithmech.sft.distributed.run_on_gpus`): the only ones that may span
+# several nodes.
+TRAINING_RULES = RESOURCE_GROUPS["finetune"]
 
-# A job with several GPUs runs one process per GPU within its one Slurm task (`arithmech.sft.distributed`): it
-# asks for CPUs per GPU (the plugin's --cpus-per-gpu; a one-GPU job gets --cpus-per-task=<the rule's threads>), and
-# no --ntasks-per-gpu, which would allocate Slurm tasks that the plugin's one-task job step never starts.
-CPUS_PER_GPU = 2
+# A job with several GPUs runs one process per GPU (`arithmech.sft.distributed`), on one node within its one Slurm
+# task: it asks for CPUS_PER_GPU CPUs per GPU (the plugin's --cpus-per-gpu; defined in arithmech.jobs, since the
+# launcher reads it too; a one-GPU job gets --cpus-per-task=<the rule's threads>), and no --ntasks-per-gpu, which
+# would allocate Slurm tasks that the plugin's one-task job step never starts. Over several nodes the processes are
+# Slurm tasks (MULTI_NODE), with the same CPUs per GPU.
+
+# A job over several nodes (`nodes` N > 1, `gpus` G in all) is submitted as the SLURM plugin's MPI job
+# (snakemake-executor-plugin-slurm 2.8): `mpi` makes its job step run the job's own process directly in the batch
+# script instead of inside `srun -n1 --gpus=G --nodes=N` (a one-task step that would hold the GPUs, on one node);
+# that process then starts one `srun` task per GPU itself (`arithmech.sft.distributed.srun_command`).
+# `tasks_per_node` (G/N) -> --ntasks-per-node, which the plugin requires to be > 1 for an MPI job (hence at
+# least 2 GPUs per node), and `tasks` is avoided: on a GPU job the plugin turns it into --ntasks-per-gpu. The
+# GPUs are asked for per node, `gres` gpu[:model]:G/N -> --gres (the plugin's `gpu` -> --gpus=G counts GPUs
+# over the whole job, which Slurm may place unevenly); `nodes` -> --nodes.
+MULTI_NODE = {"mpi": "srun"}
 
 # CPU-only jobs: host memory (MB) and runtime (minutes) of the first attempt.
 CPU_JOB = {"mem_mb": 4000, "runtime": 20}
@@ -58,6 +75,49 @@ def job_resources(resources: dict, rule: str) -> dict:
     if out.get("gpus", 1) > 1:
         out["cpus_per_gpu"] = CPUS_PER_GPU
     return out
+
+
+def rule_resources(first: dict) -> dict:
+    """A job's resources (`job_resources`, `retry_resources`) under the names the rules give the SLURM plugin
+    (workflow/rules/common.smk): one node: `gpu` (-> --gpus), `gpu_model`, `cpus_per_gpu`; several nodes: the
+    plugin's MPI job, with GPUs per node (`MULTI_NODE`). A value of None is not passed."""
+    out = {key: first.get(key) for key in ("mem_mb", "runtime", "cpus_per_gpu")}
+    out["batch_split"] = first.get("batch_split", 1)
+    nodes = first.get("nodes", 1)
+    if nodes == 1:
+        return out | {"gpu": first.get("gpus", 1), "gpu_model": first.get("gpu_model", "")}
+    per_node = first["gpus"] // nodes
+    model = f"{first['gpu_model']}:" if first.get("gpu_model") else ""
+    return out | MULTI_NODE | {"gres": f"gpu:{model}{per_node}", "nodes": nodes, "tasks_per_node": per_node}
+
+
+class ResourceError(ValueError):
+    """Resources a job cannot run with; the message names the configuration key."""
+
+
+def check_nodes(model: str, resources: dict, rule: str) -> None:
+    """Raise `ResourceError` when `rule`'s resources of `model` ask for several nodes and the job cannot use
+    them: a rule that is not a training rule (one process), GPUs not split evenly over the nodes, or fewer than
+    2 GPUs per node (the plugin's MPI jobs need more than one task per node: `MULTI_NODE`)."""
+    res = job_resources(resources, rule)
+    nodes = res.get("nodes", 1)
+    if nodes == 1:
+        return
+    key = resources_key(model, rule)
+    where = key if "nodes" in (resources.get(resource_group(rule) or "") or {}) else f"models.{model}.resources"
+    if rule not in TRAINING_RULES:
+        raise ResourceError(
+            f"{where}.nodes is {nodes}, and it applies to rule {rule}, which runs in one process: only the "
+            f"training rules ({', '.join(TRAINING_RULES)}) run over several nodes; set nodes in "
+            f"models.{model}.resources.finetune only")
+    gpus = res.get("gpus", 1)
+    if gpus % nodes:
+        raise ResourceError(f"{key}: gpus ({gpus}, the job's GPUs over all its nodes) is not a multiple of nodes "
+                            f"({nodes}): every node runs the same number of training processes")
+    if gpus // nodes < 2:
+        raise ResourceError(f"{key}: gpus {gpus} over nodes {nodes} is {gpus // nodes} GPU a node; a job over "
+                            "several nodes needs at least 2 GPUs on each (the SLURM plugin runs it as an MPI job, "
+                            "which needs more than one task per node): raise gpus or lower nodes")
 
 
 def resources_key(model: str, rule: str) -> str:
