@@ -256,3 +256,90 @@ def test_the_circuit_section_and_summary(tmp_path):
     assert ("| addition | 10 | -10% [-10, -10] | -6.0% [-6.0, -6.0] | -2.9% [-3.4, -2.5] | -1.1% [-1.5, -0.6] | "
             "L1 -3.9%, L2 +1.00% |") in page
     assert "circuit_addition_faithfulness.png" in {p.name for p in figures.iterdir()}
+
+
+def _discover_tables(model) -> None:
+    """discover/: each operator's validation table (the discover rule's sets: model, empty, key, the discovered
+    circuit), the union's, and summary.parquet with the columns discover_union writes, plus the two figures."""
+    from arithmech.interp import sufficiency as cx
+
+    (model / "discover").mkdir(exist_ok=True)
+    every = tuple((l, h) for l in range(3) for h in range(4))
+    key = cx.CircuitSet("key", "key", 2, -1, ((0, 1), (1, 2)), (2,))
+    circuits = {"addition": ((0, 1), (2, 3)), "division": ((1, 2), (2, 0), (2, 3)),
+                "union": ((0, 1), (1, 2), (2, 0), (2, 3))}
+    n = 10
+    for task, heads in circuits.items():
+        sets = [cx.CircuitSet("model", "all", 12, -1, every, (0, 1, 2)), cx.CircuitSet("empty", "none", 0, -1, (), ()),
+                key, cx.CircuitSet("discovered", "discovered", len(heads), -1, heads, (1,))]
+        values = {m: np.array([[1.0] * n, [0.0] * n, [0.2] * n, [0.9] * n]) + (np.arange(n) % 2) * 0.05
+                  for m in ("full", "logit", "first")}
+        table = cx.faithfulness_table(sets, values, np.arange(n) // 2, n_boot=50, seed=0, confidence=0.95)
+        table = table.assign(task=task, target=0.8, chosen=True)
+        write_parquet(table, model / f"discover/{task}_validation.parquet")
+    rows = []
+    for task, heads in circuits.items():
+        for target in ([0.8, 0.9] if task != "union" else [np.nan]):
+            chosen = task == "union" or target == 0.8
+            rows.append({"task": task, "target": target, "chosen": chosen, "measure": "logprob",
+                         "n_heads": len(heads) + (target == 0.9), "n_mlps": 1, "share": (len(heads) + 1) / 15,
+                         "faithfulness_full": 0.8712, "faithfulness_full_low": 0.7311, "faithfulness_full_high": 0.9644,
+                         "faithfulness_logit": 1.234, "faithfulness_logit_low": 1.1, "faithfulness_logit_high": 1.4,
+                         "faithfulness_first": 0.5, "faithfulness_first_low": 0.3, "faithfulness_first_high": 0.7,
+                         "key_faithfulness_full": 0.0, "key_faithfulness_full_low": 0.0,
+                         "key_faithfulness_full_high": 0.0, "random_faithfulness_full": 0.04,
+                         "diff_vs_random_full": 0.8312, "diff_vs_random_full_ci_low": 0.6911,
+                         "diff_vs_random_full_ci_high": 0.9333, "constant_first": 0.575, "first": 0.6,
+                         "full_share": 0.87, "n_items": 20 if task == "union" else n, "n_clusters": 5, "draws": 5,
+                         "smallest_target_validation": np.nan if task == "union" else 0.9})
+    write_parquet(pd.DataFrame(rows), model / "discover/summary.parquet")
+    for task in TASKS:
+        write_figure(model / f"discover/{task}_path.png")
+        write_figure(model / f"discover/{task}_circuit.png")
+
+
+def test_the_discover_section_and_readme_sentences(tmp_path):
+    model = results_tree(tmp_path / "results")
+    _discover_tables(model)
+    readme, out, figures = _docs(tmp_path, tmp_path / "results")
+    page, block = out.read_text(), readme.read_text().split(BEGIN)[1].split(END)[0]
+    section = page.split("## The model's own circuit (discover)")[1].split("\n## ")[0]
+    # per operator at its chosen target, and the union last: size, faithfulness at the interval's precision, the
+    # key circuit, random circuits and the paired difference, the key heads kept
+    assert ("| addition | 0.80 | 10 | 2 heads + 1 MLPs (20.0%) | 87% [73%, 96%] | 123% [110%, 140%] | "
+            "50% [30%, 70%] (60.0%; 57.5%) | 0.0% [0.0%, 0.0%] | 4.0% (5 draws) | +83 points [+69, +93] | "
+            "1 of 2 key heads (L0H1); 1 added |") in section
+    assert "| division | 0.80 | 10 | 3 heads + 1 MLPs" in section and "1 of 2 key heads (L1H2); 2 added |" in section
+    assert "| all (union) | each operator's | 20 | 4 heads + 1 MLPs (33.3%)" in section
+    assert "2 of 2 key heads (L0H1, L1H2); 2 added |" in section
+    assert section.index("| addition |") < section.index("| all (union) |")
+    assert "| addition | 0.90 | 3 heads + 1 MLPs (20.0%) | 87% [73%, 96%] |  | 0.90 |" in section  # every target
+    assert "`logprob`" in section
+    # the findings page's two sentences, in both places, with the figures of the first operator
+    from arithmech.report.page import circuit_sentences
+    sentences = circuit_sentences(pd.read_parquet(model / "discover/summary.parquet"))
+    assert sentences.startswith("Over all operators") and sentences in section and sentences in block
+    assert "addition: 2 heads + 1 MLPs keeping 87%;" in sentences  # at the interval's precision, not "87.1%"
+    assert "(figures/discover_addition_path.png)" in section and "(figures/discover_addition_circuit.png)" in section
+    assert ("[the pruning path](docs/figures/discover_addition_path.png), [the circuit over the key heads]"
+            "(docs/figures/discover_addition_circuit.png), [the study](docs/figures/finetune_study.png)") in block
+    assert {"discover_addition_path.png", "discover_addition_circuit.png"} <= {p.name for p in figures.iterdir()}
+    assert "discover_division_path.png" not in {p.name for p in figures.iterdir()}
+    (tmp_path / "again").mkdir()
+    check_docs(tmp_path / "results", "m", TASKS, tmp_path / "again")  # byte-identical again, every link a file
+
+
+def test_docs_without_discover_outputs_say_the_rule_has_not_run(tmp_path):
+    model = results_tree(tmp_path / "results")
+    _discover_tables(model)  # a summary without its validation tables: the overlap column stays empty
+    for path in (model / "discover").glob("*_validation.parquet"):
+        path.unlink()
+    _, out, _ = _docs(tmp_path, tmp_path / "results")
+    assert "| addition | 0.80 | 10 | 2 heads + 1 MLPs (20.0%) |" in out.read_text()
+    assert "key heads (L0H1)" not in out.read_text()
+    for path in (model / "discover").iterdir():
+        path.unlink()
+    readme, out, figures = _docs(tmp_path, tmp_path / "results")
+    section = out.read_text().split("## The model's own circuit (discover)\n")[1].split("\n## ")[0]
+    assert "The discover rule has not run on these results (no `discover/summary.parquet`)" in section
+    assert "own circuit" not in readme.read_text() and not any("discover" in p.name for p in figures.iterdir())

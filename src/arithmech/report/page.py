@@ -117,7 +117,9 @@ def study_rows(study: pd.DataFrame, comparisons: pd.DataFrame) -> tuple[pd.DataF
 
 def circuit_sentences(summary: pd.DataFrame) -> str:
     """Two sentences on the model's own circuit (the discover rule's summary, chosen targets): the union over
-    operators against the paper's key circuit and random circuits of its size, then each operator's size."""
+    operators against the paper's key circuit and random circuits of its size, then each operator's size. One home
+    for these sentences: the findings page and `make docs` (docs/results.md, README's block) both print them, every
+    faithfulness at its resampled interval's precision so that a re-run on another CPU prints the same text."""
     chosen = summary[summary["chosen"].astype(bool)].sort_values("target").drop_duplicates("task")
     if chosen.empty:
         return "The discover rule chose no circuit: no target's circuit kept enough full answers."
@@ -139,7 +141,9 @@ def circuit_sentences(summary: pd.DataFrame) -> str:
                  f"MLPs keep {kept(u, 'key_faithfulness_full')}, random circuits of its size "
                  f"{display.share(u['random_faithfulness_full'])}. ")
     per_task = [f"{task}: {int(r['n_heads'])} heads + {int(r['n_mlps'])} MLPs keeping "
-                f"{display.share(r['faithfulness_full'])}" for task, r in rows.iterrows() if task != "union"]
+                + display.estimate(r["faithfulness_full"], r["faithfulness_full_low"], r["faithfulness_full_high"],
+                                   scale=100, suffix="%", fallback=display.share)
+                for task, r in rows.iterrows() if task != "union"]
     return first + ("Per operator, " + "; ".join(per_task) + "." if per_task else "")
 
 

@@ -21,8 +21,8 @@ import pandas as pd
 import yaml
 
 from arithmech.report import display
-from arithmech.report.page import (figure_caption, key_component_rows, knockout_rows, provenance_text, study_not_run,
-                       study_rows, table_metric)
+from arithmech.report.page import (circuit_sentences, figure_caption, key_component_rows, knockout_rows,
+                                   provenance_text, study_not_run, study_rows, table_metric)
 from arithmech.report.verdicts import TIMING_CLAIMS
 from arithmech.io import atomic_path
 from arithmech.report.scorecard import claims_markdown, verdict_counts
@@ -76,6 +76,7 @@ def figure_sources(root: Path, tasks: list[str]) -> list[str]:
     wanted += [f"knockout/{t}.png" for t in tasks] + ["knockout/transfer.png"]
     wanted += [f"circuit/{t}_faithfulness.png" for t in tasks]
     wanted += [f"circuit/{tasks[0]}_{kind}.png" for kind in ("graph", "edges")] if tasks else []
+    wanted += [f"discover/{tasks[0]}_{kind}.png" for kind in ("path", "circuit")] if tasks else []
     wanted += [f"analysis/{t}_{kind}.png" for kind in ("roles", "probes") for t in tasks]
     wanted += ["finetune/study.png", "finetune/study_curves.png", "eval/summary.png"]
     return [s for s in wanted if (root / s).is_file()]
@@ -329,6 +330,119 @@ def edges_table(edges: dict[str, pd.DataFrame]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+DISCOVER_SUMMARY = "discover/summary.parquet"
+
+
+def read_discover(root: Path, tasks: list[str]) -> tuple[pd.DataFrame, pd.DataFrame] | None:
+    """(the discover rule's summary, every validation table it wrote: one per operator and the union's), or None
+    when the rule has not run on these results (an older results tree). A missing validation table only leaves
+    the overlap with the key heads empty."""
+    if not (root / DISCOVER_SUMMARY).is_file():
+        return None
+    paths = [root / f"discover/{t}_validation.parquet" for t in tasks] + [root / "discover/union_validation.parquet"]
+    frames = [pd.read_parquet(p) for p in paths if p.is_file()]
+    return pd.read_parquet(root / DISCOVER_SUMMARY), (pd.concat(frames, ignore_index=True) if frames else None)
+
+
+def head_labels(nodes) -> list[str]:
+    """The heads of a circuit's node list ("L0H1 L2MLP" -> ["L0H1"])."""
+    return [] if display.missing(nodes) else [n for n in str(nodes).split() if not n.endswith("MLP")]
+
+
+def key_overlap(validation: pd.DataFrame | None, task: str) -> str:
+    """Which of the key heads the chosen circuit of `task` ("union": the union over operators against the union of
+    the key heads) keeps, and how many heads it adds; "" without its validation table."""
+    if validation is None:
+        return ""
+    rows = validation[validation["task"] == task]
+    found = rows[(rows["curve"] == "discovered") & rows["chosen"].astype(bool)]
+    key = rows[rows["curve"] == "key"]
+    if not len(found) or not len(key):
+        return ""
+    heads, key_heads = head_labels(found["nodes"].iloc[0]), head_labels(key["nodes"].iloc[0])
+    kept = [h for h in key_heads if h in set(heads)]
+    added = len(heads) - len(kept)
+    return (f"{len(kept)} of {len(key_heads)} key heads" + (f" ({', '.join(kept)})" if kept else "")
+            + f"; {added} added")
+
+
+def discover_table(summary: pd.DataFrame, validation: pd.DataFrame | None) -> pd.DataFrame:
+    """Per operator (its chosen target) and the union over operators: the discovered circuit's size and its
+    validation faithfulness (full answers, answer logit, first token with the constant predictor's accuracy),
+    against the key circuit and layer-matched random circuits of its size (the paired difference), with 95%
+    intervals at their precision, and its overlap with the key heads."""
+    chosen = summary[summary["chosen"].astype(bool)].sort_values("target").drop_duplicates("task")
+    order = [t for t in chosen["task"] if t != "union"] + [t for t in chosen["task"] if t == "union"]
+    rows = []
+    for task in order:
+        r = chosen[chosen["task"] == task].iloc[0]
+        rows.append({
+            "operator": "all (union)" if task == "union" else task,
+            "target": "each operator's" if task == "union" else display.significant(r["target"], 2),
+            "pairs": display.count(r["n_items"]),
+            "size": f"{int(r['n_heads'])} heads + {int(r['n_mlps'])} MLPs ({display.share(r['share'])})",
+            "full answer": _faithful(r["faithfulness_full"], r["faithfulness_full_low"], r["faithfulness_full_high"]),
+            "answer logit": _faithful(r["faithfulness_logit"], r["faithfulness_logit_low"],
+                                      r["faithfulness_logit_high"]),
+            "first token (accuracy; constant)": (
+                _faithful(r["faithfulness_first"], r["faithfulness_first_low"], r["faithfulness_first_high"])
+                + f" ({display.share(r['first'])}; {display.share(r['constant_first'])})"),
+            "key circuit, full answer": _faithful(r["key_faithfulness_full"], r["key_faithfulness_full_low"],
+                                                  r["key_faithfulness_full_high"]),
+            "random circuits, full answer": f"{display.share(r['random_faithfulness_full'])} ({int(r['draws'])} draws)",
+            "circuit - random": (
+                display.estimate(r["diff_vs_random_full"], r["diff_vs_random_full_ci_low"],
+                                 r["diff_vs_random_full_ci_high"], scale=100, sign=True, fallback=display.points)
+                + " points " + display.bounds(r["diff_vs_random_full_ci_low"], r["diff_vs_random_full_ci_high"],
+                                              scale=100, sign=True)).strip(),
+            "key heads kept": key_overlap(validation, task),
+        })
+    return pd.DataFrame(rows)
+
+
+def discover_targets_table(summary: pd.DataFrame) -> pd.DataFrame:
+    """Per operator and target: the circuit's size, the full-answer faithfulness it keeps on the validation pairs,
+    and which target the rule chose (on the identification pairs) and which it would choose on the validation
+    pairs (reported only)."""
+    rows = []
+    for r in summary[summary["task"] != "union"].sort_values(["task", "target"], kind="stable").to_dict("records"):
+        rows.append({"operator": r["task"], "target": display.significant(r["target"], 2),
+                     "size": f"{int(r['n_heads'])} heads + {int(r['n_mlps'])} MLPs ({display.share(r['share'])})",
+                     "full answer": _faithful(r["faithfulness_full"], r["faithfulness_full_low"],
+                                              r["faithfulness_full_high"]),
+                     "chosen": "yes" if r["chosen"] else "",
+                     "smallest keeping the share on validation": (
+                         "none" if display.missing(r.get("smallest_target_validation"))
+                         else display.significant(r["smallest_target_validation"], 2))})
+    return pd.DataFrame(rows)
+
+
+def discover_section(root: Path, tasks: list[str], figure) -> list[str]:
+    """docs/results.md's section on the model's own circuit (the discover and discover_union rules), or a line
+    saying the rule has not run on these results."""
+    out = ["## The model's own circuit (discover)\n"]
+    found = read_discover(root, tasks)
+    if found is None:
+        return out + [f"The discover rule has not run on these results (no `{DISCOVER_SUMMARY}`): run the workflow "
+                      "again (`make run`) to find the model's own circuit.\n"]
+    summary, validation = found
+    measure = summary["measure"].dropna()
+    out += [circuit_sentences(summary) + "\n",
+            "Per operator, the smallest set of heads and MLPs that keeps the target share of "
+            + (f"the pruning measure (`{measure.iloc[0]}`)" if len(measure) else "the pruning measure")
+            + " at END with every other node mean-ablated, found by greedy pruning on the identification pairs; "
+            "the target is the smallest whose circuit keeps enough of the full answers there. Scored on the "
+            "validation pairs (the union over operators: pooled), faithfulness as in the sufficiency table above, "
+            "95% intervals resampling operand pairs; first token: faithfulness, then the circuit's first-token "
+            "accuracy and the constant predictor's; the key circuit: the key heads and key MLPs; random circuits: "
+            "layer-matched heads of the circuit's size with its MLPs (mean over draws), and the paired difference "
+            "in full-answer faithfulness.\n", markdown_table(discover_table(summary, validation)),
+            "Every target's circuit:\n", markdown_table(discover_targets_table(summary))]
+    if tasks:
+        out += figure(f"discover/{tasks[0]}_path.png") + figure(f"discover/{tasks[0]}_circuit.png")
+    return out
+
+
 def read_claims(root: Path, model: str) -> pd.DataFrame:
     """The scorecard as the docs show it: a timing's value, interval and note (seconds per step) differ between
     runs and machines, so they are left out here and the row points to the run's own claims.md."""
@@ -412,6 +526,8 @@ def results_markdown(root: Path, model: str, tasks: list[str], figures: list[str
                     "interactions.\n", markdown_table(edges_table({t: pd.read_parquet(p) for t, p in edges.items()}))]
             out += figure(f"circuit/{tasks[0]}_graph.png") + figure(f"circuit/{tasks[0]}_edges.png")
 
+    out += discover_section(root, tasks, figure)
+
     analysis = [(t, root / f"analysis/{t}_roles.parquet", root / f"analysis/{t}_probes.parquet") for t in tasks]
     if any(r.is_file() or p.is_file() for _, r, p in analysis):
         out += ["## Attention and MLP probes (analyze)\n",
@@ -462,7 +578,22 @@ def scorecard_block(root: Path, model: str, tasks: list[str], figures: list[str]
             + f"\n{verdict_counts(claims)} Model `{model}` ({origin}); generated by `make docs` from "
               f"`results/{model}/`.\n"
             + (f"\nFrom key components to a circuit, per operator (validation pairs; 95% intervals):\n\n{circuit}"
-               if circuit else ""))
+               if circuit else "")
+            + own_circuit_block(root, tasks, link))
+
+
+def own_circuit_block(root: Path, tasks: list[str], link) -> str:
+    """README's two sentences on the model's own circuit (`page.circuit_sentences`, the findings page's) with
+    links to its figures; "" when the discover rule has not run."""
+    found = read_discover(root, tasks)
+    if found is None:
+        return ""
+    names = [("discover/{}_path.png", "the pruning path"), ("discover/{}_circuit.png", "the circuit over the key heads"),
+             ("finetune/study.png", "the study")]
+    figures = [f"[{name}]({link(source.format(tasks[0]))})" for source, name in names
+               if tasks and link(source.format(tasks[0]))]
+    return (f"\nThe model's own circuit (discover): {circuit_sentences(found[0])}"
+            + (f" Figures: {', '.join(figures)}." if figures else "") + "\n")
 
 
 def relative_folder(folder, start) -> str:
