@@ -310,17 +310,17 @@ def planned_rules(proc: subprocess.CompletedProcess) -> dict[str, int]:
 # What a change upstream of the patching effects re-runs of stage 4: the two head methods rank heads by
 # effect (full fine-tuning and LoRA do not), their evaluations (6 data sets each), and the summary.
 # The study likewise: the head arms' grid runs, second seed and draw, their lr choices and evaluations.
-HEAD_SFT = {"finetune": 2, "evaluate": 12, "summarize_eval": 1, "study_train": 6, "study_select": 3,
-            "study_evaluate": 5, "study_summary": 1}
+HEAD_SFT = {"finetune": 2, "evaluate": 12, "summarize_eval": 1, "study_train": 7, "study_select": 4,
+            "study_evaluate": 6, "study_summary": 1}
 # What a change of the identify stage's operand pairs re-runs of the study: all of it, the measurement of the
 # candidate formats (study_format leaves the identify stage's pairs out) included.
-STUDY_ALL = {"study_format": 1, "study_items": 1, "study_train": 8, "study_select": 5, "study_evaluate": 8,
+STUDY_ALL = {"study_format": 1, "study_items": 1, "study_train": 9, "study_select": 6, "study_evaluate": 9,
              "study_summary": 1}
 # What new patching effects re-run: aggregation, and everything that reads the effects or key components.
 FROM_EFFECTS = {
     "aggregate_effects": 2, "plot_effects": 2, "summarize_key_components": 1, "knockout": 2, "plot_knockout": 2,
     "analyze": 2, "plot_analysis": 2, "transfer": 1, "plot_transfer": 1, "circuit": 2, "edges": 1, "plot_circuit": 2,
-    **HEAD_SFT, "claims": 1, "findings": 1, "all": 1,
+    "discover": 2, "discover_union": 1, "plot_discover": 2, **HEAD_SFT, "claims": 1, "findings": 1, "all": 1,
 }
 
 
@@ -413,7 +413,7 @@ def test_study_changes_rerun_only_what_they_touch(run):
     cases = [
         (lambda c: c["study"]["lr_grid"].update(full=[2e-4]),
          {"study_train": 1, "study_select": 1, "study_evaluate": 1, "study_summary": 1}),
-        (lambda c: c["study"]["off_target"].update(svamp_n=4), {"study_evaluate": 8, "study_summary": 1}),
+        (lambda c: c["study"]["off_target"].update(svamp_n=4), {"study_evaluate": 9, "study_summary": 1}),
         (lambda c: c["study"].update(confidence=0.9), {"study_format": 1, "study_summary": 1}),
         (lambda c: c["study"]["format_choice"].update(items=3), {"study_format": 1, "study_summary": 1}),
         (lambda c: c["study"]["lora"].update(r=4),
@@ -439,7 +439,7 @@ def test_study_outputs(run):
     assert not {f"addition:{a}:{b}" for a, b in zip(identify["a"], identify["b"])} & set(items["pair"])
     study = pd.read_parquet(res / "study.parquet")
     assert list(zip(study["arm"], study["run"])) == [
-        ("base", "base"), ("precise", "chosen"), ("precise", "seed1"), ("precise_mlp", "chosen"),
+        ("base", "base"), ("precise", "chosen"), ("precise", "seed1"), ("precise_mlp", "chosen"), ("circuit", "chosen"),
         ("random_heads", "chosen"), ("random_heads", "draw1"), ("full", "chosen"), ("lora", "chosen")]
     assert (study["test_n"] == 10).all() and (study.loc[study["arm"] == "base", "kl_to_base"] == 0).all()
     assert ((study["accuracy_low"] <= study["accuracy"]) & (study["accuracy"] <= study["accuracy_high"])).all()
@@ -530,7 +530,7 @@ def test_auto_format_reruns_what_the_choice_changes_and_says_when_none_fits(run,
     assert reason in html.unescape((res / "findings.html").read_text())
     claims = pd.read_parquet(res / "claims.parquet")
     sft = claims[claims["claim"].str.startswith("sft_")]
-    assert len(sft) == 4 and (sft["verdict"] == "not measured").all() and (sft["note"] == reason).all()
+    assert len(sft) == 5 and (sft["verdict"] == "not measured").all() and (sft["note"] == reason).all()
     again = snakemake(checkout, "--cores", "1", "--dry-run", "--configfile", str(none))
     assert "Nothing to be done" in again.stdout + again.stderr, again.stdout[-3000:]
 
@@ -789,7 +789,8 @@ def test_library_edits_rerun_exactly_the_rules_that_run_the_edited_code(run, tmp
     assert planned_after("report/plots.py", "def _save(fig, path: str | Path) -> None:\n",
                          "def _save(fig, path: str | Path) -> None:\n    fig.set_dpi(fig.get_dpi())\n") == {
         "plot_effects": 2, "plot_knockout": 2, "plot_transfer": 1, "summarize_key_components": 1, "plot_analysis": 2,
-        "plot_circuit": 2, "summarize_eval": 1, "study_summary": 1, "claims": 1, "findings": 1, "all": 1,
+        "plot_circuit": 2, "plot_discover": 2, "summarize_eval": 1, "study_summary": 1, "claims": 1, "findings": 1,
+        "all": 1,
     }  # the summaries re-draw beside their tables and rewrite them: the scorecard and the findings page re-read
     assert planned_after("interp/patching.py", "@torch.no_grad()\ndef direct_logits(",
                          "def _unused_helper():\n    return 0\n\n\n@torch.no_grad()\ndef direct_logits(") == {}
