@@ -72,8 +72,10 @@ def all_nodes(n_layers: int, n_heads: int) -> list[Node]:
 
 def node_label(node: Node) -> str:
     """'L3H2' for a head, 'L5MLP' for an MLP (as `sufficiency.CircuitSet.nodes`)."""
+    from arithmech.interp.effects import node_label as label
+
     layer, head = node
-    return f"L{layer}MLP" if head == MLP else f"L{layer}H{head}"
+    return label(layer, None if head == MLP else head)
 
 
 def item_measure(logits: torch.Tensor, answers: torch.Tensor, measure: str, *, candidates: torch.Tensor | None = None,

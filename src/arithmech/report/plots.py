@@ -580,9 +580,9 @@ def pruning_path(path: pd.DataFrame, title: str, out: str | Path) -> None:
 def circuit_grid(nodes: str, key_heads, n_layers: int, n_heads: int, title: str, out: str | Path) -> None:
     """A circuit ("L3H2 L5MLP ...", `CircuitSet.nodes`) on the layer x head grid with an MLP column, over the key
     heads: kept key heads, added heads (not key heads), key heads it leaves out, and kept MLPs."""
-    labels = nodes.split()
-    heads = {tuple(int(x) for x in s[1:].split("H")) for s in labels if not s.endswith("MLP")}
-    mlps = {int(s[1:-3]) for s in labels if s.endswith("MLP")}
+    from arithmech.interp.nodes import parse_nodes
+
+    heads, mlps = (set(part) for part in parse_nodes(nodes))
     key = {(int(l), int(h)) for l, h in key_heads}
     grid = np.zeros((n_layers, n_heads + 1))
     for l, h in heads:

@@ -77,22 +77,23 @@ def all_reduce_grads(params: list[nn.Parameter]) -> None:
         dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
 
 
-def all_reduce_sum(value: float) -> float:
-    """`value` summed over the ranks (itself in one process)."""
+def _all_reduce(value, op, dtype: torch.dtype, cast):
+    """`value` reduced over the ranks with `op`, as `cast` (itself, untouched, in one process)."""
     if world()[1] == 1:
         return value
-    t = torch.tensor([value], dtype=torch.float64, device=reduce_device())
-    dist.all_reduce(t, op=dist.ReduceOp.SUM)
-    return float(t.item())
+    t = torch.tensor([value], dtype=dtype, device=reduce_device())
+    dist.all_reduce(t, op=op)
+    return cast(t.item())
+
+
+def all_reduce_sum(value: float) -> float:
+    """`value` summed over the ranks (itself in one process)."""
+    return _all_reduce(value, dist.ReduceOp.SUM, torch.float64, float)
 
 
 def all_reduce_max(value: int) -> int:
     """`value`'s maximum over the ranks (itself in one process): the peak memory of a run."""
-    if world()[1] == 1:
-        return value
-    t = torch.tensor([value], dtype=torch.int64, device=reduce_device())
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return int(t.item())
+    return _all_reduce(value, dist.ReduceOp.MAX, torch.int64, int)
 
 
 def broadcast(obj):

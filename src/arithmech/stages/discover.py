@@ -14,7 +14,7 @@ import pandas as pd
 
 from arithmech.data.arithmetic import split_pairs
 from arithmech.interp import sufficiency as cx
-from arithmech.interp.nodes import layer_matched_heads, ranked_heads
+from arithmech.interp.nodes import layer_matched_heads, parse_nodes, ranked_heads
 from arithmech.io import write_parquet
 
 MEASURE_COLUMN = "measure_value"  # the per-item column of the pruning measure in the items tables
@@ -184,14 +184,13 @@ def _added_heads(lm, scored: pd.DataFrame, table: pd.DataFrame, key_set: set, ef
     analysis stage's measure), one column per role."""
     from arithmech.interp.analysis import attention_rows, role_attention, token_roles
 
+    from arithmech.interp.effects import node_label
+
     rows = []
     for target, nodes in zip(table["target"], table["nodes"]):
-        for label in nodes.split():
-            if label.endswith("MLP"):
-                continue
-            layer, head = (int(x) for x in label[1:].split("H"))
+        for layer, head in parse_nodes(nodes)[0]:
             if (layer, head) not in key_set:
-                rows.append({"target": target, "node": label, "layer": layer, "head": head})
+                rows.append({"target": target, "node": node_label(layer, head), "layer": layer, "head": head})
     added = pd.DataFrame(rows, columns=["target", "node", "layer", "head"])
     heads = effects[effects["component"] == "head"].sort_values("mean_effect", kind="stable").reset_index(drop=True)
     heads["effect_rank"] = np.arange(1, len(heads) + 1)
@@ -273,11 +272,9 @@ def run_discover_union(*, model: str, model_dir, tasks: list[str], pairs_paths, 
     heads, mlps, key_h, key_m = set(), set(), set(), set()
     for task, key_path in zip(tasks, key_paths, strict=True):
         chosen = tables[task][tables[task]["chosen"]].iloc[0]
-        for label in chosen["nodes"].split():
-            if label.endswith("MLP"):
-                mlps.add(int(label[1:-3]))
-            else:
-                heads.add(tuple(int(x) for x in label[1:].split("H")))
+        chosen_heads, chosen_mlps = parse_nodes(chosen["nodes"])
+        heads |= set(chosen_heads)
+        mlps |= set(chosen_mlps)
         kh, km = cx.key_nodes(pd.read_parquet(key_path))
         key_h |= set(kh)
         key_m |= set(km)
