@@ -8,7 +8,7 @@ gives the faithfulness (m(C) - m(empty)) / (m(M) - m(empty)) (as `sufficiency.fa
 
 The measure (`MEASURES`, config `circuit.discover.measure`). Not the raw answer logit: mean-ablating most of
 SmolLM2-135M lifts every digit's logit together, so a pruning on the answer logit kept a circuit with 196% of
-the logit and no first-token accuracy above the constant predictor (issue 37). The choices:
+the logit and no first-token accuracy above the constant predictor (measured on addition, 40 pairs). The choices:
   logit_diff  the answer's first-token logit minus the mean logit of the OTHER candidate answers' first tokens
               (every distinct answer first token among the scored pairs). A shift shared by every digit
               cancels, so only what tells the right answer from the other answers counts. The default: it is
