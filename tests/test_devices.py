@@ -121,6 +121,7 @@ def run_tiny_workflow(tmp_path, device: str, dtype: str) -> None:
     hold finite numbers, and every fine-tuning run reports the device's peak memory. (The CPU case is
     test_workflow's; this is the GPU test's body, callable on the CPU in bf16 to check the test itself.)"""
     import json
+    import os
     import shutil
     import sys
     from pathlib import Path
@@ -137,7 +138,8 @@ def run_tiny_workflow(tmp_path, device: str, dtype: str) -> None:
     overlay = yaml.safe_load(TINY_CONFIG.read_text())
     overlay["compute"] = {**overlay.get("compute", {}), "device": device, "dtype": dtype}
     (work / "device.yaml").write_text(yaml.safe_dump(overlay, sort_keys=False))
-    proc = snakemake(work, "--cores", "4", "--configfile", "device.yaml")
+    cores = str(max(2, min(8, os.cpu_count() or 2)))  # a GPU node's CPUs run the figure and table jobs beside it
+    proc = snakemake(work, "--cores", cores, "--configfile", "device.yaml")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     res = work / "results/tiny"
     for task in ("addition", "division"):

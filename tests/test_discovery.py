@@ -9,6 +9,7 @@ import itertools
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 from safetensors.torch import load_file
 
 from arithmech.data.arithmetic import split_pairs
@@ -54,6 +55,31 @@ def test_trials_equal_whole_hooked_forwards(setup, measure):
     assert np.abs(fast[0] - fast[1]).max() > 1e-3  # the ablation does something
     if measure == "kl":
         np.testing.assert_allclose(fast[0], 0, atol=1e-5)  # the model against itself
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("measure", dc.MEASURES)
+def test_trials_equal_whole_hooked_forwards_on_cuda(prepared, measure, dtype):  # noqa: F811
+    """The same on a GPU: float32 within the CPU's tolerance; bfloat16 (the cache and the whole forwards round
+    differently) within 5% of the measure's spread over the circuits."""
+    pairs = split_pairs(pd.read_parquet(prepared / "pairs.parquet"), "identification")
+    lm = load_model(prepared / "model", device="cuda", dtype=dtype)
+    means = cache_means(load_file(str(prepared / "cache.safetensors")), "end")
+    texts, answers = list(pairs["prompt"]), pairs["answer_token_id"].to_numpy()
+    trials = dc.EndTrials(lm, texts, answers, means, measure=measure, batch_size=4)
+    masks = _random_masks(len(trials.nodes), 6)
+    fast = trials.per_item(masks)
+    slow = dc.reference_measure(lm, texts, answers, means, masks, measure=measure)
+    spread = np.ptp(slow)
+    print(f"{measure} {dtype} on cuda: largest |trial - hooked forward| {np.abs(fast - slow).max():.2e}, "
+          f"spread {spread:.3f}")
+    assert spread > 1e-3
+    if dtype == "float32":
+        np.testing.assert_allclose(fast, slow, atol=1e-4, rtol=1e-4)
+    else:
+        assert np.abs(fast - slow).max() < 0.05 * spread
 
 
 def test_attribution_sums_to_the_span_and_ranks_single_node_effects(setup):

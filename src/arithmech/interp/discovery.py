@@ -296,8 +296,8 @@ def reference_measure(lm: LoadedModel, texts: Sequence[str], answer_ids, means: 
     from arithmech.interp.ablation import mean_ablate
 
     nodes = all_nodes(lm.n_layers, lm.n_heads)
-    answers = torch.tensor(np.asarray(answer_ids), dtype=torch.long)
-    candidates = torch.tensor(sorted(set(answers.tolist())))
+    answers = torch.tensor(np.asarray(answer_ids), dtype=torch.long, device=lm.device)
+    candidates = torch.tensor(sorted(set(answers.tolist())), device=lm.device)
     out = np.zeros((len(kept), len(texts)))
     for i, text in enumerate(texts):
         enc = encode(lm.tokenizer, [text], lm.device)
