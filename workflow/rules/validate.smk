@@ -44,6 +44,8 @@ rule transfer:
         "results/{model}/logs/transfer.log",
     benchmark:
         "results/{model}/benchmarks/transfer.tsv"
+    # the longest single job: started as soon as its inputs exist, so it does not run alone at the end
+    priority: 1
     conda:
         "../../envs/arithmech.yaml"
     threads: 2
