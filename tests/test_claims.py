@@ -474,6 +474,14 @@ def test_a_circuit_without_its_discovery_is_not_run():
         claims.circuit_faithful(renamed, CFG)
     named = claims.circuit_faithful(discover_summary("addition", [{"measure": "logprob"}]), CFG)
     assert "found at target 0.8 of the logprob;" in named[1]["note"]
+    # as the discover rule writes them: a chosen target that reached no share, and the union without a target
+    written = pd.concat([discover_summary("addition", [{"target": 0.95, "measure": "logit_diff", "share_reached": False}]),
+                         discover_summary("union", [{"target": math.nan, "measure": "logit_diff",
+                                                     "share_reached": math.nan}])], ignore_index=True)
+    notes = {r["scope"]: r["note"] for r in claims.circuit_faithful(written, CFG)}
+    assert notes["addition"].startswith("found at target 0.95 of the logit_diff (no target's circuit kept enough")
+    assert notes["union of the operators"].startswith("the union of the operators' chosen circuits, each pruned on "
+                                                      "the logit_diff;") and "nan" not in notes["union of the operators"]
 
 
 def test_the_scorecard_without_discovery_or_circuit_arm_says_not_run():

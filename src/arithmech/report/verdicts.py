@@ -634,6 +634,9 @@ def circuit_faithful(summary: pd.DataFrame | None, cfg: dict) -> list[dict]:
         chosen = rows[rows["chosen"].astype(bool)]
         fallback = chosen.empty
         row = (rows.sort_values("target").iloc[-1] if fallback else chosen.sort_values("target").iloc[0])
+        # the rule chose its largest target because none kept enough full answers (summaries since share_reached)
+        reached = row.get("share_reached")
+        fallback = fallback or (not display.missing(reached) and not bool(reached))
         subs.append(_circuit_faithful_row(str(task), row, fallback, rule, level, min_diff, max_share))
     return _headline("circuit_faithful", subs, measure="per operator and their union, below", split="validation",
                      source="discover/summary.parquet")
@@ -674,9 +677,11 @@ def _circuit_faithful_row(task: str, r: pd.Series, fallback: bool, rule: str, le
                                                     r["diff_vs_random_full_ci_high"], sign=True, unit="")
                   + " points")
     pruned = "" if display.missing(r.get("measure")) else f" of the {r['measure']}"  # the pruning's measure
-    note = [f"found at target {r['target']:g}{pruned}" + (" (no target's circuit kept enough full answers on the "
-                                                          "identification pairs: the largest target's is scored)"
-                                                          if fallback else ""),
+    # the union over operators has no target of its own: it joins each operator's chosen circuit
+    found = (f"the union of the operators' chosen circuits, each pruned on the {r['measure']}"
+             if display.missing(r.get("target")) else f"found at target {r['target']:g}{pruned}")
+    note = [found + (" (no target's circuit kept enough full answers on the identification pairs: the largest "
+                     "target's is scored)" if fallback else ""),
             f"{size}" + ("" if small else f", more than {100 * max_share:g}%"),
             f"key circuit {pct('key_faithfulness_full')}", random,
             f"answer logit {pct('faithfulness_logit')}",

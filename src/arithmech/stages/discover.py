@@ -243,7 +243,9 @@ def task_summary(task: str, table: pd.DataFrame, validation: pd.DataFrame, items
         scored = validation[(validation["curve"] == "discovered") & (validation["target"] == target)].iloc[0]
         mine = items[items["curve"].isin(["model", "empty"]) | (items["target"] == target)]
         rows.append(_summary_row(task, target, bool(circuit["chosen"]), scored, key.iloc[0] if len(key) else None,
-                                 mine, n_nodes, circuit["measure"], discover, seed, model_full))
+                                 mine, n_nodes, circuit["measure"], discover, seed, model_full)
+                    # False: no target kept min_full_share on the identification pairs, the largest was chosen
+                    | {"share_reached": bool(circuit.get("share_reached", True))})
     # reported, never chosen on: the smallest target whose circuit keeps min_full_share on validation pairs
     keeps = [r["target"] for r in rows if r["full_share"] >= discover["min_full_share"]]
     for r in rows:
@@ -317,7 +319,7 @@ def run_discover_union(*, model: str, model_dir, tasks: list[str], pairs_paths, 
     key_row = pooled[pooled["curve"] == "key"].iloc[0]
     model_full = float(pooled.loc[pooled["curve"] == "model", "full"].iloc[0])
     rows.append(_summary_row("union", np.nan, True, circuit_row, key_row, items, n_nodes, measure, discover, seed,
-                             model_full) | {"smallest_target_validation": np.nan})
+                             model_full) | {"smallest_target_validation": np.nan, "share_reached": np.nan})
     meta = stage_meta(model_dir, "discover_union", tasks=tasks, discover=discover, seed=seed)
     write_parquet(validation, out_validation, meta)
     write_parquet(pd.DataFrame(rows), out_summary, meta)
