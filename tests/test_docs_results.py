@@ -291,7 +291,11 @@ def _discover_tables(model) -> None:
                          "diff_vs_random_full": 0.8312, "diff_vs_random_full_ci_low": 0.6911,
                          "diff_vs_random_full_ci_high": 0.9333, "constant_first": 0.575, "first": 0.6,
                          "full_share": 0.87, "n_items": 20 if task == "union" else n, "n_clusters": 5, "draws": 5,
-                         "smallest_target_validation": np.nan if task == "union" else 0.9})
+                         "smallest_target_validation": np.nan if task == "union" else 0.9,
+                         "share_reached": np.nan if task == "union" else task != "division"})
+            if task == "division":  # random circuits as faithful as it, on every resample: a zero-width interval
+                rows[-1] |= {"diff_vs_random_full": 0.0, "diff_vs_random_full_ci_low": 0.0,
+                             "diff_vs_random_full_ci_high": 0.0}
     write_parquet(pd.DataFrame(rows), model / "discover/summary.parquet")
     for task in TASKS:
         write_figure(model / f"discover/{task}_path.png")
@@ -314,6 +318,10 @@ def test_the_discover_section_and_readme_sentences(tmp_path):
     assert "2 of 2 key heads (L0H1, L1H2); 2 added |" in section
     assert section.index("| addition |") < section.index("| all (union) |")
     assert "| addition | 0.90 | 3 heads + 1 MLPs (20.0%) | 87% [73%, 96%] |  | 0.90 |" in section  # every target
+    # division's chosen target is the largest (none kept the share of full answers): said; its zero-width
+    # difference from random circuits reads with its unit once
+    assert "| division | 0.80 | 3 heads + 1 MLPs (26.7%) | 87% [73%, 96%] | yes (the largest: none kept enough) |" in section
+    assert "| 0.0 points [0.0, 0.0] |" in section and "points points" not in section
     assert "`logprob`" in section
     # the findings page's two sentences, in both places, with the figures of the first operator
     from arithmech.report.page import circuit_sentences

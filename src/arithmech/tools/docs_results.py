@@ -392,12 +392,18 @@ def discover_table(summary: pd.DataFrame, validation: pd.DataFrame | None) -> pd
             "random circuits, full answer": f"{display.share(r['random_faithfulness_full'])} ({int(r['draws'])} draws)",
             "circuit - random": (
                 display.estimate(r["diff_vs_random_full"], r["diff_vs_random_full_ci_low"],
-                                 r["diff_vs_random_full_ci_high"], scale=100, sign=True, fallback=display.points)
+                                 r["diff_vs_random_full_ci_high"], scale=100, sign=True,
+                                 fallback=lambda v: display.number(v, 1, sign=True))  # the unit follows once
                 + " points " + display.bounds(r["diff_vs_random_full_ci_low"], r["diff_vs_random_full_ci_high"],
                                               scale=100, sign=True)).strip(),
             "key heads kept": key_overlap(validation, task),
         })
     return pd.DataFrame(rows)
+
+
+def _reached(value) -> bool:
+    """Whether the chosen target kept the share of full answers (summaries before `share_reached`: assumed)."""
+    return display.missing(value) or bool(value)
 
 
 def discover_targets_table(summary: pd.DataFrame) -> pd.DataFrame:
@@ -410,7 +416,8 @@ def discover_targets_table(summary: pd.DataFrame) -> pd.DataFrame:
                      "size": f"{int(r['n_heads'])} heads + {int(r['n_mlps'])} MLPs ({display.share(r['share'])})",
                      "full answer": _faithful(r["faithfulness_full"], r["faithfulness_full_low"],
                                               r["faithfulness_full_high"]),
-                     "chosen": "yes" if r["chosen"] else "",
+                     "chosen": ("" if not r["chosen"] else "yes" if _reached(r.get("share_reached"))
+                                else "yes (the largest: none kept enough)"),
                      "smallest keeping the share on validation": (
                          "none" if display.missing(r.get("smallest_target_validation"))
                          else display.significant(r["smallest_target_validation"], 2))})
@@ -431,8 +438,8 @@ def discover_section(root: Path, tasks: list[str], figure) -> list[str]:
             "Per operator, the smallest set of heads and MLPs that keeps the target share of "
             + (f"the pruning measure (`{measure.iloc[0]}`)" if len(measure) else "the pruning measure")
             + " at END with every other node mean-ablated, found by greedy pruning on the identification pairs; "
-            "the target is the smallest whose circuit keeps enough of the full answers there. Scored on the "
-            "validation pairs (the union over operators: pooled), faithfulness as in the sufficiency table above, "
+            "the target is the smallest whose circuit keeps enough of the full answers there (none doing so, the "
+            "largest). Scored on the validation pairs (the union over operators: pooled), faithfulness as in the sufficiency table above, "
             "95% intervals resampling operand pairs; first token: faithfulness, then the circuit's first-token "
             "accuracy and the constant predictor's; the key circuit: the key heads and key MLPs; random circuits: "
             "layer-matched heads of the circuit's size with its MLPs (mean over draws), and the paired difference "
