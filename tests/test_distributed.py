@@ -145,6 +145,19 @@ def sleep_forever(seed):
     time.sleep(3600)
 
 
+def abort_on_rank_one(seed):
+    if distributed.world()[0] == 1:
+        print("rank 1 aborts", flush=True)
+        os.abort()  # SIGABRT, as a C++ abort ends a process: no Python traceback
+
+
+def test_a_rank_ended_by_a_signal_shows_its_log(capsys):
+    """A rank that dies without a traceback (no failure mark in its log) still has its log shown."""
+    with pytest.raises(RuntimeError, match="process 1 exited with -6"):
+        distributed.run_on_gpus(abort_on_rank_one, gpus=2, device="cpu", timeout_s=TIMEOUT_S, seed=0)
+    assert "--- rank 1 of 2 ---\nrank 1 aborts" in capsys.readouterr().err
+
+
 def test_one_gpu_runs_in_this_process(tmp_path):
     """gpus 1: the entry point runs here, with no process group (the one-process path is unchanged)."""
     seen = []

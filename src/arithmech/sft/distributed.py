@@ -291,11 +291,14 @@ def run_on_gpus(fn: Callable, *, gpus: int = 1, device: str = "auto", nodes: int
                     out = live if r == 0 and live is not None else log
                     procs.append(subprocess.Popen(cmd, env={**env, **own}, stdout=out, stderr=subprocess.STDOUT))
         failed = wait_all(procs, timeout_s)
+        # a local rank that died by itself (a signal such as SIGABRT, or a code other than the launcher's stop),
+        # whose log may hold a C++ message rather than a traceback
+        crashed = set() if nodes > 1 else {r for r, p in enumerate(procs) if p.returncode not in (0, None, -15, 143)}
         # rank 0's output is the job's (when it could not go to the log directly); another rank's only when it
         # failed: its traceback
         for r, log in enumerate(logs):
             text = log.read_text(errors="replace") if log.is_file() else ""
-            if (r == 0 and text) or FAILED_MARK in text:
+            if (r == 0 and text) or FAILED_MARK in text or (r in crashed and text):
                 print(f"--- rank {r} of {world_size} ---\n{text.rstrip()}", file=sys.stdout if r == 0 else sys.stderr)
         srun_text = (Path(tmp) / "srun.log").read_text(errors="replace").strip() if nodes > 1 else ""
         if failed is not None and srun_text:
@@ -386,6 +389,11 @@ def worker_main(argv: list[str]) -> int:
         fn(**kwargs)
         dist.barrier()
         dist.destroy_process_group()
+        # the work is done and written: leave without the interpreter's teardown, where gloo's threads may still
+        # run (a rank once ended with SIGABRT and no traceback in a 2-process test)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
     except BaseException as err:
         if isinstance(err, SystemExit) and err.code == 143:  # stopped by the launcher after another rank failed
             os._exit(143)
