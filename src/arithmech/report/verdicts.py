@@ -634,12 +634,17 @@ def circuit_faithful(summary: pd.DataFrame | None, cfg: dict) -> list[dict]:
         chosen = rows[rows["chosen"].astype(bool)]
         fallback = chosen.empty
         row = (rows.sort_values("target").iloc[-1] if fallback else chosen.sort_values("target").iloc[0])
-        # the rule chose its largest target because none kept enough full answers (summaries since share_reached)
-        reached = row.get("share_reached")
-        fallback = fallback or (not display.missing(reached) and not bool(reached))
+        fallback = fallback or fell_back(row)
         subs.append(_circuit_faithful_row(str(task), row, fallback, rule, level, min_diff, max_share))
     return _headline("circuit_faithful", subs, measure="per operator and their union, below", split="validation",
                      source="discover/summary.parquet")
+
+
+def fell_back(row) -> bool:
+    """Whether the discover rule took its largest target because no target kept `min_full_share` of the full
+    answers on the identification pairs (a summary row's `share_reached`; rows without it: no)."""
+    reached = row.get("share_reached")
+    return not display.missing(reached) and not bool(reached)
 
 
 def _circuit_faithful_row(task: str, r: pd.Series, fallback: bool, rule: str, level: float, min_diff: float,

@@ -23,7 +23,7 @@ import yaml
 from arithmech.report import display
 from arithmech.report.page import (circuit_sentences, figure_caption, key_component_rows, knockout_rows,
                                    provenance_text, study_not_run, study_rows, table_metric)
-from arithmech.report.verdicts import TIMING_CLAIMS
+from arithmech.report.verdicts import TIMING_CLAIMS, fell_back
 from arithmech.io import atomic_path
 from arithmech.report.scorecard import claims_markdown, verdict_counts
 from arithmech.report.tables import markdown_table
@@ -401,11 +401,6 @@ def discover_table(summary: pd.DataFrame, validation: pd.DataFrame | None) -> pd
     return pd.DataFrame(rows)
 
 
-def _reached(value) -> bool:
-    """Whether the chosen target kept the share of full answers (summaries before `share_reached`: assumed)."""
-    return display.missing(value) or bool(value)
-
-
 def discover_targets_table(summary: pd.DataFrame) -> pd.DataFrame:
     """Per operator and target: the circuit's size, the full-answer faithfulness it keeps on the validation pairs,
     and which target the rule chose (on the identification pairs) and which it would choose on the validation
@@ -416,8 +411,8 @@ def discover_targets_table(summary: pd.DataFrame) -> pd.DataFrame:
                      "size": f"{int(r['n_heads'])} heads + {int(r['n_mlps'])} MLPs ({display.share(r['share'])})",
                      "full answer": _faithful(r["faithfulness_full"], r["faithfulness_full_low"],
                                               r["faithfulness_full_high"]),
-                     "chosen": ("" if not r["chosen"] else "yes" if _reached(r.get("share_reached"))
-                                else "yes (the largest: none kept enough)"),
+                     "chosen": ("" if not r["chosen"] else "yes (the largest: none kept enough)" if fell_back(r)
+                                else "yes"),
                      "smallest keeping the share on validation": (
                          "none" if display.missing(r.get("smallest_target_validation"))
                          else display.significant(r["smallest_target_validation"], 2))})
@@ -439,7 +434,8 @@ def discover_section(root: Path, tasks: list[str], figure) -> list[str]:
             + (f"the pruning measure (`{measure.iloc[0]}`)" if len(measure) else "the pruning measure")
             + " at END with every other node mean-ablated, found by greedy pruning on the identification pairs; "
             "the target is the smallest whose circuit keeps enough of the full answers there (none doing so, the "
-            "largest). Scored on the validation pairs (the union over operators: pooled), faithfulness as in the sufficiency table above, "
+            "largest). Scored on the validation pairs (the union over operators: pooled), faithfulness as in the "
+            "sufficiency table above, "
             "95% intervals resampling operand pairs; first token: faithfulness, then the circuit's first-token "
             "accuracy and the constant predictor's; the key circuit: the key heads and key MLPs; random circuits: "
             "layer-matched heads of the circuit's size with its MLPs (mean over draws), and the paired difference "
