@@ -14,6 +14,8 @@ from arithmech import software
 from arithmech.sft import study_config as study
 from arithmech.tools import cluster
 from arithmech.tools import model_access
+from arithmech.tools import profiles
+from arithmech.tools import slurm_plugin
 from arithmech.config import validate_config
 from arithmech.data.eval_sets import (
     REGISTRY as EVAL_REGISTRY,
@@ -23,6 +25,23 @@ from arithmech.data.eval_sets import (
 )
 
 min_version("9.0")
+
+# The SLURM plugin as pinned reads a cancelled or preempted job as running: its state query is wrapped so that
+# they count as failures (arithmech.tools.slurm_plugin; a note when the plugin is not the pinned version).
+if workflow.is_main_process:
+    for note in filter(None, [slurm_plugin.install()]):
+        print(f"note: {note}", file=sys.stderr)
+    # `--profile slurm` here is the workflow's SLURM profile (./slurm); a user's own limits still win over it.
+    try:
+        for note in profiles.fold_in_user_profiles(
+            workflow.resource_settings,
+            profiles.snakemake_argv(sys.argv),
+            Path.cwd(),
+            Path(workflow.basedir),
+        ):
+            print(f"note: {note}", file=sys.stderr)
+    except profiles.ProfileError as err:
+        raise WorkflowError(str(err)) from None
 
 
 configfile: "config.yaml"
@@ -59,6 +78,14 @@ onstart:
             workflow.deployment_settings.deployment_method
         ),
         lambda: cluster.check_slurm(os.environ) if on_slurm else [],
+        lambda: (
+            profiles.check_per_cpu_memory(
+                workflow.resource_settings.default_resources,
+                {m: config["models"][m]["resources"].get("mem_mb") for m in MODELS},
+            )
+            if on_slurm
+            else []
+        ),
         lambda: model_access.check_models(config),
     ]
     if FINETUNE_METHODS:

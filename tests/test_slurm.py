@@ -31,6 +31,7 @@ from arithmech.tools.rehearsal import hub_layout, submissions
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).parent))
+from test_profiles import fresh_checkout, user_profile  # noqa: E402
 from test_workflow import tiny_config  # noqa: E402
 
 from slurm import cluster  # noqa: E402
@@ -222,14 +223,28 @@ def restart_slurmd(slurm) -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
+def notice_seconds(log_path: Path, job: str, run: subprocess.Popen, timeout: float) -> float | None:
+    """Seconds until the run's log says Slurm job `job` failed (the plugin's `SLURM-job '<id>' failed`), or None
+    when it did not within `timeout` (or the run ended first without saying so)."""
+    start = time.monotonic()
+    while time.monotonic() - start < timeout:
+        if f"SLURM-job '{job}' failed" in log_path.read_text(errors="replace"):
+            return time.monotonic() - start
+        if run.poll() is not None:
+            return None
+        time.sleep(0.5)
+    return None
+
+
 @pytest.fixture(scope="module")
 def troubled_run(slurm_cluster, model_dir, tmp_path_factory):
     """The identify stage of one operator, CPU jobs local (no SLURM_CPU_PARTITION), GPU jobs with a 1-minute
     limit: slurmd restarted while build_pairs runs, cache_activations hung (its processes stopped) until Slurm
-    ends it at its time limit, patch_all_layers cancelled with scancel; a run still waiting `CANCEL_NOTICED_S`
-    after that is interrupted as a user would (SIGINT: Snakemake cancels its jobs and exits) and its exit is
-    None. Then the same command again. Returns (work, first run: (exit, output), the re-run's exit and output,
-    what happened: rule -> Slurm job id)."""
+    ends it at its time limit, patch_all_layers cancelled with scancel. A run that has not noticed the cancel
+    `CANCEL_NOTICED_S` later is interrupted as a user would (SIGINT: Snakemake cancels its jobs and exits) and its
+    exit is None. Then the same command again. Returns (work, first run: (exit, output), the re-run's exit and
+    output, what happened: rule -> Slurm job id, and "noticed": seconds from the cancel to the run's failure line
+    or None)."""
     if os.geteuid() != 0:
         pytest.skip("restarting slurmd and stopping a job's processes need root")
     work = tmp_path_factory.mktemp("slurm-trouble")
@@ -247,8 +262,9 @@ def troubled_run(slurm_cluster, model_dir, tmp_path_factory):
             assert stop_processes(slurm_cluster, job), f"job {job} has no processes"
             events["patch_all_layers"] = job = squeue_job(slurm_cluster, work, "patch_all_layers", deadline)
             slurm_cluster.run("scancel", job)
+            events["noticed"] = notice_seconds(work / "first.log", job, run, CANCEL_NOTICED_S)
             try:
-                first = run.wait(timeout=CANCEL_NOTICED_S)
+                first = run.wait(timeout=RUN_TIMEOUT_S if events["noticed"] is not None else 0)
             except subprocess.TimeoutExpired:
                 first = None
                 run.send_signal(signal.SIGINT)
@@ -274,21 +290,18 @@ def test_a_job_past_its_time_limit_is_resubmitted_with_twice_the_time(troubled_r
         ("TIMEOUT", "00:01:00", f"{MEM_MB}M"), ("COMPLETED", "00:02:00", f"{2 * MEM_MB}M")]
 
 
-@pytest.mark.xfail(strict=True, reason="snakemake-executor-plugin-slurm 2.8.0 reads job states with `sacct -X "
-                   "--format=JobIdRaw,State`, which writes 'CANCELLED by <uid>' for a cancelled job, and compares "
-                   "the state with 'CANCELLED' exactly: the job stays active to Snakemake for good")
-def test_a_cancelled_job_is_retried_or_stops_the_run_with_a_message(troubled_run, slurm_cluster):
-    """The plugin counts CANCELLED as a failure: the retry runs it again (the run recovers), or the run stops
-    naming the job. In 2.8.0 it does neither: the run waits (here: interrupted after CANCEL_NOTICED_S)."""
+def test_a_cancelled_job_is_noticed_and_retried(troubled_run, slurm_cluster):
+    """sacct says `CANCELLED by <uid>`, which the pinned plugin alone reads as running (the run waited for good);
+    the workflow's reading (arithmech.tools.slurm_plugin) makes it a failure: the plugin reports it within a few
+    status checks, and the rule's retry runs the job again, to the end of the run."""
     work, (first, log), _, events = troubled_run
     jobs = recorded(slurm_cluster, log)["patch_all_layers"]
     assert (jobs[0]["JobID"], jobs[0]["State"]) == (events["patch_all_layers"], "CANCELLED")
-    assert first is not None, (f"Snakemake still waited {CANCEL_NOTICED_S} s after job {events['patch_all_layers']} "
-                               f"was cancelled")
-    if first == 0:
-        assert jobs[-1]["State"] == "COMPLETED"
-    else:
-        assert f"SLURM-job '{events['patch_all_layers']}' failed" in log, log[-4000:]
+    assert events["noticed"] is not None, (f"Snakemake still waited {CANCEL_NOTICED_S} s after job "
+                                           f"{events['patch_all_layers']} was cancelled")
+    assert f"SLURM status is: 'CANCELLED'" in log, log[-4000:]
+    assert first == 0, log[-4000:]
+    assert [j["State"] for j in jobs] == ["CANCELLED", "COMPLETED"], jobs
 
 
 def test_after_a_cancelled_job_the_same_command_finishes_with_nothing_half_written(troubled_run, slurm_cluster):
@@ -325,3 +338,38 @@ def test_a_bad_setting_stops_before_any_job_is_queued(slurm_cluster, model_dir, 
     assert proc.returncode != 0 and message in log, log[-4000:]
     assert not submissions(log) and "prepare_model:" not in log
     assert not (tmp_path / "results").exists()
+
+
+# --- `snakemake --profile slurm`, as typed in a fresh clone ---------------------------------------------------
+
+
+@pytest.mark.parametrize("own_profile", [False, True], ids=["fresh-clone", "user-profile-named-slurm"])
+def test_profile_slurm_as_typed_submits_with_the_workflows_settings(slurm_cluster, model_dir, tmp_path, own_profile):
+    """`snakemake --profile slurm` run in a fresh clone (its config.yaml the tiny model's; no SLURM_* settings)
+    submits the identify stage with the workflow's resources and keeps each job's Slurm log. With a profile of the
+    user's own named `slurm` (executor and account only), the same command also takes the user's account (here
+    `root`, where the user's default account is proj42)."""
+    checkout = fresh_checkout(tmp_path / "arithmech")
+    write_config(checkout, model_dir)
+    env = {k: v for k, v in workflow_env(slurm_cluster, cpu_partition=False).items()
+           if k not in ("SLURM_ACCOUNT", "SLURM_PARTITION")}
+    env["XDG_CONFIG_HOME"] = str(tmp_path / "home")
+    if own_profile:
+        user_profile(tmp_path / "home", "executor: slurm\ndefault-resources:\n  slurm_account: root\n")
+    cmd = [sys.executable, "-m", "snakemake", "--profile", "slurm", "--slurm-init-seconds-before-status-checks", "1",
+           "--seconds-between-status-checks", "1", TARGET]
+    proc = subprocess.run(cmd, cwd=checkout, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, env=env)
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, log[-6000:]
+    assert "Using profile slurm for setting default command line arguments" in log
+    jobs = recorded(slurm_cluster, log)
+    assert set(jobs) == {"build_pairs", "cache_activations", "patch_all_layers"}, log[-4000:]
+    account = "root" if own_profile else "proj42"
+    for rule, runs in jobs.items():
+        (job,) = runs
+        assert (job["State"], job["Account"], job["ReqMem"]) == ("COMPLETED", account, f"{MEM_MB}M"), (rule, job)
+        assert job["Timelimit"] == f"00:{RUNTIME:02d}:00" and "gres/gpu=1" in job["AllocTRES"], (rule, job)
+    kept = sorted((checkout / "logs/slurm").rglob("*.log"))
+    assert len(kept) == 3, kept  # the plugin deletes a COMPLETED job's log unless told to keep it
+    if own_profile:
+        assert f"note: profile {tmp_path / 'home/snakemake/slurm/config.yaml'}: default-resources" in log
