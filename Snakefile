@@ -13,6 +13,7 @@ sys.path.insert(0, str(Path(workflow.basedir) / "src"))
 from arithmech import software
 from arithmech.sft import study_config as study
 from arithmech.tools import cluster
+from arithmech.tools import hub_token
 from arithmech.tools import model_access
 from arithmech.tools import profiles
 from arithmech.tools import slurm_plugin
@@ -42,6 +43,12 @@ if workflow.is_main_process:
             print(f"note: {note}", file=sys.stderr)
     except profiles.ProfileError as err:
         raise WorkflowError(str(err)) from None
+    # The Hub token reaches the download rules on this host only, not the jobs sbatch submits.
+    if profiles.is_snakemake_command(sys.argv):
+        for note in filter(None, [hub_token.keep_from_jobs()]):
+            print(f"note: {note}", file=sys.stderr)
+elif workflow.remote_exec:
+    hub_token.offline_job()  # a cluster job downloads nothing
 
 
 configfile: "config.yaml"
@@ -49,6 +56,10 @@ configfile: "config.yaml"
 
 # Fails before any job runs, naming the offending key.
 validate_config(config, Path(workflow.basedir) / "workflow/schemas/config.schema.yaml")
+
+# The submitting shell's environment as it is now: the SLURM plugin deletes the SLURM_* variables of an enclosing
+# allocation (SLURM_CONF among them) before the run starts, and the cluster check runs Slurm's clients in this.
+SUBMIT_ENVIRONMENT = dict(os.environ)
 
 
 report: "workflow/report/workflow.rst"
@@ -77,7 +88,11 @@ onstart:
         lambda: software.check_job_software(
             workflow.deployment_settings.deployment_method
         ),
-        lambda: cluster.check_slurm(os.environ) if on_slurm else [],
+        lambda: (
+            cluster.check_slurm(config.get("slurm"), SUBMIT_ENVIRONMENT)
+            if on_slurm
+            else []
+        ),
         lambda: (
             profiles.check_per_cpu_memory(
                 workflow.resource_settings.default_resources,

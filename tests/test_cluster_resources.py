@@ -53,12 +53,16 @@ def test_another_failure_asks_for_more_host_memory_and_time_not_a_smaller_batch(
 
 
 def test_account_and_partitions_are_passed_only_when_set():
-    assert cluster.slurm_settings({}, gpu=True) == {}
-    assert cluster.slurm_settings({"SLURM_ACCOUNT": ""}, gpu=True) == {}
-    env = {"SLURM_ACCOUNT": "proj42", "SLURM_PARTITION": "gpu", "SLURM_CPU_PARTITION": "cpu"}
-    assert cluster.slurm_settings(env, gpu=True) == {"slurm_account": "proj42", "slurm_partition": "gpu"}
-    assert cluster.slurm_settings(env, gpu=False) == {"slurm_account": "proj42", "slurm_partition": "cpu"}
-    assert cluster.cpu_jobs_local({}) and not cluster.cpu_jobs_local(env)
+    assert cluster.slurm_settings({}, gpu=True) == {} and cluster.slurm_settings(None, gpu=True) == {}
+    assert cluster.slurm_settings({"account": None}, gpu=True) == {}
+    settings = {"account": "proj42", "partition": "gpu", "cpu_partition": "cpu"}
+    assert cluster.slurm_settings(settings, gpu=True) == {"slurm_account": "proj42", "slurm_partition": "gpu"}
+    assert cluster.slurm_settings(settings, gpu=False) == {"slurm_account": "proj42", "slurm_partition": "cpu"}
+    assert cluster.cpu_jobs_local({}) and cluster.cpu_jobs_local(None) and not cluster.cpu_jobs_local(settings)
+    # Slurm's own input variables are not read (an exported SLURM_PARTITION also steers every interactive srun)
+    assert cluster.former_variables({"SLURM_PARTITION": "gpu", "PATH": "/bin"}) == [
+        "SLURM_PARTITION is set and is not read by the workflow (it is Slurm's own input variable): jobs go where "
+        "slurm.partition says"]
 
 
 def test_every_model_rule_of_a_block_exists_in_the_workflow():
@@ -283,3 +287,22 @@ def test_the_workflow_gives_a_two_node_fine_tuning_job_its_resources_and_refuses
     assert "models.tiny.resources.nodes is 2, and it applies to rule" in bad, bad[-3000:]
     assert "Job stats" not in bad
 
+
+
+def test_the_cluster_check_runs_slurms_clients_in_the_environment_it_is_given(tmp_path):
+    """Stand-in `sinfo`/`sacctmgr` scripts that answer only when the environment they run in has SLURM_CONF
+    (the variable the SLURM plugin deletes inside an allocation): the check must pass them the environment the
+    workflow saw while parsing, not the process's own at the time of the check."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, answer in {"sinfo": "gpu\ncpu", "sacctmgr": "proj42"}.items():
+        (bin_dir / name).write_text(f'#!/bin/sh\n[ -n "$SLURM_CONF" ] || exit 1\nprintf "{answer}\\n"\n')
+        (bin_dir / name).chmod(0o755)
+    seen = {"PATH": f"{bin_dir}:/usr/bin:/bin", "SLURM_CONF": "/etc/slurm/site.conf", "USER": "me"}
+    assert cluster.check_slurm({"partition": "gpu", "account": "proj42"}, seen) == []
+    with pytest.raises(cluster.ClusterSettingError, match="slurm.partition=nope: no such partition on this cluster; "
+                                                          "partitions: cpu, gpu"):
+        cluster.check_slurm({"partition": "nope"}, seen)
+    stripped = {k: v for k, v in seen.items() if k != "SLURM_CONF"}
+    assert cluster.check_slurm({"partition": "nope"}, stripped) == [
+        "sinfo did not answer: partitions not checked", "sacctmgr did not answer: account not checked"]

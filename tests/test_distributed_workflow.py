@@ -15,6 +15,7 @@ from test_workflow import ROOT, TINY_CONFIG, copy_project, snakemake
 pytestmark = pytest.mark.slow  # whole workflow runs
 
 TARGET = "results/tiny/eval/summary.parquet"
+MARKER = "hf_arithmechMarkerNotARealToken0123"
 STUDY_RUNS = ["results/tiny/finetune/study/runs/full/lr0", "results/tiny/finetune/study/runs/lora/lr0"]
 
 
@@ -42,8 +43,11 @@ def test_finetune_on_two_processes_gives_the_one_process_table(tmp_path):
                  for run in STUDY_RUNS}
 
     two = snakemake(work, TARGET, *STUDY_RUNS, "--forcerun", "finetune", "study_train", *common,
-                    overlay(work, "two", 2))
+                    overlay(work, "two", 2), env={"HF_TOKEN": MARKER})
     assert two.returncode == 0, two.stdout[-3000:] + two.stderr[-5000:]
+    # an exported token stays out of the jobs and their ranks (arithmech.tools.hub_token): no log or output has it
+    assert "HF_TOKEN is kept out of the jobs' environment" in two.stderr and MARKER not in two.stdout + two.stderr
+    assert [p for p in work.rglob("*") if p.is_file() and MARKER.encode() in p.read_bytes()] == []
     table_two = pd.read_parquet(work / TARGET)
     for method in ("full", "lora"):
         stats = json.loads((work / f"results/tiny/finetune/{method}/stats.json").read_text())

@@ -53,6 +53,8 @@ CPU_RULES = {"aggregate_effects", "plot_effects", "summarize_key_components", "p
 LOCAL_RULES = {"prepare_model", "fetch_dataset"}  # downloads stay on the submitting host
 # A job's wait for a scheduler that also runs other work (make rehearsal shares this node): generous.
 JOB_WAIT_S, RUN_TIMEOUT_S = 600, 1500
+# An exported Hugging Face token in the submitting shell (arithmech.tools.hub_token keeps it from the jobs).
+MARKER = "hf_arithmechMarkerNotARealToken0123"
 # How long the run may take to notice a cancelled job: the plugin checks 1 s after the last job that finished, then
 # 10 s longer each time (1, 12, 33, 64 s), so by 90 s it has read sacct four times.
 CANCEL_NOTICED_S = 90
@@ -64,21 +66,31 @@ def snakemake_cmd(work: Path, *args: str) -> list[str]:
             "--slurm-init-seconds-before-status-checks", "1", "--seconds-between-status-checks", "1", *args]
 
 
-def workflow_env(slurm, *, cpu_partition: bool, **settings: str) -> dict[str, str]:
-    """The cluster's client environment with this Python first on PATH (the jobs' own snakemake), the account and
-    GPU partition set, the CPU partition only with `cpu_partition`; `settings` override."""
+def workflow_env(slurm, **variables: str) -> dict[str, str]:
+    """The cluster's client environment with this Python first on PATH (the jobs' own snakemake); `variables`
+    added."""
     env = {name: value for name, value in slurm.env.items()
            if not (name.startswith("SLURM_") and name != "SLURM_CONF")}  # nothing of an enclosing job
     env.update(PATH=f"{Path(sys.executable).parent}:{env['PATH']}", PYTHONHASHSEED="0", HF_HUB_OFFLINE="1",
-               HF_DATASETS_OFFLINE="1", SLURM_ACCOUNT=slurm.account, SLURM_PARTITION=slurm.partition)
-    if cpu_partition:
-        env["SLURM_CPU_PARTITION"] = slurm.cpu_partition
-    env.update(settings)
+               HF_DATASETS_OFFLINE="1", **variables)
     return env
 
 
-def write_config(work: Path, model_dir: Path, **resources) -> dict:
+def where_jobs_go(slurm, *, cpu_partition: bool, **settings) -> dict:
+    """The configuration's `slurm` block: the test cluster's account and GPU partition, its CPU partition only with
+    `cpu_partition`; `settings` override."""
+    out = {"account": slurm.account, "partition": slurm.partition}
+    if cpu_partition:
+        out["cpu_partition"] = slurm.cpu_partition
+    return out | settings
+
+
+def write_config(work: Path, model_dir: Path, slurm: dict | None = None, **resources) -> dict:
+    """The tiny model's configuration in `work/config.yaml`, with `slurm` as its `slurm` block (None: none) and
+    `resources` over the model's."""
     config = tiny_config(model_dir)
+    if slurm is not None:
+        config["slurm"] = slurm
     config["run"]["tasks"] = ["addition"]
     config["finetune"]["methods"] = ["precise"]  # base and precise
     config["evaluation"]["datasets"] = ["gsm8k", "mmlu"]  # a vendored set and one fetched (fetch_dataset)
@@ -118,9 +130,9 @@ def model_dir(tmp_path_factory):
 def full_run(slurm_cluster, model_dir, tmp_path_factory):
     """The whole tiny DAG, CPU jobs in the CPU partition: (work, the run's output, `recorded`)."""
     work = tmp_path_factory.mktemp("slurm-full")
-    write_config(work, model_dir, finetune={"mem_mb": FINETUNE_MB})
+    write_config(work, model_dir, where_jobs_go(slurm_cluster, cpu_partition=True), finetune={"mem_mb": FINETUNE_MB})
     proc = subprocess.run(snakemake_cmd(work), capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
-                          env=workflow_env(slurm_cluster, cpu_partition=True))
+                          env=workflow_env(slurm_cluster, HF_TOKEN=MARKER))
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-6000:]
     return work, log, recorded(slurm_cluster, log)
@@ -142,6 +154,33 @@ def test_every_rule_went_through_sbatch_and_finished(full_run):
         assert re.search(rf"^local(rule|checkpoint) {rule}:", log, re.M) and rule not in jobs
     assert (work / "results/data/mmlu.parquet").is_file() and (work / "results/tiny/findings.html").is_file()
     assert not half_written(work / "results")
+
+
+def test_an_exported_token_reaches_no_job_log_page_or_report(full_run, slurm_cluster):
+    """HF_TOKEN exported in the submitting shell: no job's environment as Slurm stored it (`sacct --env-vars`; the
+    test cluster keeps job environments, as many sites do), no file of the run (results with the findings page,
+    Slurm and rule logs, .snakemake) and not the Snakemake report holds it. The control: a job submitted the same
+    way (sbatch --export=ALL) by hand has it in its stored environment."""
+    work, log, jobs = full_run
+    control = subprocess.run(["sbatch", "--parsable", "-p", slurm_cluster.cpu_partition, "-A", slurm_cluster.account,
+                              "--export=ALL", "--wrap", "true"], env={**slurm_cluster.env, "HF_TOKEN": MARKER},
+                             capture_output=True, text=True, timeout=60, check=True)
+    job_id = control.stdout.strip().split(";")[0]
+    slurm_cluster.wait(job_id, timeout=JOB_WAIT_S)
+    assert MARKER in slurm_cluster.run("sacct", "-j", job_id, "--env-vars", "-n").stdout
+    assert "note: HF_TOKEN is kept out of the jobs' environment" in log and MARKER not in log
+    for rule, runs in jobs.items():
+        for job in runs:
+            stored = slurm_cluster.run("sacct", "-j", job["JobID"], "--env-vars", "-n").stdout
+            assert "PATH=" in stored and "HF_TOKEN_PATH=" in stored, (rule, stored[:500])
+            assert MARKER not in stored, (rule, job["JobID"])
+    report = subprocess.run(snakemake_cmd(work, "--report", str(work / "report.html")), capture_output=True,
+                            text=True, timeout=RUN_TIMEOUT_S, env=workflow_env(slurm_cluster, HF_TOKEN=MARKER))
+    assert report.returncode == 0, (report.stdout + report.stderr)[-4000:]
+    written = [p for p in work.rglob("*") if p.is_file()]
+    assert (work / "report.html").is_file() and (work / "results/tiny/findings.html") in written
+    assert len(list((work / "logs/slurm").rglob("*.log"))) >= len(GPU_RULES | CPU_RULES)
+    assert [p for p in written if MARKER.encode() in p.read_bytes()] == []
 
 
 def test_gpu_jobs_get_account_partition_gpu_memory_and_time(full_run, slurm_cluster):
@@ -248,8 +287,8 @@ def troubled_run(slurm_cluster, model_dir, tmp_path_factory):
     if os.geteuid() != 0:
         pytest.skip("restarting slurmd and stopping a job's processes need root")
     work = tmp_path_factory.mktemp("slurm-trouble")
-    write_config(work, model_dir, runtime=1)
-    env = workflow_env(slurm_cluster, cpu_partition=False)
+    write_config(work, model_dir, where_jobs_go(slurm_cluster, cpu_partition=False), runtime=1)
+    env = workflow_env(slurm_cluster)
     cmd = snakemake_cmd(work, TARGET)
     events = {}
     with open(work / "first.log", "w") as out:
@@ -311,7 +350,7 @@ def test_after_a_cancelled_job_the_same_command_finishes_with_nothing_half_writt
     assert (work / TARGET).is_file()
     assert not half_written(work / "results"), half_written(work / "results")
     again = subprocess.run(snakemake_cmd(work, TARGET, "-n"), capture_output=True, text=True, timeout=300,
-                           env=workflow_env(slurm_cluster, cpu_partition=False))
+                           env=workflow_env(slurm_cluster))
     assert again.returncode == 0 and "Nothing to be done" in again.stdout + again.stderr
 
 
@@ -326,18 +365,33 @@ def test_without_a_cpu_partition_cpu_and_local_jobs_never_reach_slurm(troubled_r
 
 
 @pytest.mark.parametrize("setting, message", [
-    ({"SLURM_PARTITION": "nope"}, "SLURM_PARTITION=nope: no such partition on this cluster; partitions: cpu, gpu"),
-    ({"SLURM_ACCOUNT": "other"}, f"SLURM_ACCOUNT=other: user {getpass.getuser()} may not submit to this account; "
-                                 f"the user's accounts: proj42"),
+    ({"partition": "nope"}, "slurm.partition=nope: no such partition on this cluster; partitions: cpu, gpu"),
+    ({"account": "other"}, f"slurm.account=other: user {getpass.getuser()} may not submit to this account; "
+                           f"the user's accounts: proj42"),
 ])
 def test_a_bad_setting_stops_before_any_job_is_queued(slurm_cluster, model_dir, tmp_path, setting, message):
-    write_config(tmp_path, model_dir)
-    env = workflow_env(slurm_cluster, cpu_partition=True, **setting)
-    proc = subprocess.run(snakemake_cmd(tmp_path), capture_output=True, text=True, timeout=600, env=env)
+    write_config(tmp_path, model_dir, where_jobs_go(slurm_cluster, cpu_partition=True, **setting))
+    proc = subprocess.run(snakemake_cmd(tmp_path), capture_output=True, text=True, timeout=600,
+                          env=workflow_env(slurm_cluster))
     log = proc.stdout + proc.stderr
     assert proc.returncode != 0 and message in log, log[-4000:]
     assert not submissions(log) and "prepare_model:" not in log
     assert not (tmp_path / "results").exists()
+
+
+def test_the_check_runs_slurms_clients_in_the_submitting_environment(slurm_cluster, model_dir, tmp_path):
+    """Inside an allocation (salloc) the SLURM plugin deletes every SLURM_* variable, SLURM_CONF among them,
+    before the run starts; the check runs Slurm's clients in the environment the workflow saw while parsing, so it
+    still reaches the cluster and refuses a bad partition. (Here /etc/slurm/slurm.conf also leads to the test
+    cluster; tests/test_cluster_resources.py shows that the check uses the environment it is given.)"""
+    write_config(tmp_path, model_dir, where_jobs_go(slurm_cluster, cpu_partition=True, partition="nope"))
+    cmd = ["salloc", "-p", slurm_cluster.cpu_partition, "-A", slurm_cluster.account, "-n1", "--mem=200", "-t", "10",
+           *snakemake_cmd(tmp_path)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=workflow_env(slurm_cluster))
+    log = proc.stdout + proc.stderr
+    assert proc.returncode != 0, log[-4000:]
+    assert "slurm.partition=nope: no such partition on this cluster; partitions: cpu, gpu" in log, log[-4000:]
+    assert not submissions(log)
 
 
 # --- `snakemake --profile slurm`, as typed in a fresh clone ---------------------------------------------------
@@ -350,10 +404,8 @@ def test_profile_slurm_as_typed_submits_with_the_workflows_settings(slurm_cluste
     user's own named `slurm` (executor and account only), the same command also takes the user's account (here
     `root`, where the user's default account is proj42)."""
     checkout = fresh_checkout(tmp_path / "arithmech")
-    write_config(checkout, model_dir)
-    env = {k: v for k, v in workflow_env(slurm_cluster, cpu_partition=False).items()
-           if k not in ("SLURM_ACCOUNT", "SLURM_PARTITION")}
-    env["XDG_CONFIG_HOME"] = str(tmp_path / "home")
+    write_config(checkout, model_dir)  # no `slurm` block: account and partition from the profile or defaults
+    env = workflow_env(slurm_cluster, XDG_CONFIG_HOME=str(tmp_path / "home"))
     if own_profile:
         user_profile(tmp_path / "home", "executor: slurm\ndefault-resources:\n  slurm_account: root\n")
     cmd = [sys.executable, "-m", "snakemake", "--profile", "slurm", "--slurm-init-seconds-before-status-checks", "1",

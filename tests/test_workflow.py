@@ -547,14 +547,16 @@ CPU_RULES = ("aggregate_effects", "plot_effects", "plot_knockout", "plot_transfe
              "plot_circuit", "claims", "findings")
 
 
-def slurm_dry_run(run, env):
-    """The workflow profile's dry run on the SLURM executor, without a cluster: {rule: resources lines}. (Whether
-    a job runs locally does not show in a dry run: tests/test_slurm.py checks it against a real Slurm.)"""
+def slurm_dry_run(run, slurm):
+    """The workflow profile's dry run on the SLURM executor, without a cluster, with `slurm` as the configuration's
+    `slurm` block: {rule: resources lines}. (Whether a job runs locally does not show in a dry run:
+    tests/test_slurm.py checks it against a real Slurm.)"""
     def resources(c):
         c["models"]["tiny"]["resources"].update(gpus=2, gpu_model="a100", mem_mb=12000,
                                                 finetune={"gpus": 4, "mem_mb": 30000}, evaluate={"runtime": 45})
+        c["slurm"] = slurm
     proc = snakemake(run, "--workflow-profile", str(run / "workflow/profiles/slurm"), "--dry-run", "--forceall",
-                     "--configfile", str(with_config(run, resources)), env=env)
+                     "--configfile", str(with_config(run, resources)))
     assert proc.returncode == 0, proc.stderr[-3000:]
     jobs, rule = {}, None
     for line in proc.stdout.splitlines():
@@ -569,7 +571,7 @@ def test_slurm_dry_run_asks_each_rule_for_its_own_resources(run):
     """The workflow profile resolved without a cluster: GPUs, memory and runtime from the model's resources and
     its per-rule blocks for the rules that run the model; CPU-only jobs no GPU and no partition (they run on the
     submitting host); account and partition passed only when set."""
-    jobs = slurm_dry_run(run, env={"SLURM_ACCOUNT": "proj42", "SLURM_PARTITION": "gpu-short"})
+    jobs = slurm_dry_run(run, {"account": "proj42", "partition": "gpu-short"})
     for rule in GPU_RULES:
         (resources,) = jobs[rule]
         assert "gpu_model=a100" in resources, rule
@@ -580,12 +582,12 @@ def test_slurm_dry_run_asks_each_rule_for_its_own_resources(run):
     for rule in CPU_RULES:
         (resources,) = jobs[rule]
         assert "gpu=" not in resources and "slurm_partition" not in resources, rule
-    unset = slurm_dry_run(run, env={"SLURM_ACCOUNT": "", "SLURM_PARTITION": ""})
+    unset = slurm_dry_run(run, {"account": None, "partition": None})
     assert not any("slurm_account" in r or "slurm_partition" in r for lines in unset.values() for r in lines)
 
 
 def test_slurm_dry_run_sends_cpu_jobs_to_the_cpu_partition_when_named(run):
-    jobs = slurm_dry_run(run, env={"SLURM_PARTITION": "gpu-short", "SLURM_CPU_PARTITION": "cpu-short"})
+    jobs = slurm_dry_run(run, {"partition": "gpu-short", "cpu_partition": "cpu-short"})
     for rule in CPU_RULES:
         (resources,) = jobs[rule]
         assert "gpu=" not in resources and "slurm_partition=cpu-short" in resources, rule

@@ -55,17 +55,17 @@ def gpu_resources(name):
         keys += ("gres", "nodes", "tasks_per_node", "mpi")
     return {
         **{key: get(key) for key in keys},
-        **cluster.slurm_settings(os.environ, gpu=True),
+        **cluster.slurm_settings(config.get("slurm"), gpu=True),
     }
 
 
-# CPU-only jobs (tables, figures, the scorecard) run on the submitting host unless $SLURM_CPU_PARTITION names a
+# CPU-only jobs (tables, figures, the scorecard) run on the submitting host unless slurm.cpu_partition names a
 # partition for them (arithmech.tools.cluster.cpu_jobs_local).
-CPU_JOBS_LOCAL = cluster.cpu_jobs_local(os.environ)
+CPU_JOBS_LOCAL = cluster.cpu_jobs_local(config.get("slurm"))
 CPU_RESOURCES = {
     "mem_mb": lambda wildcards, attempt: cluster.CPU_JOB["mem_mb"] * attempt,
     "runtime": lambda wildcards, attempt: cluster.CPU_JOB["runtime"] * attempt,
-    **cluster.slurm_settings(os.environ, gpu=False),
+    **cluster.slurm_settings(config.get("slurm"), gpu=False),
 }
 
 

@@ -10,8 +10,8 @@ Read by the Snakefile while it parses (so standard library only) and by `make pl
   plugin reads (a multi-node job as the plugin's MPI job, see `MULTI_NODE`);
 - `retry_resources(...)`: what a retry asks for: after the job ran out of GPU memory (its log says so) a
   smaller batch (`batch_split`, applied by `arithmech.jobs`), otherwise more host memory; more time either way;
-- `slurm_settings(environ)`: account and partitions, passed only when set;
-- `check_slurm(environ)`: the account and partitions exist for this user, before any job is queued.
+- `slurm_settings(settings)`: account and partitions (config block `slurm`), passed only when set;
+- `check_slurm(settings, environ)`: the account and partitions exist for this user, before any job is queued.
 """
 
 from __future__ import annotations
@@ -53,8 +53,13 @@ MULTI_NODE = {"mpi": "srun"}
 # CPU-only jobs: host memory (MB) and runtime (minutes) of the first attempt.
 CPU_JOB = {"mem_mb": 4000, "runtime": 20}
 
-# The environment variables that say where jobs go (unset: not passed, the scheduler's default applies).
-ACCOUNT_VAR, PARTITION_VAR, CPU_PARTITION_VAR = "SLURM_ACCOUNT", "SLURM_PARTITION", "SLURM_CPU_PARTITION"
+# Where jobs go: the configuration's `slurm` block (null or absent: not passed; a profile's default-resources or
+# the scheduler's default applies). Not environment variables: SLURM_ACCOUNT and SLURM_PARTITION are Slurm's own
+# input variables (srun reads them), and inside an allocation the SLURM plugin deletes every SLURM_* variable.
+SETTINGS = "slurm"
+ACCOUNT, PARTITION, CPU_PARTITION = "account", "partition", "cpu_partition"
+# Variables that earlier versions of the workflow read, named in a note when they are set.
+FORMER_VARS = {"SLURM_ACCOUNT": ACCOUNT, "SLURM_PARTITION": PARTITION, "SLURM_CPU_PARTITION": CPU_PARTITION}
 
 
 class ClusterSettingError(RuntimeError):
@@ -149,30 +154,39 @@ def retry_resources(first: dict, attempt: int, gpu_oom: bool) -> dict:
     return out
 
 
-def slurm_settings(environ: dict, *, gpu: bool) -> dict:
-    """The account and partition resources of a GPU (`gpu`) or CPU job, only those that are set. CPU jobs go
-    to $SLURM_CPU_PARTITION (when unset they run on the submitting host: see `cpu_jobs_local`)."""
+def slurm_settings(settings: dict | None, *, gpu: bool) -> dict:
+    """The account and partition resources of a GPU (`gpu`) or CPU job from the configuration's `slurm` block,
+    only those that are set. CPU jobs go to `slurm.cpu_partition` (unset: they run on the submitting host, see
+    `cpu_jobs_local`)."""
+    settings = settings or {}
     out = {}
-    if environ.get(ACCOUNT_VAR):
-        out["slurm_account"] = environ[ACCOUNT_VAR]
-    partition = environ.get(PARTITION_VAR if gpu else CPU_PARTITION_VAR)
+    if settings.get(ACCOUNT):
+        out["slurm_account"] = settings[ACCOUNT]
+    partition = settings.get(PARTITION if gpu else CPU_PARTITION)
     if partition:
         out["slurm_partition"] = partition
     return out
 
 
-def cpu_jobs_local(environ: dict) -> bool:
+def cpu_jobs_local(settings: dict | None) -> bool:
     """CPU-only jobs (tables, figures, the scorecard: seconds each) run on the submitting host unless a CPU
     partition is named: a queue wait for seconds of work, and no GPU partition's rules to break."""
-    return not environ.get(CPU_PARTITION_VAR)
+    return not (settings or {}).get(CPU_PARTITION)
 
 
-def _query(cmd: list[str]) -> list[str] | None:
-    """The non-empty output lines of a SLURM client command, or None when it is missing or fails."""
-    if shutil.which(cmd[0]) is None:
+def former_variables(environ: dict) -> list[str]:
+    """Notes on exported variables that the workflow no longer reads for where jobs go."""
+    return [f"{var} is set and is not read by the workflow (it is Slurm's own input variable): jobs go where "
+            f"{SETTINGS}.{key} says" for var, key in FORMER_VARS.items() if environ.get(var)]
+
+
+def _query(cmd: list[str], environ: dict | None = None) -> list[str] | None:
+    """The non-empty output lines of a SLURM client command run in `environ` (None: this process's), or None
+    when it is missing or fails."""
+    if shutil.which(cmd[0], path=(environ or {}).get("PATH")) is None:
         return None
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=environ)
     except (OSError, subprocess.TimeoutExpired):
         return None
     if proc.returncode != 0:
@@ -180,35 +194,39 @@ def _query(cmd: list[str]) -> list[str] | None:
     return [line.strip() for line in proc.stdout.splitlines() if line.strip()]
 
 
-def check_slurm(environ: dict, user: str | None = None) -> list[str]:
-    """Before any job is queued: every partition named exists, the account named is one of the user's (or,
-    when none is named, the user has a default account). Raises `ClusterSettingError` naming what to set;
-    returns notes on what could not be checked (no `sinfo` or `sacctmgr` on this host)."""
+def check_slurm(settings: dict | None, environ: dict, user: str | None = None) -> list[str]:
+    """Before any job is queued: every partition of the `slurm` block exists, its account is one of the user's
+    (or, when none is named, the user has a default account). The Slurm clients run in `environ`: the submitting
+    shell's environment as the workflow saw it while parsing (the SLURM plugin deletes the SLURM_* variables of an
+    enclosing allocation, SLURM_CONF among them, before the run starts). Raises `ClusterSettingError` naming the
+    key to set; returns notes on what could not be checked (no `sinfo` or `sacctmgr` on this host) and on
+    variables no longer read."""
+    settings = settings or {}
     user = user or environ.get("USER") or getpass.getuser()
-    notes, errors = [], []
-    partitions = _query(["sinfo", "-h", "-o", "%R"])
+    notes, errors = former_variables(environ), []
+    partitions = _query(["sinfo", "-h", "-o", "%R"], environ)
     if partitions is None:
         notes.append("sinfo did not answer: partitions not checked")
     else:
-        for var in (PARTITION_VAR, CPU_PARTITION_VAR):
-            name = environ.get(var)
+        for key in (PARTITION, CPU_PARTITION):
+            name = settings.get(key)
             if name and name not in partitions:
-                errors.append(f"{var}={name}: no such partition on this cluster; partitions: "
+                errors.append(f"{SETTINGS}.{key}={name}: no such partition on this cluster; partitions: "
                               f"{', '.join(sorted(set(partitions)))}")
-    rows = _query(["sacctmgr", "-nP", "show", "associations", f"user={user}", "format=account"])
+    rows = _query(["sacctmgr", "-nP", "show", "associations", f"user={user}", "format=account"], environ)
     if rows is None:
         notes.append("sacctmgr did not answer: account not checked")
     else:
         accounts = sorted(set(rows))
-        account = environ.get(ACCOUNT_VAR)
+        account = settings.get(ACCOUNT)
         if account and account not in accounts:
-            errors.append(f"{ACCOUNT_VAR}={account}: user {user} may not submit to this account; the user's "
+            errors.append(f"{SETTINGS}.{ACCOUNT}={account}: user {user} may not submit to this account; the user's "
                           f"accounts: {', '.join(accounts) or 'none'}")
         if not account:
-            default = _query(["sacctmgr", "-nP", "show", "user", user, "format=defaultaccount"]) or []
+            default = _query(["sacctmgr", "-nP", "show", "user", user, "format=defaultaccount"], environ) or []
             if not any(default):
-                errors.append(f"{ACCOUNT_VAR} is not set and user {user} has no default account: "
-                              f"export {ACCOUNT_VAR}=<one of: {', '.join(accounts) or 'ask your cluster admins'}>")
+                errors.append(f"{SETTINGS}.{ACCOUNT} is not set and user {user} has no default account: set "
+                              f"{SETTINGS}.{ACCOUNT} to one of: {', '.join(accounts) or 'ask your cluster admins'}")
     if errors:
         raise ClusterSettingError("SLURM settings: " + "; ".join(errors))
     return notes

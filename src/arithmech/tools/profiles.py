@@ -48,11 +48,16 @@ def profile_args(argv: list[str]) -> tuple[list[str], str | None]:
     return profiles, workflow_profile
 
 
-def snakemake_argv(argv: list[str]) -> list[str]:
-    """The options of `argv` when it is a Snakemake command line (`snakemake ...`, `python -m snakemake ...`); an
-    empty list otherwise (Snakemake's Python API inside another program: no profiles are read from its argv)."""
+def is_snakemake_command(argv: list[str]) -> bool:
+    """Whether this process is Snakemake's command line (`snakemake ...`, `python -m snakemake ...`), not
+    Snakemake's Python API inside another program (whose command line and environment are its own)."""
     program = Path(argv[0]) if argv else Path()
-    return argv[1:] if program.name == "snakemake" or program.parent.name == "snakemake" else []
+    return program.name == "snakemake" or program.parent.name == "snakemake"
+
+
+def snakemake_argv(argv: list[str]) -> list[str]:
+    """The options of `argv` when it is a Snakemake command line; an empty list otherwise."""
+    return argv[1:] if is_snakemake_command(argv) else []
 
 
 def profile_file(where: Path) -> Path | None:

@@ -4,8 +4,8 @@ A random Llama with LLaMA2-7B's topology where the code branches on it (32 layer
 key/value heads: no grouped-query attention, 1,024 heads) but a tiny width (`arithmech.model.tiny`: head dimension
 4, its byte-level tokenizer with 400 tokens), run through the real SLURM executor plugin and the profile in
 workflow/profiles/slurm on a real Slurm (the one Slurm's clients reach: `make rehearsal` uses the test suite's
-one-node cluster, tests/slurm/cluster.sh, unless SLURM_CONF names another; jobs go where SLURM_ACCOUNT,
-SLURM_PARTITION and SLURM_CPU_PARTITION say), on `configs/paper.yaml`: every template and operator word, the
+one-node cluster, tests/slurm/cluster.sh, unless SLURM_CONF names another; jobs go where `--account`,
+`--partition` and `--cpu-partition` say, as the configuration's `slurm` block), on `configs/paper.yaml`: every template and operator word, the
 1,000-pair caps, the -5% threshold, 32 key heads with K/V and 2 MLPs, the study with `train_format: auto`,
 the Hub-fetched MMLU and CommonsenseQA through rule fetch_dataset, read from local directories laid out as
 the Hub serves them (`hub_layout`; generated questions of the real sizes: no network here).
@@ -204,10 +204,13 @@ def peak_overlay(work: Path, config: dict, tokenizer, *, root: Path) -> dict:
     return extra
 
 
-def overlay(model_dir: Path, hub: dict[str, dict], size: str, peak: dict | None = None) -> dict:
-    """The rehearsal's config on top of configs/paper.yaml: the model, the local Hub directories, the random
-    model's limits (`OVERLAY`) and, with `size` quick, `QUICK`; with size peak, `peak` (`peak_overlay`)."""
+def overlay(model_dir: Path, hub: dict[str, dict], size: str, peak: dict | None = None,
+            slurm: dict | None = None) -> dict:
+    """The rehearsal's config on top of configs/paper.yaml: the model, the local Hub directories, where jobs go
+    (`slurm`, the configuration's `slurm` block), the random model's limits (`OVERLAY`) and, with `size` quick,
+    `QUICK`; with size peak, `peak` (`peak_overlay`)."""
     extra = {
+        "slurm": dict(slurm or {}),
         "run": {"models": ["rehearsal"], "tasks": ["addition", "subtraction", "multiplication", "division"]},
         "models": {"rehearsal": {"source": {"path": str(model_dir)}, "resources": dict(RESOURCES)}},
         "evaluation": {name: {"hub": block} for name, block in hub.items()},
@@ -238,7 +241,7 @@ def node_memory_mb(partition: str | None, env: dict[str, str]) -> int:
     key = f"{partition}*" if f"{partition}*" in sizes else partition if partition else (default or [None])[0]
     if key not in sizes:
         raise RuntimeError(f"Slurm has no partition {partition or '(default)'}: it has "
-                           f"{', '.join(name.rstrip('*') for name in sizes) or 'none'} (SLURM_PARTITION)")
+                           f"{', '.join(name.rstrip('*') for name in sizes) or 'none'} (--partition)")
     return sizes[key]
 
 
@@ -314,7 +317,7 @@ def per_rule(jobs: pd.DataFrame, planned: dict[str, int] | None = None) -> pd.Da
     """Per rule, in the order of its first job: jobs run, total and largest wall seconds, largest peak memory
     (MB); with `planned` (rule -> jobs, `planned_jobs` of make plan's report), the planned count beside it and a
     row for each planned rule that ran no job through sbatch (a local rule runs on the submitting host, and so
-    does every CPU-only rule when SLURM_CPU_PARTITION is unset)."""
+    does every CPU-only rule without a CPU partition)."""
     grouped = jobs.groupby("rule", sort=False)
     table = pd.DataFrame({"jobs": grouped.size(), "wall_s": grouped["wall_s"].sum(),
                           "max_wall_s": grouped["wall_s"].max(), "max_rss_mb": grouped["peak_rss_mb"].max()})
@@ -454,11 +457,12 @@ def seed_work(work: Path, source: Path) -> None:
 
 
 def run(work: Path, *, root: Path | None = None, size: str = "quick", jobs: int = 1, seed: int = 0,
-        targets: list[str] | None = None, seed_from: Path | None = None) -> tuple[pd.DataFrame, dict]:
+        targets: list[str] | None = None, seed_from: Path | None = None,
+        slurm: dict | None = None) -> tuple[pd.DataFrame, dict]:
     """Build the model and the Hub directories under `work`, write the merged config there, and run the
     whole workflow of the checkout `root` (`workflow_root`) through its SLURM profile on the Slurm that the
-    environment's clients reach (SLURM_CONF; SLURM_ACCOUNT, SLURM_PARTITION and SLURM_CPU_PARTITION say where jobs
-    go, as for any run); with `targets` (paths under `work`) only the jobs that make them, forced to run, and what
+    environment's clients reach (SLURM_CONF), its jobs sent where `slurm` says (the configuration's `slurm`
+    block: account, partition, cpu_partition); with `targets` (paths under `work`) only the jobs that make them, forced to run, and what
     they need that is missing; with `seed_from`, first copy that rehearsal's model and results (`seed_work`).
     Returns (`job_table` of every invocation in `work`, make plan's report for the same configuration, also in
     work/plan.json); raises with the log's tail when Snakemake fails (the jobs that ran are still in
@@ -472,7 +476,8 @@ def run(work: Path, *, root: Path | None = None, size: str = "quick", jobs: int 
         "HF_HUB_OFFLINE": "1",  # the Hub sets come from `hub`'s directories, never the network
         "HF_DATASETS_OFFLINE": "1",
     }
-    node_mb = node_memory_mb(env.get("SLURM_PARTITION"), env)  # also: a Slurm answers, before any work
+    slurm = {key: value for key, value in (slurm or {}).items() if value}
+    node_mb = node_memory_mb(slurm.get("partition"), env)  # also: a Slurm answers, before any work
     if seed_from is not None:
         seed_work(work, seed_from)
     model_dir = work / "model"
@@ -486,7 +491,7 @@ def run(work: Path, *, root: Path | None = None, size: str = "quick", jobs: int 
 
         peak = peak_overlay(work, load_config(configs[:1], root=root), AutoTokenizer.from_pretrained(model_dir),
                             root=root)
-    extra = overlay(model_dir, hub, size, peak)
+    extra = overlay(model_dir, hub, size, peak, slurm)
     resources = extra["models"]["rehearsal"]["resources"]
     resources["mem_mb"] = min(resources["mem_mb"], node_mb)
     (work / "rehearsal.yaml").write_text(yaml.safe_dump(extra, sort_keys=False))
@@ -544,6 +549,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed-from", type=Path, default=None, metavar="DIR",
                         help="start from the model and results of the rehearsal in DIR (e.g. a quick one)")
     parser.add_argument("--jobs", type=int, default=1, help="jobs run at once (1: each job's time is its own)")
+    parser.add_argument("--account", default=None, help="the jobs' account (config slurm.account)")
+    parser.add_argument("--partition", default=None, help="the model jobs' partition (config slurm.partition)")
+    parser.add_argument("--cpu-partition", default=None,
+                        help="the CPU-only jobs' partition (config slurm.cpu_partition; unset: they run here)")
     parser.add_argument("--docs", type=Path, default=None,
                         help="write the summary into this file's generated block (docs/rehearsal.md)")
     parser.add_argument("--report-only", action="store_true",
@@ -555,7 +564,8 @@ def main(argv: list[str] | None = None) -> None:
         table, report = read_jobs(args.work)
     else:
         table, report = run(args.work, root=args.root, size=args.size, jobs=args.jobs, targets=args.targets,
-                            seed_from=args.seed_from)
+                            seed_from=args.seed_from, slurm={"account": args.account, "partition": args.partition,
+                                                             "cpu_partition": args.cpu_partition})
     with pd.option_context("display.max_rows", None, "display.width", 160):
         print(per_rule(table, planned_jobs(report)).round(1).to_string())
         print(table.to_string(index=False))
