@@ -38,11 +38,14 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from arithmech.jobs import CPUS_PER_GPU
+from arithmech.jobs import CPUS_PER_GPU, is_gpu_oom
 
 DEFAULT_TIMEOUT_S = 24 * 3600  # a job without a runtime (local runs): one day at most
 POLL_S = 0.2
 FAILED_MARK = "arithmech: rank failed"  # what a failing worker prints before its traceback
+# A worker that ran out of GPU memory leaves this file beside the spec (a file, not an exit code: across nodes srun
+# reports the tasks it killed, not the rank that failed), and the launcher raises out-of-memory in turn.
+GPU_OOM_FILE = "rank{rank}.gpu-oom"
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -304,6 +307,12 @@ def run_on_gpus(fn: Callable, *, gpus: int = 1, device: str = "auto", nodes: int
         if failed is not None and srun_text:
             print(f"--- srun ---\n{srun_text}", file=sys.stderr)
         if failed is not None:
+            out_of_memory = [r for r in range(world_size) if (Path(tmp) / GPU_OOM_FILE.format(rank=r)).exists()]
+            if out_of_memory:
+                # as torch's own error, so that the job marks its log for a retry with a smaller batch (arithmech.jobs)
+                raise torch.cuda.OutOfMemoryError(
+                    f"training over {world_size} processes failed: rank {', '.join(map(str, out_of_memory))} ran "
+                    f"out of GPU memory ({failed}); the failing rank's traceback is above")
             raise RuntimeError(f"training over {world_size} processes failed: {failed}; the failing rank's "
                                "traceback is above")
     return None
@@ -399,6 +408,8 @@ def worker_main(argv: list[str]) -> int:
             os._exit(143)
         print(f"{FAILED_MARK}: rank {rank} of {args.world_size}", file=sys.stderr)
         traceback.print_exc(file=sys.stderr)
+        if is_gpu_oom(err):
+            Path(args.spec).with_name(GPU_OOM_FILE.format(rank=rank)).touch()
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(1)  # no teardown: the other ranks may wait in a collective; the launcher stops them
