@@ -154,15 +154,17 @@ def rule_resources(model: dict, rule: str) -> dict:
 def test_a_job_with_several_gpus_asks_for_cpus_per_gpu_and_one_task():
     """Fine-tuning on 3 GPUs runs 3 processes inside one Slurm task: the plugin's own submit string asks for
     the GPUs and 2 CPUs per GPU, and no --ntasks-per-gpu (which would allocate 3 tasks the job step never
-    starts); a one-GPU job keeps --cpus-per-task of the rule's threads."""
+    starts), on one node (--nodes=1: without it Slurm may spread the GPUs over nodes, and the plugin's job step
+    asks for one); a one-GPU job keeps --cpus-per-task of the rule's threads."""
     three = {**MODEL, "finetune": {"gpus": 3}}
     assert cluster.job_resources(three, "finetune")["cpus_per_gpu"] == cluster.CPUS_PER_GPU == 2
     call = submit_string(three, "finetune")
     assert "--gpus=a100:3" in call and "--cpus-per-gpu=2" in call
-    assert "--ntasks" not in call and "--cpus-per-task" not in call and "--nodes" not in call
+    assert "--ntasks" not in call and "--cpus-per-task" not in call and "--nodes=1" in call.split()
     assert "--mem 64000" in call and "-t 120" in call
     one = submit_string(MODEL, "evaluate")
     assert "--gpus=a100:1" in one and "--cpus-per-task=2" in one and "--cpus-per-gpu" not in one
+    assert "--nodes=1" in one.split()
     assert "mpi" not in rule_resources(three, "finetune")  # one node: the plugin's job step is `srun -n1`
 
 
@@ -184,7 +186,8 @@ def test_a_fine_tuning_job_over_two_nodes_asks_for_two_gpus_and_two_tasks_on_eac
     assert "--gres=gpu:2" in untyped and "--nodes=2" in untyped
     # the other rules of the model stay on one node
     evaluate = submit_string(TWO_NODES, "evaluate")
-    assert "--nodes" not in evaluate and "--gpus=a100:1" in evaluate and "mpi" not in rule_resources(TWO_NODES, "evaluate")
+    assert "--nodes=1" in evaluate.split() and "--gpus=a100:1" in evaluate
+    assert "mpi" not in rule_resources(TWO_NODES, "evaluate")
 
 
 def test_the_training_job_reads_its_gpus_and_nodes_from_those_resources():
@@ -263,8 +266,8 @@ def dry_run(tmp_path: Path, resources: dict) -> str:
 
 def test_the_workflow_gives_a_two_node_fine_tuning_job_its_resources_and_refuses_nodes_elsewhere(tmp_path):
     """The rules themselves (common.smk's gpu_resources): finetune and study_train over 2 nodes as the plugin's
-    MPI job with GPUs per node, every other model rule on one node; `nodes` at the model's level fails the parse,
-    naming the key, before any job is planned."""
+    MPI job with GPUs per node, every other model rule on one node (nodes 1); `nodes` at the model's level fails the
+    parse, naming the key, before any job is planned."""
     log = dry_run(tmp_path, {"gpus": 1, "mem_mb": 8000, "runtime": 30, "finetune": {"gpus": 4, "nodes": 2}})
     seen = {}  # rule -> the resources of its jobs, as the dry run prints them (key=value, ...)
     for block in log.split("\nrule ")[1:]:
@@ -278,7 +281,8 @@ def test_the_workflow_gives_a_two_node_fine_tuning_job_its_resources_and_refuses
                 assert (res["gres"], res["nodes"], res["tasks_per_node"], res["mpi"], res["cpus_per_gpu"]) == (
                     "gpu:2", "2", "2", "srun", "2") and "gpu" not in res, (rule, res)
             else:
-                assert not {"nodes", "mpi", "gres", "tasks_per_node"} & set(res), (rule, res)
+                assert not {"mpi", "gres", "tasks_per_node"} & set(res), (rule, res)
+                assert res.get("nodes") == ("1" if "gpu" in res else None), (rule, res)  # a GPU job: one node
     bad = dry_run(tmp_path, {"gpus": 1, "mem_mb": 8000, "runtime": 30, "nodes": 2})
     assert "models.tiny.resources.nodes is 2, and it applies to rule" in bad, bad[-3000:]
     assert "Job stats" not in bad

@@ -79,13 +79,13 @@ def job_resources(resources: dict, rule: str) -> dict:
 
 def rule_resources(first: dict) -> dict:
     """A job's resources (`job_resources`, `retry_resources`) under the names the rules give the SLURM plugin
-    (workflow/rules/common.smk): one node: `gpu` (-> --gpus), `gpu_model`, `cpus_per_gpu`; several nodes: the
+    (workflow/rules/common.smk): one node: `gpu` (-> --gpus), `gpu_model`, `cpus_per_gpu`, `nodes` 1; several nodes: the
     plugin's MPI job, with GPUs per node (`MULTI_NODE`). A value of None is not passed."""
     out = {key: first.get(key) for key in ("mem_mb", "runtime", "cpus_per_gpu")}
     out["batch_split"] = first.get("batch_split", 1)
     nodes = first.get("nodes", 1)
-    if nodes == 1:
-        return out | {"gpu": first.get("gpus", 1), "gpu_model": first.get("gpu_model", "")}
+    if nodes == 1:  # --nodes=1: Slurm may otherwise spread --gpus=G over nodes, and the job step runs on one
+        return out | {"gpu": first.get("gpus", 1), "gpu_model": first.get("gpu_model", ""), "nodes": 1}
     per_node = first["gpus"] // nodes
     model = f"{first['gpu_model']}:" if first.get("gpu_model") else ""
     return out | MULTI_NODE | {"gres": f"gpu:{model}{per_node}", "nodes": nodes, "tasks_per_node": per_node}
