@@ -287,3 +287,30 @@ def test_the_workflow_gives_a_two_node_fine_tuning_job_its_resources_and_refuses
     assert "models.tiny.resources.nodes is 2, and it applies to rule" in bad, bad[-3000:]
     assert "Job stats" not in bad
 
+
+
+@pytest.mark.parametrize("name", ["a100", "A100_80GB", "h100.sxm", "a100-sxm4-80gb", "nvidia-a100", "a 100",
+                                  "tesla:v100", "'a100'"])
+def test_gpu_model_takes_exactly_the_names_the_slurm_plugin_submits(config, name):
+    """A gpu_model the plugin refuses (Slurm's auto-detected type names often hold '-') fails every GPU job at
+    submission, each retried: the config check refuses it first, naming the key, with the plugin's own rule (its
+    set_gres_string, which this compares with)."""
+    from snakemake.exceptions import WorkflowError
+    from snakemake_executor_plugin_slurm.utils import set_gres_string
+
+    from arithmech.config import ConfigError, validate_config
+
+    try:
+        set_gres_string(SimpleNamespace(resources=Namedlist(fromdict={"gpu": 1, "gpu_model": name})))
+        plugin_takes = True
+    except WorkflowError:
+        plugin_takes = False
+    config["models"]["smollm2-135m"]["resources"]["finetune"] = {"gpu_model": name}
+    try:
+        validate_config(config, ROOT / "workflow/schemas/config.schema.yaml")
+        config_takes = True
+    except ConfigError as err:
+        config_takes = False
+        assert f"config key 'models.smollm2-135m.resources.finetune.gpu_model': {name!r} is not a GPU model the " \
+               "SLURM plugin submits" in str(err)
+    assert config_takes == plugin_takes, name
