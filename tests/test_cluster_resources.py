@@ -314,3 +314,62 @@ def test_gpu_model_takes_exactly_the_names_the_slurm_plugin_submits(config, name
         assert f"config key 'models.smollm2-135m.resources.finetune.gpu_model': {name!r} is not a GPU model the " \
                "SLURM plugin submits" in str(err)
     assert config_takes == plugin_takes, name
+
+
+def _gpu_job(tmp_path, device="auto", **resources):
+    smk, log = _smk(tmp_path)
+    smk.params["compute"]["device"] = device
+    smk.resources = Namedlist(fromdict={"batch_split": 1, "gpu": 1, "nodes": 1, **resources})
+    return smk, log
+
+
+def test_a_slurm_job_that_asked_for_gpus_and_sees_none_stops_at_once_naming_the_cpu_build(tmp_path, monkeypatch):
+    """Before: `device: auto` took the CPU (a 7B model in float32 on 2 CPUs until the time limit, then retried).
+    The check needs no model: the job stops before its work starts, with the causes in its log."""
+    import torch
+
+    monkeypatch.setenv("SLURM_JOB_ID", "42")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.version, "cuda", None)
+    smk, log = _gpu_job(tmp_path)
+    ran = []
+    with pytest.raises(jobs.NoGpuError):
+        with jobs.job(smk):
+            ran.append(True)
+    text = log.read_text()
+    assert not ran and "rule finetune asked for GPUs and sees none (compute.device: auto)" in text
+    assert "is a CPU build (torch.version.cuda is None)" in text and "CUDA_VISIBLE_DEVICES is unset" in text
+    assert "set compute.device: cpu" in text
+    over_nodes, _ = _gpu_job(tmp_path / "gres", gpu=None, gres="gpu:a100:2", nodes=2)  # GPUs asked for as a gres
+    with pytest.raises(jobs.NoGpuError):
+        jobs.check_gpus_visible(over_nodes)
+
+
+def test_a_cuda_build_that_sees_no_gpu_names_the_driver(tmp_path, monkeypatch):
+    import torch
+
+    monkeypatch.setenv("SLURM_JOB_ID", "42")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.version, "cuda", "12.8")
+    with pytest.raises(jobs.NoGpuError) as err:
+        jobs.check_gpus_visible(_gpu_job(tmp_path)[0])
+    assert "built for CUDA 12.8 and sees none of the GPUs 0,1: the node's NVIDIA driver may be older" in str(err.value)
+    assert "CPU build" not in str(err.value)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    with pytest.raises(jobs.NoGpuError, match="Slurm gave the job no GPU \\(CUDA_VISIBLE_DEVICES is empty\\)"):
+        jobs.check_gpus_visible(_gpu_job(tmp_path / "empty")[0])
+
+
+def test_device_cpu_a_local_run_and_a_cpu_job_still_compute_on_the_cpu(tmp_path, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setenv("SLURM_JOB_ID", "42")
+    jobs.check_gpus_visible(_gpu_job(tmp_path, device="cpu")[0])  # asked for explicitly
+    jobs.check_gpus_visible(_gpu_job(tmp_path / "cpu-job", gpu=None)[0])  # a CPU rule's job
+    monkeypatch.delenv("SLURM_JOB_ID")
+    monkeypatch.delenv("SLURM_JOBID", raising=False)
+    with jobs.job(_gpu_job(tmp_path / "local")[0]):  # a local run: the resources are ignored
+        pass
