@@ -59,6 +59,23 @@ onstart:
             workflow.deployment_settings.deployment_method
         ),
         lambda: cluster.check_slurm(os.environ) if on_slurm else [],
+        # a job that asks for GPUs without a CUDA torch, or for more GPUs than a node holds, never runs
+        lambda: (
+            software.check_gpu_build(
+                workflow.deployment_settings.deployment_method,
+                config["compute"]["device"],
+            )
+            if on_slurm
+            else []
+        ),
+        lambda: (
+            cluster.check_node_gpus(
+                {model: config["models"][model]["resources"] for model in MODELS},
+                cluster.slurm_settings(os.environ, gpu=True).get("slurm_partition"),
+            )
+            if on_slurm
+            else []
+        ),
         lambda: model_access.check_models(config),
     ]
     if FINETUNE_METHODS:

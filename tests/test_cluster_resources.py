@@ -9,6 +9,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import yaml
 from snakemake.iocontainers import Namedlist
 
 from arithmech import jobs
@@ -373,3 +374,71 @@ def test_device_cpu_a_local_run_and_a_cpu_job_still_compute_on_the_cpu(tmp_path,
     monkeypatch.delenv("SLURM_JOBID", raising=False)
     with jobs.job(_gpu_job(tmp_path / "local")[0]):  # a local run: the resources are ignored
         pass
+
+
+# What `sinfo -h -o "%P|%G"` printed: the test Slurm (tests/slurm: one node, 2 GPUs as a GRES), and a site's
+# partitions of 4- and 8-GPU nodes with typed GPUs, their sockets and other generic resources.
+SINFO_TEST_SLURM = ["gpu*|gpu:2", "cpu|gpu:2"]
+SINFO_SITE = ["gpu*|gpu:a100:4(S:0-1)", "big|gpu:h100:8(S:0,1),mps:800", "big|gpu:h100:4(S:0)", "cpu|(null)"]
+
+
+@pytest.mark.parametrize("gres, gpu_model, gpus", [
+    ("gpu:2", None, 2), ("gpu:a100:4(S:0-1)", None, 4), ("gpu:a100:4(S:0-1)", "a100", 4),
+    ("gpu:a100:4(S:0-1)", "h100", 0), ("gpu:h100:8(S:0,1),mps:800", None, 8), ("gpu:h100:8(S:0,1)", "h100", 8),
+    ("gpu:a100:2,gpu:v100:4", "v100", 4), ("gpu:a100:2,gpu:v100:4", None, 6), ("(null)", None, 0),
+])
+def test_node_gpus_reads_sinfos_generic_resources(gres, gpu_model, gpus):
+    assert cluster.node_gpus(gres, gpu_model) == gpus
+
+
+def _sinfo(monkeypatch, rows):
+    monkeypatch.setattr(cluster, "_query", lambda cmd: rows if cmd[0] == "sinfo" else None)
+
+
+def test_a_gpu_count_no_node_holds_stops_the_run_naming_the_key(monkeypatch):
+    """On the test Slurm's 2-GPU node 3 GPUs never run; one message for all, naming each key."""
+    _sinfo(monkeypatch, SINFO_TEST_SLURM)
+    with pytest.raises(cluster.ResourceError) as err:
+        cluster.check_node_gpus({"tiny": {"gpus": 1, "finetune": {"gpus": 3}}, "other": {"gpus": 4}}, None)
+    assert str(err.value) == (
+        "GPUs a node: models.tiny.resources.finetune.gpus asks for 3 GPUs on a node, and no node of partition gpu "
+        "holds more than 2 (sinfo: gpu:2): lower it, or spread fine-tuning over nodes (finetune: nodes); "
+        "models.other.resources.gpus asks for 4 GPUs on a node, and no node of partition gpu holds more than 2 "
+        "(sinfo: gpu:2): lower it")
+    assert cluster.check_node_gpus({"tiny": {"gpus": 1, "finetune": {"gpus": 2}}}, "cpu") == []
+
+
+def test_gpus_a_node_count_the_partitions_largest_node_of_the_type_asked_for(monkeypatch):
+    """The shipped 13B block before (5 GPUs) fits no 4-GPU node; 4 do (config.yaml), and 5 fit a partition with an
+    8-GPU node; a job over nodes counts its GPUs a node; a typed GPU counts only that type."""
+    _sinfo(monkeypatch, SINFO_SITE)
+    with pytest.raises(cluster.ResourceError, match="models.13b.resources.finetune.gpus asks for 5 GPUs on a node, "
+                       "and no node of partition gpu holds more than 4"):
+        cluster.check_node_gpus({"13b": {"gpus": 1, "finetune": {"gpus": 5}}}, None)
+    shipped = yaml.safe_load((ROOT / "config.yaml").read_text())["models"]
+    assert cluster.check_node_gpus({name: model["resources"] for name, model in shipped.items()}, None) == []
+    assert cluster.check_node_gpus({"13b": {"gpus": 1, "finetune": {"gpus": 5}}}, "big") == []
+    assert cluster.check_node_gpus({"13b": {"gpus": 1, "finetune": {"gpus": 8, "nodes": 2}}}, "gpu") == []
+    with pytest.raises(cluster.ResourceError, match="models.7b.resources.gpus asks for 1 GPU of type a100 on a "
+                       "node, and no node of partition big holds more than 0"):
+        cluster.check_node_gpus({"7b": {"gpus": 1, "gpu_model": "a100"}}, "big")
+    assert cluster.check_node_gpus({"7b": {"gpus": 1}}, "nope") == []  # an unknown partition: check_slurm's
+    _sinfo(monkeypatch, None)
+    assert cluster.check_node_gpus({"7b": {"gpus": 9}}, None) == ["sinfo did not answer: GPUs per node not checked"]
+
+
+def test_a_cluster_run_asking_for_gpus_with_a_cpu_torch_stops_before_any_job(monkeypatch):
+    """The onstart check (Snakefile) reads the jobs' torch without importing it: here a CPU build."""
+    from types import SimpleNamespace as Method
+
+    from arithmech import software
+
+    build = software.torch_build()
+    assert build["cuda"] is None and build["__version__"] == __import__("torch").__version__  # this host's
+    with pytest.raises(software.JobSoftwareError, match=r"whose torch .* is a CPU build \(torch.version.cuda is "
+                       r"None\), and the run asks for GPUs \(compute.device: auto\)"):
+        software.check_gpu_build([], "auto")
+    software.check_gpu_build([], "cpu")  # asked for the CPU
+    software.check_gpu_build([Method(name="CONDA")], "auto")  # the jobs' torch is the conda env's
+    monkeypatch.setattr(software, "torch_build", lambda: {"__version__": "2.13.0", "cuda": "12.8", "hip": None})
+    software.check_gpu_build([], "auto")

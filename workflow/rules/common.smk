@@ -50,7 +50,15 @@ def gpu_resources(name):
         ).get(key)
 
     # one node: gpu, gpu_model, cpus_per_gpu (several GPUs), nodes 1; several nodes: gres, nodes, tasks_per_node, mpi
-    keys = ("gpu", "gpu_model", "mem_mb", "runtime", "batch_split", "cpus_per_gpu", "nodes")
+    keys = (
+        "gpu",
+        "gpu_model",
+        "mem_mb",
+        "runtime",
+        "batch_split",
+        "cpus_per_gpu",
+        "nodes",
+    )
     if name in cluster.TRAINING_RULES:
         keys += ("gres", "tasks_per_node", "mpi")
     return {

@@ -11,12 +11,15 @@ Read by the Snakefile while it parses (so standard library only) and by `make pl
 - `retry_resources(...)`: what a retry asks for: after the job ran out of GPU memory (its log says so) a
   smaller batch (`batch_split`, applied by `arithmech.jobs`), otherwise more host memory; more time either way;
 - `slurm_settings(environ)`: account and partitions, passed only when set;
-- `check_slurm(environ)`: the account and partitions exist for this user, before any job is queued.
+- `check_slurm(environ)`: the account and partitions exist for this user, before any job is queued;
+- `check_node_gpus(models, partition)`: every job's GPUs a node fit on the partition's nodes (`sinfo`), before any
+  job is queued.
 """
 
 from __future__ import annotations
 
 import getpass
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -212,3 +215,58 @@ def check_slurm(environ: dict, user: str | None = None) -> list[str]:
     if errors:
         raise ClusterSettingError("SLURM settings: " + "; ".join(errors))
     return notes
+
+
+def node_gpus(gres: str, gpu_model: str | None = None) -> int:
+    """The GPUs in a node's generic resources as `sinfo -o %G` prints them ('gpu:a100:4(S:0-1),mps:400', 'gpu:2',
+    '(null)'), only those of type `gpu_model` when it is given."""
+    total = 0
+    for item in re.sub(r"\([^)]*\)", "", gres).split(","):  # (S:0-1): the sockets the GPUs sit on
+        parts = item.strip().split(":")
+        if parts[0] != "gpu" or len(parts) < 2:
+            continue
+        kind, count = (parts[1], parts[2]) if len(parts) > 2 else (None, parts[1])
+        digits = re.match(r"\d+", count)
+        if digits and (not gpu_model or kind == gpu_model):
+            total += int(digits.group())
+    return total
+
+
+def check_node_gpus(models: dict[str, dict], partition: str | None) -> list[str]:
+    """Before any job is queued: each model's jobs (`models`: name -> its `resources`, the model's own values and
+    each block's) ask for no more GPUs a node (of their `gpu_model`) than the largest node of the GPU `partition`
+    (None: the cluster's default) holds, by `sinfo`; Slurm would queue such a job for good, or refuse it. Raises
+    `ResourceError` naming each key; returns notes on what could not be checked."""
+    rows = _query(["sinfo", "-h", "-o", "%P|%G"])
+    if rows is None:
+        return ["sinfo did not answer: GPUs per node not checked"]
+    gres_of: dict[str, list[str]] = {}  # partition -> its nodes' generic resources (one row per kind of node)
+    default = None
+    for row in rows:
+        name, _, gres = row.partition("|")
+        if name.endswith("*"):  # sinfo marks the default partition
+            name = default = name[:-1]
+        gres_of.setdefault(name, []).append(gres)
+    partition = partition or default
+    if partition not in gres_of:
+        return []  # an unknown partition: check_slurm names it
+    errors = []
+    for model, resources in models.items():
+        for group in (None, *RESOURCE_GROUPS):
+            block = resources.get(group) or {} if group else {}
+            if group and not block:
+                continue  # the model's own values, checked once
+            res = {key: resources[key] for key in RESOURCE_KEYS if key in resources} | block
+            per_node, gpu_model = res.get("gpus", 1) // res.get("nodes", 1), res.get("gpu_model")
+            most = max(node_gpus(gres, gpu_model) for gres in gres_of[partition])
+            if per_node > most:
+                where = f"models.{model}.resources" + (f".{group}" if group and "gpus" in block else "")
+                kind = f" of type {gpu_model}" if gpu_model else ""
+                errors.append(
+                    f"{where}.gpus asks for {per_node} GPU{'s' * (per_node > 1)}{kind} on a node, and no node of "
+                    f"partition {partition} "
+                    f"holds more than {most} (sinfo: {', '.join(sorted(set(gres_of[partition])))}): lower it"
+                    + (", or spread fine-tuning over nodes (finetune: nodes)" if group == "finetune" else ""))
+    if errors:
+        raise ResourceError("GPUs a node: " + "; ".join(errors))
+    return []
