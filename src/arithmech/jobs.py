@@ -119,7 +119,8 @@ def check_gpus_visible(smk) -> None:
 
     if torch.cuda.is_available():
         return
-    causes = no_gpu_causes(torch.__version__, torch.version.cuda, os.environ.get("CUDA_VISIBLE_DEVICES"))
+    build = torch.version.cuda or getattr(torch.version, "hip", None)  # a ROCm build is no CPU build
+    causes = no_gpu_causes(torch.__version__, build, os.environ.get("CUDA_VISIBLE_DEVICES"))
     raise NoGpuError(f"rule {smk.rule} asked for GPUs and sees none (compute.device: {device}); it stops rather than "
                      "compute on the CPU. Likely: " + "; ".join(causes) + ". To compute on the CPU on purpose, set "
                      "compute.device: cpu.")

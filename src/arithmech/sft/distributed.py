@@ -246,8 +246,9 @@ def run_on_gpus(fn: Callable, *, gpus: int = 1, device: str = "auto", nodes: int
     (`gpus` 1, the rule's resource), else in G worker processes under one process group (module docstring).
 
     The workers' output goes into this process's stdout (rank 0's, i.e. the rule's log); a rank that fails
-    stops the others and its traceback is written to stderr before this raises. `timeout_s` (the job's runtime;
-    default a day) ends a run that takes longer, every rank included. `nodes` > 1: the workers are `srun` tasks
+    stops the others and its traceback is written to stderr before this raises (torch's OutOfMemoryError when a
+    rank ran out of GPU memory, so that the job marks its log for a retry with a smaller batch: `arithmech.jobs`).
+    `timeout_s` (the job's runtime; default a day) ends a run that takes longer, every rank included. `nodes` > 1: the workers are `srun` tasks
     across the job's nodes (`srun_command`), the launcher's host holding the store."""
     if nodes > 1 and not slurm_job_id():
         # a local run of a multi-node config (a local run ignores the cluster resources): this machine only
