@@ -248,8 +248,8 @@ def run_on_gpus(fn: Callable, *, gpus: int = 1, device: str = "auto", nodes: int
     The workers' output goes into this process's stdout (rank 0's, i.e. the rule's log); a rank that fails
     stops the others and its traceback is written to stderr before this raises (torch's OutOfMemoryError when a
     rank ran out of GPU memory, so that the job marks its log for a retry with a smaller batch: `arithmech.jobs`).
-    `timeout_s` (the job's runtime; default a day) ends a run that takes longer, every rank included. `nodes` > 1: the workers are `srun` tasks
-    across the job's nodes (`srun_command`), the launcher's host holding the store."""
+    `timeout_s` (the job's runtime; default a day) ends a run that takes longer, every rank included. `nodes` > 1:
+    the workers are `srun` tasks across the job's nodes (`srun_command`), the launcher's host holding the store."""
     if nodes > 1 and not slurm_job_id():
         # a local run of a multi-node config (a local run ignores the cluster resources): this machine only
         print(f"nodes={nodes} outside a Slurm job: training on this machine only", file=sys.stderr)
