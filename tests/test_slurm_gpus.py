@@ -64,7 +64,7 @@ rule train:
 rule no_gpu:
     output: "no_gpu.json"
     log: "logs/no_gpu.log"
-    params: seed=0, compute={{"device": "auto"}}
+    params: seed=0, compute={{"device": "auto"}}, finetune={{"train": {{"batch_size": 4, "grad_accumulation": 1}}}}
     resources: **resources("no_gpu")
     retries: 0  # the profile's retries would run it twice more
     script: "train.py"
@@ -98,7 +98,7 @@ from arithmech.sft import distributed
 
 def step(batch_size, grad_accumulation, out, seed):
     rank, world = distributed.world()
-    if batch_size > 2:
+    if batch_size > 2 and world > 1:
         if rank == 1:
             raise torch.cuda.OutOfMemoryError(f"CUDA out of memory (rank 1, a batch of {batch_size})")
         time.sleep(120)  # rank 0 still working: the launcher stops it
@@ -113,8 +113,8 @@ def test_a_rank_out_of_gpu_memory_is_retried_with_the_batch_split_and_a_gpu_job_
     """Rank 1 of the 2-GPU job raises torch's out-of-memory error while the batch is 4: the job fails, its log
     carries the mark, and the retry (the profile's `retries`) asks for batch_split 2 and trains (batch 2,
     grad_accumulation 2) on 2 ranks.
-    The job that asked for a GPU with `device: auto` and a CPU torch stops at its start, naming the CPU build,
-    and is not retried as a memory failure (retries 0 here)."""
+    The job that asked for a GPU with `device: auto` and a CPU torch (before: it trained on the CPU and completed)
+    stops at its start, naming the CPU build (retries 0 here)."""
     (tmp_path / "Snakefile").write_text(SNAKEFILE.format(src=str(ROOT / "src")))
     (tmp_path / "train.py").write_text(SCRIPT)
     (tmp_path / "ranks.py").write_text(RANKS)
