@@ -101,6 +101,26 @@ onstart:
             if on_slurm
             else []
         ),
+        # a job that asks for GPUs without a CUDA torch, or for more GPUs than a node holds, never runs
+        lambda: (
+            software.check_gpu_build(
+                workflow.deployment_settings.deployment_method,
+                config["compute"]["device"],
+            )
+            if on_slurm
+            else []
+        ),
+        lambda: (
+            cluster.check_node_gpus(
+                {model: config["models"][model]["resources"] for model in MODELS},
+                cluster.slurm_settings(config.get("slurm"), gpu=True).get(
+                    "slurm_partition"
+                ),
+                SUBMIT_ENVIRONMENT,
+            )
+            if on_slurm
+            else []
+        ),
         lambda: model_access.check_models(config),
     ]
     if FINETUNE_METHODS:

@@ -9,6 +9,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import yaml
 from snakemake.iocontainers import Namedlist
 
 from arithmech import jobs
@@ -158,15 +159,17 @@ def rule_resources(model: dict, rule: str) -> dict:
 def test_a_job_with_several_gpus_asks_for_cpus_per_gpu_and_one_task():
     """Fine-tuning on 3 GPUs runs 3 processes inside one Slurm task: the plugin's own submit string asks for
     the GPUs and 2 CPUs per GPU, and no --ntasks-per-gpu (which would allocate 3 tasks the job step never
-    starts); a one-GPU job keeps --cpus-per-task of the rule's threads."""
+    starts), on one node (--nodes=1: without it Slurm may spread the GPUs over nodes, and the plugin's job step
+    asks for one); a one-GPU job keeps --cpus-per-task of the rule's threads."""
     three = {**MODEL, "finetune": {"gpus": 3}}
     assert cluster.job_resources(three, "finetune")["cpus_per_gpu"] == cluster.CPUS_PER_GPU == 2
     call = submit_string(three, "finetune")
     assert "--gpus=a100:3" in call and "--cpus-per-gpu=2" in call
-    assert "--ntasks" not in call and "--cpus-per-task" not in call and "--nodes" not in call
+    assert "--ntasks" not in call and "--cpus-per-task" not in call and "--nodes=1" in call.split()
     assert "--mem 64000" in call and "-t 120" in call
     one = submit_string(MODEL, "evaluate")
     assert "--gpus=a100:1" in one and "--cpus-per-task=2" in one and "--cpus-per-gpu" not in one
+    assert "--nodes=1" in one.split()
     assert "mpi" not in rule_resources(three, "finetune")  # one node: the plugin's job step is `srun -n1`
 
 
@@ -188,7 +191,8 @@ def test_a_fine_tuning_job_over_two_nodes_asks_for_two_gpus_and_two_tasks_on_eac
     assert "--gres=gpu:2" in untyped and "--nodes=2" in untyped
     # the other rules of the model stay on one node
     evaluate = submit_string(TWO_NODES, "evaluate")
-    assert "--nodes" not in evaluate and "--gpus=a100:1" in evaluate and "mpi" not in rule_resources(TWO_NODES, "evaluate")
+    assert "--nodes=1" in evaluate.split() and "--gpus=a100:1" in evaluate
+    assert "mpi" not in rule_resources(TWO_NODES, "evaluate")
 
 
 def test_the_training_job_reads_its_gpus_and_nodes_from_those_resources():
@@ -267,8 +271,8 @@ def dry_run(tmp_path: Path, resources: dict) -> str:
 
 def test_the_workflow_gives_a_two_node_fine_tuning_job_its_resources_and_refuses_nodes_elsewhere(tmp_path):
     """The rules themselves (common.smk's gpu_resources): finetune and study_train over 2 nodes as the plugin's
-    MPI job with GPUs per node, every other model rule on one node; `nodes` at the model's level fails the parse,
-    naming the key, before any job is planned."""
+    MPI job with GPUs per node, every other model rule on one node (nodes 1); `nodes` at the model's level fails the
+    parse, naming the key, before any job is planned."""
     log = dry_run(tmp_path, {"gpus": 1, "mem_mb": 8000, "runtime": 30, "finetune": {"gpus": 4, "nodes": 2}})
     seen = {}  # rule -> the resources of its jobs, as the dry run prints them (key=value, ...)
     for block in log.split("\nrule ")[1:]:
@@ -282,7 +286,8 @@ def test_the_workflow_gives_a_two_node_fine_tuning_job_its_resources_and_refuses
                 assert (res["gres"], res["nodes"], res["tasks_per_node"], res["mpi"], res["cpus_per_gpu"]) == (
                     "gpu:2", "2", "2", "srun", "2") and "gpu" not in res, (rule, res)
             else:
-                assert not {"nodes", "mpi", "gres", "tasks_per_node"} & set(res), (rule, res)
+                assert not {"mpi", "gres", "tasks_per_node"} & set(res), (rule, res)
+                assert res.get("nodes") == ("1" if "gpu" in res else None), (rule, res)  # a GPU job: one node
     bad = dry_run(tmp_path, {"gpus": 1, "mem_mb": 8000, "runtime": 30, "nodes": 2})
     assert "models.tiny.resources.nodes is 2, and it applies to rule" in bad, bad[-3000:]
     assert "Job stats" not in bad
@@ -306,3 +311,157 @@ def test_the_cluster_check_runs_slurms_clients_in_the_environment_it_is_given(tm
     stripped = {k: v for k, v in seen.items() if k != "SLURM_CONF"}
     assert cluster.check_slurm({"partition": "nope"}, stripped) == [
         "sinfo did not answer: partitions not checked", "sacctmgr did not answer: account not checked"]
+
+
+@pytest.mark.parametrize("name", ["a100", "A100_80GB", "h100.sxm", "a100-sxm4-80gb", "nvidia-a100", "a 100",
+                                  "tesla:v100", "'a100'"])
+def test_gpu_model_takes_exactly_the_names_the_slurm_plugin_submits(config, name):
+    """A gpu_model the plugin refuses (Slurm's auto-detected type names often hold '-') fails every GPU job at
+    submission, each retried: the config check refuses it first, naming the key, with the plugin's own rule (its
+    set_gres_string, which this compares with)."""
+    from snakemake.exceptions import WorkflowError
+    from snakemake_executor_plugin_slurm.utils import set_gres_string
+
+    from arithmech.config import ConfigError, validate_config
+
+    try:
+        set_gres_string(SimpleNamespace(resources=Namedlist(fromdict={"gpu": 1, "gpu_model": name})))
+        plugin_takes = True
+    except WorkflowError:
+        plugin_takes = False
+    config["models"]["smollm2-135m"]["resources"]["finetune"] = {"gpu_model": name}
+    try:
+        validate_config(config, ROOT / "workflow/schemas/config.schema.yaml")
+        config_takes = True
+    except ConfigError as err:
+        config_takes = False
+        assert f"config key 'models.smollm2-135m.resources.finetune.gpu_model': {name!r} is not a GPU model the " \
+               "SLURM plugin submits" in str(err)
+    assert config_takes == plugin_takes, name
+
+
+def _gpu_job(tmp_path, device="auto", **resources):
+    smk, log = _smk(tmp_path)
+    smk.params["compute"]["device"] = device
+    smk.resources = Namedlist(fromdict={"batch_split": 1, "gpu": 1, "nodes": 1, **resources})
+    return smk, log
+
+
+def test_a_slurm_job_that_asked_for_gpus_and_sees_none_stops_at_once_naming_the_cpu_build(tmp_path, monkeypatch):
+    """Before: `device: auto` took the CPU (a 7B model in float32 on 2 CPUs until the time limit, then retried).
+    The check needs no model: the job stops before its work starts, with the causes in its log."""
+    import torch
+
+    monkeypatch.setenv("SLURM_JOB_ID", "42")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.version, "cuda", None)
+    smk, log = _gpu_job(tmp_path)
+    ran = []
+    with pytest.raises(jobs.NoGpuError):
+        with jobs.job(smk):
+            ran.append(True)
+    text = log.read_text()
+    assert not ran and "rule finetune asked for GPUs and sees none (compute.device: auto)" in text
+    assert "is a CPU build (torch.version.cuda is None)" in text and "CUDA_VISIBLE_DEVICES is unset" in text
+    assert "set compute.device: cpu" in text
+    over_nodes, _ = _gpu_job(tmp_path / "gres", gpu=None, gres="gpu:a100:2", nodes=2)  # GPUs asked for as a gres
+    with pytest.raises(jobs.NoGpuError):
+        jobs.check_gpus_visible(over_nodes)
+
+
+def test_a_cuda_build_that_sees_no_gpu_names_the_driver(tmp_path, monkeypatch):
+    import torch
+
+    monkeypatch.setenv("SLURM_JOB_ID", "42")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.version, "cuda", "12.8")
+    with pytest.raises(jobs.NoGpuError) as err:
+        jobs.check_gpus_visible(_gpu_job(tmp_path)[0])
+    assert "built for CUDA 12.8 and sees none of the GPUs 0,1: the node's NVIDIA driver may be older" in str(err.value)
+    assert "CPU build" not in str(err.value)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    with pytest.raises(jobs.NoGpuError, match="Slurm gave the job no GPU \\(CUDA_VISIBLE_DEVICES is empty\\)"):
+        jobs.check_gpus_visible(_gpu_job(tmp_path / "empty")[0])
+
+
+def test_device_cpu_a_local_run_and_a_cpu_job_still_compute_on_the_cpu(tmp_path, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setenv("SLURM_JOB_ID", "42")
+    jobs.check_gpus_visible(_gpu_job(tmp_path, device="cpu")[0])  # asked for explicitly
+    jobs.check_gpus_visible(_gpu_job(tmp_path / "cpu-job", gpu=None)[0])  # a CPU rule's job
+    monkeypatch.delenv("SLURM_JOB_ID")
+    monkeypatch.delenv("SLURM_JOBID", raising=False)
+    with jobs.job(_gpu_job(tmp_path / "local")[0]):  # a local run: the resources are ignored
+        pass
+
+
+# What `sinfo -h -o "%P|%G"` printed: the test Slurm (tests/slurm: one node, 2 GPUs as a GRES), and a site's
+# partitions of 4- and 8-GPU nodes with typed GPUs, their sockets and other generic resources.
+SINFO_TEST_SLURM = ["gpu*|gpu:2", "cpu|gpu:2"]
+SINFO_SITE = ["gpu*|gpu:a100:4(S:0-1)", "big|gpu:h100:8(S:0,1),mps:800", "big|gpu:h100:4(S:0)", "cpu|(null)"]
+
+
+@pytest.mark.parametrize("gres, gpu_model, gpus", [
+    ("gpu:2", None, 2), ("gpu:a100:4(S:0-1)", None, 4), ("gpu:a100:4(S:0-1)", "a100", 4),
+    ("gpu:a100:4(S:0-1)", "h100", 0), ("gpu:h100:8(S:0,1),mps:800", None, 8), ("gpu:h100:8(S:0,1)", "h100", 8),
+    ("gpu:a100:2,gpu:v100:4", "v100", 4), ("gpu:a100:2,gpu:v100:4", None, 6), ("(null)", None, 0),
+])
+def test_node_gpus_reads_sinfos_generic_resources(gres, gpu_model, gpus):
+    assert cluster.node_gpus(gres, gpu_model) == gpus
+
+
+def _sinfo(monkeypatch, rows):
+    monkeypatch.setattr(cluster, "_query", lambda cmd, environ=None: rows if cmd[0] == "sinfo" else None)
+
+
+def test_a_gpu_count_no_node_holds_stops_the_run_naming_the_key(monkeypatch):
+    """On the test Slurm's 2-GPU node 3 GPUs never run; one message for all, naming each key."""
+    _sinfo(monkeypatch, SINFO_TEST_SLURM)
+    with pytest.raises(cluster.ResourceError) as err:
+        cluster.check_node_gpus({"tiny": {"gpus": 1, "finetune": {"gpus": 3}}, "other": {"gpus": 4}}, None)
+    assert str(err.value) == (
+        "GPUs a node: models.tiny.resources.finetune.gpus asks for 3 GPUs on a node, and no node of partition gpu "
+        "holds more than 2 (sinfo: gpu:2): lower it, or spread fine-tuning over nodes (finetune: nodes); "
+        "models.other.resources.gpus asks for 4 GPUs on a node, and no node of partition gpu holds more than 2 "
+        "(sinfo: gpu:2): lower it")
+    assert cluster.check_node_gpus({"tiny": {"gpus": 1, "finetune": {"gpus": 2}}}, "cpu") == []
+
+
+def test_gpus_a_node_count_the_partitions_largest_node_of_the_type_asked_for(monkeypatch):
+    """The shipped 13B block before (5 GPUs) fits no 4-GPU node; 4 do (config.yaml), and 5 fit a partition with an
+    8-GPU node; a job over nodes counts its GPUs a node; a typed GPU counts only that type."""
+    _sinfo(monkeypatch, SINFO_SITE)
+    with pytest.raises(cluster.ResourceError, match="models.13b.resources.finetune.gpus asks for 5 GPUs on a node, "
+                       "and no node of partition gpu holds more than 4"):
+        cluster.check_node_gpus({"13b": {"gpus": 1, "finetune": {"gpus": 5}}}, None)
+    shipped = yaml.safe_load((ROOT / "config.yaml").read_text())["models"]
+    assert cluster.check_node_gpus({name: model["resources"] for name, model in shipped.items()}, None) == []
+    assert cluster.check_node_gpus({"13b": {"gpus": 1, "finetune": {"gpus": 5}}}, "big") == []
+    assert cluster.check_node_gpus({"13b": {"gpus": 1, "finetune": {"gpus": 8, "nodes": 2}}}, "gpu") == []
+    with pytest.raises(cluster.ResourceError, match="models.7b.resources.gpus asks for 1 GPU of type a100 on a "
+                       "node, and no node of partition big holds more than 0"):
+        cluster.check_node_gpus({"7b": {"gpus": 1, "gpu_model": "a100"}}, "big")
+    assert cluster.check_node_gpus({"7b": {"gpus": 1}}, "nope") == []  # an unknown partition: check_slurm's
+    _sinfo(monkeypatch, None)
+    assert cluster.check_node_gpus({"7b": {"gpus": 9}}, None) == ["sinfo did not answer: GPUs per node not checked"]
+
+
+def test_a_cluster_run_asking_for_gpus_with_a_cpu_torch_stops_before_any_job(monkeypatch):
+    """The onstart check (Snakefile) reads the jobs' torch without importing it: here a CPU build."""
+    from types import SimpleNamespace as Method
+
+    from arithmech import software
+
+    build = software.torch_build()
+    assert build["cuda"] is None and build["__version__"] == __import__("torch").__version__  # this host's
+    with pytest.raises(software.JobSoftwareError, match=r"whose torch .* is a CPU build \(torch.version.cuda is "
+                       r"None\), and the run asks for GPUs \(compute.device: auto\)"):
+        software.check_gpu_build([], "auto")
+    software.check_gpu_build([], "cpu")  # asked for the CPU
+    software.check_gpu_build([Method(name="CONDA")], "auto")  # the jobs' torch is the conda env's
+    monkeypatch.setattr(software, "torch_build", lambda: {"__version__": "2.13.0", "cuda": "12.8", "hip": None})
+    software.check_gpu_build([], "auto")

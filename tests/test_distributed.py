@@ -9,6 +9,7 @@ import json
 import os
 import shlex
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -156,6 +157,41 @@ def test_a_rank_ended_by_a_signal_shows_its_log(capsys):
     with pytest.raises(RuntimeError, match="process 1 exited with -6"):
         distributed.run_on_gpus(abort_on_rank_one, gpus=2, device="cpu", timeout_s=TIMEOUT_S, seed=0)
     assert "--- rank 1 of 2 ---\nrank 1 aborts" in capsys.readouterr().err
+
+
+def out_of_memory_on_rank_one(seed):
+    if distributed.world()[0] == 1:
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+    time.sleep(60)  # rank 0 still working when rank 1 fails: the launcher stops it
+
+
+def test_a_rank_out_of_gpu_memory_marks_the_jobs_log_for_a_retry_with_a_smaller_batch(tmp_path):
+    """Rank 1 of a 2-process fine-tuning job runs out of GPU memory: the job's process (the launcher, inside
+    `jobs.job` as in a rule script) fails with out-of-memory too, so its log carries the mark and the retry's
+    resources split the batch instead of asking for more host memory (before: "process 1 exited with 1", the
+    host-memory retry, the same batch)."""
+    from types import SimpleNamespace
+
+    from snakemake.iocontainers import Namedlist
+
+    from arithmech.tools import cluster
+
+    log = tmp_path / "finetune" / "full.log"
+    log.parent.mkdir()
+    smk = SimpleNamespace(log=Namedlist([str(log)]), rule="finetune", threads=1,
+                          wildcards=Namedlist(fromdict={"model": "tiny", "method": "full"}),
+                          params=Namedlist(fromdict={"seed": 0, "finetune": {"train": {"batch_size": 4}}}),
+                          resources=Namedlist(fromdict={"batch_split": 1}))
+    with pytest.raises(torch.cuda.OutOfMemoryError, match="rank 1 ran out of GPU memory"):
+        with jobs.job(smk):
+            distributed.run_on_gpus(out_of_memory_on_rank_one, gpus=2, device="cpu", timeout_s=TIMEOUT_S, seed=0)
+    text = log.read_text()
+    assert "--- rank 1 of 2 ---" in text and "OutOfMemoryError: CUDA out of memory" in text  # rank 1's traceback
+    assert cluster.gpu_oom_logged(log)
+    first = cluster.job_resources({"gpus": 1, "mem_mb": 8000, "runtime": 30, "finetune": {"gpus": 2}}, "finetune")
+    retry = cluster.retry_resources(first, 2, cluster.gpu_oom_logged(log))
+    assert (retry["batch_split"], retry["mem_mb"]) == (2, 8000)
+    assert not list(tmp_path.glob("**/*.gpu-oom"))  # the launcher's temporary folder is gone
 
 
 def test_one_gpu_runs_in_this_process(tmp_path):

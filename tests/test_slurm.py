@@ -98,6 +98,9 @@ def write_config(work: Path, model_dir: Path, slurm: dict | None = None, **resou
     config["study"].update(arms=["precise", "full"], seeds={}, random_draws=1)  # every study rule, few jobs
     config["study"]["lr_grid"]["precise"] = [1e-3]
     config["models"]["tiny"]["resources"] = {"gpus": 1, "mem_mb": MEM_MB, "runtime": RUNTIME, **resources}
+    # the test Slurm's GPUs are names (/dev/null): its GPU jobs compute on the CPU, asked for (`device: auto` stops a
+    # job that asked for GPUs and sees none)
+    config["compute"]["device"] = "cpu"
     work.mkdir(parents=True, exist_ok=True)
     (work / "config.yaml").write_text(yaml.safe_dump(config))
     return config

@@ -70,6 +70,10 @@ def _message(error) -> str:
     section = list(error.absolute_path)[:2]
     if error.validator == "enum" and section in (["finetune", "methods"], ["study", "arms"]):
         return unknown_method(error.instance, RECIPE_METHODS if section[0] == "finetune" else tuple(METHODS))
+    if error.validator == "pattern" and list(error.absolute_path)[-1:] == ["gpu_model"]:
+        return (f"{error.instance!r} is not a GPU model the SLURM plugin submits (letters, digits, '_' and '.' "
+                "only; it refuses every job of such a model): leave gpu_model out, or name a partition that holds "
+                "only that GPU")
     return error.message
 
 

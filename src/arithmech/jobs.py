@@ -1,5 +1,6 @@
 """What every rule script does around its entry point: log, seeds, threads, a traceback in the log, the
-batch split a cluster retry asks for, and the job's usage (wall time, peak host and GPU memory) next to its log.
+batch split a cluster retry asks for, a stop when a cluster job that asked for GPUs sees none, and the job's usage
+(wall time, peak host and GPU memory) next to its log.
 
 Standard library only at import (the cluster resources read GPU_OOM_MARK while Snakemake parses the
 workflow), and torch-free, so that jobs which only read tables and draw figures never import it."""
@@ -7,6 +8,7 @@ workflow), and torch-free, so that jobs which only read tables and draw figures 
 from __future__ import annotations
 
 import contextlib
+import os
 import random
 import resource
 import sys
@@ -76,6 +78,54 @@ def gpu_settings(smk) -> dict:
             "timeout_s": 60 * float(runtime) if runtime else None}
 
 
+class NoGpuError(RuntimeError):
+    """A cluster job that asked for GPUs sees none; the message names the likely causes."""
+
+
+def asked_for_gpus(smk) -> bool:
+    """Whether the job asked a cluster for GPUs: its resources give some (`gpu`, or a GPU `gres` over several
+    nodes: arithmech.tools.cluster.rule_resources) and it runs in a Slurm job. A local run ignores the resources:
+    there `compute.device: auto` takes the CPU when no GPU is visible."""
+    resources = getattr(smk, "resources", {})
+    gpus = int(resources.get("gpu", 0) or 0) > 0 or str(resources.get("gres", "") or "").startswith("gpu")
+    return gpus and bool(os.environ.get("SLURM_JOB_ID") or os.environ.get("SLURM_JOBID"))
+
+
+def no_gpu_causes(torch_version: str, torch_cuda: str | None, visible: str | None) -> list[str]:
+    """What likely keeps a job from its GPUs: torch's version and CUDA build (`torch.version.cuda`, None in a CPU
+    build) and CUDA_VISIBLE_DEVICES (None: unset)."""
+    causes = []
+    if torch_cuda is None:
+        causes.append(f"the jobs' torch ({torch_version}, at {sys.executable}) is a CPU build (torch.version.cuda "
+                      "is None): install a CUDA build of torch in the jobs' environment (docs/cluster.md)")
+    if not (visible or "").strip():
+        causes.append(f"Slurm gave the job no GPU (CUDA_VISIBLE_DEVICES is {'unset' if visible is None else 'empty'})"
+                      ": check that the partition's nodes have GPUs (sinfo -o '%P %G')")
+    if torch_cuda is not None and (visible or "").strip():
+        causes.append(f"torch {torch_version} is built for CUDA {torch_cuda} and sees none of the GPUs "
+                      f"{visible}: the node's NVIDIA driver may be older than CUDA {torch_cuda} needs (nvidia-smi on "
+                      "the node shows the newest CUDA its driver takes): install a torch built for that CUDA")
+    return causes
+
+
+def check_gpus_visible(smk) -> None:
+    """Raise `NoGpuError` at once when the job asked a cluster for GPUs (`asked_for_gpus`) and CUDA shows none,
+    unless the rule's `compute.device` is `cpu`: `auto` would otherwise compute on the CPU, in float32, until the
+    job's time limit. Imports torch only for such a job (the jobs that ask for GPUs import it anyway)."""
+    device = (smk.params.get("compute") or {}).get("device", "auto")
+    if device == "cpu" or not asked_for_gpus(smk):
+        return
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    build = torch.version.cuda or getattr(torch.version, "hip", None)  # a ROCm build is no CPU build
+    causes = no_gpu_causes(torch.__version__, build, os.environ.get("CUDA_VISIBLE_DEVICES"))
+    raise NoGpuError(f"rule {smk.rule} asked for GPUs and sees none (compute.device: {device}); it stops rather than "
+                     "compute on the CPU. Likely: " + "; ".join(causes) + ". To compute on the CPU on purpose, set "
+                     "compute.device: cpu.")
+
+
 def is_gpu_oom(err: BaseException) -> bool:
     """torch's out-of-memory error of an accelerator (checked by name: this module does not import torch)."""
     return type(err).__name__ == "OutOfMemoryError" or "CUDA out of memory" in str(err)
@@ -117,7 +167,8 @@ def write_usage(smk, wall_s: float, ok: bool, batch_split: int) -> None:
 @contextlib.contextmanager
 def job(smk):
     """Set up a rule script: stderr/stdout (tqdm progress included) to the rule's log, seeds and threads
-    from the rule, the batch split of a retry (resource `batch_split`); a failure's traceback goes to the log
+    from the rule, the batch split of a retry (resource `batch_split`), a stop when the job asked a cluster for GPUs
+    and sees none (`check_gpus_visible`); a failure's traceback goes to the log
     before Snakemake reports it (after running out of GPU memory, with what to change); the job's usage is
     written next to its log either way."""
     log = open(smk.log[0], "w", buffering=1) if smk.log else None
@@ -133,6 +184,7 @@ def job(smk):
                 print(f"retry after running out of GPU memory: {change}", file=sys.stderr)
         start, ok = time.perf_counter(), False
         try:
+            check_gpus_visible(smk)
             yield
             ok = True
         except BaseException as err:

@@ -17,8 +17,11 @@ Snakemake appends the parsing process's sys.path to every `script:` job's, which
 
 from __future__ import annotations
 
+import ast
 import importlib.util
+import re
 import sys
+from pathlib import Path
 
 # What jobs import (the model, tables, figures) and parsing never does (tests/test_software_routes.py).
 JOB_MODULES = ("torch", "transformers", "datasets", "pandas", "numpy", "pyarrow", "matplotlib")
@@ -50,3 +53,32 @@ def check_job_software(deployment_methods) -> None:
             f"  (b) with a conda environment that Snakemake builds from envs/arithmech.yaml (conda on PATH): "
             f"{ROUTE_COMMANDS['b']}"
         )
+
+
+def torch_build() -> dict[str, str | None] | None:
+    """The version and the CUDA and HIP (ROCm) builds (None: not one) of the torch this Python would import, read
+    from its torch/version.py without importing torch (the check runs in Snakemake's process); None without torch."""
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    text = (Path(list(spec.submodule_search_locations)[0]) / "version.py").read_text()
+    found = dict(re.findall(r"^(__version__|cuda|hip)\b[^=\n]*=\s*(.+?)\s*$", text, re.M))
+    return {key: ast.literal_eval(found.get(key, "None")) for key in ("__version__", "cuda", "hip")}
+
+
+def check_gpu_build(deployment_methods, device: str) -> None:
+    """On a cluster: raise JobSoftwareError when the run asks for GPUs (`compute.device` not `cpu`) and its jobs
+    would run with this Python's torch (no `--sdm conda`), a CPU build: each GPU job would stop at its start
+    (arithmech.jobs.check_gpus_visible). Without torch `check_job_software` speaks."""
+    if device == "cpu" or "CONDA" in {method.name for method in deployment_methods}:
+        return
+    build = torch_build()
+    if build is None or build["cuda"] or build["hip"]:
+        return
+    raise JobSoftwareError(
+        f"the jobs would run with {sys.executable}, whose torch {build['__version__']} is a CPU build "
+        f"(torch.version.cuda is None), and the run asks for GPUs (compute.device: {device}): every GPU job would "
+        "stop at its start. Install torch's CUDA build there (`make setup` on a GPU node, or `make setup "
+        "TORCH='torch==<version> --index-url <PyTorch's CUDA index>'`: docs/cluster.md), run with --sdm conda, or "
+        "set compute.device: cpu to compute on the CPU"
+    )

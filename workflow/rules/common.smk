@@ -49,10 +49,18 @@ def gpu_resources(name):
             name, wildcards, attempt
         ).get(key)
 
-    # one node: gpu, gpu_model, cpus_per_gpu (several GPUs); several nodes: gres, nodes, tasks_per_node, mpi
-    keys = ("gpu", "gpu_model", "mem_mb", "runtime", "batch_split", "cpus_per_gpu")
+    # one node: gpu, gpu_model, cpus_per_gpu (several GPUs), nodes 1; several nodes: gres, nodes, tasks_per_node, mpi
+    keys = (
+        "gpu",
+        "gpu_model",
+        "mem_mb",
+        "runtime",
+        "batch_split",
+        "cpus_per_gpu",
+        "nodes",
+    )
     if name in cluster.TRAINING_RULES:
-        keys += ("gres", "nodes", "tasks_per_node", "mpi")
+        keys += ("gres", "tasks_per_node", "mpi")
     return {
         **{key: get(key) for key in keys},
         **cluster.slurm_settings(config.get("slurm"), gpu=True),

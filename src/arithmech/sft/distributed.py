@@ -38,11 +38,14 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from arithmech.jobs import CPUS_PER_GPU
+from arithmech.jobs import CPUS_PER_GPU, is_gpu_oom
 
 DEFAULT_TIMEOUT_S = 24 * 3600  # a job without a runtime (local runs): one day at most
 POLL_S = 0.2
 FAILED_MARK = "arithmech: rank failed"  # what a failing worker prints before its traceback
+# A worker that ran out of GPU memory leaves this file beside the spec (a file, not an exit code: across nodes srun
+# reports the tasks it killed, not the rank that failed), and the launcher raises out-of-memory in turn.
+GPU_OOM_FILE = "rank{rank}.gpu-oom"
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -243,9 +246,10 @@ def run_on_gpus(fn: Callable, *, gpus: int = 1, device: str = "auto", nodes: int
     (`gpus` 1, the rule's resource), else in G worker processes under one process group (module docstring).
 
     The workers' output goes into this process's stdout (rank 0's, i.e. the rule's log); a rank that fails
-    stops the others and its traceback is written to stderr before this raises. `timeout_s` (the job's runtime;
-    default a day) ends a run that takes longer, every rank included. `nodes` > 1: the workers are `srun` tasks
-    across the job's nodes (`srun_command`), the launcher's host holding the store."""
+    stops the others and its traceback is written to stderr before this raises (torch's OutOfMemoryError when a
+    rank ran out of GPU memory, so that the job marks its log for a retry with a smaller batch: `arithmech.jobs`).
+    `timeout_s` (the job's runtime; default a day) ends a run that takes longer, every rank included. `nodes` > 1:
+    the workers are `srun` tasks across the job's nodes (`srun_command`), the launcher's host holding the store."""
     if nodes > 1 and not slurm_job_id():
         # a local run of a multi-node config (a local run ignores the cluster resources): this machine only
         print(f"nodes={nodes} outside a Slurm job: training on this machine only", file=sys.stderr)
@@ -304,6 +308,12 @@ def run_on_gpus(fn: Callable, *, gpus: int = 1, device: str = "auto", nodes: int
         if failed is not None and srun_text:
             print(f"--- srun ---\n{srun_text}", file=sys.stderr)
         if failed is not None:
+            out_of_memory = [r for r in range(world_size) if (Path(tmp) / GPU_OOM_FILE.format(rank=r)).exists()]
+            if out_of_memory:
+                # as torch's own error, so that the job marks its log for a retry with a smaller batch (arithmech.jobs)
+                raise torch.cuda.OutOfMemoryError(
+                    f"training over {world_size} processes failed: rank {', '.join(map(str, out_of_memory))} ran "
+                    f"out of GPU memory ({failed}); the failing rank's traceback is above")
             raise RuntimeError(f"training over {world_size} processes failed: {failed}; the failing rank's "
                                "traceback is above")
     return None
@@ -399,6 +409,8 @@ def worker_main(argv: list[str]) -> int:
             os._exit(143)
         print(f"{FAILED_MARK}: rank {rank} of {args.world_size}", file=sys.stderr)
         traceback.print_exc(file=sys.stderr)
+        if is_gpu_oom(err):
+            Path(args.spec).with_name(GPU_OOM_FILE.format(rank=rank)).touch()
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(1)  # no teardown: the other ranks may wait in a collective; the launcher stops them

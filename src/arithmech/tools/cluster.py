@@ -11,12 +11,15 @@ Read by the Snakefile while it parses (so standard library only) and by `make pl
 - `retry_resources(...)`: what a retry asks for: after the job ran out of GPU memory (its log says so) a
   smaller batch (`batch_split`, applied by `arithmech.jobs`), otherwise more host memory; more time either way;
 - `slurm_settings(settings)`: account and partitions (config block `slurm`), passed only when set;
-- `check_slurm(settings, environ)`: the account and partitions exist for this user, before any job is queued.
+- `check_slurm(settings, environ)`: the account and partitions exist for this user, before any job is queued;
+- `check_node_gpus(models, partition, environ)`: every job's GPUs a node fit on the partition's nodes (`sinfo`),
+  before any job is queued.
 """
 
 from __future__ import annotations
 
 import getpass
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -84,13 +87,13 @@ def job_resources(resources: dict, rule: str) -> dict:
 
 def rule_resources(first: dict) -> dict:
     """A job's resources (`job_resources`, `retry_resources`) under the names the rules give the SLURM plugin
-    (workflow/rules/common.smk): one node: `gpu` (-> --gpus), `gpu_model`, `cpus_per_gpu`; several nodes: the
+    (workflow/rules/common.smk): one node: `gpu` (-> --gpus), `gpu_model`, `cpus_per_gpu`, `nodes` 1; several nodes: the
     plugin's MPI job, with GPUs per node (`MULTI_NODE`). A value of None is not passed."""
     out = {key: first.get(key) for key in ("mem_mb", "runtime", "cpus_per_gpu")}
     out["batch_split"] = first.get("batch_split", 1)
     nodes = first.get("nodes", 1)
-    if nodes == 1:
-        return out | {"gpu": first.get("gpus", 1), "gpu_model": first.get("gpu_model", "")}
+    if nodes == 1:  # --nodes=1: Slurm may otherwise spread --gpus=G over nodes, and the job step runs on one
+        return out | {"gpu": first.get("gpus", 1), "gpu_model": first.get("gpu_model", ""), "nodes": 1}
     per_node = first["gpus"] // nodes
     model = f"{first['gpu_model']}:" if first.get("gpu_model") else ""
     return out | MULTI_NODE | {"gres": f"gpu:{model}{per_node}", "nodes": nodes, "tasks_per_node": per_node}
@@ -230,3 +233,59 @@ def check_slurm(settings: dict | None, environ: dict, user: str | None = None) -
     if errors:
         raise ClusterSettingError("SLURM settings: " + "; ".join(errors))
     return notes
+
+
+def node_gpus(gres: str, gpu_model: str | None = None) -> int:
+    """The GPUs in a node's generic resources as `sinfo -o %G` prints them ('gpu:a100:4(S:0-1),mps:400', 'gpu:2',
+    '(null)'), only those of type `gpu_model` when it is given."""
+    total = 0
+    for item in re.sub(r"\([^)]*\)", "", gres).split(","):  # (S:0-1): the sockets the GPUs sit on
+        parts = item.strip().split(":")
+        if parts[0] != "gpu" or len(parts) < 2:
+            continue
+        kind, count = (parts[1], parts[2]) if len(parts) > 2 else (None, parts[1])
+        digits = re.match(r"\d+", count)
+        if digits and (not gpu_model or kind == gpu_model):
+            total += int(digits.group())
+    return total
+
+
+def check_node_gpus(models: dict[str, dict], partition: str | None, environ: dict | None = None) -> list[str]:
+    """Before any job is queued: each model's jobs (`models`: name -> its `resources`, the model's own values and
+    each block's) ask for no more GPUs a node (of their `gpu_model`) than the largest node of the GPU `partition`
+    (None: the cluster's default) holds, by `sinfo` (run in `environ`, as `check_slurm`); Slurm would queue such a
+    job for good, or refuse it. Raises `ResourceError` naming each key; returns notes on what could not be
+    checked."""
+    rows = _query(["sinfo", "-h", "-o", "%P|%G"], environ)
+    if rows is None:
+        return ["sinfo did not answer: GPUs per node not checked"]
+    gres_of: dict[str, list[str]] = {}  # partition -> its nodes' generic resources (one row per kind of node)
+    default = None
+    for row in rows:
+        name, _, gres = row.partition("|")
+        if name.endswith("*"):  # sinfo marks the default partition
+            name = default = name[:-1]
+        gres_of.setdefault(name, []).append(gres)
+    partition = partition or default
+    if partition not in gres_of:
+        return []  # an unknown partition: check_slurm names it
+    errors = []
+    for model, resources in models.items():
+        for group in (None, *RESOURCE_GROUPS):
+            block = resources.get(group) or {} if group else {}
+            if group and not block:
+                continue  # the model's own values, checked once
+            res = {key: resources[key] for key in RESOURCE_KEYS if key in resources} | block
+            per_node, gpu_model = res.get("gpus", 1) // res.get("nodes", 1), res.get("gpu_model")
+            most = max(node_gpus(gres, gpu_model) for gres in gres_of[partition])
+            if per_node > most:
+                where = f"models.{model}.resources" + (f".{group}" if group and "gpus" in block else "")
+                kind = f" of type {gpu_model}" if gpu_model else ""
+                errors.append(
+                    f"{where}.gpus asks for {per_node} GPU{'s' * (per_node > 1)}{kind} on a node, and no node of "
+                    f"partition {partition} "
+                    f"holds more than {most} (sinfo: {', '.join(sorted(set(gres_of[partition])))}): lower it"
+                    + (", or spread fine-tuning over nodes (finetune: nodes)" if group == "finetune" else ""))
+    if errors:
+        raise ResourceError("GPUs a node: " + "; ".join(errors))
+    return []

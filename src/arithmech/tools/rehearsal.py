@@ -328,16 +328,21 @@ def per_rule(jobs: pd.DataFrame, planned: dict[str, int] | None = None) -> pd.Da
     return table
 
 
+def cuda_available() -> bool:
+    """Whether this host's torch sees a GPU (the jobs run with the same environment)."""
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def plan_of(work: Path, configs: list[Path], *, root: Path) -> dict:
     """`make plan`'s report (`plan.plan`) for the rehearsal's configuration, in the dtype its jobs run in here
     (compute.dtype auto: float32 without a GPU, which the plan must be told), so that its memory estimates
     can stand beside the measured peaks and its job counts (`planned_jobs`) beside the jobs run. Written to
     work/plan.json."""
-    import torch
-
     work = Path(work)
     dtype = work / "plan-dtype.yaml"
-    dtype.write_text(yaml.safe_dump({} if torch.cuda.is_available() else {"compute": {"dtype": "float32"}}))
+    dtype.write_text(yaml.safe_dump({} if cuda_available() else {"compute": {"dtype": "float32"}}))
     report = plan([*configs, dtype], root=root, workdir=work)
     write_json(report, work / "plan.json")
     return report
@@ -494,6 +499,8 @@ def run(work: Path, *, root: Path | None = None, size: str = "quick", jobs: int 
     extra = overlay(model_dir, hub, size, peak, slurm)
     resources = extra["models"]["rehearsal"]["resources"]
     resources["mem_mb"] = min(resources["mem_mb"], node_mb)
+    if not cuda_available():  # a Slurm of GPU names only (the test cluster's): compute on the CPU, as asked for
+        update_config(extra, {"compute": {"device": "cpu"}})
     (work / "rehearsal.yaml").write_text(yaml.safe_dump(extra, sort_keys=False))
     load_config(configs, root=root)  # a config the schema refuses fails here, not in the first job
     report = plan_of(work, configs, root=root)
