@@ -46,15 +46,18 @@ plan: $(STAMP)
 # Slurm (arithmech.tools.rehearsal): every job, and from sacct its state, wall time and peak memory. With SLURM_CONF
 # unset it is the test suite's one-node cluster (tests/slurm/cluster.sh; as root, started here when down and stopped
 # after), its account and partitions unless SLURM_ACCOUNT, SLURM_PARTITION, SLURM_CPU_PARTITION say otherwise (its
-# CPU partition: every job goes through sbatch and sacct). REHEARSAL_ARGS, e.g. '--size full' (the paper's data
-# sizes: hours on 2 cores) or '--work /scratch/rehearsal'.
+# CPU partition: every job goes through sbatch and sacct). Nothing is sourced: `cluster.sh env` prints the client's
+# variables once it has checked that the cluster's state directory is root's alone, and fails otherwise, as when no
+# test cluster runs (then set SLURM_CONF). REHEARSAL_ARGS, e.g. '--size full' (the paper's data sizes: hours on 2
+# cores) or '--work /scratch/rehearsal'.
 REHEARSAL_SLURM = if [ -z "$${SLURM_CONF:-}" ]; then \
 		if [ "$$(id -u)" = 0 ] && ! bash tests/slurm/cluster.sh status >/dev/null 2>&1; then \
 			trap 'bash tests/slurm/cluster.sh stop' EXIT; trap 'exit 130' INT TERM; \
 			bash tests/slurm/cluster.sh up || exit 1; \
 		fi; \
-		. "$${ARITHMECH_SLURM_DIR:-/tmp/arithmech-slurm}/env.sh" 2>/dev/null || { echo "no Slurm: set SLURM_CONF," \
-			"or start the test cluster: sudo bash tests/slurm/cluster.sh up" >&2; exit 1; }; \
+		slurm_env="$$(bash tests/slurm/cluster.sh env)" || { echo "no Slurm: set SLURM_CONF to your cluster's" \
+			"slurm.conf, or start the test cluster: sudo bash tests/slurm/cluster.sh up" >&2; exit 1; }; \
+		eval "$$slurm_env"; \
 		export SLURM_ACCOUNT="$${SLURM_ACCOUNT:-$$ARITHMECH_SLURM_ACCOUNT}" \
 			SLURM_PARTITION="$${SLURM_PARTITION:-$$ARITHMECH_SLURM_PARTITION}" \
 			SLURM_CPU_PARTITION="$${SLURM_CPU_PARTITION:-$$ARITHMECH_SLURM_CPU_PARTITION}"; \
