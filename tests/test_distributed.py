@@ -407,6 +407,33 @@ def test_a_client_without_the_secret_cannot_join_or_change_a_key(monkeypatch):
         server.server_close()
 
 
+def test_the_secret_store_answers_as_torch_s_stores_do():
+    """What torch.distributed asks of a store: set/get (waiting for a key, up to the timeout), add, compare_set
+    (TCPStore's semantics), check, wait, delete_key, num_keys, clone."""
+    import datetime
+    import secrets
+
+    import torch.distributed as dist
+
+    server = distributed.SecretStoreServer(secrets.token_bytes(32))
+    try:
+        store = distributed.SecretStore("127.0.0.1", server.port, server.secret, datetime.timedelta(seconds=2))
+        store.clone().set("a", "b")
+        assert store.get("a") == b"b" and store.add("n", 2) == 2 and store.add("n", 3) == 5
+        assert store.compare_set("n", "5", "7") == b"7" and store.compare_set("n", "5", "9") == b"7"
+        assert store.compare_set("new", "", "x") == b"x" and store.compare_set("absent", "q", "x") == b"q"
+        assert store.check(["a", "n"]) and not store.check(["absent"])
+        store.wait(["a", "n"])
+        assert store.num_keys() == 3 and store.delete_key("a") and not store.delete_key("a")
+        with pytest.raises(dist.DistStoreError, match="timed out after 2 s waiting for key 'absent'"):
+            store.get("absent")
+        with pytest.raises(dist.DistStoreError, match="timed out after 0.5 s"):
+            store.wait(["absent"], datetime.timedelta(seconds=0.5))
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 def write_marker(path, seed):
     Path(path).write_text("ran")
 

@@ -360,7 +360,7 @@ class SecretStore(dist.Store):
                 raise PermissionError(f"the store at {self.host}:{self.port} refused this client (a wrong "
                                       "secret?)") from err
         if "error" in answer:
-            raise RuntimeError(f"store: {answer['error']}")
+            raise dist.DistStoreError(f"store: {answer['error']}")
         return answer
 
     @staticmethod
@@ -391,6 +391,9 @@ class SecretStore(dist.Store):
 
     def num_keys(self):
         return int(self._call({"op": "num_keys"}, self._timeout_s())["value"])
+
+    def clone(self):  # what torch.distributed does where it splits or shrinks a group
+        return SecretStore(self.host, self.port, self.secret, self.timeout)
 
 
 @contextlib.contextmanager
