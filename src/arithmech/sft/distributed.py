@@ -14,7 +14,7 @@ job step strips SLURM_* variables), the rendezvous store held by the launcher it
 node), and a failing rank's traceback copied into the rule's log while the other ranks are stopped.
 
 The rendezvous is the job's alone (`rendezvous`): on one node a file store in the launcher's private (0700)
-directory, so nothing listens on the network; across nodes a store on the launcher's host that answers only a
+directory, so no store listens on the network; across nodes a store on the launcher's host that answers only a
 client proving it holds the run's random secret (`SecretStore`), which travels in that private directory (on the
 shared file system), never on a command line. What the ranks exchange is tensors and JSON, never a pickle; the
 one pickle, the call itself, is read from that private directory. The collectives' own connections (gloo's,
