@@ -45,29 +45,32 @@ plan: $(STAMP)
 # The paper's configuration rehearsed at LLaMA2-7B's shape on a tiny random model, through the SLURM profile on a real
 # Slurm (arithmech.tools.rehearsal): every job, and from sacct its state, wall time and peak memory. With SLURM_CONF
 # unset it is the test suite's one-node cluster (tests/slurm/cluster.sh; as root, started here when down and stopped
-# after), its account and partitions unless SLURM_ACCOUNT, SLURM_PARTITION, SLURM_CPU_PARTITION say otherwise (its
-# CPU partition: every job goes through sbatch and sacct). REHEARSAL_ARGS, e.g. '--size full' (the paper's data
-# sizes: hours on 2 cores) or '--work /scratch/rehearsal'.
+# after), with its account and partitions (its CPU partition too: every job goes through sbatch and sacct); on your
+# own Slurm give yours: REHEARSAL_ARGS='--account A --partition P --cpu-partition C' (the config block `slurm`).
+# Nothing is sourced: `cluster.sh env` prints the client's variables once it has checked that the cluster's state
+# directory is root's alone, and fails otherwise, as when no test cluster runs (then set SLURM_CONF). REHEARSAL_ARGS, e.g. '--size full' (the paper's data sizes: hours on 2
+# cores) or '--work /scratch/rehearsal'.
 REHEARSAL_SLURM = if [ -z "$${SLURM_CONF:-}" ]; then \
 		if [ "$$(id -u)" = 0 ] && ! bash tests/slurm/cluster.sh status >/dev/null 2>&1; then \
 			trap 'bash tests/slurm/cluster.sh stop' EXIT; trap 'exit 130' INT TERM; \
 			bash tests/slurm/cluster.sh up || exit 1; \
 		fi; \
-		. "$${ARITHMECH_SLURM_DIR:-/tmp/arithmech-slurm}/env.sh" 2>/dev/null || { echo "no Slurm: set SLURM_CONF," \
-			"or start the test cluster: sudo bash tests/slurm/cluster.sh up" >&2; exit 1; }; \
-		export SLURM_ACCOUNT="$${SLURM_ACCOUNT:-$$ARITHMECH_SLURM_ACCOUNT}" \
-			SLURM_PARTITION="$${SLURM_PARTITION:-$$ARITHMECH_SLURM_PARTITION}" \
-			SLURM_CPU_PARTITION="$${SLURM_CPU_PARTITION:-$$ARITHMECH_SLURM_CPU_PARTITION}"; \
+		slurm_env="$$(bash tests/slurm/cluster.sh env)" || { echo "no Slurm: set SLURM_CONF to your cluster's" \
+			"slurm.conf, or start the test cluster: sudo bash tests/slurm/cluster.sh up" >&2; exit 1; }; \
+		eval "$$slurm_env"; \
+		where="--account $$ARITHMECH_SLURM_ACCOUNT --partition $$ARITHMECH_SLURM_PARTITION"; \
+		where="$$where --cpu-partition $$ARITHMECH_SLURM_CPU_PARTITION"; \
 	fi;
 rehearsal: $(STAMP)
-	@$(REHEARSAL_SLURM) $(BIN)/python -m arithmech.tools.rehearsal $(REHEARSAL_ARGS)
+	@where=; $(REHEARSAL_SLURM) $(BIN)/python -m arithmech.tools.rehearsal $$where $(REHEARSAL_ARGS)
 
 # After `make rehearsal`: the costliest job (by make plan) of each GPU rule whose largest batch grows from the
 # quick size to the full one, at the full run's largest batch (--size peak), on the quick rehearsal's results.
 PEAK_TARGETS = results/rehearsal/finetune/full results/rehearsal/eval/base/gsm8k.parquet \
 	results/rehearsal/knockout/transfer.parquet
 rehearsal-peak: $(STAMP)
-	@$(REHEARSAL_SLURM) $(BIN)/python -m arithmech.tools.rehearsal --size peak --work rehearsal-peak --seed-from rehearsal \
+	@where=; $(REHEARSAL_SLURM) $(BIN)/python -m arithmech.tools.rehearsal $$where --size peak --work rehearsal-peak \
+		--seed-from rehearsal \
 		--targets $(PEAK_TARGETS) $(REHEARSAL_ARGS)
 
 # The SLURM tests run on a real one-node Slurm (tests/slurm/cluster.sh). As root, a cluster that is down is started

@@ -203,18 +203,18 @@ def test_one_gpu_runs_in_this_process(tmp_path):
 
 def test_multi_node_launch_command():
     """Across nodes: one srun task per GPU, every count explicit (the plugin's job step strips SLURM_*)."""
-    worker = distributed.worker_command(Path("/shared/call.pkl"), world_size=8, store=("node1", 29500),
-                                        backend="nccl", timeout_s=7200)
+    worker = distributed.worker_command(Path("/shared/call.pkl"), world_size=8, backend="nccl", timeout_s=7200)
+    # the store's address and secret are in the spec's private directory, not on the command line
     assert worker[1:] == ["-m", "arithmech.sft.distributed", "/shared/call.pkl", "--world-size", "8",
-                          "--store", "node1:29500", "--backend", "nccl", "--timeout-s", "7200"]
+                          "--backend", "nccl", "--timeout-s", "7200"]
     cmd = distributed.srun_command(worker, job_id="4242", nodes=2, world_size=8, cpus_per_task=4)
     assert cmd[:8] == ["srun", "--jobid=4242", "--nodes=2", "--ntasks=8", "--ntasks-per-node=4", "--gpus-per-task=1",
                        "--cpus-per-task=4", "--kill-on-bad-exit=1"]
     assert cmd[8:] == worker
     with pytest.raises(ValueError, match="multiple of its nodes"):
         distributed.srun_command(worker, job_id="1", nodes=3, world_size=8, cpus_per_task=1)
-    local = distributed.worker_command(Path("c.pkl"), world_size=2, store=("127.0.0.1", 1), backend="gloo",
-                                       timeout_s=60, rank=1, local_rank=1)
+    local = distributed.worker_command(Path("c.pkl"), world_size=2, backend="gloo", timeout_s=60, rank=1,
+                                       local_rank=1)
     assert local[-4:] == ["--rank", "1", "--local-rank", "1"]
 
 
@@ -283,24 +283,23 @@ def test_a_two_node_job_launches_one_srun_task_per_gpu(tmp_path, monkeypatch, ca
 
 def srun_in_job(out: str) -> None:
     """Run in a real Slurm job as a multi-node job's process (tests/test_cluster_resources.py's 2 x 2 job shrunk
-    to the test Slurm's one node): the store here, the spec in the shared `out`, 2 workers started with the srun
-    command `run_on_gpus` uses across nodes (`multi_node_command`), nodes=1."""
-    import datetime
+    to the test Slurm's one node): the multi-node rendezvous here (the secret store), the spec in a private
+    directory in the shared `out`, 2 workers started with the srun command `run_on_gpus` uses across nodes
+    (`multi_node_command`), nodes=1."""
     import pickle
     import subprocess
     import sys
+    import tempfile
 
-    import torch.distributed as dist
-
-    store = dist.TCPStore("127.0.0.1", 0, None, True, datetime.timedelta(seconds=120), wait_for_workers=False)
-    spec = Path(out, "call.pkl")
-    spec.write_bytes(pickle.dumps((report_rank, {"out": out, "seed": 0})))
-    worker = distributed.worker_command(spec, world_size=2, store=("127.0.0.1", store.port), backend="gloo",
-                                        timeout_s=120)
-    cmd = distributed.multi_node_command(worker, tmp=out, job_id=distributed.slurm_job_id(), nodes=1, world_size=2,
-                                         cpus_per_task=1)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-    subprocess.run(cmd, env=env, timeout=180, check=True)
+    ranks_dir = Path(tempfile.mkdtemp(dir=out))
+    with distributed.rendezvous(ranks_dir, nodes=2):
+        spec = ranks_dir / distributed.SPEC_FILE
+        distributed.write_private(spec, pickle.dumps((report_rank, {"out": out, "seed": 0})))
+        worker = distributed.worker_command(spec, world_size=2, backend="gloo", timeout_s=120)
+        cmd = distributed.multi_node_command(worker, tmp=ranks_dir, job_id=distributed.slurm_job_id(), nodes=1,
+                                             world_size=2, cpus_per_task=1)
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        subprocess.run(cmd, env=env, timeout=180, check=True)
 
 
 @pytest.mark.slow
@@ -360,3 +359,145 @@ def test_rank_batches_split_each_micro_batch():
     assert ft.rank_batches(step, 2, 1, 2, False) == [(["b"], 1)]
     assert ft.rank_batches(step, 2, 1, 2, True) == [(["b"], 2), (["c"], 0)]
     assert ft.rank_batches(list("abcd"), 4, 1, 2, True) == [(["b", "d"], 2)]
+
+
+# --- the rendezvous: the job's alone --------------------------------------------------------------------------
+
+
+def listening(pid: int) -> list[tuple[str, int]]:
+    """The (address, port) of every TCP socket process `pid` listens on (from /proc)."""
+    import ipaddress
+
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[len("socket:["):-1])
+    found = []
+    for table in ("tcp", "tcp6"):
+        for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] != "0A" or fields[9] not in inodes:  # 0A: LISTEN
+                continue
+            address, port = fields[1].split(":")
+            raw = bytes.fromhex(address)  # 32-bit words in host (little-endian) order
+            ip = ipaddress.ip_address(b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4)))
+            found.append((str(getattr(ip, "ipv4_mapped", None) or ip), int(port, 16)))
+    return found
+
+
+def report_rendezvous(out, seed):
+    """A worker: what another user of this machine could reach or read of the run."""
+    rank, _ = distributed.world()
+    Path(out, f"rank{rank}.json").write_text(json.dumps({
+        "launcher_listens": listening(os.getppid()), "listens": listening(os.getpid()), "argv": sys.argv,
+        "spec_dir_mode": oct(Path(sys.argv[1]).parent.stat().st_mode & 0o777)}))
+
+
+def test_one_node_rendezvous_listens_on_no_network(tmp_path):
+    """One node: the launcher's store is a file in its private (0700) directory, not a TCP listener on every
+    interface; gloo's own connections listen on loopback only; no store address is on the workers' command line."""
+    distributed.run_on_gpus(report_rendezvous, gpus=2, device="cpu", timeout_s=TIMEOUT_S, out=str(tmp_path), seed=0)
+    for rank in range(2):
+        seen = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert seen["launcher_listens"] == [], seen  # the launcher is this (pytest) process
+        assert all(address.startswith("127.") for address, _ in seen["listens"]), seen
+        assert seen["spec_dir_mode"] == "0o700" and "--store" not in seen["argv"]
+
+
+def test_a_client_without_the_secret_cannot_join_or_change_a_key(monkeypatch):
+    """Several nodes: the store answers only a client that proves the run's secret. A client with another secret,
+    PyTorch's own TCPStore client (what the rendezvous used to serve) and raw bytes get nothing: no key read,
+    written, added or deleted, and the job's client still reads its own value."""
+    import datetime
+    import secrets
+    import socket
+
+    import torch.distributed as dist
+
+    monkeypatch.setattr(distributed, "_HANDSHAKE_S", 1.0)  # a stranger's connection is dropped after this
+    timeout = datetime.timedelta(seconds=5)
+    server = distributed.SecretStoreServer(secrets.token_bytes(32))
+    try:
+        job = distributed.SecretStore("127.0.0.1", server.port, server.secret, timeout)
+        job.set("rank_1/address", b"the job's")
+        stranger = distributed.SecretStore("127.0.0.1", server.port, secrets.token_bytes(32), timeout)
+        for attempt in (lambda: stranger.set("rank_1/address", b"mine"), lambda: stranger.get("rank_1/address"),
+                        lambda: stranger.add("barrier", 1), lambda: stranger.delete_key("rank_1/address"),
+                        lambda: stranger.num_keys()):
+            with pytest.raises(PermissionError, match="another secret"):
+                attempt()
+        with pytest.raises(Exception):
+            dist.TCPStore("127.0.0.1", server.port, None, False, datetime.timedelta(seconds=3)).set(
+                "rank_1/address", "mine")
+        with socket.create_connection(("127.0.0.1", server.port), timeout=5) as raw:
+            raw.sendall(b"\0" * 100 + json.dumps({"op": "set", "key": "rank_1/address", "value": "00"}).encode())
+            assert raw.recv(1 << 16)[:32]  # the server's nonce and proof, then nothing
+        assert server.values == {"rank_1/address": b"the job's"}
+        assert job.get("rank_1/address") == b"the job's" and job.num_keys() == 1
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_the_secret_store_answers_as_torch_s_stores_do():
+    """What torch.distributed asks of a store: set/get (waiting for a key, up to the timeout), add, compare_set
+    (TCPStore's semantics), check, wait, delete_key, num_keys, clone."""
+    import datetime
+    import secrets
+
+    import torch.distributed as dist
+
+    server = distributed.SecretStoreServer(secrets.token_bytes(32))
+    try:
+        store = distributed.SecretStore("127.0.0.1", server.port, server.secret, datetime.timedelta(seconds=2))
+        store.clone().set("a", "b")
+        assert store.get("a") == b"b" and store.add("n", 2) == 2 and store.add("n", 3) == 5
+        assert store.compare_set("n", "5", "7") == b"7" and store.compare_set("n", "5", "9") == b"7"
+        assert store.compare_set("new", "", "x") == b"x" and store.compare_set("absent", "q", "x") == b"q"
+        assert store.check(["a", "n"]) and not store.check(["absent"])
+        store.wait(["a", "n"])
+        assert store.num_keys() == 3 and store.delete_key("a") and not store.delete_key("a")
+        with pytest.raises(dist.DistStoreError, match="timed out after 2 s waiting for key 'absent'"):
+            store.get("absent")
+        with pytest.raises(dist.DistStoreError, match="timed out after 0.5 s"):
+            store.wait(["absent"], datetime.timedelta(seconds=0.5))
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def write_marker(path, seed):
+    Path(path).write_text("ran")
+
+
+def test_a_worker_runs_no_call_from_a_directory_others_may_write(tmp_path):
+    """The call is a pickle: a worker runs it only from a directory that is this user's alone (0700)."""
+    import pickle
+    import subprocess
+
+    shared = tmp_path / "ranks"
+    shared.mkdir(mode=0o755)
+    shared.chmod(0o755)
+    (shared / distributed.RENDEZVOUS_FILE).write_text(json.dumps({"file": str(shared / "store")}))
+    (shared / distributed.SPEC_FILE).write_bytes(pickle.dumps((write_marker, {"path": str(tmp_path / "m"), "seed": 0})))
+    cmd = distributed.worker_command(shared / distributed.SPEC_FILE, world_size=1, backend="gloo", timeout_s=30,
+                                     rank=0, local_rank=0)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)})
+    assert proc.returncode == 1 and "refusing to run the call" in proc.stderr and "mode 755" in proc.stderr
+    assert not (tmp_path / "m").exists()
+
+
+def test_no_collective_unpickles():
+    """What ranks send each other is tensors (JSON as bytes), never a pickle: no *_object collective in the package."""
+    import arithmech
+
+    unpickling = ("broadcast_object_list", "all_gather_object", "gather_object", "scatter_object_list",
+                  "recv_object_list")
+    found = [(p.name, name) for p in Path(arithmech.__file__).parent.rglob("*.py") for name in unpickling
+             if name in p.read_text()]
+    assert found == []

@@ -15,6 +15,7 @@ import json
 import os
 import platform
 import shutil
+import stat
 import tempfile
 from contextlib import contextmanager
 from importlib import metadata
@@ -26,18 +27,23 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 PROVENANCE_KEY = b"arithmech"
+# Set to 1, model copies and checkpoints keep the group's write bit where the umask gives it (a team that shares them)
+GROUP_WRITABLE_ENV = "ARITHMECH_GROUP_WRITABLE"
 _VERSIONED = ("arithmech", "torch", "transformers", "numpy", "pandas", "pyarrow", "safetensors", "snakemake")
 
 
 @contextmanager
-def atomic_path(path: str | Path) -> Iterator[Path]:
-    """Yield a temporary path in the target's folder; rename it onto `path` only if the block succeeds."""
+def atomic_path(path: str | Path, protect: bool = False) -> Iterator[Path]:
+    """Yield a temporary path in the target's folder; rename it onto `path` only if the block succeeds. With
+    `protect` (model copies, checkpoints) the file is writable by its owner alone (`protected_bits`)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     tmp = Path(tmp)
     mode = 0o666 & ~_umask()  # mkstemp makes the file private; results are meant to be shared
+    if protect:
+        mode &= ~protected_bits()
     tmp.chmod(mode)
     try:
         yield tmp
@@ -49,9 +55,10 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
 
 
 @contextmanager
-def atomic_dir(path: str | Path) -> Iterator[Path]:
+def atomic_dir(path: str | Path, protect: bool = False) -> Iterator[Path]:
     """Yield a new empty directory next to `path`; if the block succeeds it takes the place of `path` (a
-    directory or nothing), else it is removed.
+    directory or nothing), else it is removed. With `protect` (model copies, checkpoints) the directory and
+    everything written in it lose the write bits of `protected_bits` before it takes its place.
 
     A directory cannot be renamed onto a non-empty one, so an old `path` is first renamed aside, into a
     hidden `.{name}.old-*` sibling, and removed once the new one is in place. A kill at any point leaves at
@@ -64,9 +71,11 @@ def atomic_dir(path: str | Path) -> Iterator[Path]:
     for stale in [*path.parent.glob(f".{name}.tmp-*"), *path.parent.glob(f".{name}.old-*")]:
         shutil.rmtree(stale, ignore_errors=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
-    tmp.chmod(0o777 & ~_umask())  # mkdtemp makes it private; results are meant to be shared
+    tmp.chmod(0o777 & ~_umask() & ~(protected_bits() if protect else 0))  # mkdtemp's is private; results are shared
     try:
         yield tmp
+        if protect:
+            protect_tree(tmp)
         if path.exists():
             old = Path(tempfile.mkdtemp(prefix=f".{path.name}.old-", dir=path.parent))
             os.replace(path, old / path.name)
@@ -82,6 +91,46 @@ def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+def protected_bits() -> int:
+    """The write bits that model copies and checkpoints never have, whatever the umask: the group's and others'
+    (a group-writable results/ otherwise lets a group member swap the weights a later job loads or resumes
+    from), or only others' where ARITHMECH_GROUP_WRITABLE=1 asks for group-writable ones."""
+    return stat.S_IWOTH if os.environ.get(GROUP_WRITABLE_ENV) == "1" else stat.S_IWGRP | stat.S_IWOTH
+
+
+def protect_tree(root: str | Path) -> None:
+    """Clear `protected_bits` on `root` and on everything under it (symlinks are left alone, not followed)."""
+    bits = protected_bits()
+    for path in [Path(root), *Path(root).rglob("*")]:
+        info = path.lstat()
+        if not stat.S_ISLNK(info.st_mode) and info.st_mode & bits:
+            path.chmod(stat.S_IMODE(info.st_mode) & ~bits)
+
+
+def path_problem(path: str | Path) -> str | None:
+    """Why `path` (a file or directory) could have been written by another user, or None: a symlink, another
+    owner, or a write bit of `protected_bits`."""
+    info = Path(path).lstat()
+    if stat.S_ISLNK(info.st_mode):
+        return f"{path} is a symlink"
+    if info.st_uid != os.geteuid():
+        return f"{path} is owned by uid {info.st_uid}, not by this user (uid {os.geteuid()})"
+    if info.st_mode & protected_bits():
+        who = "others" if info.st_mode & stat.S_IWOTH else "its group"
+        return f"{path} is writable by {who} (mode {stat.S_IMODE(info.st_mode):o})"
+    return None
+
+
+def tree_problem(root: str | Path) -> str | None:
+    """`path_problem` of `root` or of the first thing under it that has one, or None. What a job trusts enough to
+    unpickle (a checkpoint) passes this."""
+    for path in [Path(root), *sorted(Path(root).rglob("*"))]:
+        problem = path_problem(path)
+        if problem:
+            return problem
+    return None
 
 
 def package_versions() -> dict[str, str]:

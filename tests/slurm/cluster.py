@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import signal
 import subprocess
 import time
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 SCRIPT = Path(__file__).with_name("cluster.sh")
-STATE = Path(os.environ.get("ARITHMECH_SLURM_DIR", "/tmp/arithmech-slurm"))
+STATE = Path(os.environ.get("ARITHMECH_SLURM_DIR", "/var/lib/arithmech-slurm"))  # cluster.sh's default
 HOW_TO_START = f"start it with `sudo bash {SCRIPT.relative_to(SCRIPT.parents[2])} up`"
 
 # What `sacct` reports per job and step, in the order asked for.
@@ -29,8 +30,11 @@ class ClusterUnavailable(RuntimeError):
     """The cluster is not up and cannot be started here (not root, or Slurm not installed)."""
 
 
-def run_script(command: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", str(SCRIPT), command], capture_output=True, text=True, timeout=timeout)
+def run_script(command: str, timeout: float = 300, state: Path | None = None) -> subprocess.CompletedProcess:
+    """`cluster.sh COMMAND`, on the cluster whose state is in `state` (default: the script's own default, or
+    ARITHMECH_SLURM_DIR's)."""
+    env = {**os.environ, "ARITHMECH_SLURM_DIR": str(state)} if state is not None else None
+    return subprocess.run(["bash", str(SCRIPT), command], capture_output=True, text=True, timeout=timeout, env=env)
 
 
 def is_up() -> bool:
@@ -52,12 +56,16 @@ def stop() -> None:
 
 
 def read_env(state: Path = STATE) -> dict[str, str]:
-    """The `export NAME=value` lines of the env.sh that cluster.sh writes."""
+    """What a Slurm client needs (SLURM_CONF, the account and partitions), from `cluster.sh env`: only once the
+    script has checked that the state directory is root's alone and the cluster is up (a SLURM_CONF from a
+    directory another user could write would be their code in every client)."""
+    proc = run_script("env", timeout=60, state=state)
+    if proc.returncode:
+        raise ClusterUnavailable(f"`cluster.sh env` refused: {proc.stderr.strip()}")
     env = {}
-    for line in (state / "env.sh").read_text().splitlines():
-        if line.startswith("export "):
-            name, _, value = line[len("export "):].partition("=")
-            env[name] = value
+    for line in proc.stdout.splitlines():
+        name, _, value = line.removeprefix("export ").partition("=")
+        env[name] = shlex.split(value)[0] if value else ""
     return env
 
 

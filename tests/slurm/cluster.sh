@@ -1,9 +1,14 @@
 #!/usr/bin/env bash
 # A real one-node Slurm on this machine for the test suite (Debian 12's Slurm 22.05 with accounting):
-#   bash tests/slurm/cluster.sh install|start|stop|status|up      (up = install + start; install and start need root)
-# Everything lives in one state directory, $ARITHMECH_SLURM_DIR (default /tmp/arithmech-slurm): the configs
+#   bash tests/slurm/cluster.sh install|start|stop|status|up|env (up = install + start; install and start need root)
+# Everything lives in one state directory, $ARITHMECH_SLURM_DIR (default /var/lib/arithmech-slurm): the configs
 # written from the templates next to this script, munge's key and socket, the database, spool, logs, PID files.
-# Clients need only SLURM_CONF, which $STATE/env.sh exports (`source` it, or read it as the pytest fixture does).
+# Its configs are code to every Slurm client, root writes and chowns in it and `stop` kills by its PID files: it
+# must be root's alone, so every command refuses a state directory that is not root's, is writable by anyone
+# else, or lies under a directory that another user could change (`state_problem`). Root-owned /var/lib (not a
+# name in /tmp, which anyone could create first) and on disk (the database is ~100 MB; /run is often a small tmpfs).
+# Clients need only SLURM_CONF: `eval "$(bash tests/slurm/cluster.sh env)"` exports it (and the account and
+# partitions), after checking the state directory and that the cluster is up; the pytest fixture reads the same.
 # The cluster: node `localhost` with this machine's CPUs, RealMemory below its memory, 2 GPUs as a GRES (device
 # files are symlinks to /dev/null), partitions `gpu` (default) and `cpu`, account `proj42` (root's default, and
 # $SUDO_USER's) and account `other`, which no user may use. The daemons listen on 0.0.0.0:6817-6819 (Slurm 22.05
@@ -11,7 +16,9 @@
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-STATE="${ARITHMECH_SLURM_DIR:-/tmp/arithmech-slurm}"
+DEFAULT_STATE=/var/lib/arithmech-slurm
+LEGACY_STATE=/tmp/arithmech-slurm # earlier versions' default: daemons root started from there are stopped (below)
+STATE="${ARITHMECH_SLURM_DIR:-$DEFAULT_STATE}"
 DB_PORT="${ARITHMECH_SLURM_DB_PORT:-6820}"
 PACKAGES=(slurm-wlm slurmdbd munge mariadb-server)
 DAEMONS=(munged mariadbd slurmdbd slurmctld slurmd) # in start order
@@ -23,6 +30,46 @@ export SLURM_CONF="$STATE/etc/slurm.conf"
 
 say() { echo "cluster.sh: $*" >&2; }
 die() { say "error: $*"; exit 1; }
+
+# --- the state directory: root's alone --------------------------------------------------------------------------
+
+state_problem() { # state_problem DIR: print why DIR cannot hold this cluster's state (nothing: it can)
+    local dir="$1" path="" part uid mode
+    local -a parts paths=(/)
+    [[ "$dir" == /* ]] || { echo "$dir is not an absolute path"; return; }
+    IFS=/ read -ra parts <<<"${dir#/}"
+    for part in "${parts[@]}"; do
+        case "$part" in "") continue ;; . | ..) echo "$dir is not a normalised path"; return ;; esac
+        path="$path/$part"
+        paths+=("$path")
+    done
+    for path in "${paths[@]}"; do
+        if [ -L "$path" ]; then echo "$path is a symlink"; return; fi
+        [ -e "$path" ] || return 0 # the rest does not exist yet: root creates it (cmd_start), then checks again
+        [ -d "$path" ] || { echo "$path is not a directory"; return; }
+        read -r uid mode < <(stat -c '%u %a' "$path")
+        [ "$uid" = 0 ] || { echo "$path is owned by uid $uid, not by root"; return; }
+        # group- or world-writable: refused, but for a parent with the sticky bit (/tmp: no one may rename or
+        # remove another's entry there)
+        if ((8#$mode & 8#022)) && { [ "$path" = "${paths[-1]}" ] || ! ((8#$mode & 8#1000)); }; then
+            echo "$path is writable by group or others (mode $mode)"
+            return
+        fi
+    done
+}
+
+check_state() { # check_state DIR: die unless DIR can hold the state
+    local problem
+    problem="$(state_problem "$1")"
+    [ -z "$problem" ] || die "refusing the state directory $1: $problem. It must be root's alone, and every" \
+        "directory above it root's and writable by no one else (unless sticky): remove it, or set" \
+        "ARITHMECH_SLURM_DIR to another path"
+}
+
+use_state() { # use_state DIR: the commands below act on the cluster whose state is in DIR
+    STATE="$1"
+    export SLURM_CONF="$STATE/etc/slurm.conf"
+}
 
 need_root() {
     [ "$(id -u)" = 0 ] || die "'$1' needs root (it $2); run: sudo bash tests/slurm/cluster.sh $1"
@@ -135,16 +182,7 @@ write_configs() {
     chmod 644 "$STATE"/etc/{slurm,cgroup,gres}.conf "$STATE/etc/my.cnf"
     ln -sfn /dev/null "$STATE/dev/gpu0"
     ln -sfn /dev/null "$STATE/dev/gpu1"
-    cat >"$STATE/env.sh.tmp" <<EOF
-# Written by tests/slurm/cluster.sh: what a Slurm client (sbatch, sacct, srun, scontrol, sinfo, sacctmgr) needs.
-export SLURM_CONF=$STATE/etc/slurm.conf
-export ARITHMECH_SLURM_ACCOUNT=$ACCOUNT
-export ARITHMECH_SLURM_OTHER_ACCOUNT=$OTHER_ACCOUNT
-export ARITHMECH_SLURM_PARTITION=gpu
-export ARITHMECH_SLURM_CPU_PARTITION=cpu
-EOF
-    mv "$STATE/env.sh.tmp" "$STATE/env.sh"
-    chmod 644 "$STATE/env.sh"
+    rm -f "$STATE/env.sh" # earlier versions' file for `source`: `cluster.sh env` says the same, checked
 }
 
 # Inside a job, the executor plugin's job step drops every SLURM_* variable, SLURM_CONF too, before its nested
@@ -275,7 +313,9 @@ cmd_start() {
     if all_running && node_ready; then say "already up ($STATE)"; return; fi
     need_root start "starts munged, mariadbd, slurmdbd, slurmctld and slurmd as root"
     installed || die "Slurm is not installed; run: sudo bash tests/slurm/cluster.sh up"
-    mkdir -p "$STATE"
+    stop_legacy # its daemons hold the ports this cluster's need
+    (umask 022 && mkdir -p "$STATE")
+    check_state "$STATE" # again, now that it exists: root created it, no one else
     exec 9>"$STATE/.lock" # the daemons are started with 9>&-: they must not hold the lock
     flock 9 # two test sessions starting at once start one cluster
     if all_running && node_ready; then say "already up ($STATE)"; return; fi
@@ -298,7 +338,7 @@ cmd_start() {
         fail_with_log slurmd "the node did not become idle"
     }
     cancel_ghost_jobs "$since"
-    say "up in $((SECONDS - t0))s: source $STATE/env.sh (SLURM_CONF=$SLURM_CONF)"
+    say "up in $((SECONDS - t0))s (SLURM_CONF=$SLURM_CONF); a client's environment: eval \"\$(bash $0 env)\""
 }
 
 no_jobs() { [ -z "$(squeue -h -o %A 2>/dev/null)" ]; }
@@ -307,7 +347,23 @@ no_jobs() { [ -z "$(squeue -h -o %A 2>/dev/null)" ]; }
 # what jobs left behind when no slurmctld could cancel them.
 job_pids() { find "/sys/fs/cgroup/freezer/slurm_$NODE" -name cgroup.procs -exec cat {} + 2>/dev/null || true; }
 
+# The daemons of an earlier version's state directory, $LEGACY_STATE, when root made it (as checked for any state
+# directory) and ARITHMECH_SLURM_DIR does not name a state: stopped, so that this one may start.
+legacy_running() {
+    [ -z "${ARITHMECH_SLURM_DIR:-}" ] && [ "$STATE" != "$LEGACY_STATE" ] && [ -d "$LEGACY_STATE" ] || return 1
+    [ -z "$(state_problem "$LEGACY_STATE")" ] || return 1
+    (use_state "$LEGACY_STATE" && any_running)
+}
+
+stop_legacy() {
+    legacy_running || return 0
+    say "the daemons of $LEGACY_STATE (where earlier versions kept the state) are running: stopping them"
+    (use_state "$LEGACY_STATE" && cmd_stop)
+    say "$LEGACY_STATE is no longer used: remove it with rm -rf $LEGACY_STATE"
+}
+
 cmd_stop() {
+    stop_legacy
     if ! any_running; then
         [ "$(id -u)" != 0 ] || unlink_default_conf
         say "nothing running ($STATE)"
@@ -349,14 +405,28 @@ cmd_status() {
         sinfo -o "%P %a %D %T %c %m %G" || rc=1
         node_ready || { echo "node $NODE is not usable: $(node_state)$(sinfo -h -R -n "$NODE" -o %E)"; rc=1; }
     fi
+    if legacy_running; then
+        echo "daemons started from $LEGACY_STATE (earlier versions' state directory) are running:" \
+            "sudo bash tests/slurm/cluster.sh stop stops them"
+        rc=1
+    fi
     return "$rc"
+}
+
+# What a Slurm client needs, as shell `export` lines (for eval): the cluster's config and its account and
+# partitions. Written from this script's own values, not read from a file, once the state and the cluster pass.
+cmd_env() {
+    all_running || die "the test cluster is not up ($STATE); start it: sudo bash tests/slurm/cluster.sh up"
+    printf 'export %s=%q\n' SLURM_CONF "$SLURM_CONF" ARITHMECH_SLURM_ACCOUNT "$ACCOUNT" \
+        ARITHMECH_SLURM_OTHER_ACCOUNT "$OTHER_ACCOUNT" ARITHMECH_SLURM_PARTITION gpu ARITHMECH_SLURM_CPU_PARTITION cpu
 }
 
 case "${1:-}" in
     install) cmd_install ;;
-    start) cmd_start ;;
-    stop) cmd_stop ;;
-    status) cmd_status ;;
-    up) cmd_install && cmd_start ;;
-    *) die "usage: bash tests/slurm/cluster.sh install|start|stop|status|up" ;;
+    start) check_state "$STATE" && cmd_start ;;
+    stop) check_state "$STATE" && cmd_stop ;;
+    status) check_state "$STATE" && cmd_status ;;
+    up) check_state "$STATE" && cmd_install && cmd_start ;;
+    env) check_state "$STATE" && cmd_env ;;
+    *) die "usage: bash tests/slurm/cluster.sh install|start|stop|status|up|env" ;;
 esac

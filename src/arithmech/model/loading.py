@@ -85,7 +85,7 @@ def prepare_model(source: dict, out_dir: str | Path, *, model_cache: str | None 
     huggingface_hub finds; `model` (the config's name for it) goes into its errors."""
     out_dir = Path(out_dir)
     record: dict = {"source": dict(source)}
-    with atomic_dir(out_dir) as tmp:
+    with atomic_dir(out_dir, protect=True) as tmp:  # what every later job loads: writable by this user alone
         if "package" in source or str(source.get("path", "")).endswith(".gguf"):
             gguf = _package_file(source["package"], source["file"]) if "package" in source else Path(source["path"])
             if not gguf.is_file():

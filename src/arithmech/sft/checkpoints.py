@@ -5,34 +5,78 @@ Trained over several processes (`arithmech.sft.distributed`): the head methods a
 tensors and optimizer state on every rank, so rank 0 writes them as one process does (with every rank's RNG
 state); full fine-tuning with FSDP2 is written by every rank, its own shards, with torch.distributed.checkpoint
 (`sharded/`): gathering a 7B model's weights and AdamW moments on one host would need about 16 bytes a
-parameter of host memory there, and DCP reshards on load, so a run may resume under another number of GPUs."""
+parameter of host memory there, and DCP reshards on load, so a run may resume under another number of GPUs.
+
+A resume trusts what it reads (DCP's `.metadata` is a pickle, and its byte items load with weights_only=False),
+so it reads only what this user alone could have written: `latest` names one of the run's own step-NNNNNNNN
+directories, and the checkpoint directory and everything in it belong to this user and are writable by no one
+else (`io.tree_problem`; checkpoints are written so, `io.protected_bits`); anything else is refused, naming it."""
 
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
+import stat
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
 
-from arithmech.io import atomic_dir, atomic_path, write_json
+from arithmech.io import atomic_dir, atomic_path, path_problem, protected_bits, tree_problem, write_json
 from arithmech.sft import distributed
 
 # Training-config fields a resumed run may change: how long it runs and how often it checkpoints.
 RESUMABLE_CHANGES = ("epochs", "max_steps", "checkpoint_every")
 SHARDED_DIR = "sharded"  # full fine-tuning over several processes: torch.distributed.checkpoint's files
+LATEST_FILE = "latest"
+STEP_NAME = re.compile(r"step-\d{8}")  # save_checkpoint's names: the only ones `latest` may hold
+
+
+class UnsafeCheckpoint(PermissionError):
+    """A checkpoint that someone other than this user could have written or redirected: never resumed from."""
+
+
+def _refuse(checkpoint_dir: Path, why: str):
+    raise UnsafeCheckpoint(f"refusing to resume from checkpoint directory {checkpoint_dir}: {why}. A checkpoint must "
+                           "be this user's own and writable by no one else; delete the directory to start the run "
+                           "afresh")
 
 
 def latest_checkpoint(checkpoint_dir: str | Path) -> Path | None:
-    """The newest complete checkpoint in `checkpoint_dir` (named by its `latest` file), or None."""
+    """The newest complete checkpoint in `checkpoint_dir` (named by its `latest` file), or None. Refused
+    (`UnsafeCheckpoint`): a directory that is a symlink or another user's, a `latest` that names anything but one
+    of the directory's own step-NNNNNNNN entries, and a checkpoint that another user owns or may write (module
+    docstring)."""
     checkpoint_dir = Path(checkpoint_dir)
-    pointer = checkpoint_dir / "latest"
-    if pointer.is_file() and (checkpoint_dir / pointer.read_text().strip()).is_dir():
-        return checkpoint_dir / pointer.read_text().strip()
-    # Killed between renaming a checkpoint into place and updating `latest`: the step-* dirs are complete.
-    steps = sorted(checkpoint_dir.glob("step-*")) if checkpoint_dir.is_dir() else []
-    return steps[-1] if steps else None
+    if not os.path.lexists(checkpoint_dir):
+        return None
+    info = checkpoint_dir.lstat()
+    if not stat.S_ISDIR(info.st_mode):
+        _refuse(checkpoint_dir, "it is not a directory (a symlink or a file)")
+    if info.st_uid != os.geteuid():
+        _refuse(checkpoint_dir, f"it is owned by uid {info.st_uid}, not by this user (uid {os.geteuid()})")
+    pointer = checkpoint_dir / LATEST_FILE
+    steps = sorted(p for p in checkpoint_dir.iterdir() if STEP_NAME.fullmatch(p.name))
+    if not steps and not os.path.lexists(pointer):
+        return None  # nothing to resume: save_checkpoint makes the directory private before writing
+    problem = path_problem(checkpoint_dir) or (path_problem(pointer) if os.path.lexists(pointer) else None)
+    if problem:
+        _refuse(checkpoint_dir, problem)
+    chosen = steps[-1] if steps else None  # killed between renaming a step into place and updating `latest`
+    if os.path.lexists(pointer):
+        name = pointer.read_text().strip()
+        if not STEP_NAME.fullmatch(name):
+            _refuse(checkpoint_dir, f"its {LATEST_FILE} names {name!r}, not one of its own step-NNNNNNNN entries")
+        if os.path.lexists(checkpoint_dir / name):
+            chosen = checkpoint_dir / name
+    if chosen is None:
+        return None
+    problem = tree_problem(chosen)  # what a resume reads: this user's alone
+    if problem:
+        _refuse(checkpoint_dir, problem)
+    return chosen
 
 
 def save_checkpoint(checkpoint_dir: str | Path, ft, optimizer: torch.optim.Optimizer, *, step: int,
@@ -54,15 +98,17 @@ def save_checkpoint(checkpoint_dir: str | Path, ft, optimizer: torch.optim.Optim
     if ft.lm.device.type == "cuda":  # every GPU's: a model spread over several draws dropout on each
         rng["cuda"] = torch.cuda.get_rng_state_all()
     world = distributed.world()[1]
-    every_rank = distributed.gather(rng) if world > 1 else None
+    every_rank = gather_rng(rng) if world > 1 else None
     if not distributed.is_main():  # rank 0 writes; a sharded model's shards come from every rank
         if ft.sharded:
-            save_shards(ft, optimizer, distributed.broadcast(None))
+            save_shards(ft, optimizer, Path(distributed.broadcast(None)))
         distributed.barrier()
         return final
-    with atomic_dir(final) as tmp:  # the same step written again (a rerun) replaces it
+    checkpoint_dir.mkdir(parents=True, exist_ok=True)
+    checkpoint_dir.chmod(stat.S_IMODE(checkpoint_dir.stat().st_mode) & ~protected_bits())  # as the resume wants it
+    with atomic_dir(final, protect=True) as tmp:  # the same step written again (a rerun) replaces it
         if ft.sharded:
-            save_shards(ft, optimizer, distributed.broadcast(tmp))
+            save_shards(ft, optimizer, Path(distributed.broadcast(str(tmp))))
         else:
             save_file({n: p.detach().contiguous().cpu() for n, p in ft.params.items()},
                       str(tmp / "trainable.safetensors"))
@@ -75,13 +121,22 @@ def save_checkpoint(checkpoint_dir: str | Path, ft, optimizer: torch.optim.Optim
         if world > 1:
             state |= {"world_size": world, "sharded": ft.sharded}
         write_json(state, tmp / "trainer.json")
-    with atomic_path(checkpoint_dir / "latest") as pointer:
+    with atomic_path(checkpoint_dir / LATEST_FILE, protect=True) as pointer:
         pointer.write_text(name + "\n")
     for old in checkpoint_dir.glob("step-*"):
         if old.name != name:
             shutil.rmtree(old, ignore_errors=True)
     distributed.barrier()
     return final
+
+
+def gather_rng(rng: dict) -> list[dict]:
+    """Every rank's RNG states (`rng`: "cpu", and "cuda" on a GPU), by rank, gathered as tensors."""
+    cpu = distributed.gather_tensor(rng["cpu"])
+    if "cuda" not in rng:
+        return [{"cpu": c} for c in cpu]
+    cuda = distributed.gather_tensor(torch.stack(rng["cuda"]))
+    return [{"cpu": c, "cuda": list(g.unbind())} for c, g in zip(cpu, cuda)]
 
 
 def sharded_state(ft, optimizer: torch.optim.Optimizer) -> dict:

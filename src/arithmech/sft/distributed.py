@@ -13,25 +13,41 @@ several (one `srun` task per GPU, `worker_command`), rank and world size passed 
 job step strips SLURM_* variables), the rendezvous store held by the launcher itself (so rank 0 may be on any
 node), and a failing rank's traceback copied into the rule's log while the other ranks are stopped.
 
+The rendezvous is the job's alone (`rendezvous`): on one node a file store in the launcher's private (0700)
+directory, so no store listens on the network; across nodes a store on the launcher's host that answers only a
+client proving it holds the run's random secret (`SecretStore`), which travels in that private directory (on the
+shared file system), never on a command line. What the ranks exchange is tensors and JSON, never a pickle; the
+one pickle, the call itself, is read from that private directory. The collectives' own connections (gloo's,
+NCCL's) are not authenticated: docs/cluster.md says what a multi-node job assumes of the network.
+
 Every multi-process run has a timeout (the store's and the process group's, and the launcher's wall clock), and
 workers pass a barrier before `destroy_process_group` (a run can hang at teardown without it).
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+import hashlib
+import hmac
+import json
 import os
 import pickle
+import secrets
 import shlex
 import signal
 import socket
+import socketserver
+import stat
+import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 import torch
@@ -99,22 +115,30 @@ def all_reduce_max(value: int) -> int:
     return _all_reduce(value, dist.ReduceOp.MAX, torch.int64, int)
 
 
-def broadcast(obj):
-    """Rank 0's `obj` on every rank (a picklable object; itself in one process)."""
+def broadcast(value):
+    """Rank 0's `value` (a JSON value) on every rank; itself in one process. Sent as the bytes of its JSON in a
+    tensor: a rank never unpickles what it receives."""
     if world()[1] == 1:
-        return obj
-    box = [obj]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
+        return value
+    data = json.dumps(value).encode() if is_main() else b""
+    size = torch.tensor([len(data)], dtype=torch.int64, device=reduce_device())
+    dist.broadcast(size, src=0)
+    if is_main():
+        dist.broadcast(torch.frombuffer(bytearray(data), dtype=torch.uint8).to(reduce_device()), src=0)
+        return value
+    buf = torch.empty(int(size.item()), dtype=torch.uint8, device=reduce_device())
+    dist.broadcast(buf, src=0)
+    return json.loads(buf.cpu().numpy().tobytes().decode())
 
 
-def gather(obj) -> list:
-    """Every rank's `obj`, by rank, on every rank."""
+def gather_tensor(tensor: torch.Tensor) -> list[torch.Tensor]:
+    """Every rank's `tensor` (of one shape and dtype on every rank), by rank, on every rank's CPU."""
     if world()[1] == 1:
-        return [obj]
-    out = [None] * world()[1]
-    dist.all_gather_object(out, obj)
-    return out
+        return [tensor]
+    local = tensor.to(reduce_device())
+    out = [torch.empty_like(local) for _ in range(world()[1])]
+    dist.all_gather(out, local)
+    return [t.cpu() for t in out]
 
 
 def barrier() -> None:
@@ -175,6 +199,247 @@ def unsharded_copy(model: nn.Module, state: dict[str, torch.Tensor], dtype: torc
 
 
 # ---------------------------------------------------------------------------------------------------
+# The rendezvous: a store only the job's own processes can reach
+
+SPEC_FILE = "call.pkl"  # the call (fn, kwargs), pickled: read only from the launcher's private directory
+RENDEZVOUS_FILE = "rendezvous.json"  # how a worker joins: the file store's path, or the store's address and secret
+STORE_FILE = "store"
+_NONCE = 32
+_MAX_MESSAGE = 64 << 20  # what the store holds is small (addresses, NCCL ids); a stranger's length is not trusted
+_HANDSHAKE_S = 10.0  # a connection that does not prove the secret in time is dropped
+
+
+def private_dir_problem(path: Path) -> str | None:
+    """Why `path` is not a directory that this user alone can read and write (a symlink, another owner, or open
+    to group or others), or None."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return f"{path} does not exist"
+    if not stat.S_ISDIR(info.st_mode):
+        return f"{path} is not a directory (a symlink or a file)"
+    if info.st_uid != os.geteuid():
+        return f"{path} is owned by uid {info.st_uid}, not by this user (uid {os.geteuid()})"
+    if info.st_mode & 0o077:
+        return f"{path} has mode {stat.S_IMODE(info.st_mode):o}: group or others may read or write it"
+    return None
+
+
+def _send(sock: socket.socket, message: dict) -> None:
+    data = json.dumps(message).encode()
+    sock.sendall(struct.pack(">I", len(data)) + data)
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    chunks, left = [], n
+    while left:
+        chunk = sock.recv(left)
+        if not chunk:
+            raise ConnectionError("the store's connection closed")
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
+def _recv(sock: socket.socket) -> dict:
+    (size,) = struct.unpack(">I", _recv_exact(sock, 4))
+    if size > _MAX_MESSAGE:
+        raise ConnectionError(f"a store message of {size} bytes")
+    return json.loads(_recv_exact(sock, size).decode())
+
+
+def _proof(secret: bytes, role: bytes, first: bytes, second: bytes) -> bytes:
+    return hmac.new(secret, role + first + second, hashlib.sha256).digest()
+
+
+class _StoreHandler(socketserver.BaseRequestHandler):
+    """One connection: the handshake (both sides prove the secret without sending it), then one request."""
+
+    def handle(self) -> None:
+        server: SecretStoreServer = self.server  # type: ignore[assignment]
+        sock = self.request
+        sock.settimeout(_HANDSHAKE_S)
+        try:
+            client_nonce = _recv_exact(sock, _NONCE)
+            nonce = secrets.token_bytes(_NONCE)
+            sock.sendall(nonce + _proof(server.secret, b"server", client_nonce, nonce))
+            expected = _proof(server.secret, b"client", nonce, client_nonce)
+            if not hmac.compare_digest(_recv_exact(sock, _NONCE), expected):
+                return  # not the job's: dropped before it may read or write anything
+            sock.settimeout(None)
+            request = _recv(sock)
+            _send(sock, server.answer(request))
+        except (OSError, ValueError, KeyError, TypeError, struct.error):
+            return
+
+
+class SecretStoreServer(socketserver.ThreadingTCPServer):
+    """The keys of a multi-node run, served on this host (all interfaces: the other nodes connect) to clients that
+    prove they hold `secret` (`SecretStore`). Keys are strings, values bytes; no value is ever unpickled."""
+
+    daemon_threads = True
+    allow_reuse_address = False
+
+    def __init__(self, secret: bytes):
+        super().__init__(("", 0), _StoreHandler)
+        self.secret = secret
+        self.values: dict[str, bytes] = {}
+        self.changed = threading.Condition()
+        threading.Thread(target=self.serve_forever, name="arithmech-store", daemon=True).start()
+
+    @property
+    def port(self) -> int:
+        return self.server_address[1]
+
+    def _wait(self, keys: list[str], timeout_s: float) -> bool:  # with self.changed held
+        return self.changed.wait_for(lambda: all(k in self.values for k in keys), timeout=timeout_s)
+
+    def answer(self, request: dict) -> dict:
+        op, key, timeout_s = request["op"], request.get("key"), float(request.get("timeout_s", 0))
+        with self.changed:
+            if op == "set":
+                self.values[key] = bytes.fromhex(request["value"])
+                self.changed.notify_all()
+                return {"ok": True}
+            if op == "get":
+                if not self._wait([key], timeout_s):
+                    return {"error": f"timed out after {timeout_s:g} s waiting for key {key!r}"}
+                return {"value": self.values[key].hex()}
+            if op == "add":
+                value = int(self.values.get(key, b"0")) + int(request["amount"])
+                self.values[key] = str(value).encode()
+                self.changed.notify_all()
+                return {"value": value}
+            if op == "compare_set":
+                expected, desired = bytes.fromhex(request["expected"]), bytes.fromhex(request["desired"])
+                if key not in self.values:
+                    if expected:
+                        return {"value": expected.hex()}
+                    self.values[key] = desired
+                elif self.values[key] == expected:
+                    self.values[key] = desired
+                self.changed.notify_all()
+                return {"value": self.values[key].hex()}
+            if op == "check":
+                return {"value": all(k in self.values for k in request["keys"])}
+            if op == "wait":
+                if not self._wait(request["keys"], timeout_s):
+                    return {"error": f"timed out after {timeout_s:g} s waiting for keys {request['keys']!r}"}
+                return {"ok": True}
+            if op == "delete_key":
+                return {"value": self.values.pop(key, None) is not None}
+            if op == "num_keys":
+                return {"value": len(self.values)}
+        return {"error": f"unknown store operation {op!r}"}
+
+
+class SecretStore(dist.Store):
+    """A client of a `SecretStoreServer`: a torch.distributed store (what `init_process_group` takes) whose every
+    request opens a connection, proves the secret and checks the server's proof (a process that took the port
+    after the launcher ended cannot answer), then sends one JSON request."""
+
+    def __init__(self, host: str, port: int, secret: bytes, timeout: datetime.timedelta):
+        super().__init__()
+        self.host, self.port, self.secret = host, int(port), secret
+        self.set_timeout(timeout)
+
+    def _timeout_s(self, timeout=None) -> float:
+        return (timeout or self.timeout).total_seconds()
+
+    def _call(self, request: dict, timeout_s: float) -> dict:
+        with socket.create_connection((self.host, self.port), timeout=_HANDSHAKE_S) as sock:
+            nonce = secrets.token_bytes(_NONCE)
+            sock.sendall(nonce)
+            reply = _recv_exact(sock, 2 * _NONCE)
+            server_nonce, proof = reply[:_NONCE], reply[_NONCE:]
+            if not hmac.compare_digest(proof, _proof(self.secret, b"server", nonce, server_nonce)):
+                raise PermissionError(f"the store at {self.host}:{self.port} holds another secret than this run's")
+            sock.sendall(_proof(self.secret, b"client", server_nonce, nonce))
+            sock.settimeout(timeout_s + _HANDSHAKE_S)
+            _send(sock, {**request, "timeout_s": timeout_s})
+            try:
+                answer = _recv(sock)
+            except ConnectionError as err:
+                raise PermissionError(f"the store at {self.host}:{self.port} refused this client (a wrong "
+                                      "secret?)") from err
+        if "error" in answer:
+            raise dist.DistStoreError(f"store: {answer['error']}")
+        return answer
+
+    @staticmethod
+    def _bytes(value) -> bytes:
+        return value.encode() if isinstance(value, str) else bytes(value)
+
+    def set(self, key, value):
+        self._call({"op": "set", "key": key, "value": self._bytes(value).hex()}, self._timeout_s())
+
+    def get(self, key):
+        return bytes.fromhex(self._call({"op": "get", "key": key}, self._timeout_s())["value"])
+
+    def add(self, key, amount):
+        return int(self._call({"op": "add", "key": key, "amount": int(amount)}, self._timeout_s())["value"])
+
+    def compare_set(self, key, expected, desired):
+        return bytes.fromhex(self._call({"op": "compare_set", "key": key, "expected": self._bytes(expected).hex(),
+                                         "desired": self._bytes(desired).hex()}, self._timeout_s())["value"])
+
+    def check(self, keys):
+        return bool(self._call({"op": "check", "keys": list(keys)}, self._timeout_s())["value"])
+
+    def wait(self, keys, timeout=None):
+        self._call({"op": "wait", "keys": list(keys)}, self._timeout_s(timeout))
+
+    def delete_key(self, key):
+        return bool(self._call({"op": "delete_key", "key": key}, self._timeout_s())["value"])
+
+    def num_keys(self):
+        return int(self._call({"op": "num_keys"}, self._timeout_s())["value"])
+
+    def clone(self):  # what torch.distributed does where it splits or shrinks a group
+        return SecretStore(self.host, self.port, self.secret, self.timeout)
+
+
+@contextlib.contextmanager
+def rendezvous(directory: Path, *, nodes: int) -> Iterator[SecretStoreServer | None]:
+    """While the block runs, the store the workers join through (`join_rendezvous`), as directory/rendezvous.json
+    says; `directory` is the launcher's private one. One node: a file store in `directory` (nothing listens on the
+    network; only this user can open it). Several nodes: a `SecretStoreServer` on this host (yielded) with a fresh
+    random secret, which the workers read from the file: it appears on no command line and in no environment."""
+    problem = private_dir_problem(directory)
+    if problem:
+        raise PermissionError(f"the ranks' directory must be private: {problem}")
+    server = SecretStoreServer(secrets.token_bytes(32)) if nodes > 1 else None
+    try:
+        if server is not None:
+            how = {"host": socket.gethostname(), "port": server.port, "secret": server.secret.hex()}
+        else:
+            how = {"file": str(Path(directory) / STORE_FILE)}
+        write_private(Path(directory) / RENDEZVOUS_FILE, json.dumps(how).encode())
+        yield server
+    finally:
+        if server is not None:
+            server.shutdown()
+            server.server_close()
+
+
+def write_private(path: Path, data: bytes) -> None:
+    """A new file readable by this user alone (it must not exist)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as out:
+        out.write(data)
+
+
+def join_rendezvous(directory: Path, world_size: int, timeout: datetime.timedelta) -> dist.Store:
+    """The store a worker joins the process group through, as directory/rendezvous.json says (`rendezvous`)."""
+    how = json.loads((Path(directory) / RENDEZVOUS_FILE).read_text())
+    if "file" in how:
+        store = dist.FileStore(how["file"], world_size)
+        store.set_timeout(timeout)
+        return store
+    return SecretStore(how["host"], how["port"], bytes.fromhex(how["secret"]), timeout)
+
+
+# ---------------------------------------------------------------------------------------------------
 # The launcher (the job's own process)
 
 
@@ -208,13 +473,14 @@ def slurm_job_id() -> str | None:
     return os.environ.get("SLURM_JOB_ID") or os.environ.get("SLURM_JOBID") or None
 
 
-def worker_command(spec: Path, *, world_size: int, store: tuple[str, int], backend: str, timeout_s: float,
-                   rank: int | None = None, local_rank: int | None = None) -> list[str]:
-    """The command of one worker: `python -m arithmech.sft.distributed` with the spec file, the world size, the
-    store's address and port, the backend and the timeout; rank and local rank given (local processes) or read
-    by the worker from the SLURM_PROCID / SLURM_LOCALID that its own `srun` task sets (several nodes)."""
+def worker_command(spec: Path, *, world_size: int, backend: str, timeout_s: float, rank: int | None = None,
+                   local_rank: int | None = None) -> list[str]:
+    """The command of one worker: `python -m arithmech.sft.distributed` with the spec file (in the launcher's
+    private directory, beside the rendezvous file: no address or secret on the command line), the world size, the
+    backend and the timeout; rank and local rank given (local processes) or read by the worker from the
+    SLURM_PROCID / SLURM_LOCALID that its own `srun` task sets (several nodes)."""
     cmd = [sys.executable, "-m", "arithmech.sft.distributed", str(spec), "--world-size", str(world_size),
-           "--store", f"{store[0]}:{store[1]}", "--backend", backend, "--timeout-s", str(int(timeout_s))]
+           "--backend", backend, "--timeout-s", str(int(timeout_s))]
     if rank is not None:
         cmd += ["--rank", str(rank), "--local-rank", str(local_rank if local_rank is not None else rank)]
     return cmd
@@ -258,22 +524,22 @@ def run_on_gpus(fn: Callable, *, gpus: int = 1, device: str = "auto", nodes: int
     if world_size == 1:
         return fn(**kwargs)
     timeout_s = float(timeout_s or DEFAULT_TIMEOUT_S)
-    # The rendezvous store lives here, so workers on any node find it; port 0: the system picks a free one.
-    host = socket.gethostname() if nodes > 1 else "127.0.0.1"
-    store = dist.TCPStore(host, 0, None, True, datetime.timedelta(seconds=timeout_s), wait_for_workers=False)
     # the job's CPUs shared by its ranks on this node (a cluster job asks for cpus_per_gpu: arithmech.tools.cluster)
     threads = max(1, len(os.sched_getaffinity(0)) // (world_size // max(1, nodes)))
     if nodes > 1:  # a task asks for no more CPUs than the job has per GPU (this process's may be the whole node's)
         threads = min(threads, CPUS_PER_GPU)
-    # several nodes need a shared file system for the spec and the logs: the working directory's
-    with tempfile.TemporaryDirectory(prefix=".arithmech-ranks-", dir=Path.cwd() if nodes > 1 else None) as tmp:
-        spec = Path(tmp) / "call.pkl"
-        spec.write_bytes(pickle.dumps((fn, kwargs)))
+    # several nodes need a shared file system for the spec and the logs: the working directory's. The directory is
+    # private (mkdtemp: 0700), and so is what the workers trust from it: the call and the rendezvous.
+    with tempfile.TemporaryDirectory(prefix=".arithmech-ranks-", dir=Path.cwd() if nodes > 1 else None) as tmp, \
+            rendezvous(Path(tmp), nodes=nodes):
+        spec = Path(tmp) / SPEC_FILE
+        write_private(spec, pickle.dumps((fn, kwargs)))
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p), "OMP_NUM_THREADS": str(threads)}
+        if nodes == 1 and backend == "gloo":  # gloo's own connections between the ranks: on loopback only
+            env.setdefault("GLOO_SOCKET_IFNAME", "lo")
         logs = [Path(tmp) / f"rank{r}.log" for r in range(world_size)]
         if nodes > 1:
-            worker = worker_command(spec, world_size=world_size, store=(host, store.port), backend=backend,
-                                    timeout_s=timeout_s)
+            worker = worker_command(spec, world_size=world_size, backend=backend, timeout_s=timeout_s)
             print(f"training over {world_size} processes on {nodes} nodes ({backend}); rank 0's output follows "
                   "when it ends", flush=True)
             cmd = multi_node_command(worker, tmp=tmp, job_id=slurm_job_id(), nodes=nodes, world_size=world_size,
@@ -287,8 +553,8 @@ def run_on_gpus(fn: Callable, *, gpus: int = 1, device: str = "auto", nodes: int
             live = output_fd()  # rank 0 writes straight into the rule's log, so its progress shows as it runs
             procs = []
             for r in range(world_size):
-                cmd = worker_command(spec, world_size=world_size, store=(host, store.port), backend=backend,
-                                     timeout_s=timeout_s, rank=r, local_rank=r)
+                cmd = worker_command(spec, world_size=world_size, backend=backend, timeout_s=timeout_s, rank=r,
+                                     local_rank=r)
                 # one GPU each (NCCL): the rank loads the model on it as a one-GPU job does
                 own = {"CUDA_VISIBLE_DEVICES": gpus[r]} if backend == "nccl" else {}
                 with open(logs[r], "w") as log:
@@ -364,14 +630,14 @@ def stop(procs: list[subprocess.Popen], grace_s: float = 10.0) -> None:
 
 
 def worker_main(argv: list[str]) -> int:
-    """One rank: join the process group through the launcher's store, run the spec's call, and pass a barrier
-    before tearing the group down. A failure prints its traceback and exits 1 (the launcher stops the rest)."""
+    """One rank: join the process group through the launcher's rendezvous (`join_rendezvous`), run the spec's call
+    (after checking that its directory is private), and pass a barrier before tearing the group down. A failure
+    prints its traceback and exits 1 (the launcher stops the rest)."""
     import argparse
 
     parser = argparse.ArgumentParser(prog="python -m arithmech.sft.distributed")
     parser.add_argument("spec")
     parser.add_argument("--world-size", type=int, required=True)
-    parser.add_argument("--store", required=True)
     parser.add_argument("--backend", default="gloo")
     parser.add_argument("--timeout-s", type=float, default=DEFAULT_TIMEOUT_S)
     parser.add_argument("--rank", type=int, default=None)
@@ -388,9 +654,12 @@ def worker_main(argv: list[str]) -> int:
     # SIGTERM from the launcher: unwind, so that atomic writes remove their temporary directories
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     timeout = datetime.timedelta(seconds=args.timeout_s)
-    host, port = args.store.rsplit(":", 1)
+    directory = Path(args.spec).parent
     try:
-        store = dist.TCPStore(host, int(port), args.world_size, False, timeout)
+        problem = private_dir_problem(directory)  # the call is a pickle: only from a directory no one else writes
+        if problem:
+            raise PermissionError(f"refusing to run the call in {args.spec}: {problem}")
+        store = join_rendezvous(directory, args.world_size, timeout)
         dist.init_process_group(args.backend, store=store, rank=rank, world_size=args.world_size, timeout=timeout)
         from arithmech.jobs import seed_everything
 

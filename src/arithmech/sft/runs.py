@@ -67,7 +67,7 @@ def save_training_run(*, ft, stats, wall_s: float, out_dir, checkpoints, meta: d
     the run's checkpoints: a rerun starts afresh. Returns the stats record."""
     from arithmech.sft.deltas import save_trained
 
-    with atomic_dir(out_dir) as tmp:
+    with atomic_dir(out_dir, protect=True) as tmp:  # a model copy that later jobs load: writable by this user alone
         save_trained(ft, tmp / trained_name(ft.method.name), {"provenance": meta})
         for name, table in tables.items():
             write_parquet(table, tmp / name, meta)
