@@ -92,6 +92,7 @@ def prepare_model(source: dict, out_dir: str | Path, *, model_cache: str | None 
                 raise ModelSourceError(f"GGUF file not found: {gguf}")
             record["gguf_file"] = str(gguf)
             record["sha256"] = _verify_sha256(gguf, source.get("sha256"))
+            check_gguf(gguf)
             _save_dequantized_gguf(gguf, tmp)
             record["load_from"] = "."
         elif "path" in source:
@@ -138,6 +139,23 @@ def _snapshot(repo_id: str, revision: str | None, model_cache: str | None, model
                                       allow_patterns=hub.DOWNLOAD_PATTERNS))
     except Exception as err:  # the hub client raises many types; the user needs the one message
         raise ModelSourceError(f"{what}: {hub.hub_problem(err, repo_id, revision, directory)}") from err
+
+
+def check_gguf(gguf: Path) -> None:
+    """Refuse a GGUF file whose header declares an unsupported architecture, or whose float32 copy would not fit
+    this host's memory, before transformers dequantises it (which it does before looking at the architecture)."""
+    from arithmech.model.gguf_header import GGUFHeaderError, memory_problem, read_gguf_header
+
+    try:
+        header = read_gguf_header(gguf)
+    except (GGUFHeaderError, OSError) as err:
+        raise ModelSourceError(f"could not read the GGUF header of {gguf}: {err}") from err
+    if header.architecture not in LLAMA_FAMILY:
+        raise ModelSourceError(f"GGUF file {gguf} declares architecture '{header.architecture}' "
+                               f"(general.architecture); supported: {', '.join(LLAMA_FAMILY)}")
+    problem = memory_problem(header, gguf)
+    if problem:
+        raise ModelSourceError(problem)
 
 
 def _save_dequantized_gguf(gguf: Path, out_dir: Path) -> None:
