@@ -14,6 +14,7 @@ from types import SimpleNamespace
 import pandas as pd
 import pytest
 
+from arithmech import hub_lock
 from arithmech.data import datasets as data
 
 from arithmech.data import formatting
@@ -300,9 +301,10 @@ def test_fetch_hub_writes_the_checked_parquet_file_atomically(tmp_path, monkeypa
         return datasets.Dataset.from_dict({"question": ["What is 2 + 3?"], "choices": [["4", "5"]], "answer": [1]})
 
     monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
+    monkeypatch.setattr(hub_lock, "resolve_commit", lambda repo, revision, kind: "ab" * 20)  # the Hub's answer
     out = tmp_path / "results/data/mmlu.parquet"
     data.fetch_hub({"path": "cais/mmlu", "name": "all", "split": "test"}, out, data.load_mmlu)
-    assert calls == [("cais/mmlu", "all", "test", None)]
+    assert calls == [("cais/mmlu", "all", "test", "ab" * 20)]  # downloaded by the commit it resolved to
     assert data.load_mmlu(out)["choices"].tolist() == [["4", "5"]]
     assert sorted(p.name for p in out.parent.iterdir()) == ["mmlu.parquet"]  # no temporary left
     with pytest.raises(ValueError, match="record 0: expected an object with keys 'question' and 'answer'"):

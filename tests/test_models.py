@@ -300,6 +300,35 @@ def test_available_memory_reads_the_host():
     assert available is not None and available[0] > 0
 
 
+def test_a_swapped_weight_file_stops_the_job_that_loads_it(tmp_path):
+    """prepare_model records the sha256 of the weights it prepared (a built model) or points at (a local directory,
+    standing for a Hub snapshot in a shared model cache); a job that loads either after its model.safetensors was
+    replaced by other weights of the same shape stops, naming the file and both checksums (before, it loaded
+    them silently); an added weight file is refused too."""
+    from arithmech.model.tiny import build_tiny_model
+
+    shared = build_tiny_model(tmp_path / "shared", n_layers=2)
+    other = build_tiny_model(tmp_path / "other", n_layers=2, seed=1)  # same shapes, other weights
+    prepare_model({"tiny": {"n_layers": 2}}, tmp_path / "built")
+    prepare_model({"path": str(shared)}, tmp_path / "pointed")
+    for prepared, weights in ((tmp_path / "built", tmp_path / "built"), (tmp_path / "pointed", shared)):
+        record = json.loads((prepared / "source.json").read_text())
+        recorded = record["weights_sha256"]["model.safetensors"]
+        assert recorded == sha256_file(weights / "model.safetensors")
+        assert load_model(prepared, device="cpu").n_layers == 2
+        (weights / "model.safetensors").unlink()  # a new file in its place, as a planted copy would be
+        (weights / "model.safetensors").write_bytes((other / "model.safetensors").read_bytes())
+        with pytest.raises(ModelSourceError) as err:
+            load_model(prepared, device="cpu")
+        assert str(err.value).startswith(f"{weights / 'model.safetensors'}: its sha256 is "
+                                         f"{sha256_file(other / 'model.safetensors')}, but prepare_model recorded "
+                                         f"{recorded} in {prepared / 'source.json'}")
+    (shared / "model.safetensors").write_bytes((tmp_path / "built" / "model.safetensors").read_bytes())
+    (shared / "extra.safetensors").write_bytes(b"")
+    with pytest.raises(ModelSourceError, match=r"missing none, not recorded \['extra.safetensors'\]"):
+        load_model(tmp_path / "pointed", device="cpu")
+
+
 def test_prepare_source_without_kind(tmp_path):
     with pytest.raises(ModelSourceError, match="needs one of hub, path, package or tiny") as err:
         prepare_model({"url": "http://example.com/m", "sha256": "ab"}, tmp_path / "out")

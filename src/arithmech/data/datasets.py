@@ -341,22 +341,40 @@ def load_text(path: str | Path) -> str:
     return text
 
 
-def fetch_hub(hub: dict, out_path: str | Path, check) -> None:
+def fetch_hub(hub: dict, out_path: str | Path, check, lock: str | Path | None = None) -> str | None:
     """Download one split of a Hub data set, `hub` = {path, name (config, optional), split, revision
-    (optional)}, into the Parquet file `out_path`, after `check(file)` (the set's loader) has read it: a
-    layout the loader does not know fails here, before any job uses the file. Written atomically (a
-    temporary file in the same folder, renamed). `datasets`' download cache is a temporary folder too."""
+    (optional, default main)}, into the Parquet file `out_path`, after `check(file)` (the set's loader) has read
+    it: a layout the loader does not know fails here, before any job uses the file. The revision is resolved to
+    a commit first, checked against the lock file `lock` (`arithmech.hub_lock`; None: no lock kept), downloaded
+    by that commit, recorded in the file's provenance (`read_parquet_meta`: hub, revision) and pinned in the
+    lock. A `path` that is a local folder in the Hub's layout has no commit (revision None). Returns the commit.
+    Written atomically (a temporary file in the same folder, renamed). `datasets`' download cache is a
+    temporary folder too."""
     import datasets
+    import pyarrow.parquet as pq
 
+    from arithmech import hub_lock
+    from arithmech.io import PROVENANCE_KEY, provenance
+
+    commit = None
+    if not Path(hub["path"]).is_dir():
+        commit = hub_lock.resolve_commit(hub["path"], hub.get("revision"), "dataset")
+        hub_lock.check_pinned(lock, "dataset", hub["path"], hub.get("revision"), commit)
     out = Path(out_path)
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=f".{out.name}.", dir=out.parent) as tmp:
-        table = datasets.load_dataset(hub["path"], hub.get("name"), split=hub["split"], revision=hub.get("revision"),
-                                      cache_dir=os.path.join(tmp, "cache"))
+        table = datasets.load_dataset(hub["path"], hub.get("name"), split=hub["split"],
+                                      revision=commit or hub.get("revision"), cache_dir=os.path.join(tmp, "cache"))
         staged = Path(tmp) / out.name
-        table.to_parquet(str(staged))
+        arrow = table.with_format("arrow")[:]  # the rows as one Arrow table; its schema keeps datasets' features
+        meta = json.dumps(provenance(stage="fetch_dataset", hub=hub, revision=commit), sort_keys=True)
+        pq.write_table(arrow.replace_schema_metadata({**(arrow.schema.metadata or {}), PROVENANCE_KEY: meta}),
+                       staged)
         check(staged)
         os.replace(staged, out)
+    if commit is not None:
+        hub_lock.pin(lock, "dataset", hub["path"], hub.get("revision"), commit)
+    return commit
 
 
 def subsample(df: pd.DataFrame, n: int | None, seed: int) -> pd.DataFrame:

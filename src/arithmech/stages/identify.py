@@ -14,12 +14,13 @@ from arithmech.data.arithmetic import SPLITS, build_prompts, select_samples, spl
 
 
 def run_prepare_model(*, source: dict, out_dir: str | Path, model_cache: str | None = None,
-                      model: str | None = None) -> None:
+                      model: str | None = None, lock: str | Path | None = None) -> None:
     """Prepare model `model` from its config `source` into `out_dir`; a Hub source downloads into `model_cache`
-    (config key `run.model_cache`; None: huggingface_hub's own cache)."""
+    (config key `run.model_cache`; None: huggingface_hub's own cache) at the commit the lock file `lock` pinned
+    (`arithmech.hub_lock`), or pins the one it resolves to."""
     from arithmech.model.loading import prepare_model
 
-    prepare_model(source, out_dir, model_cache=model_cache, model=model)
+    prepare_model(source, out_dir, model_cache=model_cache, model=model, lock=lock)
 
 
 def run_build_pairs(*, model_dir, task: str, prompts: dict, compute: dict, seed: int, out_pairs, out_dropped) -> None:
