@@ -300,17 +300,19 @@ def test_available_memory_reads_the_host():
     assert available is not None and available[0] > 0
 
 
-def test_a_swapped_weight_file_stops_the_job_that_loads_it(tmp_path):
+def test_a_swapped_weight_file_stops_the_job_that_loads_it(tmp_path, monkeypatch):
     """prepare_model records the sha256 of the weights it prepared (a built model) or points at (a local directory,
     standing for a Hub snapshot in a shared model cache); a job that loads either after its model.safetensors was
     replaced by other weights of the same shape stops, naming the file and both checksums (before, it loaded
-    them silently); an added weight file is refused too."""
+    them silently). A file checked once is not hashed again while it stays as it was; one changed in place is;
+    an added weight file is refused."""
     from arithmech.model.tiny import build_tiny_model
 
     shared = build_tiny_model(tmp_path / "shared", n_layers=2)
     other = build_tiny_model(tmp_path / "other", n_layers=2, seed=1)  # same shapes, other weights
     prepare_model({"tiny": {"n_layers": 2}}, tmp_path / "built")
     prepare_model({"path": str(shared)}, tmp_path / "pointed")
+    original = (shared / "model.safetensors").read_bytes()
     for prepared, weights in ((tmp_path / "built", tmp_path / "built"), (tmp_path / "pointed", shared)):
         record = json.loads((prepared / "source.json").read_text())
         recorded = record["weights_sha256"]["model.safetensors"]
@@ -323,7 +325,17 @@ def test_a_swapped_weight_file_stops_the_job_that_loads_it(tmp_path):
         assert str(err.value).startswith(f"{weights / 'model.safetensors'}: its sha256 is "
                                          f"{sha256_file(other / 'model.safetensors')}, but prepare_model recorded "
                                          f"{recorded} in {prepared / 'source.json'}")
-    (shared / "model.safetensors").write_bytes((tmp_path / "built" / "model.safetensors").read_bytes())
+    (shared / "model.safetensors").write_bytes(original)
+    load_model(tmp_path / "pointed", device="cpu")  # the recorded bytes again: hashed, and stamped
+    hashed = []
+    monkeypatch.setattr(models, "sha256_file", lambda path: hashed.append(path))
+    load_model(tmp_path / "pointed", device="cpu")
+    assert hashed == []  # the next job finds the file as it was stamped: not hashed again
+    monkeypatch.undo()
+    with open(shared / "model.safetensors", "r+b") as f:  # changed in place: same inode, new times
+        f.write(b"\0")
+    with pytest.raises(ModelSourceError, match="its sha256 is"):
+        load_model(tmp_path / "pointed", device="cpu")
     (shared / "extra.safetensors").write_bytes(b"")
     with pytest.raises(ModelSourceError, match=r"missing none, not recorded \['extra.safetensors'\]"):
         load_model(tmp_path / "pointed", device="cpu")

@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from arithmech import hub_lock
-from arithmech.io import atomic_dir, config_hash, provenance, sha256_file
+from arithmech.io import atomic_dir, config_hash, provenance, sha256_file, write_json
 from arithmech.model import hub
 
 SOURCE_FILE = "source.json"
@@ -397,36 +397,46 @@ def resolve_model_dir(model_dir: str | Path) -> Path:
 def verify_weights(model_dir: str | Path) -> None:
     """Check the weight files a prepared model directory loads (its own, or those `source.json` points at: a Hub
     snapshot in a shared model cache, a local directory) against the sha256 that prepare_model recorded
-    (`weights_sha256`), once per process and file: a file changed, replaced, added or removed since stops the
-    job, naming it, instead of changing results silently. A directory without such a record (any HF
-    directory, a fine-tuned copy) is not checked."""
-    record_file = Path(model_dir) / SOURCE_FILE
+    (`weights_sha256`): a file changed, replaced, added or removed since stops the job, naming it, instead of
+    changing results silently. A directory without such a record (any HF directory, a fine-tuned copy) is not
+    checked.
+
+    A file is hashed once: its identity then (device, inode, size, modification and change times) goes into a
+    stamp beside the directory (`.<name>.weights-checked.json`), and later jobs hash only a file whose identity
+    differs. Writing or replacing a file sets its change time to the present, which only root can set back."""
+    model_dir = Path(model_dir)
+    record_file = model_dir / SOURCE_FILE
     expected = json.loads(record_file.read_text()).get("weights_sha256") if record_file.is_file() else None
     if expected is None:
         return
     weights_dir = resolve_model_dir(model_dir)
     present = {p.name for p in weights_dir.iterdir() if p.is_file() and p.suffix in _WEIGHT_SUFFIXES} \
         if weights_dir.is_dir() else set()
-    redo = f"if the change is meant, prepare the model again (delete {Path(model_dir)} and re-run)"
+    redo = f"if the change is meant, prepare the model again (delete {model_dir} and re-run)"
     if present != set(expected):
         missing, extra = sorted(set(expected) - present), sorted(present - set(expected))
         raise ModelSourceError(f"the weight files in {weights_dir} are not those prepare_model recorded in "
                                f"{record_file}: missing {missing or 'none'}, not recorded {extra or 'none'}; {redo}")
+    stamp_file = model_dir.parent / f".{model_dir.name}.weights-checked.json"
+    try:
+        checked = json.loads(stamp_file.read_text())
+    except (OSError, ValueError):
+        checked = {}
+    stamp = {}
     for name, digest in expected.items():
         path = (weights_dir / name).resolve()  # a Hub snapshot's files are links to its blobs
-        stat = path.stat()
-        identity = (stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
-        if _WEIGHTS_CHECKED.get(path) == identity:
+        info = path.stat()
+        stamp[name] = [str(path), digest, info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns]
+        if checked.get(name) == stamp[name]:
             continue
         actual = sha256_file(path)
         if actual != digest:
             raise ModelSourceError(f"{weights_dir / name}: its sha256 is {actual}, but prepare_model recorded {digest} "
                                    f"in {record_file}: the file was changed or replaced since (in a shared model "
                                    f"cache, by anyone who can write there); {redo}")
-        _WEIGHTS_CHECKED[path] = identity
-
-
-_WEIGHTS_CHECKED: dict[Path, tuple] = {}  # file -> (inode, size, mtime, ctime) when its checksum was checked
+    if stamp != checked:
+        with contextlib.suppress(OSError):  # a results folder this job cannot write: the next job hashes again
+            write_json(stamp, stamp_file)
 
 
 def load_model(model_dir: str | Path, device: str = "auto", dtype: str = "auto") -> LoadedModel:
