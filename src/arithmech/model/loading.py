@@ -105,24 +105,22 @@ def prepare_model(source: dict, out_dir: str | Path, *, model_cache: str | None 
             if not (path / "config.json").is_file():
                 raise ModelSourceError(f"{path} is not a Hugging Face model directory (no config.json)")
             record["load_from"] = str(path)
-            record["sha256"] = _weight_checksums(path)
         elif "tiny" in source:  # a tiny random Llama (tests, the smoke configuration): built, not downloaded
             from arithmech.model.tiny import build_tiny_model
 
             build_tiny_model(tmp, **source["tiny"])
             record["load_from"] = "."
-            record["sha256"] = _weight_checksums(tmp)
         elif "hub" in source:
             path = _snapshot(source["hub"], source.get("revision"), model_cache, model, lock)
             record["load_from"] = str(path)
             record["revision"] = path.name  # snapshot folders are named by commit: the resolved one
-            record["sha256"] = _weight_checksums(path)
         else:
             raise ModelSourceError(f"model source needs one of hub, path, package or tiny; got {sorted(source)}")
         # Check config and tokenizer (and record the shape) before declaring the directory ready; the
         # weights are not loaded here: this runs on a login node, where a 13B model does not fit.
         model_dir = tmp if record["load_from"] == "." else Path(record["load_from"])
         record["weights_sha256"] = _weight_checksums(model_dir)  # what every job checks before it loads them
+        record.setdefault("sha256", record["weights_sha256"])  # the provenance's: a GGUF's own, else the weights'
         record["architecture"] = describe_model_dir(model_dir)
         record["tokenizer"] = type(LoadedModel.load_tokenizer(model_dir)).__name__
         (tmp / SOURCE_FILE).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
