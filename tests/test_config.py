@@ -158,3 +158,13 @@ def test_claims_thresholds_out_of_range_name_the_key(config, check_fails, key, v
 def test_claims_middle_band_must_be_ordered(config, check_fails):
     config["claims"]["middle_band"] = [0.7, 0.3]
     check_fails(config, "config key 'claims.middle_band'", "low (0.7) is not below high (0.3)")
+
+
+@pytest.mark.parametrize("name", ["..", ".", ".hidden", "a/b", "../elsewhere"])
+def test_model_name_cannot_leave_results(config, check_fails, name):
+    """A model's results go to results/<name>/: '..' (and '.', a '/', a hidden folder) is refused with the key and
+    the reason, in `models` and in `run.models`; before, '..' passed the schema and wrote beside results/."""
+    config["models"][name] = config["models"]["smollm2-135m"]
+    config["run"]["models"] = [name]
+    check_fails(config, "config key 'models'", "config key 'run.models.0'",
+                f"model name {name!r} is not one plain folder name under results/")

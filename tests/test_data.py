@@ -5,13 +5,16 @@ fine-tuning."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from pathlib import Path
+from types import SimpleNamespace
 
 import pandas as pd
 import pytest
 
+from arithmech import hub_lock
 from arithmech.data import datasets as data
 
 from arithmech.data import formatting
@@ -27,6 +30,33 @@ def test_vendored_files_match_their_recorded_checksums():
     assert len(lines) == 10
     for digest, name in lines:
         assert sha256_file(D / name) == digest, name
+    assert data.vendored_checksums(D) == {name: digest for digest, name in lines}  # what a run checks against
+
+
+def test_a_changed_vendored_file_stops_the_first_read(tmp_path, monkeypatch):
+    """A copy of resources/data whose SVAMP.json was edited (one answer changed) or that holds a file PROVENANCE.md
+    does not record: the loader stops at the first read, naming the file and both checksums; the untouched copy
+    reads, and is hashed once per process. Before, only this test file compared the checksums."""
+    vendored = tmp_path / "resources" / "data"
+    (vendored / "svamp").mkdir(parents=True)
+    for name in ("PROVENANCE.md", "svamp/SVAMP.json"):
+        (vendored / name).write_bytes((D / name).read_bytes())
+    monkeypatch.setattr(data, "DATA_DIR", vendored)
+    assert len(data.load_svamp(vendored / "svamp" / "SVAMP.json")) == 1000
+    hashed = []
+    monkeypatch.setattr(data, "hashlib", SimpleNamespace(sha256=lambda b: hashed.append(1) or hashlib.sha256(b)))
+    data.load_svamp(vendored / "svamp" / "SVAMP.json")
+    assert hashed == []  # checked once per process and file
+    text = (vendored / "svamp" / "SVAMP.json").read_text()
+    (vendored / "svamp" / "SVAMP.json").write_text(text.replace('"Answer": 8.0', '"Answer": 9.0', 1))
+    recorded = data.vendored_checksums(vendored)["svamp/SVAMP.json"]
+    with pytest.raises(ValueError) as err:
+        data.load_svamp(vendored / "svamp" / "SVAMP.json")
+    assert f"{vendored / 'svamp' / 'SVAMP.json'}: its sha256 is " in str(err.value)
+    assert f"records {recorded}: the vendored file was changed or replaced" in str(err.value)
+    (vendored / "extra.txt").write_text("some text\n")
+    with pytest.raises(ValueError, match="extra.txt: a vendored data file with no sha256 in"):
+        data.load_text(vendored / "extra.txt")
 
 
 @pytest.mark.parametrize(
@@ -271,9 +301,10 @@ def test_fetch_hub_writes_the_checked_parquet_file_atomically(tmp_path, monkeypa
         return datasets.Dataset.from_dict({"question": ["What is 2 + 3?"], "choices": [["4", "5"]], "answer": [1]})
 
     monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
+    monkeypatch.setattr(hub_lock, "resolve_commit", lambda repo, revision, kind: "ab" * 20)  # the Hub's answer
     out = tmp_path / "results/data/mmlu.parquet"
     data.fetch_hub({"path": "cais/mmlu", "name": "all", "split": "test"}, out, data.load_mmlu)
-    assert calls == [("cais/mmlu", "all", "test", None)]
+    assert calls == [("cais/mmlu", "all", "test", "ab" * 20)]  # downloaded by the commit it resolved to
     assert data.load_mmlu(out)["choices"].tolist() == [["4", "5"]]
     assert sorted(p.name for p in out.parent.iterdir()) == ["mmlu.parquet"]  # no temporary left
     with pytest.raises(ValueError, match="record 0: expected an object with keys 'question' and 'answer'"):
@@ -351,6 +382,26 @@ def test_bigbench_errors(tmp_path):
         data.load_bigbench_generation(_write(tmp_path, "list.json", "[]"))
     with pytest.raises(ValueError, match="empty"):
         data.load_text(_write(tmp_path, "empty.txt", "\n \n"))
+
+
+@pytest.mark.parametrize("name, loader", [("train.jsonl", data.load_gsm8k), ("SVAMP.json", data.load_svamp),
+                                          ("task.json", data.load_bigbench_generation), ("test.txt", data.load_text)])
+def test_a_latin1_file_is_named(tmp_path, name, loader):
+    """A data file saved as Latin-1 (the 'e' of 'Cafe' one byte, 0xe9): the error names the file, the line and the
+    byte and says to save it as UTF-8; before, a bare UnicodeDecodeError named no file."""
+    record = {"question": "Q", "answer": "A\n#### 3", "ID": "x", "Body": "B", "Equation": "1", "Answer": 3,
+              "Type": "Addition", "input": "i", "target": "t", "Question": "Q"}
+    text = {".jsonl": json.dumps(record) + "\n", ".json": json.dumps([record]),
+            ".txt": "line one\n"}[Path(name).suffix]
+    if name == "task.json":
+        text = json.dumps({"name": "t", "examples": [record]})
+    path = tmp_path / name
+    path.write_bytes(("\n" + text).replace("line one", "Caf\u00e9").replace('"Q"', '"Caf\u00e9"', 1)
+                     .encode("latin-1"))
+    with pytest.raises(ValueError) as err:
+        loader(path)
+    assert f"{path}: not UTF-8 text (byte " in str(err.value) and "line 2" in str(err.value)
+    assert "save it as UTF-8" in str(err.value)
 
 
 # ---------------------------------------------------------------------------------------------------

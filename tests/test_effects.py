@@ -435,3 +435,20 @@ def test_rank_across_tasks_averages_effects():
     assert ranked["mean_effect"].tolist() == pytest.approx([-0.2, -0.15, 0.05])
     assert ranked[["layer", "head"]].values.tolist() == [[0, 0], [0, 1], [1, 0]]
     assert rank_across_tasks({"a": frame([0, 0, 0, -1.0])}, "mlp")["node"].tolist() == ["L0MLP"]
+
+
+def test_a_nan_reference_logit_is_named_where_it_is():
+    """A NaN reference logit (logit_o of sample 3) and an infinite patched one (sample 5 at L1H0): the error names
+    each sample, its operand pair and the node, in the bootstrap, the aggregate and the stage's own check; before,
+    the bootstrap said the table "lacks some (sample, node) rows" and the aggregate gave a NaN mean."""
+    df = _random_patching(8, {(0, 0): -1.0, (1, 0): 0.0, (0, None): 0.5})
+    df.loc[df["sample_id"] == 3, "logit_o"] = np.nan
+    df.loc[(df["sample_id"] == 5) & (df["layer"] == 1), "logit_p"] = np.inf
+    for compute in (lambda: _boot(df), lambda: fx.aggregate(df, "logit_diff")):
+        with pytest.raises(ValueError) as err:
+            compute()
+        assert "lacks some" not in str(err.value)
+        assert "sample 3 (every node): logit_o = nan" in str(err.value)
+        assert "sample 5, node L1H0: logit_p = inf" in str(err.value)
+    with pytest.raises(ValueError, match=r"addition: non-finite .*sample 3 \(operands 4,7\) \(every node\)"):
+        fx.check_finite(df, "addition", fx.pair_labels(pd.DataFrame({"sample_id": [3], "a": [4], "b": [7]})))

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from arithmech import hub_lock
 from arithmech.data import datasets as data
 
 from arithmech.data import eval_sets
@@ -118,6 +119,7 @@ def test_fetch_failure_names_the_set(tmp_path, monkeypatch):
         raise ConnectionError("no network")
 
     monkeypatch.setattr(datasets, "load_dataset", offline)
+    monkeypatch.setattr(hub_lock, "resolve_commit", lambda *args: "ab" * 20)  # the Hub's answer to the revision
     out = tmp_path / "results/data/mmlu.parquet"
     with pytest.raises(RuntimeError, match=r"evaluation data set 'mmlu' \(config key 'evaluation.mmlu.hub': "
                                            r"cais/mmlu \(config all\), split test\): ConnectionError: no network"):

@@ -510,3 +510,23 @@ def test_train_kv_reaches_every_query_head_of_the_kv_group(tiny_dir, train_kv):
         assert (after[..., q_rows(1)] - before[..., q_rows(1)]).abs().max() > 1e-3
     for head in (2, 3):  # the other K/V group: untouched either way
         assert torch.equal(after[..., q_rows(head)], before[..., q_rows(head)]), head
+
+
+def test_a_nan_loss_stops_training_at_its_step(tiny_dir, tmp_path, monkeypatch):
+    """The loss turns NaN at the third optimizer step (a stand-in for an overflow): training stops there, naming the
+    step, before the optimizer applies it or a checkpoint is written; before, it went on with NaN weights."""
+    calls = []
+    real = ft.batch_loss
+
+    def nan_from_step_3(model, batch, **kw):
+        loss, n = real(model, batch, **kw)
+        calls.append(1)
+        return (loss * float("nan") if len(calls) > 2 else loss), n  # one micro-batch a step (batch_size 2)
+
+    monkeypatch.setattr(ft, "batch_loss", nan_from_step_3)
+    run = ft.prepare(fresh(tiny_dir), {"method": "precise", "heads": [list(h) for h in HEADS]})
+    with pytest.raises(FloatingPointError, match=r"the loss of optimizer step 3 \(of 5\) is nan, not finite"):
+        ft.train(run, EXAMPLES, {**FAST, "max_steps": 5, "checkpoint_every": 1}, checkpoint_dir=tmp_path,
+                 progress=False)
+    assert all(torch.isfinite(p).all() for p in run.params.values())
+    assert ft.latest_checkpoint(tmp_path).name == "step-00000002"  # the last good step's

@@ -25,6 +25,7 @@ import yaml
 from huggingface_hub import constants, set_client_factory
 from huggingface_hub.utils._http import default_client_factory, hf_request_event_hook
 
+from arithmech import hub_lock
 from arithmech.model import hub
 from arithmech.model.loading import ModelSourceError, load_model, prepare_model
 from arithmech.model.tiny import build_tiny_model
@@ -34,6 +35,8 @@ ROOT = Path(__file__).resolve().parents[1]
 MARKER = "hf_MARKERtoken0123456789"  # stands for a real token: it must never reach an output, log or message
 SHA = "0123456789abcdef0123456789abcdef01234567"  # the commit the stand-in's `main` points at
 GATED, MISSING, OPEN = "meta-llama/Llama-2-7b-hf", "org/no-such-model", "mistralai/Mistral-7B-v0.1"
+DATA = "cais/mmlu"  # an open Hub data set
+OTHER = "fedcba9876543210fedcba9876543210fedcba98"  # a commit the stand-in's `main` pointed at before
 
 
 def hub_answer(method: str, path: str, authorization: str | None) -> tuple[int, dict, bytes]:
@@ -50,7 +53,7 @@ def hub_answer(method: str, path: str, authorization: str | None) -> tuple[int, 
 
     if token == "bad":
         return error(401, None, "Invalid credentials in Authorization header")
-    repo = next((r for r in (GATED, OPEN) if f"/{r}/" in path + "/"), None)
+    repo = next((r for r in (GATED, OPEN, DATA) if f"/{r}/" in path + "/"), None)
     if repo is None:
         return error(401 if token is None else 404, "RepoNotFound", "Repository not found")
     if "/revision/" in path and path.rsplit("/", 1)[1] not in ("main", SHA):
@@ -129,7 +132,8 @@ def test_gated_model_without_a_token_names_the_licence_and_the_token(stand_in_hu
     assert f"'{GATED}' is gated: accept its licence at https://huggingface.co/{GATED}" in message
     assert "set HF_TOKEN or run `hf auth login`" in message
     assert message.count("\n  ") == 1  # one problem, one line
-    assert [path for _, path, _ in stand_in_hub] == [f"/api/models/{GATED}", f"/api/models/{GATED}/auth-check"]
+    assert [path for _, path, _ in stand_in_hub] == [f"/api/models/{GATED}/revision/main",  # config.yaml's revision
+                                                     f"/api/models/{GATED}/auth-check"]
 
 
 def test_gated_model_with_a_token_not_yet_let_in(stand_in_hub, tmp_path, monkeypatch):
@@ -281,6 +285,71 @@ def test_hub_source_records_the_resolved_commit(no_token, tmp_path, monkeypatch)
     by_commit = prepare_model({"hub": "org/tiny", "revision": SHA}, tmp_path / "model2",
                               model_cache=str(tmp_path / "cache"))
     assert by_commit["revision"] == SHA and by_commit["sha256"] == record["sha256"]
+
+
+def test_a_moved_revision_stops_prepare_model_naming_both_commits(no_token, tmp_path, monkeypatch):
+    """Offline, on a real cache layout: the first download of org/tiny@main pins its commit in the lock file; when
+    `main` has moved on (the cache's ref, as a later download leaves it), preparing it again stops before loading
+    anything, naming both commits and the lock; once the user moves the lock away, the new commit is taken and
+    pinned. Before, nothing was pinned and the new weights were used silently."""
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    cache, lock = tmp_path / "cache", tmp_path / "hub.lock.yaml"
+    snapshot = hub_cache(cache, "org/tiny")
+    prepare_model({"hub": "org/tiny"}, tmp_path / "model", model_cache=str(cache), model="tiny", lock=lock)
+    assert hub_lock.read_lock(lock) == {"models": {"org/tiny@main": SHA}}
+    (snapshot.parent.parent / "refs" / "main").write_text(OTHER)
+    shutil.copytree(snapshot, snapshot.parent / OTHER)
+    with pytest.raises(ModelSourceError) as err:
+        prepare_model({"hub": "org/tiny"}, tmp_path / "again", model_cache=str(cache), model="tiny", lock=lock)
+    assert f"Hub model 'org/tiny' at revision 'main' is now commit {OTHER}, but {lock} pinned commit {SHA}" \
+        in str(err.value) and str(err.value).startswith("could not download 'org/tiny' (revision main) for model")
+    assert f"delete {lock} (or its line 'org/tiny@main')" in str(err.value)
+    assert not (tmp_path / "again").exists()
+    lock.rename(tmp_path / "old.lock.yaml")  # the user accepts the new commit
+    record = prepare_model({"hub": "org/tiny"}, tmp_path / "again", model_cache=str(cache), model="tiny", lock=lock)
+    assert record["revision"] == OTHER and hub_lock.read_lock(lock) == {"models": {"org/tiny@main": OTHER}}
+    by_commit = {"hub": "org/tiny", "revision": SHA}  # the old commit given as the revision: pinned as itself
+    assert prepare_model(by_commit, tmp_path / "old", model_cache=str(cache), lock=lock)["revision"] == SHA
+
+
+def test_the_lock_is_checked_against_the_hubs_answer_before_any_download(stand_in_hub, tmp_path):
+    """Stand-in Hub (out of reach here): `main` of the open model resolves to SHA on the Hub, the lock pinned
+    OTHER: prepare_model stops naming both, and no file was asked for."""
+    lock = tmp_path / "hub.lock.yaml"
+    lock.write_text(yaml.safe_dump({"models": {f"{OPEN}@main": OTHER}}))
+    with pytest.raises(ModelSourceError) as err:
+        prepare_model({"hub": OPEN}, tmp_path / "model", model_cache=str(tmp_path / "cache"), model="open", lock=lock)
+    assert f"is now commit {SHA}, but {lock} pinned commit {OTHER}" in str(err.value)
+    assert [path for _, path, _ in stand_in_hub] == [f"/api/models/{OPEN}/revision/main"]
+
+
+def test_a_hub_data_set_records_its_commit_and_is_checked_against_the_lock(stand_in_hub, tmp_path, monkeypatch):
+    """Stand-in Hub (out of reach here) for the revision, a local table for the download: fetch resolves `main`
+    to its commit, downloads by that commit, records it in the file's provenance and pins it in the lock; a lock
+    that pinned another commit stops the fetch naming both, and the fetched file stays as it was."""
+    import datasets
+
+    from arithmech.data.eval_sets import fetch
+    from arithmech.io import read_parquet_meta
+
+    asked = []
+
+    def load_dataset(path, name=None, split=None, revision=None, cache_dir=None):
+        asked.append((path, revision))
+        return datasets.Dataset.from_dict({"question": ["What is 2 + 3?"], "choices": [["4", "5"]], "answer": [1]})
+
+    monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+    out, lock = tmp_path / "results" / "data" / "mmlu.parquet", tmp_path / "hub.lock.yaml"
+    fetch("mmlu", {"path": DATA, "name": "all", "split": "test"}, out, lock)
+    assert asked == [(DATA, SHA)] and hub_lock.read_lock(lock) == {"datasets": {f"{DATA}@main": SHA}}
+    meta = read_parquet_meta(out)
+    assert (meta["revision"], meta["hub"]) == (SHA, {"path": DATA, "name": "all", "split": "test"})
+    lock.write_text(yaml.safe_dump({"datasets": {f"{DATA}@main": OTHER}}))
+    before = out.read_bytes()
+    with pytest.raises(RuntimeError, match=f"Hub data set '{DATA}' at revision 'main' is now commit {SHA}, but "
+                                           f"{lock} pinned commit {OTHER}"):
+        fetch("mmlu", {"path": DATA, "name": "all", "split": "test"}, out, lock)
+    assert len(asked) == 1 and out.read_bytes() == before
 
 
 def test_model_cache_default_is_huggingface_hubs(monkeypatch, tmp_path):

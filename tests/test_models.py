@@ -219,6 +219,128 @@ def test_prepare_package_wrong_sha256_fails_before_loading(tmp_path, monkeypatch
     assert list(tmp_path.iterdir()) == []
 
 
+def tiny_gguf(path, arch: str, shapes=((8, 4), (4,))):
+    """A GGUF file written with the gguf package's writer: architecture `arch`, a vocabulary (an array of strings
+    and one of floats, as a real file has), float32 tensors of `shapes`."""
+    import gguf
+    import numpy as np
+
+    writer = gguf.GGUFWriter(str(path), arch=arch)
+    writer.add_block_count(1)
+    writer.add_token_list([f"t{i}" for i in range(300)])
+    writer.add_token_scores([0.5] * 300)
+    for i, shape in enumerate(shapes):
+        writer.add_tensor(f"blk.0.w{i}.weight", np.ones(shape, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def test_gguf_header_is_read_without_its_tensors(tmp_path):
+    """The header reader agrees with the gguf package's own GGUFReader on the architecture and the parameter
+    count, and refuses what is not a GGUF file."""
+    from gguf import GGUFReader
+
+    from arithmech.model.gguf_header import GGUFHeaderError, read_gguf_header
+
+    path = tiny_gguf(tmp_path / "m.gguf", "qwen2", shapes=((8, 4), (4,), (3, 5, 2)))
+    header, reference = read_gguf_header(path), GGUFReader(path)
+    assert header.architecture == reference.fields["general.architecture"].contents() == "qwen2"
+    assert header.n_parameters == sum(int(t.n_elements) for t in reference.tensors) == 32 + 4 + 30
+    assert (header.n_tensors, header.tensor_types, header.float32_bytes) == (3, ("F32",), 4 * 66)
+    (tmp_path / "x.gguf").write_bytes(b"PK\x03\x04 a zip file")
+    with pytest.raises(GGUFHeaderError, match="not a GGUF file"):
+        read_gguf_header(tmp_path / "x.gguf")
+    (tmp_path / "cut.gguf").write_bytes(path.read_bytes()[:200])
+    with pytest.raises(GGUFHeaderError, match="ends early"):
+        read_gguf_header(tmp_path / "cut.gguf")
+
+
+def test_gguf_of_an_unknown_architecture_is_refused_before_dequantising(tmp_path, monkeypatch):
+    """A GGUF declaring architecture 'gpt2': prepare_model names the file and the architecture from its header, and
+    transformers never dequantises it (before, the whole file was dequantised to float32 first)."""
+    monkeypatch.setattr(models, "_save_dequantized_gguf", lambda *a: pytest.fail("the GGUF was dequantised"))
+    path = tiny_gguf(tmp_path / "gpt.gguf", "gpt2")
+    with pytest.raises(ModelSourceError) as err:
+        prepare_model({"path": str(path)}, tmp_path / "out")
+    assert str(err.value) == (f"GGUF file {path} declares architecture 'gpt2' (general.architecture); supported: "
+                              "llama, mistral, qwen2, qwen3")
+    assert not (tmp_path / "out").exists()
+
+
+def test_gguf_too_large_for_the_hosts_memory_is_refused_before_dequantising(tmp_path, monkeypatch):
+    """A supported GGUF on a host with less memory than its float32 copy takes to build: a clear error with both
+    sizes, before any dequantising."""
+    from arithmech.model import gguf_header
+
+    monkeypatch.setattr(models, "_save_dequantized_gguf", lambda *a: pytest.fail("the GGUF was dequantised"))
+    monkeypatch.setattr(gguf_header, "available_memory", lambda: (100, "the memory limit of control group /x"))
+    path = tiny_gguf(tmp_path / "llama.gguf", "llama")
+    with pytest.raises(ModelSourceError) as err:
+        prepare_model({"path": str(path)}, tmp_path / "out")
+    assert f"dequantising {path} to float32 needs about 0.0 GB of memory (36 parameters x 4 bytes" in str(err.value)
+    assert "this host has 0.0 GB available (the memory limit of control group /x)" in str(err.value)
+    monkeypatch.setattr(gguf_header, "available_memory", lambda: (10**12, "MemAvailable in /proc/meminfo"))
+
+
+    def dequantise(*args):
+        raise LookupError("dequantising")
+
+    monkeypatch.setattr(models, "_save_dequantized_gguf", dequantise)
+    with pytest.raises(LookupError, match="dequantising"):  # enough memory: on to dequantising
+        prepare_model({"path": str(path)}, tmp_path / "out")
+
+
+def test_available_memory_reads_the_host():
+    from arithmech.model.gguf_header import available_memory
+
+    available = available_memory()
+    assert available is not None and available[0] > 0
+
+
+def test_a_swapped_weight_file_stops_the_job_that_loads_it(tmp_path, monkeypatch):
+    """prepare_model records the sha256 of the weights it prepared (a built model) or points at (a local directory,
+    standing for a Hub snapshot in a shared model cache); a job that loads either after its model.safetensors was
+    replaced by other weights of the same shape stops, naming the file and both checksums (before, it loaded
+    them silently). A file checked once is not hashed again while it stays as it was; one changed in place is;
+    an added weight file is refused."""
+    from arithmech.model.tiny import build_tiny_model
+
+    shared = build_tiny_model(tmp_path / "shared", n_layers=2)
+    other = build_tiny_model(tmp_path / "other", n_layers=2, seed=1)  # same shapes, other weights
+    prepare_model({"tiny": {"n_layers": 2}}, tmp_path / "built")
+    prepare_model({"path": str(shared)}, tmp_path / "pointed")
+    original = (shared / "model.safetensors").read_bytes()
+    for prepared, weights in ((tmp_path / "built", tmp_path / "built"), (tmp_path / "pointed", shared)):
+        record = json.loads((prepared / "source.json").read_text())
+        recorded = record["weights_sha256"]["model.safetensors"]
+        assert recorded == sha256_file(weights / "model.safetensors")
+        assert load_model(prepared, device="cpu").n_layers == 2
+        (weights / "model.safetensors").unlink()  # a new file in its place, as a planted copy would be
+        (weights / "model.safetensors").write_bytes((other / "model.safetensors").read_bytes())
+        with pytest.raises(ModelSourceError) as err:
+            load_model(prepared, device="cpu")
+        assert str(err.value).startswith(f"{weights / 'model.safetensors'}: its sha256 is "
+                                         f"{sha256_file(other / 'model.safetensors')}, but prepare_model recorded "
+                                         f"{recorded} in {prepared / 'source.json'}")
+    (shared / "model.safetensors").write_bytes(original)
+    load_model(tmp_path / "pointed", device="cpu")  # the recorded bytes again: hashed, and stamped
+    hashed = []
+    monkeypatch.setattr(models, "sha256_file", lambda path: hashed.append(path))
+    load_model(tmp_path / "pointed", device="cpu")
+    assert hashed == []  # the next job finds the file as it was stamped: not hashed again
+    monkeypatch.undo()
+    with open(shared / "model.safetensors", "r+b") as f:  # changed in place: same inode, new times
+        f.write(b"\0")
+    with pytest.raises(ModelSourceError, match="its sha256 is"):
+        load_model(tmp_path / "pointed", device="cpu")
+    (shared / "extra.safetensors").write_bytes(b"")
+    with pytest.raises(ModelSourceError, match=r"missing none, not recorded \['extra.safetensors'\]"):
+        load_model(tmp_path / "pointed", device="cpu")
+
+
 def test_prepare_source_without_kind(tmp_path):
     with pytest.raises(ModelSourceError, match="needs one of hub, path, package or tiny") as err:
         prepare_model({"url": "http://example.com/m", "sha256": "ab"}, tmp_path / "out")

@@ -27,7 +27,7 @@ def validate_config(config: dict, schema_path: str | Path) -> None:
     schema = yaml.safe_load(Path(schema_path).read_text())
     _fill_model_defaults(config, schema)
     errors = sorted(Draft202012Validator(schema).iter_errors(config), key=lambda e: list(map(str, e.absolute_path)))
-    problems = [f"config key '{_key(e.absolute_path)}': {_message(e)}" for e in errors]
+    problems = [f"config key '{_key(e.absolute_path)}': {_message(e, schema)}" for e in errors]
     if not problems:
         for i, name in enumerate(config["run"]["models"]):
             if name not in config["models"]:
@@ -62,12 +62,17 @@ def validate_config(config: dict, schema_path: str | Path) -> None:
         raise ConfigError("invalid configuration:\n  " + "\n  ".join(problems))
 
 
-def _message(error) -> str:
+def _message(error, schema: dict) -> str:
     """The schema's message, or for an unknown fine-tuning method or study arm every valid name with what it
-    trains (`sft.methods.METHODS`: a name means the same in both sections)."""
+    trains (`sft.methods.METHODS`: a name means the same in both sections), or for a model name that is not
+    one plain folder name why it is refused."""
     from arithmech.sft.methods import METHODS, RECIPE_METHODS, unknown_method
 
     section = list(error.absolute_path)[:2]
+    if error.validator == "pattern" and error.schema == schema["$defs"]["model_name"]:
+        # '..', '.' or 'a/b' would put the model's results outside results/<name>/ (or in a hidden folder)
+        return (f"model name {error.instance!r} is not one plain folder name under results/: use letters, digits, "
+                "'.', '_' and '-', not starting with '.'")
     if error.validator == "enum" and section in (["finetune", "methods"], ["study", "arms"]):
         return unknown_method(error.instance, RECIPE_METHODS if section[0] == "finetune" else tuple(METHODS))
     if error.validator == "pattern" and list(error.absolute_path)[-1:] == ["gpu_model"]:

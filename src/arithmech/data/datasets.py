@@ -11,6 +11,7 @@ Hub's column layout of each set (GSM8K's and SVAMP's are those of the vendored f
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -25,13 +26,59 @@ DATA_DIR = Path(__file__).resolve().parents[3] / "resources" / "data"
 
 _CALCULATOR = re.compile(r"<<[^<>]*>>")  # GSM8K calculator annotations: "48/2 = <<48/2=24>>24"
 _GSM8K_FINAL = re.compile(r"(?:\A|\n)#### (?P<gold>[^\n]+)\s*$")
+_CHECKSUM_LINE = re.compile(r"^(?P<digest>[0-9a-f]{64})  (?P<name>\S+)$", re.M)
 
 
 def _open_text(path: str | Path) -> str:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"data file not found: {path}")
-    return path.read_text(encoding="utf-8")
+    data = path.read_bytes()
+    check_vendored(path, data)
+    return _decode(path, data)
+
+
+def vendored_checksums(data_dir: Path) -> dict[str, str]:
+    """{path relative to `data_dir`: sha256} as `data_dir`/PROVENANCE.md records them (`sha256sum -c` lines)."""
+    return {m["name"]: m["digest"] for m in _CHECKSUM_LINE.finditer((data_dir / "PROVENANCE.md").read_text())}
+
+
+def check_vendored(path: Path, data: bytes | None = None) -> None:
+    """If `path` is a vendored file (under DATA_DIR), check its bytes (`data`, else read) against the sha256 that
+    DATA_DIR/PROVENANCE.md records for it, the first time the process reads it (a file replaced since, with a
+    new inode or change time, is checked again): a file changed, swapped or not recorded stops the job here,
+    naming it, instead of changing results silently."""
+    data_dir, path = DATA_DIR.resolve(), Path(path).resolve()
+    if not path.is_relative_to(data_dir):
+        return
+    stat = path.stat()
+    identity = (stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
+    if _VENDORED_CHECKED.get(path) == identity:
+        return
+    record = data_dir / "PROVENANCE.md"
+    expected = vendored_checksums(data_dir).get(path.relative_to(data_dir).as_posix())
+    if expected is None:
+        raise ValueError(f"{path}: a vendored data file with no sha256 in {record}; record it there (see that file) "
+                         "or keep your own data outside resources/data")
+    actual = hashlib.sha256(data if data is not None else path.read_bytes()).hexdigest()
+    if actual != expected:
+        raise ValueError(f"{path}: its sha256 is {actual}, but {record} records {expected}: the vendored file was "
+                         "changed or replaced; restore it (`git checkout -- resources/data`)")
+    _VENDORED_CHECKED[path] = identity
+
+
+_VENDORED_CHECKED: dict[Path, tuple] = {}  # path -> (inode, size, mtime, ctime) when its checksum was checked
+
+
+def _decode(path: Path, data: bytes) -> str:
+    """`data`, the bytes of `path`, as UTF-8 text; else a ValueError naming the file, the line and the byte (a
+    bare UnicodeDecodeError names neither the file nor where in it)."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = data.count(b"\n", 0, err.start) + 1
+        raise ValueError(f"{path}: not UTF-8 text (byte {err.start}, line {line}: {data[err.start:err.end]!r}, "
+                         f"{err.reason}); save it as UTF-8 (e.g. `iconv -f latin1 -t utf-8`)") from None
 
 
 def _load_json(path: str | Path, expected: str):
@@ -51,6 +98,10 @@ def _records(path: str | Path, expected: str) -> list[dict]:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"data file not found: {path}")
+    data = path.read_bytes() if path.suffix != ".parquet" else None
+    check_vendored(path, data)
+    if data is not None:  # Arrow's JSON reader keeps invalid UTF-8 and fails only when a row is read
+        _decode(path, data)
     datasets.disable_progress_bars()  # job logs are files: no progress bars per file read
     reader = datasets.Dataset.from_parquet if path.suffix == ".parquet" else datasets.Dataset.from_json
     with tempfile.TemporaryDirectory(prefix="arithmech-datasets-") as cache:
@@ -60,7 +111,10 @@ def _records(path: str | Path, expected: str) -> list[dict]:
             raise ValueError(f"{path}{_unreadable(path, err)}; expected {expected}") from err
     if len(table) == 0:
         raise ValueError(f"{path}: no records; expected {expected}")
-    return table.to_list()
+    try:
+        return table.to_list()
+    except UnicodeDecodeError as err:  # a Parquet string column written without checking its bytes
+        raise ValueError(f"{path}: a string column is not UTF-8 ({err}); expected {expected}") from None
 
 
 def _unreadable(path: Path, err: Exception) -> str:
@@ -287,22 +341,40 @@ def load_text(path: str | Path) -> str:
     return text
 
 
-def fetch_hub(hub: dict, out_path: str | Path, check) -> None:
+def fetch_hub(hub: dict, out_path: str | Path, check, lock: str | Path | None = None) -> str | None:
     """Download one split of a Hub data set, `hub` = {path, name (config, optional), split, revision
-    (optional)}, into the Parquet file `out_path`, after `check(file)` (the set's loader) has read it: a
-    layout the loader does not know fails here, before any job uses the file. Written atomically (a
-    temporary file in the same folder, renamed). `datasets`' download cache is a temporary folder too."""
+    (optional, default main)}, into the Parquet file `out_path`, after `check(file)` (the set's loader) has read
+    it: a layout the loader does not know fails here, before any job uses the file. The revision is resolved to
+    a commit first, checked against the lock file `lock` (`arithmech.hub_lock`; None: no lock kept), downloaded
+    by that commit, recorded in the file's provenance (`read_parquet_meta`: hub, revision) and pinned in the
+    lock. A `path` that is a local folder in the Hub's layout has no commit (revision None). Returns the commit.
+    Written atomically (a temporary file in the same folder, renamed). `datasets`' download cache is a
+    temporary folder too."""
     import datasets
+    import pyarrow.parquet as pq
 
+    from arithmech import hub_lock
+    from arithmech.io import PROVENANCE_KEY, provenance
+
+    commit = None
+    if not Path(hub["path"]).is_dir():
+        commit = hub_lock.resolve_commit(hub["path"], hub.get("revision"), "dataset")
+        hub_lock.check_pinned(lock, "dataset", hub["path"], hub.get("revision"), commit)
     out = Path(out_path)
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=f".{out.name}.", dir=out.parent) as tmp:
-        table = datasets.load_dataset(hub["path"], hub.get("name"), split=hub["split"], revision=hub.get("revision"),
-                                      cache_dir=os.path.join(tmp, "cache"))
+        table = datasets.load_dataset(hub["path"], hub.get("name"), split=hub["split"],
+                                      revision=commit or hub.get("revision"), cache_dir=os.path.join(tmp, "cache"))
         staged = Path(tmp) / out.name
-        table.to_parquet(str(staged))
+        arrow = table.with_format("arrow")[:]  # the rows as one Arrow table; its schema keeps datasets' features
+        meta = json.dumps(provenance(stage="fetch_dataset", hub=hub, revision=commit), sort_keys=True)
+        pq.write_table(arrow.replace_schema_metadata({**(arrow.schema.metadata or {}), PROVENANCE_KEY: meta}),
+                       staged)
         check(staged)
         os.replace(staged, out)
+    if commit is not None:
+        hub_lock.pin(lock, "dataset", hub["path"], hub.get("revision"), commit)
+    return commit
 
 
 def subsample(df: pd.DataFrame, n: int | None, seed: int) -> pd.DataFrame:

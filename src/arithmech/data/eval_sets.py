@@ -127,14 +127,15 @@ def unfetched_hub_sets(evaluation: dict) -> dict[str, dict]:
             if evaluation[name].get("hub") is not None and not Path(hub_file(name)).is_file()}
 
 
-def fetch(name: str, hub: dict, out_path: str | Path) -> None:
-    """Download the Hub split of evaluation set `name` into `out_path` (Parquet), checked by its loader."""
+def fetch(name: str, hub: dict, out_path: str | Path, lock: str | Path | None = None) -> None:
+    """Download the Hub split of evaluation set `name` into `out_path` (Parquet), checked by its loader, at the
+    commit the lock file `lock` pinned (`arithmech.hub_lock`), or pinning the one its revision resolves to."""
     from arithmech.data.datasets import fetch_hub
 
     where = _where(hub)
     try:
-        fetch_hub(hub, out_path, REGISTRY[name].load)
+        commit = fetch_hub(hub, out_path, REGISTRY[name].load, lock)
     except Exception as err:
         raise RuntimeError(f"evaluation data set {name!r} (config key 'evaluation.{name}.hub': {where}): "
                            f"{type(err).__name__}: {err}") from err
-    print(f"{name}: fetched {where} into {out_path}")
+    print(f"{name}: fetched {where}" + (f" at commit {commit}" if commit else "") + f" into {out_path}")

@@ -28,6 +28,34 @@ def metric_values(patching: pd.DataFrame, metric: str) -> pd.Series:
     return METRICS[metric](patching)
 
 
+def pair_labels(pairs: pd.DataFrame) -> pd.Series:
+    """sample_id -> its operand pair "a,b" (a pairs table's columns sample_id, a, b): the bootstrap's clusters."""
+    return pd.Series((pairs["a"].astype(str) + "," + pairs["b"].astype(str)).to_numpy(), index=pairs["sample_id"])
+
+
+def check_finite(patching: pd.DataFrame, where: str, pairs: dict | pd.Series | None = None) -> None:
+    """Raise a ValueError naming the samples (with their operand pair from `pairs`, sample_id -> "a,b", when
+    given) and nodes whose logits or probabilities in `patching` (of `where`: a task, a file) are NaN or
+    infinite: a reference value (logit_o, prob_o) once per sample, a patched one (logit_p, prob_p) per node.
+    Without it a NaN surfaces far from where it arose, as a missing row of the bootstrap's table."""
+    labels = pd.Series(pairs) if pairs is not None else pd.Series(dtype=object)
+    found = []
+    for column, per_node in (("logit_o", False), ("prob_o", False), ("logit_p", True), ("prob_p", True)):
+        if column not in patching:
+            continue
+        bad = patching[~np.isfinite(patching[column].to_numpy(dtype=float))]
+        if not per_node:
+            bad = bad.drop_duplicates("sample_id")
+        for row in bad.itertuples(index=False):
+            pair = f" (operands {labels[row.sample_id]})" if row.sample_id in labels.index else ""
+            node = f", node {node_label(row.layer, row.head)}" if per_node else " (every node)"
+            found.append(f"sample {row.sample_id}{pair}{node}: {column} = {getattr(row, column)}")
+    if found:
+        shown = "; ".join(found[:5]) + (f"; and {len(found) - 5} more" if len(found) > 5 else "")
+        raise ValueError(f"{where}: non-finite values in the patching table ({shown}). The model's forward gave "
+                         "them: check its weights and compute.dtype (float16 overflows; try float32 or bfloat16)")
+
+
 def excluded_samples(patching: pd.DataFrame, metric: str) -> list:
     """Sample ids the metric leaves out, sorted: for relative_logit those with logit_o <= 0, where dividing
     by logit_o has no meaning (the sign of the effect flips, or it is infinite); none for other metrics."""
@@ -39,6 +67,7 @@ def excluded_samples(patching: pd.DataFrame, metric: str) -> list:
 def usable_rows(patching: pd.DataFrame, metric: str) -> pd.DataFrame:
     """`patching` without the `excluded_samples` (with a warning naming how many of how many). `aggregate` and
     `bootstrap` call it too; a caller that needs both filters once first, so the warning comes once."""
+    check_finite(patching, "the patching table")
     excluded = excluded_samples(patching, metric)
     if not excluded:
         return patching

@@ -9,8 +9,10 @@ A source is one of (config `models.<name>.source`):
 each optionally with `sha256` (of the .gguf file) to verify.
 
 `prepare_model` writes `<out>/source.json`. A GGUF source is dequantized and saved as a normal HF
-directory in `<out>`; a Hub or local directory is not copied (a 7B model is 13 GB): `source.json` points
-at it, with the sha256 of every weight file, and `load_model` follows the pointer.
+directory in `<out>` (after its header was checked: `check_gguf`); a Hub or local directory is not copied (a
+7B model is 13 GB): `source.json` points at it, and `load_model` follows the pointer. Either way `source.json`
+records the sha256 of every weight file loaded (`weights_sha256`), which `load_model` checks first
+(`verify_weights`).
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ from typing import Iterator
 import torch
 from torch import nn
 
-from arithmech.io import atomic_dir, config_hash, provenance, sha256_file
+from arithmech import hub_lock
+from arithmech.io import atomic_dir, config_hash, provenance, sha256_file, write_json
 from arithmech.model import hub
 
 SOURCE_FILE = "source.json"
@@ -78,11 +81,13 @@ def describe_source(source: dict) -> str:
 
 
 def prepare_model(source: dict, out_dir: str | Path, *, model_cache: str | None = None,
-                  model: str | None = None) -> dict:
+                  model: str | None = None, lock: str | Path | None = None) -> dict:
     """Turn `source` into a loadable local model under `out_dir` and return the record written to
     `out_dir/source.json`. The directory appears only when complete. A Hub source downloads into the model
     cache directory (`model_cache`, config key `run.model_cache`; None: huggingface_hub's own) with the token
-    huggingface_hub finds; `model` (the config's name for it) goes into its errors."""
+    huggingface_hub finds, at the commit its revision resolves to, which must be the one the lock file `lock`
+    pinned, if any (`arithmech.hub_lock`; None: no lock kept); `model` (the config's name for it) goes into
+    its errors."""
     out_dir = Path(out_dir)
     record: dict = {"source": dict(source)}
     with atomic_dir(out_dir, protect=True) as tmp:  # what every later job loads: writable by this user alone
@@ -92,6 +97,7 @@ def prepare_model(source: dict, out_dir: str | Path, *, model_cache: str | None 
                 raise ModelSourceError(f"GGUF file not found: {gguf}")
             record["gguf_file"] = str(gguf)
             record["sha256"] = _verify_sha256(gguf, source.get("sha256"))
+            check_gguf(gguf)
             _save_dequantized_gguf(gguf, tmp)
             record["load_from"] = "."
         elif "path" in source:
@@ -99,32 +105,34 @@ def prepare_model(source: dict, out_dir: str | Path, *, model_cache: str | None 
             if not (path / "config.json").is_file():
                 raise ModelSourceError(f"{path} is not a Hugging Face model directory (no config.json)")
             record["load_from"] = str(path)
-            record["sha256"] = _weight_checksums(path)
         elif "tiny" in source:  # a tiny random Llama (tests, the smoke configuration): built, not downloaded
             from arithmech.model.tiny import build_tiny_model
 
             build_tiny_model(tmp, **source["tiny"])
             record["load_from"] = "."
-            record["sha256"] = _weight_checksums(tmp)
         elif "hub" in source:
-            path = _snapshot(source["hub"], source.get("revision"), model_cache, model)
+            path = _snapshot(source["hub"], source.get("revision"), model_cache, model, lock)
             record["load_from"] = str(path)
             record["revision"] = path.name  # snapshot folders are named by commit: the resolved one
-            record["sha256"] = _weight_checksums(path)
         else:
             raise ModelSourceError(f"model source needs one of hub, path, package or tiny; got {sorted(source)}")
         # Check config and tokenizer (and record the shape) before declaring the directory ready; the
         # weights are not loaded here: this runs on a login node, where a 13B model does not fit.
         model_dir = tmp if record["load_from"] == "." else Path(record["load_from"])
+        record["weights_sha256"] = _weight_checksums(model_dir)  # what every job checks before it loads them
+        record.setdefault("sha256", record["weights_sha256"])  # the provenance's: a GGUF's own, else the weights'
         record["architecture"] = describe_model_dir(model_dir)
         record["tokenizer"] = type(LoadedModel.load_tokenizer(model_dir)).__name__
         (tmp / SOURCE_FILE).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
     return record
 
 
-def _snapshot(repo_id: str, revision: str | None, model_cache: str | None, model: str | None) -> Path:
-    """The snapshot folder of `repo_id` at `revision` in the model cache, downloaded if needed. Every failure is
-    one ModelSourceError saying what to do (`hub.hub_problem`), as the check before the run says it."""
+def _snapshot(repo_id: str, revision: str | None, model_cache: str | None, model: str | None,
+              lock: str | Path | None) -> Path:
+    """The snapshot folder of `repo_id` at the commit `revision` resolves to, in the model cache, downloaded if
+    needed; the commit is checked against the lock file `lock` before the download and pinned there after it.
+    Every failure is one ModelSourceError saying what to do (`hub.hub_problem`), as the check before the run
+    says it."""
     from huggingface_hub import snapshot_download
 
     directory = hub.cache_dir(model_cache)
@@ -134,10 +142,34 @@ def _snapshot(repo_id: str, revision: str | None, model_cache: str | None, model
     if problem:
         raise ModelSourceError(f"{what}: {problem}")
     try:
-        return Path(snapshot_download(repo_id, revision=revision, cache_dir=directory,
+        commit = hub_lock.resolve_commit(repo_id, revision, "model", directory)
+        hub_lock.check_pinned(lock, "model", repo_id, revision, commit)
+        # by commit, not by name: what is downloaded is what was checked, even if the branch moves meanwhile
+        path = Path(snapshot_download(repo_id, revision=commit, cache_dir=directory,
                                       allow_patterns=hub.DOWNLOAD_PATTERNS))
+    except hub_lock.HubRevisionError as err:
+        raise ModelSourceError(f"{what}: {err}") from err
     except Exception as err:  # the hub client raises many types; the user needs the one message
         raise ModelSourceError(f"{what}: {hub.hub_problem(err, repo_id, revision, directory)}") from err
+    hub_lock.pin(lock, "model", repo_id, revision, commit)
+    return path
+
+
+def check_gguf(gguf: Path) -> None:
+    """Refuse a GGUF file whose header declares an unsupported architecture, or whose float32 copy would not fit
+    this host's memory, before transformers dequantises it (which it does before looking at the architecture)."""
+    from arithmech.model.gguf_header import GGUFHeaderError, memory_problem, read_gguf_header
+
+    try:
+        header = read_gguf_header(gguf)
+    except (GGUFHeaderError, OSError) as err:
+        raise ModelSourceError(f"could not read the GGUF header of {gguf}: {err}") from err
+    if header.architecture not in LLAMA_FAMILY:
+        raise ModelSourceError(f"GGUF file {gguf} declares architecture '{header.architecture}' "
+                               f"(general.architecture); supported: {', '.join(LLAMA_FAMILY)}")
+    problem = memory_problem(header, gguf)
+    if problem:
+        raise ModelSourceError(problem)
 
 
 def _save_dequantized_gguf(gguf: Path, out_dir: Path) -> None:
@@ -360,11 +392,57 @@ def resolve_model_dir(model_dir: str | Path) -> Path:
     return model_dir
 
 
+def verify_weights(model_dir: str | Path) -> None:
+    """Check the weight files a prepared model directory loads (its own, or those `source.json` points at: a Hub
+    snapshot in a shared model cache, a local directory) against the sha256 that prepare_model recorded
+    (`weights_sha256`): a file changed, replaced, added or removed since stops the job, naming it, instead of
+    changing results silently. A directory without such a record (any HF directory, a fine-tuned copy) is not
+    checked.
+
+    A file is hashed once: its identity then (device, inode, size, modification and change times) goes into a
+    stamp beside the directory (`.<name>.weights-checked.json`), and later jobs hash only a file whose identity
+    differs. Writing or replacing a file sets its change time to the present, which only root can set back."""
+    model_dir = Path(model_dir)
+    record_file = model_dir / SOURCE_FILE
+    expected = json.loads(record_file.read_text()).get("weights_sha256") if record_file.is_file() else None
+    if expected is None:
+        return
+    weights_dir = resolve_model_dir(model_dir)
+    present = {p.name for p in weights_dir.iterdir() if p.is_file() and p.suffix in _WEIGHT_SUFFIXES} \
+        if weights_dir.is_dir() else set()
+    redo = f"if the change is meant, prepare the model again (delete {model_dir} and re-run)"
+    if present != set(expected):
+        missing, extra = sorted(set(expected) - present), sorted(present - set(expected))
+        raise ModelSourceError(f"the weight files in {weights_dir} are not those prepare_model recorded in "
+                               f"{record_file}: missing {missing or 'none'}, not recorded {extra or 'none'}; {redo}")
+    stamp_file = model_dir.parent / f".{model_dir.name}.weights-checked.json"
+    try:
+        checked = json.loads(stamp_file.read_text())
+    except (OSError, ValueError):
+        checked = {}
+    stamp = {}
+    for name, digest in expected.items():
+        path = (weights_dir / name).resolve()  # a Hub snapshot's files are links to its blobs
+        info = path.stat()
+        stamp[name] = [str(path), digest, info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns]
+        if checked.get(name) == stamp[name]:
+            continue
+        actual = sha256_file(path)
+        if actual != digest:
+            raise ModelSourceError(f"{weights_dir / name}: its sha256 is {actual}, but prepare_model recorded {digest} "
+                                   f"in {record_file}: the file was changed or replaced since (in a shared model "
+                                   f"cache, by anyone who can write there); {redo}")
+    if stamp != checked:
+        with contextlib.suppress(OSError):  # a results folder this job cannot write: the next job hashes again
+            write_json(stamp, stamp_file)
+
+
 def load_model(model_dir: str | Path, device: str = "auto", dtype: str = "auto") -> LoadedModel:
     """Load a prepared model directory (following `source.json`'s pointer) or any HF directory, in eval
     mode and without gradients."""
     from transformers import AutoModelForCausalLM
 
+    verify_weights(model_dir)
     model_dir = resolve_model_dir(model_dir)
     if not (model_dir / "config.json").is_file():
         raise ModelSourceError(f"no model at {model_dir} (no config.json); run the prepare_model rule first")

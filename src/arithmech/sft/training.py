@@ -532,8 +532,13 @@ def train(ft: FineTune, examples: Sequence[tuple[str, str]], config: TrainConfig
                     loss_sum += loss.item() if weight else 0.0
                 if world > 1:
                     loss_sum = distributed.all_reduce_sum(loss_sum)
-                    if not ft.sharded:  # FSDP2 reduced the shards' gradients in the backward
-                        distributed.all_reduce_grads(params)
+                if not math.isfinite(loss_sum):  # the same sum on every rank: all stop here together
+                    raise FloatingPointError(
+                        f"finetune {ft.method.name}: the loss of optimizer step {step + 1} (of {total}) is {loss_sum}, "
+                        "not finite; the step was not taken. Lower the learning rate (finetune.lr / study.lr_grid), "
+                        "set max_grad_norm, or train in float32 (compute.dtype)")
+                if world > 1 and not ft.sharded:  # FSDP2 reduced the shards' gradients in the backward
+                    distributed.all_reduce_grads(params)
                 if config.max_grad_norm is not None:  # after the reduction: the norm of the whole gradient
                     torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm)
                 for p in scaled:  # after clipping, so the clip does not undo the factor

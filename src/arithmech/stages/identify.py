@@ -14,12 +14,13 @@ from arithmech.data.arithmetic import SPLITS, build_prompts, select_samples, spl
 
 
 def run_prepare_model(*, source: dict, out_dir: str | Path, model_cache: str | None = None,
-                      model: str | None = None) -> None:
+                      model: str | None = None, lock: str | Path | None = None) -> None:
     """Prepare model `model` from its config `source` into `out_dir`; a Hub source downloads into `model_cache`
-    (config key `run.model_cache`; None: huggingface_hub's own cache)."""
+    (config key `run.model_cache`; None: huggingface_hub's own cache) at the commit the lock file `lock` pinned
+    (`arithmech.hub_lock`), or pins the one it resolves to."""
     from arithmech.model.loading import prepare_model
 
-    prepare_model(source, out_dir, model_cache=model_cache, model=model)
+    prepare_model(source, out_dir, model_cache=model_cache, model=model, lock=lock)
 
 
 def run_build_pairs(*, model_dir, task: str, prompts: dict, compute: dict, seed: int, out_pairs, out_dropped) -> None:
@@ -155,9 +156,12 @@ def run_patch_layers(*, model_dir, layers: list[int] | None, patching: dict, com
             frames.append(effects_frame(lm, sample_ids.tolist(), [layer], out.logit_o, out.logit_p,
                                         logprob_o=out.logprob_o,
                                         logprob_p=out.logprob_p))
+        table = pd.concat(frames, ignore_index=True)
+        fx.check_finite(table, f"patching for {out_path}",
+                        fx.pair_labels(pd.read_parquet(pairs_path, columns=["sample_id", "a", "b"])))
         cache_hash = cache_meta(cache_path).get("params_hash")
         meta = stage_meta(model_dir, "patch_layers", layers=layers, patching=patching, cache=cache_hash)
-        write_parquet(pd.concat(frames, ignore_index=True), out_path, meta)
+        write_parquet(table, out_path, meta)
 
 
 def run_aggregate_effects(*, model: str, task: str, layer_paths, pairs_path, metric: str, key_rules: dict, seed: int,
@@ -167,9 +171,9 @@ def run_aggregate_effects(*, model: str, task: str, layer_paths, pairs_path, met
     The effects' metadata counts the samples the metric left out (logit_o <= 0 for relative_logit)."""
     patching = pd.concat([pd.read_parquet(p) for p in layer_paths], ignore_index=True)
     n_samples = patching["sample_id"].nunique()
+    clusters = fx.pair_labels(pd.read_parquet(pairs_path, columns=["sample_id", "a", "b"]))
+    fx.check_finite(patching, f"{model}, {task}", clusters)  # names the operand pairs too
     patching = fx.usable_rows(patching, metric)  # warns once; aggregate and bootstrap then find nothing to drop
-    pairs = pd.read_parquet(pairs_path, columns=["sample_id", "a", "b"])
-    clusters = pd.Series((pairs["a"].astype(str) + "," + pairs["b"].astype(str)).to_numpy(), index=pairs["sample_id"])
     boot = key_rules["bootstrap"]
     uncertainty = fx.bootstrap(
         patching, metric, head_rule=key_rules["heads"], mlp_rule=key_rules["mlps"], clusters=clusters,
