@@ -166,8 +166,9 @@ def test_an_exported_token_reaches_no_job_log_page_or_report(full_run, slurm_clu
     way (sbatch --export=ALL) by hand has it in its stored environment."""
     work, log, jobs = full_run
     control = subprocess.run(["sbatch", "--parsable", "-p", slurm_cluster.cpu_partition, "-A", slurm_cluster.account,
-                              "--export=ALL", "--output=/dev/null", "--wrap", "true"], env={**slurm_cluster.env, "HF_TOKEN": MARKER},
-                             capture_output=True, text=True, timeout=60, check=True)
+                              "--export=ALL", "--output=/dev/null", "--wrap", "true"],
+                             env={**slurm_cluster.env, "HF_TOKEN": MARKER}, capture_output=True, text=True, timeout=60,
+                             check=True)
     job_id = control.stdout.strip().split(";")[0]
     slurm_cluster.wait(job_id, timeout=JOB_WAIT_S)
     assert MARKER in slurm_cluster.run("sacct", "-j", job_id, "--env-vars", "-n").stdout
