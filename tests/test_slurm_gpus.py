@@ -102,7 +102,7 @@ def step(batch_size, grad_accumulation, out, seed):
         if rank == 1:
             raise torch.cuda.OutOfMemoryError(f"CUDA out of memory (rank 1, a batch of {batch_size})")
         time.sleep(120)  # rank 0 still working: the launcher stops it
-    seen = distributed.gather(batch_size)
+    seen = [int(t) for t in distributed.gather_tensor(torch.tensor(batch_size))]
     if rank == 0:
         Path(out).write_text(json.dumps({"world": world, "batch_sizes": seen, "grad_accumulation": grad_accumulation}))
 """
