@@ -89,6 +89,8 @@ def user_profiles(argv: list[str], cwd: Path, checkout: Path) -> list[tuple[Path
     in a configuration directory while `--profile slurm` found the checkout's own first; otherwise a `--profile`
     of the command line that is not the workflow's, used when the workflow profile is layered over it."""
     profiles, workflow_profile = profile_args(argv)
+    workflow_layered = workflow_profile is not None and is_workflow_profile(
+        Path(workflow_profile) if Path(workflow_profile).is_absolute() else cwd / workflow_profile, checkout)
     out = []
     for name in profiles:
         here = Path(name) if Path(name).is_absolute() else cwd / name
@@ -100,8 +102,6 @@ def user_profiles(argv: list[str], cwd: Path, checkout: Path) -> list[tuple[Path
             continue
         found = profile_file(here) if here.exists() else next(
             (f for d in config_dirs() if (f := profile_file(d / name))), None)
-        workflow_layered = workflow_profile is not None and is_workflow_profile(
-            Path(workflow_profile) if Path(workflow_profile).is_absolute() else cwd / workflow_profile, checkout)
         if found is not None and workflow_layered:
             out.append((found, False))
     return out
