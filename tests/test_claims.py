@@ -113,6 +113,16 @@ def test_middle_layers_uses_relative_depth():
     assert some[0]["verdict"] == "partly"
 
 
+def test_middle_band_is_the_papers_layers_12_to_17_of_32():
+    # the band is fixed by the paper's own numbers (LLaMA2-7B, 32 layers), on the depth scale the rule uses
+    low, high = CFG["middle_band"]
+    assert claims.depth(12, 32) == pytest.approx(low, abs=5e-4) and claims.depth(17, 32) == pytest.approx(high, abs=5e-4)
+    # key heads at depth 0.6-0.7 (a wider 0.3-0.7 band called this "holds") lie outside it
+    eff = effects_table({}, {}, n_layers=11)
+    wide = claims.middle_layers({"addition": key_table(eff, ["L6H0", "L7H1", "L7H2"], [])}, 11, CFG)
+    assert wide[0]["verdict"] == "does not hold"
+
+
 def test_mlp_late_compares_mlps_before_and_after_the_first_key_head():
     eff = effects_table({(2, 0): -0.01}, {0: (0.005, 0.004, 0.006), 3: (-0.03, -0.04, -0.02)})
     rows = claims.mlp_late({"addition": key_table(eff, ["L2H0"], [])}, {"addition": eff}, CFG)
