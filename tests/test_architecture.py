@@ -17,7 +17,7 @@ PACKAGE = ROOT / "src" / "arithmech"
 def test_import_contracts_are_kept():
     """stages and tools -> library subpackages -> base modules, no stage imports another; a broken contract
     prints the offending import chains."""
-    lint_imports = Path(sys.executable).parent / "lint-imports"  # pinned in requirements.txt
+    lint_imports = Path(sys.executable).parent / "lint-imports"  # pinned in requirements-test.txt
     path = [str(ROOT / "src"), *filter(None, [os.environ.get("PYTHONPATH")])]  # this checkout's package
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
     proc = subprocess.run(

@@ -142,6 +142,37 @@ def test_env_file_pins_are_requirements_txt_and_the_makefiles_torch():
     assert pip == [torch, *pins(ROOT / "requirements.txt")]
 
 
+def _name(requirement: str) -> str:
+    return re.sub(r"[-_.]+", "-", re.split(r"[=<>!~ ;\[]", requirement, maxsplit=1)[0]).lower()
+
+
+def test_jobs_environment_is_what_the_package_needs_and_no_test_tool():
+    """requirements.txt (the jobs' environment, envs/arithmech.yaml) holds every package the package's direct needs
+    (pyproject.toml) pull in, as installed here, and none of requirements-test.txt's tools."""
+    import tomllib
+    from importlib import metadata
+
+    from packaging.requirements import Requirement
+
+    roots = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    needed, todo = set(), [_name(r) for r in roots]
+    while todo:
+        name = todo.pop()
+        if name in needed:
+            continue
+        needed.add(name)
+        for req in metadata.distribution(name).requires or []:
+            req = Requirement(req)
+            if req.marker is None or req.marker.evaluate({"extra": ""}):
+                todo.append(_name(req.name))
+    run = {_name(p) for p in pins(ROOT / "requirements.txt")}
+    test = {_name(p) for p in pins(ROOT / "requirements-test.txt")}
+    assert "pytest" in test and not run & test
+    # torch comes from the Makefile (its CUDA libraries differ by machine), setuptools with every virtual environment
+    assert needed - {"torch", "setuptools"} - run == set(), "a package the jobs import is missing from requirements.txt"
+    assert test & needed == set(), "a package the jobs need is listed as a test tool"
+
+
 def test_post_deploy_script_pins_the_default_model_wheel():
     """The post-deploy script runs from its copy under .snakemake/conda/: it names the wheel itself, the pin of
     envs/default-model.txt, and reads no file beside it."""

@@ -1,4 +1,4 @@
-"""The Snakemake files stay formatted (snakefmt, pinned in requirements.txt)."""
+"""The Snakemake files stay formatted (snakefmt, pinned in requirements-test.txt)."""
 
 import subprocess
 import sys
