@@ -24,6 +24,10 @@ setup: $(STAMP)
 # batches are small (END-token trials of 16 prompts), so a second thread speeds a job up by about 1.45x, while a
 # second job beside it runs at full speed (docs/performance.md).
 THREADS ?= 1
+# The test suite on CORES pytest-xdist workers (one torch thread each; the real-Slurm tests one after another on one
+# of them: tests/conftest.py), and its slowest tests listed at the end. TEST_ARGS= runs it in one process.
+TEST_ARGS ?= -n $(CORES) --dist loadgroup --durations=25
+
 run: $(STAMP)
 	$(BIN)/snakemake --cores $(CORES) --max-threads $(THREADS)
 
@@ -80,12 +84,12 @@ test: $(STAMP)
 		trap 'bash tests/slurm/cluster.sh stop' EXIT; trap 'exit 130' INT TERM; \
 		bash tests/slurm/cluster.sh up || true; \
 	fi; \
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest $(TEST_ARGS)
 
 # Everything but the slow tests (the whole tiny workflow, the runs through the test Slurm, the Snakemake linters, the
 # TransformerLens benchmark on the tiny model).
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -m "not slow"
+	$(BIN)/python -m pytest $(TEST_ARGS) -m "not slow"
 
 # On a GPU machine: the device tests on CUDA (bf16 closed form, knockout, precise SFT on bf16, peak memory),
 # then the patching benchmark there. Fails rather than skipping when no CUDA device is visible.
