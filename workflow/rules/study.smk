@@ -174,7 +174,12 @@ rule study_summary:
     params:
         code=library_code("study_summary"),
         study=study_params(
-            "confidence", "bootstrap", "base_band", "arms", "heads", "splits", "n_shots"
+            "confidence",
+            "bootstrap",
+            "base_band",
+            "arms",
+            "splits",
+            "n_shots",
         ),
         operands=config["prompts"]["operands"],  # where the heads were found (study.md says)
         seed=config["seed"],
