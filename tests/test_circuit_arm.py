@@ -57,7 +57,7 @@ def test_the_study_compares_the_circuit_arm_with_precise():
 
 
 # ------------------------------------------------------------------------------------------------ head-set arms
-RANKED = [(2, 1), (0, 3), (1, 1), (2, 0), (1, 0)]  # by patching effect: the key heads at study.heads = 2 are the first two
+RANKED = [(2, 1), (0, 3), (1, 1), (2, 0), (1, 0)]  # by patching effect; the key heads (study.heads = 2): the first two
 ARM_NODES = {"ranked_mlps": [2, 0], "n_layers": 3, "n_heads": 4, "seed": 0}
 STUDY = {"heads": 2, "mlps": 1, "kv": "none", "lora": {}}
 
@@ -174,4 +174,5 @@ def test_a_training_run_records_its_heads_overlap_with_precise(tiny_dir, tmp_pat
         "n_heads": 2, "overlap_precise": 0, "jaccard_precise": 0.0}
     # the union {L2H3, L0H1} has one head outside the key heads {L2H3, L1H2}: trained alone, and said
     assert records["circuit_disjoint"]["spec"]["heads"] == [[0, 1]]
-    assert records["circuit_disjoint"]["n_heads"] == 1 and "fewer than study.heads" in records["circuit_disjoint"]["circuit_note"]
+    assert records["circuit_disjoint"]["n_heads"] == 1
+    assert "fewer than study.heads" in records["circuit_disjoint"]["circuit_note"]

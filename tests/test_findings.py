@@ -104,7 +104,8 @@ def test_study_rows_show_each_head_arms_overlap_with_precise_and_the_circuit_arm
                          float("nan"), 0], jaccard_precise=[float("nan"), 1.0, 1.0, float("nan"), 0.0])
     arms, rows = study_rows(study, pd.concat([comp, comp.iloc[:1].assign(arm_a="circuit_disjoint", arm_b="precise")]))
     shared = arms.set_index("arm")["heads (shared with precise)"]
-    assert shared["precise"] == "16 (16 shared, Jaccard 1.00)" and shared["circuit_disjoint"] == "12 (0 shared, Jaccard 0.00)"
+    assert shared["precise"] == "16 (16 shared, Jaccard 1.00)"
+    assert shared["circuit_disjoint"] == "12 (0 shared, Jaccard 0.00)"
     assert shared["full"] == "" and shared["base"] == ""
     assert "circuit_disjoint - precise" in list(rows["comparison"])
 

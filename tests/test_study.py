@@ -509,7 +509,8 @@ def test_items_stage_leaves_out_identify_pairs(tiny_dir, tmp_path):
     (lambda s: s["formats"]["add2"].update(a=[20, 10]), "study.formats.add2"),
     (lambda s: s["train"].update(epochs=2), "config key 'study.train'"),
     (lambda s: s.update(kv="all"), "config key 'study.kv'"),
-    (lambda s: (s["arms"].append("low_effect"), s["lr_grid"].pop("low_effect")), "config key 'study.lr_grid.low_effect'"),
+    (lambda s: (s["arms"].append("low_effect"), s["lr_grid"].pop("low_effect")),
+     "config key 'study.lr_grid.low_effect'"),
     (lambda s: s["seeds"].update(circuit_disjoint=0), "config key 'study.seeds.circuit_disjoint'"),
     (lambda s: s["arms"].append("disjoint"),
      "config key 'study.arms.4': unknown method 'disjoint'; *circuit_disjoint *low_effect *the negative control"),
@@ -615,7 +616,8 @@ def test_summary_carries_each_runs_head_overlap_and_says_where_the_heads_were_fo
     comp = pd.read_parquet(out["comparisons"])
     assert ((comp["arm_a"] == "precise") & (comp["arm_b"] == "low_effect")).any()  # the positive control
     md = out["md"].read_text()
-    assert "## Head sets" in md and "- circuit (chosen): 16 heads, 13 of them trained by precise too (Jaccard 0.68)" in md
+    assert "## Head sets" in md
+    assert "- circuit (chosen): 16 heads, 13 of them trained by precise too (Jaccard 0.68)" in md
     assert "## Operand range" in md and "found on operands 1-9" in md and "`add2`, a in 10-19, b in 10-19" in md
     assert "no circuit_disjoint arm" in md
     assert "found on operands 1-9" in out["html"].read_text()

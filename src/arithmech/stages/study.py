@@ -346,17 +346,18 @@ def trained_format_row(formats: pd.DataFrame, fmt: str) -> dict:
     if row.empty:
         raise ValueError(f"formats.parquet has no row for the trained format {fmt!r}: re-run rule study_format")
     r = row.iloc[0]
-    span = lambda text: tuple(int(x) for x in str(text).split("-"))  # "10-99" -> (10, 99)
-    return {"name": fmt, "task": str(r["task"]), "a_range": span(r["a"]), "b_range": span(r["b"])}
+    low_a, high_a = (int(x) for x in str(r["a"]).split("-"))  # the ranges as the table writes them: "10-99"
+    low_b, high_b = (int(x) for x in str(r["b"]).split("-"))
+    return {"name": fmt, "task": str(r["task"]), "a_range": (low_a, high_a), "b_range": (low_b, high_b)}
 
 
 HEAD_SET_COLUMNS = ("n_heads", "overlap_precise", "jaccard_precise")  # `design.head_overlap`, from stats.json
 
 
 def head_sets_markdown(table: pd.DataFrame, study: dict) -> str:
-    """Every head arm's heads against precise's (study.parquet's HEAD_SET_COLUMNS), one line per arm and distinct
-    head set (the draws of a random arm differ; seeds share their arm's heads), then what the default config
-    leaves out: arms that tell head sets apart only if they differ from precise."""
+    """Every head arm's heads against precise's (study.parquet's HEAD_SET_COLUMNS), one line per arm and overlap
+    (its runs with the same numbers share a line: seeds train their arm's heads, draws may differ), then which of
+    the arms that tell head sets apart (circuit, circuit_disjoint, low_effect) this run left out."""
     rows = table.dropna(subset=["n_heads"]) if "n_heads" in table else table.iloc[:0]
     lines = []
     for (arm, n, both, jac), part in rows.groupby(["arm", *HEAD_SET_COLUMNS], sort=False):
@@ -367,8 +368,11 @@ def head_sets_markdown(table: pd.DataFrame, study: dict) -> str:
     note = ""
     if missing:
         note = (f"\nThis run has no {', '.join(missing)} arm (`study.arms`); `configs/sft-study.yaml` runs them with "
-                "3 seeds each. Without low_effect there is no positive control (precise against the weakest heads), "
-                "so the scorecard reads no \"does not hold\" from the circuit arm.\n")
+                "3 seeds each.")
+        if "low_effect" in missing:
+            note += (" Without low_effect there is no positive control (precise against the weakest heads of its "
+                     "layers), so the scorecard reads no \"does not hold\" from the circuit arm.")
+        note += "\n"
     return ("## Head sets\n\nEach head arm's heads against the precise arm's (the top `study.heads` heads by patching "
             "effect): how many it trains, how many of them precise trains too, and the Jaccard index.\n\n"
             + "\n".join(lines or ["- no head arm was scored, or its runs predate the record"]) + "\n" + note)
