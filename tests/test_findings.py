@@ -97,6 +97,19 @@ def test_study_rows_format_for_reading():
     assert arms.set_index("arm").loc["full", "KL to base (nats/token)"] == "2e-3"  # below 0.01: one digit
 
 
+def test_study_rows_show_each_head_arms_overlap_with_precise_and_the_circuit_arms_comparisons():
+    study, comp = study_tables()
+    study = pd.concat([study, study.iloc[[1]].assign(arm="circuit_disjoint")], ignore_index=True)
+    study = study.assign(n_heads=[float("nan"), 16, 16, float("nan"), 12], overlap_precise=[float("nan"), 16, 16,
+                         float("nan"), 0], jaccard_precise=[float("nan"), 1.0, 1.0, float("nan"), 0.0])
+    arms, rows = study_rows(study, pd.concat([comp, comp.iloc[:1].assign(arm_a="circuit_disjoint", arm_b="precise")]))
+    shared = arms.set_index("arm")["heads (shared with precise)"]
+    assert shared["precise"] == "16 (16 shared, Jaccard 1.00)"
+    assert shared["circuit_disjoint"] == "12 (0 shared, Jaccard 0.00)"
+    assert shared["full"] == "" and shared["base"] == ""
+    assert "circuit_disjoint - precise" in list(rows["comparison"])
+
+
 def test_study_rows_print_the_same_text_when_the_last_digits_move():
     """Two CPUs that differ in a statistic's last digits (docs/performance.md, Reproducibility) print the same
     rows; a zero-width interval falls back to the unit's own digits."""

@@ -509,6 +509,11 @@ def test_items_stage_leaves_out_identify_pairs(tiny_dir, tmp_path):
     (lambda s: s["formats"]["add2"].update(a=[20, 10]), "study.formats.add2"),
     (lambda s: s["train"].update(epochs=2), "config key 'study.train'"),
     (lambda s: s.update(kv="all"), "config key 'study.kv'"),
+    (lambda s: (s["arms"].append("low_effect"), s["lr_grid"].pop("low_effect")),
+     "config key 'study.lr_grid.low_effect'"),
+    (lambda s: s["seeds"].update(circuit_disjoint=0), "config key 'study.seeds.circuit_disjoint'"),
+    (lambda s: s["arms"].append("disjoint"),
+     "config key 'study.arms.4': unknown method 'disjoint'; *circuit_disjoint *low_effect *the negative control"),
 ])
 def test_bad_study_config_names_the_key(edit, message):
     config = yaml.safe_load((ROOT / "config.yaml").read_text())
@@ -522,3 +527,97 @@ def test_train_format_is_auto_or_a_format_or_a_candidate(name):
     config = yaml.safe_load((ROOT / "config.yaml").read_text())
     config["study"]["train_format"] = name
     validate_config(config, SCHEMA)
+
+
+def test_the_powered_study_runs_the_head_set_arms_at_three_seeds():
+    """configs/sft-study.yaml: precise, circuit, the disjoint arm and the negative control, 3 seeds each, each
+    with its lr grid; the merged config passes the checks. The default config.yaml names both arms' grids, so
+    adding them to study.arms is enough."""
+    from snakemake.utils import update_config
+
+    config = yaml.safe_load((ROOT / "config.yaml").read_text())
+    update_config(config, yaml.safe_load((ROOT / "configs/sft-study.yaml").read_text()))
+    validate_config(config, SCHEMA)
+    study = config["study"]
+    for arm in ("precise", "circuit", "circuit_disjoint", "low_effect"):
+        assert arm in study["arms"] and study["seeds"][arm] >= 3, arm
+        assert sd.final_runs(arm, study) == ["chosen", "seed1", "seed2"]
+        assert len(study["lr_grid"][arm]) == len(study["lr_grid"]["precise"])
+    default = yaml.safe_load((ROOT / "config.yaml").read_text())
+    default["study"]["arms"] += ["circuit_disjoint", "low_effect"]
+    validate_config(default, SCHEMA)
+
+
+def test_study_md_lists_each_head_sets_overlap_with_precise():
+    """study.md's "Head sets": per arm (per draw where draws differ) its heads, those precise trains too and the
+    Jaccard index; a run without the negative control says what that costs."""
+    from arithmech.stages.study import head_sets_markdown
+
+    table = pd.DataFrame([
+        {"arm": "base", "run": "base"},
+        {"arm": "precise", "run": "chosen", "n_heads": 16, "overlap_precise": 16, "jaccard_precise": 1.0},
+        {"arm": "precise", "run": "seed1", "n_heads": 16, "overlap_precise": 16, "jaccard_precise": 1.0},
+        {"arm": "circuit", "run": "chosen", "n_heads": 16, "overlap_precise": 13, "jaccard_precise": 13 / 19},
+        {"arm": "full", "run": "chosen"},
+    ])
+    md = head_sets_markdown(table, {"arms": ["precise", "circuit", "full"]})
+    assert md.startswith("## Head sets")
+    assert "- precise (chosen, seed1): 16 heads, 16 of them trained by precise too (Jaccard 1.00)" in md
+    assert "- circuit (chosen): 16 heads, 13 of them trained by precise too (Jaccard 0.68)" in md
+    assert "full" not in md.split("\n\n", 2)[2].split("This run")[0]
+    assert "no circuit_disjoint, low_effect arm" in md and "no positive control" in md
+    md = head_sets_markdown(table, {"arms": ["precise", "circuit", "circuit_disjoint", "low_effect"]})
+    assert "This run has no" not in md
+
+
+def test_summary_carries_each_runs_head_overlap_and_says_where_the_heads_were_found(tmp_path):
+    """study.parquet gets n_heads, overlap_precise and jaccard_precise from each run's stats.json (empty for base
+    and for arms without heads); study.md shows them under "Head sets" and the operand range under its heading."""
+    from arithmech.io import write_json, write_parquet
+
+    table, choice = sd.choose_format(_measured(("add2", 0.4)), [0.2, 0.6], "add2")
+    table = table.assign(task="addition", template="{a} {op} {b} = ", operator="+", a="10-19", b="10-19", pairs=98,
+                         correct=20, ci_low=0.3, ci_high=0.5)
+    write_parquet(table, tmp_path / "formats.parquet", {"choice": choice})
+    write_json(choice, sd.choice_path(tmp_path / "formats.parquet"))
+    items = tmp_path / "items.parquet"
+    pd.DataFrame({"format": ["add2"], "split": ["train"]}).to_parquet(items)
+    pairs = [f"addition:{10 + i}:{11 + i % 3}" for i in range(40)]
+    rng = np.random.default_rng(0)
+    evals, stats, selections = {}, {}, {}
+    overlap = {"precise": (16, 16, 1.0), "circuit": (16, 13, 13 / 19), "low_effect": (16, 0, 0.0)}
+    for arm in ("base", "precise", "circuit", "low_effect", "full"):
+        run = "base" if arm == "base" else "chosen"
+        path = tmp_path / f"eval_{arm}.parquet"
+        pd.DataFrame({"dataset": "add2", "kind": "arithmetic", "item": pairs, "cluster": pairs,
+                      "correct": (rng.random(40) < 0.5).astype(float), "nll": 1.0, "n_tokens": 2}).to_parquet(path)
+        evals[(arm, run)] = path
+        if arm == "base":
+            continue
+        record = {"lr": 1e-3, "seed": 0, "steps": 2, "n_trainable": 10, "mean_step_s": 0.1, "step_times_s": [0.1],
+                  "peak_memory_bytes": 0, "optimizer_state_bytes": 0, "artifact_bytes": 0, "losses": [1.0]}
+        if arm in overlap:
+            record |= dict(zip(("n_heads", "overlap_precise", "jaccard_precise"), overlap[arm]))
+        stats[(arm, "lr0")] = tmp_path / f"stats_{arm}.json"
+        write_json(record, stats[(arm, "lr0")])
+        selections[arm] = tmp_path / f"select_{arm}.json"
+        write_json({"run": "lr0", "lr": 1e-3, "grid": []}, selections[arm])
+    out = {k: tmp_path / f"{k}.{ext}" for k, ext in (("study", "parquet"), ("comparisons", "parquet"), ("md", "md"),
+                                                     ("html", "html"), ("png", "png"), ("curves", "png"))}
+    study = _study() | {"arms": ["precise", "circuit", "low_effect", "full"]}
+    run_study_summary(model="m", study=study, formats_path=tmp_path / "formats.parquet", items_path=items,
+                      selection_paths=selections, eval_paths=evals, stats_paths=stats, seed=0, out_study=out["study"],
+                      out_comparisons=out["comparisons"], out_md=out["md"], out_html=out["html"], out_png=out["png"],
+                      out_curves=out["curves"], operands={"min": 1, "max": 9})
+    result = pd.read_parquet(out["study"]).set_index("arm")
+    assert result.loc["circuit", "overlap_precise"] == 13 and result.loc["circuit", "n_heads"] == 16
+    assert result.loc["low_effect", "jaccard_precise"] == 0.0
+    assert np.isnan(result.loc["full", "n_heads"]) and np.isnan(result.loc["base", "overlap_precise"])
+    comp = pd.read_parquet(out["comparisons"])
+    assert ((comp["arm_a"] == "precise") & (comp["arm_b"] == "low_effect")).any()  # the positive control
+    md = out["md"].read_text()
+    assert "## Head sets" in md
+    assert "- circuit (chosen): 16 heads, 13 of them trained by precise too (Jaccard 0.68)" in md
+    assert "## Operand range" in md and "found on operands 1-9" in md and "`add2`, a in 10-19, b in 10-19" in md
+    assert "no circuit_disjoint arm" in md
+    assert "found on operands 1-9" in out["html"].read_text()

@@ -310,11 +310,11 @@ def planned_rules(proc: subprocess.CompletedProcess) -> dict[str, int]:
 # What a change upstream of the patching effects re-runs of stage 4: the two head methods rank heads by
 # effect (full fine-tuning and LoRA do not), their evaluations (6 data sets each), and the summary.
 # The study likewise: the head arms' grid runs, second seed and draw, their lr choices and evaluations.
-HEAD_SFT = {"finetune": 2, "evaluate": 12, "summarize_eval": 1, "study_train": 7, "study_select": 4,
-            "study_evaluate": 6, "study_summary": 1}
+HEAD_SFT = {"finetune": 2, "evaluate": 12, "summarize_eval": 1, "study_train": 8, "study_select": 5,
+            "study_evaluate": 7, "study_summary": 1}
 # What a change of the identify stage's operand pairs re-runs of the study: all of it, the measurement of the
 # candidate formats (study_format leaves the identify stage's pairs out) included.
-STUDY_ALL = {"study_format": 1, "study_items": 1, "study_train": 9, "study_select": 6, "study_evaluate": 9,
+STUDY_ALL = {"study_format": 1, "study_items": 1, "study_train": 10, "study_select": 7, "study_evaluate": 10,
              "study_summary": 1}
 # What new patching effects re-run: aggregation, and everything that reads the effects or key components.
 FROM_EFFECTS = {
@@ -413,7 +413,7 @@ def test_study_changes_rerun_only_what_they_touch(run):
     cases = [
         (lambda c: c["study"]["lr_grid"].update(full=[2e-4]),
          {"study_train": 1, "study_select": 1, "study_evaluate": 1, "study_summary": 1}),
-        (lambda c: c["study"]["off_target"].update(svamp_n=4), {"study_evaluate": 9, "study_summary": 1}),
+        (lambda c: c["study"]["off_target"].update(svamp_n=4), {"study_evaluate": 10, "study_summary": 1}),
         (lambda c: c["study"].update(confidence=0.9), {"study_format": 1, "study_summary": 1}),
         (lambda c: c["study"]["format_choice"].update(items=3), {"study_format": 1, "study_summary": 1}),
         (lambda c: c["study"]["lora"].update(r=4),
@@ -440,7 +440,8 @@ def test_study_outputs(run):
     study = pd.read_parquet(res / "study.parquet")
     assert list(zip(study["arm"], study["run"])) == [
         ("base", "base"), ("precise", "chosen"), ("precise", "seed1"), ("precise_mlp", "chosen"), ("circuit", "chosen"),
-        ("random_heads", "chosen"), ("random_heads", "draw1"), ("full", "chosen"), ("lora", "chosen")]
+        ("low_effect", "chosen"), ("random_heads", "chosen"), ("random_heads", "draw1"), ("full", "chosen"),
+        ("lora", "chosen")]
     assert (study["test_n"] == 10).all() and (study.loc[study["arm"] == "base", "kl_to_base"] == 0).all()
     assert ((study["accuracy_low"] <= study["accuracy"]) & (study["accuracy"] <= study["accuracy_high"])).all()
     precise = study.set_index(["arm", "run"]).loc[("precise", "chosen")]
@@ -456,6 +457,13 @@ def test_study_outputs(run):
     assert comp["p_value"].between(0, 1).all() and (comp["ci_low"] <= comp["ci_high"]).all()
     assert "| precise | chosen |" in (res / "study.md").read_text()
     assert "## Training precision" in (res / "study.md").read_text()
+    # every head arm's heads against precise's: the negative control shares none, precise_mlp all
+    by_arm = study.set_index(["arm", "run"])
+    assert by_arm.loc[("low_effect", "chosen"), "overlap_precise"] == 0
+    assert by_arm.loc[("precise_mlp", "chosen"), "jaccard_precise"] == 1.0
+    assert study.loc[study["arm"].isin(["base", "full", "lora"]), "n_heads"].isna().all()
+    assert ("precise", "low_effect") in set(zip(comp["arm_a"], comp["arm_b"]))  # the positive control
+    assert "## Head sets" in (res / "study.md").read_text() and "## Operand range" in (res / "study.md").read_text()
     trained = study[study["arm"] != "base"]
     assert set(trained["model_dtype"]) == {"float32"} and set(trained["master_dtype"]) == {"float32"}  # CPU
     for name in ("study.png", "study_curves.png"):

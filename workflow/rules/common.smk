@@ -320,8 +320,9 @@ def study_train_inputs(wildcards):
             f"effects_{t}": f"results/{wildcards.model}/effects/{t}.parquet"
             for t in TASKS
         }
-    if (
-        wildcards.arm == "circuit"
+    if wildcards.arm in (
+        "circuit",
+        "circuit_disjoint",
     ):  # the circuits the discover rule chose, one per operator
         files |= {
             f"discover_{t}": f"results/{wildcards.model}/discover/{t}.parquet"

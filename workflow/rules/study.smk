@@ -173,7 +173,15 @@ rule study_summary:
         **CPU_RESOURCES,
     params:
         code=library_code("study_summary"),
-        study=study_params("confidence", "bootstrap", "base_band", "arms"),
+        study=study_params(
+            "confidence",
+            "bootstrap",
+            "base_band",
+            "arms",
+            "splits",
+            "n_shots",
+        ),
+        operands=config["prompts"]["operands"],  # where the heads were found (study.md says)
         seed=config["seed"],
     script:
         "../scripts/study_summary.py"

@@ -30,4 +30,5 @@ with job(snakemake):
         out_html=snakemake.output.html,
         out_png=snakemake.output.figure,
         out_curves=snakemake.output.curves,
+        operands=snakemake.params.operands,
     )

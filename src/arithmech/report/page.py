@@ -80,10 +80,19 @@ def study_not_run(study_path) -> str | None:
     return meta.get("reason") if meta.get("ran") is False else None
 
 
+def _shared_heads(chosen: pd.Series) -> str:
+    """"16 (13 shared, Jaccard 0.68)" from a study.parquet row's head-set columns; empty for arms without heads."""
+    if pd.isna(chosen.get("n_heads", float("nan"))):
+        return ""
+    return (f"{int(chosen['n_heads'])} ({int(chosen['overlap_precise'])} shared, "
+            f"Jaccard {chosen['jaccard_precise']:.2f})")
+
+
 def study_rows(study: pd.DataFrame, comparisons: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(per arm: test exact match of its chosen run with its interval, mean over all its runs, KL to base,
-    trainable parameters; the precise and circuit arms' comparisons on test exact match and KL to base, with
-    intervals and p-values, raw and Holm-adjusted)."""
+    trainable parameters, for a head arm its heads and how many of them the precise arm trains too; the precise and
+    circuit arms' comparisons on test exact match and KL to base, with intervals and p-values, raw and
+    Holm-adjusted)."""
     arms = []
     for arm, part in study.groupby("arm", sort=False):
         chosen = part[part["run"].isin(["chosen", "base"])].iloc[0]
@@ -94,9 +103,10 @@ def study_rows(study: pd.DataFrame, comparisons: pd.DataFrame) -> tuple[pd.DataF
             "mean over runs": display.share(part["accuracy"].mean()),
             "KL to base (nats/token)": display.nats(chosen.get("kl_to_base", float("nan"))),
             "trainable parameters": display.count(chosen.get("trainable_params", float("nan"))),
+            "heads (shared with precise)": _shared_heads(chosen),
         })
     comp = comparisons[comparisons["metric"].isin(["accuracy", "kl_to_base"])
-                       & (comparisons["arm_a"].str.startswith("precise") | (comparisons["arm_a"] == "circuit"))]
+                       & comparisons["arm_a"].str.startswith(("precise", "circuit"))]
     rows = []
     for c in comp.to_dict("records"):
         # at the precision the resampled interval supports, so a re-run on another CPU prints the same text

@@ -331,14 +331,15 @@ def eval_summary(summary: pd.DataFrame, datasets: list[str], title: str, path: s
     _save(fig, path)
 
 
-STUDY_ARMS = ("base", "precise", "precise_mlp", "random_heads", "uniform_heads", "full", "lora", "circuit")
+STUDY_ARMS = ("base", "precise", "precise_mlp", "random_heads", "uniform_heads", "full", "lora", "circuit",
+              "circuit_disjoint", "low_effect")
 
 
 def _arm_colors() -> dict:
     """One colour per study arm, the same in every study figure (precise and random heads far apart)."""
     palette = sns.color_palette("colorblind", 10)
     return dict(zip(STUDY_ARMS, [palette[7], palette[1], palette[2], palette[0], palette[9], palette[4], palette[5],
-                                 palette[3]]))
+                                 palette[3], palette[6], palette[8]]))
 
 
 def study_accuracy(table: pd.DataFrame, train_format: str, title: str, path: str | Path) -> None:

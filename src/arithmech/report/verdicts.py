@@ -743,15 +743,20 @@ def sft_claims(study: pd.DataFrame | None, comp: pd.DataFrame | None, train_form
 
     # the discovered circuit's heads against the key heads, at the same head count
     row = _comparison(comp, "circuit", "precise", "accuracy")
-    rule = directional_rule("(circuit - precise) exact match", +1, f"{100 * min_diff:g} points")
+    rule = (directional_rule("(circuit - precise) exact match", +1, f"{100 * min_diff:g} points")
+            + "; " + POSITIVE_CONTROL_RULE)
     if row is None:
         rows += _not_measured("sft_circuit_vs_precise",
                               "the circuit arm did not run (study.arms has no circuit, or no precise)", rule=rule)
     else:
         verdict = directional(row["ci_low"], row["ci_high"], direction=+1, min_effect=min_diff)
+        control, control_note = _positive_control(comp)
+        if verdict == "does not hold" and not control:
+            verdict = "inconclusive"  # an assay that separates no head sets cannot show these two do not differ
         rows.append(_study_row("sft_circuit_vs_precise", row, verdict, rule, split, source,
                                "exact match, circuit - precise (as many heads)"))
-        rows[-1]["note"] += "; " + _precision_note(study, ("circuit", "precise"))
+        rows[-1]["note"] += "; " + "; ".join([control_note, *_head_set_notes(study, comp),
+                                               _precision_note(study, ("circuit", "precise"))])
 
     # off target: lower KL to base, non-math accuracy not worse by more than the margin
     subs = []
@@ -786,6 +791,40 @@ def sft_claims(study: pd.DataFrame | None, comp: pd.DataFrame | None, train_form
     else:
         rows += _not_measured("sft_speed", "the study has no precise and full arms", rule=speed_rule)
     return rows
+
+
+POSITIVE_CONTROL_RULE = ("a \"does not hold\" stands only if the same study's positive control holds (the 95% "
+                         "interval of (precise - low_effect) exact match, the key heads against as many of the "
+                         "weakest heads in their layers, lies above 0); without it the row is inconclusive")
+
+
+def _positive_control(comp: pd.DataFrame) -> tuple[bool, str]:
+    """Whether the study separates two head sets that should differ, the key heads (precise) and the negative
+    control (low_effect: as many of the weakest heads, in the same layers), with a note saying so."""
+    row = _comparison(comp, "precise", "low_effect", "accuracy")
+    if row is None:
+        return False, "no positive control: the study ran no low_effect arm (negative control) beside precise"
+    passed = bool(row["ci_low"] > 0)
+    return passed, (f"positive control {'passed' if passed else 'failed'}: precise - low_effect "
+                    f"{100 * row['difference']:+.1f} points [{100 * row['ci_low']:+.1f}, {100 * row['ci_high']:+.1f}]")
+
+
+def _head_set_notes(study: pd.DataFrame, comp: pd.DataFrame) -> list[str]:
+    """How far the circuit arms' heads are from precise's (study.parquet's n_heads, overlap_precise,
+    jaccard_precise of each arm's chosen run) and how the circuit's heads outside precise's (circuit_disjoint)
+    compare with precise."""
+    notes = []
+    chosen = study[study["run"] == "chosen"].set_index("arm")
+    for arm in ("circuit", "circuit_disjoint"):
+        if arm in chosen.index and "overlap_precise" in chosen and not pd.isna(chosen.loc[arm, "overlap_precise"]):
+            r = chosen.loc[arm]
+            notes.append(f"{arm} shares {int(r['overlap_precise'])} of its {int(r['n_heads'])} heads with precise "
+                         f"(Jaccard {r['jaccard_precise']:.2f})")
+    row = _comparison(comp, "circuit_disjoint", "precise", "accuracy")
+    if row is not None:
+        notes.append(f"circuit_disjoint - precise {100 * row['difference']:+.1f} points "
+                     f"[{100 * row['ci_low']:+.1f}, {100 * row['ci_high']:+.1f}]")
+    return notes
 
 
 def _precision_note(study: pd.DataFrame, arms: tuple[str, ...]) -> str:

@@ -32,6 +32,21 @@ many heads drawn uniformly among the others, as many draws), full and lora. Ever
 validation split from its own grid (`study.lr_grid`), the same number of steps for all; the chosen lr is
 then trained with more seeds.
 
+The circuit arms and their controls. circuit_disjoint trains the discovered circuits' heads that are not key
+heads (not among precise's top `study.heads`), strongest first, at most as many as precise: where the circuit
+arm shares most of its heads with precise (both take the top of rankings that largely coincide), this arm asks
+whether the heads the circuit adds matter. low_effect is the negative control: as many heads as precise, in the
+key heads' layers (as random_heads), each the head of its layer with the smallest patching effect on every
+operator (`weakest_heads`). "precise beats low_effect" is the study's positive control: a study that cannot
+separate the key heads from the weakest heads cannot show that the circuit's heads are no better than the key
+heads (`report.verdicts.sft_claims`). Every head arm records its heads' overlap with precise's
+(`head_overlap`), in its run's stats.json and in study.parquet.
+
+The operand range. The heads and the circuits were found on the identify stage's operand pairs
+(`prompts.operands`, one digit by default); the study trains another range, and says so
+(`operand_range_note`): the study leaves the identify stage's pairs out, so that no head was chosen on a study
+item, and one-digit operands have too few pairs for the splits.
+
 Runs (results/{model}/finetune/study/runs/{arm}/{run}): `lr{i}` is grid point i with seed 0 (draw 0);
 `seed{s}` is seed s at the chosen lr; `draw{d}` is random-head draw d (seed 0) at the chosen lr (the arms
 of `sft.methods.DRAWN_METHODS`). The models scored on the test sets are the chosen grid run (`chosen`), the
@@ -49,7 +64,7 @@ import numpy as np
 import pandas as pd
 
 from arithmech.report import stats
-from arithmech.sft.methods import METHODS, select_nodes
+from arithmech.sft.methods import METHODS, STUDY_METHODS, select_nodes
 
 # The study's formats and run names live in study_config (the Snakefile reads them without pandas); the stages
 # and tools reach them through this module too.
@@ -76,6 +91,10 @@ COMPARISONS = (
     ("precise", "lora"),
     ("precise_mlp", "precise"),  # do the key MLPs add anything?
     ("circuit", "precise"),  # is the discovered circuit a better place to train than the key heads?
+    ("circuit_disjoint", "precise"),  # ... do the circuit's heads outside the key heads matter?
+    ("precise", "low_effect"),  # the positive control: does the study separate the key heads from the weakest?
+    ("circuit", "low_effect"),
+    ("circuit_disjoint", "low_effect"),
     ("circuit", "random_heads"),
     ("circuit", "full"),
     ("precise", "base"),  # does precise SFT help at all?
@@ -85,6 +104,8 @@ COMPARISONS = (
     ("lora", "base"),
     ("precise_mlp", "base"),
     ("circuit", "base"),
+    ("circuit_disjoint", "base"),
+    ("low_effect", "base"),
 )
 
 
@@ -302,9 +323,11 @@ def format_summary(items: pd.DataFrame) -> pd.DataFrame:
 
 
 def arm_method(arm: str, run: str, study: dict, *, ranked_heads: list, ranked_mlps: list, n_layers: int,
-               n_heads: int, seed: int) -> dict:
+               n_heads: int, seed: int, circuit_heads=(), weakest_heads=()) -> dict:
     """The `sft.methods.parse_method` dict of one run of `arm` (ranked_*: nodes by patching effect, best first;
-    the heads and MLPs from `sft.methods.select_nodes`). Every grid and seed run trains draw 0."""
+    the heads and MLPs from `sft.methods.select_nodes`; circuit_heads: the discovered circuits' heads, for
+    circuit_disjoint (`discovered_union`); weakest_heads: every head weakest first, for low_effect
+    (`weakest_heads`)). Every grid and seed run trains draw 0."""
     if arm not in METHODS:
         raise ValueError(f"study arm {arm!r}: expected one of {list(METHODS)}")
     kind, index = parse_run(run)
@@ -313,10 +336,75 @@ def arm_method(arm: str, run: str, study: dict, *, ranked_heads: list, ranked_ml
     heads, mlps = select_nodes(arm, ranked_heads, ranked_mlps, heads=study["heads"],
                                mlps=study["mlps"] if arm == "precise_mlp" else 0,  # the precise arm: heads alone
                                n_layers=n_layers, n_heads=n_heads, seed=seed, draw=index if kind == "draw" else 0,
-                               section="study")
-    # precise_mlp and circuit train as precise does (their MLP layers or heads make the difference)
-    return {"method": "precise" if arm in ("precise_mlp", "circuit") else arm, "heads": [list(h) for h in heads],
+                               section="study", circuit=circuit_heads, weakest=weakest_heads)
+    # the study's own head arms train as precise does (their MLP layers or heads make the difference)
+    return {"method": "precise" if arm in STUDY_METHODS else arm, "heads": [list(h) for h in heads],
             "mlp_layers": mlps, "train_kv": study["kv"] == "shared"}
+
+
+def head_overlap(heads, key_heads) -> dict:
+    """How much of a head set the precise arm trains too: {n_heads, overlap_precise (heads in both),
+    jaccard_precise (|both| / |either|)}; `key_heads`: precise's heads (the top `study.heads` by effect)."""
+    mine, key = {tuple(map(int, h)) for h in heads}, {tuple(map(int, h)) for h in key_heads}
+    either = len(mine | key)
+    return {"n_heads": len(mine), "overlap_precise": len(mine & key),
+            "jaccard_precise": len(mine & key) / either if either else float("nan")}
+
+
+def weakest_heads(effects: dict[str, pd.DataFrame]) -> list:
+    """Every head, weakest first: ordered by its largest |patching effect| over the operators (`effects`: task ->
+    its effects table), so a head counts as weak only if it is weak for every operator (a head strong in opposite
+    directions on two operators would average to nothing). Ties keep the effect ranking's order. The low_effect
+    arm's heads come from the front of this list."""
+    from arithmech.interp.nodes import rank_across_tasks
+
+    table = rank_across_tasks(effects, "head")
+    size = table[[c for c in table.columns if c.startswith("effect_")]].abs().max(axis=1)
+    order = size.sort_values(kind="stable").index
+    return [(int(table.loc[i, "layer"]), int(table.loc[i, "head"])) for i in order]
+
+
+def discovered_union(discovered: dict[str, pd.DataFrame]) -> set:
+    """The heads of the union over operators of the circuit the discover rule chose for each (`discovered`: task
+    -> its table, one row per target with `chosen` and `nodes`)."""
+    from arithmech.interp.nodes import parse_nodes
+
+    union: set = set()
+    for task, table in discovered.items():
+        chosen = table[table["chosen"].astype(bool)]
+        if len(chosen) != 1:
+            raise ValueError(f"the discover table of {task!r} marks {len(chosen)} circuits as chosen; expected one")
+        union |= set(parse_nodes(chosen["nodes"].iloc[0])[0])
+    return union
+
+
+def circuit_disjoint_note(ranked_heads: list, union: set, n: int) -> str | None:
+    """What the circuit_disjoint arm says when the discovered circuits have fewer than `n` heads outside the top
+    `n` (the key heads): it trains those it has, not filled up (a fill would be heads of neither set)."""
+    outside = len(set(map(tuple, union)) - {tuple(h) for h in ranked_heads[:n]})
+    if outside >= n:
+        return None
+    return (f"the discovered circuits' union has {outside} heads outside the {n} key heads, fewer than study.heads = "
+            f"{n}: the circuit_disjoint arm trains those {outside}")
+
+
+def operand_range_note(trained: dict, operands: dict, study: dict) -> str:
+    """Whether the study trains on the operand range the heads and circuits were found on (`operands`:
+    prompts.operands, the identify stage's range), and why not when it does not. `trained`: the trained format's
+    {name, task, a_range, b_range} (for division a_range is the quotient's, as prompts.operands reads it too)."""
+    from arithmech.data.arithmetic import operand_pairs
+
+    low, high = int(operands["min"]), int(operands["max"])
+    (a0, a1), (b0, b1) = trained["a_range"], trained["b_range"]
+    found = (f"The key heads and the discovered circuits were found on operands {low}-{high} (`prompts.operands`, the "
+             f"identify stage's pairs); the study trains `{trained['name']}`, a in {a0}-{a1}, b in {b0}-{b1}")
+    if a0 >= low and a1 <= high and b0 >= low and b1 <= high:
+        return found + ", inside that range."
+    pairs = len(operand_pairs(trained["task"], low, high))
+    return (found + ". Not that range: the study leaves the identify stage's pairs out (no head was chosen on a "
+            f"study item), and operands {low}-{high} give {pairs} {trained['task']} pairs in all, fewer than the "
+            f"{needed_pairs(study)} the study's splits and few-shot prefix need. The study therefore asks whether "
+            "the heads found on that range are the place to train arithmetic on the trained format's range.")
 
 
 def circuit_ranking(ranked_heads: list, discovered: dict[str, pd.DataFrame], n: int) -> tuple[list, str | None]:
@@ -325,14 +413,9 @@ def circuit_ranking(ranked_heads: list, discovered: dict[str, pd.DataFrame], n: 
     patching effect as `ranked_heads` ranks all heads (`interp.nodes.circuit_first`), so that the arm's top `n`
     heads are the union's `n` strongest. Returns (ranking, a note when the union has fewer than `n` heads: the
     arm is then filled with the strongest heads outside it, and the note says how many)."""
-    from arithmech.interp.nodes import circuit_first, parse_nodes
+    from arithmech.interp.nodes import circuit_first
 
-    union: set = set()
-    for task, table in discovered.items():
-        chosen = table[table["chosen"].astype(bool)]
-        if len(chosen) != 1:
-            raise ValueError(f"the discover table of {task!r} marks {len(chosen)} circuits as chosen; expected one")
-        union |= set(parse_nodes(chosen["nodes"].iloc[0])[0])
+    union = discovered_union(discovered)
     note = None
     if len(union) < n:
         note = (f"the discovered circuits' union has {len(union)} heads, fewer than study.heads = {n}: the circuit "

@@ -28,17 +28,23 @@ METHODS = {
     "precise_mlp": "the study's precise plus the whole weights of the top `study.mlps` MLPs",
     "circuit": "the study's precise count of heads from the discovered circuit (circuit.discover): its heads "
                "ranked by patching effect averaged over run.tasks, as precise ranks all heads",
+    "circuit_disjoint": "the discovered circuit's heads that are not among the top `heads` (the key heads precise "
+                        "trains), strongest first, at most as many as precise (fewer when the circuit has fewer)",
+    "low_effect": "the negative control: as many heads layer-matched to the top heads, in each of their layers the "
+                  "heads of smallest patching effect on every operator, never a top head",
     "random_heads": "as many heads drawn layer-matched, the same number in each layer as the top heads and never "
                     "a top head",
     "uniform_heads": "as many heads drawn uniformly among all heads but the top ones",
     "full": "every parameter",
     "lora": "LoRA factors",
 }
-HEAD_METHODS = ("precise", "precise_mlp", "circuit", "random_heads", "uniform_heads")  # per-head deltas (`select_nodes`)
+# per-head deltas (`select_nodes`)
+HEAD_METHODS = ("precise", "precise_mlp", "circuit", "circuit_disjoint", "low_effect", "random_heads", "uniform_heads")
 DRAWN_METHODS = ("random_heads", "uniform_heads")  # heads drawn at random: the study trains several draws
-# The recipe's precise already trains `finetune.mlps` MLPs, so precise_mlp is the study's alone; so is circuit (the
-# study asks whether the discovered circuit is the better place to train).
-RECIPE_METHODS = tuple(name for name in METHODS if name not in ("precise_mlp", "circuit"))
+# The recipe's precise already trains `finetune.mlps` MLPs, so precise_mlp is the study's alone; so are the circuit
+# arms and their negative control (the study asks whether the discovered circuit is the better place to train).
+STUDY_METHODS = ("precise_mlp", "circuit", "circuit_disjoint", "low_effect")
+RECIPE_METHODS = tuple(name for name in METHODS if name not in STUDY_METHODS)
 SCHEDULES = ("constant", "linear", "cosine")
 OPTIMIZERS = ("adamw", "sgd")
 
@@ -96,13 +102,18 @@ def unknown_method(name, allowed=tuple(METHODS)) -> str:
 
 
 def select_nodes(method: str, ranked_heads, ranked_mlps, *, heads: int, mlps: int, n_layers: int, n_heads: int,
-                 seed: int, draw: int = 0, section: str = "finetune") -> tuple[list[Head], list[int]]:
+                 seed: int, draw: int = 0, section: str = "finetune", circuit=(), weakest=()
+                 ) -> tuple[list[Head], list[int]]:
     """(heads, MLP layers) that head method `method` trains, from every head and MLP layer ranked by patching
     effect, best first (`interp.nodes.ranked_nodes`):
 
         precise, precise_mlp   the top `heads` heads and the top `mlps` MLP layers
         circuit                the same, from a ranking that puts the discovered circuit's heads first
                                (`interp.nodes.circuit_first`)
+        circuit_disjoint       the heads of `circuit` (the discovered circuits' heads) outside the top `heads`,
+                               in ranked order, at most `heads` of them (all of them when fewer), no MLP
+        low_effect             `heads` heads layer-matched to the top ones, each the first head of `weakest`
+                               (every head, weakest patching effect first) in its layer (`layer_matched_weakest`)
         random_heads           `heads` heads drawn layer-matched (`layer_matched_heads`), no MLP
         uniform_heads          `heads` heads drawn uniformly among the others (`random_heads`), no MLP
 
@@ -128,7 +139,42 @@ def select_nodes(method: str, ranked_heads, ranked_mlps, *, heads: int, mlps: in
         return layer_matched_heads(top, n_heads, seed=derived), []
     if method == "uniform_heads":
         return random_heads(n_layers, n_heads, heads, seed=seed + draw, exclude=top), []
+    if method == "circuit_disjoint":
+        inside = {(int(l), int(h)) for l, h in circuit}
+        outside_top = [(int(l), int(h)) for l, h in ranked_heads[heads:] if (int(l), int(h)) in inside]
+        if not outside_top:
+            raise ValueError(f"{section}: arm 'circuit_disjoint' has no head to train: every head of the discovered "
+                             f"circuits is among the top {heads} (the key heads); drop it from {section}.arms")
+        return outside_top[:heads], []
+    if method == "low_effect":
+        return layer_matched_weakest(top, weakest, n_layers), []
     return top, [int(m) for m in ranked_mlps[:mlps]]
+
+
+def layer_matched_weakest(top, weakest, n_layers: int) -> list[Head]:
+    """One head per head of `top`, in rank order: the first head of `weakest` (heads ordered by patching effect,
+    weakest first) in the same layer that is neither in `top` nor picked before; where that layer has none left,
+    the first of the nearest layer that has one (the lower first on a tie). Every prefix [:k] then has the layer
+    histogram of top[:k], as the layer-matched random control has, so this control differs from the key heads in
+    their effect, not in their depth.
+
+    >>> layer_matched_weakest([(1, 0), (1, 1)], [(0, 2), (1, 3), (0, 1), (1, 0), (1, 2)], n_layers=2)
+    [(1, 3), (1, 2)]
+    """
+    weakest = [(int(l), int(h)) for l, h in weakest]
+    taken = {(int(l), int(h)) for l, h in top}
+    out = []
+    for layer, _ in top:
+        for other in sorted(range(n_layers), key=lambda x: (abs(x - int(layer)), x)):
+            pick = next((h for h in weakest if h[0] == other and h not in taken), None)
+            if pick is not None:
+                break
+        else:
+            raise ValueError(f"no head left for a layer-matched low-effect head near layer {layer}: `weakest` "
+                             f"lists {len(weakest)} heads")
+        taken.add(pick)
+        out.append(pick)
+    return out
 
 
 def parse_head(value, where: str) -> Head:

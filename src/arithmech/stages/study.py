@@ -123,8 +123,9 @@ def run_seed(run: str, seed: int) -> int:
 def run_study_train(*, model_dir, items_path, effects_paths: dict, arm: str, run: str, study: dict, compute: dict,
                     seed: int, selection_path, out_dir, checkpoint_root, discover_paths: dict | None = None) -> None:
     """Train one run (module docstring of `arithmech.sft.design`) and save what was trained, `stats.json`
-    (with the learning-curve points) and the final validation scores (`val.parquet`). A killed job resumes
-    from `checkpoint_root/<arm>-<run>-<hash of the settings>`. The circuit arm reads the discover rule's tables
+    (with the learning-curve points and, for a head arm, its heads' overlap with precise's: `design.head_overlap`)
+    and the final validation scores (`val.parquet`). A killed job resumes from
+    `checkpoint_root/<arm>-<run>-<hash of the settings>`. The circuit arms read the discover rule's tables
     (`discover_paths`, task -> results/{model}/discover/{task}.parquet)."""
     import torch
 
@@ -135,19 +136,27 @@ def run_study_train(*, model_dir, items_path, effects_paths: dict, arm: str, run
     fmt = items[items["format"] == sd.trained_format(items)]
     train_items, val = fmt[fmt["split"] == "train"], fmt[fmt["split"] == "validation"]
     curve_test = fmt[fmt["split"] == "test"].head(study["curve"]["test_items"])
-    heads, mlps = ranked_nodes({t: pd.read_parquet(p) for t, p in effects_paths.items()}) if arm in HEAD_METHODS else ([], [])
-    circuit_note = None
-    if arm == "circuit":
+    effects = {t: pd.read_parquet(p) for t, p in effects_paths.items()} if arm in HEAD_METHODS else {}
+    by_effect, mlps = ranked_nodes(effects) if effects else ([], [])
+    heads, union, circuit_note = by_effect, set(), None
+    if arm in ("circuit", "circuit_disjoint"):
         if not discover_paths:
-            raise ValueError("study arm 'circuit' needs the discover rule's tables (results/{model}/discover/{task}"
+            raise ValueError(f"study arm {arm!r} needs the discover rule's tables (results/{{model}}/discover/{{task}}"
                              ".parquet); none was given")
-        heads, circuit_note = sd.circuit_ranking(heads, {t: pd.read_parquet(p) for t, p in discover_paths.items()},
-                                                 study["heads"])
+        discovered = {t: pd.read_parquet(p) for t, p in discover_paths.items()}
+        union = sd.discovered_union(discovered)
+        if arm == "circuit":
+            heads, circuit_note = sd.circuit_ranking(by_effect, discovered, study["heads"])
+        else:
+            circuit_note = sd.circuit_disjoint_note(by_effect, union, study["heads"])
         if circuit_note:
             warnings.warn(circuit_note, stacklevel=2)
     spec = sd.arm_method(arm, run, study, ranked_heads=heads, ranked_mlps=mlps, n_layers=lm.n_layers,
-                         n_heads=lm.n_heads, seed=seed)
+                         n_heads=lm.n_heads, seed=seed, circuit_heads=union,
+                         weakest_heads=sd.weakest_heads(effects) if arm == "low_effect" else ())
     parse_method(spec)
+    # how much of this arm's head set precise (the top study.heads by effect) trains too; none for full and lora
+    head_sets = sd.head_overlap(spec["heads"], by_effect[: study["heads"]]) if "heads" in spec else {}
     lr = run_lr(run, study, arm, selection_path)
     train_cfg = {**study["train"], "lr": lr, "seed": run_seed(run, seed)}
     bs = compute["batch_size"]
@@ -176,7 +185,7 @@ def run_study_train(*, model_dir, items_path, effects_paths: dict, arm: str, run
         meta_params={"arm": arm, "run": run}, append_eos=False, evaluate=evaluate,
         evaluate_every=study["curve"]["every"], final_tables=final_val,
         record={"arm": arm, "run": run, "lr": lr, "seed": train_cfg["seed"], "n_examples": len(examples), "spec": spec,
-                "train": train_cfg, **({"circuit_note": circuit_note} if circuit_note else {})},
+                "train": train_cfg, **head_sets, **({"circuit_note": circuit_note} if circuit_note else {})},
     )
     print(f"{arm} {run}: lr {lr:g}, {stats.n_trainable} trained parameters, {record['mean_step_s']:.2f} s/step, "
           f"validation exact match {tables[VAL_FILE]['correct'].mean():.3f}")
@@ -264,9 +273,11 @@ COMPARISON_COLUMNS = ["arm_a", "arm_b", "metric", "dataset", "difference", "ci_l
 
 def run_study_summary(*, model: str, study: dict, formats_path, items_path, selection_paths: dict, eval_paths: dict,
                       stats_paths: dict, seed: int, out_study, out_comparisons, out_md, out_html, out_png,
-                      out_curves) -> None:
+                      out_curves, operands: dict | None = None) -> None:
     """study.parquet (one row per scored model), comparisons.parquet (arm against arm), the Markdown and
-    HTML table, the accuracy figure and the learning curves. When rule study_format chose no format
+    HTML table, the accuracy figure and the learning curves. study.md also lists every head arm's overlap with
+    precise (`head_sets_markdown`) and, given `operands` (prompts.operands, where the heads were found), whether
+    the study trains on that operand range (`design.operand_range_note`). When rule study_format chose no format
     (`items_path` None), the same files say that the study could not run and why (`write_not_run`)."""
     from arithmech.report import plots
 
@@ -298,7 +309,8 @@ def run_study_summary(*, model: str, study: dict, formats_path, items_path, sele
                       "optimizer_state_mb": rec["optimizer_state_bytes"] / 2**20 if rec else np.nan,
                       "artifact_mb": rec["artifact_bytes"] / 2**20 if rec else np.nan,
                       "final_loss": rec["losses"][-1] if rec else np.nan,
-                      "model_dtype": rec.get("model_dtype", ""), "master_dtype": rec.get("master_dtype", "")})
+                      "model_dtype": rec.get("model_dtype", ""), "master_dtype": rec.get("master_dtype", ""),
+                      **{k: rec.get(k, np.nan) for k in HEAD_SET_COLUMNS}})
     table = pd.concat([table, pd.DataFrame(extra)], axis=1)
     comp = sd.comparisons(rows, fmt, study["confidence"], study["bootstrap"], seed)
     curves = sd.curves(records)
@@ -313,14 +325,57 @@ def run_study_summary(*, model: str, study: dict, formats_path, items_path, sele
                       selections={a: {k: s[k] for k in ("run", "lr", "grid")} for a, s in selections.items()})
     write_parquet(table, out_study, meta)
     write_parquet(comp, out_comparisons, meta)
+    range_note = sd.operand_range_note(trained_format_row(formats, fmt), operands, study) if operands else ""
     with atomic_path(out_md) as tmp:
         Path(tmp).write_text(study_markdown(model, table, comp, fmt, study["confidence"]) + "\n"
+                             + head_sets_markdown(table, study) + "\n"
+                             + (f"## Operand range\n\n{range_note}\n\n" if range_note else "")
                              + precision_markdown(table) + "\n"
                              + format_markdown(format_display(formats), choice, auto=choice["train_format"] == sd.AUTO))
-    write_html_page([("Scored models", table, ""), ("The trained format", format_display(formats), choice["reason"])],
+    write_html_page([("Scored models", table, range_note),
+                     ("The trained format", format_display(formats), choice["reason"])],
                     out_html, f"{model}: precise-SFT study (trained on {fmt})")
     plots.study_accuracy(table, fmt, f"{model}: exact match after training on {fmt}", out_png)
     plots.study_curves(curves, f"{model}: learning curves on {fmt}", out_curves)
+
+
+def trained_format_row(formats: pd.DataFrame, fmt: str) -> dict:
+    """The trained format's name, task and operand ranges from formats.parquet (rule study_format always
+    measures it): {name, task, a_range, b_range}."""
+    row = formats[formats["format"] == fmt]
+    if row.empty:
+        raise ValueError(f"formats.parquet has no row for the trained format {fmt!r}: re-run rule study_format")
+    r = row.iloc[0]
+    low_a, high_a = (int(x) for x in str(r["a"]).split("-"))  # the ranges as the table writes them: "10-99"
+    low_b, high_b = (int(x) for x in str(r["b"]).split("-"))
+    return {"name": fmt, "task": str(r["task"]), "a_range": (low_a, high_a), "b_range": (low_b, high_b)}
+
+
+HEAD_SET_COLUMNS = ("n_heads", "overlap_precise", "jaccard_precise")  # `design.head_overlap`, from stats.json
+
+
+def head_sets_markdown(table: pd.DataFrame, study: dict) -> str:
+    """Every head arm's heads against precise's (study.parquet's HEAD_SET_COLUMNS), one line per arm and overlap
+    (its runs with the same numbers share a line: seeds train their arm's heads, draws may differ), then which of
+    the arms that tell head sets apart (circuit, circuit_disjoint, low_effect) this run left out."""
+    rows = table.dropna(subset=["n_heads"]) if "n_heads" in table else table.iloc[:0]
+    lines = []
+    for (arm, n, both, jac), part in rows.groupby(["arm", *HEAD_SET_COLUMNS], sort=False):
+        runs = ", ".join(part["run"])
+        lines.append(f"- {arm} ({runs}): {int(n)} heads, {int(both)} of them trained by precise too "
+                     f"(Jaccard {jac:.2f})")
+    missing = [a for a in ("circuit", "circuit_disjoint", "low_effect") if a not in study.get("arms", [])]
+    note = ""
+    if missing:
+        note = (f"\nThis run has no {', '.join(missing)} arm (`study.arms`); `configs/sft-study.yaml` runs them with "
+                "3 seeds each.")
+        if "low_effect" in missing:
+            note += (" Without low_effect there is no positive control (precise against the weakest heads of its "
+                     "layers), so the scorecard reads no \"does not hold\" from the circuit arm.")
+        note += "\n"
+    return ("## Head sets\n\nEach head arm's heads against the precise arm's (the top `study.heads` heads by patching "
+            "effect): how many it trains, how many of them precise trains too, and the Jaccard index.\n\n"
+            + "\n".join(lines or ["- no head arm was scored, or its runs predate the record"]) + "\n" + note)
 
 
 def precision_markdown(table: pd.DataFrame) -> str:
