@@ -101,6 +101,8 @@ def test_rank_correlation_with_resampled_values(tiny_lm, tf):
     exact = E.exact_edge_effects(*args, direct=True)
     ig = E.eap_ig_edges(*args, steps=8, direct=True)
     assert rank_correlation(_flat(exact), _flat(ig)) > 0.9
+    by_three = E.eap_ig_edges(*args, steps=8, direct=True, batch_size=3)  # rows batched: the same scores
+    torch.testing.assert_close(_flat(by_three), _flat(ig), atol=1e-6, rtol=0)
     live = ~exact.mlp[0].isnan()
     mean_exact, mean_ig = exact.mlp.mean(0)[live], ig.mlp.mean(0)[live]
     assert rank_correlation(mean_exact, mean_ig) > 0.6
@@ -116,8 +118,8 @@ def test_isolated_edge_path_converges_to_exact_effect(tiny_lm, tf):
     all-node path differs from the exact effect here by far more (so the agreement is not trivial)."""
     lm, receivers = tiny_lm, list(range(tiny_lm.n_layers))
     senders = [(0, 0), (0, 3), (1, 2), (2, 1)]
-    seqs, targets = tf["seqs"][2:6], tf["targets"][2:6]  # both templates
-    ablated = AlignedMean(tf["resample"].heads[2:6], tf["resample"].mlps[2:6])
+    seqs, targets = tf["seqs"][2:4], tf["targets"][2:4]  # one row of each template
+    ablated = AlignedMean(tf["resample"].heads[2:4], tf["resample"].mlps[2:4])
     args = (lm, seqs, targets, ablated, senders, receivers)
     exact = _flat(E.exact_edge_effects(*args, direct=True))
     coarse = _flat(E.eap_ig_edges(*args, steps=6, direct=True, path="edge"))
@@ -203,7 +205,8 @@ def test_edge_circuit_measure_against_slow_reference(tiny_lm, tf):
     kept[0], kept[1] = True, False
     kept_direct = rng.random((4, S)) < 0.5
     kept_direct[0] = True
-    fast = E.edge_circuit_measure(lm, seqs, targets, ablated, senders, receivers, kept, kept_direct=kept_direct)
+    fast = E.edge_circuit_measure(lm, seqs, targets, ablated, senders, receivers, kept, kept_direct=kept_direct,
+                                  batch_size=2)
     slow = _slow_circuit_measure(lm, seqs, targets, ablated, senders, receivers, kept, kept_direct)
     assert fast.shape == (4, 5)
     np.testing.assert_allclose(fast, slow, atol=2e-5, rtol=0)
@@ -275,7 +278,11 @@ def test_bad_input(tiny_lm, tf):
     lm, seqs, targets, ablated = tiny_lm, tf["seqs"], tf["targets"], tf["resample"]
     senders, receivers = [(0, 0)], [1]
     with pytest.raises(ValueError, match=r"targets must be \[rows, tail\]"):
-        E.eap_ig_edges(lm, seqs, targets[:3], ablated, senders, receivers)
+        E.eap_ig_edges(lm, seqs, targets[:, 0], ablated, senders, receivers)
+    with pytest.raises(ValueError, match=r"targets must be \[rows, tail\] = \[8, T\]"):
+        E.eap_ig_edges(lm, seqs, targets[:3], ablated, senders, receivers, batch_size=2)
+    with pytest.raises(ValueError, match="batch_size must be >= 1"):
+        E.exact_edge_effects(lm, seqs, targets, ablated, senders, receivers, batch_size=0)
     end_mean = AlignedMean(ablated.heads[0, :1], ablated.mlps[0, :1])  # an END mean, not per-row tail values
     with pytest.raises(ValueError, match="ablated values must be per row and tail position"):
         E.eap_ig_edges(lm, seqs, targets, end_mean, senders, receivers)

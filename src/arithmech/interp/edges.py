@@ -239,7 +239,8 @@ def tail_measure(logits: torch.Tensor, targets: torch.Tensor, measure: str,
 class _Tail:
     """One checked batch: enc, targets [n, T], the ablated values in time order (tail index T - 1 = the last
     position; heads [n, T, L, H, D], mlps [n, T, L, d], on the model's device), the model's own tail head outputs
-    `clean` [n, T, L, H, D], its measure `m_clean` [n] and tail log-probabilities `reference` [n, T, vocab]."""
+    `clean` [n, T, L, H, D], its measure `m_clean` [n] and, for kl, its tail log-probabilities `reference`
+    [n, T, vocab] (None for logprob)."""
 
     enc: dict
     targets: torch.Tensor
@@ -247,7 +248,7 @@ class _Tail:
     mlps: torch.Tensor
     clean: torch.Tensor
     m_clean: torch.Tensor
-    reference: torch.Tensor
+    reference: torch.Tensor | None
 
     @property
     def n(self) -> int:
@@ -260,7 +261,8 @@ class _Tail:
     def repeat(self, c: int) -> tuple[dict, torch.Tensor, torch.Tensor]:
         """The batch, targets and reference with each row repeated c times (row i * c + j: row i, copy j)."""
         enc = {k: v.repeat_interleave(c, 0) for k, v in self.enc.items()}
-        return enc, self.targets.repeat_interleave(c, 0), self.reference.repeat_interleave(c, 0)
+        reference = None if self.reference is None else self.reference.repeat_interleave(c, 0)
+        return enc, self.targets.repeat_interleave(c, 0), reference
 
 
 def _senders_receivers(lm: LoadedModel, senders, receivers) -> tuple[list[Head], list[int]]:
@@ -295,9 +297,26 @@ def _tail(lm: LoadedModel, sequences, targets, ablated: AlignedMean, measure: st
                          f"[{n}, {T}, {L}, {d}]; got {tuple(ablated.heads.shape)} and {tuple(ablated.mlps.shape)}")
     with capture(lm, end_only=False) as cap:
         logits = lm.model(**enc, logits_to_keep=T).logits
-    reference = logits.float().log_softmax(-1)
+    reference = logits.float().log_softmax(-1) if measure == "kl" else None
     return _Tail(enc, targets, ablated.heads.flip(1).to(lm.device), ablated.mlps.flip(1).to(lm.device),
                  cap.stacked_heads()[:, -T:], tail_measure(logits, targets, measure, reference), reference)
+
+
+def _row_batches(lm: LoadedModel, sequences, targets, ablated: AlignedMean, batch_size: int | None) -> list[tuple]:
+    """(batch, targets, ablated values) of consecutive rows, at most batch_size each (None: all in one)."""
+    enc = tail_batch(lm, sequences)
+    n = enc["input_ids"].shape[0]
+    if batch_size is not None and batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1; got {batch_size}")
+    size = n if batch_size is None else batch_size
+    targets = torch.as_tensor(targets, dtype=torch.long)
+    if targets.dim() != 2 or targets.shape[0] != n:
+        raise ValueError(f"targets must be [rows, tail] = [{n}, T]; got {tuple(targets.shape)}")
+    if ablated.heads.shape[:1] != (n,) or ablated.mlps.shape[:1] != (n,):
+        raise ValueError(f"ablated values must be per row and tail position, heads [{n}, T, L, H, D] and mlps "
+                         f"[{n}, T, L, d]; got {tuple(ablated.heads.shape)} and {tuple(ablated.mlps.shape)}")
+    return [({k: v[s : s + size] for k, v in enc.items()}, targets[s : s + size],
+             AlignedMean(ablated.heads[s : s + size], ablated.mlps[s : s + size])) for s in range(0, n, size)]
 
 
 def _o_proj_slices(lm: LoadedModel, senders: Sequence[Head]) -> torch.Tensor:
@@ -365,7 +384,7 @@ def _midpoints(steps: int) -> torch.Tensor:
 
 def eap_ig_edges(lm: LoadedModel, sequences, targets, ablated: AlignedMean, senders: Sequence[Head],
                  receivers: Sequence[int], *, steps: int = 8, direct: bool = False, measure: str = "logprob",
-                 path: str = "nodes") -> EdgeScores:
+                 path: str = "nodes", batch_size: int | None = None) -> EdgeScores:
     """EAP-IG scores (module docstring) of every edge sender -> receiver MLP (receiver layer >= the sender's) and,
     with `direct`, sender -> logits, per row.
 
@@ -373,12 +392,19 @@ def eap_ig_edges(lm: LoadedModel, sequences, targets, ablated: AlignedMean, send
     answer tokens; targets [n, T]: what the tail's T positions should predict; ablated: per-row values, heads
     [n, T, L, H, D], mlps [n, T, L, d] (index 0 = the last position); steps: IG points (midpoint rule); path:
     "nodes" (every node interpolated, one forward and backward of n * steps rows) or "edge" (each edge's own path,
-    a check; one forward and backward of n * steps * n_senders rows per receiver). Batch rows outside: the cost
-    and memory grow with n * steps (path "nodes")."""
+    a check; one forward and backward of n * steps * n_senders rows per receiver); batch_size: rows per forward
+    (None: all; memory grows with rows * steps, rows * steps * n_senders for path "edge")."""
     if path not in PATHS:
         raise ValueError(f"path must be one of {', '.join(PATHS)}; got {path!r}")
-    alphas = _midpoints(steps)
+    _midpoints(steps)
     senders, receivers = _senders_receivers(lm, senders, receivers)
+    parts = [_eap_ig_batch(lm, *batch, senders, receivers, steps, direct, measure, path)
+             for batch in _row_batches(lm, sequences, targets, ablated, batch_size)]
+    return EdgeScores(torch.cat([p.mlp for p in parts]), torch.cat([p.direct for p in parts]) if direct else None)
+
+
+def _eap_ig_batch(lm, sequences, targets, ablated, senders, receivers, steps, direct, measure, path) -> EdgeScores:
+    alphas = _midpoints(steps)
     tail = _tail(lm, sequences, targets, ablated, measure)
     deltas = _tail_deltas(lm, tail, senders)  # [n, S, T, d]
     modules = _receiver_modules(lm, receivers, direct)
@@ -395,7 +421,7 @@ def eap_ig_edges(lm: LoadedModel, sequences, targets, ablated: AlignedMean, send
             m = tail_measure(lm.model(**enc, logits_to_keep=T).logits, targets_c, measure, reference)
             grads = torch.autograd.grad(m.sum(), probes)
         for j, (grad, limit) in enumerate(zip(grads, limits)):
-            live = layers <= limit
+            live = torch.nonzero(layers <= limit)[:, 0]
             mean_grad = grad.float().view(n, steps, T, d).mean(1)  # [n, T, d]
             scores[:, live, j] = torch.einsum("nstd,ntd->ns", deltas[:, live], mean_grad).double().cpu()
     else:
@@ -418,11 +444,18 @@ def eap_ig_edges(lm: LoadedModel, sequences, targets, ablated: AlignedMean, send
 
 @torch.no_grad()
 def exact_edge_effects(lm: LoadedModel, sequences, targets, ablated: AlignedMean, senders: Sequence[Head],
-                       receivers: Sequence[int], *, direct: bool = False, measure: str = "logprob") -> EdgeScores:
-    """The definition `eap_ig_edges` estimates: per row, m(model) - m(model with the one edge ablated), the
-    receiver's norm reading the residual minus delta_s at the tail (a pre-hook on the real module), everything
-    else the model. One forward of n * n_senders rows per receiver."""
+                       receivers: Sequence[int], *, direct: bool = False, measure: str = "logprob",
+                       batch_size: int | None = None) -> EdgeScores:
+    """The definition `eap_ig_edges` estimates, per row (arguments and result as there): m(model) - m(model with
+    the one edge ablated), the receiver's norm reading the residual minus delta_s at the tail (a pre-hook on the
+    real module), everything else the model. One forward of rows * n_senders rows per receiver."""
     senders, receivers = _senders_receivers(lm, senders, receivers)
+    parts = [_exact_batch(lm, *batch, senders, receivers, direct, measure)
+             for batch in _row_batches(lm, sequences, targets, ablated, batch_size)]
+    return EdgeScores(torch.cat([p.mlp for p in parts]), torch.cat([p.direct for p in parts]) if direct else None)
+
+
+def _exact_batch(lm, sequences, targets, ablated, senders, receivers, direct, measure) -> EdgeScores:
     tail = _tail(lm, sequences, targets, ablated, measure)
     deltas = _tail_deltas(lm, tail, senders)
     modules = _receiver_modules(lm, receivers, direct)
@@ -443,7 +476,8 @@ def exact_edge_effects(lm: LoadedModel, sequences, targets, ablated: AlignedMean
 
 @torch.no_grad()
 def edge_circuit_measure(lm: LoadedModel, sequences, targets, ablated: AlignedMean, senders: Sequence[Head],
-                         receivers: Sequence[int], kept, *, kept_direct=None, measure: str = "logprob") -> np.ndarray:
+                         receivers: Sequence[int], kept, *, kept_direct=None, measure: str = "logprob",
+                         batch_size: int | None = None) -> np.ndarray:
     """The measure [c, n] (float64) of c edge circuits: kept [c, n_senders, n_receivers] bool (or [n_senders,
     n_receivers] for one) marks the kept head -> MLP edges; every other edge among senders x receivers is ablated,
     all at once: at the tail, receiver r's norm reads the residual minus W_O[:, s] (z_s - z_s_ablated) summed over
@@ -451,9 +485,8 @@ def edge_circuit_measure(lm: LoadedModel, sequences, targets, ablated: AlignedMe
     sender downstream of an ablated edge passes on its changed output). Entries where the receiver lies before
     the sender are ignored. kept_direct [c, n_senders] (optional) does the same for head -> logits (the final
     norm's input); without it those edges are all kept. Nodes and every other path run as in the model. All
-    edges kept gives the model's own measure. One forward of n * c rows."""
+    edges kept gives the model's own measure. One forward of rows * c rows (batch_size: rows per forward)."""
     senders, receivers = _senders_receivers(lm, senders, receivers)
-    tail = _tail(lm, sequences, targets, ablated, measure)
     kept = torch.as_tensor(np.asarray(kept), dtype=torch.bool)
     kept = kept[None] if kept.dim() == 2 else kept
     S, R = len(senders), len(receivers)
@@ -466,13 +499,21 @@ def edge_circuit_measure(lm: LoadedModel, sequences, targets, ablated: AlignedMe
         if tuple(kept_direct.shape) != (c, S):
             raise ValueError(f"kept direct edges must be [{c} circuits, {S} senders]; got {tuple(kept_direct.shape)}")
         kept = torch.cat([kept, kept_direct[:, :, None]], 2)
-    modules = _receiver_modules(lm, receivers, kept_direct is not None)
-    limits = receivers + ([lm.n_layers] if kept_direct is not None else [])
+    parts = [_circuit_batch(lm, *batch, senders, receivers, kept, kept_direct is not None, measure)
+             for batch in _row_batches(lm, sequences, targets, ablated, batch_size)]
+    return np.concatenate(parts, 1)
+
+
+def _circuit_batch(lm, sequences, targets, ablated, senders, receivers, kept, direct, measure) -> np.ndarray:
+    tail = _tail(lm, sequences, targets, ablated, measure)
+    c = kept.shape[0]
+    modules = _receiver_modules(lm, receivers, direct)
+    limits = receivers + ([lm.n_layers] if direct else [])
     H, D, T = lm.n_heads, lm.head_dim, tail.T
     w = _o_proj_slices(lm, senders)  # [S, d, D]
     enc, targets_c, reference = tail.repeat(c)
     layers, heads = torch.tensor([l for l, _ in senders]), torch.tensor([h for _, h in senders])
-    ablated = tail.heads.repeat_interleave(c, 0)[:, :, layers, heads].float()  # [n*c, T, S, D]
+    ablated_z = tail.heads.repeat_interleave(c, 0)[:, :, layers, heads].float()  # [n*c, T, S, D]
     dropped = (~kept).repeat(tail.n, 1, 1).to(lm.device)  # [n*c, S, R(+1)], row i * c + j: row i, circuit j
     live: dict[int, torch.Tensor] = {}  # layer -> this forward's tail head outputs [n*c, T, H, D]
 
@@ -490,7 +531,7 @@ def edge_circuit_measure(lm: LoadedModel, sequences, targets, ablated: AlignedMe
                 return x
             z = torch.stack([live[senders[i][0]][:, :, senders[i][1]] for i in use.tolist()], 2).float()
             drop = dropped[:, use, j].float()  # [n*c, S_use]
-            removed = torch.einsum("btsk,sdk,bs->btd", z - ablated[:, :, use], w[use], drop)
+            removed = torch.einsum("btsk,sdk,bs->btd", z - ablated_z[:, :, use], w[use], drop)
             return x - removed.to(x.dtype)
 
         return _shift_tail(T, shift)
