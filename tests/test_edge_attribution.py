@@ -323,3 +323,20 @@ def test_kl_measure(tiny_lm, tf):
     exact = E.exact_edge_effects(*args, measure="kl")
     live = ~exact.mlp.isnan()
     assert (exact.mlp[live] > -1e-5).all() and exact.mlp[live].max() > 1e-3
+
+
+def test_edge_size_curve(tiny_lm, tf):
+    """Both rankings scored exactly at the same sizes: no edge is faithfulness 0, every edge 1, and each row is the
+    measure of the edge set its ranking picks (checked against edge_circuit_measure for one k)."""
+    lm, senders, receivers = tiny_lm, _all_senders(tiny_lm), list(range(tiny_lm.n_layers))
+    args = (lm, tf["seqs"], tf["targets"], tf["resample"], senders, receivers)
+    scores = E.eap_ig_edges(*args, steps=4).mlp.mean(0).numpy()
+    node_scores = np.random.default_rng(2).normal(size=len(all_nodes(lm.n_layers, lm.n_heads)))
+    curve = E.edge_size_curve(*args, scores, node_scores, [0, 6, 24])
+    assert curve["ranking"].tolist() == ["eap_ig", "nodes"] * 3 and curve["edges"].tolist() == [0, 0, 6, 6, 24, 24]
+    np.testing.assert_allclose(curve["faithfulness"].to_numpy()[[0, 1]], 0, atol=1e-9)
+    np.testing.assert_allclose(curve["faithfulness"].to_numpy()[[4, 5]], 1, atol=1e-6)
+    six = E.edge_circuit_measure(*args, E.top_edges(scores, 6)).mean()
+    assert abs(curve["measure"][2] - six) < 1e-6
+    with pytest.raises(ValueError, match="between 0 and the 24 edges"):
+        E.edge_size_curve(*args, scores, node_scores, [25])

@@ -55,7 +55,7 @@ the residual stream, whose gradient also holds the skip connection), averaged ov
 `edge_circuit_measure` scores sets of kept edges exactly (every other edge among the senders and receivers ablated
 at once, each receiver seeing the ablated value of every sender whose edge to it is not kept; nodes and all other
 paths as in the model). `top_edges` and `node_ranked_edges` give edge sets of a given size by EAP-IG or by node
-scores, to compare an edge circuit with a node circuit of the same size.
+scores, and `edge_size_curve` scores both at the same sizes: the edge circuit against the node circuit.
 """
 
 from __future__ import annotations
@@ -64,6 +64,7 @@ from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
+import pandas as pd
 
 import torch
 from tqdm.auto import tqdm
@@ -581,3 +582,30 @@ def node_ranked_edges(node_scores, senders: Sequence[Head], receivers: Sequence[
     for *_, i, j in sorted(edges)[:k]:
         out[i, j] = True
     return out
+
+
+def edge_size_curve(lm: LoadedModel, sequences, targets, ablated: AlignedMean, senders: Sequence[Head],
+                    receivers: Sequence[int], edge_scores, node_scores, sizes: Sequence[int], *,
+                    measure: str = "logprob", batch_size: int | None = None) -> pd.DataFrame:
+    """The edge circuit against the node circuit at equal size: for each k of `sizes`, the k head -> MLP edges of
+    largest |EAP-IG score| (`top_edges`; edge_scores [n_senders, n_receivers], e.g. `EdgeScores.mlp.mean(0)`) and
+    the k a node circuit takes in first (`node_ranked_edges`; node_scores [nodes] as `discovery.all_nodes`), each
+    scored exactly (`edge_circuit_measure`, every other edge among senders x receivers ablated, head -> logits
+    kept). One row per (ranking, k): ranking ("eap_ig" or "nodes"), edges (k), measure (mean over rows) and
+    faithfulness (m - m(no edge)) / (m(every edge) - m(no edge))."""
+    S, R = len(senders), len(receivers)
+    n_edges = sum(r >= l for l, _ in senders for r in receivers)
+    for k in sizes:
+        if not 0 <= int(k) <= n_edges:
+            raise ValueError(f"sizes must lie between 0 and the {n_edges} edges; got {k}")
+    masks = [np.ones((S, R), dtype=bool), np.zeros((S, R), dtype=bool)]
+    for k in sizes:
+        masks += [top_edges(edge_scores, int(k)),
+                  node_ranked_edges(node_scores, senders, receivers, lm.n_layers, lm.n_heads, int(k))]
+    m = edge_circuit_measure(lm, sequences, targets, ablated, senders, receivers, np.stack(masks), measure=measure,
+                             batch_size=batch_size).mean(1)
+    full, empty = float(m[0]), float(m[1])
+    rows = [{"ranking": ranking, "edges": int(k), "measure": float(m[2 + 2 * i + j]),
+             "faithfulness": (float(m[2 + 2 * i + j]) - empty) / (full - empty) if full != empty else float("nan")}
+            for i, k in enumerate(sizes) for j, ranking in enumerate(("eap_ig", "nodes"))]
+    return pd.DataFrame(rows)
