@@ -358,7 +358,7 @@ def _node_path_hooks(lm: LoadedModel, tail: _Tail, alpha: torch.Tensor, c: int) 
     def head_hook(layer):
         def shift(x):
             z = x.reshape(*x.shape[:2], H, D)
-            ablated = heads[:, :, layer].to(x.dtype)
+            ablated = heads[:, :, layer].to(x.device, x.dtype)  # a spread model's layers are on several devices
             a = alpha.to(x.device, x.dtype)[:, None, None, None]
             return (z + ((a - 1) * (z - ablated)).detach()).reshape(x.shape)
 
@@ -366,7 +366,7 @@ def _node_path_hooks(lm: LoadedModel, tail: _Tail, alpha: torch.Tensor, c: int) 
 
     def mlp_hook(layer):
         def fn(module, args, output):
-            ablated = mlps[:, :, layer].to(output.dtype)
+            ablated = mlps[:, :, layer].to(output.device, output.dtype)
             a = alpha.to(output.device, output.dtype)[:, None, None]
             end = output[:, -T:]
             return torch.cat([output[:, :-T], end + ((a - 1) * (end - ablated)).detach()], 1)
@@ -530,10 +530,10 @@ def _circuit_batch(lm, sequences, targets, ablated, senders, receivers, kept, di
         def shift(x):
             if not len(use):
                 return x
-            z = torch.stack([live[senders[i][0]][:, :, senders[i][1]] for i in use.tolist()], 2).float()
+            z = torch.stack([live[senders[i][0]][:, :, senders[i][1]].to(w.device) for i in use.tolist()], 2)
             drop = dropped[:, use, j].float()  # [n*c, S_use]
-            removed = torch.einsum("btsk,sdk,bs->btd", z - ablated_z[:, :, use], w[use], drop)
-            return x - removed.to(x.dtype)
+            removed = torch.einsum("btsk,sdk,bs->btd", z.float() - ablated_z[:, :, use], w[use], drop)
+            return x - removed.to(x.device, x.dtype)
 
         return _shift_tail(T, shift)
 
