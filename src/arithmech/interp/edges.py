@@ -433,7 +433,8 @@ def _eap_ig_batch(lm, sequences, targets, ablated, senders, receivers, steps, di
             c = len(live) * steps  # copies of each row: (sender, step)
             enc, targets_c, reference = tail.repeat(c)
             probe = torch.zeros(n * c, T, d, dtype=lm.dtype, device=lm.device, requires_grad=True)
-            shift = (-(1 - alphas)[None, :, None, None] * deltas[:, live, None]).reshape(n * c, T, d)  # [n*S*steps..]
+            back = (1 - alphas.to(deltas.device))[None, :, None, None]  # [1, steps, 1, 1]
+            shift = (-back * deltas[:, live, None]).reshape(n * c, T, d)  # row (i, sender, step): -(1 - alpha) delta
             hook = _shift_tail(T, lambda x: x + shift.to(x.device, x.dtype) + probe.to(x.device))
             with torch.enable_grad(), hooks(pre=[(module, hook)]):
                 m = tail_measure(lm.model(**enc, logits_to_keep=T).logits, targets_c, measure, reference)
