@@ -113,9 +113,10 @@ def test_rank_correlation_with_resampled_values(tiny_lm, tf):
 def test_isolated_edge_path_converges_to_exact_effect(tiny_lm, tf):
     """The gradient's place and the sender's change, checked exactly: along each edge's own path (only its
     receiver's input moves) the score is an integral of the edge effect's derivative, so it converges to the exact
-    effect as steps grow, for any ablated values. A gradient of the residual stream (skip connection included),
-    of the MLP's output, at the wrong positions, or a delta from the wrong o_proj columns breaks this. The
-    all-node path differs from the exact effect here by far more (so the agreement is not trivial)."""
+    effect as steps grow, for any ablated values. A gradient of the residual stream (skip connection included)
+    instead of the norm's input breaks this (checked by mutation); the deltas are shared with the exact effects,
+    so their o_proj columns are checked by the slow reference of `edge_circuit_measure` below. The all-node path
+    differs from the exact effect here by far more (so the agreement is not trivial)."""
     lm, receivers = tiny_lm, list(range(tiny_lm.n_layers))
     senders = [(0, 0), (0, 3), (1, 2), (2, 1)]
     seqs, targets = tf["seqs"][2:4], tf["targets"][2:4]  # one row of each template
