@@ -305,3 +305,20 @@ def test_cpr_cmd_curve(lm, setup):
     assert curve["f_logprob"].iloc[-1] == pytest.approx(1, abs=1e-5) and curve["dev_logprob"].iloc[-1] < 1e-5
     masks = tf.share_circuits(attribution, [0.5])
     assert set(np.flatnonzero(masks[0])) == set(np.argsort(-attribution)[:5])
+
+
+def test_sanity_checks_run_every_check_and_name_the_failed(lm, setup, monkeypatch):
+    """`sanity_checks` runs every check: strict, one ValueError naming each failed one; not strict, a warning and the
+    messages in 'failed' beside the values of the checks that passed."""
+    trials = _trials(lm, setup, "mean")
+    right = tf.TailTrials._ablation
+    monkeypatch.setattr(tf.TailTrials, "_ablation", lambda self, batch, kept, T_values, offset=0:
+                        right(self, batch, ~kept, T_values, offset))
+    checks = ["nothing ablated", "everything ablated"]
+    with pytest.raises(ValueError, match="'nothing ablated' failed.*'everything ablated' failed"):
+        tf.sanity_checks(trials, checks=checks)
+    with pytest.warns(UserWarning, match="'nothing ablated' failed"):
+        values = tf.sanity_checks(trials, checks=checks + ["position alignment"], strict=False)
+    assert "'everything ablated' failed" in values["failed"] and values["self_patch_kl"] < 1e-4
+    with pytest.raises(ValueError, match="unknown sanity checks"):
+        tf.sanity_checks(trials, checks=["nothing"])

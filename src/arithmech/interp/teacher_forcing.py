@@ -227,14 +227,15 @@ def draw_donors(items: TailItems, pool: TailItems, seed: int) -> np.ndarray:
 
 
 def ablation_values(lm: LoadedModel, items: TailItems, pool: TailItems, kind: str, *, seed: int = 0,
-                    batch_size: int = 32) -> TailValues:
+                    batch_size: int = 32, pool_outputs: tuple[torch.Tensor, torch.Tensor] | None = None) -> TailValues:
     """Per-item tail values of one ablation `kind` (`KINDS`), from the `pool` items (identification pairs; the
     scored items are validation pairs): "resample", the node outputs of a donor (`draw_donors`) teacher-forced
     on its own answer, at the same offsets; "mean", the mean of the pool's outputs over the item's (template,
-    shots, T) group at each offset."""
+    shots, T) group at each offset. pool_outputs: the pool's `tail_outputs`, where the caller has them (one
+    forward over the pool for both kinds)."""
     if kind not in KINDS:
         raise ValueError(f"ablation kind must be one of {', '.join(KINDS)}; got {kind!r}")
-    pool_heads, pool_mlps = tail_outputs(lm, pool, batch_size)
+    pool_heads, pool_mlps = pool_outputs if pool_outputs is not None else tail_outputs(lm, pool, batch_size)
     if kind == "resample":
         donors = draw_donors(items, pool, seed)
         return TailValues(pool_heads[donors], pool_mlps[donors], kind, donors)
@@ -319,7 +320,9 @@ class TailTrials:
                              f"got {measure!r}")
         if positions not in POSITIONS:
             raise ValueError(f"positions must be one of {', '.join(POSITIONS)}; got {positions!r}")
-        self.lm, self.items, self.values = lm, items, values
+        self.lm, self.items = lm, items
+        # on the model's device once, not per forward
+        self.values = TailValues(values.heads.to(lm.device), values.mlps.to(lm.device), values.kind, values.donors)
         self.measure, self.positions, self.copies_per_forward = measure, positions, copies_per_forward
         self.batch_size = batch_size
         self.nodes = all_nodes(lm.n_layers, lm.n_heads)
@@ -602,17 +605,24 @@ def check_position_alignment(trials: TailTrials, tol: float = 1e-4) -> dict:
 SANITY_CHECKS = ("nothing ablated", "position alignment", "everything ablated", "one node ablated")
 
 
-def sanity_checks(trials: TailTrials, *, draws: int = 20, seed: int = 0, strict: bool = True) -> dict:
-    """Every check (`SANITY_CHECKS`), all run; their values in one dict, with 'failed': the failed checks' messages
-    joined ('' when none). strict: a failed check raises a ValueError naming it (what the stages do; a model that
-    cannot pass them, such as the tests' random tiny model, runs with strict False and gets a warning)."""
+def sanity_checks(trials: TailTrials, *, draws: int = 20, seed: int = 0, strict: bool = True,
+                  checks: Sequence[str] = SANITY_CHECKS) -> dict:
+    """The `checks` (default every one of `SANITY_CHECKS`), all run; their values in one dict, with 'failed': the
+    failed checks' messages joined ('' when none). strict: a failed check raises a ValueError naming it (what the
+    stages do; a model that cannot pass them, such as the tests' random tiny model, runs with strict False and
+    gets a warning)."""
     import warnings
 
+    unknown = set(checks) - set(SANITY_CHECKS)
+    if unknown:
+        raise ValueError(f"unknown sanity checks {sorted(unknown)}; known: {', '.join(SANITY_CHECKS)}")
+    run = {"nothing ablated": check_nothing_ablated, "position alignment": check_position_alignment,
+           "everything ablated": check_everything_ablated,
+           "one node ablated": lambda t: check_one_node(t, draws=draws, seed=seed)}
     values, failed = {}, []
-    for check in (check_nothing_ablated, check_position_alignment, check_everything_ablated,
-                  lambda t: check_one_node(t, draws=draws, seed=seed)):
+    for name in checks:
         try:
-            values |= check(trials)
+            values |= run[name](trials)
         except ValueError as err:
             failed.append(str(err))
     values["failed"] = "; ".join(failed)
@@ -653,19 +663,22 @@ def cpr_cmd(trials: TailTrials, attribution: np.ndarray, shares: Sequence[float]
 
 # --------------------------------------------------------------------------------------------------- one call
 def protocol_scores(lm: LoadedModel, items: TailItems, pool: TailItems, kept, *, seed: int = 0, batch_size: int = 32,
-                    sanity_draws: int = 20, strict: bool = True) -> tuple[dict[str, np.ndarray], dict]:
+                    sanity_draws: int = 20, strict: bool = True, pool_outputs=None) -> tuple[dict[str, np.ndarray], dict]:
     """Every circuit of `kept` (bool [c, nodes]) under both ablations (`KINDS`) at both position sets
     (`POSITIONS`): {f"{kind}_{positions}_{measure}": [c, n_items]} (`TAIL_MEASURES`; kl as -KL), and the sanity
     checks of each ablation at positions "tail" ({f"{kind}_{check value}": value}; `sanity_checks` with
-    `strict`)."""
+    `strict`). pool_outputs: as `ablation_values`."""
     values, sanity = {}, {}
+    pool_outputs = pool_outputs if pool_outputs is not None else tail_outputs(lm, pool, batch_size)
     for kind in KINDS:
-        tail_values = ablation_values(lm, items, pool, kind, seed=seed, batch_size=batch_size)
+        tail_values = ablation_values(lm, items, pool, kind, seed=seed, batch_size=batch_size,
+                                      pool_outputs=pool_outputs)
         for positions in POSITIONS:
             trials = TailTrials(lm, items, tail_values, positions=positions, batch_size=batch_size)
             for m, v in trials.scores(kept).items():
                 values[f"{kind}_{positions}_{m}"] = v
-            if positions == "tail":
+            if positions == "tail":  # position alignment does not depend on the kind: checked once
+                checks = [c for c in SANITY_CHECKS if c != "position alignment" or kind == KINDS[0]]
                 sanity |= {f"{kind}_{k}": v for k, v in sanity_checks(trials, draws=sanity_draws, seed=seed,
-                                                                           strict=strict).items()}
+                                                                           strict=strict, checks=checks).items()}
     return values, sanity

@@ -80,11 +80,12 @@ def _masks(sets, nodes) -> np.ndarray:
 FLAG_GAP = 0.15  # the ablations' (and the old protocol's) full-answer faithfulness differing by more is flagged
 
 
-def _teacher_forced_columns(lm, validation: pd.DataFrame, val: pd.DataFrame, pool, sets, attribution, nodes,
+def _teacher_forced_columns(lm, validation: pd.DataFrame, val: pd.DataFrame, pool: tuple, sets, attribution, nodes,
                             discover: dict, seed: int, batch: int) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(the validation table with the teacher-forced protocol beside the old one, the CPR/CMD rows): per set, for each ablation
-    (resample, mean) and position set (tail: END and answers; end: END only, the decomposition) and measure
-    (correct, logprob, kl) the mean and faithfulness with intervals (columns tf_<kind>_<positions>_<measure>...);
+    """(the validation table with the teacher-forced protocol beside the old one, the CPR/CMD rows); pool: (the
+    identification items, their `tail_outputs`). Added per set, for each ablation (resample, mean), position set
+    (tail: END and answers; end: END only, the decomposition) and measure (correct, logprob, kl): the mean and
+    the faithfulness with intervals (columns tf_<kind>_<positions>_<measure>, faithfulness_tf_...);
     `tf_flag`: the two ablations' and the old protocol's full-answer faithfulness differ by more than FLAG_GAP;
     the sanity checks' values (sanity_<kind>_<value>, the same on every row; a failing check raises). The CPR/CMD
     rows: one per node share (curve 'share', node_share; the top nodes by the pruning's attribution), the
@@ -96,8 +97,10 @@ def _teacher_forced_columns(lm, validation: pd.DataFrame, val: pd.DataFrame, poo
     share_sets = [cx.CircuitSet("share", "share", int(m.sum()), -1,
                                 tuple(n for n, k in zip(nodes, m) if k and n[1] >= 0),
                                 tuple(n[0] for n, k in zip(nodes, m) if k and n[1] < 0)) for m in shares]
+    pool, pool_outputs = pool
     values, sanity = tf.protocol_scores(lm, items, pool, np.vstack([_masks(sets, nodes), shares]), seed=seed,
-                                        batch_size=batch, sanity_draws=discover["sanity_draws"],
+                                        pool_outputs=pool_outputs, batch_size=batch,
+                                        sanity_draws=discover["sanity_draws"],
                                         strict=discover["sanity"] == "stop")
     clusters = (items.table["a"].astype(str) + "," + items.table["b"].astype(str)).to_numpy()
     scored = cx.faithfulness_table(sets + share_sets, {f"tf_{k}": v for k, v in values.items()}, clusters,
@@ -155,9 +158,10 @@ def run_discover(*, model: str, task: str, model_dir, pairs_path, cache_path, ef
     teacher_forced = discover["protocol"] == "teacher_forced"
     if teacher_forced:  # END and every answer position, position-matched values from the identification pairs
         pool = tf.build_items(lm, split_pairs(pairs, "identification", str(pairs_path)), batch_size=batch)
+        pool_outputs = tf.tail_outputs(lm, pool, batch)  # one forward over the pool for every ablation
         pruned_on = tf.build_items(lm, ident, batch_size=batch)
         trials = tf.TailTrials(lm, pruned_on, tf.ablation_values(lm, pruned_on, pool, discover["tf_ablation"], seed=seed,
-                                                                 batch_size=batch),
+                                                                 batch_size=batch, pool_outputs=pool_outputs),
                                measure=discover["tf_measure"], batch_size=max(batch, len(pruned_on)))
         measure = f"tf_{discover['tf_ablation']}_{discover['tf_measure']}"
     else:  # the old reference: the first answer token at END, the END mean of the counterfactuals
@@ -214,8 +218,8 @@ def run_discover(*, model: str, task: str, model_dir, pairs_path, cache_path, ef
                                n_boot=discover["bootstrap"], seed=seed, confidence=discover["confidence"])
     share_rows = None
     if teacher_forced:
-        validation, share_rows = _teacher_forced_columns(lm, validation, val, pool, sets, attribution, nodes,
-                                                         discover, seed, batch)
+        validation, share_rows = _teacher_forced_columns(lm, validation, val, (pool, pool_outputs), sets, attribution,
+                                                         nodes, discover, seed, batch)
     key_set = set(key_heads)
     discovered = validation["curve"] == "discovered"
     heads_of = [s.heads for s in sets]
