@@ -242,13 +242,14 @@ def test_discover_stage_on_the_teacher_forced_protocol(prepared, tmp_path):  # n
                      out_items=out["_items"], out_added=out["_added"])
     table = pd.read_parquet(out[""])
     assert (abs(1 - table["faithfulness"]) <= 1 - table["target"] + 1e-9).all()
-    assert (table["measure"] == "tf_mean_logprob").all()
+    assert (table["pruned_on"] == "tf_mean_logprob").all() and (table["measure"] == "logit_diff").all()
     validation = pd.read_parquet(out["_validation"])
     for kind, positions, m in itertools.product(tf.KINDS, tf.POSITIONS, tf.TAIL_MEASURES):
         for column in (f"tf_{kind}_{positions}_{m}", f"faithfulness_tf_{kind}_{positions}_{m}"):
             assert column in validation, column
     circuits = validation[validation["curve"] != "share"]
-    assert circuits["tf_flag"].isin([True, False]).all() and "faithfulness_full" in circuits  # the old protocol beside it
+    # the old protocol beside it
+    assert circuits["tf_flag"].isin([True, False]).all() and "faithfulness_full" in circuits
     model = circuits[circuits["curve"] == "model"].iloc[0]
     assert model["faithfulness_tf_mean_tail_logprob"] == pytest.approx(1)
     assert model["tf_mean_tail_kl"] == pytest.approx(0, abs=1e-5)

@@ -97,7 +97,8 @@ def test_ends_number(lm):
 
 def test_ablation_values_are_position_matched(lm, setup):
     """Resample: each item's donor shares its template and tail length, has other operands, and its values are the
-    donor's own outputs at the same offsets; mean: the group's mean at each offset; index 0 is the last tail position."""
+    donor's own outputs at the same offsets; mean: the group's mean at each offset; index 0 is the last tail
+    position."""
     items, pool, values = setup
     heads, mlps = tf.tail_outputs(lm, pool, batch_size=5)
     res = values["resample"]

@@ -663,7 +663,8 @@ def cpr_cmd(trials: TailTrials, attribution: np.ndarray, shares: Sequence[float]
 
 # --------------------------------------------------------------------------------------------------- one call
 def protocol_scores(lm: LoadedModel, items: TailItems, pool: TailItems, kept, *, seed: int = 0, batch_size: int = 32,
-                    sanity_draws: int = 20, strict: bool = True, pool_outputs=None) -> tuple[dict[str, np.ndarray], dict]:
+                    sanity_draws: int = 20, strict: bool = True,
+                    pool_outputs=None) -> tuple[dict[str, np.ndarray], dict]:
     """Every circuit of `kept` (bool [c, nodes]) under both ablations (`KINDS`) at both position sets
     (`POSITIONS`): {f"{kind}_{positions}_{measure}": [c, n_items]} (`TAIL_MEASURES`; kl as -KL), and the sanity
     checks of each ablation at positions "tail" ({f"{kind}_{check value}": value}; `sanity_checks` with

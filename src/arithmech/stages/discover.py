@@ -159,10 +159,11 @@ def run_discover(*, model: str, task: str, model_dir, pairs_path, cache_path, ef
     if teacher_forced:  # END and every answer position, position-matched values from the identification pairs
         pool = tf.build_items(lm, split_pairs(pairs, "identification", str(pairs_path)), batch_size=batch)
         pool_outputs = tf.tail_outputs(lm, pool, batch)  # one forward over the pool for every ablation
-        pruned_on = tf.build_items(lm, ident, batch_size=batch)
-        trials = tf.TailTrials(lm, pruned_on, tf.ablation_values(lm, pruned_on, pool, discover["tf_ablation"], seed=seed,
-                                                                 batch_size=batch, pool_outputs=pool_outputs),
-                               measure=discover["tf_measure"], batch_size=max(batch, len(pruned_on)))
+        prune_items = tf.build_items(lm, ident, batch_size=batch)
+        tail_values = tf.ablation_values(lm, prune_items, pool, discover["tf_ablation"], seed=seed, batch_size=batch,
+                                         pool_outputs=pool_outputs)
+        trials = tf.TailTrials(lm, prune_items, tail_values, measure=discover["tf_measure"],
+                               batch_size=max(batch, len(prune_items)))
         measure = f"tf_{discover['tf_ablation']}_{discover['tf_measure']}"
     else:  # the old reference: the first answer token at END, the END mean of the counterfactuals
         trials = EndTrials(lm, list(ident["prompt"]), ident["answer_token_id"].to_numpy(), means, measure=measure,
@@ -182,9 +183,12 @@ def run_discover(*, model: str, task: str, model_dir, pairs_path, cache_path, ef
     if teacher_forced:  # teacher-forced correctness: greedy full answers under the same per-position values
         on_ident = trials.scores(_masks(base + found, nodes))["correct"].mean(1)
     else:
-        on_ident = cx.score_sets(lm, ident, base + found, means=means, positions="end", batch_size=batch)["full"].mean(1)
+        on_ident = cx.score_sets(lm, ident, base + found, means=means, positions="end",
+                                 batch_size=batch)["full"].mean(1)
     table = pd.DataFrame({
-        "task": task, "target": targets, "measure": measure,
+        # measure: the END protocol's (its faithfulness_measure columns); pruned_on: what `faithfulness` is of
+        "task": task, "target": targets, "measure": discover["measure"], "protocol": discover["protocol"],
+        "pruned_on": measure,
         "n_heads": [len(s.heads) for s in found], "n_mlps": [len(s.mlp_layers) for s in found],
         "n_nodes": [len(s.heads) + len(s.mlp_layers) for s in found],
         "share": [(len(s.heads) + len(s.mlp_layers)) / len(nodes) for s in found],
