@@ -144,7 +144,8 @@ def test_bounded_trials_drop_the_smallest_attributions_at_once(setup):
 
 
 # ------------------------------------------------------------------------------------------------ the stages
-DISCOVER = {"measure": "logit_diff", "targets": [0.8, 0.95], "min_full_share": 0.8, "max_samples": 6,
+DISCOVER = {"protocol": "end", "tf_measure": "logprob", "tf_ablation": "mean", "sanity_draws": 4, "sanity": "warn",
+            "measure": "logit_diff", "targets": [0.8, 0.95], "min_full_share": 0.8, "max_samples": 6,
             "validation_samples": 6, "random_draws": 2, "max_trials": 1000, "max_passes": 3, "ig_steps": 4,
             "bootstrap": 50, "confidence": 0.95}
 
@@ -194,7 +195,7 @@ def test_discover_stages_write_their_tables(prepared, tmp_path):  # noqa: F811
     model = validation[validation["curve"] == "model"].iloc[0]
     assert model["faithfulness_measure"] == 1 and model["n"] == 6
     items = pd.read_parquet(out["_items"])
-    assert len(items) == len(validation) * 6
+    assert len(items) == len(validation) * 6  # the old protocol: no CPR rows
     run_discover_union(model="tiny", model_dir=prepared / "model", tasks=["division"],
                        pairs_paths=[prepared / "pairs.parquet"], cache_paths=[prepared / "cache.safetensors"],
                        key_paths=[tmp_path / "key.parquet"], table_paths=[out[""]],
@@ -220,3 +221,41 @@ def test_discover_stages_write_their_tables(prepared, tmp_path):  # noqa: F811
                       out_grid_png=tmp_path / "g.png")
     for name in ("p.png", "g.png"):
         assert (tmp_path / name).read_bytes()[:4] == b"\x89PNG"
+
+
+def test_discover_stage_on_the_teacher_forced_protocol(prepared, tmp_path):  # noqa: F811
+    """protocol teacher_forced: the pruning's faithfulness is two-sided, and the validation table carries both
+    ablations at both position sets beside the old protocol's columns, the sanity checks' values (the random tiny
+    model fails some: sanity 'warn' records them) and the CPR/CMD rows."""
+    from arithmech.interp import teacher_forcing as tf
+    from arithmech.stages.discover import run_discover
+
+    lm = load_model(prepared / "model", device="cpu")
+    _effects_and_key(lm, tmp_path)
+    out = {name: tmp_path / f"division{name}.parquet" for name in ("", "_path", "_validation", "_items", "_added")}
+    discover = DISCOVER | {"protocol": "teacher_forced", "targets": [0.3, 0.5]}  # small circuits: random draws exist
+    with pytest.warns(UserWarning):
+        run_discover(model="tiny", task="division", model_dir=prepared / "model", pairs_path=prepared / "pairs.parquet",
+                     cache_path=prepared / "cache.safetensors", effects_path=tmp_path / "effects.parquet",
+                     key_path=tmp_path / "key.parquet", discover=discover, compute=COMPUTE, seed=0,
+                     out_table=out[""], out_path=out["_path"], out_validation=out["_validation"],
+                     out_items=out["_items"], out_added=out["_added"])
+    table = pd.read_parquet(out[""])
+    assert (abs(1 - table["faithfulness"]) <= 1 - table["target"] + 1e-9).all()
+    assert (table["pruned_on"] == "tf_mean_logprob").all() and (table["measure"] == "logit_diff").all()
+    validation = pd.read_parquet(out["_validation"])
+    for kind, positions, m in itertools.product(tf.KINDS, tf.POSITIONS, tf.TAIL_MEASURES):
+        for column in (f"tf_{kind}_{positions}_{m}", f"faithfulness_tf_{kind}_{positions}_{m}"):
+            assert column in validation, column
+    circuits = validation[validation["curve"] != "share"]
+    # the old protocol beside it
+    assert circuits["tf_flag"].isin([True, False]).all() and "faithfulness_full" in circuits
+    model = circuits[circuits["curve"] == "model"].iloc[0]
+    assert model["faithfulness_tf_mean_tail_logprob"] == pytest.approx(1)
+    assert model["tf_mean_tail_kl"] == pytest.approx(0, abs=1e-5)
+    shares = validation[validation["curve"] == "share"]
+    assert shares["node_share"].tolist() == list(tf.SHARES)
+    assert shares["faithfulness_tf_mean_tail_logprob"].iloc[-1] == pytest.approx(1, abs=1e-5)
+    for kind in tf.KINDS:
+        assert validation[f"sanity_{kind}_nothing_kl"].abs().max() < 1e-4
+        assert f"sanity_{kind}_failed" in validation

@@ -9,6 +9,8 @@ sufficiency.circuit_sets and faithfulness_table test circuits for sufficiency; e
 head -> MLP edges.
 discovery.prune finds the smallest circuit that keeps a target share of a measure (greedy node pruning, exact
 END-token trials on a prefix cache), ordered by EndTrials.attribution (integrated gradients).
+teacher_forcing.TailTrials scores circuits teacher-forced on the prompt, gold answer and terminator, every node outside
+them ablated at END and every answer position with position-matched values (resample or mean), and prunes on it.
 
 Import from the modules (no re-exports here), so that importing the package imports no torch.
 """

@@ -343,13 +343,15 @@ def visit_order(nodes: Sequence[Node], attribution: np.ndarray) -> list[int]:
 
 
 def prune(trials: EndTrials, targets: Sequence[float], *, attribution: np.ndarray, max_trials: int | None = None,
-          max_passes: int = 3, candidates: Sequence[int] | None = None) -> tuple[list[Pruned], pd.DataFrame]:
+          max_passes: int = 3, candidates: Sequence[int] | None = None, two_sided: bool = False,
+          ) -> tuple[list[Pruned], pd.DataFrame]:
     """Greedy node pruning (module docstring) at every target, the highest first from the whole model, each lower
     one from the circuit of the one above (so the circuits nest, and a lower target costs only a sweep over the
     nodes still kept). At each target sweeps repeat until one drops nothing or `max_passes` sweeps ran.
     candidates: the node indices that may be dropped (default: all; the others stay). max_trials: at most this
     many candidates get a trial of their own, those of largest |attribution|; the rest are dropped together in
-    one trial at the first target, or all kept where that falls below it.
+    one trial at the first target, or all kept where that falls below it. two_sided: a circuit is accepted when
+    |1 - f| <= 1 - target (overshoot is not free, as MIB reports |1 - f|); else when f >= target.
 
     Returns the pruned circuits (in the order of `targets`) and the path: one row per visit (target, pass, visit,
     node, layer, head, attribution, tried, dropped, faithfulness after the visit, nodes_kept)."""
@@ -360,6 +362,10 @@ def prune(trials: EndTrials, targets: Sequence[float], *, attribution: np.ndarra
     if m_full == m_empty:
         raise ValueError("the full model and the empty circuit have the same measure: faithfulness is undefined")
     cand = set(range(n)) if candidates is None else {int(i) for i in candidates}
+
+    def accepted(f: float, target: float) -> bool:
+        return abs(1 - f) <= 1 - target if two_sided else f >= target
+
     order = [i for i in visit_order(nodes, attribution) if i in cand]
     kept, current, rows = np.ones(n, dtype=bool), 1.0, []
     untried: list[int] = []
@@ -384,10 +390,10 @@ def prune(trials: EndTrials, targets: Sequence[float], *, attribution: np.ndarra
             trial[untried] = False
             f = float(faithfulness(trials.mean(trial[None]), m_full, m_empty)[0])
             trial_count += 1
-            if f >= target:
+            if accepted(f, target):
                 kept, current = trial, f
             for i in untried:
-                record(0, i, False, f >= target)
+                record(0, i, False, accepted(f, target))
         minimal, bases = False, trials.start_circuit(kept)
         for p in range(1, max_passes + 1):
             changed = False
@@ -395,10 +401,10 @@ def prune(trials: EndTrials, targets: Sequence[float], *, attribution: np.ndarra
                 m, new = trials.try_drop(kept, i, bases)
                 f = float(faithfulness(m, m_full, m_empty))
                 trial_count += 1
-                if f >= target:
+                if accepted(f, target):
                     kept, current, changed, bases = kept.copy(), f, True, new
                     kept[i] = False
-                record(p, i, True, f >= target)
+                record(p, i, True, accepted(f, target))
             if not changed:
                 minimal = True
                 break

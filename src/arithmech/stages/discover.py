@@ -72,6 +72,54 @@ def _score(lm, scored, sets, targets, means, measure, batch_size, *, n_boot, see
     return table, items
 
 
+def _masks(sets, nodes) -> np.ndarray:
+    """Kept masks [len(sets), nodes] of circuit sets (columns `discovery.all_nodes`)."""
+    return np.array([[(l, h) in set(s.heads) if h >= 0 else l in set(s.mlp_layers) for l, h in nodes] for s in sets])
+
+
+FLAG_GAP = 0.15  # the ablations' (and the old protocol's) full-answer faithfulness differing by more is flagged
+
+
+def _teacher_forced_columns(lm, validation: pd.DataFrame, val: pd.DataFrame, pool: tuple, sets, attribution, nodes,
+                            discover: dict, seed: int, batch: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(the validation table with the teacher-forced protocol beside the old one, the CPR/CMD rows); pool: (the
+    identification items, their `tail_outputs`). Added per set, for each ablation (resample, mean), position set
+    (tail: END and answers; end: END only, the decomposition) and measure (correct, logprob, kl): the mean and
+    the faithfulness with intervals (columns tf_<kind>_<positions>_<measure>, faithfulness_tf_...);
+    `tf_flag`: the two ablations' and the old protocol's full-answer faithfulness differ by more than FLAG_GAP;
+    the sanity checks' values (sanity_<kind>_<value>, the same on every row; a failing check raises). The CPR/CMD
+    rows: one per node share (curve 'share', node_share; the top nodes by the pruning's attribution), the
+    teacher-forced columns only."""
+    from arithmech.interp import teacher_forcing as tf
+
+    items = tf.build_items(lm, val, batch_size=batch)
+    shares = tf.share_circuits(attribution)
+    share_sets = [cx.CircuitSet("share", "share", int(m.sum()), -1,
+                                tuple(n for n, k in zip(nodes, m) if k and n[1] >= 0),
+                                tuple(n[0] for n, k in zip(nodes, m) if k and n[1] < 0)) for m in shares]
+    pool, pool_outputs = pool
+    values, sanity = tf.protocol_scores(lm, items, pool, np.vstack([_masks(sets, nodes), shares]), seed=seed,
+                                        pool_outputs=pool_outputs, batch_size=batch,
+                                        sanity_draws=discover["sanity_draws"],
+                                        strict=discover["sanity"] == "stop")
+    clusters = (items.table["a"].astype(str) + "," + items.table["b"].astype(str)).to_numpy()
+    scored = cx.faithfulness_table(sets + share_sets, {f"tf_{k}": v for k, v in values.items()}, clusters,
+                                   n_boot=discover["bootstrap"], seed=seed, confidence=discover["confidence"])
+    columns = [c for c in scored if c.startswith(("tf_", "faithfulness_tf_"))]
+    out = pd.concat([validation.reset_index(drop=True), scored[columns].iloc[: len(sets)].reset_index(drop=True)],
+                    axis=1)
+    f = [out[c] for c in ("faithfulness_tf_resample_tail_correct", "faithfulness_tf_mean_tail_correct",
+                          "faithfulness_full")]
+    out["tf_flag"] = (pd.concat(f, axis=1).max(axis=1) - pd.concat(f, axis=1).min(axis=1)) > FLAG_GAP
+    rows = scored.iloc[len(sets):].reset_index(drop=True).assign(node_share=list(tf.SHARES), n=len(items),
+                                                                  split="validation")
+    for table in (out, rows):
+        table["tf_n_items"], table["tf_dropped"] = len(items), len(items.dropped)
+        for k, v in sanity.items():
+            table[f"sanity_{k}"] = v
+    return out, rows
+
+
 def choose_target(table: pd.DataFrame, min_full_share: float) -> tuple[float, bool]:
     """(target, whether one reached the share): the smallest target whose circuit keeps at least `min_full_share`
     of the full model's full-answer accuracy on the identification pairs (`full_share`), else the largest."""
@@ -93,6 +141,7 @@ def run_discover(*, model: str, task: str, model_dir, pairs_path, cache_path, ef
     from safetensors.torch import load_file
 
     from arithmech.interp.ablation import cache_means
+    from arithmech.interp import teacher_forcing as tf
     from arithmech.interp.discovery import EndTrials, MLP, all_nodes, node_label, prune
     from arithmech.model.loading import load_stage_model, stage_meta
 
@@ -106,12 +155,23 @@ def run_discover(*, model: str, task: str, model_dir, pairs_path, cache_path, ef
     measure, targets, batch = discover["measure"], [float(t) for t in discover["targets"]], compute["batch_size"]
 
     start = time.perf_counter()
-    trials = EndTrials(lm, list(ident["prompt"]), ident["answer_token_id"].to_numpy(), means, measure=measure,
-                       batch_size=max(batch, len(ident)))
+    teacher_forced = discover["protocol"] == "teacher_forced"
+    if teacher_forced:  # END and every answer position, position-matched values from the identification pairs
+        pool = tf.build_items(lm, split_pairs(pairs, "identification", str(pairs_path)), batch_size=batch)
+        pool_outputs = tf.tail_outputs(lm, pool, batch)  # one forward over the pool for every ablation
+        prune_items = tf.build_items(lm, ident, batch_size=batch)
+        tail_values = tf.ablation_values(lm, prune_items, pool, discover["tf_ablation"], seed=seed, batch_size=batch,
+                                         pool_outputs=pool_outputs)
+        trials = tf.TailTrials(lm, prune_items, tail_values, measure=discover["tf_measure"],
+                               batch_size=max(batch, len(prune_items)))
+        measure = f"tf_{discover['tf_ablation']}_{discover['tf_measure']}"
+    else:  # the old reference: the first answer token at END, the END mean of the counterfactuals
+        trials = EndTrials(lm, list(ident["prompt"]), ident["answer_token_id"].to_numpy(), means, measure=measure,
+                           batch_size=max(batch, len(ident)))
     attribution = trials.attribution(discover["ig_steps"])
     max_trials = discover["max_trials"] if lm.n_layers * lm.n_heads >= discover["max_trials"] else None
     pruned, path = prune(trials, targets, attribution=attribution, max_trials=max_trials,
-                         max_passes=discover["max_passes"])
+                         max_passes=discover["max_passes"], two_sided=teacher_forced)
     seconds = time.perf_counter() - start
 
     # full-answer accuracy kept on the identification pairs: what the target is chosen on
@@ -120,9 +180,15 @@ def run_discover(*, model: str, task: str, model_dir, pairs_path, cache_path, ef
                            tuple(p.mlps(nodes))) for p in pruned]
     base = [cx.CircuitSet("model", "all", len(every), -1, every, tuple(range(lm.n_layers))),
             cx.CircuitSet("empty", "none", 0, -1, (), ())]
-    on_ident = cx.score_sets(lm, ident, base + found, means=means, positions="end", batch_size=batch)["full"].mean(1)
+    if teacher_forced:  # teacher-forced correctness: greedy full answers under the same per-position values
+        on_ident = trials.scores(_masks(base + found, nodes))["correct"].mean(1)
+    else:
+        on_ident = cx.score_sets(lm, ident, base + found, means=means, positions="end",
+                                 batch_size=batch)["full"].mean(1)
     table = pd.DataFrame({
-        "task": task, "target": targets, "measure": measure,
+        # measure: the END protocol's (its faithfulness_measure columns); pruned_on: what `faithfulness` is of
+        "task": task, "target": targets, "measure": discover["measure"], "protocol": discover["protocol"],
+        "pruned_on": measure,
         "n_heads": [len(s.heads) for s in found], "n_mlps": [len(s.mlp_layers) for s in found],
         "n_nodes": [len(s.heads) + len(s.mlp_layers) for s in found],
         "share": [(len(s.heads) + len(s.mlp_layers)) / len(nodes) for s in found],
@@ -152,8 +218,12 @@ def run_discover(*, model: str, task: str, model_dir, pairs_path, cache_path, ef
                 cx.CircuitSet("top", "discovered", len(s.heads), -1, tuple(ranked[: len(s.heads)]), s.mlp_layers)]
         sets += mine
         set_targets += [p.target] * len(mine)
-    validation, items = _score(lm, val, sets, np.array(set_targets), means, measure, batch,
+    validation, items = _score(lm, val, sets, np.array(set_targets), means, discover["measure"], batch,
                                n_boot=discover["bootstrap"], seed=seed, confidence=discover["confidence"])
+    share_rows = None
+    if teacher_forced:
+        validation, share_rows = _teacher_forced_columns(lm, validation, val, (pool, pool_outputs), sets, attribution,
+                                                         nodes, discover, seed, batch)
     key_set = set(key_heads)
     discovered = validation["curve"] == "discovered"
     heads_of = [s.heads for s in sets]
@@ -165,6 +235,8 @@ def run_discover(*, model: str, task: str, model_dir, pairs_path, cache_path, ef
                               for hs, d in zip(heads_of, discovered)]
     validation.insert(0, "task", task)
     validation["chosen"] = validation["target"] == chosen
+    if share_rows is not None:
+        validation = pd.concat([validation, share_rows.assign(task=task, chosen=False)], ignore_index=True)
     added = _added_heads(lm, val, table, key_set, effects, batch)
 
     meta = stage_meta(model_dir, "discover", task=task, discover=discover, seed=seed, key_heads=len(key_heads),

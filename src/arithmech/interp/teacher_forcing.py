@@ -1,0 +1,685 @@
+"""Circuits scored teacher-forced and position-matched: the prompt, the gold answer and the full model's own
+terminator are one sequence, and a circuit is judged on the next-token predictions at END and at every answer
+position (the "tail"), with every node outside it ablated at those positions by values from the SAME offset.
+
+Why. A greedy full answer under an ablation at END reads positions the END-only pruning never looked at, and
+the old protocol (`ablation.greedy_end_sets`: every generated position gets the END mean) writes END's values
+there. Here every tail position gets values taken at its own offset from the end of a matching run: a donor
+prompt of the same template and answer length teacher-forced on its own answer ("resample", ACDC's and
+EAP-IG's patching from other sequences), or the position-matched mean over a pool of such prompts ("mean",
+Wang et al.'s template-position means). Positions before END keep their values (the prompt is read as is).
+
+Items (`build_items`). Per scored pair: the prompt's ids (END last), the gold answer's ids as the tokenizer
+splits them after the prompt (`arithmetic.continuation_ids`) and the terminator, the full model's greedy token
+after prompt + gold answer. The terminator must end the number (`ends_number`): its text does not start with a
+digit and the answer's text with it still reads as the gold (`answers.answer_correct`; "6." counts, the
+few-shot lines end "z.\\n"). Pairs whose terminator does not are dropped, and counted. The tail has T = 1 +
+answer tokens positions: END and each answer token; the targets [T] are the answer tokens and the terminator.
+Items are grouped by T (`TailBatch`): in a left-padded batch of one T every row's tail sits at the same
+offsets from the last position, which is what `hooks.patch_tail` indexes (offset 0 = the last position).
+
+Measures (`tail_measures`, on tail logits [rows, T, vocab] and targets [rows, T]):
+  correct  the full-vocabulary argmax is the target at every tail position, terminator included. With the
+           same per-offset values written at END and at each generated position, a greedy answer is token
+           for token prompt + gold + terminator exactly when this holds (`greedy_tail` checks it).
+  logprob  the targets' summed log-probability: the pruning default, continuous and about the answer only.
+  kl       KL(model || circuit) summed over the T positions (reported as -kl, so higher is better).
+Faithfulness f = (m(C) - m(empty)) / (m(M) - m(empty)) (`discovery.faithfulness`).
+
+Position sets (`POSITIONS`): "tail" ablates at END and every answer position (the protocol); "end" at END
+only, the answer positions running clean on top of it: the decomposition that shows where answers are lost.
+
+Fast and exact (`TailTrials`, as `discovery.EndTrials`): the ablation changes nothing before END, so the
+prompt minus END runs once per batch with a KV cache and every circuit is a T-token forward on copies of it
+(positions "end": END, then the T - 1 answer tokens, on the same copy). `reference_scores` is the slow
+reference: one item at a time, whole sequences, `patch_tail` with per-row values.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Iterator, Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+
+from arithmech.data.answers import answer_correct
+from arithmech.data.arithmetic import continuation_ids
+from arithmech.interp.discovery import MLP, all_nodes, faithfulness
+from arithmech.intervention.hooks import capture, hooks, patch_tail
+from arithmech.intervention.kvcache import PrefixCopies, end_copies, prefix_cache
+from arithmech.intervention.means import AlignedMean
+from arithmech.model.loading import LoadedModel
+
+TAIL_MEASURES = ("correct", "logprob", "kl")
+PRUNE_MEASURES = ("logprob", "kl")
+POSITIONS = ("tail", "end")
+KINDS = ("resample", "mean")
+SHARES = (0.01, 0.02, 0.05, 0.10, 0.20, 0.50, 1.0)  # MIB's CPR/CMD node shares
+
+
+# --------------------------------------------------------------------------------------------------- items
+@dataclass
+class TailItems:
+    """Teacher-forced items (module docstring). table: the kept rows of the pairs table (index reset) with
+    n_answer_tokens and terminator added; prompt_ids, answer_ids: per item; terminators: [n] token ids;
+    dropped: the pairs whose full-model terminator does not end the number."""
+
+    table: pd.DataFrame
+    prompt_ids: list[list[int]]
+    answer_ids: list[list[int]]
+    terminators: list[int]
+    dropped: pd.DataFrame = field(default_factory=pd.DataFrame)
+
+    def __len__(self) -> int:
+        return len(self.prompt_ids)
+
+    @property
+    def tails(self) -> np.ndarray:
+        """T per item: END plus the answer tokens, [n]."""
+        return np.array([1 + len(a) for a in self.answer_ids], dtype=int)
+
+    def targets(self, i: int) -> list[int]:
+        return [*self.answer_ids[i], self.terminators[i]]
+
+
+@dataclass
+class TailBatch:
+    """Items of one tail length T, left-padded: rows [b] (item indices); enc input_ids, attention_mask,
+    position_ids [b, S] (prompt + answer tokens; the last T positions are the tail); targets [b, T]."""
+
+    T: int
+    rows: np.ndarray
+    enc: dict
+    targets: torch.Tensor
+
+
+def pad_left(seqs: Sequence[Sequence[int]], pad_id: int, device) -> dict:
+    """Left-padded input_ids, attention_mask, position_ids [b, S] from token id lists (as `arithmetic.encode`)."""
+    S = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), S), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), S), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        ids[i, S - len(s):] = torch.tensor(list(s), dtype=torch.long)
+        mask[i, S - len(s):] = 1
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    return {"input_ids": ids.to(device), "attention_mask": mask.to(device), "position_ids": positions.to(device)}
+
+
+def tail_batches(lm: LoadedModel, items: TailItems, batch_size: int) -> list[TailBatch]:
+    """The items grouped by T (ascending) and cut into batches of at most `batch_size`."""
+    tails, out = items.tails, []
+    for T in sorted(set(tails.tolist())):
+        rows = np.flatnonzero(tails == T)
+        for s in range(0, len(rows), batch_size):
+            part = rows[s : s + batch_size]
+            seqs = [items.prompt_ids[i] + items.answer_ids[i] for i in part]
+            if min(len(s) for s in seqs) <= T:
+                raise ValueError("teacher-forced items need a prompt of at least two tokens (a prefix and END)")
+            targets = torch.tensor([items.targets(i) for i in part], dtype=torch.long, device=lm.device)
+            out.append(TailBatch(T, part, pad_left(seqs, lm.tokenizer.pad_token_id, lm.device), targets))
+    return out
+
+
+def ends_number(tokenizer, answer_ids: Sequence[int], terminator: int, gold) -> bool:
+    """Whether the terminator ends the gold number: its text does not start with a digit (or an undecoded
+    partial character) and the answer's text followed by it still reads as `gold` (`answers.answer_correct`)."""
+    term = tokenizer.decode([terminator], skip_special_tokens=True)
+    if term[:1].isdigit() or term[:1] == "\ufffd":
+        return False
+    text = tokenizer.decode(list(answer_ids) + [terminator], skip_special_tokens=True)
+    return answer_correct(text, gold) if term else answer_correct(text + " ", gold)
+
+
+@torch.no_grad()
+def build_items(lm: LoadedModel, pairs: pd.DataFrame, *, batch_size: int = 32) -> TailItems:
+    """Teacher-forced items from a pairs table (columns prompt and answer; template_id, a, b carried along):
+    the prompt's and the gold answer's ids, and the full model's greedy terminator after them. Pairs whose
+    terminator does not end the number (`ends_number`) are dropped (`TailItems.dropped`, reason
+    'terminator_continues_number'); none kept is an error."""
+    for col in ("prompt", "answer"):
+        if col not in pairs:
+            raise ValueError(f"teacher-forced items need a '{col}' column in the pairs table")
+    table = pairs.reset_index(drop=True)
+    split = [continuation_ids(lm.tokenizer, p, str(a)) for p, a in zip(table["prompt"], table["answer"])]
+    prompt_ids, answer_ids = [list(c) for c, _ in split], [list(a) for _, a in split]
+    probe = TailItems(table, prompt_ids, answer_ids, [0] * len(table))  # terminators not known yet
+    terminators = [0] * len(table)
+    for batch in tail_batches(lm, probe, batch_size):
+        last = lm.model(**batch.enc, logits_to_keep=1).logits[:, -1].argmax(-1).tolist()
+        for i, t in zip(batch.rows, last):
+            terminators[i] = int(t)
+    ok = np.array([ends_number(lm.tokenizer, a, t, g) for a, t, g in zip(answer_ids, terminators, table["answer"])],
+                  dtype=bool)
+    if not ok.any():
+        raise ValueError(f"none of {len(table)} pairs has a full-model terminator that ends the gold number "
+                         "(the model continues the number after the gold answer)")
+    keep = np.flatnonzero(ok)
+    kept = table.iloc[keep].reset_index(drop=True).assign(
+        n_answer_tokens=[len(answer_ids[i]) for i in keep], terminator=[terminators[i] for i in keep])
+    dropped = table.iloc[np.flatnonzero(~ok)].reset_index(drop=True).assign(drop_reason="terminator_continues_number")
+    return TailItems(kept, [prompt_ids[i] for i in keep], [answer_ids[i] for i in keep],
+                     [terminators[i] for i in keep], dropped)
+
+
+# --------------------------------------------------------------------------------------------------- values
+@dataclass
+class TailValues:
+    """Per-item ablation values at every tail offset (index 0 = the LAST tail position, T - 1 = END, the
+    convention of `patch_tail`): heads [n, T_max, L, H, D], mlps [n, T_max, L, d]; offsets at or beyond an
+    item's T are zeros and never read. donors: the pool row of each item's donor (resample) or -1 (mean)."""
+
+    heads: torch.Tensor
+    mlps: torch.Tensor
+    kind: str
+    donors: np.ndarray
+
+    def rows(self, rows, T: int) -> AlignedMean:
+        """Per-row values of `rows` over their T offsets: heads [b, T, L, H, D], mlps [b, T, L, d]."""
+        idx = torch.as_tensor(np.asarray(rows), dtype=torch.long)
+        return AlignedMean(self.heads[idx, :T], self.mlps[idx, :T])
+
+
+@torch.no_grad()
+def tail_outputs(lm: LoadedModel, items: TailItems, batch_size: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every node's output at each item's tail offsets, teacher-forced on its own answer with nothing ablated
+    (`hooks.capture`): heads [n, T_max, L, H, D], mlps [n, T_max, L, d] (index 0 = the last tail position)."""
+    T_max, n = int(items.tails.max()), len(items)
+    heads = torch.zeros(n, T_max, lm.n_layers, lm.n_heads, lm.head_dim)
+    mlps = torch.zeros(n, T_max, lm.n_layers, lm.d_model)
+    for batch in tail_batches(lm, items, batch_size):
+        with capture(lm, end_only=False) as cap:
+            lm.model(**batch.enc, logits_to_keep=1)
+        rows, T = torch.as_tensor(batch.rows), batch.T
+        heads[rows, :T] = cap.stacked_heads()[:, -T:].flip(1).float().cpu()
+        mlps[rows, :T] = cap.stacked_mlps()[:, -T:].flip(1).float().cpu()
+    return heads, mlps
+
+
+def group_keys(table: pd.DataFrame, tails: np.ndarray) -> list[tuple]:
+    """The matching key of every row: (template_id, n_shots where the table has it, T)."""
+    cols = [c for c in ("template_id", "n_shots") if c in table]
+    if "template_id" not in cols:
+        raise ValueError("position-matched ablation values need a 'template_id' column in the pairs table")
+    return [(*(row[c] for c in cols), int(t)) for row, t in zip(table[cols].to_dict("records"), tails)]
+
+
+def draw_donors(items: TailItems, pool: TailItems, seed: int) -> np.ndarray:
+    """For each item, a pool row of the same template (and shot count) and answer token length, with another
+    operand pair (a, b), drawn uniformly with `seed`; a clear error where an item has none."""
+    keys, pool_keys = group_keys(items.table, items.tails), group_keys(pool.table, pool.tails)
+    rng = np.random.default_rng([seed, 4301])
+    by_key: dict[tuple, list[int]] = {}
+    for j, k in enumerate(pool_keys):
+        by_key.setdefault(k, []).append(j)
+    pool_pairs = list(zip(pool.table["a"], pool.table["b"]))
+    donors = np.empty(len(items), dtype=int)
+    for i, (k, a, b) in enumerate(zip(keys, items.table["a"], items.table["b"])):
+        eligible = [j for j in by_key.get(k, []) if pool_pairs[j] != (a, b)]
+        if not eligible:
+            raise ValueError(f"resample ablation: no pool prompt with template/shots/tail {k} and other operands than "
+                             f"({a}, {b}); the pool has {len(by_key.get(k, []))} prompts of that key and "
+                             f"{len(pool)} in all")
+        donors[i] = eligible[int(rng.integers(len(eligible)))]
+    return donors
+
+
+def ablation_values(lm: LoadedModel, items: TailItems, pool: TailItems, kind: str, *, seed: int = 0,
+                    batch_size: int = 32, pool_outputs: tuple[torch.Tensor, torch.Tensor] | None = None) -> TailValues:
+    """Per-item tail values of one ablation `kind` (`KINDS`), from the `pool` items (identification pairs; the
+    scored items are validation pairs): "resample", the node outputs of a donor (`draw_donors`) teacher-forced
+    on its own answer, at the same offsets; "mean", the mean of the pool's outputs over the item's (template,
+    shots, T) group at each offset. pool_outputs: the pool's `tail_outputs`, where the caller has them (one
+    forward over the pool for both kinds)."""
+    if kind not in KINDS:
+        raise ValueError(f"ablation kind must be one of {', '.join(KINDS)}; got {kind!r}")
+    pool_heads, pool_mlps = pool_outputs if pool_outputs is not None else tail_outputs(lm, pool, batch_size)
+    if kind == "resample":
+        donors = draw_donors(items, pool, seed)
+        return TailValues(pool_heads[donors], pool_mlps[donors], kind, donors)
+    keys, pool_keys = group_keys(items.table, items.tails), group_keys(pool.table, pool.tails)
+    heads = torch.zeros(len(items), *pool_heads.shape[1:])
+    mlps = torch.zeros(len(items), *pool_mlps.shape[1:])
+    for k in sorted(set(keys), key=str):
+        members = [j for j, pk in enumerate(pool_keys) if pk == k]
+        if not members:
+            raise ValueError(f"mean ablation: no pool prompt with template/shots/tail {k} ({len(pool)} in the pool)")
+        mine = torch.as_tensor([i for i, ik in enumerate(keys) if ik == k])
+        heads[mine] = pool_heads[members].double().mean(0).float()
+        mlps[mine] = pool_mlps[members].double().mean(0).float()
+    return TailValues(heads, mlps, kind, np.full(len(items), -1))
+
+
+# --------------------------------------------------------------------------------------------------- measures
+def tail_measures(logits: torch.Tensor, targets: torch.Tensor, reference: torch.Tensor | None = None) -> dict:
+    """Per-row measures [rows] from tail logits [rows, T, vocab] and targets [rows, T] (module docstring):
+    correct (bool as float), logprob, and -kl against the full model's tail log-probs `reference` [rows, T,
+    vocab] (NaN without it)."""
+    lp = logits.float().log_softmax(-1)
+    out = {"correct": (lp.argmax(-1) == targets).all(-1).float(),
+           "logprob": lp.gather(-1, targets[..., None])[..., 0].sum(-1)}
+    if reference is None:
+        out["kl"] = torch.full_like(out["logprob"], float("nan"))
+    else:
+        out["kl"] = -(reference.exp() * (reference - lp)).sum((-1, -2))
+    return out
+
+
+# --------------------------------------------------------------------------------------------------- scoring
+@contextmanager
+def tail_gated(lm: LoadedModel, gates: torch.Tensor, values: AlignedMean, T: int) -> Iterator[None]:
+    """Every node's output at the last T positions becomes v + g (output - v), v the row's value at that
+    offset (values heads [rows, T, L, H, D], mlps [rows, T, L, d]) and g = gates[row, node] (columns as
+    `all_nodes`): g = 1 is the model, g = 0 the ablation. For integrated gradients."""
+    H, D, L = lm.n_heads, lm.head_dim, lm.n_layers
+
+    def head_hook(layer):
+        def fn(module, args):
+            x = args[0]
+            B, S = x.shape[:2]
+            g = gates[:, layer * H : (layer + 1) * H].to(x.dtype)[:, None, :, None]  # [rows, 1, H, 1]
+            v = values.heads[:, :, layer].flip(1).to(x.device, x.dtype)  # [rows, T, H, D], END first
+            tail = x[:, S - T :].reshape(B, T, H, D)
+            return (torch.cat([x[:, : S - T], (v + g * (tail - v)).reshape(B, T, H * D)], 1), *args[1:])
+
+        return fn
+
+    def mlp_hook(layer):
+        def fn(module, args, output):
+            S = output.shape[1]
+            g = gates[:, L * H + layer].to(output.dtype)[:, None, None]
+            v = values.mlps[:, :, layer].flip(1).to(output.device, output.dtype)
+            return torch.cat([output[:, : S - T], v + g * (output[:, S - T :] - v)], 1)
+
+        return fn
+
+    with hooks([(lm.o_proj(l), head_hook(l)) for l in range(L)], [(lm.mlp(l), mlp_hook(l)) for l in range(L)]):
+        yield
+
+
+def _repeat(values: AlignedMean, c: int) -> AlignedMean:
+    return AlignedMean(values.heads.repeat_interleave(c, 0), values.mlps.repeat_interleave(c, 0))
+
+
+class TailTrials:
+    """Per-item measures of many circuits on teacher-forced items (module docstring), each circuit a T-token
+    forward on copies of the batch's prefix cache, c circuits at a time as copies (row i * c + j = item i with
+    circuit j).
+
+    values: `ablation_values` for these items; measure: the pruning measure (`PRUNE_MEASURES`, what `per_item`,
+    `mean`, `try_drop` and `attribution` return); positions: `POSITIONS`. Columns of every kept mask:
+    `discovery.all_nodes(lm.n_layers, lm.n_heads)`. With positions "tail" it offers what `discovery.prune`
+    needs (`nodes`, `mean`, `start_circuit`, `try_drop`)."""
+
+    def __init__(self, lm: LoadedModel, items: TailItems, values: TailValues, *, measure: str = "logprob",
+                 positions: str = "tail", batch_size: int = 32, copies_per_forward: int = 256):
+        if measure not in PRUNE_MEASURES:
+            raise ValueError(f"the teacher-forced pruning measure must be one of {', '.join(PRUNE_MEASURES)}; "
+                             f"got {measure!r}")
+        if positions not in POSITIONS:
+            raise ValueError(f"positions must be one of {', '.join(POSITIONS)}; got {positions!r}")
+        self.lm, self.items = lm, items
+        # on the model's device once, not per forward
+        self.values = TailValues(values.heads.to(lm.device), values.mlps.to(lm.device), values.kind, values.donors)
+        self.measure, self.positions, self.copies_per_forward = measure, positions, copies_per_forward
+        self.batch_size = batch_size
+        self.nodes = all_nodes(lm.n_layers, lm.n_heads)
+        self.heads = [n for n in self.nodes if n[1] != MLP]
+        self.mlps = [l for l, h in self.nodes if h == MLP]
+        self.n_items = len(items)
+        self.batches = []  # [TailBatch, prefix copies, tail residual entering each layer, reference log-probs]
+        with torch.no_grad():
+            for batch in tail_batches(lm, items, batch_size):
+                prefix = PrefixCopies(prefix_cache(lm, batch.enc, tail=batch.T), room=batch.T)
+                plain = lm.body(**end_copies(batch.enc, prefix, 1, tail=batch.T), output_hidden_states=True)
+                reference = lm.unembed(plain.last_hidden_state).float().log_softmax(-1)  # [b, T, vocab]
+                self.batches.append([batch, prefix, plain.hidden_states, reference])
+        self.model_correct = np.zeros(self.n_items)  # the full model's own teacher-forced correctness
+        for batch, _, _, ref in self.batches:
+            self.model_correct[batch.rows] = (ref.argmax(-1) == batch.targets).all(-1).double().cpu().numpy()
+
+    def _ablation(self, batch: TailBatch, kept: torch.Tensor, T_values: int, offset: int = 0):
+        """`mean_ablate` of every circuit of `kept` [c, nodes] on the batch's rows repeated c times, with the
+        values at offsets offset .. offset + T_values - 1 (written from the last position back)."""
+        from arithmech.interp.ablation import mean_ablate
+
+        b, c = len(batch.rows), kept.shape[0]
+        v = self.values.rows(batch.rows, batch.T)
+        v = AlignedMean(v.heads[:, offset : offset + T_values], v.mlps[:, offset : offset + T_values])
+        return mean_ablate(self.lm, self.heads, self.mlps, _repeat(v, c), positions="aligned",
+                           row_masks=(~kept).repeat(b, 1))
+
+    @torch.no_grad()
+    def _logits(self, entry, kept: torch.Tensor, *, start: int | None = None, base=None, states: bool = False):
+        """Tail logits [b * c, T, vocab] of c circuits (kept [c, nodes]). Positions "tail": one T-token forward,
+        from the lowest layer any circuit ablates (`LoadedModel.layers_from`, the residual entering it) or from
+        `start` on residuals `base` (per layer [b, T, d]); with `states` also the residuals entering layers
+        start.. (c = 1). Positions "end": END under the ablation, then the answer tokens clean, from layer 0."""
+        batch, prefix, resid, _ = entry
+        b, c, T = len(batch.rows), kept.shape[0], batch.T
+        if self.positions == "end":
+            return self._end_only_logits(batch, prefix, kept)
+        if start is None:
+            ablated = [self.nodes[i][0] for i in torch.nonzero((~kept).any(0))[:, 0].tolist()]
+            start = min(ablated, default=self.lm.n_layers - 1)
+        base = resid if base is None else base
+        inputs = end_copies(batch.enc, prefix, c, tail=T)
+        del inputs["input_ids"]
+        with self._ablation(batch, kept, T), self.lm.layers_from(start):
+            out = self.lm.body(**inputs, inputs_embeds=base[start].repeat_interleave(c, 0),
+                               output_hidden_states=states)
+        logits = self.lm.unembed(out.last_hidden_state)
+        if not states:
+            return logits
+        return logits, out.hidden_states[: self.lm.n_layers - start]
+
+    def _end_only_logits(self, batch: TailBatch, prefix: PrefixCopies, kept: torch.Tensor) -> torch.Tensor:
+        c, T, enc = kept.shape[0], batch.T, batch.enc
+        S = enc["input_ids"].shape[1]
+        cache = prefix.get(c)
+        rep = {k: v.repeat_interleave(c, 0) for k, v in enc.items()}
+        with self._ablation(batch, kept, 1, offset=T - 1):  # END's value (offset T - 1) on END alone
+            first = self.lm.body(input_ids=rep["input_ids"][:, S - T : S - T + 1],
+                                 attention_mask=rep["attention_mask"][:, : S - T + 1],
+                                 position_ids=rep["position_ids"][:, S - T : S - T + 1], past_key_values=cache)
+        parts = [first.last_hidden_state]
+        if T > 1:
+            rest = self.lm.body(input_ids=rep["input_ids"][:, S - T + 1 :], attention_mask=rep["attention_mask"],
+                                position_ids=rep["position_ids"][:, S - T + 1 :], past_key_values=cache)
+            parts.append(rest.last_hidden_state)
+        return self.lm.unembed(torch.cat(parts, 1))
+
+    def _measures(self, entry, logits: torch.Tensor, c: int) -> dict:
+        batch, _, _, reference = entry
+        return tail_measures(logits, batch.targets.repeat_interleave(c, 0), reference.repeat_interleave(c, 0))
+
+    def scores(self, kept) -> dict[str, np.ndarray]:
+        """Every measure (`TAIL_MEASURES`) of every circuit on every item: {measure: [c, n_items]} (kept: bool
+        [c, nodes]); kl is given as -KL."""
+        kept = torch.as_tensor(np.asarray(kept), dtype=torch.bool)
+        if kept.dim() != 2 or kept.shape[1] != len(self.nodes):
+            raise ValueError(f"kept masks must be [circuits, {len(self.nodes)}]; got {tuple(kept.shape)}")
+        out = {m: np.zeros((kept.shape[0], self.n_items)) for m in TAIL_MEASURES}
+        for entry in self.batches:
+            b = len(entry[0].rows)
+            chunk = max(1, self.copies_per_forward // b)
+            for s0 in range(0, kept.shape[0], chunk):
+                part = kept[s0 : s0 + chunk]
+                c = part.shape[0]
+                for m, v in self._measures(entry, self._logits(entry, part), c).items():
+                    out[m][s0 : s0 + c][:, entry[0].rows] = v.view(b, c).T.double().cpu().numpy()
+        return out
+
+    def per_item(self, kept) -> np.ndarray:
+        """The pruning measure of every circuit on every item, [c, n_items]."""
+        return self.scores(kept)[self.measure]
+
+    def mean(self, kept) -> np.ndarray:
+        """The pruning measure of every circuit, averaged over the items: [c]."""
+        return self.per_item(kept).mean(1)
+
+    def start_circuit(self, kept: np.ndarray) -> list:
+        """The tail residuals entering every layer under circuit `kept` (bool [nodes]), per batch (`try_drop`)."""
+        self._resumable()
+        row = torch.as_tensor(np.asarray(kept), dtype=torch.bool)[None]
+        return [list(self._logits(entry, row, start=0, states=True)[1]) for entry in self.batches]
+
+    def try_drop(self, kept: np.ndarray, node: int, bases: list) -> tuple[float, list]:
+        """The pruning measure (mean over items) of `kept` without `node`, run from `node`'s layer on over the
+        residuals `bases` of `kept` (`start_circuit`), and the new circuit's residuals."""
+        self._resumable()
+        trial = np.asarray(kept, dtype=bool).copy()
+        trial[node] = False
+        row = torch.as_tensor(trial)[None]
+        layer, total, new = self.nodes[node][0], 0.0, []
+        for entry, base in zip(self.batches, bases):
+            logits, states = self._logits(entry, row, start=layer, base=base, states=True)
+            total += float(self._measures(entry, logits, 1)[self.measure].double().sum())
+            new.append(base[:layer] + list(states))
+        return total / self.n_items, new
+
+    def _resumable(self) -> None:
+        if self.positions != "tail":
+            raise ValueError("layer-resumed trials (pruning) run on positions 'tail' only")
+
+    def attribution(self, steps: int = 8) -> np.ndarray:
+        """Integrated gradients of the pruning measure (mean over items) for every node, gates at END and every
+        answer position (`tail_gated`), alpha 0 -> 1 by the midpoint rule: [nodes], summing to about
+        m(M) - m(empty)."""
+        self._resumable()
+        if steps < 1:
+            raise ValueError(f"circuit.discover.ig_steps must be >= 1; got {steps}")
+        alphas = (torch.arange(steps, dtype=torch.float32) + 0.5) / steps
+        total = torch.zeros(len(self.nodes), dtype=torch.float64)
+        for batch, prefix, _, reference in self.batches:
+            b = len(batch.rows)
+            gates = alphas[:, None].repeat(1, len(self.nodes)).to(self.lm.device).requires_grad_()
+            with torch.enable_grad():
+                inputs = end_copies(batch.enc, prefix.prefix, steps, tail=batch.T, room=0)
+                with tail_gated(self.lm, gates.repeat(b, 1), _repeat(self.values.rows(batch.rows, batch.T), steps),
+                                batch.T):
+                    logits = self.lm.unembed(self.lm.body(**inputs).last_hidden_state)
+                m = tail_measures(logits, batch.targets.repeat_interleave(steps, 0),
+                                  reference.repeat_interleave(steps, 0))[self.measure]
+                (grad,) = torch.autograd.grad(m.sum(), gates)
+            total += grad.sum(0).double().cpu()
+        return (total / steps / self.n_items).numpy()
+
+
+# --------------------------------------------------------------------------------------------------- references
+def _ablated_patches(lm: LoadedModel, mask, values: AlignedMean):
+    """`patch_tail` arguments ablating the nodes where `mask` (bool [nodes]) is False with per-row values
+    (heads [1, P, L, H, D], mlps [1, P, L, d])."""
+    nodes = all_nodes(lm.n_layers, lm.n_heads)
+    heads = {}
+    for l in range(lm.n_layers):
+        m = torch.tensor([not mask[nodes.index((l, h))] for h in range(lm.n_heads)])
+        if m.any():
+            heads[l] = (m, values.heads[:, :, l])
+    mlps = {l: (torch.tensor(True), values.mlps[:, :, l]) for l in range(lm.n_layers)
+            if not mask[nodes.index((l, MLP))]}
+    return heads, mlps
+
+
+@torch.no_grad()
+def reference_scores(lm: LoadedModel, items: TailItems, values: TailValues, kept, *, positions: str = "tail") -> dict:
+    """The slow reference of `TailTrials.scores`: {measure: [c, n_items]}, one item and one circuit at a time.
+    Positions "tail": the whole teacher-forced sequence in one forward under `patch_tail` with the item's values
+    at its T offsets. Positions "end": the whole prompt under `patch_tail` with END's value, then the answer
+    tokens on its cache with nothing patched."""
+    out = {m: np.zeros((len(kept), len(items))) for m in TAIL_MEASURES}
+    for i in range(len(items)):
+        prompt, answer, T = items.prompt_ids[i], items.answer_ids[i], 1 + len(items.answer_ids[i])
+        seq = torch.tensor([prompt + answer], device=lm.device)
+        targets = torch.tensor([items.targets(i)], device=lm.device)
+        ref = lm.model(input_ids=seq).logits[:, -T:].float().log_softmax(-1)
+        v = values.rows([i], T)
+        for j, mask in enumerate(kept):
+            if positions == "tail":
+                with patch_tail(lm, *_ablated_patches(lm, mask, v)):
+                    logits = lm.model(input_ids=seq).logits[:, -T:]
+            else:
+                end_v = AlignedMean(v.heads[:, T - 1 :], v.mlps[:, T - 1 :])
+                with patch_tail(lm, *_ablated_patches(lm, mask, end_v)):
+                    first = lm.model(input_ids=seq[:, : len(prompt)], use_cache=True)
+                logits = first.logits[:, -1:]
+                if T > 1:
+                    rest = lm.model(input_ids=seq[:, len(prompt) :], past_key_values=first.past_key_values)
+                    logits = torch.cat([logits, rest.logits], 1)
+            for m, x in tail_measures(logits, targets, ref).items():
+                out[m][j, i] = float(x[0])
+    return out
+
+
+@torch.no_grad()
+def greedy_tail(lm: LoadedModel, items: TailItems, values: TailValues, kept) -> np.ndarray:
+    """Greedy generation of T tokens per item under circuit `kept` (bool [nodes]), the node values written at
+    END and at each generated position from the same offsets the teacher-forced tail uses (END: offset T - 1;
+    the k-th generated token: T - 1 - k): tokens [n_items, T_max] (-1 past an item's T). It is prompt + gold +
+    terminator exactly when the teacher-forced item is `correct` under the same values."""
+    out = np.full((len(items), int(items.tails.max())), -1, dtype=int)
+    for i in range(len(items)):
+        T = 1 + len(items.answer_ids[i])
+        v = values.rows([i], T)
+        ids, cache = torch.tensor([items.prompt_ids[i]], device=lm.device), None
+        for k in range(T):
+            step_v = AlignedMean(v.heads[:, T - 1 - k : T - k], v.mlps[:, T - 1 - k : T - k])
+            with patch_tail(lm, *_ablated_patches(lm, kept, step_v)):
+                res = lm.model(input_ids=ids, past_key_values=cache, use_cache=True)
+            cache, token = res.past_key_values, int(res.logits[0, -1].argmax())
+            out[i, k], ids = token, torch.tensor([[token]], device=lm.device)
+    return out
+
+
+# --------------------------------------------------------------------------------------------------- checks
+def constant_predictor(items: TailItems) -> float:
+    """The teacher-forced accuracy of the best predictor that gives every item of a (template, shots, T) group
+    (`group_keys`) the same targets: the share of items whose targets (answer tokens and terminator) are their
+    group's most common. Why per group: with every node ablated no head moves information between positions,
+    so each tail prediction depends on its own input token alone; END's token is the template's, so the empty
+    circuit's teacher-forced answer is one chain per group, and its accuracy is at most this share (mean
+    ablation; resample values vary with the donor, which no more tells it the operands)."""
+    groups: dict[tuple, dict[tuple, int]] = {}
+    for k, i in zip(group_keys(items.table, items.tails), range(len(items))):
+        counts = groups.setdefault(k, {})
+        counts[tuple(items.targets(i))] = counts.get(tuple(items.targets(i)), 0) + 1
+    return float(sum(max(c.values()) for c in groups.values()) / len(items))
+
+
+def check_nothing_ablated(trials: TailTrials, tol: float = 1e-4) -> dict:
+    """Nothing ablated: KL 0 (so f = 1 for every measure) and the model's own teacher-forced accuracy
+    (`TailTrials.model_correct`, from unhooked forwards). Returns the values; ValueError naming the check."""
+    s = trials.scores(np.ones((1, len(trials.nodes)), dtype=bool))
+    kl, acc, own = float(-s["kl"].mean()), float(s["correct"].mean()), float(trials.model_correct.mean())
+    if kl > tol or abs(acc - own) > 1e-9:
+        raise ValueError(f"sanity check 'nothing ablated' failed: KL {kl:.3g} (must be 0), teacher-forced accuracy "
+                         f"{acc:.3f} against the model's own {own:.3f}")
+    return {"nothing_kl": kl, "nothing_correct": acc, "model_correct": own}
+
+
+def check_everything_ablated(trials: TailTrials, margin: float = 0.05) -> dict:
+    """Everything ablated: teacher-forced correctness at most the constant predictor's (`constant_predictor`)
+    plus `margin`. Returns the values; ValueError naming the check."""
+    acc = float(trials.scores(np.zeros((1, len(trials.nodes)), dtype=bool))["correct"].mean())
+    const = constant_predictor(trials.items)
+    if acc > const + margin:
+        raise ValueError(f"sanity check 'everything ablated' failed: teacher-forced accuracy {acc:.3f} above the "
+                         f"constant predictor's {const:.3f} + {margin}")
+    return {"empty_correct": acc, "constant_correct": const}
+
+
+def check_one_node(trials: TailTrials, *, draws: int = 20, seed: int = 0, share: float = 0.95) -> dict:
+    """One random node ablated (`draws` seeded draws): the mean teacher-forced correctness over the draws, as a
+    share of the full model's own (`TailTrials.model_correct`), at least `share`. Returns the values;
+    ValueError naming the check."""
+    n = len(trials.nodes)
+    picks = np.random.default_rng([seed, 4303]).choice(n, size=draws, replace=draws > n)
+    masks = np.ones((draws, n), dtype=bool)
+    masks[np.arange(draws), picks] = False
+    acc, own = float(trials.scores(masks)["correct"].mean()), float(trials.model_correct.mean())
+    if own == 0:
+        raise ValueError("sanity check 'one node ablated' cannot run: the full model gets no item right")
+    if acc / own < share:
+        raise ValueError(f"sanity check 'one node ablated' failed: mean teacher-forced accuracy {acc:.3f} over "
+                         f"{draws} draws is {acc / own:.3f} of the model's {own:.3f} (needs {share})")
+    return {"one_node_correct": acc, "one_node_share": acc / own}
+
+
+def check_position_alignment(trials: TailTrials, tol: float = 1e-4) -> dict:
+    """Every node ablated with the items' OWN clean outputs at their own offsets (`tail_outputs`) must be the
+    model itself (KL 0): a value written at the wrong offset, or a tail misplaced in the padded batch, shows
+    here, where the other checks need not see it. Returns the value; ValueError naming the check."""
+    heads, mlps = tail_outputs(trials.lm, trials.items, trials.batch_size)
+    own = TailValues(heads, mlps, "self", np.full(len(trials.items), -1))
+    mirror = TailTrials(trials.lm, trials.items, own, measure=trials.measure, positions=trials.positions,
+                        batch_size=trials.batch_size, copies_per_forward=trials.copies_per_forward)
+    kl = float(-mirror.scores(np.zeros((1, len(trials.nodes)), dtype=bool))["kl"].mean())
+    if kl > tol:
+        raise ValueError(f"sanity check 'position alignment' failed: every node given its own clean values has "
+                         f"KL {kl:.3g} from the model (must be 0)")
+    return {"self_patch_kl": kl}
+
+
+SANITY_CHECKS = ("nothing ablated", "position alignment", "everything ablated", "one node ablated")
+
+
+def sanity_checks(trials: TailTrials, *, draws: int = 20, seed: int = 0, strict: bool = True,
+                  checks: Sequence[str] = SANITY_CHECKS) -> dict:
+    """The `checks` (default every one of `SANITY_CHECKS`), all run; their values in one dict, with 'failed': the
+    failed checks' messages joined ('' when none). strict: a failed check raises a ValueError naming it (what the
+    stages do; a model that cannot pass them, such as the tests' random tiny model, runs with strict False and
+    gets a warning)."""
+    import warnings
+
+    unknown = set(checks) - set(SANITY_CHECKS)
+    if unknown:
+        raise ValueError(f"unknown sanity checks {sorted(unknown)}; known: {', '.join(SANITY_CHECKS)}")
+    run = {"nothing ablated": check_nothing_ablated, "position alignment": check_position_alignment,
+           "everything ablated": check_everything_ablated,
+           "one node ablated": lambda t: check_one_node(t, draws=draws, seed=seed)}
+    values, failed = {}, []
+    for name in checks:
+        try:
+            values |= run[name](trials)
+        except ValueError as err:
+            failed.append(str(err))
+    values["failed"] = "; ".join(failed)
+    if failed and strict:
+        raise ValueError(values["failed"])
+    if failed:
+        warnings.warn(values["failed"], stacklevel=2)
+    return values
+
+
+# --------------------------------------------------------------------------------------------------- CPR / CMD
+def share_circuits(attribution: np.ndarray, shares: Sequence[float] = SHARES) -> np.ndarray:
+    """Kept masks [len(shares), nodes]: the top ceil(share * nodes) nodes by attribution (ties by index)."""
+    n = len(attribution)
+    order = np.argsort(-np.asarray(attribution, dtype=float), kind="stable")
+    masks = np.zeros((len(shares), n), dtype=bool)
+    for i, s in enumerate(shares):
+        if not 0 < s <= 1:
+            raise ValueError(f"node shares must be in (0, 1]; got {s}")
+        masks[i, order[: int(np.ceil(s * n - 1e-9))]] = True
+    return masks
+
+
+def cpr_cmd(trials: TailTrials, attribution: np.ndarray, shares: Sequence[float] = SHARES) -> pd.DataFrame:
+    """Faithfulness f of the pruning measure (and of each measure) and |1 - f| at each node share (MIB's CPR and
+    CMD curves: circuits of the top nodes by attribution): one row per share (share, n_nodes, f_<measure>,
+    dev_<measure>)."""
+    masks = share_circuits(attribution, shares)
+    n = len(trials.nodes)
+    s = trials.scores(np.vstack([np.ones(n, dtype=bool), np.zeros(n, dtype=bool), masks]))
+    rows = {"share": list(shares), "n_nodes": masks.sum(1).tolist()}
+    for m in TAIL_MEASURES:
+        means = s[m].mean(1)
+        f = faithfulness(means[2:], means[0], means[1]) if means[0] != means[1] else np.full(len(shares), np.nan)
+        rows[f"f_{m}"], rows[f"dev_{m}"] = f, np.abs(1 - f)
+    return pd.DataFrame(rows)
+
+
+# --------------------------------------------------------------------------------------------------- one call
+def protocol_scores(lm: LoadedModel, items: TailItems, pool: TailItems, kept, *, seed: int = 0, batch_size: int = 32,
+                    sanity_draws: int = 20, strict: bool = True,
+                    pool_outputs=None) -> tuple[dict[str, np.ndarray], dict]:
+    """Every circuit of `kept` (bool [c, nodes]) under both ablations (`KINDS`) at both position sets
+    (`POSITIONS`): {f"{kind}_{positions}_{measure}": [c, n_items]} (`TAIL_MEASURES`; kl as -KL), and the sanity
+    checks of each ablation at positions "tail" ({f"{kind}_{check value}": value}; `sanity_checks` with
+    `strict`). pool_outputs: as `ablation_values`."""
+    values, sanity = {}, {}
+    pool_outputs = pool_outputs if pool_outputs is not None else tail_outputs(lm, pool, batch_size)
+    for kind in KINDS:
+        tail_values = ablation_values(lm, items, pool, kind, seed=seed, batch_size=batch_size,
+                                      pool_outputs=pool_outputs)
+        for positions in POSITIONS:
+            trials = TailTrials(lm, items, tail_values, positions=positions, batch_size=batch_size)
+            for m, v in trials.scores(kept).items():
+                values[f"{kind}_{positions}_{m}"] = v
+            if positions == "tail":  # position alignment does not depend on the kind: checked once
+                checks = [c for c in SANITY_CHECKS if c != "position alignment" or kind == KINDS[0]]
+                sanity |= {f"{kind}_{k}": v for k, v in sanity_checks(trials, draws=sanity_draws, seed=seed,
+                                                                           strict=strict, checks=checks).items()}
+    return values, sanity
