@@ -438,18 +438,37 @@ def edges_rows(via: float, direct: float, spread: float = 0.001) -> pd.DataFrame
     return pd.DataFrame(rows)
 
 
-def test_heads_via_mlps():
-    rows = claims.heads_via_mlps({"addition": edges_rows(-0.05, -0.01), "subtraction": edges_rows(-0.01, -0.05),
-                                  "multiplication": edges_rows(+0.1, -0.07), "division": None}, CFG)
+def path_cuts(via: float, direct: float, both: float, *, kinds=("resample", "mean"), n: int = 60,
+              noise: float = 0.02, seed: int = 0) -> pd.DataFrame:
+    """Per-item path cuts (the edges rule's `{task}_edge_paths`): log-probability lost with the key heads' edges into
+    the MLPs (via), into the logits (direct) or both cut, around the given means, per kind."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for kind in kinds:
+        model = rng.normal(-1.0, 0.3, n)
+        rows.append(pd.DataFrame({"sample_id": np.arange(n), "cluster": [f"{i},{i}" for i in range(n)], "kind": kind,
+                                  "model": model, "via_mlps": model - via - rng.normal(0, noise, n),
+                                  "direct": model - direct - rng.normal(0, noise, n),
+                                  "both": model - both - rng.normal(0, noise, n)}))
+    return pd.concat(rows, ignore_index=True)
+
+
+def test_heads_via_mlps_reads_the_key_heads_cut_paths_under_both_ablations():
+    split = path_cuts(0.5, 0.1, 0.6)
+    unequal = pd.concat([path_cuts(0.5, 0.1, 0.6, kinds=("resample",)), path_cuts(0.02, 0.5, 0.6, kinds=("mean",))])
+    rows = claims.heads_via_mlps({"addition": split, "subtraction": path_cuts(0.3, 0.5, 0.8),
+                                  "multiplication": path_cuts(0.0, 0.5, 0.5), "division": unequal,
+                                  "none": None}, {"addition": edges_rows(-0.05, -0.01)}, CFG, seed=0)
     by = {r["scope"]: r for r in rows}
-    assert by["addition"]["verdict"] == "holds" and by["addition"]["value"] == pytest.approx(-5.0)
+    assert by["addition"]["verdict"] == "holds" and by["addition"]["value"] == pytest.approx(100 * 0.5 / 0.6, abs=2)
+    assert "older END closed form" in by["addition"]["note"] and "resample: holds" in by["addition"]["note"]
     assert by["subtraction"]["verdict"] == "partly"  # through the MLPs, but less than directly
-    assert by["multiplication"]["verdict"] == "does not hold"  # the MLPs undo the heads' effect
-    # at the intervals' precision: two significant digits of the larger end when the width has more
-    note = by["multiplication"]["note"]
-    assert "through the MLPs +10% [+10, +10]" in note and "L20 +10%" in note
-    assert "total +3.0% [+2.9, +3.1], direct -7.0% [-7.1, -6.9]" in note and "rest 0.00% [-0.10, +0.10]" in note
-    assert by["division"]["verdict"] == "not measured" and by["all"]["verdict"] == "partly"
+    assert by["multiplication"]["verdict"] == "does not hold"  # nothing through the MLPs
+    assert by["division"]["verdict"] == "inconclusive"  # the two ablations disagree
+    assert by["none"]["verdict"] == "not measured"
+    # edges that carry nothing: no share to read
+    nothing = claims.heads_via_mlps({"addition": path_cuts(0.0, 0.0, 0.0, noise=0.2)}, {}, CFG, seed=0)
+    assert nothing[1]["verdict"] in ("inconclusive", "does not hold")
 
 
 def discover_summary(task: str, rows: list[dict]) -> pd.DataFrame:

@@ -47,6 +47,7 @@ rule edges:
         samples=expand(
             "results/{{model}}/circuit/{task}_edge_samples.parquet", task=TASKS
         ),
+        paths=expand("results/{{model}}/circuit/{task}_edge_paths.parquet", task=TASKS),
     log:
         "results/{model}/logs/edges.log",
     benchmark:

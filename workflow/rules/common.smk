@@ -447,7 +447,7 @@ def findings_inputs(wildcards):
 
 def claims_inputs(wildcards):
     """Every table the scorecard reads: per operator its key components, effects, knockout items, attention of
-    every head by role, MLP probes, circuit items and edges; the transfer items; the discovered circuits'
+    every head by role, MLP probes, circuit items, edges and the key heads' cut paths; the transfer items; the discovered circuits'
     summary; the study's tables when the study runs.
     """
     root = f"results/{wildcards.model}"
@@ -464,6 +464,7 @@ def claims_inputs(wildcards):
             f"probes_{t}": f"{root}/analysis/{t}_probes.parquet",
             f"circuit_{t}": f"{root}/circuit/{t}_items.parquet",
             f"edges_{t}": f"{root}/circuit/{t}_edges.parquet",
+            f"edge_paths_{t}": f"{root}/circuit/{t}_edge_paths.parquet",
         }
     if STUDY_ARMS:
         inputs["study"] = f"{root}/finetune/study.parquet"

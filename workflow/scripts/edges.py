@@ -15,4 +15,5 @@ with job(snakemake):
         seed=snakemake.params.seed,
         out_tables=list(snakemake.output.tables),
         out_samples=list(snakemake.output.samples),
+        out_paths=list(snakemake.output.paths),
     )

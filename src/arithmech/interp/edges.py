@@ -616,3 +616,28 @@ def edge_size_curve(lm: LoadedModel, sequences, targets, ablated: AlignedMean, s
              "faithfulness": (float(m[2 + 2 * i + j]) - empty) / (full - empty) if full != empty else float("nan")}
             for i, k in enumerate(sizes) for j, ranking in enumerate(("eap_ig", "nodes"))]
     return pd.DataFrame(rows)
+
+
+# The key heads' paths to the answer, cut one kind at a time (`path_cuts`): which of the senders' edges each cut
+# ablates, as (edges into every MLP kept, edges into the logits kept).
+PATH_CUTS = {"model": (True, True), "via_mlps": (False, True), "direct": (True, False), "both": (False, False)}
+
+
+def path_cuts(lm: LoadedModel, items, values, senders: Sequence[Head], *, measure: str = "logprob",
+              batch_size: int | None = None) -> dict[str, np.ndarray]:
+    """Per teacher-forced item (`teacher_forcing.TailItems`, ablation values `teacher_forcing.TailValues`), the
+    measure with the senders' edges cut exactly (`edge_circuit_measure`): into every MLP of their layer or later
+    ("via_mlps"), into the logits ("direct"), both, or none ("model"). Returns {cut: [n_items]} in item order:
+    what "the heads act through the MLPs" asks, edge by edge and on the same protocol as the circuits."""
+    from arithmech.interp.teacher_forcing import tail_batches
+
+    senders = [(int(l), int(h)) for l, h in senders]
+    receivers = list(range(min(l for l, _ in senders), lm.n_layers))
+    kept = torch.tensor([[[mlp] * len(receivers)] * len(senders) for mlp, _ in PATH_CUTS.values()])
+    kept_direct = torch.tensor([[direct] * len(senders) for _, direct in PATH_CUTS.values()])
+    out = np.full((len(PATH_CUTS), len(items)), np.nan)
+    for batch in tail_batches(lm, items, batch_size or len(items)):
+        out[:, batch.rows] = edge_circuit_measure(lm, batch.enc, batch.targets, values.rows(batch.rows, batch.T),
+                                                  senders, receivers, kept, kept_direct=kept_direct,
+                                                  measure=measure, batch_size=batch_size)
+    return dict(zip(PATH_CUTS, out))

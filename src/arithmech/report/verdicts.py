@@ -564,38 +564,78 @@ def _circuit_summary(items: pd.DataFrame) -> pd.DataFrame:
     return means
 
 
-def heads_via_mlps(edges: dict[str, pd.DataFrame | None], cfg: dict) -> list[dict]:
-    """Per operator, the key heads' effects summed per validation sample (the edges table's KEY_SUM sender): the
-    path through the MLPs must lower the answer logit (as the operator's removal does) and more than the direct
-    path does."""
+def _cut_shares(rows: pd.DataFrame, cfg: dict, seed: int) -> dict:
+    """Paired cluster-bootstrap estimates from one kind's per-item path cuts: the log-probability lost (model - cut)
+    with the key heads' edges into the MLPs cut (via), into the logits cut (direct) and both; via, direct and their
+    difference as shares of `both` (what the key heads' edges carry in all)."""
+    from arithmech.report import stats
+
+    lost = np.column_stack([rows["model"] - rows[c] for c in ("via_mlps", "direct", "both")])
+    point, boot = stats.cluster_resampled_means(lost, rows["cluster"].to_numpy(), n_boot=cfg["bootstrap"], seed=seed)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        shares = np.column_stack([boot[:, 0], boot[:, 1], boot[:, 0] - boot[:, 1]]) / boot[:, [2]]
+        share_point = np.array([point[0], point[1], point[0] - point[1]]) / point[2]
+    low, high = stats.percentile_interval(shares, cfg["confidence"])
+    both_low, both_high = stats.percentile_interval(boot[:, [2]], cfg["confidence"])
+    return {"lost": point, "both_low": float(both_low[0]), "both_high": float(both_high[0]), "share": share_point,
+            "share_low": low, "share_high": high, "n": len(rows)}
+
+
+def _cut_verdict(est: dict, min_diff: float) -> str:
+    """The key heads' edges must carry something (lost with both cut: interval above 0); then the path through the
+    MLPs must carry a share of it (interval above 0, or inside +-min_diff: does not hold) and more than the direct
+    path (the same on via - direct)."""
+    carried = directional(est["both_low"], est["both_high"], direction=+1, min_effect=0.0)
+    if carried != "holds":
+        return carried
+    via = directional(est["share_low"][0], est["share_high"][0], direction=+1, min_effect=min_diff)
+    more = directional(est["share_low"][2], est["share_high"][2], direction=+1, min_effect=min_diff)
+    return "holds" if via == more == "holds" else "partly" if via == "holds" else via
+
+
+def heads_via_mlps(edge_paths: dict[str, pd.DataFrame | None], edges: dict[str, pd.DataFrame | None], cfg: dict,
+                   seed: int) -> list[dict]:
+    """Per operator, on the teacher-forced protocol (the edges rule's `{task}_edge_paths`: the answer's
+    log-probability with the key heads' edges into every later MLP, into the logits, or both cut exactly, per
+    validation item, under each ablation): the path through the MLPs must carry a share of what the key heads'
+    edges carry and more than the direct path does, with the same verdict under both ablations (else
+    inconclusive). The closed-form END split of the older protocol (`edges`) is quoted in the note."""
     from arithmech.interp.sufficiency import KEY_SUM
 
-    rule = ("holds if the 95% intervals of the key heads' summed path through the MLPs and of (through the MLPs - "
-            "direct) both lie below 0; partly if only the first does; does not hold if the path through the MLPs "
-            "lies above 0 (the MLPs undo the heads' effect) or inside +-0.1% of the logit; else inconclusive")
+    min_diff = cfg["min_difference"]
+    rule = ("teacher-forced (answer and terminator), log-probability lost when the key heads' edges are cut exactly: "
+            "holds if, under both ablations, cutting all their edges loses log-probability (interval above 0) and the "
+            "edges into the MLPs carry a share of it and more than the edges into the logits (95% intervals of both "
+            f"shares above 0); partly if only the first share is; does not hold if an interval lies below 0 or inside "
+            f"+-{100 * min_diff:g} points; inconclusive otherwise, or where the two ablations disagree")
     subs = []
-    for task, table in edges.items():
-        rows = None if table is None else table[table["sender"] == KEY_SUM].set_index("path")
-        if rows is None or not {"via_mlps", "via_minus_direct"} <= set(rows.index):
-            subs.append(_row("heads_via_mlps", task, rule=rule, note="no key head, or no edge table"))
+    for task, paths in edge_paths.items():
+        if paths is None or paths.empty:
+            subs.append(_row("heads_via_mlps", task, rule=rule, note="no key head, or no path-cut table"))
             continue
-        via, diff = rows.loc["via_mlps"], rows.loc["via_minus_direct"]
-        first = directional(via["ci_low"], via["ci_high"], direction=-1, min_effect=0.001)
-        second = directional(diff["ci_low"], diff["ci_high"], direction=-1, min_effect=0.001)
-        verdict = ("holds" if first == second == "holds" else "partly" if first == "holds" else first)
-        mlps = table[(table["sender"] == KEY_SUM) & (table["path"] == "mlp")].sort_values("mean_effect")
-        strongest = ", ".join(f"L{int(r['receiver'])} "
-                              f"{display.estimate(r['mean_effect'], r['ci_low'], r['ci_high'], scale=100, sign=True)}%"
-                              for _, r in mlps.head(3).iterrows())
-        def pct(name):  # noqa: E306
-            r = rows.loc[name]
-            return _in_percent(r["mean_effect"], r["ci_low"], r["ci_high"], sign=True)
-        note = (f"key heads summed, relative change of the answer logit: total {pct('total')}, direct {pct('direct')}, "
-                f"through the MLPs {pct('via_mlps')}, rest {pct('rest')}; most negative MLP paths: {strongest}")
-        subs.append(_row("heads_via_mlps", task, measure="key heads' summed path through the MLPs (relative logit change)",
-                         value=100 * via["mean_effect"], ci_low=100 * via["ci_low"], ci_high=100 * via["ci_high"],
-                         unit="percent", n=int(via["n"]), split="validation", verdict=verdict, rule=rule, note=note,
-                         source=f"circuit/{task}_edges.png"))
+        kinds = list(dict.fromkeys(paths["kind"]))
+        per_kind = {kind: _cut_shares(paths[paths["kind"] == kind], cfg, seed) for kind in kinds}
+        verdicts = {kind: _cut_verdict(est, min_diff) for kind, est in per_kind.items()}
+        verdict = next(iter(verdicts.values())) if len(set(verdicts.values())) == 1 else "inconclusive"
+        notes = []
+        for kind, est in per_kind.items():
+            lo, hi = est["share_low"], est["share_high"]
+            notes.append(f"{kind}: {verdicts[kind]}; all edges cut loses {est['lost'][2]:.3f} nats "
+                         f"[{est['both_low']:.3f}, {est['both_high']:.3f}], of which through the MLPs "
+                         f"{_in_percent(est['share'][0], lo[0], hi[0])}, direct {_in_percent(est['share'][1], lo[1], hi[1])}")
+        old = None if edges.get(task) is None else edges[task]
+        if old is not None:
+            rows = old[(old["sender"] == KEY_SUM) & (old["path"] == "via_mlps")]
+            if len(rows):
+                r = rows.iloc[0]
+                notes.append("the older END closed form (relative answer-logit change, counterfactual prompts): "
+                             f"through the MLPs {_in_percent(r['mean_effect'], r['ci_low'], r['ci_high'], sign=True)}")
+        main = per_kind[kinds[0]]
+        subs.append(_row("heads_via_mlps", task,
+                         measure=f"share of the key heads' edge effect through the MLPs ({kinds[0]} ablation)",
+                         value=100 * main["share"][0], ci_low=100 * main["share_low"][0],
+                         ci_high=100 * main["share_high"][0], unit="percent", n=int(main["n"]), split="validation",
+                         verdict=verdict, rule=rule, note="; ".join(notes), source=f"circuit/{task}_edge_paths.parquet"))
     return _headline("heads_via_mlps", subs, measure="per operator, below", split="validation")
 
 
@@ -870,7 +910,8 @@ def scorecard(*, keys: dict[str, pd.DataFrame], effects: dict[str, pd.DataFrame]
               roles_all: dict[str, pd.DataFrame], probes: dict[str, pd.DataFrame], study: pd.DataFrame | None,
               comparisons: pd.DataFrame | None, train_format: str | None, cfg: dict, seed: int,
               circuits: dict[str, pd.DataFrame | None] | None = None,
-              edges: dict[str, pd.DataFrame | None] | None = None, study_not_run: str | None = None,
+              edges: dict[str, pd.DataFrame | None] | None = None,
+              edge_paths: dict[str, pd.DataFrame | None] | None = None, study_not_run: str | None = None,
               discover: pd.DataFrame | None = None) -> pd.DataFrame:
     """Every claim's rows (headline first), in the order of CLAIMS, with the columns COLUMNS. `discover`: the
     discover rule's summary (None: the rule did not run)."""
@@ -885,7 +926,8 @@ def scorecard(*, keys: dict[str, pd.DataFrame], effects: dict[str, pd.DataFrame]
         *transfer(transfer_items, cfg, seed),
         *(circuit_sufficient(circuits, cfg, seed) if circuits
           else _not_measured("circuit_sufficient", "the circuit rule did not run")),
-        *(heads_via_mlps(edges, cfg) if edges else _not_measured("heads_via_mlps", "the edges rule did not run")),
+        *(heads_via_mlps(edge_paths, edges or {}, cfg, seed) if edge_paths
+          else _not_measured("heads_via_mlps", "the edges rule did not run")),
         *circuit_faithful(discover, cfg),
         *sft_claims(study, comparisons, train_format, cfg, not_run=study_not_run),
     ]

@@ -104,15 +104,18 @@ def edge_senders(effects: pd.DataFrame, keys: dict[str, pd.DataFrame], n_top: in
 
 
 def run_edges(*, model: str, model_dir, tasks: list[str], pairs_paths, effects_paths, key_paths, edges: dict,
-              metric: str, compute: dict, seed: int, out_tables, out_samples) -> None:
+              metric: str, compute: dict, seed: int, out_tables, out_samples, out_paths) -> None:
     """For each operator, on a seeded draw of its validation pairs: each sender head's (`edge_senders`) effect
     split into its total effect (downstream recomputed, `patching.total_logits`), its direct path
     (`patching.direct_logits`) and its path through every MLP of its layer or later (`edges.edge_logits`), as
     changes of the answer logit (and relative to the unpatched closed-form logit); per sample (`out_samples`) and
     aggregated with intervals and shares of the total (`sufficiency.summarize_edges`, `out_tables`), by the relative
     change for `metric` relative_logit (by the logit difference, with a warning, for an operator where no scored
-    pair has a positive unpatched logit), else by the logit difference (the edges have no probabilities). One job
-    for all operators: the model loads once."""
+    pair has a positive unpatched logit), else by the logit difference (the edges have no probabilities). And on
+    the teacher-forced protocol (`out_paths`, per item): the answer's log-probability with the operator's key heads'
+    edges into the MLPs, into the logits, or both cut exactly (`edges.path_cuts`), under both ablations
+    (`teacher_forcing.KINDS`, values from the identification pairs). One job for all operators: the model loads
+    once."""
     import torch
     from arithmech.model.loading import load_stage_model, stage_meta
 
@@ -124,8 +127,8 @@ def run_edges(*, model: str, model_dir, tasks: list[str], pairs_paths, effects_p
     lm = load_stage_model(model_dir, compute)
     keys = {t: pd.read_parquet(p) for t, p in zip(tasks, key_paths, strict=True)}
     batch = compute["batch_size"]
-    for task, pairs_path, effects_path, out_table, out_sample in zip(tasks, pairs_paths, effects_paths, out_tables,
-                                                                     out_samples, strict=True):
+    for task, pairs_path, effects_path, out_table, out_sample, out_path in zip(
+            tasks, pairs_paths, effects_paths, out_tables, out_samples, out_paths, strict=True):
         pairs = subsample(split_pairs(pd.read_parquet(pairs_path), "validation", str(pairs_path)),
                           edges["max_samples"], seed)
         texts, answers = list(pairs["prompt"]), torch.tensor(pairs["answer_token_id"].to_numpy())
@@ -165,6 +168,33 @@ def run_edges(*, model: str, model_dir, tasks: list[str], pairs_paths, effects_p
         meta = stage_meta(model_dir, "edges", task=task, edges=edges, metric=metric, seed=seed)
         write_parquet(summary.assign(split="validation"), out_table, meta)
         write_parquet(samples, out_sample, meta)
+        key_heads = cx.key_nodes(keys[task])[0]
+        write_parquet(_path_cut_rows(lm, pairs_path, pairs, key_heads, seed=seed, batch_size=batch), out_path, meta)
+
+
+PATH_CUT_COLUMNS = ["sample_id", "cluster", "kind", "model", "via_mlps", "direct", "both"]
+
+
+def _path_cut_rows(lm, pairs_path, scored: pd.DataFrame, key_heads, *, seed: int, batch_size: int) -> pd.DataFrame:
+    """Per scored item and ablation kind: the answer's teacher-forced log-probability (`edges.path_cuts`) with the key
+    heads' edges kept ('model') or cut (via_mlps, direct, both); no rows where the key-head rule chose no head."""
+    from arithmech.interp import teacher_forcing as tf
+    from arithmech.interp.edges import path_cuts
+
+    if not key_heads:
+        return pd.DataFrame(columns=PATH_CUT_COLUMNS)
+    items = tf.build_items(lm, scored, batch_size=batch_size)
+    pool = tf.build_items(lm, split_pairs(pd.read_parquet(pairs_path), "identification", str(pairs_path)),
+                          batch_size=batch_size)
+    pool_outputs = tf.tail_outputs(lm, pool, batch_size)
+    rows = []
+    for kind in tf.KINDS:
+        values = tf.ablation_values(lm, items, pool, kind, seed=seed, batch_size=batch_size, pool_outputs=pool_outputs)
+        cuts = path_cuts(lm, items, values, key_heads, batch_size=batch_size)
+        rows.append(pd.DataFrame({"sample_id": items.table["sample_id"].to_numpy(),
+                                  "cluster": (items.table["a"].astype(str) + "," + items.table["b"].astype(str)),
+                                  "kind": kind, **cuts}))
+    return pd.concat(rows, ignore_index=True)[PATH_CUT_COLUMNS]
 
 
 def _path_rows(pairs: pd.DataFrame, labels: list[str], path: str, receiver: int, change: torch.Tensor,
