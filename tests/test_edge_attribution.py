@@ -345,3 +345,37 @@ def test_edge_size_curve(tiny_lm, tf):
     assert abs(curve["measure"][2] - six) < 1e-6
     with pytest.raises(ValueError, match="between 0 and the 24 edges"):
         E.edge_size_curve(*args, scores, node_scores, [25])
+
+
+def test_path_cuts_map_items_of_mixed_tails_and_agree_with_the_protocols_model(tiny_lm, base_prompt_cfg):
+    """`edges.path_cuts` on teacher-forced items of two tail lengths (answers "<n>." and "<n>"): each cut equals
+    `edge_circuit_measure` called on that item alone with the cut written out by hand, 'model' equals the
+    protocol's own full-model log-probability (`teacher_forcing.TailTrials`, an independent forward), and cutting
+    every edge changes the measure."""
+    from arithmech.interp import teacher_forcing as tfm
+
+    lm, tok = tiny_lm, tiny_lm.tokenizer
+    df = build_prompts(tok, "addition", base_prompt_cfg, seed=0).iloc[ROWS].reset_index(drop=True)
+    answers = [tok(f"{a}." if i % 2 else f"{a}").input_ids for i, a in enumerate(df["answer"])]
+    items = tfm.TailItems(df, [tok(p).input_ids for p in df["prompt"]], answers, [lm.eos_ids[0]] * len(df))
+    heads, mlps = tfm.tail_outputs(lm, items, batch_size=3)
+    tails = items.tails
+    donors = np.array([next(j for j in range(1, len(df)) if tails[(i + j) % len(df)] == tails[i]) for i in
+                       range(len(df))])
+    donors = (np.arange(len(df)) + donors) % len(df)
+    values = tfm.TailValues(heads[donors], mlps[donors], "resample", donors)
+    senders = [(0, 1), (1, 0)]
+    cuts = E.path_cuts(lm, items, values, senders, batch_size=3)
+    receivers = list(range(lm.n_layers))
+    for i in range(len(df)):
+        T = int(tails[i])
+        for cut, (mlp_kept, direct_kept) in E.PATH_CUTS.items():
+            kept = torch.full((len(senders), len(receivers)), mlp_kept)
+            one = E.edge_circuit_measure(lm, [items.prompt_ids[i] + items.answer_ids[i]], [items.targets(i)],
+                                         values.rows([i], T), senders, receivers, kept,
+                                         kept_direct=torch.full((len(senders),), direct_kept))
+            assert cuts[cut][i] == pytest.approx(float(one[0, 0]), abs=1e-4), (cut, i)
+    trials = tfm.TailTrials(lm, items, values, measure="logprob", batch_size=3)
+    model = trials.scores(np.ones((1, len(trials.nodes)), dtype=bool))["logprob"][0]
+    np.testing.assert_allclose(cuts["model"], model, atol=1e-4)
+    assert np.abs(cuts["both"] - cuts["model"]).max() > 1e-3
