@@ -485,6 +485,43 @@ def discover_summary(task: str, rows: list[dict]) -> pd.DataFrame:
     return pd.DataFrame([base | r for r in rows])
 
 
+def tf_columns(correct=(0.9, 0.85, 0.95), logprob=(1.0, 0.9, 1.1), random_diff=(0.6, 0.5, 0.7),
+               kinds=("resample", "mean"), **override) -> dict:
+    """The teacher-forced columns of one discover summary row (a circuit that holds under both ablations)."""
+    row = {"tf_n_items": 120}
+    for kind in kinds:
+        for name, (v, lo, hi) in (("correct", correct), ("logprob", logprob), ("random_diff", random_diff)):
+            row |= {f"tf_{kind}_{name}": v, f"tf_{kind}_{name}_low": lo, f"tf_{kind}_{name}_high": hi}
+    return row | override
+
+
+def test_a_small_faithful_circuit_on_the_teacher_forced_protocol():
+    """The rule fixed before the numbers: >= 96 pairs, small, full-answer faithfulness's lower end >= 80%, log-prob
+    faithfulness in [0.8, 1.2] (overshoot is not free), >= 0.3 over random circuits, the same under both ablations."""
+    cases = {
+        "holds": tf_columns(),
+        "few pairs": tf_columns(tf_n_items=48),
+        "overshoot": tf_columns(logprob=(1.4, 1.3, 1.5)),
+        "below 80%": tf_columns(correct=(0.6, 0.5, 0.7)),
+        "straddles 80%": tf_columns(correct=(0.85, 0.7, 0.95)),
+        "random as good": tf_columns(random_diff=(0.1, -0.05, 0.2)),
+        "ablations disagree": tf_columns(kinds=("resample",)) | tf_columns(correct=(0.5, 0.4, 0.6), kinds=("mean",)),
+    }
+    summary = pd.concat([discover_summary(task, [cols]) for task, cols in cases.items()], ignore_index=True)
+    summary = pd.concat([summary, discover_summary("too large", [tf_columns() | {"share": 0.4}])], ignore_index=True)
+    rows = claims.circuit_faithful(summary, CFG)
+    by = {r["scope"]: r for r in rows[1:]}
+    assert by["holds"]["verdict"] == "holds" and by["holds"]["value"] == pytest.approx(90.0)
+    assert by["few pairs"]["verdict"] == "inconclusive" and "fewer than the 96" in by["few pairs"]["note"]
+    assert by["overshoot"]["verdict"] == "does not hold"
+    assert by["below 80%"]["verdict"] == "does not hold"
+    assert by["straddles 80%"]["verdict"] == "inconclusive"
+    assert by["random as good"]["verdict"] == "does not hold"
+    assert by["ablations disagree"]["verdict"] == "inconclusive"
+    assert by["too large"]["verdict"] == "does not hold"
+    assert "the older protocol" in by["holds"]["note"] and rows[0]["verdict"] == "partly"
+
+
 def test_a_small_faithful_circuit():
     summary = pd.concat([
         discover_summary("addition", [{}]),
