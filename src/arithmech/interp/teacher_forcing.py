@@ -37,7 +37,7 @@ reference: one item at a time, whole sequences, `patch_tail` with per-row values
 
 from __future__ import annotations
 
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Iterator, Sequence
 
@@ -65,13 +65,15 @@ SHARES = (0.01, 0.02, 0.05, 0.10, 0.20, 0.50, 1.0)  # MIB's CPR/CMD node shares
 class TailItems:
     """Teacher-forced items (module docstring). table: the kept rows of the pairs table (index reset) with
     n_answer_tokens and terminator added; prompt_ids, answer_ids: per item; terminators: [n] token ids;
-    dropped: the pairs whose full-model terminator does not end the number."""
+    dropped: the pairs whose full-model terminator does not end the number; outputs: their `tail_outputs`, where
+    `build_items` captured them in the same forward (a pool's: one forward fewer)."""
 
     table: pd.DataFrame
     prompt_ids: list[list[int]]
     answer_ids: list[list[int]]
     terminators: list[int]
     dropped: pd.DataFrame = field(default_factory=pd.DataFrame)
+    outputs: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def __len__(self) -> int:
         return len(self.prompt_ids)
@@ -134,11 +136,12 @@ def ends_number(tokenizer, answer_ids: Sequence[int], terminator: int, gold) -> 
 
 
 @torch.no_grad()
-def build_items(lm: LoadedModel, pairs: pd.DataFrame, *, batch_size: int = 32) -> TailItems:
+def build_items(lm: LoadedModel, pairs: pd.DataFrame, *, batch_size: int = 32, outputs: bool = False) -> TailItems:
     """Teacher-forced items from a pairs table (columns prompt and answer; template_id, a, b carried along):
     the prompt's and the gold answer's ids, and the full model's greedy terminator after them. Pairs whose
     terminator does not end the number (`ends_number`) are dropped (`TailItems.dropped`, reason
-    'terminator_continues_number'); none kept is an error."""
+    'terminator_continues_number'); none kept is an error. outputs: also capture every node's tail outputs in
+    the same forward (`TailItems.outputs`, what `tail_outputs` returns; for a pool of ablation values)."""
     for col in ("prompt", "answer"):
         if col not in pairs:
             raise ValueError(f"teacher-forced items need a '{col}' column in the pairs table")
@@ -147,10 +150,14 @@ def build_items(lm: LoadedModel, pairs: pd.DataFrame, *, batch_size: int = 32) -
     prompt_ids, answer_ids = [list(c) for c, _ in split], [list(a) for _, a in split]
     probe = TailItems(table, prompt_ids, answer_ids, [0] * len(table))  # terminators not known yet
     terminators = [0] * len(table)
+    heads, mlps = _empty_outputs(lm, probe) if outputs else (None, None)
     for batch in tail_batches(lm, probe, batch_size):
-        last = lm.model(**batch.enc, logits_to_keep=1).logits[:, -1].argmax(-1).tolist()
+        with capture(lm, end_only=False) if outputs else nullcontext() as cap:
+            last = lm.model(**batch.enc, logits_to_keep=1).logits[:, -1].argmax(-1).tolist()
         for i, t in zip(batch.rows, last):
             terminators[i] = int(t)
+        if outputs:
+            _store_tail(cap, batch, heads, mlps)
     ok = np.array([ends_number(lm.tokenizer, a, t, g) for a, t, g in zip(answer_ids, terminators, table["answer"])],
                   dtype=bool)
     if not ok.any():
@@ -160,8 +167,10 @@ def build_items(lm: LoadedModel, pairs: pd.DataFrame, *, batch_size: int = 32) -
     kept = table.iloc[keep].reset_index(drop=True).assign(
         n_answer_tokens=[len(answer_ids[i]) for i in keep], terminator=[terminators[i] for i in keep])
     dropped = table.iloc[np.flatnonzero(~ok)].reset_index(drop=True).assign(drop_reason="terminator_continues_number")
+    T_max = 1 + max(len(answer_ids[i]) for i in keep)
     return TailItems(kept, [prompt_ids[i] for i in keep], [answer_ids[i] for i in keep],
-                     [terminators[i] for i in keep], dropped)
+                     [terminators[i] for i in keep], dropped,
+                     (heads[keep, :T_max], mlps[keep, :T_max]) if outputs else None)
 
 
 # --------------------------------------------------------------------------------------------------- values
@@ -182,19 +191,31 @@ class TailValues:
         return AlignedMean(self.heads[idx, :T], self.mlps[idx, :T])
 
 
+def _empty_outputs(lm: LoadedModel, items: TailItems) -> tuple[torch.Tensor, torch.Tensor]:
+    T_max, n = int(items.tails.max()), len(items)
+    return (torch.zeros(n, T_max, lm.n_layers, lm.n_heads, lm.head_dim),
+            torch.zeros(n, T_max, lm.n_layers, lm.d_model))
+
+
+def _store_tail(cap, batch: TailBatch, heads: torch.Tensor, mlps: torch.Tensor) -> None:
+    """The batch's captured outputs at its last T positions into heads/mlps [n, T_max, ...], offset 0 = last."""
+    rows, T = torch.as_tensor(batch.rows), batch.T
+    heads[rows, :T] = cap.stacked_heads()[:, -T:].flip(1).float().cpu()
+    mlps[rows, :T] = cap.stacked_mlps()[:, -T:].flip(1).float().cpu()
+
+
 @torch.no_grad()
 def tail_outputs(lm: LoadedModel, items: TailItems, batch_size: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
     """Every node's output at each item's tail offsets, teacher-forced on its own answer with nothing ablated
-    (`hooks.capture`): heads [n, T_max, L, H, D], mlps [n, T_max, L, d] (index 0 = the last tail position)."""
-    T_max, n = int(items.tails.max()), len(items)
-    heads = torch.zeros(n, T_max, lm.n_layers, lm.n_heads, lm.head_dim)
-    mlps = torch.zeros(n, T_max, lm.n_layers, lm.d_model)
+    (`hooks.capture`): heads [n, T_max, L, H, D], mlps [n, T_max, L, d] (index 0 = the last tail position).
+    `TailItems.outputs` where `build_items` captured them."""
+    if items.outputs is not None:
+        return items.outputs
+    heads, mlps = _empty_outputs(lm, items)
     for batch in tail_batches(lm, items, batch_size):
         with capture(lm, end_only=False) as cap:
             lm.model(**batch.enc, logits_to_keep=1)
-        rows, T = torch.as_tensor(batch.rows), batch.T
-        heads[rows, :T] = cap.stacked_heads()[:, -T:].flip(1).float().cpu()
-        mlps[rows, :T] = cap.stacked_mlps()[:, -T:].flip(1).float().cpu()
+        _store_tail(cap, batch, heads, mlps)
     return heads, mlps
 
 

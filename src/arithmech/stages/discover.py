@@ -157,8 +157,9 @@ def run_discover(*, model: str, task: str, model_dir, pairs_path, cache_path, ef
     start = time.perf_counter()
     teacher_forced = discover["protocol"] == "teacher_forced"
     if teacher_forced:  # END and every answer position, position-matched values from the identification pairs
-        pool = tf.build_items(lm, split_pairs(pairs, "identification", str(pairs_path)), batch_size=batch)
-        pool_outputs = tf.tail_outputs(lm, pool, batch)  # one forward over the pool for every ablation
+        pool = tf.build_items(lm, split_pairs(pairs, "identification", str(pairs_path)), batch_size=batch,
+                              outputs=True)  # one forward over the pool for its terminators and every ablation
+        pool_outputs = tf.tail_outputs(lm, pool, batch)
         prune_items = tf.build_items(lm, ident, batch_size=batch)
         tail_values = tf.ablation_values(lm, prune_items, pool, discover["tf_ablation"], seed=seed, batch_size=batch,
                                          pool_outputs=pool_outputs)
