@@ -506,6 +506,7 @@ def test_a_small_faithful_circuit_on_the_teacher_forced_protocol():
         "straddles 80%": tf_columns(correct=(0.85, 0.7, 0.95)),
         "random as good": tf_columns(random_diff=(0.1, -0.05, 0.2)),
         "ablations disagree": tf_columns(kinds=("resample",)) | tf_columns(correct=(0.5, 0.4, 0.6), kinds=("mean",)),
+        "sanity failed": tf_columns(tf_resample_sanity_failed="one node ablated: 0.94 < 0.95", tf_mean_sanity_failed=""),
     }
     summary = pd.concat([discover_summary(task, [cols]) for task, cols in cases.items()], ignore_index=True)
     summary = pd.concat([summary, discover_summary("too large", [tf_columns() | {"share": 0.4}])], ignore_index=True)
@@ -518,6 +519,7 @@ def test_a_small_faithful_circuit_on_the_teacher_forced_protocol():
     assert by["straddles 80%"]["verdict"] == "inconclusive"
     assert by["random as good"]["verdict"] == "does not hold"
     assert by["ablations disagree"]["verdict"] == "inconclusive"
+    assert by["sanity failed"]["verdict"] == "inconclusive" and "a sanity check failed" in by["sanity failed"]["note"]
     assert by["too large"]["verdict"] == "does not hold"
     assert "the older protocol" in by["holds"]["note"] and rows[0]["verdict"] == "partly"
 

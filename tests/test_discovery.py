@@ -259,3 +259,29 @@ def test_discover_stage_on_the_teacher_forced_protocol(prepared, tmp_path):  # n
     for kind in tf.KINDS:
         assert validation[f"sanity_{kind}_nothing_kl"].abs().max() < 1e-4
         assert f"sanity_{kind}_failed" in validation
+    # per-item teacher-forced values beside the old ones, and the summary's teacher-forced columns (the verdict's)
+    from arithmech.stages.discover import run_discover_union
+
+    items = pd.read_parquet(out["_items"])
+    kept = int(model["tf_n_items"])  # pairs whose terminator continues the number are dropped (NaN here)
+    assert len(items) == len(circuits) * 6 and items["tf_mean_tail_logprob"].notna().sum() == len(circuits) * kept
+    model_items = items[items["curve"] == "model"]
+    assert model_items["tf_mean_tail_logprob"].mean() == pytest.approx(model["tf_mean_tail_logprob"])
+    with pytest.warns(UserWarning):
+        run_discover_union(model="tiny", model_dir=prepared / "model", tasks=["division"],
+                           pairs_paths=[prepared / "pairs.parquet"], cache_paths=[prepared / "cache.safetensors"],
+                           key_paths=[tmp_path / "key.parquet"], table_paths=[out[""]],
+                           validation_paths=[out["_validation"]], items_paths=[out["_items"]], discover=discover,
+                           compute=COMPUTE, seed=0, out_validation=tmp_path / "union.parquet",
+                           out_summary=tmp_path / "summary.parquet")
+    summary = pd.read_parquet(tmp_path / "summary.parquet")
+    for kind, name, suffix in itertools.product(tf.KINDS, ("correct", "logprob", "random_diff"), ("", "_low", "_high")):
+        assert f"tf_{kind}_{name}{suffix}" in summary, (kind, name, suffix)
+        # the random tiny model answers nothing, so full-answer faithfulness is undefined; log-probability is not
+        assert name != "logprob" or summary[f"tf_{kind}_{name}{suffix}"].notna().all(), (kind, name, suffix)
+    assert (summary["tf_n_items"] == kept).all()
+    # a single operator: the union is its chosen circuit, scored on the same items under the same values
+    chosen = summary[(summary["task"] == "division") & summary["chosen"]].iloc[0]
+    union = summary[summary["task"] == "union"].iloc[0]
+    for kind in tf.KINDS:
+        assert union[f"tf_{kind}_logprob"] == pytest.approx(chosen[f"tf_{kind}_logprob"])

@@ -325,3 +325,16 @@ def test_sanity_checks_run_every_check_and_name_the_failed(lm, setup, monkeypatc
     assert "'everything ablated' failed" in values["failed"] and values["self_patch_kl"] < 1e-4
     with pytest.raises(ValueError, match="unknown sanity checks"):
         tf.sanity_checks(trials, checks=["nothing"])
+
+
+def test_protocol_scores_stops_only_on_the_strict_kinds(lm, setup):
+    """`protocol_scores(strict=[kind])`: a failed check of that ablation raises; the other's is recorded in its
+    'failed' value with a warning (the discover rule stops on the ablation it pruned with only). The random tiny
+    model fails the one-node check under both ablations."""
+    items, pool, _ = setup
+    kept = np.ones((1, 10), dtype=bool)
+    with pytest.raises(ValueError, match="one node ablated"):
+        tf.protocol_scores(lm, items, pool, kept, batch_size=3, sanity_draws=4, strict=["mean"])
+    with pytest.warns(UserWarning, match="one node ablated"):
+        _, sanity = tf.protocol_scores(lm, items, pool, kept, batch_size=3, sanity_draws=4, strict=[])
+    assert "one node ablated" in sanity["resample_failed"] and "one node ablated" in sanity["mean_failed"]

@@ -683,13 +683,18 @@ def cpr_cmd(trials: TailTrials, attribution: np.ndarray, shares: Sequence[float]
 
 
 # --------------------------------------------------------------------------------------------------- one call
+def _strict(strict: bool | Sequence[str], kind: str) -> bool:
+    return strict if isinstance(strict, bool) else kind in set(strict)
+
+
 def protocol_scores(lm: LoadedModel, items: TailItems, pool: TailItems, kept, *, seed: int = 0, batch_size: int = 32,
-                    sanity_draws: int = 20, strict: bool = True,
+                    sanity_draws: int = 20, strict: bool | Sequence[str] = True,
                     pool_outputs=None) -> tuple[dict[str, np.ndarray], dict]:
     """Every circuit of `kept` (bool [c, nodes]) under both ablations (`KINDS`) at both position sets
     (`POSITIONS`): {f"{kind}_{positions}_{measure}": [c, n_items]} (`TAIL_MEASURES`; kl as -KL), and the sanity
     checks of each ablation at positions "tail" ({f"{kind}_{check value}": value}; `sanity_checks` with
-    `strict`). pool_outputs: as `ablation_values`."""
+    `strict`: True for every kind, or the kinds whose failed check raises; the others warn and record it in
+    their 'failed' value). pool_outputs: as `ablation_values`."""
     values, sanity = {}, {}
     pool_outputs = pool_outputs if pool_outputs is not None else tail_outputs(lm, pool, batch_size)
     for kind in KINDS:
@@ -702,5 +707,5 @@ def protocol_scores(lm: LoadedModel, items: TailItems, pool: TailItems, kept, *,
             if positions == "tail":  # position alignment does not depend on the kind: checked once
                 checks = [c for c in SANITY_CHECKS if c != "position alignment" or kind == KINDS[0]]
                 sanity |= {f"{kind}_{k}": v for k, v in sanity_checks(trials, draws=sanity_draws, seed=seed,
-                                                                           strict=strict, checks=checks).items()}
+                                                                           strict=_strict(strict, kind), checks=checks).items()}
     return values, sanity

@@ -722,6 +722,8 @@ def tf_faithful_verdict(r: pd.Series, kind: str, cfg: dict) -> str:
     col = f"tf_{kind}_"
     if any(math.isnan(float(r[col + c])) for c in TF_FAITHFUL_COLUMNS):
         return "not measured"
+    if not display.missing(r.get(col + "sanity_failed")) and str(r[col + "sanity_failed"]):
+        return "inconclusive"  # a failed sanity check: this ablation's numbers cannot decide
     enough = ("holds" if r[col + "correct_low"] >= cfg["faithful"] else
               "does not hold" if r[col + "correct_high"] < cfg["faithful"] else "inconclusive")
     low, high = TF_LOGPROB_BAND
@@ -762,6 +764,9 @@ def _tf_faithful_row(task: str, r: pd.Series, fallback: bool, rule: str, kinds: 
 
         note.append(f"{k}: {per_kind[k]}; full answers {est('correct')}, log-probability {est('logprob')}, "
                     f"circuit - random {est('random_diff', sign=True, unit='')} points")
+        failed = r.get(f"tf_{k}_sanity_failed")
+        if not display.missing(failed) and str(failed):
+            note.append(f"{k}: a sanity check failed ({failed})")
     if "faithfulness_full" in r and not display.missing(r["faithfulness_full"]):
         note.append("the older protocol (greedy, END means at every generated position): full answers "
                     + _in_percent(r["faithfulness_full"], r["faithfulness_full_low"], r["faithfulness_full_high"]))

@@ -77,12 +77,21 @@ def _masks(sets, nodes) -> np.ndarray:
     return np.array([[(l, h) in set(s.heads) if h >= 0 else l in set(s.mlp_layers) for l, h in nodes] for s in sets])
 
 
+def _strict_kinds(discover: dict) -> list[str]:
+    """The ablations whose failed sanity check stops the rule (`circuit.discover.sanity: stop`): the one pruned on.
+    The other is the comparison: its failed check is recorded (sanity_<kind>_failed) and makes the verdicts that
+    need it inconclusive, rather than stopping the run."""
+    return [discover["tf_ablation"]] if discover["sanity"] == "stop" else []
+
+
 FLAG_GAP = 0.15  # the ablations' (and the old protocol's) full-answer faithfulness differing by more is flagged
 
 
 def _teacher_forced_columns(lm, validation: pd.DataFrame, val: pd.DataFrame, pool: tuple, sets, attribution, nodes,
-                            discover: dict, seed: int, batch: int) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(the validation table with the teacher-forced protocol beside the old one, the CPR/CMD rows); pool: (the
+                            discover: dict, seed: int, batch: int
+                            ) -> tuple[pd.DataFrame, pd.DataFrame | None, pd.DataFrame]:
+    """(the validation table with the teacher-forced protocol beside the old one, the CPR/CMD rows (None without an
+    attribution), the per-item values `_tf_items`); pool: (the
     identification items, their `tail_outputs`). Added per set, for each ablation (resample, mean), position set
     (tail: END and answers; end: END only, the decomposition) and measure (correct, logprob, kl): the mean and
     the faithfulness with intervals (columns tf_<kind>_<positions>_<measure>, faithfulness_tf_...);
@@ -93,7 +102,7 @@ def _teacher_forced_columns(lm, validation: pd.DataFrame, val: pd.DataFrame, poo
     from arithmech.interp import teacher_forcing as tf
 
     items = tf.build_items(lm, val, batch_size=batch)
-    shares = tf.share_circuits(attribution)
+    shares = tf.share_circuits(attribution) if attribution is not None else np.zeros((0, len(nodes)), dtype=bool)
     share_sets = [cx.CircuitSet("share", "share", int(m.sum()), -1,
                                 tuple(n for n, k in zip(nodes, m) if k and n[1] >= 0),
                                 tuple(n[0] for n, k in zip(nodes, m) if k and n[1] < 0)) for m in shares]
@@ -101,7 +110,7 @@ def _teacher_forced_columns(lm, validation: pd.DataFrame, val: pd.DataFrame, poo
     values, sanity = tf.protocol_scores(lm, items, pool, np.vstack([_masks(sets, nodes), shares]), seed=seed,
                                         pool_outputs=pool_outputs, batch_size=batch,
                                         sanity_draws=discover["sanity_draws"],
-                                        strict=discover["sanity"] == "stop")
+                                        strict=_strict_kinds(discover))
     clusters = (items.table["a"].astype(str) + "," + items.table["b"].astype(str)).to_numpy()
     scored = cx.faithfulness_table(sets + share_sets, {f"tf_{k}": v for k, v in values.items()}, clusters,
                                    n_boot=discover["bootstrap"], seed=seed, confidence=discover["confidence"])
@@ -111,13 +120,32 @@ def _teacher_forced_columns(lm, validation: pd.DataFrame, val: pd.DataFrame, poo
     f = [out[c] for c in ("faithfulness_tf_resample_tail_correct", "faithfulness_tf_mean_tail_correct",
                           "faithfulness_full")]
     out["tf_flag"] = (pd.concat(f, axis=1).max(axis=1) - pd.concat(f, axis=1).min(axis=1)) > FLAG_GAP
-    rows = scored.iloc[len(sets):].reset_index(drop=True).assign(node_share=list(tf.SHARES), n=len(items),
-                                                                  split="validation")
+    rows = None
+    if attribution is not None:
+        rows = scored.iloc[len(sets):].reset_index(drop=True).assign(node_share=list(tf.SHARES), n=len(items),
+                                                                      split="validation")
     for table in (out, rows):
+        if table is None:
+            continue
         table["tf_n_items"], table["tf_dropped"] = len(items), len(items.dropped)
         for k, v in sanity.items():
             table[f"sanity_{k}"] = v
-    return out, rows
+    return out, rows, _tf_items(values, len(sets), items.table["sample_id"].to_numpy())
+
+
+def _tf_items(values: dict[str, np.ndarray], n_sets: int, sample_ids: np.ndarray) -> pd.DataFrame:
+    """Per-item teacher-forced values of the first n_sets sets (rows: set_index, sample_id; columns tf_<kind>_
+    <positions>_<measure>), to merge into the items table (pairs whose terminator did not end the number are
+    missing, so they are NaN there and left out of the paired comparisons)."""
+    n = len(sample_ids)
+    return pd.DataFrame({"set_index": np.repeat(np.arange(n_sets), n), "sample_id": np.tile(sample_ids, n_sets),
+                         **{f"tf_{k}": np.asarray(v)[:n_sets].reshape(-1) for k, v in values.items()}})
+
+
+def _with_tf_items(items: pd.DataFrame, n_sets: int, tf_items: pd.DataFrame) -> pd.DataFrame:
+    """The items table (`_score`: set-major rows) with the teacher-forced per-item columns merged in."""
+    items = items.assign(set_index=np.repeat(np.arange(n_sets), len(items) // n_sets))
+    return items.merge(tf_items, on=["set_index", "sample_id"], how="left").drop(columns="set_index")
 
 
 def choose_target(table: pd.DataFrame, min_full_share: float) -> tuple[float, bool]:
@@ -223,8 +251,9 @@ def run_discover(*, model: str, task: str, model_dir, pairs_path, cache_path, ef
                                n_boot=discover["bootstrap"], seed=seed, confidence=discover["confidence"])
     share_rows = None
     if teacher_forced:
-        validation, share_rows = _teacher_forced_columns(lm, validation, val, (pool, pool_outputs), sets, attribution,
-                                                         nodes, discover, seed, batch)
+        validation, share_rows, tf_items = _teacher_forced_columns(lm, validation, val, (pool, pool_outputs), sets,
+                                                                   attribution, nodes, discover, seed, batch)
+        items = _with_tf_items(items, len(sets), tf_items)
     key_set = set(key_heads)
     discovered = validation["curve"] == "discovered"
     heads_of = [s.heads for s in sets]
@@ -302,6 +331,33 @@ def _summary_row(task, target, chosen, circuit_row: pd.Series, key_row: pd.Serie
             "constant_first": float(circuit_row["constant_first"]), "first": float(circuit_row["first"]),
             "full_share": float(circuit_row["full"]) / model_full if model_full > 0 else np.nan,
             "n_items": full["n_items"], "n_clusters": full["n_clusters"], "draws": full["draws"]}
+    sanity = {k: v for k, v in circuit_row.items() if str(k).startswith("sanity_") and str(k).endswith("_failed")}
+    return row | _tf_summary(items, boot, {k: ("" if pd.isna(v) else str(v)) for k, v in sanity.items()})
+
+
+def _tf_summary(items: pd.DataFrame, boot: dict, sanity: dict | None = None) -> dict:
+    """The teacher-forced columns of a summary row (what `report.verdicts.circuit_faithful` reads), where the items
+    carry them: per ablation kind, the circuit's full-answer (tf_<kind>_correct) and log-probability
+    (tf_<kind>_logprob) faithfulness with intervals, and (circuit - its layer-matched random circuits) on full
+    answers (tf_<kind>_random_diff), paired; tf_n_items: the pairs scored; tf_<kind>_sanity_failed: the failed
+    sanity checks of that ablation ('' when none; `sanity`: the validation row's sanity_* values)."""
+    row = {}
+    for kind in ("resample", "mean"):
+        column = f"tf_{kind}_tail_correct"
+        if column not in items:
+            continue
+        if sanity is not None:
+            row[f"tf_{kind}_sanity_failed"] = sanity.get(f"sanity_{kind}_failed", "")
+        for measure in ("correct", "logprob"):
+            res = cx.key_vs_random(items, measure="full", mlps="discovered", curve="discovered",
+                                   column=f"tf_{kind}_tail_{measure}", **boot)
+            if res is None:  # no random draw of its size
+                continue
+            row |= {f"tf_{kind}_{measure}": res["key"], f"tf_{kind}_{measure}_low": res["key_low"],
+                    f"tf_{kind}_{measure}_high": res["key_high"]}
+            if measure == "correct":
+                row |= {f"tf_{kind}_random_diff": res["difference"], f"tf_{kind}_random_diff_low": res["ci_low"],
+                        f"tf_{kind}_random_diff_high": res["ci_high"], "tf_n_items": res["n_items"]}
     return row
 
 
@@ -336,6 +392,7 @@ def run_discover_union(*, model: str, model_dir, tasks: list[str], pairs_paths, 
     and one for the union (pooled; target NaN)."""
     from safetensors.torch import load_file
 
+    from arithmech.interp import teacher_forcing as tf
     from arithmech.interp.ablation import cache_means
     from arithmech.interp.discovery import all_nodes
     from arithmech.model.loading import load_stage_model, stage_meta
@@ -364,9 +421,17 @@ def run_discover_union(*, model: str, model_dir, tasks: list[str], pairs_paths, 
     boot = {"n_boot": discover["bootstrap"], "seed": seed, "confidence": discover["confidence"]}
     blocks, all_items, constants = [], [], []
     for task, pairs_path, cache_path in zip(tasks, pairs_paths, cache_paths, strict=True):
-        _, val = _scored_pairs(pd.read_parquet(pairs_path), discover, seed, str(pairs_path))
+        pairs = pd.read_parquet(pairs_path)
+        _, val = _scored_pairs(pairs, discover, seed, str(pairs_path))
         means = cache_means(load_file(str(cache_path)), "end")
         table, items = _score(lm, val, sets, targets, means, measure, compute["batch_size"], **boot)
+        if discover["protocol"] == "teacher_forced":  # the union on the protocol its parts were pruned on
+            pool = tf.build_items(lm, split_pairs(pairs, "identification", str(pairs_path)),
+                                  batch_size=compute["batch_size"], outputs=True)
+            table, _, tf_items = _teacher_forced_columns(
+                lm, table, val, (pool, tf.tail_outputs(lm, pool, compute["batch_size"])), sets, None,
+                all_nodes(lm.n_layers, lm.n_heads), discover, seed, compute["batch_size"])
+            items = _with_tf_items(items, len(sets), tf_items)
         blocks.append(table.assign(task=task))
         all_items.append(items.assign(task=task, sample_id=task + ":" + items["sample_id"].astype(str),
                                       cluster=task + ":" + items["cluster"]))
@@ -388,7 +453,11 @@ def run_discover_union(*, model: str, model_dir, tasks: list[str], pairs_paths, 
     for task, val_path, items_path in zip(tasks, validation_paths, items_paths, strict=True):
         rows += task_summary(task, tables[task], pd.read_parquet(val_path), pd.read_parquet(items_path),
                              n_nodes=n_nodes, discover=discover, seed=seed)
-    circuit_row = pooled[pooled["curve"] == "discovered"].iloc[0]
+    circuit_row = pooled[pooled["curve"] == "discovered"].iloc[0].copy()
+    for column in {c for b in blocks for c in b if c.startswith("sanity_") and c.endswith("_failed")}:
+        # the union's sanity: every operator's failed checks (each block ran them on its own pairs)
+        circuit_row[column] = "; ".join(dict.fromkeys(f"{t}: {b[column].iloc[0]}" for t, b in zip(tasks, blocks)
+                                                      if column in b and str(b[column].iloc[0])))
     key_row = pooled[pooled["curve"] == "key"].iloc[0]
     model_full = float(pooled.loc[pooled["curve"] == "model", "full"].iloc[0])
     rows.append(_summary_row("union", np.nan, True, circuit_row, key_row, items, n_nodes, measure, discover, seed,
