@@ -201,7 +201,8 @@ def test_circuit_stage(prepared, tmp_path):  # noqa: F811
               effects_paths=[tmp_path / "effects.parquet"], key_paths=[tmp_path / "key.parquet"],
               edges={"senders": 3, "max_samples": 6, "bootstrap": 50, "confidence": 0.95}, metric="logit_diff",
               compute=COMPUTE, seed=0,
-              out_tables=[tmp_path / "e.parquet"], out_samples=[tmp_path / "es.parquet"])
+              out_tables=[tmp_path / "e.parquet"], out_samples=[tmp_path / "es.parquet"],
+              out_paths=[tmp_path / "ep.parquet"])
     run_plot_circuit(model="tiny", task="division", table_path=tmp_path / "c.parquet", edges_path=tmp_path / "e.parquet",
                      levels=[0.8, 0.9], out_curve=tmp_path / "f.png", out_graph=tmp_path / "g.png",
                      out_heatmap=tmp_path / "h.png")
@@ -226,7 +227,16 @@ def test_edges_stage_paths_equal_the_hooked_references(prepared, tmp_path):  # n
     run_edges(model="tiny", model_dir=prepared / "model", tasks=["division"], pairs_paths=[prepared / "pairs.parquet"],
               effects_paths=[tmp_path / "effects.parquet"], key_paths=[tmp_path / "key.parquet"],
               edges={"senders": 1, "max_samples": 6, "bootstrap": 50, "confidence": 0.95}, metric="logit_diff",
-              compute=COMPUTE, seed=0, out_tables=[tmp_path / "e.parquet"], out_samples=[tmp_path / "es.parquet"])
+              compute=COMPUTE, seed=0, out_tables=[tmp_path / "e.parquet"], out_samples=[tmp_path / "es.parquet"],
+              out_paths=[tmp_path / "ep.parquet"])
+    # the key heads' paths cut on the teacher-forced protocol: per kept pair and ablation, the same items and model
+    from arithmech.stages.circuit import PATH_CUT_COLUMNS
+
+    cuts = pd.read_parquet(tmp_path / "ep.parquet")
+    assert list(cuts.columns) == PATH_CUT_COLUMNS and set(cuts["kind"]) == {"resample", "mean"}
+    by_kind = {k: part.reset_index(drop=True) for k, part in cuts.groupby("kind")}
+    pd.testing.assert_series_equal(by_kind["mean"]["model"], by_kind["resample"]["model"])
+    assert (by_kind["mean"]["both"] != by_kind["mean"]["model"]).any()
     samples = pd.read_parquet(tmp_path / "es.parquet")
     assert list(dict.fromkeys(samples["sender"])) == ["L1H3", "L1H2"]  # the top 1, then the other key head
     pairs = split_pairs(pd.read_parquet(prepared / "pairs.parquet"), "validation", "pairs")
@@ -253,7 +263,8 @@ def test_edges_stage_paths_equal_the_hooked_references(prepared, tmp_path):  # n
                   pairs_paths=[prepared / "pairs.parquet"], effects_paths=[tmp_path / "effects.parquet"],
                   key_paths=[tmp_path / "key.parquet"], metric="relative_logit", compute=COMPUTE, seed=0,
                   edges={"senders": 2, "max_samples": 6, "bootstrap": 10, "confidence": 0.95},
-                  out_tables=[tmp_path / "x.parquet"], out_samples=[tmp_path / "xs.parquet"])
+                  out_tables=[tmp_path / "x.parquet"], out_samples=[tmp_path / "xs.parquet"],
+                  out_paths=[tmp_path / "xp.parquet"])
     assert set(pd.read_parquet(tmp_path / "x.parquet")["value"]) == {"change"}
     with pytest.raises(ValueError, match="patching.metric"):  # the aggregation alone refuses, naming the key
         cx.summarize_edges(pd.read_parquet(tmp_path / "xs.parquet"), pd.Series(dtype=str), ["L1H3"], n_boot=10,
