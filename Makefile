@@ -24,9 +24,10 @@ setup: $(STAMP)
 # batches are small (END-token trials of 16 prompts), so a second thread speeds a job up by about 1.45x, while a
 # second job beside it runs at full speed (docs/performance.md).
 THREADS ?= 1
-# The test suite on CORES pytest-xdist workers (one torch thread each; the real-Slurm tests one after another on one
-# of them: tests/conftest.py), and its slowest tests listed at the end. TEST_ARGS= runs it in one process.
-TEST_ARGS ?= -n $(CORES) --dist loadgroup --durations=25
+# The test suite on CORES pytest-xdist workers (one torch thread each; a test file's tests on one worker, so its
+# module fixtures run once; the real-Slurm modules one at a time: tests/conftest.py), and its slowest tests listed
+# at the end. TEST_ARGS= runs it in one process.
+TEST_ARGS ?= -n $(CORES) --dist loadfile --durations=25
 
 run: $(STAMP)
 	$(BIN)/snakemake --cores $(CORES) --max-threads $(THREADS)

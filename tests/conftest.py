@@ -36,12 +36,23 @@ def pytest_configure(config):
         torch.set_num_threads(1)
 
 
-def pytest_collection_modifyitems(config, items):
-    # The tests on the real one-node Slurm share its few CPUs and its queue: one xdist group, so they run one after
-    # another on one worker (`--dist loadgroup`) while the other worker takes the rest of the suite.
-    for item in items:
-        if "slurm_cluster" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.xdist_group("slurm"))
+@pytest.fixture(scope="module", autouse=True)
+def one_slurm_module_at_a_time(request, tmp_path_factory):
+    """The test modules that use the real one-node Slurm run one at a time, across pytest-xdist workers (`make test`)
+    and across pytest runs of the same user: they share its two CPUs and its queue, and one restarts its daemons.
+    An exclusive lock on a file beside every worker's temporary directory, held for the whole module (its
+    module-scoped fixtures run workflows on the cluster too). pytest-xdist's own grouping (`--dist loadgroup`) does
+    not work with pytest 9."""
+    uses_slurm = any("slurm_cluster" in item.fixturenames for item in request.session.items
+                     if getattr(item, "module", None) is request.module)
+    if not uses_slurm:
+        yield
+        return
+    import fcntl
+
+    with open(tmp_path_factory.getbasetemp().parent / "arithmech-slurm-tests.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 @pytest.fixture(scope="session")
