@@ -64,7 +64,8 @@ def snakemake(workdir: Path, *args: str, env: dict | None = None) -> subprocess.
         env["PYTHONPATH"] = os.pathsep.join([str(workdir / "src"), *filter(None, [env.get("PYTHONPATH")])])
     else:
         cmd = [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "--directory", str(workdir)]
-    return subprocess.run([*cmd, *args], capture_output=True, text=True, env=env, cwd=workdir, timeout=900)
+    # generous: under `make test` a second pytest worker shares the cores with the workflow's jobs
+    return subprocess.run([*cmd, *args], capture_output=True, text=True, env=env, cwd=workdir, timeout=1800)
 
 
 @pytest.fixture(scope="module")
