@@ -48,6 +48,7 @@ import torch
 from arithmech.data.answers import answer_correct
 from arithmech.data.arithmetic import continuation_ids
 from arithmech.interp.discovery import MLP, all_nodes, faithfulness
+from arithmech.intervention.generation import pad_left
 from arithmech.intervention.hooks import capture, hooks, patch_tail
 from arithmech.intervention.kvcache import PrefixCopies, end_copies, prefix_cache
 from arithmech.intervention.means import AlignedMean
@@ -96,18 +97,6 @@ class TailBatch:
     rows: np.ndarray
     enc: dict
     targets: torch.Tensor
-
-
-def pad_left(seqs: Sequence[Sequence[int]], pad_id: int, device) -> dict:
-    """Left-padded input_ids, attention_mask, position_ids [b, S] from token id lists (as `arithmetic.encode`)."""
-    S = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), S), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(seqs), S), dtype=torch.long)
-    for i, s in enumerate(seqs):
-        ids[i, S - len(s):] = torch.tensor(list(s), dtype=torch.long)
-        mask[i, S - len(s):] = 1
-    positions = (mask.cumsum(-1) - 1).clamp(min=0)
-    return {"input_ids": ids.to(device), "attention_mask": mask.to(device), "position_ids": positions.to(device)}
 
 
 def tail_batches(lm: LoadedModel, items: TailItems, batch_size: int) -> list[TailBatch]:
