@@ -94,6 +94,11 @@ class EdgeLogits:
 def _check(lm: LoadedModel, state: EndState, senders: Sequence[Head], receivers: Sequence[int]) -> None:
     if state.mlp_in is None:
         raise ValueError("edges need the residual entering each MLP block: collect(..., mlp_inputs=True)")
+    _check_ranges(lm, senders, receivers)
+
+
+def _check_ranges(lm: LoadedModel, senders: Sequence[Head], receivers: Sequence[int]) -> None:
+    """Every sender head and receiver MLP layer lies inside the model (a ValueError naming the first that does not)."""
     for layer, head in senders:
         if not (0 <= layer < lm.n_layers and 0 <= head < lm.n_heads):
             raise ValueError(f"sender head ({layer}, {head}) out of range for {lm.n_layers} x {lm.n_heads} heads")
@@ -273,12 +278,7 @@ class _Tail:
 
 def _senders_receivers(lm: LoadedModel, senders, receivers) -> tuple[list[Head], list[int]]:
     senders, receivers = [(int(l), int(h)) for l, h in senders], [int(r) for r in receivers]
-    for layer, head in senders:
-        if not (0 <= layer < lm.n_layers and 0 <= head < lm.n_heads):
-            raise ValueError(f"sender head ({layer}, {head}) out of range for {lm.n_layers} x {lm.n_heads} heads")
-    for layer in receivers:
-        if not 0 <= layer < lm.n_layers:
-            raise ValueError(f"receiver MLP layer {layer} out of range for {lm.n_layers} layers")
+    _check_ranges(lm, senders, receivers)
     if not senders:
         raise ValueError("edges need at least one sender head")
     return senders, receivers
