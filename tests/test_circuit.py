@@ -100,6 +100,9 @@ def test_key_vs_random_and_smallest_k():
                            confidence=0.95)
     assert res["difference"] == pytest.approx(0.5) and res["ci_low"] < 0.5 < res["ci_high"]
     assert cx.key_vs_random(_items(0.9, [0.2]), measure="full", mlps="all", n_boot=10, seed=0, confidence=0.95) is None
+    alone = cx.key_vs_random(_items(0.9, []), measure="full", mlps="key", n_boot=50, seed=0, confidence=0.95)
+    assert alone["key"] == pytest.approx(0.9) and alone["draws"] == 0  # no random draw: its own numbers, NaN diff
+    assert np.isnan(alone["difference"]) and np.isnan(alone["ci_low"]) and np.isnan(alone["random"])
     table = pd.DataFrame({"curve": "top", "mlps": "key", "k": [0, 4, 8, 16], "faithfulness_full": [0, 0.5, 0.85, 0.95]})
     assert cx.smallest_k(table, measure="full", mlps="key", level=0.8) == 8
     assert cx.smallest_k(table, measure="full", mlps="key", level=0.9) == 16

@@ -285,3 +285,18 @@ def test_discover_stage_on_the_teacher_forced_protocol(prepared, tmp_path):  # n
     union = summary[summary["task"] == "union"].iloc[0]
     for kind in tf.KINDS:
         assert union[f"tf_{kind}_logprob"] == pytest.approx(chosen[f"tf_{kind}_logprob"])
+
+
+def test_random_sets_are_disjoint_layer_matched_or_absent():
+    """A circuit of at most half the heads gets disjoint layer-matched random circuits of its size; a larger one has
+    none (there is no disjoint set of its size), said by a warning rather than a failed job."""
+    from arithmech.stages.discover import _random_sets
+
+    heads = [(0, 0), (0, 1), (2, 3)]
+    drawn = _random_sets(heads, (1,), n_layers=3, n_heads=4, draws=3, seed=0, label="discovered")
+    assert len(drawn) == 3
+    for s in drawn:
+        assert not set(s.heads) & set(heads) and sorted(l for l, _ in s.heads) == [0, 0, 2] and s.mlp_layers == (1,)
+    big = [(l, h) for l in range(3) for h in range(4)][:7]
+    with pytest.warns(UserWarning, match="no disjoint random circuit"):
+        assert _random_sets(big, (), n_layers=3, n_heads=4, draws=3, seed=0, label="discovered") == []

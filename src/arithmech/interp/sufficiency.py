@@ -167,7 +167,8 @@ def key_vs_random(items: pd.DataFrame, *, measure: str, mlps: str, n_boot: int, 
     faithfulness of the layer-matched random circuits of its size (same MLPs), paired on the same items and
     cluster draws. `items`: one variant's per-item table (`stages.circuit`: curve, mlps, k, seed, sample_id,
     cluster and the MEASURES columns; `column` names another per-item column to use instead of measure's). None
-    when the circuit or its random draws are missing.
+    when the circuit is missing; without random draws (a circuit of more than half the heads has no disjoint random
+    circuit of its size) the circuit's own numbers, with NaN for random and the difference and draws 0.
     Returns {difference, ci_low, ci_high, key, key_low, key_high, random, n_items, n_clusters, draws}."""
     column = column or MEASURES[measure]
     key = items[(items["curve"] == curve) & (items["mlps"] == mlps)]
@@ -178,21 +179,21 @@ def key_vs_random(items: pd.DataFrame, *, measure: str, mlps: str, n_boot: int, 
              "key": (items["curve"] == curve) & (items["mlps"] == mlps)}
     rand = items[(items["curve"] == "random") & (items["mlps"] == mlps) & (items["k"] == n_key)]
     draws = sorted(rand["seed"].unique())
-    if not draws:
-        return None
     wide = pd.concat({name: items[mask].set_index("sample_id")[column] for name, mask in picks.items()}
                      | {f"random{d}": rand[rand["seed"] == d].set_index("sample_id")[column] for d in draws}, axis=1)
     wide = wide.dropna()
     clusters = items.drop_duplicates("sample_id").set_index("sample_id").loc[wide.index, "cluster"]
     point, boot = stats.cluster_resampled_means(wide.to_numpy(float), clusters.to_numpy(), n_boot=n_boot, seed=seed)
     f_point, f_boot = (faithfulness(m, 0, 1) for m in (point[None], boot))
+    k_low, k_high = stats.percentile_interval(f_boot[:, 2:3], confidence)
+    out = {"key": float(f_point[0, 2]), "key_low": float(k_low[0]), "key_high": float(k_high[0]),
+           "n_items": len(wide), "n_clusters": int(clusters.nunique()), "draws": len(draws)}
+    if not draws:
+        return out | {"difference": np.nan, "ci_low": np.nan, "ci_high": np.nan, "random": np.nan}
     diff = lambda f: f[:, 2] - f[:, 3:].mean(1)  # noqa: E731
     low, high = stats.percentile_interval(diff(f_boot)[:, None], confidence)
-    k_low, k_high = stats.percentile_interval(f_boot[:, 2:3], confidence)
-    return {"difference": float(diff(f_point)[0]), "ci_low": float(low[0]), "ci_high": float(high[0]),
-            "key": float(f_point[0, 2]), "key_low": float(k_low[0]), "key_high": float(k_high[0]),
-            "random": float(f_point[0, 3:].mean()), "n_items": len(wide), "n_clusters": int(clusters.nunique()),
-            "draws": len(draws)}
+    return out | {"difference": float(diff(f_point)[0]), "ci_low": float(low[0]), "ci_high": float(high[0]),
+                  "random": float(f_point[0, 3:].mean())}
 
 
 def smallest_k(table: pd.DataFrame, *, measure: str, mlps: str, level: float) -> int | None:

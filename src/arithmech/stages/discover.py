@@ -34,6 +34,13 @@ def _scored_pairs(pairs: pd.DataFrame, discover: dict, seed: int, where: str) ->
 
 
 def _random_sets(curve_heads, mlps, *, n_layers, n_heads, draws, seed, label) -> list[cx.CircuitSet]:
+    """`draws` layer-matched random head sets of the circuit's size, disjoint from it, with its MLPs; none (and a
+    warning) for a circuit of more than half the heads, which has no disjoint random circuit of its size (its
+    random columns are then NaN)."""
+    if len(curve_heads) > n_layers * n_heads - len(curve_heads):
+        warnings.warn(f"a {label} circuit of {len(curve_heads)} of the {n_layers * n_heads} heads has no disjoint "
+                      "random circuit of its size: no random control is scored for it", stacklevel=2)
+        return []
     return [cx.CircuitSet("random", label, len(curve_heads), d,
                           tuple(layer_matched_heads(curve_heads, n_heads, seed=seed * 1000 + 900 + d, n_layers=n_layers))
                           if curve_heads else (), tuple(mlps)) for d in range(draws)]
