@@ -426,6 +426,42 @@ def test_circuit_sufficient():
     assert "undefined" in claims.circuit_sufficient({"addition": flat}, CFG, seed=0)[1]["note"]
 
 
+def tf_circuit_items(key: float, random: float, n: int = 120, logprob_f: float = 1.0, resample_key: float | None = None,
+                     failed: str = "") -> pd.DataFrame:
+    """`circuit_items` with the teacher-forced columns of both ablations: the key circuit right on a share `key` of
+    the items (`resample_key` under resample ablation), random draws on `random`; the log-probability's
+    faithfulness logprob_f for the key circuit (model -1, empty -10 per item); `failed`: resample's failed sanity
+    checks."""
+    items = circuit_items(key, random, n)
+    rank = items["sample_id"].to_numpy()
+    share = {"model": 1.0, "empty": 0.0, "random": random, "top": key}
+    for kind in ("resample", "mean"):
+        mine = {**share, "key": resample_key if kind == "resample" and resample_key is not None else key}
+        items[f"tf_{kind}_tail_correct"] = [float(i < round(mine[c] * n)) for c, i in zip(items["curve"], rank)]
+        f = {"model": 1.0, "empty": 0.0, "random": random, "top": key, "key": logprob_f}
+        items[f"tf_{kind}_tail_logprob"] = [-10 + 9 * f[c] for c in items["curve"]]
+        items[f"sanity_{kind}_failed"] = failed if kind == "resample" else ""
+    return items
+
+
+def test_circuit_sufficient_on_the_teacher_forced_protocol():
+    """The key circuit read on the teacher-forced columns with the discovered circuit's rule (size aside): every
+    outcome the rule names, from the same per-item table layout the circuit rule writes."""
+    def verdict(items):
+        return claims.circuit_sufficient({"addition": items}, CFG, seed=0)[1]
+
+    holds = verdict(tf_circuit_items(0.95, 0.1))
+    assert holds["verdict"] == "holds" and holds["value"] == pytest.approx(95.0) and holds["n"] == 120
+    assert "resample: holds" in holds["note"] and "older protocol" in holds["note"]
+    assert verdict(tf_circuit_items(0.95, 0.1, n=40))["verdict"] == "inconclusive"  # fewer than 96 pairs
+    assert verdict(tf_circuit_items(0.95, 0.1, logprob_f=1.5))["verdict"] == "does not hold"  # overshoot
+    assert verdict(tf_circuit_items(0.3, 0.1))["verdict"] == "does not hold"  # keeps far less than 80%
+    assert verdict(tf_circuit_items(0.95, 0.8))["verdict"] == "does not hold"  # no better than random by 0.3
+    assert verdict(tf_circuit_items(0.95, 0.1, resample_key=0.3))["verdict"] == "inconclusive"  # ablations disagree
+    failed = verdict(tf_circuit_items(0.95, 0.1, failed="one random node"))
+    assert failed["verdict"] == "inconclusive" and "sanity check failed (one random node)" in failed["note"]
+
+
 def edges_rows(via: float, direct: float, spread: float = 0.001) -> pd.DataFrame:
     from arithmech.interp.sufficiency import KEY_SUM
 

@@ -154,6 +154,62 @@ def faithfulness_table(sets: Sequence[CircuitSet], values: dict[str, np.ndarray]
     return table
 
 
+def kept_masks(sets: Sequence[CircuitSet], nodes: Sequence[tuple[int, int]]) -> np.ndarray:
+    """Kept masks [len(sets), len(nodes)] of circuit sets over `nodes` (`discovery.all_nodes`: (layer, head),
+    then (layer, -1) for the MLPs)."""
+    return np.array([[(l, h) in set(s.heads) if h >= 0 else l in set(s.mlp_layers) for l, h in nodes] for s in sets],
+                    dtype=bool).reshape(len(sets), len(nodes))
+
+
+def strict_kinds(sanity: str, pruned_ablation: str) -> list[str]:
+    """The ablations whose failed teacher-forced sanity check stops a rule (`circuit.discover.sanity: stop`): the
+    one the pruning uses (`tf_ablation`). The other is the comparison: its failed check is recorded
+    (sanity_<kind>_failed) and makes the verdicts that need it inconclusive, rather than stopping the run."""
+    return [pruned_ablation] if sanity == "stop" else []
+
+
+def teacher_forced_table(lm, scored: pd.DataFrame, pool, sets: Sequence[CircuitSet], *, pool_outputs=None,
+                         sanity_draws: int, strict, n_boot: int, seed: int, confidence: float, batch_size: int
+                         ) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Every set on the teacher-forced protocol (`teacher_forcing.protocol_scores`: both ablations, END + answer
+    positions and END only, every measure) on the pairs `scored`, with values from the identification items
+    `pool` (`teacher_forcing.build_items(..., outputs=True)`; pool_outputs: their `tail_outputs`, else computed).
+    `sets` holds one 'model' and one 'empty' set. Returns (table, per_item):
+    table: one row per set (in order; `faithfulness_table`'s set columns), columns tf_<kind>_<positions>_<measure>
+    (means) and faithfulness_tf_...
+    with cluster-bootstrap intervals, tf_n_items (pairs scored), tf_dropped (pairs whose terminator continues the
+    number: left out) and the sanity checks' values (sanity_<kind>_<value>, the same on every row);
+    per_item: set_index, sample_id and the tf_... values of every set on every scored pair."""
+    from arithmech.interp import teacher_forcing as tf
+    from arithmech.interp.discovery import all_nodes
+    from arithmech.interp.effects import pair_labels
+
+    items = tf.build_items(lm, scored, batch_size=batch_size)
+    masks = kept_masks(sets, all_nodes(lm.n_layers, lm.n_heads))
+    values, sanity = tf.protocol_scores(lm, items, pool, masks, seed=seed, pool_outputs=pool_outputs,
+                                        batch_size=batch_size, sanity_draws=sanity_draws, strict=strict)
+    values = {f"tf_{k}": np.asarray(v, dtype=float) for k, v in values.items()}
+    scored_table = faithfulness_table(sets, values, pair_labels(items.table).to_numpy(), n_boot=n_boot, seed=seed,
+                                      confidence=confidence)
+    table = scored_table.assign(tf_n_items=len(items), tf_dropped=len(items.dropped),
+                                **{f"sanity_{k}": v for k, v in sanity.items()})
+    ids = items.table["sample_id"].to_numpy()
+    per_item = pd.DataFrame({"set_index": np.repeat(np.arange(len(sets)), len(ids)),
+                             "sample_id": np.tile(ids, len(sets)),
+                             **{k: v.reshape(-1) for k, v in values.items()}})
+    return table, per_item
+
+
+TF_COLUMNS = ("tf_", "faithfulness_tf_", "sanity_")  # the prefixes of `teacher_forced_table`'s own columns
+
+
+def with_set_columns(items: pd.DataFrame, n_sets: int, per_item: pd.DataFrame) -> pd.DataFrame:
+    """A per-item table of n_sets sets (set-major rows, as the stages write them) with `per_item`'s columns
+    (`teacher_forced_table`: set_index, sample_id, ...) merged in; items it does not score get NaN."""
+    items = items.assign(set_index=np.repeat(np.arange(n_sets), len(items) // n_sets))
+    return items.merge(per_item, on=["set_index", "sample_id"], how="left").drop(columns="set_index")
+
+
 def faithfulness(means: np.ndarray, i_model: int, i_empty: int) -> np.ndarray:
     """(m(C) - m(empty)) / (m(M) - m(empty)) for every column of means [n_rows, n_sets]; NaN where M = empty."""
     span = means[:, i_model] - means[:, i_empty]

@@ -513,6 +513,10 @@ def circuit_sufficient(circuits: dict[str, pd.DataFrame | None], cfg: dict, seed
             subs.append(_row("circuit_sufficient", task, rule=rule, note="no circuit table"))
             continue
         end = items[(items["positions"] == "end") & (items["means"] == "counterfactual")]
+        kinds = [k for k in ("resample", "mean") if f"tf_{k}_tail_correct" in end]
+        if kinds:  # the teacher-forced protocol: the rule of the discovered circuit, the size aside
+            subs.append(_tf_sufficient_row(task, end, kinds, cfg, seed))
+            continue
         res = key_vs_random(end, measure="full", mlps="key", n_boot=cfg["bootstrap"], seed=seed,
                             confidence=cfg["confidence"])
         if res is None or not res["draws"]:
@@ -548,6 +552,69 @@ def circuit_sufficient(circuits: dict[str, pd.DataFrame | None], cfg: dict, seed
                          note="; ".join(x for x in (note, _interval_note(res["ci_low"], res["ci_high"], verdict)) if x),
                          source=f"circuit/{task}_faithfulness.png"))
     return _headline("circuit_sufficient", subs, measure="per operator, below", split="validation")
+
+
+def tf_sufficient_rule(cfg: dict) -> str:
+    return (f"teacher-forced (answer and terminator; nodes outside the key heads + key MLPs ablated at END and every "
+            f"answer position): holds if, under both ablations, with at least {TF_MIN_PAIRS} validation pairs, the "
+            f"lower end of the 95% interval of its full-answer faithfulness is at least {100 * cfg['faithful']:g}%, "
+            f"its log-probability faithfulness lies in [{TF_LOGPROB_BAND[0]:g}, {TF_LOGPROB_BAND[1]:g}], and it keeps "
+            f"at least {100 * TF_MIN_OVER_RANDOM:g} points more than layer-matched random circuits of its size "
+            f"(interval above 0); does not hold if its faithfulness interval lies below {100 * cfg['faithful']:g}%, "
+            f"its log-probability faithfulness lies outside the band, or (key - random) lies below "
+            f"{100 * TF_MIN_OVER_RANDOM:g} points; inconclusive otherwise, with fewer pairs, or where the two "
+            "ablations disagree (the discovered circuit's rule, circuit_faithful, without its size limit)")
+
+
+def _tf_sufficient_row(task: str, end: pd.DataFrame, kinds: list[str], cfg: dict, seed: int) -> dict:
+    """One operator's circuit_sufficient row on the teacher-forced protocol: the key circuit (key heads, key MLPs)
+    against its layer-matched random circuits, per ablation (`tf_faithful_verdict` on the same columns as the
+    discover summary's), from the circuit rule's per-item table (`end`: its END curves' rows)."""
+    from arithmech.interp.sufficiency import key_vs_random
+
+    boot = {"n_boot": cfg["bootstrap"], "seed": seed, "confidence": cfg["confidence"]}
+    r, n = {}, 0
+    for k in kinds:
+        res = {m: key_vs_random(end, measure="full", mlps="key", column=f"tf_{k}_tail_{m}", **boot)
+               for m in ("correct", "logprob")}
+        if res["correct"] is None:
+            return _row("circuit_sufficient", task, rule=tf_sufficient_rule(cfg),
+                        note="the key-head rule selected no head")
+        for m, x in res.items():
+            r |= {f"tf_{k}_{m}": x["key"], f"tf_{k}_{m}_low": x["key_low"], f"tf_{k}_{m}_high": x["key_high"]}
+        c = res["correct"]
+        r |= {f"tf_{k}_random_diff": c["difference"], f"tf_{k}_random_diff_low": c["ci_low"],
+              f"tf_{k}_random_diff_high": c["ci_high"]}
+        failed = end.get(f"sanity_{k}_failed")
+        r[f"tf_{k}_sanity_failed"] = "" if failed is None else str(failed.dropna().iloc[0] if failed.notna().any()
+                                                                     else "")
+        n = c["n_items"]
+    r = pd.Series(r)
+    per_kind = {k: tf_faithful_verdict(r, k, cfg) for k in kinds}
+    verdict = "inconclusive" if len(set(per_kind.values())) > 1 else next(iter(per_kind.values()))
+    if verdict == "holds" and (n < TF_MIN_PAIRS or len(kinds) < 2):
+        verdict = "inconclusive"
+    note = [f"{n} validation pairs" + (f", fewer than the {TF_MIN_PAIRS} the rule asks for" if n < TF_MIN_PAIRS
+                                       else "")]
+    for k in kinds:
+        def est(name: str, **kw) -> str:
+            c = f"tf_{k}_{name}"
+            return _in_percent(r[c], r[c + "_low"], r[c + "_high"], **kw)
+
+        note.append(f"{k}: {per_kind[k]}; full answers {est('correct')}, log-probability {est('logprob')}, "
+                    f"key - random {est('random_diff', sign=True, unit='')} points")
+        if r[f"tf_{k}_sanity_failed"]:
+            note.append(f"{k}: a sanity check failed ({r[f'tf_{k}_sanity_failed']})")
+    old = key_vs_random(end, measure="full", mlps="key", **boot)
+    if old is not None and not math.isnan(old["key"]):
+        note.append("the older protocol (greedy, END means at every generated position): full answers "
+                    + _in_percent(old["key"], old["key_low"], old["key_high"]))
+    main = f"tf_{kinds[0]}_correct"  # as circuit_faithful's headline
+    return _row("circuit_sufficient", task,
+                measure=f"the key circuit's teacher-forced full-answer faithfulness ({kinds[0]} ablation)",
+                value=100 * r[main], ci_low=100 * r[main + "_low"], ci_high=100 * r[main + "_high"], unit="percent",
+                n=n, split="validation", verdict=verdict, rule=tf_sufficient_rule(cfg), note="; ".join(note),
+                source=f"circuit/{task}_items.parquet")
 
 
 def _circuit_summary(items: pd.DataFrame) -> pd.DataFrame:

@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 
 from arithmech.interp import sufficiency as cx
+from arithmech.interp.effects import pair_labels
 from arithmech.interp.nodes import ranked_heads
 from arithmech.io import write_parquet
 from arithmech.data.arithmetic import split_pairs
@@ -41,13 +42,17 @@ def run_circuit(*, model: str, task: str, model_dir, pairs_path, cache_path, eff
     with the END mean of the identification counterfactuals (the curves: top k heads, random draws), at every
     position with each template's mean (positions "all", the key circuits and their random draws, on a smaller
     draw of pairs), and at END with the means of counterfactuals of another `counterfactual_shots`
-    (`circuit.contrast_means`, when the prompts have few-shot lines for it to differ). Writes the faithfulness of
-    every set (`out_table`) and every set's per-item measures (`out_items`)."""
-    from arithmech.interp.ablation import cache_means
-    from arithmech.model.loading import load_stage_model, stage_meta
+    (`circuit.contrast_means`, when the prompts have few-shot lines for it to differ). With
+    `circuit.discover.protocol: teacher_forced` (the default) the END curves' sets are also scored on the
+    teacher-forced protocol (`sufficiency.teacher_forced_table`: both ablations, values from the identification
+    pairs; its tf_* columns), what the circuit_sufficient verdict reads. Writes the faithfulness of every set
+    (`out_table`) and every set's per-item measures (`out_items`)."""
     from safetensors.torch import load_file
 
     from arithmech.data.datasets import subsample
+    from arithmech.interp import teacher_forcing as tf
+    from arithmech.interp.ablation import cache_means
+    from arithmech.model.loading import load_stage_model, stage_meta
 
     lm = load_stage_model(model_dir, compute)
     pairs = pd.read_parquet(pairs_path)
@@ -66,30 +71,47 @@ def run_circuit(*, model: str, task: str, model_dir, pairs_path, cache_path, eff
             scored = subsample(validation, circuit["all_positions_samples"], seed)
             variants.append(("all", "counterfactual", scored, cx.circuit_sets(**common, curves=False),
                              cache_means(cache, "all")))
+    discover = circuit["discover"]  # the teacher-forced protocol's settings (shared with the discover rules)
+    teacher_forced = discover["protocol"] == "teacher_forced"
+    if teacher_forced:  # values from the identification pairs at END and every answer position
+        pool = tf.build_items(lm, split_pairs(pairs, "identification", str(pairs_path)),
+                              batch_size=compute["batch_size"], outputs=True)
     contrast = circuit["contrast_means"]
     if contrast and contrast != prompts["counterfactual_shots"] and prompts["n_shots"] > 0:
         means = contrast_end_mean(lm, task=task, pairs=pairs, prompts=prompts, cf_shots=contrast, seed=seed,
                                   batch_size=compute["batch_size"])
         variants.append(("end", contrast, end_items, cx.circuit_sets(**common, curves=False), means))
     tables, items = [], []
+    boot = {"n_boot": circuit["bootstrap"], "seed": seed, "confidence": circuit["confidence"]}
     for positions, label, scored, sets, means in variants:
         values = cx.score_sets(lm, scored, sets, means=means, positions="end" if positions == "end" else "all",
                              batch_size=compute["batch_size"])
-        clusters = (scored["a"].astype(str) + "," + scored["b"].astype(str)).to_numpy()
-        table = cx.faithfulness_table(sets, values, clusters, n_boot=circuit["bootstrap"], seed=seed,
-                                      confidence=circuit["confidence"])
-        tables.append(table.assign(
+        clusters = pair_labels(scored).to_numpy()
+        table = cx.faithfulness_table(sets, values, clusters, **boot).assign(
             positions=positions, means=label, n=len(scored), split="validation",
             constant_first=cx.constant_accuracy(scored["answer_token_id"]),
-            constant_full=cx.constant_accuracy(scored["answer"])))
+            constant_full=cx.constant_accuracy(scored["answer"]))
         n = len(scored)
-        items.append(pd.DataFrame({
+        per_item = pd.DataFrame({
             "positions": positions, "means": label,
             "curve": np.repeat([s.curve for s in sets], n), "mlps": np.repeat([s.mlps for s in sets], n),
             "k": np.repeat([s.k for s in sets], n), "seed": np.repeat([s.seed for s in sets], n),
             "sample_id": np.tile(scored["sample_id"].to_numpy(), len(sets)), "cluster": np.tile(clusters, len(sets)),
             **{cx.MEASURES[m]: v.reshape(-1) for m, v in values.items()},
-        }))
+        })
+        if teacher_forced and (positions, label) == ("end", "counterfactual"):
+            # the same sets on the teacher-forced protocol (the circuit_sufficient verdict's), beside the old one
+            tf_table, tf_items = cx.teacher_forced_table(
+                lm, scored, pool, sets, sanity_draws=discover["sanity_draws"],
+                strict=cx.strict_kinds(discover["sanity"], discover["tf_ablation"]), **boot,
+                batch_size=compute["batch_size"])
+            own = [c for c in tf_table if c.startswith(cx.TF_COLUMNS)]
+            table = pd.concat([table.reset_index(drop=True), tf_table[own].reset_index(drop=True)], axis=1)
+            per_item = cx.with_set_columns(per_item, len(sets), tf_items)
+            for kind in tf.KINDS:  # what the verdict reads beside the items: this ablation's failed sanity checks
+                per_item[f"sanity_{kind}_failed"] = tf_table[f"sanity_{kind}_failed"].iloc[0]
+        tables.append(table)
+        items.append(per_item)
     meta = stage_meta(model_dir, "circuit", task=task, circuit=circuit, seed=seed, key_heads=len(key_heads))
     write_parquet(pd.concat(tables, ignore_index=True), out_table, meta)
     write_parquet(pd.concat(items, ignore_index=True), out_items, meta)

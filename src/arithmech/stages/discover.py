@@ -14,14 +14,11 @@ import pandas as pd
 
 from arithmech.data.arithmetic import split_pairs
 from arithmech.interp import sufficiency as cx
+from arithmech.interp.effects import pair_labels
 from arithmech.interp.nodes import layer_matched_heads, parse_nodes, ranked_heads
 from arithmech.io import write_parquet
 
 MEASURE_COLUMN = "measure_value"  # the per-item column of the pruning measure in the items tables
-
-
-def _clusters(scored: pd.DataFrame) -> np.ndarray:
-    return (scored["a"].astype(str) + "," + scored["b"].astype(str)).to_numpy()
 
 
 def _scored_pairs(pairs: pd.DataFrame, discover: dict, seed: int, where: str) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -62,7 +59,7 @@ def _score(lm, scored, sets, targets, means, measure, batch_size, *, n_boot, see
     answer logit and first-token accuracy (`sufficiency.score_sets`) and the pruning measure (as 'measure')."""
     values = cx.score_sets(lm, scored, sets, means=means, positions="end", batch_size=batch_size)
     values["measure"] = _measure_values(lm, scored, sets, means, measure, batch_size)
-    clusters = _clusters(scored)
+    clusters = pair_labels(scored).to_numpy()
     table = cx.faithfulness_table(sets, values, clusters, n_boot=n_boot, seed=seed, confidence=confidence)
     table = table.assign(target=targets, measure_name=measure, n=len(scored), split="validation",
                          constant_first=cx.constant_accuracy(scored["answer_token_id"]),
@@ -79,18 +76,6 @@ def _score(lm, scored, sets, targets, means, measure, batch_size, *, n_boot, see
     return table, items
 
 
-def _masks(sets, nodes) -> np.ndarray:
-    """Kept masks [len(sets), nodes] of circuit sets (columns `discovery.all_nodes`)."""
-    return np.array([[(l, h) in set(s.heads) if h >= 0 else l in set(s.mlp_layers) for l, h in nodes] for s in sets])
-
-
-def _strict_kinds(discover: dict) -> list[str]:
-    """The ablations whose failed sanity check stops the rule (`circuit.discover.sanity: stop`): the one pruned on.
-    The other is the comparison: its failed check is recorded (sanity_<kind>_failed) and makes the verdicts that
-    need it inconclusive, rather than stopping the run."""
-    return [discover["tf_ablation"]] if discover["sanity"] == "stop" else []
-
-
 FLAG_GAP = 0.15  # the ablations' (and the old protocol's) full-answer faithfulness differing by more is flagged
 
 
@@ -98,61 +83,33 @@ def _teacher_forced_columns(lm, validation: pd.DataFrame, val: pd.DataFrame, poo
                             discover: dict, seed: int, batch: int
                             ) -> tuple[pd.DataFrame, pd.DataFrame | None, pd.DataFrame]:
     """(the validation table with the teacher-forced protocol beside the old one, the CPR/CMD rows (None without an
-    attribution), the per-item values `_tf_items`); pool: (the
-    identification items, their `tail_outputs`). Added per set, for each ablation (resample, mean), position set
-    (tail: END and answers; end: END only, the decomposition) and measure (correct, logprob, kl): the mean and
-    the faithfulness with intervals (columns tf_<kind>_<positions>_<measure>, faithfulness_tf_...);
-    `tf_flag`: the two ablations' and the old protocol's full-answer faithfulness differ by more than FLAG_GAP;
-    the sanity checks' values (sanity_<kind>_<value>, the same on every row; a failing check raises). The CPR/CMD
-    rows: one per node share (curve 'share', node_share; the top nodes by the pruning's attribution), the
-    teacher-forced columns only."""
+    attribution), the per-item values of `sets`); pool: (the identification items, their `tail_outputs`). Added
+    per set (`sufficiency.teacher_forced_table`): for each ablation, position set and measure the mean and the
+    faithfulness with intervals, the sanity checks' values; and `tf_flag`: the two ablations' and the old
+    protocol's full-answer faithfulness differ by more than FLAG_GAP. The CPR/CMD rows: one per node share
+    (curve 'share', node_share; the top nodes by the pruning's attribution), the teacher-forced columns only."""
     from arithmech.interp import teacher_forcing as tf
 
-    items = tf.build_items(lm, val, batch_size=batch)
     shares = tf.share_circuits(attribution) if attribution is not None else np.zeros((0, len(nodes)), dtype=bool)
     share_sets = [cx.CircuitSet("share", "share", int(m.sum()), -1,
                                 tuple(n for n, k in zip(nodes, m) if k and n[1] >= 0),
                                 tuple(n[0] for n, k in zip(nodes, m) if k and n[1] < 0)) for m in shares]
     pool, pool_outputs = pool
-    values, sanity = tf.protocol_scores(lm, items, pool, np.vstack([_masks(sets, nodes), shares]), seed=seed,
-                                        pool_outputs=pool_outputs, batch_size=batch,
-                                        sanity_draws=discover["sanity_draws"],
-                                        strict=_strict_kinds(discover))
-    clusters = (items.table["a"].astype(str) + "," + items.table["b"].astype(str)).to_numpy()
-    scored = cx.faithfulness_table(sets + share_sets, {f"tf_{k}": v for k, v in values.items()}, clusters,
-                                   n_boot=discover["bootstrap"], seed=seed, confidence=discover["confidence"])
-    columns = [c for c in scored if c.startswith(("tf_", "faithfulness_tf_"))]
-    out = pd.concat([validation.reset_index(drop=True), scored[columns].iloc[: len(sets)].reset_index(drop=True)],
-                    axis=1)
-    f = [out[c] for c in ("faithfulness_tf_resample_tail_correct", "faithfulness_tf_mean_tail_correct",
-                          "faithfulness_full")]
-    out["tf_flag"] = (pd.concat(f, axis=1).max(axis=1) - pd.concat(f, axis=1).min(axis=1)) > FLAG_GAP
+    scored, per_item = cx.teacher_forced_table(
+        lm, val, pool, sets + share_sets, pool_outputs=pool_outputs, sanity_draws=discover["sanity_draws"],
+        strict=cx.strict_kinds(discover["sanity"], discover["tf_ablation"]), n_boot=discover["bootstrap"], seed=seed,
+        confidence=discover["confidence"], batch_size=batch)
+    own = [c for c in scored if c.startswith(cx.TF_COLUMNS)]
+    out = pd.concat([validation.reset_index(drop=True), scored[own].iloc[: len(sets)].reset_index(drop=True)], axis=1)
+    f = pd.concat([out[c] for c in ("faithfulness_tf_resample_tail_correct", "faithfulness_tf_mean_tail_correct",
+                                    "faithfulness_full")], axis=1)
+    out["tf_flag"] = (f.max(axis=1) - f.min(axis=1)) > FLAG_GAP
     rows = None
     if attribution is not None:
-        rows = scored.iloc[len(sets):].reset_index(drop=True).assign(node_share=list(tf.SHARES), n=len(items),
+        rows = scored.iloc[len(sets):].reset_index(drop=True).assign(node_share=list(tf.SHARES),
+                                                                      n=int(scored["tf_n_items"].iloc[0]),
                                                                       split="validation")
-    for table in (out, rows):
-        if table is None:
-            continue
-        table["tf_n_items"], table["tf_dropped"] = len(items), len(items.dropped)
-        for k, v in sanity.items():
-            table[f"sanity_{k}"] = v
-    return out, rows, _tf_items(values, len(sets), items.table["sample_id"].to_numpy())
-
-
-def _tf_items(values: dict[str, np.ndarray], n_sets: int, sample_ids: np.ndarray) -> pd.DataFrame:
-    """Per-item teacher-forced values of the first n_sets sets (rows: set_index, sample_id; columns tf_<kind>_
-    <positions>_<measure>), to merge into the items table (pairs whose terminator did not end the number are
-    missing, so they are NaN there and left out of the paired comparisons)."""
-    n = len(sample_ids)
-    return pd.DataFrame({"set_index": np.repeat(np.arange(n_sets), n), "sample_id": np.tile(sample_ids, n_sets),
-                         **{f"tf_{k}": np.asarray(v)[:n_sets].reshape(-1) for k, v in values.items()}})
-
-
-def _with_tf_items(items: pd.DataFrame, n_sets: int, tf_items: pd.DataFrame) -> pd.DataFrame:
-    """The items table (`_score`: set-major rows) with the teacher-forced per-item columns merged in."""
-    items = items.assign(set_index=np.repeat(np.arange(n_sets), len(items) // n_sets))
-    return items.merge(tf_items, on=["set_index", "sample_id"], how="left").drop(columns="set_index")
+    return out, rows, per_item[per_item["set_index"] < len(sets)]
 
 
 def choose_target(table: pd.DataFrame, min_full_share: float) -> tuple[float, bool]:
@@ -217,7 +174,7 @@ def run_discover(*, model: str, task: str, model_dir, pairs_path, cache_path, ef
     base = [cx.CircuitSet("model", "all", len(every), -1, every, tuple(range(lm.n_layers))),
             cx.CircuitSet("empty", "none", 0, -1, (), ())]
     if teacher_forced:  # teacher-forced correctness: greedy full answers under the same per-position values
-        on_ident = trials.scores(_masks(base + found, nodes))["correct"].mean(1)
+        on_ident = trials.scores(cx.kept_masks(base + found, nodes))["correct"].mean(1)
     else:
         on_ident = cx.score_sets(lm, ident, base + found, means=means, positions="end",
                                  batch_size=batch)["full"].mean(1)
@@ -260,7 +217,7 @@ def run_discover(*, model: str, task: str, model_dir, pairs_path, cache_path, ef
     if teacher_forced:
         validation, share_rows, tf_items = _teacher_forced_columns(lm, validation, val, (pool, pool_outputs), sets,
                                                                    attribution, nodes, discover, seed, batch)
-        items = _with_tf_items(items, len(sets), tf_items)
+        items = cx.with_set_columns(items, len(sets), tf_items)
     key_set = set(key_heads)
     discovered = validation["curve"] == "discovered"
     heads_of = [s.heads for s in sets]
@@ -438,7 +395,7 @@ def run_discover_union(*, model: str, model_dir, tasks: list[str], pairs_paths, 
             table, _, tf_items = _teacher_forced_columns(
                 lm, table, val, (pool, tf.tail_outputs(lm, pool, compute["batch_size"])), sets, None,
                 all_nodes(lm.n_layers, lm.n_heads), discover, seed, compute["batch_size"])
-            items = _with_tf_items(items, len(sets), tf_items)
+            items = cx.with_set_columns(items, len(sets), tf_items)
         blocks.append(table.assign(task=task))
         all_items.append(items.assign(task=task, sample_id=task + ":" + items["sample_id"].astype(str),
                                       cluster=task + ":" + items["cluster"]))
