@@ -25,8 +25,8 @@ VERDICTS = ("holds", "partly", "does not hold", "inconclusive", "not measured")
 COLUMNS = ["claim", "scope", "stage", "statement", "paper", "measure", "value", "ci_low", "ci_high", "unit", "n",
            "split", "verdict", "rule", "note", "source"]
 # z(0.975) + z(0.8) over z(0.975): the true difference a two-sided 95% test detects with 80% power is about
-# 1.43 interval half-widths.
-DETECTABLE_PER_HALF_WIDTH = (1.959964 + 0.841621) / 1.959964
+# 1.43 interval half-widths (z(0.8) is the two-sided 60% quantile).
+DETECTABLE_PER_HALF_WIDTH = (stats.normal_quantile(0.95) + stats.normal_quantile(0.60)) / stats.normal_quantile(0.95)
 MATH_TARGETS = ("operator", "multi_digit", "decimal", "svamp")
 # Claims measured in wall-clock time: their values differ between runs and machines (the generated docs leave
 # them out, so that a re-run reproduces the docs byte for byte).
@@ -459,7 +459,7 @@ def mlp_answer(probes: dict[str, pd.DataFrame], keys: dict[str, pd.DataFrame], c
     averaged over the key MLPs; interval from the per-target standard errors (unpaired, so conservative)."""
     min_cos = cfg["min_cosine"]
     rule = directional_rule("cos(output, answer) - max(cos(output, operand))", +1, f"{min_cos:g}")
-    z = stats_z(cfg["confidence"])
+    z = stats.normal_quantile(cfg["confidence"])
     subs = []
     for task, table in probes.items():
         key = keys[task]
@@ -486,12 +486,6 @@ def mlp_answer(probes: dict[str, pd.DataFrame], keys: dict[str, pd.DataFrame], c
                          note=f"key MLPs {', '.join(f'L{l}' for l in layers)}; items: {subset}",
                          source=f"analysis/{task}_probes.png"))
     return _headline("mlp_answer", subs, measure="per operator, below", split="validation")
-
-
-def stats_z(confidence: float) -> float:
-    from statistics import NormalDist
-
-    return NormalDist().inv_cdf(0.5 + confidence / 2)
 
 
 # ------------------------------------------------------------------------------------------------ circuit
