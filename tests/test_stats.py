@@ -4,7 +4,11 @@ textbook parts against a second library (scipy) or exact arithmetic."""
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
 from fractions import Fraction
+from pathlib import Path
 from statistics import NormalDist
 
 import numpy as np
@@ -295,3 +299,13 @@ def test_holm_passes_nans_through_and_is_monotone():
     adj = holm(p)
     order = np.argsort(p)
     assert np.all(np.diff(adj[order]) >= 0) and np.all(adj >= p) and np.all(adj <= 1)
+
+
+def test_importing_the_statistics_loads_no_scipy():
+    """statsmodels and scipy take about a second to import: only the functions that use them import them."""
+    probe = ("import sys, arithmech.report.stats, arithmech.report.verdicts, arithmech.interp.sufficiency; "
+             "print(sorted({'scipy', 'statsmodels'} & set(sys.modules)))")
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "[]"
