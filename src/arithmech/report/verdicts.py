@@ -430,7 +430,6 @@ def key_attention(roles_all: dict[str, pd.DataFrame], cfg: dict, seed: int) -> l
                             f"{100 * min_diff:g} points")
     subs = []
     rng = np.random.default_rng(seed)
-    alpha = (1 - cfg["confidence"]) / 2
     for task, table in roles_all.items():
         share = table[table["role"].isin(OPERAND_ROLES)].groupby(["layer", "head"]).agg(
             share=("attention", "sum"), analysed=("analysed", "first"))
@@ -440,7 +439,7 @@ def key_attention(roles_all: dict[str, pd.DataFrame], cfg: dict, seed: int) -> l
             continue
         boot = (rng.choice(key, (cfg["bootstrap"], len(key))).mean(1)
                 - rng.choice(other, (cfg["bootstrap"], len(other))).mean(1))
-        lo, hi = (float(x) for x in np.quantile(boot, [alpha, 1 - alpha]))
+        lo, hi = (float(x[0]) for x in stats.percentile_interval(boot[:, None], cfg["confidence"]))
         verdict = directional(lo, hi, direction=+1, min_effect=min_diff)
         how = "key heads" if (table["selection"] == "key").all() else "strongest heads (the rule chose no key head)"
         note = (f"{how}: {100 * key.mean():.1f}% of END attention on operands and operator; the other "
@@ -562,8 +561,6 @@ def _cut_shares(rows: pd.DataFrame, cfg: dict, seed: int) -> dict:
     """Paired cluster-bootstrap estimates from one kind's per-item path cuts: the log-probability lost (model - cut)
     with the key heads' edges into the MLPs cut (via), into the logits cut (direct) and both; via, direct and their
     difference as shares of `both` (what the key heads' edges carry in all)."""
-    from arithmech.report import stats
-
     lost = np.column_stack([rows["model"] - rows[c] for c in ("via_mlps", "direct", "both")])
     point, boot = stats.cluster_resampled_means(lost, rows["cluster"].to_numpy(), n_boot=cfg["bootstrap"], seed=seed)
     with np.errstate(divide="ignore", invalid="ignore"):
