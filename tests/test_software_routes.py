@@ -63,7 +63,7 @@ def test_parse_time_imports_are_found():
 
 @pytest.mark.parametrize("statement", parse_time_imports())
 def test_parse_time_imports_load_no_job_package(statement):
-    """torch, transformers, datasets, pandas, numpy, pyarrow and matplotlib stay out of a parse."""
+    """torch, transformers, datasets, pandas, numpy, pyarrow, matplotlib, scipy and statsmodels stay out of a parse."""
     assert loaded_job_modules(statement) == []
 
 

@@ -1,21 +1,30 @@
-"""Paired statistics: exact McNemar, ratio estimates, cluster bootstrap, paired comparisons, Holm."""
+"""Paired statistics: exact McNemar, ratio estimates, cluster bootstrap, paired comparisons, Holm, and the
+textbook parts against a second library (scipy) or exact arithmetic."""
 
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
+from fractions import Fraction
+from pathlib import Path
 from statistics import NormalDist
 
 import numpy as np
 import pytest
 
+from scipy import stats as scipy_stats
+
 from arithmech.report.stats import (
-    _binom_half_cdf_exact,
-    _binom_half_cdf_log,
+    accuracy_interval,
     cluster_bootstrap,
     compare,
     holm,
     mcnemar_exact,
+    normal_quantile,
     paired_cluster_bootstrap,
+    percentile_interval,
     ratio_estimate,
 )
 
@@ -58,9 +67,13 @@ def test_mcnemar_large_n_matches_normal_approximation():
     assert normal_p / 1.5 < out["p_value"] < normal_p * 1.5
 
 
-def test_binomial_tail_log_space_matches_exact():
-    for m, k in [(1, 0), (10, 2), (999, 430), (1000, 500), (1200, 550)]:
-        assert _binom_half_cdf_log(k, m) == pytest.approx(_binom_half_cdf_exact(k, m), rel=1e-9)
+def test_mcnemar_p_is_the_exact_binomial_tail_at_any_size():
+    """p = 2 * P(X <= k), X ~ Bin(m, 1/2), summed in exact rationals, to 1e-13 relative: also past 1000
+    discordant pairs, where a tail summed in log space is off by up to ~6e-12."""
+    for m, k in [(1, 0), (10, 2), (999, 430), (1000, 500), (1001, 480), (1200, 550), (2000, 900), (5000, 2400)]:
+        exact = min(Fraction(1), Fraction(2 * sum(math.comb(m, j) for j in range(k + 1)), 2**m))
+        out = mcnemar_exact(*_paired_outcomes(k, m - k, n11=3))
+        assert out["p_value"] == pytest.approx(float(exact), rel=1e-13, abs=0), (m, k)
 
 
 def test_mcnemar_length_mismatch():
@@ -68,6 +81,27 @@ def test_mcnemar_length_mismatch():
         mcnemar_exact(np.ones(5, bool), np.ones(4, bool))
     with pytest.raises(ValueError):
         mcnemar_exact([0.5, 1.0], [1.0, 0.0])
+
+
+# ------------------------------------------------------------------------------------------ Wilson, z
+def test_accuracy_interval_is_scipys_wilson_interval():
+    """The Wilson score interval without continuity correction, as scipy's binomtest computes it (a second
+    implementation beside statsmodels'), at the edges (0 and n right) and inside."""
+    for n, k in [(1, 0), (1, 1), (10, 0), (10, 8), (10, 10), (37, 5), (500, 213), (2000, 1999)]:
+        for confidence in (0.8, 0.95, 0.99):
+            acc, low, high = accuracy_interval([True] * k + [False] * (n - k), confidence)
+            ci = scipy_stats.binomtest(k, n).proportion_ci(confidence, method="wilson")
+            assert acc == k / n
+            assert (low, high) == pytest.approx((ci.low, ci.high), rel=1e-12, abs=1e-15), (n, k, confidence)
+
+
+def test_normal_quantile():
+    for confidence in (0.5, 0.6, 0.9, 0.95, 0.99):
+        assert normal_quantile(confidence) == pytest.approx(scipy_stats.norm.ppf(0.5 + confidence / 2), rel=1e-14)
+    assert normal_quantile(0.95) == pytest.approx(1.959964, abs=1e-6)
+    for bad in (0.0, 1.0, 1.5):
+        with pytest.raises(ValueError, match="confidence"):
+            normal_quantile(bad)
 
 
 # ------------------------------------------------------------------------------------------ ratio estimate
@@ -116,6 +150,61 @@ def test_cluster_bootstrap_weights_are_a_ratio_of_sums():
     assert out["estimate"] == pytest.approx(16.0 / 8.0)
     assert out["n_clusters"] == 3
     assert out["ci_low"] <= out["estimate"] <= out["ci_high"]
+
+
+# scipy.stats.bootstrap (1.17) draws its resamples as rng.integers(0, n, (n_resamples, n)) from the Generator it is
+# given, as draw_cluster_counts("indices") does, and takes linear quantiles as numpy does: with the same seed both
+# resample the same units, so their percentile intervals agree to rounding. Should scipy change how it draws, these
+# tests fail together; compare distributions instead then (the binomial-width test above).
+def _scipy_percentile_interval(data, statistic, *, paired=False, n_boot, seed):
+    res = scipy_stats.bootstrap(data, statistic, paired=paired, n_resamples=n_boot, method="percentile",
+                                rng=np.random.default_rng(seed))
+    return res.confidence_interval.low, res.confidence_interval.high
+
+
+def test_cluster_bootstrap_with_one_item_per_cluster_is_scipys_percentile_bootstrap():
+    values = (np.random.default_rng(0).random(300) < 0.3).astype(float)
+    out = cluster_bootstrap(values, np.arange(300), n_boot=1000, seed=5)
+    lib = _scipy_percentile_interval((values,), np.mean, n_boot=1000, seed=5)
+    assert (out["ci_low"], out["ci_high"]) == pytest.approx(lib, rel=1e-12)
+
+
+def test_cluster_bootstrap_is_scipys_bootstrap_of_clusters():
+    """Clusters with weights: scipy resampling the clusters (in np.unique's order) with the ratio of the drawn
+    clusters' summed values over their summed weights as the statistic."""
+    rng = np.random.default_rng(1)
+    values, weights, clusters = rng.normal(size=300), rng.random(300) + 0.5, rng.integers(0, 40, 300)
+    out = cluster_bootstrap(values, clusters, weights=weights, n_boot=1000, seed=7)
+    _, index = np.unique(clusters, return_inverse=True)
+    sum_values, sum_weights = np.bincount(index, values), np.bincount(index, weights)
+
+    def ratio(drawn, axis=-1):
+        return sum_values[drawn].sum(axis) / sum_weights[drawn].sum(axis)
+
+    lib = _scipy_percentile_interval((np.arange(len(sum_values)),), ratio, n_boot=1000, seed=7)
+    assert out["n_clusters"] == 40
+    assert (out["ci_low"], out["ci_high"]) == pytest.approx(lib, rel=1e-12)
+
+
+def test_paired_bootstrap_with_one_item_per_cluster_is_scipys_paired_bootstrap():
+    rng = np.random.default_rng(2)
+    a, b = (rng.random(300) < 0.6).astype(float), (rng.random(300) < 0.5).astype(float)
+    out = paired_cluster_bootstrap(a, b, np.arange(300), n_boot=1000, seed=3)
+
+    def difference(x, y, axis=-1):
+        return x.mean(axis) - y.mean(axis)
+
+    lib = _scipy_percentile_interval((a, b), difference, paired=True, n_boot=1000, seed=3)
+    assert (out["ci_low"], out["ci_high"]) == pytest.approx(lib, rel=1e-12, abs=1e-15)
+
+
+def test_percentile_interval_per_column():
+    boot = np.column_stack([np.arange(101.0), np.full(101, np.nan), np.r_[np.nan, np.arange(100.0)]])
+    low, high = percentile_interval(boot, 0.9)
+    np.testing.assert_allclose(low, [5.0, np.nan, np.quantile(np.arange(100.0), 0.05)])
+    np.testing.assert_allclose(high, [95.0, np.nan, np.quantile(np.arange(100.0), 0.95)])
+    with pytest.raises(ValueError, match="confidence"):
+        percentile_interval(boot, 1.0)
 
 
 # ------------------------------------------------------------------------------------------ paired bootstrap
@@ -196,6 +285,12 @@ def test_holm_hand_example():
     np.testing.assert_allclose(holm([0.5, 0.01, 0.02, 0.9]), [1.0, 0.04, 0.06, 1.0])  # 0.5 * 2 = 1.0; 0.9 * 1 lifted to 1.0
 
 
+def test_holm_ties_empty_and_all_nan():
+    np.testing.assert_allclose(holm([0.01, 0.01, 0.04]), [0.03, 0.03, 0.04])  # tied p-values share one adjusted p
+    assert holm([]).shape == (0,)
+    assert np.isnan(holm([np.nan, np.nan])).all()
+
+
 def test_holm_passes_nans_through_and_is_monotone():
     out = holm([0.02, np.nan, 0.01])
     assert math.isnan(out[1])
@@ -204,3 +299,13 @@ def test_holm_passes_nans_through_and_is_monotone():
     adj = holm(p)
     order = np.argsort(p)
     assert np.all(np.diff(adj[order]) >= 0) and np.all(adj >= p) and np.all(adj <= 1)
+
+
+def test_importing_the_statistics_loads_no_scipy():
+    """statsmodels and scipy take about a second to import: only the functions that use them import them."""
+    probe = ("import sys, arithmech.report.stats, arithmech.report.verdicts, arithmech.interp.sufficiency; "
+             "print(sorted({'scipy', 'statsmodels'} & set(sys.modules)))")
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "[]"

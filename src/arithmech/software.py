@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 
 # What jobs import (the model, tables, figures) and parsing never does (tests/test_software_routes.py).
-JOB_MODULES = ("torch", "transformers", "datasets", "pandas", "numpy", "pyarrow", "matplotlib")
+JOB_MODULES = ("torch", "transformers", "datasets", "pandas", "numpy", "pyarrow", "matplotlib", "scipy", "statsmodels")
 
 # Each route's command, run in the checkout; on SLURM with the options of docs/cluster.md added.
 ROUTE_COMMANDS = {

@@ -21,8 +21,12 @@ would carry. What is computed:
     (`interp.effects.bootstrap`, through `cluster_resampled_means`).
   * `compare`: one comparison row (difference, interval, p-value and which test gave it).
   * `holm`: Holm-Bonferroni adjustment over a family of comparisons.
+  * `normal_quantile`: the two-sided standard normal quantile of a confidence level (normal-theory intervals).
 
-Only numpy (and the standard library) is used; there is no scipy.
+The textbook parts come from statsmodels (Wilson interval, exact McNemar test, Holm's adjustment), imported
+inside the functions that use them (importing it takes about a second). What no library does is written here:
+the cluster bootstrap (resampling operand pairs, with a ratio of sums and one draw shared by paired arms) and
+its p-value; its percentile intervals are numpy's quantiles of the replicates.
 """
 
 from __future__ import annotations
@@ -31,8 +35,6 @@ import math
 from statistics import NormalDist
 
 import numpy as np
-
-_EXACT_MAX_DISCORDANT = 1000  # up to this many discordant pairs the binomial tail is summed in exact integers
 
 
 # --------------------------------------------------------------------------------------------------- helpers
@@ -73,24 +75,6 @@ def _is_binary(values) -> bool:
     """True when every value is 0 or 1 (bools included)."""
     arr = np.asarray(values)
     return bool(np.isin(arr, (0, 1)).all())
-
-
-def _binom_half_cdf_exact(k: int, m: int) -> float:
-    """P(X <= k) for X ~ Bin(m, 1/2), summed in exact integers (cost grows like m * k; keep m small)."""
-    total, term = 1, 1
-    for j in range(1, k + 1):
-        term = term * (m - j + 1) // j
-        total += term
-    return total / 2**m  # int / int division is correctly rounded in Python
-
-
-def _binom_half_cdf_log(k: int, m: int) -> float:
-    """P(X <= k) for X ~ Bin(m, 1/2), summed in log space (fast and accurate for m up to ~10^6)."""
-    j = np.arange(1, k + 1, dtype=float)
-    log_comb = np.concatenate([[0.0], np.cumsum(np.log(m - j + 1) - np.log(j))])  # log C(m, 0..k)
-    top = log_comb.max()
-    log_cdf = top + math.log(math.fsum(np.exp(log_comb - top))) - m * math.log(2.0)
-    return math.exp(log_cdf)
 
 
 def _cluster_sums(values: np.ndarray, weights: np.ndarray, clusters) -> tuple[np.ndarray, np.ndarray]:
@@ -134,11 +118,14 @@ def _boot_ratios(counts: np.ndarray, sum_values: np.ndarray, sum_weights: np.nda
 
 def _percentile_interval(boot: np.ndarray, confidence: float) -> tuple[float, float]:
     """Two-sided percentile interval of the bootstrap replicates [n_boot] (NaN replicates dropped)."""
+    low, high = percentile_interval(np.asarray(boot, dtype=float)[:, None], confidence)
+    return float(low[0]), float(high[0])
+
+
+def _check_confidence(confidence: float) -> None:
+    """ValueError unless 0 < confidence < 1."""
     if not 0.0 < confidence < 1.0:
         raise ValueError(f"confidence must lie in (0, 1), got {confidence}")
-    alpha = 1.0 - confidence
-    low, high = np.nanquantile(boot, [alpha / 2, 1.0 - alpha / 2])
-    return float(low), float(high)
 
 
 def _prepare_weights(weights, n: int) -> np.ndarray:
@@ -151,21 +138,24 @@ def _prepare_weights(weights, n: int) -> np.ndarray:
 
 
 # ------------------------------------------------------------------------------------------------ public API
+def normal_quantile(confidence: float) -> float:
+    """z such that a standard normal lies in [-z, z] with probability `confidence` (1.96 for 0.95)."""
+    _check_confidence(confidence)
+    return NormalDist().inv_cdf(0.5 + confidence / 2)
+
+
 def accuracy_interval(correct, confidence: float = 0.95) -> tuple[float, float, float]:
-    """(accuracy, low, high): the share of True in `correct` and its Wilson score interval at `confidence`.
-    NaNs for an empty input."""
+    """(accuracy, low, high): the share of True in `correct` and its Wilson score interval at `confidence`
+    (statsmodels' `proportion_confint`, method "wilson"). NaNs for an empty input."""
+    from statsmodels.stats.proportion import proportion_confint
+
     correct = np.asarray(correct, dtype=bool).ravel()
     n = len(correct)
-    if not 0 < confidence < 1:
-        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+    _check_confidence(confidence)
     if n == 0:
         return float("nan"), float("nan"), float("nan")
-    p = correct.mean()
-    z = NormalDist().inv_cdf(0.5 + confidence / 2)
-    denom = 1 + z * z / n
-    center = (p + z * z / (2 * n)) / denom
-    half = z / denom * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
-    return float(p), float(max(0.0, center - half)), float(min(1.0, center + half))
+    low, high = proportion_confint(int(correct.sum()), n, alpha=1 - confidence, method="wilson")
+    return float(correct.mean()), float(low), float(high)
 
 
 def mcnemar_exact(correct_a, correct_b) -> dict:
@@ -173,21 +163,18 @@ def mcnemar_exact(correct_a, correct_b) -> dict:
 
     correct_a, correct_b: bool (or 0/1) arrays [n], the same items in the same order.
     Returns {"n", "n10" (a right & b wrong), "n01" (a wrong & b right), "p_value"}, where
-    p = min(1, 2 * P(X <= min(n10, n01))) with X ~ Bin(n10 + n01, 1/2), and p = 1 without discordant pairs.
-    The items are treated as independent.
+    p = min(1, 2 * P(X <= min(n10, n01))) with X ~ Bin(n10 + n01, 1/2), and p = 1 without discordant pairs
+    (statsmodels' `mcnemar`, exact=True). The items are treated as independent.
     """
+    from statsmodels.stats.contingency_tables import mcnemar
+
     a = _as_binary(correct_a, "correct_a")
     b = _as_binary(correct_b, "correct_b")
     if len(a) != len(b):
         raise ValueError(f"length mismatch: correct_a has {len(a)} items, correct_b has {len(b)}")
     n10 = int(np.sum(a & ~b))
     n01 = int(np.sum(~a & b))
-    m, k = n10 + n01, min(n10, n01)
-    if m == 0:
-        p = 1.0
-    else:
-        cdf = _binom_half_cdf_exact(k, m) if m <= _EXACT_MAX_DISCORDANT else _binom_half_cdf_log(k, m)
-        p = min(1.0, 2.0 * cdf)
+    p = float(mcnemar([[0, n10], [n01, 0]], exact=True).pvalue)  # only the discordant cells count
     return {"n": int(len(a)), "n10": n10, "n01": n01, "p_value": p}
 
 
@@ -246,8 +233,7 @@ def cluster_resampled_means(values, clusters, *, n_boot: int = 2000, seed: int =
 def percentile_interval(boot: np.ndarray, confidence: float = 0.95) -> tuple[np.ndarray, np.ndarray]:
     """Per column, the two-sided percentile interval of bootstrap replicates [n_boot, ...] (NaN replicates
     dropped; NaN where every replicate is NaN)."""
-    if not 0.0 < confidence < 1.0:
-        raise ValueError(f"confidence must lie in (0, 1), got {confidence}")
+    _check_confidence(confidence)
     alpha = 1.0 - confidence
     boot = np.asarray(boot, dtype=float)
     out = np.full((2, *boot.shape[1:]), np.nan)
@@ -310,18 +296,17 @@ def compare(values_a, values_b, clusters, *, binary: bool, weights=None, n_boot:
 
 
 def holm(p_values) -> np.ndarray:
-    """Holm-Bonferroni adjusted p-values [k], in the input order; monotone, capped at 1, NaNs passed through.
+    """Holm-Bonferroni adjusted p-values [k], in the input order; monotone, capped at 1, NaNs passed through
+    (statsmodels' `multipletests`, method "holm", over the m finite p-values).
 
     With the m finite p-values sorted ascending, p_(i) (i = 0..m-1) is adjusted to
     max_{j <= i} min(1, (m - j) * p_(j)).
     """
+    from statsmodels.stats.multitest import multipletests
+
     p = np.asarray(p_values, dtype=float).reshape(-1)
     out = np.full(p.shape, np.nan)
-    finite = np.flatnonzero(~np.isnan(p))
-    m = len(finite)
-    if m == 0:
-        return out
-    order = finite[np.argsort(p[finite], kind="stable")]
-    adjusted = np.minimum(1.0, np.maximum.accumulate((m - np.arange(m)) * p[order]))
-    out[order] = adjusted
+    finite = ~np.isnan(p)
+    if finite.any():
+        out[finite] = multipletests(p[finite], method="holm")[1]
     return out

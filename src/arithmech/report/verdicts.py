@@ -25,8 +25,8 @@ VERDICTS = ("holds", "partly", "does not hold", "inconclusive", "not measured")
 COLUMNS = ["claim", "scope", "stage", "statement", "paper", "measure", "value", "ci_low", "ci_high", "unit", "n",
            "split", "verdict", "rule", "note", "source"]
 # z(0.975) + z(0.8) over z(0.975): the true difference a two-sided 95% test detects with 80% power is about
-# 1.43 interval half-widths.
-DETECTABLE_PER_HALF_WIDTH = (1.959964 + 0.841621) / 1.959964
+# 1.43 interval half-widths (z(0.8) is the two-sided 60% quantile).
+DETECTABLE_PER_HALF_WIDTH = (stats.normal_quantile(0.95) + stats.normal_quantile(0.60)) / stats.normal_quantile(0.95)
 MATH_TARGETS = ("operator", "multi_digit", "decimal", "svamp")
 # Claims measured in wall-clock time: their values differ between runs and machines (the generated docs leave
 # them out, so that a re-run reproduces the docs byte for byte).
@@ -430,7 +430,6 @@ def key_attention(roles_all: dict[str, pd.DataFrame], cfg: dict, seed: int) -> l
                             f"{100 * min_diff:g} points")
     subs = []
     rng = np.random.default_rng(seed)
-    alpha = (1 - cfg["confidence"]) / 2
     for task, table in roles_all.items():
         share = table[table["role"].isin(OPERAND_ROLES)].groupby(["layer", "head"]).agg(
             share=("attention", "sum"), analysed=("analysed", "first"))
@@ -440,7 +439,7 @@ def key_attention(roles_all: dict[str, pd.DataFrame], cfg: dict, seed: int) -> l
             continue
         boot = (rng.choice(key, (cfg["bootstrap"], len(key))).mean(1)
                 - rng.choice(other, (cfg["bootstrap"], len(other))).mean(1))
-        lo, hi = (float(x) for x in np.quantile(boot, [alpha, 1 - alpha]))
+        lo, hi = (float(x[0]) for x in stats.percentile_interval(boot[:, None], cfg["confidence"]))
         verdict = directional(lo, hi, direction=+1, min_effect=min_diff)
         how = "key heads" if (table["selection"] == "key").all() else "strongest heads (the rule chose no key head)"
         note = (f"{how}: {100 * key.mean():.1f}% of END attention on operands and operator; the other "
@@ -459,7 +458,7 @@ def mlp_answer(probes: dict[str, pd.DataFrame], keys: dict[str, pd.DataFrame], c
     averaged over the key MLPs; interval from the per-target standard errors (unpaired, so conservative)."""
     min_cos = cfg["min_cosine"]
     rule = directional_rule("cos(output, answer) - max(cos(output, operand))", +1, f"{min_cos:g}")
-    z = stats_z(cfg["confidence"])
+    z = stats.normal_quantile(cfg["confidence"])
     subs = []
     for task, table in probes.items():
         key = keys[task]
@@ -486,12 +485,6 @@ def mlp_answer(probes: dict[str, pd.DataFrame], keys: dict[str, pd.DataFrame], c
                          note=f"key MLPs {', '.join(f'L{l}' for l in layers)}; items: {subset}",
                          source=f"analysis/{task}_probes.png"))
     return _headline("mlp_answer", subs, measure="per operator, below", split="validation")
-
-
-def stats_z(confidence: float) -> float:
-    from statistics import NormalDist
-
-    return NormalDist().inv_cdf(0.5 + confidence / 2)
 
 
 # ------------------------------------------------------------------------------------------------ circuit
@@ -635,8 +628,6 @@ def _cut_shares(rows: pd.DataFrame, cfg: dict, seed: int) -> dict:
     """Paired cluster-bootstrap estimates from one kind's per-item path cuts: the log-probability lost (model - cut)
     with the key heads' edges into the MLPs cut (via), into the logits cut (direct) and both; via, direct and their
     difference as shares of `both` (what the key heads' edges carry in all)."""
-    from arithmech.report import stats
-
     lost = np.column_stack([rows["model"] - rows[c] for c in ("via_mlps", "direct", "both")])
     point, boot = stats.cluster_resampled_means(lost, rows["cluster"].to_numpy(), n_boot=cfg["bootstrap"], seed=seed)
     with np.errstate(divide="ignore", invalid="ignore"):
