@@ -164,5 +164,8 @@ rule all:
             task=TASKS,
         ),
         expand("results/{model}/discover/summary.parquet", model=MODELS),
+        expand("results/{model}/circuit/edge_curve.png", model=MODELS)
+        if config["circuit"]["edges"]["curve"]
+        else [],
         expand("results/{model}/claims.parquet", model=MODELS),
         expand("results/{model}/findings.html", model=MODELS),

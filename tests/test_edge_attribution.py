@@ -347,14 +347,12 @@ def test_edge_size_curve(tiny_lm, tf):
         E.edge_size_curve(*args, scores, node_scores, [25])
 
 
-def test_path_cuts_map_items_of_mixed_tails_and_agree_with_the_protocols_model(tiny_lm, base_prompt_cfg):
-    """`edges.path_cuts` on teacher-forced items of two tail lengths (answers "<n>." and "<n>"): each cut equals
-    `edge_circuit_measure` called on that item alone with the cut written out by hand, 'model' equals the
-    protocol's own full-model log-probability (`teacher_forcing.TailTrials`, an independent forward), and cutting
-    every edge changes the measure."""
+def _mixed_tail_items(lm, base_prompt_cfg):
+    """Teacher-forced items of two tail lengths (answers "<n>." and "<n>") and resample values from a donor of the
+    same tail length."""
     from arithmech.interp import teacher_forcing as tfm
 
-    lm, tok = tiny_lm, tiny_lm.tokenizer
+    tok = lm.tokenizer
     df = build_prompts(tok, "addition", base_prompt_cfg, seed=0).iloc[ROWS].reset_index(drop=True)
     answers = [tok(f"{a}." if i % 2 else f"{a}").input_ids for i, a in enumerate(df["answer"])]
     items = tfm.TailItems(df, [tok(p).input_ids for p in df["prompt"]], answers, [lm.eos_ids[0]] * len(df))
@@ -363,11 +361,52 @@ def test_path_cuts_map_items_of_mixed_tails_and_agree_with_the_protocols_model(t
     donors = np.array([next(j for j in range(1, len(df)) if tails[(i + j) % len(df)] == tails[i]) for i in
                        range(len(df))])
     donors = (np.arange(len(df)) + donors) % len(df)
-    values = tfm.TailValues(heads[donors], mlps[donors], "resample", donors)
+    return items, tfm.TailValues(heads[donors], mlps[donors], "resample", donors)
+
+
+def test_items_edge_curve_on_mixed_tails(tiny_lm, base_prompt_cfg):
+    """`edges.items_edge_curve` on items of two tail lengths: every edge is faithfulness 1; each row's measure is
+    the mean over items of `edge_circuit_measure` on each item alone with the edge set its ranking picks from
+    the item-averaged EAP-IG scores (an independent per-item computation); sizes follow the shares."""
+    lm = tiny_lm
+    items, values = _mixed_tail_items(lm, base_prompt_cfg)
+    senders, receivers = [(0, 1), (1, 0), (1, 3)], list(range(lm.n_layers))
+    node_scores = np.random.default_rng(3).normal(size=len(all_nodes(lm.n_layers, lm.n_heads)))
+    curve = E.items_edge_curve(lm, (items, values), (items, values), senders, receivers, node_scores,
+                               shares=[0.25, 1.0], steps=2, batch_size=3)
+    n_edges = sum(r >= l for l, _ in senders for r in receivers)
+    assert curve["edges"].tolist() == [int(np.ceil(0.25 * n_edges))] * 2 + [n_edges] * 2
+    assert (curve["n_edges"] == n_edges).all() and curve["share"].tolist() == [0.25, 0.25, 1.0, 1.0]
+    np.testing.assert_allclose(curve["faithfulness"].to_numpy()[2:], 1, atol=1e-6)
+    per_item = [E.eap_ig_edges(lm, [items.prompt_ids[i] + items.answer_ids[i]], [items.targets(i)],
+                               values.rows([i], int(items.tails[i])), senders, receivers, steps=2).mlp[0]
+                for i in range(len(items))]
+    scores = torch.stack(per_item).mean(0).numpy()
+    k = int(curve["edges"].iloc[0])
+    picks = {"eap_ig": E.top_edges(scores, k),
+             "nodes": E.node_ranked_edges(node_scores, senders, receivers, lm.n_layers, lm.n_heads, k)}
+    for ranking, kept in picks.items():
+        alone = [E.edge_circuit_measure(lm, [items.prompt_ids[i] + items.answer_ids[i]], [items.targets(i)],
+                                        values.rows([i], int(items.tails[i])), senders, receivers, kept)[0, 0]
+                 for i in range(len(items))]
+        got = curve[(curve["ranking"] == ranking) & (curve["edges"] == k)]["measure"].iloc[0]
+        assert got == pytest.approx(float(np.mean(alone)), abs=1e-4), ranking
+
+
+def test_path_cuts_map_items_of_mixed_tails_and_agree_with_the_protocols_model(tiny_lm, base_prompt_cfg):
+    """`edges.path_cuts` on teacher-forced items of two tail lengths (answers "<n>." and "<n>"): each cut equals
+    `edge_circuit_measure` called on that item alone with the cut written out by hand, 'model' equals the
+    protocol's own full-model log-probability (`teacher_forcing.TailTrials`, an independent forward), and cutting
+    every edge changes the measure."""
+    from arithmech.interp import teacher_forcing as tfm
+
+    lm = tiny_lm
+    items, values = _mixed_tail_items(lm, base_prompt_cfg)
+    tails = items.tails
     senders = [(0, 1), (1, 0)]
     cuts = E.path_cuts(lm, items, values, senders, batch_size=3)
     receivers = list(range(lm.n_layers))
-    for i in range(len(df)):
+    for i in range(len(items)):
         T = int(tails[i])
         for cut, (mlp_kept, direct_kept) in E.PATH_CUTS.items():
             kept = torch.full((len(senders), len(receivers)), mlp_kept)

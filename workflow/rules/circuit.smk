@@ -68,7 +68,7 @@ rule edges:
         code=library_code("edges"),
         tasks=TASKS,
         edges={
-            **config["circuit"]["edges"],
+            **{k: v for k, v in config["circuit"]["edges"].items() if k != "curve"},
             "bootstrap": config["circuit"]["bootstrap"],
             "confidence": config["circuit"]["confidence"],
         },
@@ -77,6 +77,40 @@ rule edges:
         seed=config["seed"],
     script:
         "../scripts/edges.py"
+
+
+# circuit.edges.curve: the EAP-IG edge circuit against the node circuit at equal size (docs/circuit.md); one job for
+# every operator, requested by `all` only when the setting is on.
+rule edge_curve:
+    input:
+        model="results/{model}/model",
+        pairs=expand("results/{{model}}/pairs/{task}.parquet", task=TASKS),
+        effects=expand("results/{{model}}/effects/{task}.parquet", task=TASKS),
+        key_tables=expand("results/{{model}}/key_components/{task}.parquet", task=TASKS),
+    output:
+        tables=expand("results/{{model}}/circuit/{task}_edge_curve.parquet", task=TASKS),
+        figure="results/{model}/circuit/edge_curve.png",
+    log:
+        "results/{model}/logs/edge_curve.log",
+    benchmark:
+        "results/{model}/benchmarks/edge_curve.tsv"
+    conda:
+        "../../envs/arithmech.yaml"
+    threads: 2
+    resources:
+        **gpu_resources("edge_curve"),
+    params:
+        code=library_code("edge_curve"),
+        tasks=TASKS,
+        edges={k: v for k, v in config["circuit"]["edges"].items() if k != "curve"},
+        discover={
+            k: config["circuit"]["discover"][k]
+            for k in ("tf_ablation", "tf_measure", "ig_steps")
+        },
+        compute=config["compute"],
+        seed=config["seed"],
+    script:
+        "../scripts/edge_curve.py"
 
 
 rule plot_circuit:

@@ -591,6 +591,31 @@ def node_ranked_edges(node_scores, senders: Sequence[Head], receivers: Sequence[
     return out
 
 
+def _n_edges(senders: Sequence[Head], receivers: Sequence[int]) -> int:
+    return sum(r >= l for l, _ in senders for r in receivers)
+
+
+def _size_masks(lm: LoadedModel, edge_scores, node_scores, senders, receivers, sizes) -> np.ndarray:
+    """[2 + 2 len(sizes), S, R]: every edge, no edge, then per size the EAP-IG ranking's and the node ranking's."""
+    n_edges, S, R = _n_edges(senders, receivers), len(senders), len(receivers)
+    for k in sizes:
+        if not 0 <= int(k) <= n_edges:
+            raise ValueError(f"sizes must lie between 0 and the {n_edges} edges; got {k}")
+    masks = [np.ones((S, R), dtype=bool), np.zeros((S, R), dtype=bool)]
+    for k in sizes:
+        masks += [top_edges(edge_scores, int(k)),
+                  node_ranked_edges(node_scores, senders, receivers, lm.n_layers, lm.n_heads, int(k))]
+    return np.stack(masks)
+
+
+def _curve_rows(means: np.ndarray, sizes: Sequence[int]) -> pd.DataFrame:
+    full, empty = float(means[0]), float(means[1])
+    return pd.DataFrame([{"ranking": ranking, "edges": int(k), "measure": float(means[2 + 2 * i + j]),
+                          "faithfulness": (float(means[2 + 2 * i + j]) - empty) / (full - empty)
+                          if full != empty else float("nan")}
+                         for i, k in enumerate(sizes) for j, ranking in enumerate(("eap_ig", "nodes"))])
+
+
 def edge_size_curve(lm: LoadedModel, sequences, targets, ablated: AlignedMean, senders: Sequence[Head],
                     receivers: Sequence[int], edge_scores, node_scores, sizes: Sequence[int], *,
                     measure: str = "logprob", batch_size: int | None = None) -> pd.DataFrame:
@@ -600,22 +625,42 @@ def edge_size_curve(lm: LoadedModel, sequences, targets, ablated: AlignedMean, s
     scored exactly (`edge_circuit_measure`, every other edge among senders x receivers ablated, head -> logits
     kept). One row per (ranking, k): ranking ("eap_ig" or "nodes"), edges (k), measure (mean over rows) and
     faithfulness (m - m(no edge)) / (m(every edge) - m(no edge))."""
-    S, R = len(senders), len(receivers)
-    n_edges = sum(r >= l for l, _ in senders for r in receivers)
-    for k in sizes:
-        if not 0 <= int(k) <= n_edges:
-            raise ValueError(f"sizes must lie between 0 and the {n_edges} edges; got {k}")
-    masks = [np.ones((S, R), dtype=bool), np.zeros((S, R), dtype=bool)]
-    for k in sizes:
-        masks += [top_edges(edge_scores, int(k)),
-                  node_ranked_edges(node_scores, senders, receivers, lm.n_layers, lm.n_heads, int(k))]
-    m = edge_circuit_measure(lm, sequences, targets, ablated, senders, receivers, np.stack(masks), measure=measure,
+    masks = _size_masks(lm, edge_scores, node_scores, senders, receivers, sizes)
+    m = edge_circuit_measure(lm, sequences, targets, ablated, senders, receivers, masks, measure=measure,
                              batch_size=batch_size).mean(1)
-    full, empty = float(m[0]), float(m[1])
-    rows = [{"ranking": ranking, "edges": int(k), "measure": float(m[2 + 2 * i + j]),
-             "faithfulness": (float(m[2 + 2 * i + j]) - empty) / (full - empty) if full != empty else float("nan")}
-            for i, k in enumerate(sizes) for j, ranking in enumerate(("eap_ig", "nodes"))]
-    return pd.DataFrame(rows)
+    return _curve_rows(m, sizes)
+
+
+EDGE_SHARES = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)  # shares of the head -> MLP edges along the curve
+
+
+def items_edge_curve(lm: LoadedModel, ranked_on: tuple, scored_on: tuple, senders: Sequence[Head],
+                     receivers: Sequence[int], node_scores, *, shares: Sequence[float] = EDGE_SHARES, steps: int = 8,
+                     measure: str = "logprob", batch_size: int | None = None) -> pd.DataFrame:
+    """`edge_size_curve` on teacher-forced items of any answer lengths: ranked_on and scored_on are (items, values)
+    (`teacher_forcing.TailItems`, `teacher_forcing.TailValues`), so the edges can be chosen on one set of pairs
+    and scored on another. The EAP-IG scores (path "nodes") averaged over the ranked_on items (node_scores: the
+    node ranking's, from the same items), and at each share of the senders x receivers head -> MLP edges (at
+    least one edge) the two rankings' circuits scored exactly on every scored_on item. Rows as
+    `edge_size_curve`'s, with share and n_edges."""
+    from arithmech.interp.teacher_forcing import tail_batches
+
+    senders, receivers = _senders_receivers(lm, senders, receivers)
+
+    def batches(items):
+        return tail_batches(lm, items, batch_size or len(items))
+
+    (rank_items, rank_values), (items, values) = ranked_on, scored_on
+    summed = sum(eap_ig_edges(lm, b.enc, b.targets, rank_values.rows(b.rows, b.T), senders, receivers, steps=steps,
+                              measure=measure, batch_size=batch_size).mlp.sum(0) for b in batches(rank_items))
+    scores = (summed / len(rank_items)).numpy()
+    n_edges = _n_edges(senders, receivers)
+    sizes = [max(1, int(np.ceil(share * n_edges - 1e-9))) for share in shares]
+    masks = _size_masks(lm, scores, node_scores, senders, receivers, sizes)
+    m = np.concatenate([edge_circuit_measure(lm, b.enc, b.targets, values.rows(b.rows, b.T), senders, receivers,
+                                             masks, measure=measure, batch_size=batch_size)
+                        for b in batches(items)], 1)
+    return _curve_rows(m.mean(1), sizes).assign(share=np.repeat(list(shares), 2), n_edges=n_edges)
 
 
 # The key heads' paths to the answer, cut one kind at a time (`path_cuts`): which of the senders' edges each cut

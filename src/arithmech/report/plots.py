@@ -607,3 +607,25 @@ def circuit_grid(nodes: str, key_heads, n_layers: int, n_heads: int, title: str,
               fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1))
     ax.set_title(title, fontsize=9)
     _save(fig, out)
+
+
+def edge_curve(curves: pd.DataFrame, title: str, out: str | Path) -> None:
+    """The edge circuit against the node circuit (`interp.edges.items_edge_curve`): per operator, faithfulness of the
+    answer's teacher-forced log-probability on the validation pairs against the head -> MLP edges kept, the edges
+    chosen by EAP-IG score and in the order a node circuit takes them in (both ranked on identification pairs)."""
+    tasks = list(dict.fromkeys(curves["task"]))
+    fig, axes = plt.subplots(1, len(tasks), figsize=(3.6 * len(tasks), 3.4), squeeze=False, sharey=True)
+    styles = {"eap_ig": ("tab:red", "EAP-IG edges"), "nodes": ("tab:blue", "node ranking")}
+    for ax, task in zip(axes[0], tasks):
+        part = curves[curves["task"] == task]
+        for ranking, (color, label) in styles.items():
+            line = part[part["ranking"] == ranking].sort_values("edges")
+            ax.plot(line["edges"], line["faithfulness"], "o-", color=color, label=label, ms=4)
+        ax.axhline(1, color="grey", lw=0.6, ls=":")
+        ax.set_xscale("log")
+        ax.set_xlabel(f"edges kept (of {int(part['n_edges'].iloc[0])})")
+        ax.set_title(f"{task} ({int(part['n_items'].iloc[0])} pairs)", fontsize=9)
+    axes[0][0].set_ylabel("faithfulness (log-probability)")
+    axes[0][0].legend(fontsize=8)
+    fig.suptitle(title, fontsize=10)
+    _save(fig, out)

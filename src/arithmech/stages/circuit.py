@@ -194,6 +194,50 @@ def run_edges(*, model: str, model_dir, tasks: list[str], pairs_paths, effects_p
         write_parquet(_path_cut_rows(lm, pairs_path, pairs, key_heads, seed=seed, batch_size=batch), out_path, meta)
 
 
+def run_edge_curve(*, model: str, model_dir, tasks: list[str], pairs_paths, effects_paths, key_paths, edges: dict,
+                   discover: dict, compute: dict, seed: int, out_tables, out_png) -> None:
+    """The edge circuit against the node circuit at equal size (`edges.items_edge_curve`), per operator on the
+    teacher-forced protocol with the pruning's ablation and measure (`circuit.discover.tf_ablation`,
+    `tf_measure`): the edges' EAP-IG scores and the nodes' integrated gradients (`TailTrials.attribution`) on a
+    seeded draw of `edges.max_samples` identification pairs, both rankings' circuits scored exactly on as many
+    validation pairs; senders as the edges rule's (`edge_senders`), receivers every MLP from the first sender's
+    layer on. One job for every operator; a figure with a panel each (`out_png`)."""
+    from arithmech.data.datasets import subsample
+    from arithmech.interp import teacher_forcing as tf
+    from arithmech.interp.edges import items_edge_curve
+    from arithmech.model.loading import load_stage_model, stage_meta
+    from arithmech.report import plots
+
+    lm = load_stage_model(model_dir, compute)
+    keys = {t: pd.read_parquet(p) for t, p in zip(tasks, key_paths, strict=True)}
+    batch, kind, measure = compute["batch_size"], discover["tf_ablation"], discover["tf_measure"]
+    curves = []
+    for task, pairs_path, effects_path, out_table in zip(tasks, pairs_paths, effects_paths, out_tables, strict=True):
+        pairs = pd.read_parquet(pairs_path)
+        ident = split_pairs(pairs, "identification", str(pairs_path))
+        pool = tf.build_items(lm, ident, batch_size=batch, outputs=True)
+        pool_outputs = tf.tail_outputs(lm, pool, batch)
+        sets = {}
+        for split in ("identification", "validation"):
+            items = tf.build_items(lm, subsample(split_pairs(pairs, split, str(pairs_path)), edges["max_samples"],
+                                                 seed), batch_size=batch)
+            sets[split] = (items, tf.ablation_values(lm, items, pool, kind, seed=seed, batch_size=batch,
+                                                     pool_outputs=pool_outputs))
+        senders = edge_senders(pd.read_parquet(effects_path), keys, edges["senders"])
+        receivers = list(range(min(l for l, _ in senders), lm.n_layers))
+        node_scores = tf.TailTrials(lm, *sets["identification"], measure=measure, batch_size=batch).attribution(
+            discover["ig_steps"])
+        curve = items_edge_curve(lm, sets["identification"], sets["validation"], senders, receivers, node_scores,
+                                 steps=discover["ig_steps"], measure=measure, batch_size=batch)
+        curve = curve.assign(task=task, kind=kind, n_items=len(sets["validation"][0]), split="validation",
+                             ranked_on="identification")
+        meta = stage_meta(model_dir, "edge_curve", task=task, edges=edges, discover=discover, seed=seed)
+        write_parquet(curve, out_table, meta)
+        curves.append(curve)
+    plots.edge_curve(pd.concat(curves, ignore_index=True),
+                     f"{model}: edge circuit vs node circuit at equal size ({kind} ablation, teacher-forced)", out_png)
+
+
 PATH_CUT_COLUMNS = ["sample_id", "cluster", "kind", "model", "via_mlps", "direct", "both"]
 
 

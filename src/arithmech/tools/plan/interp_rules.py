@@ -376,3 +376,32 @@ def discover_union(s: Setting, m: Model, job: Job) -> Cost:
     p = s.prompts(m, s.config["run"]["tasks"][0])
     act = set_bytes(m, batch=bs, prompt=p.ref_tokens, tail=1, steps=p.answer_steps)
     return gpu_cost(m, work=work, activations=act, note=f"{sets} circuits x {pairs} validation pairs")
+
+
+def edge_curve(s: Setting, m: Model, job: Job) -> Cost:
+    """`stages.circuit.run_edge_curve` (one job for all operators): per operator a forward over every
+    identification pair (the ablation values' pool); on `edges.max_samples` identification pairs the EAP-IG edge
+    scores and the nodes' integrated gradients (`ig_steps` forwards with their backward each, about 3 forwards);
+    on as many validation pairs the exact edge circuits: every edge, none, and two rankings at each of the
+    EDGE_SHARES sizes, one whole forward each."""
+    from arithmech.interp.edges import EDGE_SHARES
+
+    sh, bs, cfg = m.shape, s.batch(), s.config["circuit"]["edges"]
+    steps = s.config["circuit"]["discover"]["ig_steps"]
+    circuits = 2 + 2 * len(EDGE_SHARES)
+    work, pairs = Work(), 0
+    for task in s.config["run"]["tasks"]:
+        p = s.prompts(m, task)
+        seq = p.ref_tokens + p.answer_steps
+        n_id, n_val = min(cfg["max_samples"], p.identification), min(cfg["max_samples"], p.validation)
+        pairs += n_val
+        work += Work(p.identification * forward_flops(sh, new=seq))
+        work += Work(2 * 3 * n_id * steps * forward_flops(sh, new=seq))
+        work += Work(n_val * circuits * forward_flops(sh, new=seq))
+        work += forwards(m, math.ceil(p.identification / bs) + 2 * steps * math.ceil(n_id / bs)
+                         + circuits * math.ceil(n_val / bs))
+    p = s.prompts(m, s.config["run"]["tasks"][0])
+    act = 3 * inference_bytes(sh, rows=bs * steps, seq=p.ref_tokens + p.answer_steps, kv=p.ref_tokens + p.answer_steps,
+                              logits=bs * steps * p.answer_steps, dtype_bytes=m.dtype_bytes)
+    return gpu_cost(m, work=work, activations=act,
+                    note=f"{pairs} validation pairs x {circuits} edge circuits; EAP-IG and node IG at {steps} steps")
