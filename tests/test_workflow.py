@@ -382,7 +382,11 @@ def test_circuit_changes_rerun_only_their_rule(run):
     """Sufficiency and edges are separate rules: a change of one re-runs it, its figures and what reads them."""
     downstream = {"plot_circuit": 2, "claims": 1, "findings": 1, "all": 1}
     assert planned_rules(dry_run(run, lambda c: c["circuit"].update(random_draws=3))) == {"circuit": 2, **downstream}
-    assert planned_rules(dry_run(run, lambda c: c["circuit"]["edges"].update(senders=1))) == {"edges": 1, **downstream}
+    assert planned_rules(dry_run(run, lambda c: c["circuit"]["edges"].update(senders=1))) == {
+        "edges": 1, "edge_curve": 1, **downstream}
+    # the edge curve is its own rule: turning it off re-runs nothing of the edges
+    assert not {"edges", "edge_curve"} & set(planned_rules(dry_run(run, lambda c: c["circuit"]["edges"].update(
+        curve=False))))
 
 
 def test_finetune_change_reruns_only_that_method_and_its_evaluation(run):
