@@ -174,9 +174,12 @@ def test_circuit_stage(prepared, tmp_path):  # noqa: F811
                     key_path=tmp_path / "key.parquet", circuit=CIRCUIT, prompts=PROMPTS, compute=COMPUTE, seed=0,
                     out_table=tmp_path / "c.parquet", out_items=tmp_path / "items.parquet")
     table, items = pd.read_parquet(tmp_path / "c.parquet"), pd.read_parquet(tmp_path / "items.parquet")
-    # the END curves also on the teacher-forced protocol (both ablations); the other variants only on the old one
+    # the key circuits and their random draws also on the teacher-forced protocol (both ablations, END and answer
+    # positions); the curves and the other variants only on the old one
     tf_rows = table["tf_mean_tail_logprob"].notna()
-    assert (tf_rows == ((table["positions"] == "end") & (table["means"] == "counterfactual"))).all()
+    key_size = table["curve"].isin(["model", "empty", "key"]) | ((table["curve"] == "random") & (table["k"] == 2))
+    assert (tf_rows == ((table["positions"] == "end") & (table["means"] == "counterfactual") & key_size)).all()
+    assert "tf_mean_end_logprob" not in table  # the END-only decomposition is the discover rule's
     tf_part, tf_its = table[tf_rows], items[items["tf_mean_tail_logprob"].notna()]
     model = tf_part[tf_part["curve"] == "model"].iloc[0]
     assert model["faithfulness_tf_mean_tail_logprob"] == 1 and model["faithfulness_tf_resample_tail_logprob"] == 1

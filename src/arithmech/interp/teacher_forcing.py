@@ -677,10 +677,11 @@ def _strict(strict: bool | Sequence[str], kind: str) -> bool:
 
 
 def protocol_scores(lm: LoadedModel, items: TailItems, pool: TailItems, kept, *, seed: int = 0, batch_size: int = 32,
-                    sanity_draws: int = 20, strict: bool | Sequence[str] = True,
-                    pool_outputs=None) -> tuple[dict[str, np.ndarray], dict]:
-    """Every circuit of `kept` (bool [c, nodes]) under both ablations (`KINDS`) at both position sets
-    (`POSITIONS`): {f"{kind}_{positions}_{measure}": [c, n_items]} (`TAIL_MEASURES`; kl as -KL), and the sanity
+                    sanity_draws: int = 20, strict: bool | Sequence[str] = True, pool_outputs=None,
+                    positions_sets: Sequence[str] = POSITIONS) -> tuple[dict[str, np.ndarray], dict]:
+    """Every circuit of `kept` (bool [c, nodes]) under both ablations (`KINDS`) at each position set of
+    `positions_sets` (`POSITIONS`; "tail" always included, where the sanity checks run):
+    {f"{kind}_{positions}_{measure}": [c, n_items]} (`TAIL_MEASURES`; kl as -KL), and the sanity
     checks of each ablation at positions "tail" ({f"{kind}_{check value}": value}; `sanity_checks` with
     `strict`: True for every kind, or the kinds whose failed check raises; the others warn and record it in
     their 'failed' value). pool_outputs: as `ablation_values`."""
@@ -689,7 +690,7 @@ def protocol_scores(lm: LoadedModel, items: TailItems, pool: TailItems, kept, *,
     for kind in KINDS:
         tail_values = ablation_values(lm, items, pool, kind, seed=seed, batch_size=batch_size,
                                       pool_outputs=pool_outputs)
-        for positions in POSITIONS:
+        for positions in dict.fromkeys(("tail", *positions_sets)):
             trials = TailTrials(lm, items, tail_values, positions=positions, batch_size=batch_size)
             for m, v in trials.scores(kept).items():
                 values[f"{kind}_{positions}_{m}"] = v

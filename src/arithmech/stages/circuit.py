@@ -43,9 +43,10 @@ def run_circuit(*, model: str, task: str, model_dir, pairs_path, cache_path, eff
     position with each template's mean (positions "all", the key circuits and their random draws, on a smaller
     draw of pairs), and at END with the means of counterfactuals of another `counterfactual_shots`
     (`circuit.contrast_means`, when the prompts have few-shot lines for it to differ). With
-    `circuit.discover.protocol: teacher_forced` (the default) the END curves' sets are also scored on the
-    teacher-forced protocol (`sufficiency.teacher_forced_table`: both ablations, values from the identification
-    pairs; its tf_* columns), what the circuit_sufficient verdict reads. Writes the faithfulness of every set
+    `circuit.discover.protocol: teacher_forced` (the default) the model, the empty circuit, the key circuits and
+    their random draws are also scored on the teacher-forced protocol at END and answer positions
+    (`sufficiency.teacher_forced_table`: both ablations, values from the identification pairs; its tf_* columns),
+    what the circuit_sufficient verdict reads. Writes the faithfulness of every set
     (`out_table`) and every set's per-item measures (`out_items`)."""
     from safetensors.torch import load_file
 
@@ -100,14 +101,18 @@ def run_circuit(*, model: str, task: str, model_dir, pairs_path, cache_path, eff
             **{cx.MEASURES[m]: v.reshape(-1) for m, v in values.items()},
         })
         if teacher_forced and (positions, label) == ("end", "counterfactual"):
-            # the same sets on the teacher-forced protocol (the circuit_sufficient verdict's), beside the old one
+            # the key circuits and their random draws (what the circuit_sufficient verdict reads) also on the
+            # teacher-forced protocol, END and answer positions: the curves stay on the old one (their cost)
+            tf_index = [i for i, s in enumerate(sets) if s.curve in ("model", "empty", "key")
+                        or (s.curve == "random" and s.k == len(key_heads))]
             tf_table, tf_items = cx.teacher_forced_table(
-                lm, scored, pool, sets, sanity_draws=discover["sanity_draws"],
+                lm, scored, pool, [sets[i] for i in tf_index], sanity_draws=discover["sanity_draws"],
                 strict=cx.strict_kinds(discover["sanity"], discover["tf_ablation"]), **boot,
-                batch_size=compute["batch_size"])
+                batch_size=compute["batch_size"], positions_sets=("tail",))
             own = [c for c in tf_table if c.startswith(cx.TF_COLUMNS)]
-            table = pd.concat([table.reset_index(drop=True), tf_table[own].reset_index(drop=True)], axis=1)
-            per_item = cx.with_set_columns(per_item, len(sets), tf_items)
+            table = pd.concat([table, tf_table[own].set_axis(table.index[tf_index])], axis=1)
+            per_item = cx.with_set_columns(per_item, len(sets),
+                                           tf_items.assign(set_index=np.asarray(tf_index)[tf_items["set_index"]]))
             for kind in tf.KINDS:  # what the verdict reads beside the items: this ablation's failed sanity checks
                 per_item[f"sanity_{kind}_failed"] = tf_table[f"sanity_{kind}_failed"].iloc[0]
         tables.append(table)
