@@ -29,8 +29,10 @@ THREADS ?= 1
 # at the end. TEST_ARGS= runs it in one process.
 TEST_ARGS ?= -n $(CORES) --dist loadfile --durations=25
 
+# arithmech.tools.run_record runs that command as it is and, when it succeeds, writes results/run_record.json: its
+# wall time, jobs, machine and commit, and whether it ran every job of the workflow (README's run time: make docs).
 run: $(STAMP)
-	$(BIN)/snakemake --cores $(CORES) --max-threads $(THREADS)
+	$(BIN)/python -m arithmech.tools.run_record -- $(BIN)/snakemake --cores $(CORES) --max-threads $(THREADS)
 
 # The powered precise-SFT study (configs/sft-study.yaml) on the default model; reuses the identify stage.
 # Exactly the command README gives: Snakemake compares dict params in key order, and listing config.yaml
