@@ -123,7 +123,10 @@ report: $(STAMP)
 	$(BIN)/snakemake --cores $(CORES) --report results/report.html
 
 # README's scorecard block, docs/results.md and docs/figures/ from results/ of the config's first model
-# (MODEL=name for another). Generated, not typed: after `make run`, `make docs` leaves git status clean.
+# (MODEL=name for another); README's run time of `make run` from results/run_record.json (a complete run newer than
+# docs/run_record.json replaces it) and the paper plan's jobs and GPU hours (make plan's, computed here, about 20 s).
+# Generated, not typed: after `make run`, `make docs` leaves git status clean but for the run time, which differs on
+# every run (its block and docs/run_record.json).
 docs: $(STAMP)
 	$(BIN)/python -m arithmech.tools.docs_results $(if $(MODEL),--model $(MODEL))
 

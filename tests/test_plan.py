@@ -100,6 +100,17 @@ def test_job_counts_are_the_dry_runs(key, files, reports, tmp_path):
     assert reports[key]["totals"]["jobs"] == sum(planned.values())
 
 
+def test_readme_gives_the_paper_plans_totals(reports):
+    """README's plan block (jobs, GPU jobs, GPU hours, peak memory) is what `make docs` writes from this plan: a
+    change to the planner, the workflow or configs/paper.yaml that moves a total fails here until `make docs`."""
+    from arithmech.tools.docs_results import PLAN_CONFIGS, PLAN_MARKERS, plan_text
+
+    assert PAPER == PLAN_CONFIGS
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split(PLAN_MARKERS[0] + "\n")[1].split(PLAN_MARKERS[1])[0]
+    assert block == plan_text(reports["paper"])
+
+
 def test_paper_plan_is_plausible(reports):
     """LLaMA2-7B under configs/paper.yaml: GPU rules cost hours, CPU rules none; full fine-tuning needs more
     than one 80 GB GPU (float32 weights, gradients and AdamW state: 16 bytes a parameter, 108 GB, with FSDP2)

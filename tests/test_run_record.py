@@ -18,7 +18,7 @@ from arithmech.tools.run_record import Progress, duration_text, last_complete, m
 FAKE = textwrap.dedent("""
     import os, sys
     def stats(total):
-        print("Job stats:\\njob      count\\n-----  -------\\nall          1\\ntotal       %d\\n" % total, file=sys.stderr)
+        print("Job stats:\\njob  count\\n---  -----\\nall      1\\ntotal    %d\\n" % total, file=sys.stderr)
     if "--dry-run" in sys.argv:
         assert "--forceall" in sys.argv
         stats(int(os.environ["WORKFLOW"]))
@@ -136,3 +136,30 @@ def test_no_command_is_an_error(capsys):
     with pytest.raises(SystemExit):
         main(["--record", os.devnull])
     assert "give the Snakemake command after --" in capsys.readouterr().err
+
+
+def test_a_real_snakemake_run_is_read(tmp_path, monkeypatch):
+    """Snakemake's own log lines (its Job stats and "N of M steps" lines, its dry run with --forceall) on a workflow
+    of three jobs: complete at first, then a re-run of one job flagged partial."""
+    monkeypatch.setattr(run_record, "cuda_devices", lambda: [])
+    (tmp_path / "Snakefile").write_text(textwrap.dedent("""
+        rule all:
+            input: "b.txt", "c.txt"
+        rule b:
+            output: "b.txt"
+            shell: "echo b > {output}"
+        rule c:
+            input: "b.txt"
+            output: "c.txt"
+            shell: "cat {input} > {output}"
+    """))
+    monkeypatch.chdir(tmp_path)
+    command = [sys.executable, "-m", "snakemake", "--cores", "1"]
+    record = tmp_path / "results" / "run_record.json"
+    assert record_run(command, record) == 0
+    got = json.loads(record.read_text())
+    assert (got["jobs_run"], got["jobs_at_start"], got["workflow_jobs"], got["from_scratch"]) == (3, 3, 3, True)
+    (tmp_path / "c.txt").unlink()
+    assert record_run(command, record) == 0
+    again = json.loads(record.read_text())
+    assert (again["jobs_run"], again["from_scratch"]) == (2, False) and again["last_complete"] == got

@@ -184,7 +184,7 @@ def record_run(command: Sequence[str], record: Path = RECORD, *, count_workflow:
     jobs_at_start = progress.jobs_at_start or 0  # "Nothing to be done" prints no Job stats
     from_scratch = bool(dag_jobs) and jobs_at_start == dag_jobs and progress.done >= jobs_at_start
     entry = {
-        "recorded_by": "make run (arithmech.tools.run_record)",
+        "recorded_by": "written by `make run`",
         "started": started.strftime("%Y-%m-%dT%H:%M:%SZ"), "date": started.strftime("%Y-%m-%d"),
         "seconds": round(seconds, 1), "command": shlex.join(command),
         "jobs_run": progress.done, "jobs_at_start": jobs_at_start, "workflow_jobs": dag_jobs,
