@@ -173,6 +173,8 @@ def record_run(command: Sequence[str], record: Path = RECORD, *, count_workflow:
     workflow's jobs with a dry run, else the run cannot be called complete); the command's exit status."""
     record = Path(record)
     commit, dirty = git_commit()
+    if count_workflow:
+        print("run record: counting the workflow's jobs (a dry run with --forceall)", file=sys.stderr)
     dag_jobs = workflow_jobs(command) if count_workflow else None
     started = datetime.datetime.now(datetime.timezone.utc)
     progress = Progress()
@@ -220,7 +222,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser.error("no command: give the Snakemake command after --")
-    return record_run(command, args.record)
+    try:
+        return record_run(command, args.record)
+    except KeyboardInterrupt:  # during the dry run: nothing ran, nothing is recorded
+        return 130
 
 
 if __name__ == "__main__":
