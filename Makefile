@@ -124,7 +124,8 @@ report: $(STAMP)
 
 # README's scorecard block, docs/results.md and docs/figures/ from results/ of the config's first model
 # (MODEL=name for another); README's run time of `make run` from results/run_record.json (a complete run newer than
-# docs/run_record.json replaces it) and the paper plan's jobs and GPU hours (make plan's, computed here, about 20 s).
+# docs/run_record.json replaces it) and the paper plan's jobs and GPU hours (make plan's, computed here, about 20 s;
+# the whole plan in docs/plan.md).
 # Generated, not typed: after `make run`, `make docs` leaves git status clean but for the run time, which differs on
 # every run (its block and docs/run_record.json).
 docs: $(STAMP)

@@ -10,9 +10,9 @@ import pandas as pd
 import pytest
 
 from arithmech.interp import effects as fx
-from arithmech.tools.docs_results import (BEGIN, END, KEPT_RECORD, PLAN_CONFIGS, PLAN_MARKERS, RUN_TIME_MARKERS,
-                                         MissingResults, main, make_docs, plan_text, replace_block,
-                                         run_time_text)
+from arithmech.tools.docs_results import (BEGIN, END, KEPT_RECORD, PLAN_CONFIGS, PLAN_MARKERS, PLAN_OUTPUT_MARKERS,
+                                         RUN_TIME_MARKERS, MissingResults, main, make_docs, plan_output, plan_text,
+                                         replace_block, run_time_text)
 from arithmech.io import write_parquet
 from arithmech.tools.run_record import read_record
 from claims_example import example_claims
@@ -378,7 +378,9 @@ RECORD = {"recorded_by": "written by `make run`", "started": "2026-11-28T09:00:0
           "machine": {"cpu": "AMD EPYC 7B13", "cores": 2, "memory_gib": 8, "system": "Linux", "gpus": []},
           "arithmech": "0.1.0", "commit": "0123456789abcdef0123456789abcdef01234567", "dirty": False}
 PLAN = {"totals": {"jobs": 141, "gpu_jobs": 102, "gpu_hours": 5.18607, "gpu_gb": 66.84, "host_gb": 17.72},
-        "throughput": {"tflops": 100.0}}
+        "throughput": {"tflops": 100.0, "bandwidth": 1.5, "startup_s": 60.0, "gpu_memory_gb": 80.0},
+        "config_files": ["config.yaml", "/somewhere/configs/paper.yaml"], "models": {}, "rules": [], "warnings": []}
+PLAN_PAGE = f"# The cost plan\n\n{PLAN_OUTPUT_MARKERS[0]}\nan old plan: 8.3 GPU hours\n{PLAN_OUTPUT_MARKERS[1]}\n\nMore.\n"
 
 
 def _block(text: str, markers: tuple[str, str]) -> str:
@@ -389,8 +391,11 @@ def _numbers_docs(tmp_path, record: dict | None, plans: list | None = None):
     """make docs on a results tree whose results/run_record.json is `record` (None: none), README with the run-time
     and plan blocks; returns (README, the kept record docs/run_record.json)."""
     results, readme, kept = tmp_path / "results", tmp_path / "README.md", tmp_path / "docs/run_record.json"
+    page = tmp_path / "docs/plan.md"
     if not (results / "m").is_dir():
         results_tree(results)
+        page.parent.mkdir(parents=True, exist_ok=True)
+        page.write_text(PLAN_PAGE)
     if not readme.exists():
         readme.write_text(NUMBERS_README)
     (results / "run_record.json").unlink(missing_ok=True)
@@ -403,7 +408,7 @@ def _numbers_docs(tmp_path, record: dict | None, plans: list | None = None):
         return PLAN
 
     make_docs(results_dir=results, model="m", tasks=TASKS, readme=readme, out_md=tmp_path / "docs/results.md",
-              figures_dir=tmp_path / "docs/figures", kept_record=kept, plan_report=plan_report)
+              figures_dir=tmp_path / "docs/figures", kept_record=kept, plan_report=plan_report, plan_page=page)
     return readme, kept
 
 
@@ -413,6 +418,10 @@ def test_the_run_time_and_plan_blocks_come_from_the_record_and_the_plan(tmp_path
     text = readme.read_text()
     assert _block(text, RUN_TIME_MARKERS) == run_time_text(RECORD, "docs/run_record.json")
     assert _block(text, PLAN_MARKERS) == plan_text(PLAN) and plans == [1]  # the plan computed once
+    page = (tmp_path / "docs/plan.md").read_text()  # docs/plan.md: the whole plan, as make plan prints it
+    assert _block(page, PLAN_OUTPUT_MARKERS) == plan_output(PLAN) and page.endswith("\n\nMore.\n")
+    assert "8.3 GPU hours" not in page and "```text\narithmech cost plan: config.yaml + configs/paper.yaml + " in page
+    assert "total: 141 jobs, 102 on a GPU, 5.19 GPU hours" in page
     assert json.loads(kept.read_text()) == RECORD  # kept for the checkout: README's number has its source in git
     run_time = " ".join(_block(text, RUN_TIME_MARKERS).split())
     assert run_time.startswith("**`make run`** took 25 min 2 s for its 80 jobs (every job of the workflow) on "
@@ -423,9 +432,9 @@ def test_the_run_time_and_plan_blocks_come_from_the_record_and_the_plan(tmp_path
     assert "typed by hand" not in text and "More text after the block.\n" in text  # the rest untouched
     lines = (_block(text, RUN_TIME_MARKERS) + _block(text, PLAN_MARKERS)).splitlines()
     assert len(lines) > 2 and all(len(line) <= 115 for line in lines)  # wrapped as README's own paragraphs
-    first = readme.read_bytes(), kept.read_bytes()
+    first = readme.read_bytes(), kept.read_bytes(), page
     _numbers_docs(tmp_path, RECORD)
-    assert (readme.read_bytes(), kept.read_bytes()) == first  # the same bytes again
+    assert (readme.read_bytes(), kept.read_bytes(), (tmp_path / "docs/plan.md").read_text()) == first  # again
 
 
 def test_a_partial_rerun_leaves_the_run_time_to_the_last_complete_run(tmp_path):

@@ -6,7 +6,8 @@ date of the run, figures copied only when they differ, sorted outputs), so after
 README's two other generated blocks: the run time of `make run` (`run_time_text`: the last complete run that
 results/run_record.json knows, written by `make run` (arithmech.tools.run_record), kept in docs/run_record.json when
 it is newer than the one there; a timing, so it is the one block a re-run on another machine changes) and the
-paper plan's jobs and GPU hours (`plan_text`: `make plan`'s default configuration, computed from the checkout).
+paper plan's jobs and GPU hours (`plan_text`: `make plan`'s default configuration, computed from the checkout),
+whose whole output is docs/plan.md's block (`plan_output`).
 
     python -m arithmech.tools.docs_results [--model NAME] [--config config.yaml] [--results results]
 
@@ -41,6 +42,7 @@ BEGIN = "<!-- BEGIN GENERATED: scorecard (make docs) -->"
 END = "<!-- END GENERATED: scorecard -->"
 RUN_TIME_MARKERS = ("<!-- BEGIN GENERATED: run time (make docs) -->", "<!-- END GENERATED: run time -->")
 PLAN_MARKERS = ("<!-- BEGIN GENERATED: plan (make docs) -->", "<!-- END GENERATED: plan -->")
+PLAN_OUTPUT_MARKERS = ("<!-- BEGIN GENERATED: plan output (make docs) -->", "<!-- END GENERATED: plan output -->")
 KEPT_RECORD = Path("docs") / "run_record.json"  # the record README's run time comes from, committed
 PLAN_CONFIGS = ["configs/paper.yaml", "configs/llama2-7b.yaml"]  # make plan's default (the Makefile's CONFIGS)
 
@@ -658,6 +660,14 @@ def plan_text(report: dict) -> str:
         "from this checkout by `make docs`).")
 
 
+def plan_output(report: dict) -> str:
+    """docs/plan.md's block: what `make plan` prints for `PLAN_CONFIGS`, as a text block (`render_text`), the
+    configuration files named as make plan names them, however the report was computed."""
+    from arithmech.tools.plan import render_text
+
+    return "```text\n" + render_text({**report, "config_files": ["config.yaml", *PLAN_CONFIGS]}) + "```\n"
+
+
 def paragraph(text: str) -> str:
     """`text` wrapped as README's own paragraphs are (lines of at most 115 characters), with its newline."""
     return textwrap.fill(text, width=115, break_long_words=False, break_on_hyphens=False) + "\n"
@@ -669,10 +679,11 @@ def relative_folder(folder, start) -> str:
 
 
 def make_docs(*, results_dir, model: str, tasks: list[str], readme, out_md, figures_dir, kept_record=None,
-              plan_report: Callable[[], dict] | None = None) -> None:
+              plan_report: Callable[[], dict] | None = None, plan_page=None) -> None:
     """Fill README's scorecard block and write docs/results.md and docs/figures/ from results/{model}/. With
     `kept_record` (docs/run_record.json): README's run-time block (`headline_run`, `run_time_text`); with
-    `plan_report` (called once: `make plan`'s report of `PLAN_CONFIGS`): its plan block (`plan_text`)."""
+    `plan_report` (called once: `make plan`'s report of `PLAN_CONFIGS`): its plan block (`plan_text`), and with
+    `plan_page` (docs/plan.md) that page's block of the whole plan (`plan_output`)."""
     root = Path(results_dir) / model
     require(root / "claims.parquet")
     readme = Path(readme)
@@ -686,11 +697,18 @@ def make_docs(*, results_dir, model: str, tasks: list[str], readme, out_md, figu
         record = headline_run(Path(results_dir) / RECORD.name, Path(kept_record))
         link = Path(os.path.relpath(Path(kept_record).resolve(), readme.parent.resolve())).as_posix()
         text = replace_block(text, run_time_text(record, link), str(readme), RUN_TIME_MARKERS)
+    plan_page_text = None
     if plan_report is not None:
-        text = replace_block(text, plan_text(plan_report()), str(readme), PLAN_MARKERS)
+        report = plan_report()
+        text = replace_block(text, plan_text(report), str(readme), PLAN_MARKERS)
+        if plan_page is not None:
+            plan_page_text = replace_block(require(Path(plan_page)).read_text(), plan_output(report), str(plan_page),
+                                           PLAN_OUTPUT_MARKERS)
     copy_figures(root, figures, Path(figures_dir))
     write_if_changed(Path(out_md), page)
     write_if_changed(readme, text)
+    if plan_page_text is not None:
+        write_if_changed(Path(plan_page), plan_page_text)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -701,6 +719,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--readme", default="README.md")
     parser.add_argument("--out", default="docs/results.md")
     parser.add_argument("--figures", default="docs/figures")
+    parser.add_argument("--plan-page", default="docs/plan.md", help="the page with the whole plan's block")
     parser.add_argument("--run-record", default=str(KEPT_RECORD),
                         help="the kept record of README's run time (updated from RESULTS/run_record.json)")
     args = parser.parse_args(argv)
@@ -716,12 +735,13 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         make_docs(results_dir=args.results, model=model, tasks=list(config["run"]["tasks"]), readme=args.readme,
-                  out_md=args.out, figures_dir=args.figures, kept_record=args.run_record, plan_report=paper_plan)
+                  out_md=args.out, figures_dir=args.figures, kept_record=args.run_record, plan_report=paper_plan,
+                  plan_page=args.plan_page)
     except (MissingResults, ValueError, PlanError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
     print(f"make docs: {args.readme} (scorecard, run time and plan blocks), {args.out} and {args.figures}/ from "
-          f"{args.results}/{model}/")
+          f"{args.results}/{model}/; {args.plan_page}'s plan")
     record = read_record(Path(args.results) / RECORD.name)
     if record is not None and not record.get("from_scratch"):
         print(f"{args.results}/{RECORD.name} is a partial run ({record['jobs_run']} jobs): README's run time is the "
