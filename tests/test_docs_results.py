@@ -425,8 +425,9 @@ def test_the_run_time_and_plan_blocks_come_from_the_record_and_the_plan(tmp_path
     assert json.loads(kept.read_text()) == RECORD  # kept for the checkout: README's number has its source in git
     run_time = " ".join(_block(text, RUN_TIME_MARKERS).split())
     assert run_time.startswith("**`make run`** took 25 min 2 s for its 80 jobs (every job of the workflow) on "
-                               "2026-11-28 on AMD EPYC 7B13, 2 cores, 8 GiB, Linux, no GPU (`.venv/bin/snakemake")
-    assert "arithmech 0.1.0; commit 0123456789)" in run_time and "[docs/run_record.json](docs/run_record.json)" in run_time
+                               "2026-11-28: `.venv/bin/snakemake --cores 2 --max-threads 1` once `.venv` was set up, "
+                               "on AMD EPYC 7B13, 2 cores, 8 GiB, Linux, no GPU; arithmech 0.1.0; commit 0123456789.")
+    assert "[docs/run_record.json](docs/run_record.json), written by `make run`;" in run_time
     assert "141 jobs, 102 of them on a GPU, and 5.19 GPU hours at an assumed 100 TFLOP/s" in " ".join(
         _block(text, PLAN_MARKERS).split())
     assert "typed by hand" not in text and "More text after the block.\n" in text  # the rest untouched

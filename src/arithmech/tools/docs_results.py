@@ -20,6 +20,7 @@ import argparse
 import filecmp
 import json
 import os
+import re
 import shutil
 import sys
 import textwrap
@@ -644,9 +645,10 @@ def run_time_text(record: dict | None, kept_record: str = str(KEPT_RECORD)) -> s
              if record.get("commit") else ""]
     return paragraph(
         f"**`make run`** took {duration_text(record['seconds'])} for its {record['jobs_run']} jobs (every job of the "
-        f"workflow) on {record['date']} on {machine_text(record['machine'])} (`{record['command']}` once `.venv` "
-        f"was set up" + "".join(f"; {b}" for b in build if b) + f"). Record: [{kept_record}]({kept_record}), "
-        f"{record['recorded_by']}; earlier runs: [docs/performance.md](docs/performance.md).")
+        f"workflow) on {record['date']}: `{record['command']}` once `.venv` was set up, on "
+        f"{machine_text(record['machine'])}" + "".join(f"; {b}" for b in build if b) + f". Record: "
+        f"[{kept_record}]({kept_record}), {record['recorded_by']}; earlier runs: "
+        "[docs/performance.md](docs/performance.md).")
 
 
 def plan_text(report: dict) -> str:
@@ -669,8 +671,10 @@ def plan_output(report: dict) -> str:
 
 
 def paragraph(text: str) -> str:
-    """`text` wrapped as README's own paragraphs are (lines of at most 115 characters), with its newline."""
-    return textwrap.fill(text, width=115, break_long_words=False, break_on_hyphens=False) + "\n"
+    """`text` wrapped as README's own paragraphs are (lines of at most 115 characters), with its newline; a
+    `code span` stays on one line, so that a command reads as one."""
+    kept = re.sub(r"`[^`]*`", lambda m: m.group(0).replace(" ", "\0"), text)
+    return textwrap.fill(kept, width=115, break_long_words=False, break_on_hyphens=False).replace("\0", " ") + "\n"
 
 
 def relative_folder(folder, start) -> str:
@@ -741,7 +745,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 1
     print(f"make docs: {args.readme} (scorecard, run time and plan blocks), {args.out} and {args.figures}/ from "
-          f"{args.results}/{model}/; {args.plan_page}'s plan")
+          f"{args.results}/{model}; the plan's block in {args.plan_page}")
     record = read_record(Path(args.results) / RECORD.name)
     if record is not None and not record.get("from_scratch"):
         print(f"{args.results}/{RECORD.name} is a partial run ({record['jobs_run']} jobs): README's run time is the "
