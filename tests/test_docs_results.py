@@ -461,10 +461,12 @@ def test_without_a_record_the_run_time_is_said_not_measured(tmp_path):
     assert "has not been measured on this checkout" in readme.read_text() and not kept.exists()
 
 
-def test_a_readme_without_the_run_time_block_is_an_error(tmp_path):
-    (tmp_path / "README.md").write_text(README)
-    with pytest.raises(ValueError, match="GENERATED: run time"):
+@pytest.mark.parametrize("left_out", [RUN_TIME_MARKERS, PLAN_MARKERS])
+def test_a_readme_without_a_numbers_block_is_an_error_and_nothing_is_written(tmp_path, left_out):
+    (tmp_path / "README.md").write_text(NUMBERS_README.replace(left_out[0], "").replace(left_out[1], ""))
+    with pytest.raises(ValueError, match=left_out[0].split(" (")[0].removeprefix("<!-- ")):
         _numbers_docs(tmp_path, RECORD)
+    assert not (tmp_path / "docs/run_record.json").exists() and not (tmp_path / "docs/results.md").exists()
 
 
 def test_readme_run_time_is_the_kept_records():

@@ -621,11 +621,10 @@ def own_circuit_block(root: Path, tasks: list[str], link) -> str:
 
 def headline_run(results_record: Path, kept_record: Path) -> dict | None:
     """The record README's run time comes from: the last complete run `results_record` knows (a partial re-run
-    keeps it, `run_record.last_complete`) when it started after the one in `kept_record`, which it then replaces;
-    else `kept_record`'s; None when neither has one."""
+    keeps it, `run_record.last_complete`) when it started after the one in `kept_record` (which `make_docs` then
+    replaces with it), else `kept_record`'s; None when neither has one."""
     found, kept = last_complete(read_record(results_record)), read_record(kept_record)
     if found is not None and (kept is None or _started(found) > _started(kept)):
-        write_if_changed(kept_record, json.dumps(found, indent=2, sort_keys=True) + "\n")
         return found
     return kept
 
@@ -697,6 +696,7 @@ def make_docs(*, results_dir, model: str, tasks: list[str], readme, out_md, figu
     page = results_markdown(root, model, tasks, figures, relative_folder(figures_dir, Path(out_md).parent))
     block = scorecard_block(root, model, tasks, figures, relative_folder(figures_dir, readme.parent))
     text = replace_block(text, block, str(readme))
+    record = None
     if kept_record is not None:
         record = headline_run(Path(results_dir) / RECORD.name, Path(kept_record))
         link = Path(os.path.relpath(Path(kept_record).resolve(), readme.parent.resolve())).as_posix()
@@ -706,10 +706,13 @@ def make_docs(*, results_dir, model: str, tasks: list[str], readme, out_md, figu
         report = plan_report()
         text = replace_block(text, plan_text(report), str(readme), PLAN_MARKERS)
         if plan_page is not None:
-            plan_page_text = replace_block(require(Path(plan_page)).read_text(), plan_output(report), str(plan_page),
+            plan_page_text = replace_block(Path(plan_page).read_text(), plan_output(report), str(plan_page),
                                            PLAN_OUTPUT_MARKERS)
+    # everything computed: now written, README's run time together with the record it comes from
     copy_figures(root, figures, Path(figures_dir))
     write_if_changed(Path(out_md), page)
+    if record is not None:
+        write_if_changed(Path(kept_record), json.dumps(record, indent=2, sort_keys=True) + "\n")
     write_if_changed(readme, text)
     if plan_page_text is not None:
         write_if_changed(Path(plan_page), plan_page_text)
