@@ -29,8 +29,10 @@ THREADS ?= 1
 # at the end. TEST_ARGS= runs it in one process.
 TEST_ARGS ?= -n $(CORES) --dist loadfile --durations=25
 
+# arithmech.tools.run_record runs that command as it is and, when it succeeds, writes results/run_record.json: its
+# wall time, jobs, machine and commit, and whether it ran every job of the workflow (README's run time: make docs).
 run: $(STAMP)
-	$(BIN)/snakemake --cores $(CORES) --max-threads $(THREADS)
+	$(BIN)/python -m arithmech.tools.run_record -- $(BIN)/snakemake --cores $(CORES) --max-threads $(THREADS)
 
 # The powered precise-SFT study (configs/sft-study.yaml) on the default model; reuses the identify stage.
 # Exactly the command README gives: Snakemake compares dict params in key order, and listing config.yaml
@@ -121,7 +123,11 @@ report: $(STAMP)
 	$(BIN)/snakemake --cores $(CORES) --report results/report.html
 
 # README's scorecard block, docs/results.md and docs/figures/ from results/ of the config's first model
-# (MODEL=name for another). Generated, not typed: after `make run`, `make docs` leaves git status clean.
+# (MODEL=name for another); README's run time of `make run` from results/run_record.json (a complete run newer than
+# docs/run_record.json replaces it) and the paper plan's jobs and GPU hours (make plan's, computed here, about 20 s;
+# the whole plan in docs/plan.md).
+# Generated, not typed: after `make run`, `make docs` leaves git status clean but for the run time, which differs on
+# every run (its block and docs/run_record.json).
 docs: $(STAMP)
 	$(BIN)/python -m arithmech.tools.docs_results $(if $(MODEL),--model $(MODEL))
 

@@ -1,15 +1,20 @@
 """`make docs` (arithmech.tools.docs_results): README's scorecard block and docs/results.md generated from a results
 tree, the same bytes every time, README untouched outside its markers, a clear error when results are absent."""
 
+import json
 import re
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 
 from arithmech.interp import effects as fx
-from arithmech.tools.docs_results import BEGIN, END, MissingResults, main, make_docs, replace_block
+from arithmech.tools.docs_results import (BEGIN, END, KEPT_RECORD, PLAN_CONFIGS, PLAN_MARKERS, PLAN_OUTPUT_MARKERS,
+                                         RUN_TIME_MARKERS, MissingResults, main, make_docs, plan_output, plan_text,
+                                         replace_block, run_time_text)
 from arithmech.io import write_parquet
+from arithmech.tools.run_record import read_record
 from claims_example import example_claims
 from test_findings import knockout_table, study_tables, write_figure
 
@@ -206,9 +211,9 @@ def test_a_timing_is_left_out_of_the_docs(tmp_path):
     so that `make docs` after a re-run writes the same bytes."""
     results_tree(tmp_path / "results")
     readme, out, _ = _docs(tmp_path, tmp_path / "results")
-    for text in (readme.read_text(), out.read_text()):
+    for text in (readme.read_text(), out.read_text()):  # README's block and the page, each
         assert "3.3x" not in text.replace("3.3x faster", "")  # the paper's number stays, the measured 3.29 goes
-        assert "results/m/claims.md of your run" in out.read_text()
+        assert "3.29" not in text and "results/m/claims.md of your run" in text
 
 
 def _circuit_tables(model, task: str, key_logit: float) -> None:
@@ -351,3 +356,149 @@ def test_docs_without_discover_outputs_say_the_rule_has_not_run(tmp_path):
     section = out.read_text().split("## The model's own circuit (discover)\n")[1].split("\n## ")[0]
     assert "The discover rule has not run on these results (no `discover/summary.parquet`)" in section
     assert "own circuit" not in readme.read_text() and not any("discover" in p.name for p in figures.iterdir())
+
+
+# ---------------------------------------------------------------------------------------------------
+# README's run time of `make run` and the paper plan's jobs and GPU hours: generated, never typed
+
+ROOT = Path(__file__).resolve().parents[1]
+NUMBERS_README = README + f"""
+{RUN_TIME_MARKERS[0]}
+**`make run`** takes about half an hour: 26 min 2 s for its 80 jobs, typed by hand
+{RUN_TIME_MARKERS[1]}
+
+{PLAN_MARKERS[0]}
+5.19 GPU hours, typed by hand
+{PLAN_MARKERS[1]}
+"""
+# A record as `make run` (arithmech.tools.run_record) writes it, complete
+RECORD = {"recorded_by": "written by `make run`", "started": "2026-11-28T09:00:00Z", "date": "2026-11-28",
+          "seconds": 1501.6, "command": ".venv/bin/snakemake --cores 2 --max-threads 1", "jobs_run": 80,
+          "jobs_at_start": 80, "workflow_jobs": 80, "from_scratch": True,
+          "machine": {"cpu": "AMD EPYC 7B13", "cores": 2, "memory_gib": 8, "system": "Linux", "gpus": []},
+          "arithmech": "0.1.0", "commit": "0123456789abcdef0123456789abcdef01234567", "dirty": False}
+PLAN = {"totals": {"jobs": 141, "gpu_jobs": 102, "gpu_hours": 5.18607, "gpu_gb": 66.84, "host_gb": 17.72},
+        "throughput": {"tflops": 100.0, "bandwidth": 1.5, "startup_s": 60.0, "gpu_memory_gb": 80.0},
+        "config_files": ["config.yaml", "/somewhere/configs/paper.yaml"], "models": {}, "rules": [], "warnings": []}
+PLAN_PAGE = f"# The cost plan\n\n{PLAN_OUTPUT_MARKERS[0]}\nan old plan: 8.3 GPU hours\n{PLAN_OUTPUT_MARKERS[1]}\n\nMore.\n"
+
+
+def _block(text: str, markers: tuple[str, str]) -> str:
+    return text.split(markers[0] + "\n")[1].split(markers[1])[0]
+
+
+def _numbers_docs(tmp_path, record: dict | None, plans: list | None = None):
+    """make docs on a results tree whose results/run_record.json is `record` (None: none), README with the run-time
+    and plan blocks; returns (README, the kept record docs/run_record.json)."""
+    results, readme, kept = tmp_path / "results", tmp_path / "README.md", tmp_path / "docs/run_record.json"
+    page = tmp_path / "docs/plan.md"
+    if not (results / "m").is_dir():
+        results_tree(results)
+        page.parent.mkdir(parents=True, exist_ok=True)
+        page.write_text(PLAN_PAGE)
+    if not readme.exists():
+        readme.write_text(NUMBERS_README)
+    (results / "run_record.json").unlink(missing_ok=True)
+    if record is not None:
+        (results / "run_record.json").write_text(json.dumps(record))
+
+    def plan_report():
+        if plans is not None:
+            plans.append(1)
+        return PLAN
+
+    make_docs(results_dir=results, model="m", tasks=TASKS, readme=readme, out_md=tmp_path / "docs/results.md",
+              figures_dir=tmp_path / "docs/figures", kept_record=kept, plan_report=plan_report, plan_page=page)
+    return readme, kept
+
+
+def test_the_run_time_and_plan_blocks_come_from_the_record_and_the_plan(tmp_path):
+    plans = []
+    readme, kept = _numbers_docs(tmp_path, RECORD, plans)
+    text = readme.read_text()
+    assert _block(text, RUN_TIME_MARKERS) == run_time_text(RECORD, "docs/run_record.json")
+    assert _block(text, PLAN_MARKERS) == plan_text(PLAN) and plans == [1]  # the plan computed once
+    page = (tmp_path / "docs/plan.md").read_text()  # docs/plan.md: the whole plan, as make plan prints it
+    assert _block(page, PLAN_OUTPUT_MARKERS) == plan_output(PLAN) and page.endswith("\n\nMore.\n")
+    assert "8.3 GPU hours" not in page and "```text\narithmech cost plan: config.yaml + configs/paper.yaml + " in page
+    assert "total: 141 jobs, 102 on a GPU, 5.19 GPU hours" in page
+    assert json.loads(kept.read_text()) == RECORD  # kept for the checkout: README's number has its source in git
+    run_time = " ".join(_block(text, RUN_TIME_MARKERS).split())
+    assert run_time.startswith("**`make run`** took 25 min 2 s for its 80 jobs (every job of the workflow) on "
+                               "2026-11-28: `.venv/bin/snakemake --cores 2 --max-threads 1` once `.venv` was set up, "
+                               "on AMD EPYC 7B13, 2 cores, 8 GiB, Linux, no GPU; arithmech 0.1.0; commit 0123456789.")
+    assert "[docs/run_record.json](docs/run_record.json), written by `make run`;" in run_time
+    assert "141 jobs, 102 of them on a GPU, and 5.19 GPU hours at an assumed 100 TFLOP/s" in " ".join(
+        _block(text, PLAN_MARKERS).split())
+    assert "typed by hand" not in text and "More text after the block.\n" in text  # the rest untouched
+    lines = (_block(text, RUN_TIME_MARKERS) + _block(text, PLAN_MARKERS)).splitlines()
+    assert len(lines) > 2 and all(len(line) <= 115 for line in lines)  # wrapped as README's own paragraphs
+    first = readme.read_bytes(), kept.read_bytes(), page
+    _numbers_docs(tmp_path, RECORD)
+    assert (readme.read_bytes(), kept.read_bytes(), (tmp_path / "docs/plan.md").read_text()) == first  # again
+
+
+def test_a_partial_rerun_leaves_the_run_time_to_the_last_complete_run(tmp_path):
+    _numbers_docs(tmp_path, RECORD)
+    partial = {**RECORD, "started": "2026-11-29T09:00:00Z", "date": "2026-11-29", "seconds": 60.0, "jobs_run": 3,
+               "jobs_at_start": 3, "from_scratch": False, "last_complete": RECORD}
+    readme, kept = _numbers_docs(tmp_path, partial)
+    assert json.loads(kept.read_text()) == RECORD and "25 min 2 s for its 80 jobs" in readme.read_text()
+    older = {**RECORD, "started": "2026-11-20T09:00:00Z", "date": "2026-11-20", "seconds": 100.0}
+    readme, kept = _numbers_docs(tmp_path, older)  # a complete run older than the kept one does not replace it
+    assert json.loads(kept.read_text()) == RECORD
+    newer = {**RECORD, "started": "2026-11-30T09:00:00Z", "date": "2026-11-30", "seconds": 1400.0}
+    readme, kept = _numbers_docs(tmp_path, {**partial, "last_complete": newer})  # its kept complete run is newer
+    assert json.loads(kept.read_text()) == newer and "23 min 20 s for its 80 jobs" in readme.read_text()
+
+
+def test_without_a_record_the_run_time_is_said_not_measured(tmp_path):
+    readme, kept = _numbers_docs(tmp_path, None)
+    block = " ".join(_block(readme.read_text(), RUN_TIME_MARKERS).split())
+    assert "has not been measured on this checkout" in block and not kept.exists()
+    assert not re.search(r"\d+ min \d+ s", block)
+    readme, kept = _numbers_docs(tmp_path, {**RECORD, "from_scratch": False})  # a partial run alone: the same
+    assert "has not been measured on this checkout" in readme.read_text() and not kept.exists()
+
+
+@pytest.mark.parametrize("left_out", [RUN_TIME_MARKERS, PLAN_MARKERS])
+def test_a_readme_without_a_numbers_block_is_an_error_and_nothing_is_written(tmp_path, left_out):
+    (tmp_path / "README.md").write_text(NUMBERS_README.replace(left_out[0], "").replace(left_out[1], ""))
+    with pytest.raises(ValueError, match=left_out[0].split(" (")[0].removeprefix("<!-- ")):
+        _numbers_docs(tmp_path, RECORD)
+    assert not (tmp_path / "docs/run_record.json").exists() and not (tmp_path / "docs/results.md").exists()
+
+
+def test_readme_run_time_is_the_kept_records():
+    """README's run time, job count, date and machine are those of docs/run_record.json, as make docs writes them
+    (README's plan block against the plan: tests/test_plan.py)."""
+    record = read_record(ROOT / KEPT_RECORD)
+    assert record is not None and record["from_scratch"] and record["jobs_run"] == record["workflow_jobs"]
+    readme = (ROOT / "README.md").read_text()
+    assert _block(readme, RUN_TIME_MARKERS) == run_time_text(record, "docs/run_record.json")
+
+
+def _outside_generated_blocks(text: str) -> str:
+    return re.sub(r"<!-- BEGIN GENERATED: (.+?) \(.*?-->.*?<!-- END GENERATED: \1 -->", "", text, flags=re.S)
+
+
+# How the run time of `make run` and the paper plan's totals were once typed by hand
+RUN_TIME_TYPED = [r"\d+ min \d+ s for (its )?\d+ jobs", r"\d+ min \d+ s (default )?run\b"]
+PLAN_TYPED = [r"\d+(\.\d+)? GPU hours", r"\d+ jobs, \d+ (of them )?on a GPU"]
+
+
+@pytest.mark.parametrize("name,patterns", [("README.md", RUN_TIME_TYPED + PLAN_TYPED),
+                                           ("docs/circuit.md", RUN_TIME_TYPED)])
+def test_no_run_time_or_plan_total_is_typed_outside_the_generated_blocks(name, patterns):
+    text = _outside_generated_blocks((ROOT / name).read_text())
+    assert "GENERATED" not in text  # every block closed, so all were removed
+    typed = [m.group(0) for pattern in patterns for m in re.finditer(pattern, " ".join(text.split()))]
+    assert not typed, f"{name} types {typed}: take them from a generated block (make docs) or link to one"
+    assert not _outside_generated_blocks("a <!-- BEGIN GENERATED: plan (make docs) -->\n5.19 GPU hours\n"
+                                         "<!-- END GENERATED: plan --> b").count("GPU hours")
+
+
+def test_the_plan_block_names_make_plans_default():
+    """The Makefile's CONFIGS default (what `make plan` plans) is what README's plan block is computed for."""
+    default = re.search(r"^CONFIGS \?= (.+)$", (ROOT / "Makefile").read_text(), flags=re.M).group(1).split()
+    assert default == PLAN_CONFIGS

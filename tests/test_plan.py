@@ -100,6 +100,19 @@ def test_job_counts_are_the_dry_runs(key, files, reports, tmp_path):
     assert reports[key]["totals"]["jobs"] == sum(planned.values())
 
 
+def test_readme_gives_the_paper_plans_totals(reports):
+    """README's plan block (jobs, GPU jobs, GPU hours, peak memory) and docs/plan.md's whole plan are what `make
+    docs` writes from this plan: a change to the planner, the workflow or configs/paper.yaml that moves a number
+    fails here until `make docs` is run."""
+    from arithmech.tools.docs_results import PLAN_CONFIGS, PLAN_MARKERS, PLAN_OUTPUT_MARKERS, plan_output, plan_text
+
+    assert PAPER == PLAN_CONFIGS
+    for page, markers, expected in (("README.md", PLAN_MARKERS, plan_text(reports["paper"])),
+                                    ("docs/plan.md", PLAN_OUTPUT_MARKERS, plan_output(reports["paper"]))):
+        text = (ROOT / page).read_text()
+        assert text.split(markers[0] + "\n")[1].split(markers[1])[0] == expected, f"{page}: run make docs"
+
+
 def test_paper_plan_is_plausible(reports):
     """LLaMA2-7B under configs/paper.yaml: GPU rules cost hours, CPU rules none; full fine-tuning needs more
     than one 80 GB GPU (float32 weights, gradients and AdamW state: 16 bytes a parameter, 108 GB, with FSDP2)

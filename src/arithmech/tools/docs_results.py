@@ -3,6 +3,12 @@ results/ so that no number is typed by hand. Running it twice on the same result
 date of the run, figures copied only when they differ, sorted outputs), so after a default run
 `git status` shows whether the committed docs still say what the workflow finds.
 
+README's two other generated blocks: the run time of `make run` (`run_time_text`: the last complete run that
+results/run_record.json knows, written by `make run` (arithmech.tools.run_record), kept in docs/run_record.json when
+it is newer than the one there; a timing, so it is the one block a re-run on another machine changes) and the
+paper plan's jobs and GPU hours (`plan_text`: `make plan`'s default configuration, computed from the checkout),
+whose whole output is docs/plan.md's block (`plan_output`).
+
     python -m arithmech.tools.docs_results [--model NAME] [--config config.yaml] [--results results]
 
 Torch-free: reads Parquet tables and copies PNGs.
@@ -12,10 +18,14 @@ from __future__ import annotations
 
 import argparse
 import filecmp
+import json
 import os
+import re
 import shutil
 import sys
+import textwrap
 from pathlib import Path
+from typing import Callable
 
 import pandas as pd
 import yaml
@@ -27,9 +37,15 @@ from arithmech.report.verdicts import TIMING_CLAIMS, fell_back
 from arithmech.io import atomic_path
 from arithmech.report.scorecard import claims_markdown, verdict_counts
 from arithmech.report.tables import markdown_table
+from arithmech.tools.run_record import RECORD, duration_text, last_complete, machine_text, read_record
 
 BEGIN = "<!-- BEGIN GENERATED: scorecard (make docs) -->"
 END = "<!-- END GENERATED: scorecard -->"
+RUN_TIME_MARKERS = ("<!-- BEGIN GENERATED: run time (make docs) -->", "<!-- END GENERATED: run time -->")
+PLAN_MARKERS = ("<!-- BEGIN GENERATED: plan (make docs) -->", "<!-- END GENERATED: plan -->")
+PLAN_OUTPUT_MARKERS = ("<!-- BEGIN GENERATED: plan output (make docs) -->", "<!-- END GENERATED: plan output -->")
+KEPT_RECORD = Path("docs") / "run_record.json"  # the record README's run time comes from, committed
+PLAN_CONFIGS = ["configs/paper.yaml", "configs/llama2-7b.yaml"]  # make plan's default (the Makefile's CONFIGS)
 
 
 class MissingResults(FileNotFoundError):
@@ -599,13 +615,78 @@ def own_circuit_block(root: Path, tasks: list[str], link) -> str:
             + (f" Figures: {', '.join(figures)}." if figures else "") + "\n")
 
 
+# ---------------------------------------------------------------------------------------------------
+# README's numbers that a command produces: the run time of `make run` and the paper plan
+
+
+def headline_run(results_record: Path, kept_record: Path) -> dict | None:
+    """The record README's run time comes from: the last complete run `results_record` knows (a partial re-run
+    keeps it, `run_record.last_complete`) when it started after the one in `kept_record` (which `make_docs` then
+    replaces with it), else `kept_record`'s; None when neither has one."""
+    found, kept = last_complete(read_record(results_record)), read_record(kept_record)
+    if found is not None and (kept is None or _started(found) > _started(kept)):
+        return found
+    return kept
+
+
+def _started(record: dict) -> str:
+    return record.get("started") or record["date"]  # ISO 8601 text: in time order
+
+
+def run_time_text(record: dict | None, kept_record: str = str(KEPT_RECORD)) -> str:
+    """README's sentence on the run time of `make run`, from its record (`headline_run`); without one it says
+    that the time has not been measured on this checkout."""
+    if record is None:
+        return paragraph("**`make run`**: its run time has not been measured on this checkout. `make run` writes it "
+                         f"to `{RECORD}` when it ends, and `make docs` puts a complete run's time here.")
+    build = [f"arithmech {record['arithmech']}" if record.get("arithmech") else "",
+             f"commit {record['commit'][:10]}" + (" with local changes" if record.get("dirty") else "")
+             if record.get("commit") else ""]
+    return paragraph(
+        f"**`make run`** took {duration_text(record['seconds'])} for its {record['jobs_run']} jobs (every job of the "
+        f"workflow) on {record['date']}: `{record['command']}` once `.venv` was set up, on "
+        f"{machine_text(record['machine'])}" + "".join(f"; {b}" for b in build if b) + f". Record: "
+        f"[{kept_record}]({kept_record}), {record['recorded_by']}; earlier runs: "
+        "[docs/performance.md](docs/performance.md).")
+
+
+def plan_text(report: dict) -> str:
+    """README's sentence on the paper plan: the totals of `make plan`'s report (`arithmech.tools.plan.plan`) for
+    its default configuration, `PLAN_CONFIGS`."""
+    total, throughput = report["totals"], report["throughput"]
+    return paragraph(
+        f"For `{' '.join(PLAN_CONFIGS)}`, `make plan` gives {total['jobs']} jobs, {total['gpu_jobs']} of them on a "
+        f"GPU, and {total['gpu_hours']:.2f} GPU hours at an assumed {throughput['tflops']:g} TFLOP/s; its largest "
+        f"job needs {total['gpu_gb']:.1f} GB of GPU memory and {total['host_gb']:.1f} GB of host memory (computed "
+        "from this checkout by `make docs`).")
+
+
+def plan_output(report: dict) -> str:
+    """docs/plan.md's block: what `make plan` prints for `PLAN_CONFIGS`, as a text block (`render_text`), the
+    configuration files named as make plan names them, however the report was computed."""
+    from arithmech.tools.plan import render_text
+
+    return "```text\n" + render_text({**report, "config_files": ["config.yaml", *PLAN_CONFIGS]}) + "```\n"
+
+
+def paragraph(text: str) -> str:
+    """`text` wrapped as README's own paragraphs are (lines of at most 115 characters), with its newline; a
+    `code span` stays on one line, so that a command reads as one."""
+    kept = re.sub(r"`[^`]*`", lambda m: m.group(0).replace(" ", "\0"), text)
+    return textwrap.fill(kept, width=115, break_long_words=False, break_on_hyphens=False).replace("\0", " ") + "\n"
+
+
 def relative_folder(folder, start) -> str:
     """`folder` as seen from `start`, with a trailing slash: "figures/"."""
     return Path(os.path.relpath(Path(folder).resolve(), Path(start).resolve())).as_posix() + "/"
 
 
-def make_docs(*, results_dir, model: str, tasks: list[str], readme, out_md, figures_dir) -> None:
-    """Fill README's scorecard block and write docs/results.md and docs/figures/ from results/{model}/."""
+def make_docs(*, results_dir, model: str, tasks: list[str], readme, out_md, figures_dir, kept_record=None,
+              plan_report: Callable[[], dict] | None = None, plan_page=None) -> None:
+    """Fill README's scorecard block and write docs/results.md and docs/figures/ from results/{model}/. With
+    `kept_record` (docs/run_record.json): README's run-time block (`headline_run`, `run_time_text`); with
+    `plan_report` (called once: `make plan`'s report of `PLAN_CONFIGS`): its plan block (`plan_text`), and with
+    `plan_page` (docs/plan.md) that page's block of the whole plan (`plan_output`)."""
     root = Path(results_dir) / model
     require(root / "claims.parquet")
     readme = Path(readme)
@@ -614,9 +695,27 @@ def make_docs(*, results_dir, model: str, tasks: list[str], readme, out_md, figu
     # figure links relative to the file that shows them
     page = results_markdown(root, model, tasks, figures, relative_folder(figures_dir, Path(out_md).parent))
     block = scorecard_block(root, model, tasks, figures, relative_folder(figures_dir, readme.parent))
+    text = replace_block(text, block, str(readme))
+    record = None
+    if kept_record is not None:
+        record = headline_run(Path(results_dir) / RECORD.name, Path(kept_record))
+        link = Path(os.path.relpath(Path(kept_record).resolve(), readme.parent.resolve())).as_posix()
+        text = replace_block(text, run_time_text(record, link), str(readme), RUN_TIME_MARKERS)
+    plan_page_text = None
+    if plan_report is not None:
+        report = plan_report()
+        text = replace_block(text, plan_text(report), str(readme), PLAN_MARKERS)
+        if plan_page is not None:
+            plan_page_text = replace_block(Path(plan_page).read_text(), plan_output(report), str(plan_page),
+                                           PLAN_OUTPUT_MARKERS)
+    # everything computed: now written, README's run time together with the record it comes from
     copy_figures(root, figures, Path(figures_dir))
     write_if_changed(Path(out_md), page)
-    write_if_changed(readme, replace_block(text, block, str(readme)))
+    if record is not None:
+        write_if_changed(Path(kept_record), json.dumps(record, indent=2, sort_keys=True) + "\n")
+    write_if_changed(readme, text)
+    if plan_page_text is not None:
+        write_if_changed(Path(plan_page), plan_page_text)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -627,16 +726,33 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--readme", default="README.md")
     parser.add_argument("--out", default="docs/results.md")
     parser.add_argument("--figures", default="docs/figures")
+    parser.add_argument("--plan-page", default="docs/plan.md", help="the page with the whole plan's block")
+    parser.add_argument("--run-record", default=str(KEPT_RECORD),
+                        help="the kept record of README's run time (updated from RESULTS/run_record.json)")
     args = parser.parse_args(argv)
     config = yaml.safe_load(Path(args.config).read_text())
     model = args.model or config["run"]["models"][0]
+
+    def paper_plan() -> dict:
+        from arithmech.tools.plan import plan
+
+        return plan(PLAN_CONFIGS, root=Path.cwd())
+
+    from arithmech.tools.plan import PlanError
+
     try:
         make_docs(results_dir=args.results, model=model, tasks=list(config["run"]["tasks"]), readme=args.readme,
-                  out_md=args.out, figures_dir=args.figures)
-    except (MissingResults, ValueError) as err:
+                  out_md=args.out, figures_dir=args.figures, kept_record=args.run_record, plan_report=paper_plan,
+                  plan_page=args.plan_page)
+    except (MissingResults, ValueError, PlanError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
-    print(f"make docs: {args.readme} (scorecard block), {args.out} and {args.figures}/ from {args.results}/{model}/")
+    print(f"make docs: {args.readme} (scorecard, run time and plan blocks), {args.out} and {args.figures}/ from "
+          f"{args.results}/{model}; the plan's block in {args.plan_page}")
+    record = read_record(Path(args.results) / RECORD.name)
+    if record is not None and not record.get("from_scratch"):
+        print(f"{args.results}/{RECORD.name} is a partial run ({record['jobs_run']} jobs): README's run time is the "
+              "last complete run's", file=sys.stderr)
     return 0
 
 

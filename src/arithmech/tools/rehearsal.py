@@ -39,7 +39,6 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import re
 import shutil
 import subprocess
@@ -59,6 +58,7 @@ from arithmech.model.tiny import build_tiny_model
 from arithmech.report.tables import markdown_table
 from arithmech.tools.docs_results import replace_block, write_if_changed
 from arithmech.tools.plan import data_path, load_config, plan, read_records
+from arithmech.tools.run_record import machine, machine_text
 
 PROFILE = Path("workflow") / "profiles" / "slurm"  # the workflow's SLURM profile, in the checkout
 # LLaMA2-7B: 32 layers, 32 heads of dimension 128 (no GQA), MLP width 11008 = 2.6875 x the model width.
@@ -356,21 +356,6 @@ def planned_jobs(report: dict) -> dict[str, int]:
     return counts
 
 
-def machine() -> str:
-    """This machine in words: CPU model, cores, memory (for the record beside a timing)."""
-    cpu = platform.processor() or platform.machine()
-    cpuinfo, meminfo = Path("/proc/cpuinfo"), Path("/proc/meminfo")
-    if cpuinfo.is_file():
-        names = [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines()
-                 if line.startswith("model name")]
-        cpu = names[0] if names else cpu
-    memory = ""
-    if meminfo.is_file():
-        kib = int(meminfo.read_text().split("MemTotal:", 1)[1].split()[0])
-        memory = f", {kib / 2**20:.0f} GiB"
-    return f"{cpu}, {os.cpu_count()} cores{memory}, {platform.system()}"
-
-
 def read_jobs(work: Path) -> tuple[pd.DataFrame, dict]:
     """(`job_table`, make plan's report: `plan_of`) of a rehearsal already run in `work` (jobs.tsv, plan.json)."""
     work = Path(work)
@@ -523,7 +508,8 @@ def run(work: Path, *, root: Path | None = None, size: str = "quick", jobs: int 
     table = job_table(submitted, sacct_usage([job for job, _, _ in submitted], env))
     table.to_csv(work / "jobs.tsv", sep="\t", index=False)
     meta = {"started": started.strftime("%Y-%m-%d %H:%M UTC"), "wall_s": round(wall_s, 1), "size": size,
-            "jobs": jobs, "machine": machine(), "snakemake_exit": proc.returncode, "targets": targets or [],
+            "jobs": jobs, "machine": machine_text(machine(gpus=False)), "snakemake_exit": proc.returncode,
+            "targets": targets or [],
             "command": " ".join(["python -m arithmech.tools.rehearsal", f"--size {size}", f"--jobs {jobs}",
                                  *([f"--seed-from {seed_from}"] if seed_from else []),
                                  *([f"--targets {' '.join(targets)}"] if targets else [])])}

@@ -1,0 +1,165 @@
+"""`make run`'s record (arithmech.tools.run_record) on a stand-in Snakemake: a successful run writes its time, jobs
+and machine, complete or flagged partial; a failed run writes nothing; the record is written whole or not at all;
+the command's output passes through."""
+
+import json
+import os
+import sys
+import textwrap
+
+import pytest
+
+from arithmech.tools import run_record
+from arithmech.tools.run_record import Progress, duration_text, last_complete, machine_text, main, record_run
+
+# A stand-in for snakemake: its dry run (--dry-run --forceall) prints the Job stats of WORKFLOW jobs; a run prints
+# the Job stats of AT_START jobs, then one "N of M steps" line per job (to stderr, as Snakemake logs), something on
+# stdout, and exits with EXIT. "Nothing to be done" when AT_START is 0.
+FAKE = textwrap.dedent("""
+    import os, sys
+    def stats(total):
+        print("Job stats:\\njob  count\\n---  -----\\nall      1\\ntotal    %d\\n" % total, file=sys.stderr)
+    if "--dry-run" in sys.argv:
+        assert "--forceall" in sys.argv
+        stats(int(os.environ["WORKFLOW"]))
+        sys.exit(0)
+    n = int(os.environ["AT_START"])
+    if not n:
+        print("Nothing to be done (all requested files are present and up to date).", file=sys.stderr)
+    else:
+        stats(n)
+    print("job output on stdout")
+    for i in range(1, n + 1):
+        print("%d of %d steps (%d%%) done" % (i, n, 100 * i // n), file=sys.stderr)
+    sys.exit(int(os.environ.get("EXIT", "0")))
+""")
+
+
+@pytest.fixture
+def fake(tmp_path, monkeypatch):
+    """The stand-in's command; set its job counts with `counts(workflow, at_start, exit)`."""
+    script = tmp_path / "fake_snakemake.py"
+    script.write_text(FAKE)
+
+    def counts(workflow: int, at_start: int, exit: int = 0) -> list[str]:
+        monkeypatch.setenv("WORKFLOW", str(workflow))
+        monkeypatch.setenv("AT_START", str(at_start))
+        monkeypatch.setenv("EXIT", str(exit))
+        return [sys.executable, str(script), "--cores", "2"]
+
+    monkeypatch.setattr(run_record, "cuda_devices", lambda: [])  # no torch import in these tests
+    return counts
+
+
+def test_a_complete_run_is_recorded(fake, tmp_path, capfd):
+    record = tmp_path / "results" / "run_record.json"
+    assert main(["--record", str(record), "--", *fake(workflow=5, at_start=5)]) == 0
+    got = json.loads(record.read_text())
+    assert got["jobs_run"] == 5 and got["jobs_at_start"] == 5 and got["workflow_jobs"] == 5
+    assert got["from_scratch"] is True and "last_complete" not in got
+    assert got["command"].endswith("fake_snakemake.py --cores 2") and got["seconds"] >= 0
+    assert got["date"] == got["started"][:10] and got["started"].endswith("Z")
+    assert got["machine"]["cores"] >= 1 and got["machine"]["gpus"] == [] and got["machine"]["cpu"]
+    assert got["arithmech"] and len(got["commit"]) == 40 and isinstance(got["dirty"], bool)  # the checkout's HEAD
+    out, err = capfd.readouterr()
+    assert "job output on stdout" in out and "5 of 5 steps (100%) done" in err  # Snakemake's output passes through
+    assert "every job of the workflow" in err
+
+
+def test_a_partial_rerun_is_flagged_and_keeps_the_complete_one(fake, tmp_path):
+    record = tmp_path / "run_record.json"
+    assert record_run(fake(workflow=5, at_start=5), record) == 0
+    complete = json.loads(record.read_text())
+    assert record_run(fake(workflow=5, at_start=2), record) == 0
+    partial = json.loads(record.read_text())
+    assert partial["from_scratch"] is False and partial["jobs_run"] == 2 and partial["workflow_jobs"] == 5
+    assert partial["last_complete"] == complete and last_complete(partial) == complete
+    assert record_run(fake(workflow=5, at_start=0), record) == 0  # nothing to be done: 0 jobs, still partial
+    nothing = json.loads(record.read_text())
+    assert nothing["jobs_run"] == 0 and nothing["from_scratch"] is False and last_complete(nothing) == complete
+
+
+def test_a_failed_run_writes_no_record(fake, tmp_path):
+    record = tmp_path / "run_record.json"
+    assert record_run(fake(workflow=5, at_start=5, exit=1), record) == 1
+    assert not record.exists() and not list(tmp_path.glob("*.tmp"))
+    assert record_run(fake(workflow=5, at_start=5), record) == 0
+    before = record.read_bytes()
+    assert record_run(fake(workflow=5, at_start=3, exit=3), record) == 3
+    assert record.read_bytes() == before  # the earlier run's record stays as it was
+
+
+def test_the_record_is_written_whole_or_not_at_all(fake, tmp_path, monkeypatch):
+    """A write that fails half-way leaves the earlier record and no temporary file (write to temp, then rename)."""
+    record = tmp_path / "run_record.json"
+    assert record_run(fake(workflow=5, at_start=5), record) == 0
+    before = record.read_bytes()
+
+    def broken_dumps(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(json, "dumps", broken_dumps)
+    with pytest.raises(OSError, match="disk full"):
+        record_run(fake(workflow=5, at_start=5), record)
+    assert record.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == [
+        "fake_snakemake.py", "run_record.json"]
+
+
+def test_without_a_workflow_count_a_run_is_not_complete(fake, tmp_path):
+    """When the dry run says nothing (it failed), the run's time is recorded but never becomes README's."""
+    record = tmp_path / "run_record.json"
+    command = fake(workflow=5, at_start=5)
+    assert record_run(command, record, count_workflow=False) == 0
+    assert json.loads(record.read_text())["from_scratch"] is False
+
+
+def test_progress_lines():
+    progress = Progress()
+    for line in ["Building DAG of jobs...", "Job stats:", "total                          80", "",
+                 "1 of 80 steps (1%) done", "Updating checkpoint dependencies.", "total   99",
+                 "80 of 81 steps (99%) done"]:
+        progress.feed(line + "\n")
+    assert (progress.jobs_at_start, progress.done, progress.of) == (80, 80, 81)
+
+
+def test_words():
+    assert duration_text(1492.4) == "24 min 52 s" and duration_text(42) == "42 s"
+    assert duration_text(3785) == "1 h 3 min 5 s"
+    assert machine_text({"cpu": "AMD EPYC 7B13", "cores": 2, "memory_gib": 8, "system": "Linux", "gpus": []}) == (
+        "AMD EPYC 7B13, 2 cores, 8 GiB, Linux, no GPU")
+    assert machine_text({"cpu": "x", "cores": 16, "system": "Linux", "gpus": ["NVIDIA H100"] * 2}).endswith(
+        "Linux, 2 x NVIDIA H100")
+    assert machine_text({"cpu": "x86-64", "cores": 2}) == "x86-64, 2 cores"  # GPUs unknown: not said
+
+
+def test_no_command_is_an_error(capsys):
+    with pytest.raises(SystemExit):
+        main(["--record", os.devnull])
+    assert "give the Snakemake command after --" in capsys.readouterr().err
+
+
+def test_a_real_snakemake_run_is_read(tmp_path, monkeypatch):
+    """Snakemake's own log lines (its Job stats and "N of M steps" lines, its dry run with --forceall) on a workflow
+    of three jobs: complete at first, then a re-run of one job flagged partial."""
+    monkeypatch.setattr(run_record, "cuda_devices", lambda: [])
+    (tmp_path / "Snakefile").write_text(textwrap.dedent("""
+        rule all:
+            input: "b.txt", "c.txt"
+        rule b:
+            output: "b.txt"
+            shell: "echo b > {output}"
+        rule c:
+            input: "b.txt"
+            output: "c.txt"
+            shell: "cat {input} > {output}"
+    """))
+    monkeypatch.chdir(tmp_path)
+    command = [sys.executable, "-m", "snakemake", "--cores", "1"]
+    record = tmp_path / "results" / "run_record.json"
+    assert record_run(command, record) == 0
+    got = json.loads(record.read_text())
+    assert (got["jobs_run"], got["jobs_at_start"], got["workflow_jobs"], got["from_scratch"]) == (3, 3, 3, True)
+    (tmp_path / "c.txt").unlink()
+    assert record_run(command, record) == 0
+    again = json.loads(record.read_text())
+    assert (again["jobs_run"], again["from_scratch"]) == (2, False) and again["last_complete"] == got
