@@ -60,7 +60,7 @@ CLAIMS = {c.id: c for c in (
     Claim("mlp_answer", "analyze", "The MLPs' outputs carry the answer more than the operands.",
           "\"the subsequent MLPs gradually deduce the correct answers\" (introduction)"),
     Claim("circuit_sufficient", "circuit",
-          "The key heads and key MLPs suffice: with every other head and MLP mean-ablated they keep most of the "
+          "The key heads and key MLPs suffice: with every other head and MLP ablated they keep most of the "
           "model's arithmetic, more than as many random heads in the same layers.",
           "the paper's hypothesis (heads find the operands, MLPs work out the answers); it tests necessity only "
           "(knockout)"),
