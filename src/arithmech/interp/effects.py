@@ -28,9 +28,14 @@ def metric_values(patching: pd.DataFrame, metric: str) -> pd.Series:
     return METRICS[metric](patching)
 
 
+def operand_pairs(table: pd.DataFrame) -> np.ndarray:
+    """Each row's operand pair "a,b" (columns a, b): the bootstrap's cluster, the one spelling of it."""
+    return (table["a"].astype(str) + "," + table["b"].astype(str)).to_numpy()
+
+
 def pair_labels(pairs: pd.DataFrame) -> pd.Series:
     """sample_id -> its operand pair "a,b" (a pairs table's columns sample_id, a, b): the bootstrap's clusters."""
-    return pd.Series((pairs["a"].astype(str) + "," + pairs["b"].astype(str)).to_numpy(), index=pairs["sample_id"])
+    return pd.Series(operand_pairs(pairs), index=pairs["sample_id"])
 
 
 def check_finite(patching: pd.DataFrame, where: str, pairs: dict | pd.Series | None = None) -> None:

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 
 from arithmech.interp import sufficiency as cx
-from arithmech.interp.effects import pair_labels
+from arithmech.interp.effects import operand_pairs, pair_labels
 from arithmech.interp.nodes import ranked_heads
 from arithmech.io import write_parquet
 from arithmech.data.arithmetic import split_pairs
@@ -181,8 +181,7 @@ def run_edges(*, model: str, model_dir, tasks: list[str], pairs_paths, effects_p
             live = [i for i, (l, _) in enumerate(senders) if l <= r]
             rows.append(_path_rows(pairs, [labels[i] for i in live], "mlp", r, change[:, live], logit_o))
         samples = pd.concat(rows, ignore_index=True)
-        clusters = pd.Series((pairs["a"].astype(str) + "," + pairs["b"].astype(str)).to_numpy(),
-                             index=pairs["sample_id"])
+        clusters = pair_labels(pairs)
         key_labels = [node_label(l, h) for l, h in cx.key_nodes(keys[task])[0]]
         value = "rel_effect" if metric == "relative_logit" else "change"
         if value == "rel_effect" and not (logit_o > 0).any():  # e.g. a random model: the run goes on, and says so
@@ -263,7 +262,7 @@ def _path_cut_rows(lm, pairs_path, scored: pd.DataFrame, key_heads, *, seed: int
         values = tf.ablation_values(lm, items, pool, kind, seed=seed, batch_size=batch_size, pool_outputs=pool_outputs)
         cuts = path_cuts(lm, items, values, key_heads, batch_size=batch_size)
         rows.append(pd.DataFrame({"sample_id": items.table["sample_id"].to_numpy(),
-                                  "cluster": (items.table["a"].astype(str) + "," + items.table["b"].astype(str)),
+                                  "cluster": operand_pairs(items.table),
                                   "kind": kind, **cuts}))
     return pd.concat(rows, ignore_index=True)[PATH_CUT_COLUMNS]
 

@@ -10,6 +10,7 @@ import pandas as pd
 
 from arithmech.intervention.batching import TRANSFER_COPIES
 from arithmech.data.formatting import non_math_prompts, svamp_prompts
+from arithmech.interp.effects import operand_pairs
 from arithmech.io import write_parquet
 from arithmech.data.arithmetic import split_pairs
 
@@ -102,7 +103,7 @@ def knockout_items(sets: list[tuple], scored: pd.DataFrame, first_correct: np.nd
     return pd.DataFrame({
         "curve": np.repeat([s[0] for s in sets], n), "seed": np.repeat([s[1] for s in sets], n),
         "k": np.repeat([s[2] for s in sets], n), "sample_id": np.tile(scored["sample_id"].to_numpy(), len(sets)),
-        "cluster": np.tile((scored["a"].astype(str) + "," + scored["b"].astype(str)).to_numpy(), len(sets)),
+        "cluster": np.tile(operand_pairs(scored), len(sets)),
         "first_correct": first_correct.reshape(-1), "full_correct": full_correct.reshape(-1),
     })
 
@@ -128,7 +129,7 @@ def transfer_targets(
             "name": task, "kind": "operator", "texts": list(pairs["prompt"]), "golds": list(pairs["answer"]),
             "answer_ids": torch.tensor(pairs["answer_token_id"].to_numpy()),
             "max_new_tokens": answer_tokens(lm.tokenizer, pairs["answer"]),
-            "clusters": list(pairs["a"].astype(str) + "," + pairs["b"].astype(str)),
+            "clusters": list(operand_pairs(pairs)),
         })
     fmt_cfg = transfer["formats"]
     for fmt in ("multi_digit", "decimal"):
@@ -138,7 +139,7 @@ def transfer_targets(
                 "name": f"{task} {fmt.replace('_', '-')}", "kind": fmt, "texts": list(df["prompt"]),
                 "golds": list(df["gold"]), "answer_ids": None,
                 "max_new_tokens": answer_tokens(lm.tokenizer, df["answer"]),
-                "clusters": list(df["a"].astype(str) + "," + df["b"].astype(str)),
+                "clusters": list(operand_pairs(df)),
             })
     keep, texts = svamp_prompts(svamp_path, transfer["svamp"], seed)
     targets.append({
