@@ -15,6 +15,7 @@ from safetensors.torch import load_file
 from arithmech.data.arithmetic import split_pairs
 from arithmech.interp import discovery as dc
 from arithmech.interp.ablation import cache_means
+from arithmech.interp.nodes import node_label
 from arithmech.model.loading import load_model
 
 from test_stages import COMPUTE, prepared  # noqa: F401  (the tiny model with division pairs)
@@ -125,7 +126,7 @@ def test_greedy_pruning_against_every_subset(setup, measure):
         assert mine["tried"].sum() == p.trials
         assert mine["nodes_kept"].iloc[-1] == p.kept.sum()
     # the highest target starts from the whole model and visits every node; each lower one prunes the circuit above
-    assert set(path.loc[path["target"] == 0.95, "node"]) == {dc.node_label(v) for v in trials.nodes}
+    assert set(path.loc[path["target"] == 0.95, "node"]) == {node_label(*v) for v in trials.nodes}
     for higher, lower in zip(pruned[::-1], pruned[::-1][1:]):
         assert not (lower.kept & ~higher.kept).any()
 
@@ -139,7 +140,7 @@ def test_bounded_trials_drop_the_smallest_attributions_at_once(setup):
     untried = path[~path["tried"]]
     assert len(untried) == 4 and (untried["pass"] == 0).all()
     smallest = np.argsort(np.abs(attribution))[:4]
-    assert set(untried["node"]) == {dc.node_label(trials.nodes[i]) for i in smallest}
+    assert set(untried["node"]) == {node_label(*trials.nodes[i]) for i in smallest}
     assert pruned[0].faithfulness >= 0.8 and pruned[0].trials == 1 + path["tried"].sum()
 
 

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from arithmech.interp import effects as fx
+from arithmech.interp.nodes import node_label
 from arithmech.interp.patching import effects_frame
 from arithmech.report.stats import draw_cluster_counts
 
@@ -148,11 +149,18 @@ def test_prob_change_needs_prob_columns():
 
 
 def test_node_label():
-    assert fx.node_label(12, 3) == "L12H3"
-    assert fx.node_label(0, 0) == "L0H0"
-    assert fx.node_label(5, pd.NA) == "L5MLP"
-    assert fx.node_label(5, None) == "L5MLP"
-    assert fx.node_label(5, float("nan")) == "L5MLP"
+    from arithmech.interp.nodes import nodes_text, parse_nodes
+
+    assert node_label(12, 3) == "L12H3"
+    assert node_label(0, 0) == "L0H0"
+    assert node_label(5, pd.NA) == "L5MLP"
+    assert node_label(5, None) == "L5MLP"
+    assert node_label(5, float("nan")) == "L5MLP"
+    assert node_label(5, -1) == "L5MLP" and node_label(5) == "L5MLP"  # discovery's MLP node
+    assert node_label(np.int64(2), 3.0) == "L2H3"  # a float column's head is still a head number
+    heads, mlps = [(3, 2), (0, 1)], [5, 7]
+    assert nodes_text(heads, mlps) == "L3H2 L0H1 L5MLP L7MLP" and parse_nodes(nodes_text(heads, mlps)) == (heads, mlps)
+    assert nodes_text([]) == "" and parse_nodes("") == ([], [])
 
 
 def test_relative_logit_leaves_out_nonpositive_logit_o_with_a_warning():
@@ -300,7 +308,7 @@ def test_bootstrap_matches_a_slow_loop_over_resamples():
                        seed=11).set_index("node")
     counts = draw_cluster_counts(5, 200, seed=11, sampler="multinomial")  # the same draws
     df = df.assign(effect=(df["logit_p"] - df["logit_o"]) / df["logit_o"],
-                   node=[fx.node_label(l, h) for l, h in zip(df["layer"], df["head"])])
+                   node=[node_label(l, h) for l, h in zip(df["layer"], df["head"])])
     means_b, chosen = [], []
     for row in counts:
         drawn = [s for s in range(9) for _ in range(row[clusters[s]])]  # every sample of a drawn cluster

@@ -58,6 +58,7 @@ from arithmech.intervention.hooks import hooks
 from arithmech.intervention.kvcache import PrefixCopies, end_copies, prefix_cache
 from arithmech.intervention.means import AlignedMean
 from arithmech.model.loading import LoadedModel
+from arithmech.interp.nodes import node_label
 
 MEASURES = ("logit_diff", "logprob", "kl")
 MLP = -1  # the head number of an MLP node
@@ -68,14 +69,6 @@ Node = tuple[int, int]  # (layer, head), head MLP (-1) for the layer's MLP
 def all_nodes(n_layers: int, n_heads: int) -> list[Node]:
     """Every node in column order: the heads layer by layer, then the MLPs (the order `mean_ablate` takes)."""
     return [(l, h) for l in range(n_layers) for h in range(n_heads)] + [(l, MLP) for l in range(n_layers)]
-
-
-def node_label(node: Node) -> str:
-    """'L3H2' for a head, 'L5MLP' for an MLP (as `sufficiency.CircuitSet.nodes`)."""
-    from arithmech.interp.effects import node_label as label
-
-    layer, head = node
-    return label(layer, None if head == MLP else head)
 
 
 def item_measure(logits: torch.Tensor, answers: torch.Tensor, measure: str, *, candidates: torch.Tensor | None = None,
@@ -379,7 +372,7 @@ def prune(trials: EndTrials, targets: Sequence[float], *, attribution: np.ndarra
 
         def record(p, i, tried, dropped):
             nonlocal visit
-            rows.append({"target": target, "pass": p, "visit": visit, "node": node_label(nodes[i]),
+            rows.append({"target": target, "pass": p, "visit": visit, "node": node_label(*nodes[i]),
                          "layer": nodes[i][0], "head": nodes[i][1], "attribution": float(attribution[i]),
                          "tried": tried, "dropped": bool(dropped), "faithfulness": float(current),
                          "nodes_kept": int(kept.sum())})

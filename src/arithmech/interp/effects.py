@@ -7,6 +7,8 @@ import warnings
 import numpy as np
 import pandas as pd
 
+from arithmech.interp.nodes import node_label
+
 from arithmech.report import stats
 
 # Each metric maps the patching table (one row per sample and node) to a per-row effect.
@@ -209,11 +211,6 @@ def key_components(effects: pd.DataFrame, head_rule: dict, mlp_rule: dict) -> pd
     out["share_key_heads"] = (out["component"] == "head").sum() / n_heads if n_heads else 0.0
     out["n_heads_total"] = n_heads
     return out
-
-
-def node_label(layer: int, head) -> str:
-    """'L12H3' for a head, 'L12MLP' for an MLP."""
-    return f"L{layer}MLP" if pd.isna(head) else f"L{layer}H{head}"
 
 
 def shared_summary(effects_by_task: dict[str, pd.DataFrame], key_by_task: dict[str, pd.DataFrame]) -> pd.DataFrame:

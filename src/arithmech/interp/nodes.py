@@ -22,6 +22,18 @@ import pandas as pd
 Head = tuple[int, int]  # (layer, query head)
 
 
+def node_label(layer: int, head=None) -> str:
+    """'L12H3' for a head, 'L12MLP' for an MLP (head None, NaN or negative, as `discovery.MLP`): the one spelling
+    of a node, which `parse_nodes` reads back."""
+    mlp = head is None or pd.isna(head) or int(head) < 0
+    return f"L{int(layer)}MLP" if mlp else f"L{int(layer)}H{int(head)}"
+
+
+def nodes_text(heads: Iterable[Head], mlp_layers: Iterable[int] = ()) -> str:
+    """A node list as the circuit tables write it ("L3H2 L5MLP"), heads then MLPs: `parse_nodes`'s inverse."""
+    return " ".join([node_label(l, h) for l, h in heads] + [node_label(l) for l in mlp_layers])
+
+
 def parse_nodes(text: str) -> tuple[list[Head], list[int]]:
     """(heads, MLP layers) from a space-separated node list as the circuit tables write it ("L3H2 L5MLP",
     `sufficiency.CircuitSet.nodes`); an empty string is the empty circuit."""

@@ -27,7 +27,7 @@ import numpy as np
 import pandas as pd
 
 from arithmech.report import stats
-from arithmech.interp.nodes import layer_matched_heads
+from arithmech.interp.nodes import layer_matched_heads, nodes_text
 from arithmech.interp.nodes import Head
 
 # measure -> the per-item column it averages
@@ -56,7 +56,7 @@ class CircuitSet:
         return heads, [l for l in range(n_layers) if l not in kept_m]
 
     def nodes(self) -> str:
-        return " ".join([f"L{l}H{h}" for l, h in self.heads] + [f"L{l}MLP" for l in self.mlp_layers])
+        return nodes_text(self.heads, self.mlp_layers)
 
 
 def key_nodes(key: pd.DataFrame) -> tuple[list[Head], list[int]]:

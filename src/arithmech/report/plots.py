@@ -13,6 +13,7 @@ import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 from matplotlib.patches import Rectangle  # noqa: E402
 
+from arithmech.interp.nodes import node_label  # noqa: E402
 from arithmech.io import atomic_path  # noqa: E402
 
 CMAP = "RdBu"  # diverging: red = the patch lowers the answer logit (the node matters), blue = raises it
@@ -145,9 +146,9 @@ def role_attention_heatmap(table: pd.DataFrame, title: str, path: str | Path) ->
     from arithmech.interp.analysis import ROLES
 
     heads = list(dict.fromkeys(zip(table["layer"], table["head"])))
-    labels = [f"L{l}H{h}" for l, h in heads]
+    labels = [node_label(l, h) for l, h in heads]
     grid = (
-        table.assign(node=[f"L{l}H{h}" for l, h in zip(table["layer"], table["head"])])
+        table.assign(node=[node_label(l, h) for l, h in zip(table["layer"], table["head"])])
         .pivot(index="node", columns="role", values="attention")
         .reindex(index=labels, columns=list(ROLES))
         * 100

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from arithmech.interp.nodes import node_label
 from arithmech.io import read_parquet_meta, write_parquet
 from arithmech.data.arithmetic import split_pairs
 
@@ -43,7 +44,7 @@ def run_analyze(
     pairs = pairs.reset_index(drop=True)
     texts = list(pairs["prompt"])
     heads, selection = analysis_heads(key_path, effects_path, analysis["fallback_heads"])
-    labels = [f"L{l}H{h}" for l, h in heads]
+    labels = [node_label(l, h) for l, h in heads]
     meta = stage_meta(model_dir, "analyze", task=task, analysis=analysis, seed=seed, heads=labels, selection=selection,
                       pairs=read_parquet_meta(pairs_path).get("params_hash"))
     roles = [token_roles(lm.tokenizer, row["prompt"], row) for row in pairs.to_dict("records")]
@@ -55,7 +56,7 @@ def run_analyze(
     head_rank = pd.Series([rank.get((l, h), 0) for l, h in zip(every["layer"], every["head"])], index=every.index)
     write_parquet(every.assign(analysed=head_rank > 0, selection=selection, task=task), out_roles_all, meta)
     table = every[head_rank > 0].assign(rank=head_rank).sort_values("rank", kind="stable").reset_index(drop=True)
-    table.insert(0, "node", [f"L{l}H{h}" for l, h in zip(table["layer"], table["head"])])
+    table.insert(0, "node", [node_label(l, h) for l, h in zip(table["layer"], table["head"])])
     table = table.assign(selection=selection, task=task)
     write_parquet(table, out_roles, meta)
     example = pairs.iloc[0]

@@ -11,7 +11,7 @@ import pandas as pd
 
 from arithmech.interp import sufficiency as cx
 from arithmech.interp.effects import operand_pairs, pair_labels
-from arithmech.interp.nodes import ranked_heads
+from arithmech.interp.nodes import node_label, ranked_heads
 from arithmech.io import write_parquet
 from arithmech.data.arithmetic import split_pairs
 
@@ -148,7 +148,6 @@ def run_edges(*, model: str, model_dir, tasks: list[str], pairs_paths, effects_p
 
     from arithmech.data.datasets import subsample
     from arithmech.interp.edges import edge_logits
-    from arithmech.interp.effects import node_label
     from arithmech.interp.patching import collect, direct_logits, nodes_of, total_logits
 
     lm = load_stage_model(model_dir, compute)

@@ -15,7 +15,7 @@ import pandas as pd
 from arithmech.data.arithmetic import split_pairs
 from arithmech.interp import sufficiency as cx
 from arithmech.interp.effects import pair_labels
-from arithmech.interp.nodes import layer_matched_heads, parse_nodes, ranked_heads
+from arithmech.interp.nodes import layer_matched_heads, node_label, parse_nodes, ranked_heads
 from arithmech.io import write_parquet
 
 MEASURE_COLUMN = "measure_value"  # the per-item column of the pruning measure in the items tables
@@ -134,7 +134,7 @@ def run_discover(*, model: str, task: str, model_dir, pairs_path, cache_path, ef
 
     from arithmech.interp.ablation import cache_means
     from arithmech.interp import teacher_forcing as tf
-    from arithmech.interp.discovery import EndTrials, MLP, all_nodes, node_label, prune
+    from arithmech.interp.discovery import EndTrials, MLP, all_nodes, prune
     from arithmech.model.loading import load_stage_model, stage_meta
 
     lm = load_stage_model(model_dir, compute)
@@ -221,11 +221,11 @@ def run_discover(*, model: str, task: str, model_dir, pairs_path, cache_path, ef
     key_set = set(key_heads)
     discovered = validation["curve"] == "discovered"
     heads_of = [s.heads for s in sets]
-    validation["key_kept"] = [" ".join(node_label(h) for h in hs if h in key_set) if d else ""
+    validation["key_kept"] = [" ".join(node_label(*h) for h in hs if h in key_set) if d else ""
                               for hs, d in zip(heads_of, discovered)]
-    validation["added"] = [" ".join(node_label(h) for h in hs if h not in key_set) if d else ""
+    validation["added"] = [" ".join(node_label(*h) for h in hs if h not in key_set) if d else ""
                            for hs, d in zip(heads_of, discovered)]
-    validation["key_only"] = [" ".join(node_label(h) for h in key_heads if h not in set(hs)) if d else ""
+    validation["key_only"] = [" ".join(node_label(*h) for h in key_heads if h not in set(hs)) if d else ""
                               for hs, d in zip(heads_of, discovered)]
     validation.insert(0, "task", task)
     validation["chosen"] = validation["target"] == chosen
@@ -250,7 +250,6 @@ def _added_heads(lm, scored: pd.DataFrame, table: pd.DataFrame, key_set: set, ef
     analysis stage's measure), one column per role."""
     from arithmech.interp.analysis import attention_rows, role_attention, token_roles
 
-    from arithmech.interp.effects import node_label
 
     rows = []
     for target, nodes in zip(table["target"], table["nodes"]):

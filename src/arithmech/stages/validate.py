@@ -11,6 +11,7 @@ import pandas as pd
 from arithmech.intervention.batching import TRANSFER_COPIES
 from arithmech.data.formatting import non_math_prompts, svamp_prompts
 from arithmech.interp.effects import operand_pairs
+from arithmech.interp.nodes import nodes_text
 from arithmech.io import write_parquet
 from arithmech.data.arithmetic import split_pairs
 
@@ -84,7 +85,7 @@ def run_knockout(
         first, full = first_correct.float().mean(1).numpy(), full_correct.mean(1)
         rows = [
             {"curve": c, "seed": sd, "k": k,
-             "nodes": " ".join([f"L{l}H{h}" for l, h in hs] + [f"L{l}MLP" for l in ms]),
+             "nodes": nodes_text(hs, ms),
              "accuracy": float(a), "full_accuracy": float(f)}
             for (c, sd, k, hs, ms), a, f in zip(sets, first, full)
         ]
@@ -211,7 +212,7 @@ def run_transfer(
         for i, s in enumerate(sets):
             rows.append({
                 "source": s["source"], "heads": s["heads"], "seed": s["seed"], "n_heads": len(s["nodes"]),
-                "nodes": " ".join(f"L{l}H{h}" for l, h in s["nodes"]), "target": target["name"],
+                "nodes": nodes_text(s["nodes"]), "target": target["name"],
                 "target_kind": target["kind"], "n": len(base), "n_base_correct": int(base.sum()),
                 "accuracy": float(correct[i].mean()), "base_accuracy": float(base.mean()),
                 "retained": float(correct[i][base].mean()) if base.any() else float("nan"),
