@@ -309,3 +309,13 @@ def test_importing_the_statistics_loads_no_scipy():
                           env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")})
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("confidence", [0.95, 0.9, 0.99])
+@pytest.mark.parametrize("n", [1, 3, 30])
+def test_accuracy_interval_holds_its_estimate_at_none_and_all_right(n, confidence):
+    """At 0 or n right the interval's bound is the estimate exactly (an error bar of accuracy - low must not be
+    negative: with 1 - 0.95 in floating point the library's lower bound at 0 right is 5.6e-17)."""
+    for correct in (np.zeros(n, dtype=bool), np.ones(n, dtype=bool)):
+        acc, low, high = accuracy_interval(correct, confidence)
+        assert low <= acc <= high and (low == 0.0 if acc == 0 else high == 1.0)

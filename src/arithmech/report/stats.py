@@ -155,7 +155,10 @@ def accuracy_interval(correct, confidence: float = 0.95) -> tuple[float, float, 
     if n == 0:
         return float("nan"), float("nan"), float("nan")
     low, high = proportion_confint(int(correct.sum()), n, alpha=1 - confidence, method="wilson")
-    return float(correct.mean()), float(low), float(high)
+    accuracy = float(correct.mean())
+    # the interval holds the estimate: at 0 or n right the Wilson bound is the estimate itself, and 1 - 0.95 in
+    # floating point leaves it 5.6e-17 off, which an error bar reads as a negative length
+    return accuracy, min(float(low), accuracy), max(float(high), accuracy)
 
 
 def mcnemar_exact(correct_a, correct_b) -> dict:
