@@ -321,6 +321,7 @@ STUDY_ALL = {"study_format": 1, "study_items": 1, "study_train": 10, "study_sele
 FROM_EFFECTS = {
     "aggregate_effects": 2, "plot_effects": 2, "summarize_key_components": 1, "knockout": 2, "plot_knockout": 2,
     "analyze": 2, "plot_analysis": 2, "transfer": 1, "plot_transfer": 1, "circuit": 2, "edges": 1, "plot_circuit": 2,
+    "edge_curve": 1, "plot_edge_curve": 1,
     "discover": 2, "discover_union": 1, "plot_discover": 2, **HEAD_SFT, "claims": 1, "findings": 1, "all": 1,
 }
 
@@ -383,9 +384,9 @@ def test_circuit_changes_rerun_only_their_rule(run):
     downstream = {"plot_circuit": 2, "claims": 1, "findings": 1, "all": 1}
     assert planned_rules(dry_run(run, lambda c: c["circuit"].update(random_draws=3))) == {"circuit": 2, **downstream}
     assert planned_rules(dry_run(run, lambda c: c["circuit"]["edges"].update(senders=1))) == {
-        "edges": 1, "edge_curve": 1, **downstream}
+        "edges": 1, "edge_curve": 1, "plot_edge_curve": 1, **downstream}
     # the edge curve is its own rule: turning it off re-runs nothing of the edges
-    assert not {"edges", "edge_curve"} & set(planned_rules(dry_run(run, lambda c: c["circuit"]["edges"].update(
+    assert not {"edges", "edge_curve", "plot_edge_curve"} & set(planned_rules(dry_run(run, lambda c: c["circuit"]["edges"].update(
         curve=False))))
 
 
@@ -554,10 +555,10 @@ def test_transfer_change_reruns_only_transfer(run):
 
 
 GPU_RULES = ("build_pairs", "cache_activations", "patch_all_layers", "knockout", "analyze", "transfer", "circuit",
-             "edges", "finetune", "evaluate", "study_format", "study_train", "study_evaluate")
+             "edges", "edge_curve", "finetune", "evaluate", "study_format", "study_train", "study_evaluate")
 CPU_RULES = ("aggregate_effects", "plot_effects", "plot_knockout", "plot_transfer", "plot_analysis",
              "summarize_key_components", "summarize_eval", "study_items", "study_select", "study_summary",
-             "plot_circuit", "claims", "findings")
+             "plot_circuit", "plot_edge_curve", "claims", "findings")
 
 
 def slurm_dry_run(run, slurm):
@@ -804,8 +805,8 @@ def test_library_edits_rerun_exactly_the_rules_that_run_the_edited_code(run, tmp
     assert planned_after("report/plots.py", "def _save(fig, path: str | Path) -> None:\n",
                          "def _save(fig, path: str | Path) -> None:\n    fig.set_dpi(fig.get_dpi())\n") == {
         "plot_effects": 2, "plot_knockout": 2, "plot_transfer": 1, "summarize_key_components": 1, "plot_analysis": 2,
-        "plot_circuit": 2, "plot_discover": 2, "summarize_eval": 1, "study_summary": 1, "claims": 1, "findings": 1,
-        "all": 1,
+        "plot_circuit": 2, "plot_discover": 2, "plot_edge_curve": 1, "summarize_eval": 1, "study_summary": 1,
+        "claims": 1, "findings": 1, "all": 1,
     }  # the summaries re-draw beside their tables and rewrite them: the scorecard and the findings page re-read
     assert planned_after("interp/patching.py", "@torch.no_grad()\ndef direct_logits(",
                          "def _unused_helper():\n    return 0\n\n\n@torch.no_grad()\ndef direct_logits(") == {}

@@ -89,7 +89,6 @@ rule edge_curve:
         key_tables=expand("results/{{model}}/key_components/{task}.parquet", task=TASKS),
     output:
         tables=expand("results/{{model}}/circuit/{task}_edge_curve.parquet", task=TASKS),
-        figure="results/{model}/circuit/edge_curve.png",
     log:
         "results/{model}/logs/edge_curve.log",
     benchmark:
@@ -111,6 +110,32 @@ rule edge_curve:
         seed=config["seed"],
     script:
         "../scripts/edge_curve.py"
+
+
+rule plot_edge_curve:
+    input:
+        tables=expand("results/{{model}}/circuit/{task}_edge_curve.parquet", task=TASKS),
+    output:
+        figure=report(
+            "results/{model}/circuit/edge_curve.png",
+            caption="../report/edge_curve.rst",
+            category="2. Validate",
+            subcategory="{model}",
+            labels={"model": "{model}", "figure": "edge circuit vs node circuit"},
+        ),
+    log:
+        "results/{model}/logs/plot_edge_curve.log",
+    benchmark:
+        "results/{model}/benchmarks/plot_edge_curve.tsv"
+    localrule: CPU_JOBS_LOCAL
+    conda:
+        "../../envs/arithmech.yaml"
+    resources:
+        **CPU_RESOURCES,
+    params:
+        code=library_code("plot_edge_curve"),
+    script:
+        "../scripts/plot_edge_curve.py"
 
 
 rule plot_circuit:

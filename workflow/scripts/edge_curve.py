@@ -14,5 +14,4 @@ with job(snakemake):
         compute=snakemake.params.compute,
         seed=snakemake.params.seed,
         out_tables=list(snakemake.output.tables),
-        out_png=snakemake.output.figure,
     )

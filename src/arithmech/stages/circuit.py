@@ -198,23 +198,21 @@ def run_edges(*, model: str, model_dir, tasks: list[str], pairs_paths, effects_p
 
 
 def run_edge_curve(*, model: str, model_dir, tasks: list[str], pairs_paths, effects_paths, key_paths, edges: dict,
-                   discover: dict, compute: dict, seed: int, out_tables, out_png) -> None:
+                   discover: dict, compute: dict, seed: int, out_tables) -> None:
     """The edge circuit against the node circuit at equal size (`edges.items_edge_curve`), per operator on the
     teacher-forced protocol with the pruning's ablation and measure (`circuit.discover.tf_ablation`,
     `tf_measure`): the edges' EAP-IG scores and the nodes' integrated gradients (`TailTrials.attribution`) on a
     seeded draw of `edges.max_samples` identification pairs, both rankings' circuits scored exactly on as many
     validation pairs; senders as the edges rule's (`edge_senders`), receivers every MLP from the first sender's
-    layer on. One job for every operator; a figure with a panel each (`out_png`)."""
+    layer on. One job for every operator (its figure: `run_plot_edge_curve`)."""
     from arithmech.data.datasets import subsample
     from arithmech.interp import teacher_forcing as tf
     from arithmech.interp.edges import items_edge_curve
     from arithmech.model.loading import load_stage_model, stage_meta
-    from arithmech.report import plots
 
     lm = load_stage_model(model_dir, compute)
     keys = {t: pd.read_parquet(p) for t, p in zip(tasks, key_paths, strict=True)}
     batch, kind, measure = compute["batch_size"], discover["tf_ablation"], discover["tf_measure"]
-    curves = []
     for task, pairs_path, effects_path, out_table in zip(tasks, pairs_paths, effects_paths, out_tables, strict=True):
         pairs = pd.read_parquet(pairs_path)
         ident = split_pairs(pairs, "identification", str(pairs_path))
@@ -236,9 +234,16 @@ def run_edge_curve(*, model: str, model_dir, tasks: list[str], pairs_paths, effe
                              ranked_on="identification")
         meta = stage_meta(model_dir, "edge_curve", task=task, edges=edges, discover=discover, seed=seed)
         write_parquet(curve, out_table, meta)
-        curves.append(curve)
-    plots.edge_curve(pd.concat(curves, ignore_index=True),
-                     f"{model}: edge circuit vs node circuit at equal size ({kind} ablation, teacher-forced)", out_png)
+
+
+def run_plot_edge_curve(*, model: str, table_paths, out_png) -> None:
+    """The edge curve's figure (`plots.edge_curve`): every operator's panel from `run_edge_curve`'s tables."""
+    from arithmech.report import plots
+
+    curves = pd.concat([pd.read_parquet(p) for p in table_paths], ignore_index=True)
+    kind = curves["kind"].iloc[0]
+    plots.edge_curve(curves, f"{model}: edge circuit vs node circuit at equal size ({kind} ablation, teacher-forced)",
+                     out_png)
 
 
 PATH_CUT_COLUMNS = ["sample_id", "cluster", "kind", "model", "via_mlps", "direct", "both"]

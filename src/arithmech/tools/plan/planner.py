@@ -58,6 +58,7 @@ RULE_COSTS: dict[str, Callable[[Setting, Model | None, Job], Cost]] = {
     "circuit": circuit,
     "edges": edges,
     "edge_curve": edge_curve,
+    "plot_edge_curve": cpu_rule,
     "plot_circuit": cpu_rule,
     "discover": discover,
     "discover_union": discover_union,
