@@ -829,6 +829,10 @@ def _tf_faithful_row(task: str, r: pd.Series, fallback: bool, rule: str, kinds: 
         note.append("the older protocol (greedy, END means at every generated position): full answers "
                     + _in_percent(r["faithfulness_full"], r["faithfulness_full_low"], r["faithfulness_full_high"]))
     main = f"tf_{kinds[0]}_correct"
+    if display.missing(r[main]):  # faithfulness undefined (the model answers nothing): the size is what decides
+        return _row("circuit_faithful", scope, measure="the discovered circuit's share of all heads and MLPs",
+                    value=100 * r["share"], unit="percent", n=n, split="validation", verdict=verdict, rule=rule,
+                    note="; ".join(note), source="discover/summary.parquet")
     return _row("circuit_faithful", scope,
                 measure=f"the discovered circuit's teacher-forced full-answer faithfulness ({kinds[0]} ablation)",
                 value=100 * r[main], ci_low=100 * r[main + "_low"], ci_high=100 * r[main + "_high"], unit="percent",
