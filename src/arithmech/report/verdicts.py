@@ -589,15 +589,7 @@ def _tf_sufficient_row(task: str, end: pd.DataFrame, kinds: list[str], cfg: dict
         verdict = "inconclusive"
     note = [f"{n} validation pairs" + (f", fewer than the {TF_MIN_PAIRS} the rule asks for" if n < TF_MIN_PAIRS
                                        else "")]
-    for k in kinds:
-        def est(name: str, **kw) -> str:
-            c = f"tf_{k}_{name}"
-            return _in_percent(r[c], r[c + "_low"], r[c + "_high"], **kw)
-
-        note.append(f"{k}: {per_kind[k]}; full answers {est('correct')}, log-probability {est('logprob')}, "
-                    f"key - random {est('random_diff', sign=True, unit='')} points")
-        if r[f"tf_{k}_sanity_failed"]:
-            note.append(f"{k}: a sanity check failed ({r[f'tf_{k}_sanity_failed']})")
+    note += _tf_kind_notes(r, per_kind, "key")
     old = key_vs_random(end, measure="full", mlps="key", **boot)
     if old is not None and not math.isnan(old["key"]):
         note.append("the older protocol (greedy, END means at every generated position): full answers "
@@ -794,6 +786,23 @@ def tf_faithful_verdict(r: pd.Series, kind: str, cfg: dict) -> str:
     return "holds" if all(p == "holds" for p in parts) else "inconclusive"
 
 
+def _tf_kind_notes(r: pd.Series, per_kind: dict[str, str], compared: str) -> list[str]:
+    """Per ablation, the note's part of a teacher-forced row (the circuit_faithful and circuit_sufficient rows):
+    its verdict, full-answer and log-probability faithfulness and (`compared` - random), and a failed sanity check."""
+    out = []
+    for k, verdict in per_kind.items():
+        def est(name: str, **kw) -> str:
+            c = f"tf_{k}_{name}"
+            return _in_percent(r[c], r[c + "_low"], r[c + "_high"], **kw)
+
+        out.append(f"{k}: {verdict}; full answers {est('correct')}, log-probability {est('logprob')}, "
+                   f"{compared} - random {est('random_diff', sign=True, unit='')} points")
+        failed = r.get(f"tf_{k}_sanity_failed")
+        if not display.missing(failed) and str(failed):
+            out.append(f"{k}: a sanity check failed ({failed})")
+    return out
+
+
 def _tf_faithful_row(task: str, r: pd.Series, fallback: bool, rule: str, kinds: list[str], cfg: dict) -> dict:
     scope = "union of the operators" if task == "union" else task
     size = f"{int(r['n_heads'])} heads + {int(r['n_mlps'])} MLPs ({100 * r['share']:.1f}% of nodes)"
@@ -815,16 +824,7 @@ def _tf_faithful_row(task: str, r: pd.Series, fallback: bool, rule: str, kinds: 
                     f", more than {100 * cfg['max_circuit_share']:g}%")]
     if n < TF_MIN_PAIRS:
         note.append(f"{n} validation pairs, fewer than the {TF_MIN_PAIRS} the rule asks for")
-    for k in kinds:
-        def est(name: str, **kw) -> str:
-            c = f"tf_{k}_{name}"
-            return _in_percent(r[c], r[c + "_low"], r[c + "_high"], **kw)
-
-        note.append(f"{k}: {per_kind[k]}; full answers {est('correct')}, log-probability {est('logprob')}, "
-                    f"circuit - random {est('random_diff', sign=True, unit='')} points")
-        failed = r.get(f"tf_{k}_sanity_failed")
-        if not display.missing(failed) and str(failed):
-            note.append(f"{k}: a sanity check failed ({failed})")
+    note += _tf_kind_notes(r, per_kind, "circuit")
     if "faithfulness_full" in r and not display.missing(r["faithfulness_full"]):
         note.append("the older protocol (greedy, END means at every generated position): full answers "
                     + _in_percent(r["faithfulness_full"], r["faithfulness_full_low"], r["faithfulness_full_high"]))
