@@ -447,8 +447,8 @@ def tf_circuit_items(key: float, random: float, n: int = 120, logprob_f: float =
 def test_circuit_sufficient_on_the_teacher_forced_protocol():
     """The key circuit read on the teacher-forced columns with the discovered circuit's rule (size aside): every
     outcome the rule names, from the same per-item table layout the circuit rule writes."""
-    def verdict(items):
-        return claims.circuit_sufficient({"addition": items}, CFG, seed=0)[1]
+    def verdict(items):  # the discover rule's items carry them; the circuit rule's older ones are not read then
+        return claims.circuit_sufficient({"addition": None}, CFG, seed=0, teacher_forced={"addition": items})[1]
 
     holds = verdict(tf_circuit_items(0.95, 0.1))
     assert holds["verdict"] == "holds" and holds["value"] == pytest.approx(95.0) and holds["n"] == 120

@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+import yaml
 from safetensors.torch import load_file
 
 from arithmech.data.arithmetic import split_pairs
@@ -184,9 +185,10 @@ def test_discover_stages_write_their_tables(prepared, tmp_path):  # noqa: F811
     path = pd.read_parquet(out["_path"])
     assert set(path["target"]) == {0.8, 0.95} and path.groupby("target")["tried"].sum().tolist() == table["trials"].tolist()
     validation = pd.read_parquet(out["_validation"])
-    for target, n_heads in zip(table["target"], table["n_heads"]):
+    for target, n_heads, chosen in zip(table["target"], table["n_heads"], table["chosen"]):
         mine = validation[validation["target"] == target]
-        assert sorted(mine["curve"]) == ["discovered", "random", "random", "top"]
+        # the controls for the chosen target's circuit only
+        assert sorted(mine["curve"]) == (["discovered", "random", "random", "top"] if chosen else ["discovered"])
         assert (mine["n_heads"] == n_heads).all()
         found = mine[mine["curve"] == "discovered"].iloc[0]
         assert found["nodes"] == table.loc[table["target"] == target, "nodes"].iloc[0]
@@ -195,6 +197,11 @@ def test_discover_stages_write_their_tables(prepared, tmp_path):  # noqa: F811
     # the pruning measure on validation pairs: the model's own is 1, the empty circuit's 0
     model = validation[validation["curve"] == "model"].iloc[0]
     assert model["faithfulness_measure"] == 1 and model["n"] == 6
+    # the key circuit and its layer-matched random circuits (the circuit rule's draws), disjoint from it
+    key_random = validation[(validation["curve"] == "random") & (validation["mlps"] == "key")]
+    assert len(key_random) == 2 and (key_random["n_heads"] == 2).all() and key_random["target"].isna().all()
+    for nodes in key_random["nodes"]:
+        assert not {"L1H3", "L1H2"} & set(nodes.split()) and nodes.split()[-1] == "L0MLP"  # the key MLP
     items = pd.read_parquet(out["_items"])
     assert len(items) == len(validation) * 6  # the old protocol: no CPR rows
     run_discover_union(model="tiny", model_dir=prepared / "model", tasks=["division"],
@@ -210,7 +217,7 @@ def test_discover_stages_write_their_tables(prepared, tmp_path):  # noqa: F811
                    "key_faithfulness_full", "random_faithfulness_full", "diff_vs_random_full", "ci_low", "ci_high",
                    "diff_vs_random_measure", "constant_first", "n_items", "n_clusters", "draws"):
         assert column in summary, column
-    assert (summary["draws"] == 2).all() and (summary["n_items"] == 6).all()
+    assert summary["draws"].tolist() == [0, 2, 2] and (summary["n_items"] == 6).all()  # no controls for 0.8
     # a single operator: the union is its chosen circuit, scored on the same pairs
     chosen = summary[(summary["task"] == "division") & summary["chosen"]].iloc[0]
     union = summary[summary["task"] == "union"].iloc[0]
@@ -268,13 +275,27 @@ def test_discover_stage_on_the_teacher_forced_protocol(prepared, tmp_path):  # n
     assert len(items) == len(circuits) * 6 and items["tf_mean_tail_logprob"].notna().sum() == len(circuits) * kept
     model_items = items[items["curve"] == "model"]
     assert model_items["tf_mean_tail_logprob"].mean() == pytest.approx(model["tf_mean_tail_logprob"])
-    with pytest.warns(UserWarning):
-        run_discover_union(model="tiny", model_dir=prepared / "model", tasks=["division"],
-                           pairs_paths=[prepared / "pairs.parquet"], cache_paths=[prepared / "cache.safetensors"],
-                           key_paths=[tmp_path / "key.parquet"], table_paths=[out[""]],
-                           validation_paths=[out["_validation"]], items_paths=[out["_items"]], discover=discover,
-                           compute=COMPUTE, seed=0, out_validation=tmp_path / "union.parquet",
-                           out_summary=tmp_path / "summary.parquet")
+    # the END-only decomposition of the discovered circuits (with the model and the empty circuit) only
+    decomposed = circuits["curve"].isin(["model", "empty", "discovered"])
+    assert circuits.loc[decomposed, "tf_mean_end_logprob"].notna().all()
+    assert circuits.loc[~decomposed, "tf_mean_end_logprob"].isna().all()
+    # the circuit_sufficient verdict reads the key circuit against its random draws from these items
+    from arithmech.report import verdicts
+
+    assert (items["sanity_mean_failed"] == validation["sanity_mean_failed"].iloc[0]).all()
+    claims_cfg = yaml.safe_load(open("config.yaml"))["claims"] | {"bootstrap": 50}
+    row = verdicts.circuit_sufficient({"division": None}, claims_cfg, seed=0, teacher_forced={"division": items})[1]
+    assert row["n"] == kept and row["source"] == "discover/division_items.parquet" and "mean:" in row["note"]
+    # the union does not run the sanity checks again (no warning): the operator's values, same pairs and pool
+    run_discover_union(model="tiny", model_dir=prepared / "model", tasks=["division"],
+                       pairs_paths=[prepared / "pairs.parquet"], cache_paths=[prepared / "cache.safetensors"],
+                       key_paths=[tmp_path / "key.parquet"], table_paths=[out[""]],
+                       validation_paths=[out["_validation"]], items_paths=[out["_items"]], discover=discover,
+                       compute=COMPUTE, seed=0, out_validation=tmp_path / "union.parquet",
+                       out_summary=tmp_path / "summary.parquet")
+    union_validation = pd.read_parquet(tmp_path / "union.parquet")
+    for column in (c for c in validation if c.startswith("sanity_")):
+        assert union_validation[column].iloc[0] == validation[column].iloc[0], column
     summary = pd.read_parquet(tmp_path / "summary.parquet")
     for kind, name, suffix in itertools.product(tf.KINDS, ("correct", "logprob", "random_diff"), ("", "_low", "_high")):
         assert f"tf_{kind}_{name}{suffix}" in summary, (kind, name, suffix)

@@ -150,6 +150,43 @@ def test_trials_equal_whole_hooked_forwards(lm, setup, kind, positions):
     assert fast["correct"][0].all()  # the gold answers are the model's own
 
 
+def test_shared_trials_and_padded_chunks_equal_the_reference(lm, setup):
+    """`with_values` (another ablation and position set on the same prefix caches and references) and chunks padded
+    to one size (5 circuits in forwards of 2 copies of a 3-row batch: 2, 2, 1 + 1 pad) give the reference's
+    values; a call of no circuits gives empty arrays."""
+    items, _, values = setup
+    base = _trials(lm, setup, "mean", "tail", copies_per_forward=7)
+    masks = _masks(len(base.nodes), 5, seed=3)
+    for kind in tf.KINDS:
+        for positions in tf.POSITIONS:
+            fast = base.with_values(values[kind], positions=positions).scores(masks)
+            slow = tf.reference_scores(lm, items, values[kind], masks, positions=positions)
+            for m in tf.TAIL_MEASURES:
+                np.testing.assert_allclose(fast[m], slow[m], atol=1e-4, rtol=1e-4, err_msg=f"{kind} {positions} {m}")
+    assert base.positions == "tail" and base.values.kind == "mean"  # the base is left as it was
+    assert base.scores(masks[:0])["logprob"].shape == (0, len(items))
+    with pytest.raises(ValueError, match="positions must be one of"):
+        base.with_values(values["mean"], positions="everywhere")
+
+
+def test_protocol_scores_end_rows(lm, setup):
+    """`protocol_scores(end_rows=...)`: the END-only decomposition of the chosen rows only, equal to scoring
+    every row; the others NaN; the tail values of every row."""
+    items, pool, _ = setup
+    n = len(_trials(lm, setup, "mean").nodes)
+    kept = _masks(n, 4, seed=5)
+    kw = {"batch_size": 3, "sanity_draws": 2, "strict": False, "positions_sets": tf.POSITIONS}
+    with pytest.warns(UserWarning):
+        every, _ = tf.protocol_scores(lm, items, pool, kept, **kw)
+        some, _ = tf.protocol_scores(lm, items, pool, kept, end_rows=[0, 2], **kw)
+    for key, v in every.items():
+        if "_end_" in key:
+            np.testing.assert_allclose(some[key][[0, 2]], v[[0, 2]], atol=1e-6, err_msg=key)
+            assert np.isnan(some[key][[1, 3]]).all()
+        else:
+            np.testing.assert_allclose(some[key], v, atol=1e-6, err_msg=key)
+
+
 def test_end_only_differs_from_the_tail(lm, setup):
     """The decomposition: ablating END alone leaves the answer positions clean, which changes the measure."""
     masks = _masks(len(_trials(lm, setup, "mean").nodes), 4)

@@ -23,17 +23,10 @@ rule circuit:
         **gpu_resources("circuit"),
     params:
         code=library_code("circuit"),
-        # the teacher-forced protocol's settings from circuit.discover (its other settings are the pruning's)
         circuit={
-            **{
-                k: v
-                for k, v in config["circuit"].items()
-                if k not in ("edges", "discover")
-            },
-            "discover": {
-                k: config["circuit"]["discover"][k]
-                for k in ("protocol", "tf_ablation", "sanity", "sanity_draws")
-            },
+            k: v
+            for k, v in config["circuit"].items()
+            if k not in ("edges", "discover")
         },
         prompts=config["prompts"],
         compute=config["compute"],

@@ -447,8 +447,9 @@ def findings_inputs(wildcards):
 
 def claims_inputs(wildcards):
     """Every table the scorecard reads: per operator its key components, effects, knockout items, attention of
-    every head by role, MLP probes, circuit items, edges and the key heads' cut paths; the transfer items; the discovered circuits'
-    summary; the study's tables when the study runs.
+    every head by role, MLP probes, circuit items, edges, the key heads' cut paths and the discover rule's items (the key
+    circuit on the teacher-forced protocol); the transfer items; the discovered circuits' summary; the study's tables
+    when the study runs.
     """
     root = f"results/{wildcards.model}"
     inputs = {
@@ -465,6 +466,7 @@ def claims_inputs(wildcards):
             f"circuit_{t}": f"{root}/circuit/{t}_items.parquet",
             f"edges_{t}": f"{root}/circuit/{t}_edges.parquet",
             f"edge_paths_{t}": f"{root}/circuit/{t}_edge_paths.parquet",
+            f"discover_items_{t}": f"{root}/discover/{t}_items.parquet",
         }
     if STUDY_ARMS:
         inputs["study"] = f"{root}/finetune/study.parquet"

@@ -24,4 +24,5 @@ with job(snakemake):
         edges_paths={t: inputs[f"edges_{t}"] for t in tasks},
         edge_path_paths={t: inputs[f"edge_paths_{t}"] for t in tasks},
         discover_path=inputs.discover,
+        discover_item_paths={t: inputs[f"discover_items_{t}"] for t in tasks},
     )

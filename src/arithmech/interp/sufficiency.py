@@ -146,11 +146,17 @@ def faithfulness_table(sets: Sequence[CircuitSet], values: dict[str, np.ndarray]
                           "n_mlps": [len(s.mlp_layers) for s in sets], "nodes": [s.nodes() for s in sets]})
     for measure, matrix in values.items():
         matrix = np.asarray(matrix, dtype=float)
-        point, boot = stats.cluster_resampled_means(matrix.T, clusters, n_boot=n_boot, seed=seed)
-        table[measure] = point
-        table[f"faithfulness_{measure}"] = faithfulness(point[None], i_model, i_empty)[0]
-        low, high = stats.percentile_interval(faithfulness(boot, i_model, i_empty), confidence)
-        table[f"faithfulness_{measure}_low"], table[f"faithfulness_{measure}_high"] = low, high
+        # a set not scored on a measure (all NaN, e.g. not in the END-only decomposition) gets NaN columns
+        rows = np.flatnonzero(~np.isnan(matrix).all(1))
+        if i_model not in rows or i_empty not in rows:
+            raise ValueError(f"faithfulness of {measure!r} needs the model's and the empty set's values")
+        point, boot = stats.cluster_resampled_means(matrix[rows].T, clusters, n_boot=n_boot, seed=seed)
+        im, ie = int(np.searchsorted(rows, i_model)), int(np.searchsorted(rows, i_empty))
+        low, high = stats.percentile_interval(faithfulness(boot, im, ie), confidence)
+        for name, v in ((measure, point), (f"faithfulness_{measure}", faithfulness(point[None], im, ie)[0]),
+                        (f"faithfulness_{measure}_low", low), (f"faithfulness_{measure}_high", high)):
+            table[name] = np.nan
+            table.loc[rows, name] = v
     return table
 
 
@@ -170,12 +176,15 @@ def strict_kinds(sanity: str, pruned_ablation: str) -> list[str]:
 
 def teacher_forced_table(lm, scored: pd.DataFrame, pool, sets: Sequence[CircuitSet], *, pool_outputs=None,
                          sanity_draws: int, strict, n_boot: int, seed: int, confidence: float, batch_size: int,
-                         positions_sets: Sequence[str] = ("tail", "end")) -> tuple[pd.DataFrame, pd.DataFrame]:
+                         positions_sets: Sequence[str] = ("tail", "end"), end_rows: Sequence[int] | None = None,
+                         sanity: bool = True) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Every set on the teacher-forced protocol (`teacher_forcing.protocol_scores`: both ablations, END + answer
     positions and END only, every measure) on the pairs `scored`, with values from the identification items
     `pool` (`teacher_forcing.build_items(..., outputs=True)`; pool_outputs: their `tail_outputs`, else computed).
     `sets` holds one 'model' and one 'empty' set; positions_sets: `teacher_forcing.POSITIONS` to score (the END-only
-    decomposition costs as much again). Returns (table, per_item):
+    decomposition costs as much again); end_rows: the sets scored END-only (None: all; the others' columns NaN; the
+    model and the empty set must be among them for its faithfulness); sanity: False skips the sanity checks (no
+    sanity_* columns; for a caller that ran them on the same pairs and pool). Returns (table, per_item):
     table: one row per set (in order; `faithfulness_table`'s set columns), columns tf_<kind>_<positions>_<measure>
     (means) and faithfulness_tf_...
     with cluster-bootstrap intervals, tf_n_items (pairs scored), tf_dropped (pairs whose terminator continues the
@@ -185,16 +194,17 @@ def teacher_forced_table(lm, scored: pd.DataFrame, pool, sets: Sequence[CircuitS
     from arithmech.interp.discovery import all_nodes
     from arithmech.interp.effects import pair_labels
 
-    items = tf.build_items(lm, scored, batch_size=batch_size)
+    # outputs: the items' own clean tail outputs from the same forward, for the position-alignment check
+    items = tf.build_items(lm, scored, batch_size=batch_size, outputs=True)
     masks = kept_masks(sets, all_nodes(lm.n_layers, lm.n_heads))
-    values, sanity = tf.protocol_scores(lm, items, pool, masks, seed=seed, pool_outputs=pool_outputs,
+    values, checks = tf.protocol_scores(lm, items, pool, masks, seed=seed, pool_outputs=pool_outputs,
                                         batch_size=batch_size, sanity_draws=sanity_draws, strict=strict,
-                                        positions_sets=positions_sets)
+                                        positions_sets=positions_sets, end_rows=end_rows, sanity=sanity)
     values = {f"tf_{k}": np.asarray(v, dtype=float) for k, v in values.items()}
     scored_table = faithfulness_table(sets, values, pair_labels(items.table).to_numpy(), n_boot=n_boot, seed=seed,
                                       confidence=confidence)
     table = scored_table.assign(tf_n_items=len(items), tf_dropped=len(items.dropped),
-                                **{f"sanity_{k}": v for k, v in sanity.items()})
+                                **{f"sanity_{k}": v for k, v in checks.items()})
     ids = items.table["sample_id"].to_numpy()
     per_item = pd.DataFrame({"set_index": np.repeat(np.arange(len(sets)), len(ids)),
                              "sample_id": np.tile(ids, len(sets)),

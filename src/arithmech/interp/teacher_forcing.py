@@ -37,6 +37,7 @@ reference: one item at a time, whole sequences, `patch_tail` with per-row values
 
 from __future__ import annotations
 
+import copy
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Iterator, Sequence
@@ -350,6 +351,19 @@ class TailTrials:
         for batch, _, _, ref in self.batches:
             self.model_correct[batch.rows] = (ref.argmax(-1) == batch.targets).all(-1).double().cpu().numpy()
 
+    def with_values(self, values: TailValues, *, positions: str | None = None) -> "TailTrials":
+        """The same items' trials under other ablation values (and positions): the prefix caches and their
+        copies, the clean tail residuals and the reference log-probabilities depend on none of them, so they
+        are shared, not recomputed (one prefix forward per batch for every ablation and position set)."""
+        positions = self.positions if positions is None else positions
+        if positions not in POSITIONS:
+            raise ValueError(f"positions must be one of {', '.join(POSITIONS)}; got {positions!r}")
+        other = copy.copy(self)
+        other.values = TailValues(values.heads.to(self.lm.device), values.mlps.to(self.lm.device), values.kind,
+                                  values.donors)
+        other.positions = positions
+        return other
+
     def _ablation(self, batch: TailBatch, kept: torch.Tensor, T_values: int, offset: int = 0):
         """`mean_ablate` of every circuit of `kept` [c, nodes] on the batch's rows repeated c times, with the
         values at offsets offset .. offset + T_values - 1 (written from the last position back)."""
@@ -411,15 +425,23 @@ class TailTrials:
         kept = torch.as_tensor(np.asarray(kept), dtype=torch.bool)
         if kept.dim() != 2 or kept.shape[1] != len(self.nodes):
             raise ValueError(f"kept masks must be [circuits, {len(self.nodes)}]; got {tuple(kept.shape)}")
-        out = {m: np.zeros((kept.shape[0], self.n_items)) for m in TAIL_MEASURES}
+        n = kept.shape[0]
+        out = {m: np.zeros((n, self.n_items)) for m in TAIL_MEASURES}
+        if n == 0:
+            return out
         for entry in self.batches:
             b = len(entry[0].rows)
-            chunk = max(1, self.copies_per_forward // b)
-            for s0 in range(0, kept.shape[0], chunk):
+            # equal chunks, the last padded with its last circuit: every forward of the call has as many copies,
+            # so the batch's prefix copies are made once (`PrefixCopies`), not once per chunk size
+            pieces = -(-n // max(1, self.copies_per_forward // b))
+            chunk = -(-n // pieces)
+            for s0 in range(0, n, chunk):
                 part = kept[s0 : s0 + chunk]
                 c = part.shape[0]
-                for m, v in self._measures(entry, self._logits(entry, part), c).items():
-                    out[m][s0 : s0 + c][:, entry[0].rows] = v.view(b, c).T.double().cpu().numpy()
+                if c < chunk:
+                    part = torch.cat([part, part[-1:].expand(chunk - c, -1)])
+                for m, v in self._measures(entry, self._logits(entry, part), chunk).items():
+                    out[m][s0 : s0 + c][:, entry[0].rows] = v.view(b, chunk)[:, :c].T.double().cpu().numpy()
         return out
 
     def per_item(self, kept) -> np.ndarray:
@@ -602,9 +624,7 @@ def check_position_alignment(trials: TailTrials, tol: float = 1e-4) -> dict:
     model itself (KL 0): a value written at the wrong offset, or a tail misplaced in the padded batch, shows
     here, where the other checks need not see it. Returns the value; ValueError naming the check."""
     heads, mlps = tail_outputs(trials.lm, trials.items, trials.batch_size)
-    own = TailValues(heads, mlps, "self", np.full(len(trials.items), -1))
-    mirror = TailTrials(trials.lm, trials.items, own, measure=trials.measure, positions=trials.positions,
-                        batch_size=trials.batch_size, copies_per_forward=trials.copies_per_forward)
+    mirror = trials.with_values(TailValues(heads, mlps, "self", np.full(len(trials.items), -1)))
     kl = float(-mirror.scores(np.zeros((1, len(trials.nodes)), dtype=bool))["kl"].mean())
     if kl > tol:
         raise ValueError(f"sanity check 'position alignment' failed: every node given its own clean values has "
@@ -678,24 +698,36 @@ def _strict(strict: bool | Sequence[str], kind: str) -> bool:
 
 def protocol_scores(lm: LoadedModel, items: TailItems, pool: TailItems, kept, *, seed: int = 0, batch_size: int = 32,
                     sanity_draws: int = 20, strict: bool | Sequence[str] = True, pool_outputs=None,
-                    positions_sets: Sequence[str] = POSITIONS) -> tuple[dict[str, np.ndarray], dict]:
+                    positions_sets: Sequence[str] = POSITIONS, end_rows: Sequence[int] | None = None,
+                    sanity: bool = True) -> tuple[dict[str, np.ndarray], dict]:
     """Every circuit of `kept` (bool [c, nodes]) under both ablations (`KINDS`) at each position set of
     `positions_sets` (`POSITIONS`; "tail" always included, where the sanity checks run):
     {f"{kind}_{positions}_{measure}": [c, n_items]} (`TAIL_MEASURES`; kl as -KL), and the sanity
     checks of each ablation at positions "tail" ({f"{kind}_{check value}": value}; `sanity_checks` with
     `strict`: True for every kind, or the kinds whose failed check raises; the others warn and record it in
-    their 'failed' value). pool_outputs: as `ablation_values`."""
-    values, sanity = {}, {}
+    their 'failed' value). pool_outputs: as `ablation_values`. end_rows: the rows of `kept` scored at positions
+    "end" (the decomposition; None: every row); the others' "end" values are NaN. sanity: False skips the checks
+    (returns {}), for a caller that ran them on the same items and pool already."""
+    values, checked = {}, {}
+    kept = np.asarray(kept, dtype=bool)
     pool_outputs = pool_outputs if pool_outputs is not None else tail_outputs(lm, pool, batch_size)
+    base = None  # one TailTrials whose prefix caches and references every ablation and position set shares
     for kind in KINDS:
         tail_values = ablation_values(lm, items, pool, kind, seed=seed, batch_size=batch_size,
                                       pool_outputs=pool_outputs)
         for positions in dict.fromkeys(("tail", *positions_sets)):
-            trials = TailTrials(lm, items, tail_values, positions=positions, batch_size=batch_size)
-            for m, v in trials.scores(kept).items():
-                values[f"{kind}_{positions}_{m}"] = v
-            if positions == "tail":  # position alignment does not depend on the kind: checked once
+            if base is None:
+                trials = base = TailTrials(lm, items, tail_values, positions=positions, batch_size=batch_size)
+            else:
+                trials = base.with_values(tail_values, positions=positions)
+            rows = np.arange(len(kept)) if positions == "tail" or end_rows is None else np.asarray(end_rows, int)
+            scored = trials.scores(kept[rows])
+            for m, v in scored.items():
+                values[f"{kind}_{positions}_{m}"] = np.full((len(kept), len(items)), np.nan)
+                values[f"{kind}_{positions}_{m}"][rows] = v
+            if positions == "tail" and sanity:  # position alignment does not depend on the kind: checked once
                 checks = [c for c in SANITY_CHECKS if c != "position alignment" or kind == KINDS[0]]
-                sanity |= {f"{kind}_{k}": v for k, v in sanity_checks(trials, draws=sanity_draws, seed=seed,
-                                                                           strict=_strict(strict, kind), checks=checks).items()}
-    return values, sanity
+                checked |= {f"{kind}_{k}": v for k, v in sanity_checks(trials, draws=sanity_draws, seed=seed,
+                                                                           strict=_strict(strict, kind),
+                                                                           checks=checks).items()}
+    return values, checked

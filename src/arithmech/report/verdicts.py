@@ -488,11 +488,14 @@ def mlp_answer(probes: dict[str, pd.DataFrame], keys: dict[str, pd.DataFrame], c
 
 
 # ------------------------------------------------------------------------------------------------ circuit
-def circuit_sufficient(circuits: dict[str, pd.DataFrame | None], cfg: dict, seed: int) -> list[dict]:
-    """Per operator: the key circuit's (key heads + key MLPs) faithfulness on full-answer accuracy (END, the
-    identification counterfactuals' means), against the layer-matched random circuits of its size (paired on
-    the same validation items and cluster draws, `circuit.key_vs_random`). `circuits`: per operator its per-item
-    circuit table, or None."""
+def circuit_sufficient(circuits: dict[str, pd.DataFrame | None], cfg: dict, seed: int,
+                       teacher_forced: dict[str, pd.DataFrame | None] | None = None) -> list[dict]:
+    """Per operator: the key circuit's (key heads + key MLPs) faithfulness on full-answer accuracy against the
+    layer-matched random circuits of its size (paired on the same validation items and cluster draws,
+    `sufficiency.key_vs_random`). On the teacher-forced protocol where `teacher_forced` (per operator the discover
+    rule's per-item table, which scores the key circuit and its random draws there) has its columns
+    (`_tf_sufficient_row`); else on the older protocol (END, the identification counterfactuals' means) from
+    `circuits`: per operator its per-item circuit table, or None."""
     from arithmech.interp.sufficiency import key_vs_random, smallest_k
 
     level, min_diff = cfg["faithful"], cfg["min_difference"]
@@ -502,14 +505,15 @@ def circuit_sufficient(circuits: dict[str, pd.DataFrame | None], cfg: dict, seed
             f"+-{100 * min_diff:g} points; else inconclusive")
     subs = []
     for task, items in circuits.items():
+        tf_items = (teacher_forced or {}).get(task)
+        kinds = [k for k in ("resample", "mean") if tf_items is not None and f"tf_{k}_tail_correct" in tf_items]
+        if kinds:  # the teacher-forced protocol: the rule of the discovered circuit, the size aside
+            subs.append(_tf_sufficient_row(task, tf_items, kinds, cfg, seed))
+            continue
         if items is None:
             subs.append(_row("circuit_sufficient", task, rule=rule, note="no circuit table"))
             continue
         end = items[(items["positions"] == "end") & (items["means"] == "counterfactual")]
-        kinds = [k for k in ("resample", "mean") if f"tf_{k}_tail_correct" in end]
-        if kinds:  # the teacher-forced protocol: the rule of the discovered circuit, the size aside
-            subs.append(_tf_sufficient_row(task, end, kinds, cfg, seed))
-            continue
         res = key_vs_random(end, measure="full", mlps="key", n_boot=cfg["bootstrap"], seed=seed,
                             confidence=cfg["confidence"])
         if res is None or not res["draws"]:
@@ -562,7 +566,8 @@ def tf_sufficient_rule(cfg: dict) -> str:
 def _tf_sufficient_row(task: str, end: pd.DataFrame, kinds: list[str], cfg: dict, seed: int) -> dict:
     """One operator's circuit_sufficient row on the teacher-forced protocol: the key circuit (key heads, key MLPs)
     against its layer-matched random circuits, per ablation (`tf_faithful_verdict` on the same columns as the
-    discover summary's), from the circuit rule's per-item table (`end`: its END curves' rows)."""
+    discover summary's), from the discover rule's per-item table (`end`; its full_correct column: the older
+    protocol's greedy answers, in the note)."""
     from arithmech.interp.sufficiency import key_vs_random
 
     boot = {"n_boot": cfg["bootstrap"], "seed": seed, "confidence": cfg["confidence"]}
@@ -599,7 +604,7 @@ def _tf_sufficient_row(task: str, end: pd.DataFrame, kinds: list[str], cfg: dict
                 measure=f"the key circuit's teacher-forced full-answer faithfulness ({kinds[0]} ablation)",
                 value=100 * r[main], ci_low=100 * r[main + "_low"], ci_high=100 * r[main + "_high"], unit="percent",
                 n=n, split="validation", verdict=verdict, rule=tf_sufficient_rule(cfg), note="; ".join(note),
-                source=f"circuit/{task}_items.parquet")
+                source=f"discover/{task}_items.parquet")
 
 
 def _circuit_summary(items: pd.DataFrame) -> pd.DataFrame:
@@ -1072,9 +1077,11 @@ def scorecard(*, keys: dict[str, pd.DataFrame], effects: dict[str, pd.DataFrame]
               circuits: dict[str, pd.DataFrame | None] | None = None,
               edges: dict[str, pd.DataFrame | None] | None = None,
               edge_paths: dict[str, pd.DataFrame | None] | None = None, study_not_run: str | None = None,
-              discover: pd.DataFrame | None = None) -> pd.DataFrame:
+              discover: pd.DataFrame | None = None,
+              discover_items: dict[str, pd.DataFrame | None] | None = None) -> pd.DataFrame:
     """Every claim's rows (headline first), in the order of CLAIMS, with the columns COLUMNS. `discover`: the
-    discover rule's summary (None: the rule did not run)."""
+    discover rule's summary (None: the rule did not run); `discover_items`: per operator its per-item table (the key
+    circuit on the teacher-forced protocol)."""
     n_layers = int(max(int(e["layer"].max()) for e in effects.values())) + 1
     rows = [
         *few_key_heads(keys, effects, cfg),
@@ -1084,7 +1091,7 @@ def scorecard(*, keys: dict[str, pd.DataFrame], effects: dict[str, pd.DataFrame]
         *key_attention(roles_all, cfg, seed),
         *mlp_answer(probes, keys, cfg),
         *transfer(transfer_items, cfg, seed),
-        *(circuit_sufficient(circuits, cfg, seed) if circuits
+        *(circuit_sufficient(circuits, cfg, seed, teacher_forced=discover_items) if circuits
           else _not_measured("circuit_sufficient", "the circuit rule did not run")),
         *(heads_via_mlps(edge_paths, edges or {}, cfg, seed) if edge_paths
           else _not_measured("heads_via_mlps", "the edges rule did not run")),

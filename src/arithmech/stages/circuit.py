@@ -42,16 +42,13 @@ def run_circuit(*, model: str, task: str, model_dir, pairs_path, cache_path, eff
     with the END mean of the identification counterfactuals (the curves: top k heads, random draws), at every
     position with each template's mean (positions "all", the key circuits and their random draws, on a smaller
     draw of pairs), and at END with the means of counterfactuals of another `counterfactual_shots`
-    (`circuit.contrast_means`, when the prompts have few-shot lines for it to differ). With
-    `circuit.discover.protocol: teacher_forced` (the default) the model, the empty circuit, the key circuits and
-    their random draws are also scored on the teacher-forced protocol at END and answer positions
-    (`sufficiency.teacher_forced_table`: both ablations, values from the identification pairs; its tf_* columns),
-    what the circuit_sufficient verdict reads. Writes the faithfulness of every set
+    (`circuit.contrast_means`, when the prompts have few-shot lines for it to differ): the older protocol's curves.
+    The key circuit and its random draws on the teacher-forced protocol are the discover rule's (its validation
+    table), where the circuits it finds are scored on the same pairs. Writes the faithfulness of every set
     (`out_table`) and every set's per-item measures (`out_items`)."""
     from safetensors.torch import load_file
 
     from arithmech.data.datasets import subsample
-    from arithmech.interp import teacher_forcing as tf
     from arithmech.interp.ablation import cache_means
     from arithmech.model.loading import load_stage_model, stage_meta
 
@@ -72,11 +69,6 @@ def run_circuit(*, model: str, task: str, model_dir, pairs_path, cache_path, eff
             scored = subsample(validation, circuit["all_positions_samples"], seed)
             variants.append(("all", "counterfactual", scored, cx.circuit_sets(**common, curves=False),
                              cache_means(cache, "all")))
-    discover = circuit["discover"]  # the teacher-forced protocol's settings (shared with the discover rules)
-    teacher_forced = discover["protocol"] == "teacher_forced"
-    if teacher_forced:  # values from the identification pairs at END and every answer position
-        pool = tf.build_items(lm, split_pairs(pairs, "identification", str(pairs_path)),
-                              batch_size=compute["batch_size"], outputs=True)
     contrast = circuit["contrast_means"]
     if contrast and contrast != prompts["counterfactual_shots"] and prompts["n_shots"] > 0:
         means = contrast_end_mean(lm, task=task, pairs=pairs, prompts=prompts, cf_shots=contrast, seed=seed,
@@ -100,21 +92,6 @@ def run_circuit(*, model: str, task: str, model_dir, pairs_path, cache_path, eff
             "sample_id": np.tile(scored["sample_id"].to_numpy(), len(sets)), "cluster": np.tile(clusters, len(sets)),
             **{cx.MEASURES[m]: v.reshape(-1) for m, v in values.items()},
         })
-        if teacher_forced and (positions, label) == ("end", "counterfactual"):
-            # the key circuits and their random draws (what the circuit_sufficient verdict reads) also on the
-            # teacher-forced protocol, END and answer positions: the curves stay on the old one (their cost)
-            tf_index = [i for i, s in enumerate(sets) if s.curve in ("model", "empty", "key")
-                        or (s.curve == "random" and s.k == len(key_heads))]
-            tf_table, tf_items = cx.teacher_forced_table(
-                lm, scored, pool, [sets[i] for i in tf_index], sanity_draws=discover["sanity_draws"],
-                strict=cx.strict_kinds(discover["sanity"], discover["tf_ablation"]), **boot,
-                batch_size=compute["batch_size"], positions_sets=("tail",))
-            own = [c for c in tf_table if c.startswith(cx.TF_COLUMNS)]
-            table = pd.concat([table, tf_table[own].set_axis(table.index[tf_index])], axis=1)
-            per_item = cx.with_set_columns(per_item, len(sets),
-                                           tf_items.assign(set_index=np.asarray(tf_index)[tf_items["set_index"]]))
-            for kind in tf.KINDS:  # what the verdict reads beside the items: this ablation's failed sanity checks
-                per_item[f"sanity_{kind}_failed"] = tf_table[f"sanity_{kind}_failed"].iloc[0]
         tables.append(table)
         items.append(per_item)
     meta = stage_meta(model_dir, "circuit", task=task, circuit=circuit, seed=seed, key_heads=len(key_heads))

@@ -13,10 +13,12 @@ from arithmech.report.verdicts import read_knockout_items, scorecard
 def run_claims(*, model: str, key_paths: dict, effects_paths: dict, knockout_item_paths: dict, transfer_items_path,
                roles_all_paths: dict, probes_paths: dict, study_path=None, comparisons_path=None,
                claims_cfg: dict, seed: int, out_table, out_md, out_html, circuit_item_paths: dict | None = None,
-               edges_paths: dict | None = None, edge_path_paths: dict | None = None, discover_path=None) -> None:
+               edges_paths: dict | None = None, edge_path_paths: dict | None = None, discover_path=None,
+               discover_item_paths: dict | None = None) -> None:
     """The scorecard of one model: claims.parquet (COLUMNS), and the same as Markdown and HTML (arithmech.report.scorecard).
     The path dicts map operator -> table; the study's tables are None when the study is off, `discover_path`
-    (the discover rule's summary.parquet) when that rule did not run: their claims then say so. The trained
+    (the discover rule's summary.parquet; `discover_item_paths`: its per-item tables) when that rule did not run:
+    their claims then say so. The trained
     format, and why the study could not run where it could not, are read from the study table's metadata."""
     read = lambda paths: {task: pd.read_parquet(p) for task, p in paths.items()}  # noqa: E731
     study_meta = read_parquet_meta(study_path) if study_path else {}
@@ -32,6 +34,7 @@ def run_claims(*, model: str, key_paths: dict, effects_paths: dict, knockout_ite
         edge_paths=read(edge_path_paths or {}),
         study_not_run=study_meta.get("reason") if study_meta.get("ran") is False else None,
         discover=pd.read_parquet(discover_path) if discover_path else None,
+        discover_items=read(discover_item_paths or {}),
     )
     write_parquet(table, out_table, provenance(stage="claims", model=model, claims=claims_cfg, seed=seed))
     with atomic_path(out_md) as tmp:

@@ -30,16 +30,19 @@ def _scored_pairs(pairs: pd.DataFrame, discover: dict, seed: int, where: str) ->
     return ident, val
 
 
-def _random_sets(curve_heads, mlps, *, n_layers, n_heads, draws, seed, label) -> list[cx.CircuitSet]:
-    """`draws` layer-matched random head sets of the circuit's size, disjoint from it, with its MLPs; none (and a
-    warning) for a circuit of more than half the heads, which has no disjoint random circuit of its size (its
+def _random_sets(curve_heads, mlps, *, n_layers, n_heads, draws, seed, label, offset: int = 900
+                 ) -> list[cx.CircuitSet]:
+    """`draws` layer-matched random head sets of the circuit's size, disjoint from it, with its MLPs (mlps label
+    `label`; draw d seeded seed * 1000 + offset + d: 700 for the key circuit, the circuit rule's draws); none (and
+    a warning) for a circuit of more than half the heads, which has no disjoint random circuit of its size (its
     random columns are then NaN)."""
     if len(curve_heads) > n_layers * n_heads - len(curve_heads):
         warnings.warn(f"a {label} circuit of {len(curve_heads)} of the {n_layers * n_heads} heads has no disjoint "
                       "random circuit of its size: no random control is scored for it", stacklevel=2)
         return []
     return [cx.CircuitSet("random", label, len(curve_heads), d,
-                          tuple(layer_matched_heads(curve_heads, n_heads, seed=seed * 1000 + 900 + d, n_layers=n_layers))
+                          tuple(layer_matched_heads(curve_heads, n_heads, seed=seed * 1000 + offset + d,
+                                                    n_layers=n_layers))
                           if curve_heads else (), tuple(mlps)) for d in range(draws)]
 
 
@@ -80,14 +83,15 @@ FLAG_GAP = 0.15  # the ablations' (and the old protocol's) full-answer faithfuln
 
 
 def _teacher_forced_columns(lm, validation: pd.DataFrame, val: pd.DataFrame, pool: tuple, sets, attribution, nodes,
-                            discover: dict, seed: int, batch: int
+                            discover: dict, seed: int, batch: int, sanity: bool = True
                             ) -> tuple[pd.DataFrame, pd.DataFrame | None, pd.DataFrame]:
     """(the validation table with the teacher-forced protocol beside the old one, the CPR/CMD rows (None without an
     attribution), the per-item values of `sets`); pool: (the identification items, their `tail_outputs`). Added
     per set (`sufficiency.teacher_forced_table`): for each ablation, position set and measure the mean and the
     faithfulness with intervals, the sanity checks' values; and `tf_flag`: the two ablations' and the old
     protocol's full-answer faithfulness differ by more than FLAG_GAP. The CPR/CMD rows: one per node share
-    (curve 'share', node_share; the top nodes by the pruning's attribution), the teacher-forced columns only."""
+    (curve 'share', node_share; the top nodes by the pruning's attribution), the teacher-forced columns only.
+    sanity: False skips the sanity checks (the union: `run_discover` ran them on the same pairs and pool)."""
     from arithmech.interp import teacher_forcing as tf
 
     shares = tf.share_circuits(attribution) if attribution is not None else np.zeros((0, len(nodes)), dtype=bool)
@@ -95,10 +99,12 @@ def _teacher_forced_columns(lm, validation: pd.DataFrame, val: pd.DataFrame, poo
                                 tuple(n for n, k in zip(nodes, m) if k and n[1] >= 0),
                                 tuple(n[0] for n, k in zip(nodes, m) if k and n[1] < 0)) for m in shares]
     pool, pool_outputs = pool
+    # the END-only decomposition for what it explains: the discovered circuits (with the model and the empty set)
+    decomposed = [i for i, s in enumerate(sets) if s.curve in ("model", "empty", "discovered")]
     scored, per_item = cx.teacher_forced_table(
         lm, val, pool, sets + share_sets, pool_outputs=pool_outputs, sanity_draws=discover["sanity_draws"],
         strict=cx.strict_kinds(discover["sanity"], discover["tf_ablation"]), n_boot=discover["bootstrap"], seed=seed,
-        confidence=discover["confidence"], batch_size=batch)
+        confidence=discover["confidence"], batch_size=batch, end_rows=decomposed, sanity=sanity)
     own = [c for c in scored if c.startswith(cx.TF_COLUMNS)]
     out = pd.concat([validation.reset_index(drop=True), scored[own].iloc[: len(sets)].reset_index(drop=True)], axis=1)
     f = pd.concat([out[c] for c in ("faithfulness_tf_resample_tail_correct", "faithfulness_tf_mean_tail_correct",
@@ -203,12 +209,20 @@ def run_discover(*, model: str, task: str, model_dir, pairs_path, cache_path, ef
 
     # validation: every target's circuit against the key circuit, random circuits of its size, the top heads
     ranked = ranked_heads(effects)
-    sets, set_targets = [*base, cx.CircuitSet("key", "key", len(key_heads), -1, tuple(key_heads),
-                                              tuple(sorted(key_mlps)))], [np.nan] * 3
+    # the key circuit with its layer-matched random circuits (the circuit rule's draws): the circuit_sufficient
+    # verdict reads them here, on the protocol and pairs the discovered circuits are scored on
+    key_sets = [cx.CircuitSet("key", "key", len(key_heads), -1, tuple(key_heads), tuple(sorted(key_mlps))),
+                *(_random_sets(list(key_heads), tuple(sorted(key_mlps)), n_layers=lm.n_layers, n_heads=lm.n_heads,
+                               draws=discover["random_draws"], seed=seed, label="key", offset=700)
+                  if key_heads else [])]
+    sets, set_targets = [*base, *key_sets], [np.nan] * (2 + len(key_sets))
     for p, s in zip(pruned, found):
-        mine = [s, *_random_sets(list(s.heads), s.mlp_layers, n_layers=lm.n_layers, n_heads=lm.n_heads,
-                                 draws=discover["random_draws"], seed=seed, label="discovered"),
-                cx.CircuitSet("top", "discovered", len(s.heads), -1, tuple(ranked[: len(s.heads)]), s.mlp_layers)]
+        # the controls (random circuits, top heads) for the chosen target's circuit, what the verdicts read; the
+        # other targets' circuits alone (their summary rows have no random comparison, draws 0)
+        mine = [s] if p.target != chosen else [
+            s, *_random_sets(list(s.heads), s.mlp_layers, n_layers=lm.n_layers, n_heads=lm.n_heads,
+                             draws=discover["random_draws"], seed=seed, label="discovered"),
+            cx.CircuitSet("top", "discovered", len(s.heads), -1, tuple(ranked[: len(s.heads)]), s.mlp_layers)]
         sets += mine
         set_targets += [p.target] * len(mine)
     validation, items = _score(lm, val, sets, np.array(set_targets), means, discover["measure"], batch,
@@ -218,6 +232,8 @@ def run_discover(*, model: str, task: str, model_dir, pairs_path, cache_path, ef
         validation, share_rows, tf_items = _teacher_forced_columns(lm, validation, val, (pool, pool_outputs), sets,
                                                                    attribution, nodes, discover, seed, batch)
         items = cx.with_set_columns(items, len(sets), tf_items)
+        for kind in tf.KINDS:  # what a verdict reading the items needs beside them: the failed sanity checks
+            items[f"sanity_{kind}_failed"] = validation[f"sanity_{kind}_failed"].iloc[0]
     key_set = set(key_heads)
     discovered = validation["curve"] == "discovered"
     heads_of = [s.heads for s in sets]
@@ -383,7 +399,7 @@ def run_discover_union(*, model: str, model_dir, tasks: list[str], pairs_paths, 
     targets = np.full(len(sets), np.nan)
     boot = {"n_boot": discover["bootstrap"], "seed": seed, "confidence": discover["confidence"]}
     blocks, all_items, constants = [], [], []
-    for task, pairs_path, cache_path in zip(tasks, pairs_paths, cache_paths, strict=True):
+    for task, pairs_path, cache_path, val_path in zip(tasks, pairs_paths, cache_paths, validation_paths, strict=True):
         pairs = pd.read_parquet(pairs_path)
         _, val = _scored_pairs(pairs, discover, seed, str(pairs_path))
         means = cache_means(load_file(str(cache_path)), "end")
@@ -393,8 +409,12 @@ def run_discover_union(*, model: str, model_dir, tasks: list[str], pairs_paths, 
                                   batch_size=compute["batch_size"], outputs=True)
             table, _, tf_items = _teacher_forced_columns(
                 lm, table, val, (pool, tf.tail_outputs(lm, pool, compute["batch_size"])), sets, None,
-                all_nodes(lm.n_layers, lm.n_heads), discover, seed, compute["batch_size"])
+                all_nodes(lm.n_layers, lm.n_heads), discover, seed, compute["batch_size"], sanity=False)
             items = cx.with_set_columns(items, len(sets), tf_items)
+            # the sanity checks depend on the pairs, the pool and the seed only, the same as run_discover's: its
+            # values, not a second run of them
+            own = pd.read_parquet(val_path)
+            table = table.assign(**{c: own[c].iloc[0] for c in own if c.startswith("sanity_")})
         blocks.append(table.assign(task=task))
         all_items.append(items.assign(task=task, sample_id=task + ":" + items["sample_id"].astype(str),
                                       cluster=task + ":" + items["cluster"]))

@@ -333,8 +333,9 @@ def discover(s: Setting, m: Model, job: Job) -> Cost:
     candidates' unembedding only; then up to max_passes - 1 more sweeps at that target and max_passes at each
     lower one over the nodes still kept, the whole model); greedy answers of the
     identification draw for the model, the empty circuit and every target's circuit; on the validation draw greedy
-    answers and one END forward per circuit (the key circuit, per target its circuit, its random draws and the
-    top heads of its size), and the added heads' attention (one forward per pair)."""
+    answers and one END forward per circuit (the key circuit and its random draws, every target's circuit, the
+    chosen one's random draws and the top heads of its size), and the added heads' attention (one forward per
+    pair)."""
     p, bs, sh = s.prompts(m, job.get("task")), s.batch(), m.shape
     cfg = s.config["circuit"]["discover"]
     n_id, n_val = min(cfg["max_samples"], p.identification), min(cfg["validation_samples"], p.validation)
@@ -348,7 +349,8 @@ def discover(s: Setting, m: Model, job: Job) -> Cost:
     work += forwards(m, first + sweeps * later + 3 * math.ceil(n_id / bs))
     common = {"prompt": p.ref_tokens, "steps": p.answer_steps, "batch": bs}
     work += set_generation(m, texts=n_id, sets=2 + targets, tail=1, **common)
-    sets = 3 + targets * (cfg["random_draws"] + 2)
+    # model, empty, key circuit and its random draws; every target's circuit; the chosen one's random draws and top
+    sets = 3 + cfg["random_draws"] + targets + cfg["random_draws"] + 1
     work += set_generation(m, texts=n_val, sets=sets, tail=1, **common)
     work += Work(n_val * (forward_flops(sh, new=p.ref_tokens) + sets * end)) + forwards(m, 2 * math.ceil(n_val / bs))
     rows = n_id * cfg["ig_steps"]
