@@ -9,8 +9,8 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-from arithmech.model.loading import prepare_model
 from arithmech.data.arithmetic import build_prompts
+from arithmech.model.loading import prepare_model
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = yaml.safe_load((ROOT / "config.yaml").read_text())

@@ -30,20 +30,19 @@ from pathlib import Path
 import pandas as pd
 import torch
 import yaml
+from addition_prompts import addition_pairs
 from safetensors.torch import load_file
 
-from addition_prompts import addition_pairs
 from arithmech.data import datasets as ds
-from arithmech.intervention import generation
-from arithmech.intervention import kvcache
-from arithmech.sft import scoring
-from arithmech.interp.ablation import greedy_end_sets
-from arithmech.data.answers import answer_tokens, MATH_STOP_STRINGS, settled_number
+from arithmech.data.answers import MATH_STOP_STRINGS, answer_tokens, settled_number
 from arithmech.data.formatting import math_prompts
-from arithmech.intervention.generation import generate_texts
-from arithmech.model.loading import load_model
-from arithmech.intervention.means import AlignedMean
+from arithmech.interp.ablation import greedy_end_sets
 from arithmech.interp.patching import collect, total_logits
+from arithmech.intervention import generation, kvcache
+from arithmech.intervention.generation import generate_texts
+from arithmech.intervention.means import AlignedMean
+from arithmech.model.loading import load_model
+from arithmech.sft import scoring
 from arithmech.stages.validate import knockout_node_sets
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -28,6 +28,7 @@ import argparse
 from pathlib import Path
 
 import pandas as pd
+
 from arithmech.io import read_parquet_meta
 
 

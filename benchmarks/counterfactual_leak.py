@@ -16,11 +16,11 @@ import copy
 from pathlib import Path
 
 import pandas as pd
-
 from addition_prompts import CONFIG, ROOT, default_model_dir
+
+from arithmech.data.arithmetic import COUNTERFACTUAL_SHOTS, build_prompts
 from arithmech.intervention.generation import check_answers
 from arithmech.model.loading import load_model
-from arithmech.data.arithmetic import COUNTERFACTUAL_SHOTS, build_prompts
 
 
 def main() -> None:

@@ -19,11 +19,11 @@ import time
 from pathlib import Path
 
 import torch
-
 from addition_prompts import addition_pairs, default_model_dir
+
 from arithmech.interp.edges import edge_logits, reference_edge_logits
-from arithmech.model.loading import load_model
 from arithmech.interp.patching import collect
+from arithmech.model.loading import load_model
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -29,10 +29,10 @@ from pathlib import Path
 
 import torch
 
-from arithmech.sft import deltas
-from arithmech.sft import training as ft
 from arithmech.model.loading import load_model
 from arithmech.model.tiny import build_tiny_model
+from arithmech.sft import deltas
+from arithmech.sft import training as ft
 
 METHODS = ("full", "precise", "lora")
 

@@ -46,11 +46,11 @@ import time
 from pathlib import Path
 
 import torch
-
 from addition_prompts import addition_pairs, default_model_dir
-from arithmech.model.loading import LoadedModel, load_model, resolve_model_dir
-from arithmech.interp.patching import collect, nodes_of, total_logits
+
 from arithmech.data.arithmetic import encode
+from arithmech.interp.patching import collect, nodes_of, total_logits
+from arithmech.model.loading import LoadedModel, load_model, resolve_model_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET = 50.0  # arithmech at least this many times faster than TransformerLens

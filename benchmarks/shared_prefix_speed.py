@@ -2,8 +2,13 @@
 of 16 add2 training items of results/smollm2-135m/finetune/study/items.parquet, both paths alternating in one
 process, CPU time and wall time; "train": a whole study-like run (precise, 16 heads, 20 steps) each way, and how far
 their parameters end apart. Usage: THREADS=1 python benchmarks/shared_prefix_speed.py [repeats] [precise|full|train ...]"""
-import sys, time, statistics
-import pandas as pd, torch
+import statistics
+import sys
+import time
+
+import pandas as pd
+import torch
+
 from arithmech.model.loading import load_model
 from arithmech.sft import training as ft
 

@@ -31,13 +31,12 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from arithmech.interp.ablation import greedy_end_sets
 from arithmech.data.answers import answer_tokens, decided_answers, settled_number
+from arithmech.interp.ablation import answers_correct, greedy_end_sets
 from arithmech.interp.nodes import random_heads
-from arithmech.model.loading import load_model
 from arithmech.intervention.means import AlignedMean
-from arithmech.interp.ablation import answers_correct
-from arithmech.stages.validate import transfer_targets, knockout_node_sets
+from arithmech.model.loading import load_model
+from arithmech.stages.validate import knockout_node_sets, transfer_targets
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -8,12 +8,6 @@ import numpy as np
 import pytest
 import torch
 
-from arithmech.interp.ablation import (
-    ablation_hooks,
-    greedy_end_sets,
-    knockout,
-    mean_ablate,
-)
 from arithmech.data.answers import (
     answer_correct,
     answer_decided,
@@ -22,7 +16,15 @@ from arithmech.data.answers import (
     full_answer_accuracy,
     number_settled,
 )
+from arithmech.data.arithmetic import build_prompts, encode
+from arithmech.interp.ablation import (
+    ablation_hooks,
+    greedy_end_sets,
+    knockout,
+    mean_ablate,
+)
 from arithmech.interp.nodes import random_heads
+from arithmech.interp.patching import collect
 from arithmech.intervention.generation import (
     first_token_accuracy,
     first_token_predictions,
@@ -32,9 +34,6 @@ from arithmech.intervention.generation import (
 )
 from arithmech.intervention.hooks import capture, hooks, patch_end, patch_tail
 from arithmech.intervention.means import AlignedMean
-from arithmech.interp.patching import collect
-from arithmech.data.arithmetic import build_prompts, encode
-
 from conftest import n_hooks
 
 # both templates (30..42 tokens), so batches are padded

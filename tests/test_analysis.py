@@ -10,7 +10,7 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
-from arithmech.report import plots
+from arithmech.data.arithmetic import build_prompts, encode, render
 from arithmech.interp.analysis import (
     ROLES,
     attention_rows,
@@ -24,7 +24,7 @@ from arithmech.interp.analysis import (
 )
 from arithmech.intervention.hooks import hooks
 from arithmech.model.loading import LoadedModel
-from arithmech.data.arithmetic import build_prompts, encode, render
+from arithmech.report import plots
 
 TEMPLATE = "{a} {op} {b} is equal to "
 

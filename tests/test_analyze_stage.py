@@ -5,12 +5,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from arithmech.stages import analyze as analyze_stage
-
-from arithmech.stages import identify
 from arithmech.interp.analysis import ROLES
 from arithmech.io import read_parquet_meta, write_parquet
 from arithmech.model.tiny import build_tiny_model
+from arithmech.stages import analyze as analyze_stage
+from arithmech.stages import identify
 
 PROMPTS = {
     "operands": {"min": 1, "max": 4},

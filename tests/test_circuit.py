@@ -161,8 +161,7 @@ def _effects_and_key(lm, tmp_path):
 
 def test_circuit_stage(prepared, tmp_path):  # noqa: F811
     from arithmech.model.loading import load_model
-    from arithmech.stages.circuit import run_circuit
-    from arithmech.stages.circuit import run_plot_circuit
+    from arithmech.stages.circuit import run_circuit, run_plot_circuit
 
     lm = load_model(prepared / "model", device="cpu")
     _effects_and_key(lm, tmp_path)
@@ -221,10 +220,10 @@ def test_edges_stage_paths_equal_the_hooked_references(prepared, tmp_path):  # n
     (`edges.reference_edge_logits`); the senders are the top N heads by effect plus the key heads."""
     import torch
 
-    from arithmech.interp.edges import reference_edge_logits
-    from arithmech.model.loading import load_model
-    from arithmech.interp.patching import collect, nodes_of, reference_logits
     from arithmech.data.arithmetic import split_pairs
+    from arithmech.interp.edges import reference_edge_logits
+    from arithmech.interp.patching import collect, nodes_of, reference_logits
+    from arithmech.model.loading import load_model
     from arithmech.stages.circuit import run_edges
 
     lm = load_model(prepared / "model", device="cpu")

@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from arithmech.report import verdicts as claims
+
 CFG = yaml.safe_load(open("config.yaml"))["claims"] | {"bootstrap": 400}
 
 

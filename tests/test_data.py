@@ -16,7 +16,6 @@ import pytest
 
 from arithmech import hub_lock
 from arithmech.data import datasets as data
-
 from arithmech.data import formatting
 from arithmech.io import sha256_file
 from arithmech.model.tiny import build_tiny_tokenizer

@@ -17,10 +17,10 @@ import torch
 import torch.nn.functional as F
 
 from arithmech.data.arithmetic import encode
+from arithmech.interp.patching import collect
 from arithmech.intervention.decoding import greedy_decode
 from arithmech.intervention.hooks import capture, patch_end
 from arithmech.intervention.kvcache import end_copies, prefix_cache
-from arithmech.interp.patching import collect
 from arithmech.model.loading import LoadedModel, ModelSourceError, load_model, refuse_offload
 from arithmech.model.tiny import build_tiny_model
 from arithmech.sft import training as ft

@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from arithmech.sft import training as ft
-from arithmech.interp.ablation import greedy_end_sets
-from arithmech.model.loading import load_model
-from arithmech.interp.patching import collect, direct_logits
 from arithmech.data.arithmetic import build_prompts
+from arithmech.interp.ablation import greedy_end_sets
+from arithmech.interp.patching import collect, direct_logits
+from arithmech.model.loading import load_model
+from arithmech.sft import training as ft
 
 DEVICES = [
     "cpu",

@@ -18,7 +18,6 @@ from arithmech.interp import discovery as dc
 from arithmech.interp.ablation import cache_means
 from arithmech.interp.nodes import node_label
 from arithmech.model.loading import load_model
-
 from test_stages import COMPUTE, prepared  # noqa: F401  (the tiny model with division pairs)
 
 

@@ -10,10 +10,23 @@ import pandas as pd
 import pytest
 
 from arithmech.interp import effects as fx
-from arithmech.tools.docs_results import (BEGIN, END, KEPT_RECORD, PLAN_CONFIGS, PLAN_MARKERS, PLAN_OUTPUT_MARKERS,
-                                         RUN_TIME_MARKERS, MissingResults, main, make_docs, plan_output, plan_text,
-                                         replace_block, run_time_text)
 from arithmech.io import write_parquet
+from arithmech.tools.docs_results import (
+    BEGIN,
+    END,
+    KEPT_RECORD,
+    PLAN_CONFIGS,
+    PLAN_MARKERS,
+    PLAN_OUTPUT_MARKERS,
+    RUN_TIME_MARKERS,
+    MissingResults,
+    main,
+    make_docs,
+    plan_output,
+    plan_text,
+    replace_block,
+    run_time_text,
+)
 from arithmech.tools.run_record import read_record
 from claims_example import example_claims
 from test_findings import knockout_table, study_tables, write_figure

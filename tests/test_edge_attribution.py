@@ -22,7 +22,6 @@ from arithmech.interp import edges as E
 from arithmech.interp.discovery import MLP, all_nodes, gated, rank_correlation
 from arithmech.intervention.hooks import capture, hooks
 from arithmech.intervention.means import AlignedMean
-
 from conftest import n_hooks
 
 ROWS = [0, 5, 11, 16, 21, 27, 30, 3]  # both templates (4 rows each), prompts of two lengths

@@ -8,10 +8,9 @@ import math
 import pytest
 import torch
 
+from arithmech.data.arithmetic import build_prompts
 from arithmech.interp.edges import edge_logits, reference_edge_logits
 from arithmech.interp.patching import collect, direct_logits, nodes_of
-from arithmech.data.arithmetic import build_prompts
-
 from conftest import n_hooks
 
 ROWS = [0, 5, 11, 16, 21, 27, 30]  # both templates, one- and two-digit answers, prompts of different lengths

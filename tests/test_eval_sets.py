@@ -11,10 +11,9 @@ import pytest
 import yaml
 
 from arithmech import hub_lock
-from arithmech.data import datasets as data
-
-from arithmech.data import eval_sets
 from arithmech.config import validate_config
+from arithmech.data import datasets as data
+from arithmech.data import eval_sets
 from arithmech.data.eval_sets import KIND_KEYS, REGISTRY
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -13,11 +13,12 @@ import pandas as pd
 import pytest
 import torch
 
-from arithmech.data.formatting import choice_prompt
-from arithmech.intervention.hooks import hooks
-from arithmech.data.arithmetic import continuation_ids
 from arithmech.data.answers import extract_answer, extract_number, normalize_answer, qa_correct
-from arithmech.intervention.generation import _batches, generate_texts, greedy_answers, greedy_generate, SharedPrefix
+from arithmech.data.arithmetic import continuation_ids
+from arithmech.data.formatting import choice_prompt
+from arithmech.intervention.generation import SharedPrefix, _batches, generate_texts, greedy_answers, greedy_generate
+from arithmech.intervention.hooks import hooks
+from arithmech.report.stats import accuracy_interval
 from arithmech.sft.scoring import (
     _length_batches,
     choice_loglik,
@@ -26,7 +27,6 @@ from arithmech.sft.scoring import (
     evaluate_qa_generation,
     perplexity,
 )
-from arithmech.report.stats import accuracy_interval
 
 # ---------------------------------------------------------------------------------------------------
 # reading the final answer

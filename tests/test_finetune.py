@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 import torch
 
-from arithmech.sft import deltas
-from arithmech.sft import training as ft
-from arithmech.sft import methods as ft_config
 from arithmech.data import formatting
-from arithmech.model.loading import load_model
 from arithmech.data.arithmetic import encode
+from arithmech.model.loading import load_model
+from arithmech.sft import deltas
+from arithmech.sft import methods as ft_config
+from arithmech.sft import training as ft
 
 EXAMPLES = [(f"{a} plus {b} is equal to ", str(a + b)) for a, b in [(1, 2), (3, 4), (2, 2), (4, 1)]]
 HEADS = [(1, 0), (2, 3)]  # two layers; head 3 reads key/value head 1 (4 query heads, 2 kv heads)

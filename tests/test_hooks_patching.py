@@ -7,8 +7,7 @@ import pandas as pd
 import pytest
 import torch
 
-from arithmech.intervention.hooks import capture, hooks, patch_end
-from arithmech.model.loading import load_model
+from arithmech.data.arithmetic import build_prompts, encode
 from arithmech.interp.patching import (
     collect,
     direct_logits,
@@ -17,9 +16,9 @@ from arithmech.interp.patching import (
     reference_logits,
     total_logits,
 )
-from arithmech.data.arithmetic import build_prompts, encode
+from arithmech.intervention.hooks import capture, hooks, patch_end
+from arithmech.model.loading import load_model
 from arithmech.model.tiny import build_tiny_model
-
 from conftest import n_hooks
 
 # rows mixing both templates (30..44 tokens) and one- and two-digit answers

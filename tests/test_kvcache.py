@@ -7,9 +7,9 @@ import pytest
 import torch
 from transformers.cache_utils import DynamicCache, DynamicLayer, DynamicSlidingWindowLayer
 
+from arithmech.data.arithmetic import encode
 from arithmech.intervention.decoding import greedy_decode
 from arithmech.intervention.kvcache import PrefixCopies, RoomyLayer, end_copies, prefix_cache, repeated_cache
-from arithmech.data.arithmetic import encode
 
 TEXTS = ["1 plus 2 is equal to ", "What is 3 times 4? The answer is ", "4 minus 1 is equal to "]
 
@@ -151,15 +151,13 @@ def test_one_batch_of_cache_copies_is_alive_at_a_time(tiny_lm, monkeypatch):
     and evaluation (rows x the longest prompt): each batch's (and each chunk of node sets') copies must be
     freed before the next batch's prefix forward and before the next copies are made, or the peak is two
     batches' worth."""
-    from arithmech.interp import ablation
-    from arithmech.intervention import generation
-    from arithmech.intervention import kvcache
-    from arithmech.interp import patching
-    from arithmech.sft import scoring
+    from arithmech.interp import ablation, patching
     from arithmech.interp.ablation import greedy_end_sets
+    from arithmech.interp.patching import collect, total_logits
+    from arithmech.intervention import generation, kvcache
     from arithmech.intervention.generation import greedy_generate
     from arithmech.intervention.means import AlignedMean
-    from arithmech.interp.patching import collect, total_logits
+    from arithmech.sft import scoring
     from arithmech.sft.scoring import score_targets
 
     shots = "Question: Ann has 3 pens and buys 4 more. How many pens does she have?\nAnswer: 7.\n\n"

@@ -10,7 +10,6 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from arithmech.model import loading as models
 from arithmech.intervention.hooks import hooks
 from arithmech.io import (
     atomic_path,
@@ -21,6 +20,7 @@ from arithmech.io import (
     write_parquet,
     write_safetensors,
 )
+from arithmech.model import loading as models
 from arithmech.model.loading import (
     LoadedModel,
     ModelSourceError,

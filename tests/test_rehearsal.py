@@ -75,8 +75,9 @@ def test_overlay_passes_the_schema_over_the_paper_config(tmp_path, hub):
 
 
 def test_peak_keeps_the_full_runs_largest_batches(tmp_path, hub):
-    from arithmech.model.tiny import build_tiny_model
     from transformers import AutoTokenizer
+
+    from arithmech.model.tiny import build_tiny_model
 
     paper = load_config([ROOT / "configs/paper.yaml"], root=ROOT)
     build_tiny_model(tmp_path / "model", seed=0, **{**rehearsal.TOPOLOGY, "n_layers": 1})

@@ -31,10 +31,9 @@ from arithmech.tools.rehearsal import hub_layout, submissions
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).parent))
+from slurm import cluster  # noqa: E402
 from test_profiles import fresh_checkout, user_profile  # noqa: E402
 from test_workflow import tiny_config  # noqa: E402
-
-from slurm import cluster  # noqa: E402
 
 pytestmark = pytest.mark.slow  # real jobs on a real scheduler: make test-fast leaves these out
 
@@ -342,7 +341,7 @@ def test_a_cancelled_job_is_noticed_and_retried(troubled_run, slurm_cluster):
     assert (jobs[0]["JobID"], jobs[0]["State"]) == (events["patch_all_layers"], "CANCELLED")
     assert events["noticed"] is not None, (f"Snakemake still waited {CANCEL_NOTICED_S} s after job "
                                            f"{events['patch_all_layers']} was cancelled")
-    assert f"SLURM status is: 'CANCELLED'" in log, log[-4000:]
+    assert "SLURM status is: 'CANCELLED'" in log, log[-4000:]
     assert first == 0, log[-4000:]
     assert [j["State"] for j in jobs] == ["CANCELLED", "COMPLETED"], jobs
 

@@ -7,13 +7,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from arithmech.stages import identify, validate
-from arithmech.stages.validate import run_plot_knockout, run_plot_transfer
-from arithmech.io import read_parquet_meta, source_digest
-from arithmech.model.loading import load_model
 from arithmech.interp import ablation
 from arithmech.interp.patching import reference_logits
+from arithmech.io import read_parquet_meta, source_digest
+from arithmech.model.loading import load_model
 from arithmech.model.tiny import build_tiny_model
+from arithmech.stages import identify, validate
+from arithmech.stages.validate import run_plot_knockout, run_plot_transfer
 
 PROMPTS = {
     "operands": {"min": 1, "max": 4},
@@ -187,12 +187,12 @@ TRANSFER = {
 
 
 def test_transfer_matches_an_explicit_ablated_generation(prepared, tmp_path):
-    from arithmech.interp.ablation import mean_ablate
     from arithmech.data.answers import answer_correct, answer_tokens
+    from arithmech.data.arithmetic import split_pairs
     from arithmech.data.datasets import subsample
+    from arithmech.interp.ablation import mean_ablate
     from arithmech.intervention.generation import greedy_answers
     from arithmech.intervention.means import AlignedMean
-    from arithmech.data.arithmetic import split_pairs
 
     root = Path(__file__).resolve().parents[1] / "resources/data"
     key = pd.DataFrame({"component": ["head", "head", "mlp"], "layer": [1, 0, 1], "head": [2, 3, -1]})
@@ -238,9 +238,9 @@ def test_transfer_matches_an_explicit_ablated_generation(prepared, tmp_path):
 
 @pytest.mark.parametrize("positions", ["end", "all"])
 def test_knockout_scores_first_tokens_and_full_answers(prepared, tmp_path, positions):
-    from arithmech.interp.ablation import mean_ablate
     from arithmech.data.answers import answer_correct, answer_tokens
     from arithmech.data.datasets import subsample
+    from arithmech.interp.ablation import mean_ablate
     from arithmech.intervention.generation import greedy_answers
     from arithmech.intervention.means import AlignedMean, GroupedMean
 
@@ -325,8 +325,8 @@ def test_all_positions_answers_batched_across_sets_are_each_sets_own_generation(
     """positions "all" runs every node set at once per template (greedy_end_sets, positions "aligned": the
     prefix the template's mean does not reach is shared); each set's tokens are those of a plain greedy
     generation inside that set's per-template mean ablation, up to where the answer is settled."""
-    from arithmech.interp.ablation import mean_ablate
     from arithmech.data.answers import answer_correct, decided_answers
+    from arithmech.interp.ablation import mean_ablate
     from arithmech.intervention.generation import greedy_generate
     from arithmech.intervention.means import GroupedMean
 

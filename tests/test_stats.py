@@ -13,7 +13,6 @@ from statistics import NormalDist
 
 import numpy as np
 import pytest
-
 from scipy import stats as scipy_stats
 
 from arithmech.report.stats import (

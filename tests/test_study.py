@@ -13,16 +13,15 @@ import pytest
 import torch
 import yaml
 
-from arithmech.sft import training as ft
-from arithmech.sft import design as sd
-from arithmech.interp.nodes import layer_matched_heads
 from arithmech.config import ConfigError, validate_config
-from arithmech.intervention.generation import greedy_generate
-from arithmech.sft.scoring import divergence_windows, score_targets
-from arithmech.model.loading import load_model
 from arithmech.data.arithmetic import continuation_ids
+from arithmech.interp.nodes import layer_matched_heads
+from arithmech.intervention.generation import greedy_generate
+from arithmech.model.loading import load_model
+from arithmech.sft import design as sd
+from arithmech.sft import training as ft
+from arithmech.sft.scoring import divergence_windows, score_targets
 from arithmech.stages.study import run_study_format, run_study_items, run_study_summary
-
 from test_workflow import ROOT, tiny_config
 
 SCHEMA = ROOT / "workflow/schemas/config.schema.yaml"
@@ -257,9 +256,10 @@ def test_format_stage_measures_every_candidate_and_records_the_choice(tiny_dir, 
     study = _with_candidates(_study(), add2=_study()["formats"]["add2"], big=dict(ADD, a=[100, 999], b=[100, 999]),
                              small=dict(ADD, a=[1, 3], b=[1, 3]))
     compute = {"device": "cpu", "dtype": "float32", "batch_size": 4}
-    run = lambda s, out: run_study_format(model_dir=_model_dir(tiny_dir, tmp_path / out), pairs_paths={"addition": pairs},
-                                          study=s, prompts={"shot_separator": ".\n"}, compute=compute, seed=0,
-                                          out_table=tmp_path / out / "formats.parquet")  # noqa: E731
+    def run(s, out):
+        return run_study_format(model_dir=_model_dir(tiny_dir, tmp_path / out), pairs_paths={"addition": pairs},
+                                study=s, prompts={"shot_separator": ".\n"}, compute=compute, seed=0,
+                                out_table=tmp_path / out / "formats.parquet")
     (tmp_path / "named").mkdir()
     run(study | {"train_format": "sub_words"}, "named")  # a named format is measured alone, and chosen
     table = pd.read_parquet(tmp_path / "named/formats.parquet")
@@ -286,9 +286,9 @@ def test_format_stage_measures_every_candidate_and_records_the_choice(tiny_dir, 
 def test_summary_says_when_the_study_could_not_run(tmp_path):
     """No format inside the band: empty tables whose metadata says why, pages and figures that say so, and
     the scorecard's study rows `not measured` with that reason."""
+    from arithmech.io import read_parquet_meta, write_json, write_parquet
     from arithmech.report import verdicts as claims
     from arithmech.report.page import study_not_run
-    from arithmech.io import read_parquet_meta, write_json, write_parquet
 
     table, choice = sd.choose_format(_measured(("add2", 0.95), ("mul2", 0.1)), [0.2, 0.6], "auto")
     table = table.assign(task="addition", template="{a} {op} {b} = ", operator="+", a="10-99", b="10-99", pairs=8100,
@@ -412,7 +412,8 @@ def test_final_runs_and_select_lr():
     assert sd.final_runs("random_heads", study) == ["chosen", "draw1", "draw2", "draw3"]
     assert sd.final_runs("uniform_heads", study) == ["chosen", "draw1", "draw2", "draw3"]
     assert sd.final_runs("full", study) == ["chosen"]
-    frame = lambda correct, nll: pd.DataFrame({"correct": correct, "nll": nll, "n_tokens": [2] * len(correct)})
+    def frame(correct, nll):
+        return pd.DataFrame({"correct": correct, "nll": nll, "n_tokens": [2] * len(correct)})
     vals = {"lr0": frame([1, 0, 0], [1.0, 1, 1]), "lr1": frame([1, 1, 0], [9.0, 9, 9]), "lr2": frame([0, 1, 1], [2.0, 2, 2])}
     choice = sd.select_lr(vals, [1e-4, 3e-4, 1e-3])
     assert choice["run"] == "lr2" and choice["lr"] == 1e-3  # tie on accuracy: the lower NLL

@@ -22,7 +22,6 @@ from arithmech.interp import discovery as dc
 from arithmech.interp import teacher_forcing as tf
 from arithmech.model.loading import load_model
 from arithmech.model.tiny import build_tiny_model
-
 from conftest import PROMPT_CFG
 
 

@@ -1,5 +1,5 @@
-from arithmech.stages.claims import run_claims
 from arithmech.jobs import job
+from arithmech.stages.claims import run_claims
 
 inputs = snakemake.input
 

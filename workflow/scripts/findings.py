@@ -1,5 +1,5 @@
-from arithmech.stages.findings import run_findings
 from arithmech.jobs import job
+from arithmech.stages.findings import run_findings
 
 inputs = snakemake.input
 

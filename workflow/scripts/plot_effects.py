@@ -1,5 +1,5 @@
-from arithmech.stages.identify import run_plot_effects
 from arithmech.jobs import job
+from arithmech.stages.identify import run_plot_effects
 
 with job(snakemake):
     run_plot_effects(

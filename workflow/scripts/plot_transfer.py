@@ -1,5 +1,5 @@
-from arithmech.stages.validate import run_plot_transfer
 from arithmech.jobs import job
+from arithmech.stages.validate import run_plot_transfer
 
 with job(snakemake):
     run_plot_transfer(

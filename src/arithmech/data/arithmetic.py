@@ -17,8 +17,8 @@ stages can find their tokens from offsets rather than by guessing strings.
 from __future__ import annotations
 
 import string
-from decimal import Decimal
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import TYPE_CHECKING, Callable
 
 if TYPE_CHECKING:  # torch is imported by the tokenizer's return_tensors; numpy and pandas by the functions that

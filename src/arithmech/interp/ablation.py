@@ -57,13 +57,13 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 import torch
 
+from arithmech.data.arithmetic import encode
+from arithmech.interp.nodes import Head
 from arithmech.intervention.decoding import Hooks, greedy_decode
 from arithmech.intervention.hooks import patch_tail
 from arithmech.intervention.kvcache import end_copies, prefix_cache
 from arithmech.intervention.means import AlignedMean, GroupedMean
 from arithmech.model.loading import LoadedModel
-from arithmech.data.arithmetic import encode
-from arithmech.interp.nodes import Head
 
 POSITIONS = ("end", "aligned")
 

@@ -25,9 +25,9 @@ import numpy as np
 import pandas as pd
 import torch
 
+from arithmech.data.arithmetic import encode
 from arithmech.intervention.hooks import hooks
 from arithmech.model.loading import LoadedModel
-from arithmech.data.arithmetic import encode
 
 ROLES = ("operand_a", "operand_b", "operator", "equals", "prefix", "other")
 # Words that announce the answer. The "equals" span (see `equals_span`) starts at the first of them after

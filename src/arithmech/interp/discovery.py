@@ -54,11 +54,11 @@ import pandas as pd
 import torch
 
 from arithmech.data.arithmetic import encode
+from arithmech.interp.nodes import node_label
 from arithmech.intervention.hooks import hooks
 from arithmech.intervention.kvcache import PrefixCopies, end_copies, prefix_cache
 from arithmech.intervention.means import AlignedMean
 from arithmech.model.loading import LoadedModel
-from arithmech.interp.nodes import node_label
 
 MEASURES = ("logit_diff", "logprob", "kl")
 MLP = -1  # the head number of an MLP node

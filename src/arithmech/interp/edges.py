@@ -70,16 +70,15 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
-
 import torch
 from tqdm.auto import tqdm
 
+from arithmech.data.arithmetic import encode
+from arithmech.interp.nodes import Head
+from arithmech.interp.patching import EndState, float_copy, float_norm, unembed_scores
 from arithmech.intervention.hooks import capture, hooks, patch_end
 from arithmech.intervention.means import AlignedMean
 from arithmech.model.loading import LoadedModel
-from arithmech.interp.patching import EndState, float_copy, float_norm, unembed_scores
-from arithmech.data.arithmetic import encode
-from arithmech.interp.nodes import Head
 
 
 @dataclass

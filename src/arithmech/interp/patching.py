@@ -27,11 +27,11 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
+from arithmech.data.arithmetic import encode
 from arithmech.intervention.hooks import capture, patch_end
 from arithmech.intervention.kvcache import PrefixCopies, end_copies, prefix_cache
 from arithmech.intervention.means import GroupedMean
 from arithmech.model.loading import LoadedModel
-from arithmech.data.arithmetic import encode
 
 
 @dataclass

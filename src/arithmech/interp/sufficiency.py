@@ -26,9 +26,8 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
+from arithmech.interp.nodes import Head, layer_matched_heads, nodes_text
 from arithmech.report import stats
-from arithmech.interp.nodes import layer_matched_heads, nodes_text
-from arithmech.interp.nodes import Head
 
 # measure -> the per-item column it averages
 MEASURES = {"full": "full_correct", "logit": "answer_logit", "first": "first_correct"}
@@ -102,9 +101,9 @@ def score_sets(lm, scored: pd.DataFrame, sets: list[CircuitSet], *, means, posit
     [n_sets, n]} for `MEASURES` (full, logit, first): greedy answers with everything outside the set mean-ablated at
     `positions` (`ablation.set_answers`), each distinct ablation run once. Runs the model (torch imported here)."""
     import torch
-    from arithmech.interp.ablation import answers_correct, set_answers
 
     from arithmech.data.answers import answer_tokens
+    from arithmech.interp.ablation import answers_correct, set_answers
 
     distinct = list(dict.fromkeys((s.heads, s.mlp_layers) for s in sets))
     ablated = [CircuitSet("", "", 0, -1, h, m).ablated(lm.n_layers, lm.n_heads) for h, m in distinct]

@@ -382,7 +382,7 @@ class TailTrials:
         `start` on residuals `base` (per layer [b, T, d]); with `states` also the residuals entering layers
         start.. (c = 1). Positions "end": END under the ablation, then the answer tokens clean, from layer 0."""
         batch, prefix, resid, _ = entry
-        b, c, T = len(batch.rows), kept.shape[0], batch.T
+        c, T = kept.shape[0], batch.T
         if self.positions == "end":
             return self._end_only_logits(batch, prefix, kept)
         if start is None:

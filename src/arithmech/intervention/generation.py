@@ -19,12 +19,12 @@ import pandas as pd
 import torch
 from tqdm import tqdm
 
-from arithmech.intervention.batching import SHARED_PREFIX_MIN_TOKENS
 from arithmech.data.answers import answer_correct, answer_tokens, cut_at
+from arithmech.data.arithmetic import encode
+from arithmech.intervention.batching import SHARED_PREFIX_MIN_TOKENS
 from arithmech.intervention.decoding import Hooks, entered, greedy_decode
 from arithmech.intervention.kvcache import repeated_cache
 from arithmech.model.loading import LoadedModel
-from arithmech.data.arithmetic import encode
 
 
 def _batches(n: int, batch_size: int) -> Iterator[tuple[int, int]]:

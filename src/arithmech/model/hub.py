@@ -102,8 +102,8 @@ def hub_problem(err: BaseException, repo_id: str, revision: str | None, director
     import httpx2  # huggingface_hub's HTTP client (pinned in requirements.txt)
     from huggingface_hub.errors import (
         GatedRepoError,
-        HFValidationError,
         HfHubHTTPError,
+        HFValidationError,
         IncompleteSnapshotError,
         LocalEntryNotFoundError,
         RepositoryNotFoundError,

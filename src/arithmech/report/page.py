@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from arithmech.report import display
 from arithmech.io import read_parquet_meta
+from arithmech.report import display
 from arithmech.report.scorecard import PAGE_CSS, SCORECARD_CSS, scorecard_table, verdict_counts
 
 

@@ -12,14 +12,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from arithmech.report import display
-
-from arithmech.report import stats
+from arithmech.report import display, stats
 
 VERDICTS = ("holds", "partly", "does not hold", "inconclusive", "not measured")
 COLUMNS = ["claim", "scope", "stage", "statement", "paper", "measure", "value", "ci_low", "ci_high", "unit", "n",

@@ -15,7 +15,6 @@ import pandas as pd
 from arithmech.io import atomic_dir, config_hash, write_parquet
 from arithmech.model.loading import LoadedModel, load_stage_model, stage_meta
 
-
 TRAINED_FILE = "trained.safetensors"  # the head methods: the deltas
 ADAPTER_DIR = "adapter"  # lora: a PEFT adapter directory (PeftModel.from_pretrained loads it)
 FULL_DIR = "model"  # full: a whole HF model directory

@@ -14,12 +14,12 @@ import torch
 from tqdm import tqdm
 
 from arithmech.data.answers import MATH_STOP_STRINGS, extract_answer, qa_correct, same_number
-from arithmech.intervention.decoding import Hooks
+from arithmech.data.arithmetic import continuation_ids
 from arithmech.data.formatting import choice_prompt
+from arithmech.intervention.decoding import Hooks
 from arithmech.intervention.generation import SharedPrefix, generate_texts, pad_left
 from arithmech.intervention.kvcache import repeated_cache
 from arithmech.model.loading import LoadedModel
-from arithmech.data.arithmetic import continuation_ids
 
 
 def _length_batches(lengths: Sequence[int], batch_size: int, min_fill: float = 0.75) -> list[tuple[int, int]]:

@@ -41,13 +41,13 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm import tqdm
 
+from arithmech.data.arithmetic import continuation_ids
+from arithmech.io import config_hash
+from arithmech.model.loading import LoadedModel
 from arithmech.sft import distributed
 from arithmech.sft.checkpoints import latest_checkpoint, load_checkpoint, save_checkpoint
 from arithmech.sft.deltas import HeadDeltas
 from arithmech.sft.methods import HEAD_METHODS, Method, TrainConfig, parse_method
-from arithmech.io import config_hash
-from arithmech.model.loading import LoadedModel
-from arithmech.data.arithmetic import continuation_ids
 
 IGNORE_INDEX = -100  # label of positions that carry no loss (prompt, padding)
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from arithmech.data.arithmetic import split_pairs
 from arithmech.interp.nodes import node_label
 from arithmech.io import read_parquet_meta, write_parquet
-from arithmech.data.arithmetic import split_pairs
 
 
 def analysis_heads(key_path, effects_path, fallback: int) -> tuple[list[tuple[int, int]], str]:
@@ -33,9 +33,8 @@ def run_analyze(
     holds the same attention by role for every head of the model (`analysed` marks the heads above), the
     baseline the key heads are compared with. The figures are drawn from these tables by
     `figures.run_plot_analysis`."""
-    from arithmech.model.loading import load_stage_model, stage_meta
-
     from arithmech.interp.analysis import attention_rows, first_role_tokens, mlp_probes, role_attention, token_roles
+    from arithmech.model.loading import load_stage_model, stage_meta
 
     lm = load_stage_model(model_dir, compute)
     pairs = split_pairs(pd.read_parquet(pairs_path), "validation", str(pairs_path))

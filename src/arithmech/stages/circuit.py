@@ -5,15 +5,21 @@ played no part in ranking the heads or in the ablation means."""
 from __future__ import annotations
 
 import warnings
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 
+from arithmech.data.arithmetic import split_pairs
 from arithmech.interp import sufficiency as cx
 from arithmech.interp.effects import operand_pairs, pair_labels
 from arithmech.interp.nodes import node_label, ranked_heads
 from arithmech.io import write_parquet
-from arithmech.data.arithmetic import split_pairs
+
+if TYPE_CHECKING:  # annotations only: the rules import torch where they run the model
+    import torch
+
+    from arithmech.intervention.means import AlignedMean
 
 
 def contrast_end_mean(lm, *, task: str, pairs: pd.DataFrame, prompts: dict, cf_shots: str, seed: int,
@@ -21,10 +27,10 @@ def contrast_end_mean(lm, *, task: str, pairs: pd.DataFrame, prompts: dict, cf_s
     """The END mean over the identification pairs' counterfactuals rebuilt with `counterfactual_shots: cf_shots`
     (the same shots and null words: `arithmetic.build_prompts` draws them per sample id)."""
     import torch
-    from arithmech.intervention.means import AlignedMean
 
-    from arithmech.interp.patching import collect
     from arithmech.data.arithmetic import build_prompts
+    from arithmech.interp.patching import collect
+    from arithmech.intervention.means import AlignedMean
 
     ident = split_pairs(pairs, "identification", "pairs")
     rebuilt = build_prompts(lm.tokenizer, task, {**prompts, "counterfactual_shots": cf_shots}, seed)
@@ -121,11 +127,11 @@ def run_edges(*, model: str, model_dir, tasks: list[str], pairs_paths, effects_p
     (`teacher_forcing.KINDS`, values from the identification pairs). One job for all operators: the model loads
     once."""
     import torch
-    from arithmech.model.loading import load_stage_model, stage_meta
 
     from arithmech.data.datasets import subsample
     from arithmech.interp.edges import edge_logits
     from arithmech.interp.patching import collect, direct_logits, nodes_of, total_logits
+    from arithmech.model.loading import load_stage_model, stage_meta
 
     lm = load_stage_model(model_dir, compute)
     keys = {t: pd.read_parquet(p) for t, p in zip(tasks, key_paths, strict=True)}

@@ -138,9 +138,9 @@ def run_discover(*, model: str, task: str, model_dir, pairs_path, cache_path, ef
     heads' direct effects and END attention by token role (`out_added`)."""
     from safetensors.torch import load_file
 
-    from arithmech.interp.ablation import cache_means
     from arithmech.interp import teacher_forcing as tf
-    from arithmech.interp.discovery import EndTrials, MLP, all_nodes, prune
+    from arithmech.interp.ablation import cache_means
+    from arithmech.interp.discovery import MLP, EndTrials, all_nodes, prune
     from arithmech.model.loading import load_stage_model, stage_meta
 
     lm = load_stage_model(model_dir, compute)

@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from arithmech.interp.nodes import ranked_nodes
 from arithmech.data.eval_sets import REGISTRY
+from arithmech.interp.nodes import ranked_nodes
 from arithmech.io import provenance, write_html_table, write_parquet
 from arithmech.model.loading import load_stage_model, model_record, stage_meta
 from arithmech.sft.runs import load_finetuned, train_and_save
@@ -57,8 +57,8 @@ def run_evaluate(*, model: str, model_dir, method: str, dataset: str, finetune_d
     batch_size, n_shots for the math sets (solved GSM8K train examples from `shots_path`), and the data
     set's own settings under its name."""
     from arithmech.data import datasets as ds
-    from arithmech.sft import scoring
     from arithmech.data.formatting import math_prompts
+    from arithmech.sft import scoring
 
     spec = REGISTRY.get(dataset)
     if spec is None:
@@ -134,9 +134,9 @@ def accuracy_sets(datasets: list[str]) -> list[str]:
 
 def run_summarize_eval(*, model: str, methods: list[str], eval_paths: dict, stats_paths: dict, confidence: float,
                        out_table, out_md, out_html, out_png) -> None:
+    from arithmech.io import atomic_path
     from arithmech.report import plots
     from arithmech.report.tables import eval_markdown
-    from arithmech.io import atomic_path
 
     summary = eval_summary(eval_paths, stats_paths, confidence)
     datasets = list(next(iter(eval_paths.values())))

@@ -5,12 +5,18 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pandas as pd
 
+from arithmech.data.arithmetic import SPLITS, build_prompts, select_samples, split_pairs
 from arithmech.interp import effects as fx
 from arithmech.io import provenance, read_parquet_meta, write_html_table, write_parquet, write_safetensors
-from arithmech.data.arithmetic import SPLITS, build_prompts, select_samples, split_pairs
+
+if TYPE_CHECKING:  # annotations only: the rules import torch where they run the model
+    import torch
+
+    from arithmech.interp.patching import EndState
 
 
 def run_prepare_model(*, source: dict, out_dir: str | Path, model_cache: str | None = None,
@@ -28,9 +34,8 @@ def run_build_pairs(*, model_dir, task: str, prompts: dict, compute: dict, seed:
     into identification and validation pairs by operand pair; writes kept and dropped samples. The kept
     pairs' counterfactual prompts are checked too: how often they still give the answer (the leak) goes
     into the table (cf_correct_first_token, cf_correct_full) and its metadata."""
-    from arithmech.model.loading import load_stage_model, stage_meta
-
     from arithmech.intervention.generation import check_answers
+    from arithmech.model.loading import load_stage_model, stage_meta
 
     lm = load_stage_model(model_dir, compute)
     candidates = build_prompts(lm.tokenizer, task, prompts, seed)
@@ -70,6 +75,7 @@ def run_cache_activations(*, model_dir, pairs_path, compute: dict, out_path) -> 
     counterfactual means that mean ablation uses: at END over all of them (`cf_mean_*`, [1, ...]) and per
     template at every position counted back from END (`cf_template_*`, `means.GroupedMean`)."""
     import torch
+
     from arithmech.interp.patching import collect
     from arithmech.model.loading import load_stage_model, stage_meta
 
@@ -98,8 +104,9 @@ def run_cache_activations(*, model_dir, pairs_path, compute: dict, out_path) -> 
 
 def load_states(cache_path) -> tuple[EndState, EndState, torch.Tensor, torch.Tensor]:
     """(reference, counterfactual, answer_ids [n], sample_ids [n]) from a cache file."""
-    from arithmech.interp.patching import EndState
     from safetensors.torch import load_file
+
+    from arithmech.interp.patching import EndState
 
     t = load_file(str(cache_path))
     ref = EndState(**{k: t[f"ref_{k}"] for k in STATE_FIELDS})

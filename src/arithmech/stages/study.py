@@ -10,12 +10,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from arithmech.sft import design as sd
+from arithmech.interp.nodes import ranked_nodes
 from arithmech.io import atomic_path, config_hash, provenance, write_html_page, write_json, write_parquet
 from arithmech.model.loading import load_stage_model, model_record, stage_meta
 from arithmech.report.tables import format_markdown, study_markdown
+from arithmech.sft import design as sd
 from arithmech.sft.runs import load_finetuned, train_and_save
-from arithmech.interp.nodes import ranked_nodes
 
 VAL_FILE = "val.parquet"
 
@@ -207,8 +207,8 @@ def chosen_dir(selection_path, grid_dirs: dict) -> Path:
 
 def _off_target_rows(lm, base, study: dict, data_paths: dict, *, seed: int, bs: int) -> list[pd.DataFrame]:
     from arithmech.data import datasets as ds
-    from arithmech.sft import scoring
     from arithmech.data.formatting import math_prompts
+    from arithmech.sft import scoring
 
     cfg, frames = study["off_target"], []
     style = cfg["style"]

@@ -8,12 +8,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from arithmech.intervention.batching import TRANSFER_COPIES
+from arithmech.data.arithmetic import split_pairs
 from arithmech.data.formatting import non_math_prompts, svamp_prompts
 from arithmech.interp.effects import operand_pairs
 from arithmech.interp.nodes import nodes_text
+from arithmech.intervention.batching import TRANSFER_COPIES
 from arithmech.io import write_parquet
-from arithmech.data.arithmetic import split_pairs
 
 
 def knockout_node_sets(effects: pd.DataFrame, key: pd.DataFrame, ablation: dict, *, n_layers: int, n_heads: int,
@@ -54,12 +54,12 @@ def run_knockout(
     token (`accuracy`, what path patching measured) and the full greedy answer (`full_accuracy`); `out_items`
     holds every set's per-item correctness (`knockout_items`), for paired comparisons."""
     import torch
-    from arithmech.interp.ablation import answers_correct, cache_means, set_answers
-    from arithmech.model.loading import load_stage_model, stage_meta
     from safetensors.torch import load_file
 
     from arithmech.data.answers import answer_tokens
     from arithmech.data.datasets import subsample
+    from arithmech.interp.ablation import answers_correct, cache_means, set_answers
+    from arithmech.model.loading import load_stage_model, stage_meta
 
     lm = load_stage_model(model_dir, compute)
     pairs = split_pairs(pd.read_parquet(pairs_path), "validation", str(pairs_path))
@@ -119,9 +119,9 @@ def transfer_targets(
     source data, the unit a paired interval resamples)."""
     import torch
 
-    from arithmech.data.datasets import subsample
     from arithmech.data.answers import answer_tokens
     from arithmech.data.arithmetic import format_prompts
+    from arithmech.data.datasets import subsample
 
     targets = []
     for task, path in zip(tasks, pairs_paths, strict=True):
@@ -168,14 +168,13 @@ def run_transfer(
     `retained` is the share of the items the unablated model gets right that stay right (the paper's
     "accuracy after knockout" on data filtered to correct answers). `out_items`: every set's correctness per
     item (source, heads, seed, target, target_kind, item, cluster, correct), for paired comparisons."""
-    from arithmech.interp.ablation import answers_correct
-    from arithmech.intervention.means import AlignedMean
-    from arithmech.model.loading import load_stage_model, stage_meta
     from safetensors.torch import load_file
 
-    from arithmech.interp.ablation import greedy_end_sets
-    from arithmech.interp.nodes import layer_matched_heads
     from arithmech.data.answers import decided_answers, qa_correct
+    from arithmech.interp.ablation import answers_correct, greedy_end_sets
+    from arithmech.interp.nodes import layer_matched_heads
+    from arithmech.intervention.means import AlignedMean
+    from arithmech.model.loading import load_stage_model, stage_meta
 
     lm = load_stage_model(model_dir, compute)
     # the empty set ablates nothing; any mean will do
@@ -245,8 +244,8 @@ def run_plot_knockout(*, model: str, task: str, knockout_path, key_path, out_png
 
 def run_plot_transfer(*, model: str, transfer_path, out_html, out_png) -> None:
     """The transfer matrix (retained accuracy per source operator and target set) as a table and heatmap."""
-    from arithmech.report import plots
     from arithmech.io import write_html_table
+    from arithmech.report import plots
 
     table = pd.read_parquet(transfer_path)
     write_html_table(plots.transfer_summary(table), out_html, f"{model}: knockout transfer (retained accuracy, %)")

@@ -30,13 +30,21 @@ from typing import Callable
 import pandas as pd
 import yaml
 
-from arithmech.report import display
-from arithmech.report.page import (circuit_sentences, figure_caption, key_component_rows, knockout_rows,
-                                   provenance_text, study_not_run, study_rows, table_metric)
-from arithmech.report.verdicts import TIMING_CLAIMS, fell_back
 from arithmech.io import atomic_path
+from arithmech.report import display
+from arithmech.report.page import (
+    circuit_sentences,
+    figure_caption,
+    key_component_rows,
+    knockout_rows,
+    provenance_text,
+    study_not_run,
+    study_rows,
+    table_metric,
+)
 from arithmech.report.scorecard import claims_markdown, verdict_counts
 from arithmech.report.tables import markdown_table
+from arithmech.report.verdicts import TIMING_CLAIMS, fell_back
 from arithmech.tools.run_record import RECORD, duration_text, last_complete, machine_text, read_record
 
 BEGIN = "<!-- BEGIN GENERATED: scorecard (make docs) -->"

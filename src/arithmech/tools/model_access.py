@@ -57,9 +57,9 @@ def check_models(config: dict, *, workdir: str | Path = ".") -> list[str]:
     if not pending:
         return []
     try:
-        from arithmech.model import hub
-
         import huggingface_hub  # noqa: F401
+
+        from arithmech.model import hub
         from arithmech.tools.plan import SHAPES  # noqa: F401
     except ImportError as err:
         return [f"Hub models {', '.join(pending)} not checked before the run ({err}): prepare_model checks them"]

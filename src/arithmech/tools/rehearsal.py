@@ -49,7 +49,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import yaml
-
 from snakemake.utils import update_config
 
 from arithmech.data.eval_sets import REGISTRY

@@ -35,7 +35,6 @@ from arithmech.tools.plan.sft_rules import evaluate, finetune, study_evaluate, s
 from arithmech.tools.plan.shapes import model_shape
 from arithmech.tools.plan.tokens import TokenCounter
 
-
 # Every rule of the workflow and what one of its jobs costs (tests/test_plan.py checks that every rule of
 # the Snakefile and workflow/rules/*.smk has an entry).
 RULE_COSTS: dict[str, Callable[[Setting, Model | None, Job], Cost]] = {
