@@ -1,4 +1,5 @@
-"""The Snakemake files stay formatted (snakefmt, pinned in requirements-test.txt)."""
+"""The code stays clean under ruff (pyflakes, pycodestyle and import order, configured in pyproject.toml) and the
+Snakemake files formatted (snakefmt); both pinned in requirements-test.txt."""
 
 import subprocess
 import sys
@@ -7,6 +8,15 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_ruff_is_clean():
+    """ruff over the package, the tests, the rule scripts and the benchmarks: a finding fails with ruff's own
+    message (file, line, rule)."""
+    paths = [ROOT / p for p in ("src", "tests", "workflow/scripts", "benchmarks")]
+    proc = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", "--output-format", "concise",
+                           *map(str, paths)], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
 
 @pytest.mark.slow
