@@ -186,6 +186,30 @@ def test_protocol_scores_end_rows(lm, setup):
             np.testing.assert_allclose(some[key], v, atol=1e-6, err_msg=key)
 
 
+def test_sanity_checks_on_a_draw_of_the_items(lm, setup):
+    """`protocol_scores(sanity_samples=k)`: the checks run on a seeded draw of k items (said in {kind}_n_items),
+    with the values the checks give on those items' own trials; the circuits' values stay on every item."""
+    items, pool, _ = setup
+    kept = _masks(len(_trials(lm, setup, "mean").nodes), 3, seed=7)
+    kw = {"batch_size": 3, "sanity_draws": 3, "strict": False, "positions_sets": ("tail",), "seed": 2}
+    with pytest.warns(UserWarning):
+        every, _ = tf.protocol_scores(lm, items, pool, kept, **kw)
+        some, checked = tf.protocol_scores(lm, items, pool, kept, sanity_samples=5, **kw)
+    for key, v in every.items():
+        np.testing.assert_allclose(some[key], v, atol=1e-6, err_msg=key)
+    rows = np.sort(np.random.default_rng([2, 4307]).choice(len(items), 5, replace=False))
+    for kind in tf.KINDS:
+        assert checked[f"{kind}_n_items"] == 5
+        values = tf.ablation_values(lm, items, pool, kind, seed=2, batch_size=3).subset(rows)
+        own = tf.TailTrials(lm, items.subset(rows), values, batch_size=3)
+        checks = [c for c in tf.SANITY_CHECKS if c != "position alignment" or kind == tf.KINDS[0]]
+        with pytest.warns(UserWarning):  # the random tiny model fails the one-node check: its message says how
+            expected = tf.sanity_checks(own, draws=3, seed=2, strict=False, checks=checks)
+        for k, v in expected.items():
+            assert checked[f"{kind}_{k}"] == (v if isinstance(v, str) else pytest.approx(v)), (kind, k)
+        assert "over 3 draws" in checked[f"{kind}_failed"]
+
+
 def test_end_only_differs_from_the_tail(lm, setup):
     """The decomposition: ablating END alone leaves the answer positions clean, which changes the measure."""
     masks = _masks(len(_trials(lm, setup, "mean").nodes), 4)

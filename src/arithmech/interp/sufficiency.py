@@ -176,14 +176,16 @@ def strict_kinds(sanity: str, pruned_ablation: str) -> list[str]:
 def teacher_forced_table(lm, scored: pd.DataFrame, pool, sets: Sequence[CircuitSet], *, pool_outputs=None,
                          sanity_draws: int, strict, n_boot: int, seed: int, confidence: float, batch_size: int,
                          positions_sets: Sequence[str] = ("tail", "end"), end_rows: Sequence[int] | None = None,
-                         sanity: bool = True) -> tuple[pd.DataFrame, pd.DataFrame]:
+                         sanity: bool = True, sanity_samples: int | None = None
+                         ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Every set on the teacher-forced protocol (`teacher_forcing.protocol_scores`: both ablations, END + answer
     positions and END only, every measure) on the pairs `scored`, with values from the identification items
     `pool` (`teacher_forcing.build_items(..., outputs=True)`; pool_outputs: their `tail_outputs`, else computed).
     `sets` holds one 'model' and one 'empty' set; positions_sets: `teacher_forcing.POSITIONS` to score (the END-only
     decomposition costs as much again); end_rows: the sets scored END-only (None: all; the others' columns NaN; the
     model and the empty set must be among them for its faithfulness); sanity: False skips the sanity checks (no
-    sanity_* columns; for a caller that ran them on the same pairs and pool). Returns (table, per_item):
+    sanity_* columns; for a caller that ran them on the same pairs and pool); sanity_samples: they run on a seeded
+    draw of at most this many pairs (`teacher_forcing.protocol_scores`). Returns (table, per_item):
     table: one row per set (in order; `faithfulness_table`'s set columns), columns tf_<kind>_<positions>_<measure>
     (means) and faithfulness_tf_...
     with cluster-bootstrap intervals, tf_n_items (pairs scored), tf_dropped (pairs whose terminator continues the
@@ -198,7 +200,8 @@ def teacher_forced_table(lm, scored: pd.DataFrame, pool, sets: Sequence[CircuitS
     masks = kept_masks(sets, all_nodes(lm.n_layers, lm.n_heads))
     values, checks = tf.protocol_scores(lm, items, pool, masks, seed=seed, pool_outputs=pool_outputs,
                                         batch_size=batch_size, sanity_draws=sanity_draws, strict=strict,
-                                        positions_sets=positions_sets, end_rows=end_rows, sanity=sanity)
+                                        positions_sets=positions_sets, end_rows=end_rows, sanity=sanity,
+                                        sanity_samples=sanity_samples)
     values = {f"tf_{k}": np.asarray(v, dtype=float) for k, v in values.items()}
     scored_table = faithfulness_table(sets, values, pair_labels(items.table).to_numpy(), n_boot=n_boot, seed=seed,
                                       confidence=confidence)

@@ -88,6 +88,14 @@ class TailItems:
     def targets(self, i: int) -> list[int]:
         return [*self.answer_ids[i], self.terminators[i]]
 
+    def subset(self, rows) -> "TailItems":
+        """The items `rows` (positions, in this order), with their outputs where captured."""
+        rows = np.asarray(rows, dtype=int)
+        idx = torch.as_tensor(rows, dtype=torch.long)
+        return TailItems(self.table.iloc[rows].reset_index(drop=True), [self.prompt_ids[i] for i in rows],
+                         [self.answer_ids[i] for i in rows], [self.terminators[i] for i in rows], self.dropped,
+                         None if self.outputs is None else (self.outputs[0][idx], self.outputs[1][idx]))
+
 
 @dataclass
 class TailBatch:
@@ -179,6 +187,11 @@ class TailValues:
         """Per-row values of `rows` over their T offsets: heads [b, T, L, H, D], mlps [b, T, L, d]."""
         idx = torch.as_tensor(np.asarray(rows), dtype=torch.long)
         return AlignedMean(self.heads[idx, :T], self.mlps[idx, :T])
+
+    def subset(self, rows) -> "TailValues":
+        """The values of items `rows` (as `TailItems.subset`)."""
+        idx = torch.as_tensor(np.asarray(rows, dtype=int), dtype=torch.long)
+        return TailValues(self.heads[idx], self.mlps[idx], self.kind, self.donors[np.asarray(rows, dtype=int)])
 
 
 def _empty_outputs(lm: LoadedModel, items: TailItems) -> tuple[torch.Tensor, torch.Tensor]:
@@ -699,7 +712,7 @@ def _strict(strict: bool | Sequence[str], kind: str) -> bool:
 def protocol_scores(lm: LoadedModel, items: TailItems, pool: TailItems, kept, *, seed: int = 0, batch_size: int = 32,
                     sanity_draws: int = 20, strict: bool | Sequence[str] = True, pool_outputs=None,
                     positions_sets: Sequence[str] = POSITIONS, end_rows: Sequence[int] | None = None,
-                    sanity: bool = True) -> tuple[dict[str, np.ndarray], dict]:
+                    sanity: bool = True, sanity_samples: int | None = None) -> tuple[dict[str, np.ndarray], dict]:
     """Every circuit of `kept` (bool [c, nodes]) under both ablations (`KINDS`) at each position set of
     `positions_sets` (`POSITIONS`; "tail" always included, where the sanity checks run):
     {f"{kind}_{positions}_{measure}": [c, n_items]} (`TAIL_MEASURES`; kl as -KL), and the sanity
@@ -707,11 +720,18 @@ def protocol_scores(lm: LoadedModel, items: TailItems, pool: TailItems, kept, *,
     `strict`: True for every kind, or the kinds whose failed check raises; the others warn and record it in
     their 'failed' value). pool_outputs: as `ablation_values`. end_rows: the rows of `kept` scored at positions
     "end" (the decomposition; None: every row); the others' "end" values are NaN. sanity: False skips the checks
-    (returns {}), for a caller that ran them on the same items and pool already."""
+    (returns {}), for a caller that ran them on the same items and pool already. sanity_samples: the checks run on
+    a seeded draw of at most this many of the items (None: all; the one-node check's 20 circuits are the costly
+    part, and its mean over draws x items needs fewer items than the circuits' intervals); {kind}_n_items says
+    how many."""
     values, checked = {}, {}
     kept = np.asarray(kept, dtype=bool)
     pool_outputs = pool_outputs if pool_outputs is not None else tail_outputs(lm, pool, batch_size)
     base = None  # one TailTrials whose prefix caches and references every ablation and position set shares
+    checked_rows = np.arange(len(items))
+    if sanity_samples is not None and sanity_samples < len(items):
+        checked_rows = np.sort(np.random.default_rng([seed, 4307]).choice(len(items), sanity_samples, replace=False))
+    checked_base = None  # the same for the sanity checks' items, where they are a draw
     for kind in KINDS:
         tail_values = ablation_values(lm, items, pool, kind, seed=seed, batch_size=batch_size,
                                       pool_outputs=pool_outputs)
@@ -727,7 +747,14 @@ def protocol_scores(lm: LoadedModel, items: TailItems, pool: TailItems, kept, *,
                 values[f"{kind}_{positions}_{m}"][rows] = v
             if positions == "tail" and sanity:  # position alignment does not depend on the kind: checked once
                 checks = [c for c in SANITY_CHECKS if c != "position alignment" or kind == KINDS[0]]
-                checked |= {f"{kind}_{k}": v for k, v in sanity_checks(trials, draws=sanity_draws, seed=seed,
+                on = trials
+                if len(checked_rows) < len(items):
+                    drawn = tail_values.subset(checked_rows)
+                    if checked_base is None:
+                        checked_base = TailTrials(lm, items.subset(checked_rows), drawn, batch_size=batch_size)
+                    on = checked_base.with_values(drawn)
+                checked |= {f"{kind}_{k}": v for k, v in sanity_checks(on, draws=sanity_draws, seed=seed,
                                                                            strict=_strict(strict, kind),
                                                                            checks=checks).items()}
+                checked[f"{kind}_n_items"] = len(checked_rows)
     return values, checked

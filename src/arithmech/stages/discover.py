@@ -104,7 +104,8 @@ def _teacher_forced_columns(lm, validation: pd.DataFrame, val: pd.DataFrame, poo
     scored, per_item = cx.teacher_forced_table(
         lm, val, pool, sets + share_sets, pool_outputs=pool_outputs, sanity_draws=discover["sanity_draws"],
         strict=cx.strict_kinds(discover["sanity"], discover["tf_ablation"]), n_boot=discover["bootstrap"], seed=seed,
-        confidence=discover["confidence"], batch_size=batch, end_rows=decomposed, sanity=sanity)
+        confidence=discover["confidence"], batch_size=batch, end_rows=decomposed, sanity=sanity,
+        sanity_samples=discover["sanity_samples"])
     own = [c for c in scored if c.startswith(cx.TF_COLUMNS)]
     out = pd.concat([validation.reset_index(drop=True), scored[own].iloc[: len(sets)].reset_index(drop=True)], axis=1)
     f = pd.concat([out[c] for c in ("faithfulness_tf_resample_tail_correct", "faithfulness_tf_mean_tail_correct",
