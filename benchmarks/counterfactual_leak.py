@@ -38,13 +38,16 @@ def main() -> None:
             built[option] = frame.sample(min(args.n, len(frame)), random_state=0)
         ref_frame = built["keep"]
         batch = CONFIG["compute"]["batch_size"]
-        ref = check_answers(lm, list(ref_frame["prompt"]), ref_frame["answer"], ref_frame["answer_token_id"], batch_size=batch)
+        ref = check_answers(lm, list(ref_frame["prompt"]), ref_frame["answer"], ref_frame["answer_token_id"],
+                            batch_size=batch)
         kept = ref["correct_full"].to_numpy()
         for option, frame in built.items():
             assert (frame["sample_id"].to_numpy() == ref_frame["sample_id"].to_numpy()).all()
-            cf = check_answers(lm, list(frame["cf_prompt"]), frame["answer"], frame["answer_token_id"], batch_size=batch)
+            cf = check_answers(lm, list(frame["cf_prompt"]), frame["answer"], frame["answer_token_id"],
+                               batch_size=batch)
             rows.append({
-                "task": task, "counterfactual_shots": option, "n_candidates": len(frame), "n_ref_correct": int(kept.sum()),
+                "task": task, "counterfactual_shots": option, "n_candidates": len(frame),
+                "n_ref_correct": int(kept.sum()),
                 "leak_first_token": float(cf["correct_first_token"][kept].mean()),
                 "leak_full": float(cf["correct_full"][kept].mean()),
             })

@@ -77,7 +77,8 @@ def run_one(args, method: str) -> dict:
         out = deltas.save_trained(run, Path(tmp) / ("model" if method == "full" else "deltas.safetensors"))
         size = artifact_bytes(out)
     times = stats.step_times_s[args.warmup:]
-    return {"method": method, "heads": heads if method.startswith("precise") else None, "n_trainable": stats.n_trainable,
+    return {"method": method, "heads": heads if method.startswith("precise") else None,
+            "n_trainable": stats.n_trainable,
             "optimizer_state_bytes": stats.optimizer_state_bytes, "step_s": statistics.mean(times),
             "step_sd": statistics.stdev(times) if len(times) > 1 else 0.0, "peak_memory_bytes": stats.peak_memory_bytes,
             "peak_memory_kind": stats.peak_memory_kind, "artifact_bytes": size, "device": str(lm.device),

@@ -1,7 +1,8 @@
 """What every job pays before it computes anything: interpreter start-up, imports and the model load,
 each measured in fresh interpreters in one run (the median of --repeats).
 
-  figure job    the imports of a torch-free figure rule (`arithmech.stages.validate` and `arithmech.report.plots`: pandas, seaborn)
+  figure job    the imports of a torch-free figure rule (`arithmech.stages.validate` and `arithmech.report.plots`:
+                pandas, seaborn)
   torch         `import torch`
   + load_model  torch, transformers and the default model loaded (`models.load_model`), what every model job
                 (patch_all_layers, knockout, analyze, ...) does first

@@ -1,7 +1,7 @@
 """Speed of the knockout's all-positions curve (`ablation.positions: all`), against the plain way, in one run.
 
-Reference: what the rule did before 2026-11-23 (commit 90788cf), one greedy generation (`generation.greedy_generate`) per
-node set and template inside `ablation.mean_ablate(..., "aligned")` with the template's counterfactual mean.
+Reference: what the rule did before 2026-11-23 (commit 90788cf), one greedy generation (`generation.greedy_generate`)
+per node set and template inside `ablation.mean_ablate(..., "aligned")` with the template's counterfactual mean.
 Fast path (`stages.validate.set_answers`): every set at once per template on `ablation.greedy_end_sets`
 (positions "aligned"): the prefix the template's mean does not reach (with zero-shot counterfactuals, the
 few-shot lines) runs once per batch, and answers stop once their score is decided. Both arms get the

@@ -58,7 +58,8 @@ def main() -> None:
     n_nodes = len(nodes_of(lm, all_layers))
     sync = torch.cuda.synchronize if lm.device.type == "cuda" else (lambda: None)
     print(f"model {lm.describe()}, device {lm.device}, dtype {lm.dtype}, threads {torch.get_num_threads()}")
-    print(f"{args.samples} addition prompts of {pairs['n_tokens'].min()}-{pairs['n_tokens'].max()} tokens, {n_nodes} nodes")
+    print(f"{args.samples} addition prompts of {pairs['n_tokens'].min()}-{pairs['n_tokens'].max()} tokens, "
+          f"{n_nodes} nodes")
 
     @torch.no_grad()
     def plain():
@@ -88,8 +89,10 @@ def main() -> None:
     print(f"two plain forwards                 {t_plain:8.3f} s")
     print(f"direct mode, all nodes             {t_direct:8.3f} s")
     print(f"total mode, all nodes              {t_total:8.3f} s")
-    print(f"reference direct, {ref_nodes:3d} nodes         {t_ref_d:8.3f} s -> all {n_nodes} nodes {t_ref_direct:8.1f} s")
-    print(f"reference total,  {ref_nodes:3d} nodes         {t_ref_t:8.3f} s -> all {n_nodes} nodes {t_ref_total:8.1f} s")
+    print(f"reference direct, {ref_nodes:3d} nodes         {t_ref_d:8.3f} s "
+          f"-> all {n_nodes} nodes {t_ref_direct:8.1f} s")
+    print(f"reference total,  {ref_nodes:3d} nodes         {t_ref_t:8.3f} s "
+          f"-> all {n_nodes} nodes {t_ref_total:8.1f} s")
     print()
     print(f"direct vs per-node reference:  {t_ref_direct / t_direct:7.1f}x faster   (target >= 50x)")
     print(f"total  vs per-node reference:  {t_ref_total / t_total:7.1f}x faster   (target >= 10x)")

@@ -1,7 +1,8 @@
 """Plain vs shared-prefix training forward and backward (`training.batch_loss`) on the default model: micro-batches
 of 16 add2 training items of results/smollm2-135m/finetune/study/items.parquet, both paths alternating in one
 process, CPU time and wall time; "train": a whole study-like run (precise, 16 heads, 20 steps) each way, and how far
-their parameters end apart. Usage: THREADS=1 python benchmarks/shared_prefix_speed.py [repeats] [precise|full|train ...]"""
+their parameters end apart. Usage: THREADS=1 python benchmarks/shared_prefix_speed.py [repeats]
+[precise|full|train ...]"""
 import statistics
 import sys
 import time
@@ -22,7 +23,8 @@ def whole_run():
     config = {"lr": 3e-3, "batch_size": 16, "max_steps": 20, "warmup_steps": 2, "max_length": 64, "seed": 0}
     ends = {}
     for shared in (False, True):
-        run = ft.prepare(load_model("results/smollm2-135m/model", device="cpu", dtype="float32"), {"method": "precise", "heads": heads})
+        run = ft.prepare(load_model("results/smollm2-135m/model", device="cpu", dtype="float32"),
+                         {"method": "precise", "heads": heads})
         t0, w0 = time.process_time(), time.perf_counter()
         stats = ft.train(run, examples, config, progress=False, append_eos=False, shared_prefix=shared)
         print(f"shared={shared}: CPU {time.process_time() - t0:.1f} s, wall {time.perf_counter() - w0:.1f} s, "
@@ -31,7 +33,8 @@ def whole_run():
     worst = max((ends[True][0][k] - ends[False][0][k]).abs().max().item() for k in ends[False][0])
     scale = max(ends[False][0][k].abs().max().item() for k in ends[False][0])
     loss_diff = max(abs(a - b) / abs(b) for a, b in zip(ends[True][1], ends[False][1]))
-    print(f"largest parameter difference {worst:.2e} (largest delta {scale:.2e}); largest relative loss difference {loss_diff:.2e}")
+    print(f"largest parameter difference {worst:.2e} (largest delta {scale:.2e}); "
+          f"largest relative loss difference {loss_diff:.2e}")
 
 
 repeats = int(sys.argv[1]) if len(sys.argv) > 1 else 4
@@ -46,7 +49,8 @@ for name in sys.argv[2:] or methods:
     times = {False: [], True: []}
     for r in range(repeats + 1):
         part = examples[16 * r:16 * (r + 1)]
-        b = ft.collate([ft.encode_example(tok, p, t, 64, eos=False) for p, t in part], tok.pad_token_id or tok.eos_token_id, "cpu")
+        b = ft.collate([ft.encode_example(tok, p, t, 64, eos=False) for p, t in part],
+                       tok.pad_token_id or tok.eos_token_id, "cpu")
         for shared in ((False, True) if r % 2 == 0 else (True, False)):
             for p in run.params.values():
                 p.grad = None
@@ -57,9 +61,11 @@ for name in sys.argv[2:] or methods:
             if r:  # the first round warms up
                 times[shared].append(dt)
         if r == 0:
-            print(f"{name}: batch {tuple(b['input_ids'].shape)}, shared prefix {ft.common_prefix(run.model, b)} tokens", flush=True)
+            print(f"{name}: batch {tuple(b['input_ids'].shape)}, shared prefix {ft.common_prefix(run.model, b)} tokens",
+                  flush=True)
     plain, shared = (statistics.median(t[0] for t in times[s]) for s in (False, True))
     wp, ws = (statistics.median(t[1] for t in times[s]) for s in (False, True))
-    print(f"{name}: CPU s plain {[round(t[0], 2) for t in times[False]]}, shared {[round(t[0], 2) for t in times[True]]}; wall median {wp:.2f} vs {ws:.2f} s; "
+    print(f"{name}: CPU s plain {[round(t[0], 2) for t in times[False]]}, "
+          f"shared {[round(t[0], 2) for t in times[True]]}; wall median {wp:.2f} vs {ws:.2f} s; "
           f"median ratio {plain / shared:.2f}x", flush=True)
     del run, lm

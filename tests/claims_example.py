@@ -22,7 +22,8 @@ def example_claims() -> pd.DataFrame:
         ("few_key_heads", "division", "identify", "", "", "share of heads", 1.9, NAN, NAN, "percent", 270,
          "identification", "holds", "holds if the share is below 5% for every operator", "", "effects/division.png"),
         ("middle_layers", "all", "identify", "Key heads sit in the middle layers.", "layers 12-17 of 32",
-         "median relative depth of the key heads (% of layers)", 71.0, 60.0, 80.0, "percent", 9, "identification", "partly",
+         "median relative depth of the key heads (% of layers)", 71.0, 60.0, 80.0, "percent", 9,
+         "identification", "partly",
          "holds if the median relative depth is within [30%, 70%]", "later than the paper's 38-53%", ""),
         ("knockout_collapse", "all", "validate", "Knocking out the key heads collapses accuracy; as many random "
          "heads do not.", "about 70% lower", "accuracy drop, key minus layer-matched random", -41.3, -55.0, -28.4,

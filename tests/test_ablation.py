@@ -1,6 +1,6 @@
 """Tests for arithmech.interp.ablation (mean ablation, knockout curves, random heads), the `hooks.patch_tail`
-helper it rests on, and arithmech.intervention.generation (first-token scores, greedy generation) and arithmech.data.answers (reading numbers), all
-on the tiny CPU model."""
+helper it rests on, and arithmech.intervention.generation (first-token scores, greedy generation) and
+arithmech.data.answers (reading numbers), all on the tiny CPU model."""
 
 from __future__ import annotations
 
@@ -491,10 +491,13 @@ def test_a_settled_number_stays_the_first_number_whatever_follows():
 
 
 @pytest.mark.parametrize("text, gold, decided", [
-    ("8", 8, False), ("8", 9, False), ("7", 9, True), ("10", 9, True), ("1", 12, False), ("2", 12, True), ("12", 12, False), ("13", 12, True),
-    ("1", 9.99, True), ("1", 9.9999999999, False), ("9", 10, False), ("0", 8, False), ("07", 8, False), ("07", 7, False), ("06", 8, True),
+    ("8", 8, False), ("8", 9, False), ("7", 9, True), ("10", 9, True),
+    ("1", 12, False), ("2", 12, True), ("12", 12, False), ("13", 12, True),
+    ("1", 9.99, True), ("1", 9.9999999999, False), ("9", 10, False), ("0", 8, False),
+    ("07", 8, False), ("07", 7, False), ("06", 8, True),
     ("7", 8.5, True), ("8", 8.5, False), ("8.", 9, False), ("8.5", 9, False), ("-8", 9, False), ("$3", 9, True),
-    ("1,", 9, True), ("1,", 1000, False), ("x 4", 9, True), ("The", 9, False), ("", 9, False), ("8\n", 9, True), ("8\n", 8, True),
+    ("1,", 9, True), ("1,", 1000, False), ("x 4", 9, True), ("The", 9, False), ("", 9, False),
+    ("8\n", 9, True), ("8\n", 8, True),
     ("5", "5", False), ("3", "5", True), ("4", "no number", False), ("1", 1.5e9, False), ("\u0663", 3, False),
 ])
 def test_answer_decided(text, gold, decided):

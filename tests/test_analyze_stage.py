@@ -58,10 +58,12 @@ def analyze(root, key_name: str, out: str):
     paths = {name: out_dir / f"addition_{name}" for name in
              ("roles.parquet", "roles_all.parquet", "example.parquet", "probes.parquet", "roles.png", "example.png",
               "probes.png")}
-    analyze_stage.run_analyze(model="tiny", task="addition", model_dir=root / "model", pairs_path=root / "pairs.parquet",
+    analyze_stage.run_analyze(model="tiny", task="addition", model_dir=root / "model",
+                              pairs_path=root / "pairs.parquet",
                               key_path=root / key_name, effects_path=root / "effects.parquet", analysis=ANALYSIS,
                               compute=COMPUTE, seed=0, out_roles=paths["roles.parquet"],
-                              out_roles_all=paths["roles_all.parquet"], out_example=paths["example.parquet"], out_probes=paths["probes.parquet"])
+                              out_roles_all=paths["roles_all.parquet"], out_example=paths["example.parquet"],
+                              out_probes=paths["probes.parquet"])
     analyze_stage.run_plot_analysis(model="tiny", task="addition", roles_path=paths["roles.parquet"],
                               example_path=paths["example.parquet"], probes_path=paths["probes.parquet"],
                               out_roles_png=paths["roles.png"], out_example_png=paths["example.png"],

@@ -1,5 +1,5 @@
-"""Tests for arithmech.interp.sufficiency (torch-free): the circuits' node sets, faithfulness with its intervals, the key
-circuit against random ones, and the edge decomposition; and the circuit and edges stages on the tiny model."""
+"""Tests for arithmech.interp.sufficiency (torch-free): the circuits' node sets, faithfulness with its intervals, the
+key circuit against random ones, and the edge decomposition; and the circuit and edges stages on the tiny model."""
 
 from __future__ import annotations
 
@@ -58,8 +58,8 @@ def test_faithfulness_table_and_intervals():
     n = 40
     model, empty = np.ones(n), np.zeros(n)
     half = (np.arange(n) % 2).astype(float)  # keeps half of the behaviour
-    values = {"full": np.stack([model, empty, half, model]), "logit": np.stack([30 + rng.random(n), 20 + rng.random(n),
-                                                                                 25 + rng.random(n), 20 + rng.random(n)])}
+    values = {"full": np.stack([model, empty, half, model]),
+              "logit": np.stack([30 + rng.random(n), 20 + rng.random(n), 25 + rng.random(n), 20 + rng.random(n)])}
     clusters = np.arange(n) // 2  # two items per operand pair
     table = cx.faithfulness_table(sets, values, clusters, n_boot=500, seed=0, confidence=0.95)
     assert list(table["curve"]) == ["model", "empty", "key", "key"]
@@ -67,9 +67,11 @@ def test_faithfulness_table_and_intervals():
     # a whole cluster holds one kept and one lost item: every resample keeps exactly half
     assert table.loc[2, "faithfulness_full_low"] == table.loc[2, "faithfulness_full_high"] == 0.5
     f = table["faithfulness_logit"]
-    expected = (values["logit"].mean(1) - values["logit"][1].mean()) / (values["logit"][0].mean() - values["logit"][1].mean())
+    expected = ((values["logit"].mean(1) - values["logit"][1].mean())
+                / (values["logit"][0].mean() - values["logit"][1].mean()))
     np.testing.assert_allclose(f, expected)
-    assert (table["faithfulness_logit_low"] <= f + 1e-12).all() and (f <= table["faithfulness_logit_high"] + 1e-12).all()
+    assert ((table["faithfulness_logit_low"] <= f + 1e-12).all()
+            and (f <= table["faithfulness_logit_high"] + 1e-12).all())
     assert table.loc[2, "faithfulness_logit_high"] - table.loc[2, "faithfulness_logit_low"] > 0.01
     # the model and the empty circuit alike: undefined, not a division by zero
     flat = cx.faithfulness_table(sets, {"first": np.ones((4, n))}, clusters, n_boot=50, seed=0, confidence=0.95)
@@ -125,7 +127,8 @@ def test_summarize_edges_decomposes_each_sender():
         ["sender", "path", "receiver"])
     used = samples[samples["sample_id"] > 0]  # sample 0 has logit_o <= 0: left out
     assert (out["n"] == 19).all()
-    mean = lambda s, p, r=-1: used[(used["sender"] == s) & (used["path"] == p) & (used["receiver"] == r)]["rel_effect"].mean()  # noqa: E731
+    mean = lambda s, p, r=-1: used[(used["sender"] == s) & (used["path"] == p)  # noqa: E731
+                                   & (used["receiver"] == r)]["rel_effect"].mean()
     for s, receivers in (("L1H0", [1, 2]), ("L2H3", [2])):
         via = sum(mean(s, "mlp", r) for r in receivers)
         assert out.loc[(s, "via_mlps", -1), "mean_effect"] == pytest.approx(via)
@@ -134,8 +137,10 @@ def test_summarize_edges_decomposes_each_sender():
         assert out.loc[(s, "total", -1), "share"] == pytest.approx(1.0)
     # the key heads' sum: an MLP before a sender's layer adds nothing from it
     assert out.loc[(cx.KEY_SUM, "mlp", 1), "mean_effect"] == pytest.approx(mean("L1H0", "mlp", 1))
-    assert out.loc[(cx.KEY_SUM, "mlp", 2), "mean_effect"] == pytest.approx(mean("L1H0", "mlp", 2) + mean("L2H3", "mlp", 2))
-    assert out.loc[(cx.KEY_SUM, "total", -1), "mean_effect"] == pytest.approx(mean("L1H0", "total") + mean("L2H3", "total"))
+    assert out.loc[(cx.KEY_SUM, "mlp", 2), "mean_effect"] == pytest.approx(mean("L1H0", "mlp", 2)
+                                                                           + mean("L2H3", "mlp", 2))
+    assert out.loc[(cx.KEY_SUM, "total", -1), "mean_effect"] == pytest.approx(mean("L1H0", "total")
+                                                                              + mean("L2H3", "total"))
     low, high = out["ci_low"], out["ci_high"]
     assert (low <= out["mean_effect"] + 1e-12).all() and (out["mean_effect"] <= high + 1e-12).all()
     assert out.loc[("L1H0", "direct", -1), "key"] and out.loc[(cx.KEY_SUM, "direct", -1), "key"]
@@ -184,7 +189,8 @@ def test_circuit_stage(prepared, tmp_path):  # noqa: F811
         assert model["first"] == pytest.approx(scored["correct_first_token"].mean())
         assert model["full"] == pytest.approx(scored["correct_full"].mean())
         # the table's means are the per-item table's
-        got = its.groupby(["curve", "mlps", "k", "seed"], sort=False)[["first_correct", "full_correct", "answer_logit"]].mean()
+        got = its.groupby(["curve", "mlps", "k", "seed"], sort=False)[["first_correct", "full_correct",
+                                                                       "answer_logit"]].mean()
         want = part.set_index(["curve", "mlps", "k", "seed"])[["first", "full", "logit"]]
         np.testing.assert_allclose(got.to_numpy(), want.to_numpy())
         assert part.loc[part["curve"] == "model", "faithfulness_logit"].iloc[0] == 1
@@ -207,7 +213,8 @@ def test_circuit_stage(prepared, tmp_path):  # noqa: F811
               compute=COMPUTE, seed=0,
               out_tables=[tmp_path / "e.parquet"], out_samples=[tmp_path / "es.parquet"],
               out_paths=[tmp_path / "ep.parquet"])
-    run_plot_circuit(model="tiny", task="division", table_path=tmp_path / "c.parquet", edges_path=tmp_path / "e.parquet",
+    run_plot_circuit(model="tiny", task="division", table_path=tmp_path / "c.parquet",
+                     edges_path=tmp_path / "e.parquet",
                      levels=[0.8, 0.9], out_curve=tmp_path / "f.png", out_graph=tmp_path / "g.png",
                      out_heatmap=tmp_path / "h.png")
     for name in ("f.png", "g.png", "h.png"):

@@ -117,7 +117,8 @@ def test_middle_layers_uses_relative_depth():
 def test_middle_band_is_the_papers_layers_12_to_17_of_32():
     # the band is fixed by the paper's own numbers (LLaMA2-7B, 32 layers), on the depth scale the rule uses
     low, high = CFG["middle_band"]
-    assert claims.depth(12, 32) == pytest.approx(low, abs=5e-4) and claims.depth(17, 32) == pytest.approx(high, abs=5e-4)
+    assert (claims.depth(12, 32) == pytest.approx(low, abs=5e-4)
+            and claims.depth(17, 32) == pytest.approx(high, abs=5e-4))
     # key heads at depth 0.6-0.7 (a wider 0.3-0.7 band called this "holds") lie outside it
     eff = effects_table({}, {}, n_layers=11)
     wide = claims.middle_layers({"addition": key_table(eff, ["L6H0", "L7H1", "L7H2"], [])}, 11, CFG)
@@ -234,7 +235,8 @@ def test_transfer_scores_only_the_items_the_intact_model_gets_right():
     rows = {r["scope"]: r for r in claims.transfer(items, CFG, seed=0)}
     assert rows["SVAMP"]["verdict"] == "not measured" and "answers none" in rows["SVAMP"]["note"]
     half = items.copy()
-    half.loc[(half["heads"] == "none") & (half["target_kind"] == "operator") & (half["item"] % 2 == 1), "correct"] = False
+    half.loc[(half["heads"] == "none") & (half["target_kind"] == "operator") & (half["item"] % 2 == 1),
+             "correct"] = False
     assert {r["scope"]: r for r in claims.transfer(half, CFG, seed=0)}["other operators"]["n"] == 40
 
 
@@ -543,7 +545,8 @@ def test_a_small_faithful_circuit_on_the_teacher_forced_protocol():
         "straddles 80%": tf_columns(correct=(0.85, 0.7, 0.95)),
         "random as good": tf_columns(random_diff=(0.1, -0.05, 0.2)),
         "ablations disagree": tf_columns(kinds=("resample",)) | tf_columns(correct=(0.5, 0.4, 0.6), kinds=("mean",)),
-        "sanity failed": tf_columns(tf_resample_sanity_failed="one node ablated: 0.94 < 0.95", tf_mean_sanity_failed=""),
+        "sanity failed": tf_columns(tf_resample_sanity_failed="one node ablated: 0.94 < 0.95",
+                                    tf_mean_sanity_failed=""),
     }
     summary = pd.concat([discover_summary(task, [cols]) for task, cols in cases.items()], ignore_index=True)
     summary = pd.concat([summary, discover_summary("too large", [tf_columns() | {"share": 0.4}])], ignore_index=True)
@@ -591,7 +594,8 @@ def test_a_small_faithful_circuit():
     assert by["multiplication"]["verdict"] == "partly"
     assert by["division"]["verdict"] == "does not hold" and "target 0.95" in by["division"]["note"]
     assert "the largest target's is scored" in by["division"]["note"]
-    assert by["union of the operators"]["verdict"] == "holds" and "found at target 0.9;" in by["union of the operators"]["note"]
+    assert (by["union of the operators"]["verdict"] == "holds"
+            and "found at target 0.9;" in by["union of the operators"]["note"])
     assert rows[0]["verdict"] == "partly" and rows[0]["claim"] == "circuit_faithful"
     # no more than max_circuit_share: the same circuit is too large under a stricter setting
     strict = claims.circuit_faithful(discover_summary("addition", [{}]), CFG | {"max_circuit_share": 0.05})
@@ -614,13 +618,15 @@ def test_a_circuit_without_its_discovery_is_not_run():
     named = claims.circuit_faithful(discover_summary("addition", [{"measure": "logprob"}]), CFG)
     assert "found at target 0.8 of the logprob;" in named[1]["note"]
     # as the discover rule writes them: a chosen target that reached no share, and the union without a target
-    written = pd.concat([discover_summary("addition", [{"target": 0.95, "measure": "logit_diff", "share_reached": False}]),
+    written = pd.concat([discover_summary("addition", [{"target": 0.95, "measure": "logit_diff",
+                                                        "share_reached": False}]),
                          discover_summary("union", [{"target": math.nan, "measure": "logit_diff",
                                                      "share_reached": math.nan}])], ignore_index=True)
     notes = {r["scope"]: r["note"] for r in claims.circuit_faithful(written, CFG)}
     assert notes["addition"].startswith("found at target 0.95 of the logit_diff (no target's circuit kept enough")
-    assert notes["union of the operators"].startswith("the union of the operators' chosen circuits, each pruned on "
-                                                      "the logit_diff;") and "nan" not in notes["union of the operators"]
+    assert (notes["union of the operators"].startswith("the union of the operators' chosen circuits, each pruned "
+                                                       "on the logit_diff;")
+            and "nan" not in notes["union of the operators"])
 
 
 def test_the_scorecard_without_discovery_or_circuit_arm_says_not_run():

@@ -154,12 +154,14 @@ def test_the_workflow_scripts_reach_what_they_run():
     scripts = sorted((ROOT / "workflow/scripts").glob("*.py"))
     reached = {s.stem: graph.reach(script_roots(s)) for s in scripts}
     for patching in ("patch_layer", "patch_all_layers"):
-        assert "arithmech.report.plots" not in reached[patching] and "direct_logits" in reached[patching]["arithmech.interp.patching"]
+        assert ("arithmech.report.plots" not in reached[patching]
+                and "direct_logits" in reached[patching]["arithmech.interp.patching"])
     assert "arithmech.report.plots" not in reached["study_train"]
     assert "arithmech.report.plots" not in reached["analyze"]
     for figure in ("plot_effects", "plot_knockout", "plot_transfer", "plot_analysis"):
         assert "arithmech.report.plots" in reached[figure]
-        assert not {"arithmech.model.loading", "arithmech.interp.patching", "arithmech.intervention.hooks"} & set(reached[figure])
+        assert not ({"arithmech.model.loading", "arithmech.interp.patching", "arithmech.intervention.hooks"}
+                    & set(reached[figure]))
     assert "direct_logits" not in reached["knockout"].get("arithmech.interp.patching", set())
     # one digest per script, equal exactly where two scripts reach the same code (patch_layer and
     # patch_all_layers call one entry point)

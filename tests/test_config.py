@@ -50,7 +50,8 @@ def test_bootstrap_settings(config, check_fails):
     bad = copy.deepcopy(config)
     bad["key_components"]["bootstrap"]["confidence"] = 1.0
     bad["key_components"]["bootstrap"]["resamples"] = 0
-    check_fails(bad, "config key 'key_components.bootstrap.confidence'", "config key 'key_components.bootstrap.resamples'")
+    check_fails(bad, "config key 'key_components.bootstrap.confidence'",
+                "config key 'key_components.bootstrap.resamples'")
     del config["key_components"]["bootstrap"]
     check_fails(config, "config key 'key_components'", "'bootstrap' is a required property")
 

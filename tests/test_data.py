@@ -479,9 +479,11 @@ def test_loaders_never_open_a_connection(tmp_path, monkeypatch):
 def test_one_question_answer_format():
     """qa_prompt writes the format every user shares: math prompts, choice contexts, few-shot answers."""
     shots = [("a?", "1"), ("b?", "2")]
-    assert formatting.qa_prompt("Q?", shots) == "Question: a?\nAnswer: 1\n\nQuestion: b?\nAnswer: 2\n\nQuestion: Q?\nAnswer:"
+    assert formatting.qa_prompt("Q?", shots) == ("Question: a?\nAnswer: 1\n\nQuestion: b?\nAnswer: 2\n\n"
+                                                 "Question: Q?\nAnswer:")
     assert formatting.math_prompt("Q?", shots) == formatting.qa_prompt("Q?", shots)
     assert formatting.choice_prompt("  Is it?\n") == "Question: Is it?\nAnswer:"
     completion = formatting.qa_prompt("The capital of X is", [("The capital of Y is", "Z")], "", "", "\n")
     assert completion == "The capital of Y is Z\nThe capital of X is"
-    assert formatting.question_prompts(["a?", "Q?"], ["1", "2"], 1, seed=0, items=[1]) == [formatting.qa_prompt("Q?", [("a?", "1")])]
+    assert (formatting.question_prompts(["a?", "Q?"], ["1", "2"], 1, seed=0, items=[1])
+            == [formatting.qa_prompt("Q?", [("a?", "1")])])

@@ -237,7 +237,8 @@ def test_batch_loss_and_its_gradients_on_a_split_model_match_the_unsplit_one(mod
     torch.testing.assert_close(got[3], want[3], atol=1e-6, rtol=1e-4)
 
 
-@pytest.mark.parametrize("method", [{"method": "full"}, {"method": "lora", "lora": {"target_modules": ["q_proj", "v_proj", "lm_head"]}},
+@pytest.mark.parametrize("method", [{"method": "full"},
+                                    {"method": "lora", "lora": {"target_modules": ["q_proj", "v_proj", "lm_head"]}},
                                     {"method": "precise", "heads": [[0, 1], [3, 2]]}],
                          ids=["full", "lora", "precise"])
 @pytest.mark.parametrize("kind", KINDS)

@@ -183,7 +183,8 @@ def test_discover_stages_write_their_tables(prepared, tmp_path):  # noqa: F811
     assert (table["n_nodes"] == table["nodes"].str.split().str.len()).all()
     assert (table["share"] == table["n_nodes"] / 10).all()
     path = pd.read_parquet(out["_path"])
-    assert set(path["target"]) == {0.8, 0.95} and path.groupby("target")["tried"].sum().tolist() == table["trials"].tolist()
+    assert (set(path["target"]) == {0.8, 0.95}
+            and path.groupby("target")["tried"].sum().tolist() == table["trials"].tolist())
     validation = pd.read_parquet(out["_validation"])
     for target, n_heads, chosen in zip(table["target"], table["n_heads"], table["chosen"]):
         mine = validation[validation["target"] == target]

@@ -130,7 +130,8 @@ def test_markdown_scorecard():
     assert "addition \\| end" in md  # a pipe inside a cell is escaped
     assert "*the transfer rule did not run (configs/paper.yaml)*" in md
     short = claims_markdown(example_claims(), sub_rows=False, link=lambda s: f"docs/figures/{s}")
-    assert "↳" not in short and "[Fewer than 5% of heads are key heads.](docs/figures/key_components/shared.png)" in short
+    assert ("↳" not in short
+            and "[Fewer than 5% of heads are key heads.](docs/figures/key_components/shared.png)" in short)
     assert "[The key heads transfer" not in short  # no source, no link
 
 

@@ -1,7 +1,8 @@
 """Training over several processes (`arithmech.sft.distributed`) on CPU: 2 gloo processes against one, for full
 fine-tuning (FSDP2), every head method and LoRA (data parallel); resuming a run checkpointed under 2
 processes; only rank 0 writes; a failing rank fails the run with its traceback and leaves nothing
-half-written; the multi-node launch (its srun command, and 4 ranks started through a stand-in srun). Every run has a timeout (`run_on_gpus`'s and the test's)."""
+half-written; the multi-node launch (its srun command, and 4 ranks started through a stand-in srun). Every run has a
+timeout (`run_on_gpus`'s and the test's)."""
 
 from __future__ import annotations
 
@@ -310,7 +311,8 @@ def test_the_srun_launch_runs_under_a_real_slurm(slurm_cluster, tmp_path):
     join one process group as ranks 0 and 1 (Slurm's SLURM_PROCID), each with its own GPU."""
     code = (f"import sys; sys.path[:0] = {[str(Path(__file__).parent), *sys.path]!r}; "
             f"import test_distributed as t; t.srun_in_job({str(tmp_path)!r})")
-    keep = " ".join(f"{k}={shlex.quote(v)}" for k, v in slurm_cluster.env.items() if k in ("PATH", "HOME", "SLURM_CONF"))
+    keep = " ".join(f"{k}={shlex.quote(v)}" for k, v in slurm_cluster.env.items()
+                    if k in ("PATH", "HOME", "SLURM_CONF"))
     script = tmp_path / "job.sh"
     script.write_text(f'#!/bin/bash\nexec env -i {keep} SLURM_JOB_ID="$SLURM_JOB_ID" '
                       f"{shlex.quote(sys.executable)} -c {shlex.quote(code)}\n")

@@ -189,7 +189,8 @@ def test_docs_and_findings_do_not_import_torch():
     import subprocess
     import sys
 
-    code = ("import sys, arithmech.tools.docs_results, arithmech.report.page, arithmech.report.scorecard, arithmech.report.display; "
+    code = ("import sys, arithmech.tools.docs_results, arithmech.report.page, arithmech.report.scorecard, "
+            "arithmech.report.display; "
             "sys.exit('torch' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code], timeout=120).returncode == 0
 
@@ -338,7 +339,8 @@ def test_the_discover_section_and_readme_sentences(tmp_path):
     assert "| addition | 0.90 | 3 heads + 1 MLPs (20.0%) | 87% [73%, 96%] |  | 0.90 |" in section  # every target
     # division's chosen target is the largest (none kept the share of full answers): said; its zero-width
     # difference from random circuits reads with its unit once
-    assert "| division | 0.80 | 3 heads + 1 MLPs (26.7%) | 87% [73%, 96%] | yes (the largest: none kept enough) |" in section
+    assert ("| division | 0.80 | 3 heads + 1 MLPs (26.7%) | 87% [73%, 96%] | yes (the largest: none kept enough) |"
+            in section)
     assert "| 0.0 points [0.0, 0.0] |" in section and "points points" not in section
     assert "`logprob`" in section
     # the findings page's two sentences, in both places, with the figures of the first operator
@@ -393,7 +395,8 @@ RECORD = {"recorded_by": "written by `make run`", "started": "2026-11-28T09:00:0
 PLAN = {"totals": {"jobs": 141, "gpu_jobs": 102, "gpu_hours": 5.18607, "gpu_gb": 66.84, "host_gb": 17.72},
         "throughput": {"tflops": 100.0, "bandwidth": 1.5, "startup_s": 60.0, "gpu_memory_gb": 80.0},
         "config_files": ["config.yaml", "/somewhere/configs/paper.yaml"], "models": {}, "rules": [], "warnings": []}
-PLAN_PAGE = f"# The cost plan\n\n{PLAN_OUTPUT_MARKERS[0]}\nan old plan: 8.3 GPU hours\n{PLAN_OUTPUT_MARKERS[1]}\n\nMore.\n"
+PLAN_PAGE = (f"# The cost plan\n\n{PLAN_OUTPUT_MARKERS[0]}\nan old plan: 8.3 GPU hours\n"
+             f"{PLAN_OUTPUT_MARKERS[1]}\n\nMore.\n")
 
 
 def _block(text: str, markers: tuple[str, str]) -> str:

@@ -128,7 +128,8 @@ def test_fetch_failure_names_the_set(tmp_path, monkeypatch):
 
 def test_registry_imports_no_torch():
     """The Snakefile reads the registry and the config checks when it builds the DAG."""
-    code = "import sys, arithmech.data.eval_sets, arithmech.config; sys.exit('torch' in sys.modules or 'datasets' in sys.modules)"
+    code = ("import sys, arithmech.data.eval_sets, arithmech.config; "
+            "sys.exit('torch' in sys.modules or 'datasets' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
 
 
@@ -153,7 +154,8 @@ def test_evaluate_runs_hub_layout_sets_by_their_kind(tmp_path):
     Dataset.from_list(records).to_parquet(str(gsm8k))
     common = {"model": "tiny", "model_dir": model_dir, "method": "base", "finetune_dir": None,
               "compute": {"device": "cpu", "dtype": "float32", "batch_size": 4}, "seed": 0}
-    evaluation = {"style": "plain", "batch_size": 2, "n_shots": 1, "mmlu": {"n": 2}, "gsm8k": {"n": None, "max_new_tokens": 3}}
+    evaluation = {"style": "plain", "batch_size": 2, "n_shots": 1, "mmlu": {"n": 2},
+                  "gsm8k": {"n": None, "max_new_tokens": 3}}
     run_evaluate(**common, dataset="mmlu", data_path=mmlu, shots_path=None, evaluation=evaluation,
                  out_path=tmp_path / "mmlu.parquet")
     rows = pd.read_parquet(tmp_path / "mmlu.parquet")

@@ -1,6 +1,6 @@
-"""Tests for the benchmark side of arithmech.sft.scoring and arithmech.data.answers on the tiny CPU model: reading the final answer of a
-generated solution, generation in input order whatever the batching, multiple-choice log-likelihoods and
-perplexity against slow, obviously correct references, short-answer matching and Wilson intervals."""
+"""Tests for the benchmark side of arithmech.sft.scoring and arithmech.data.answers on the tiny CPU model: reading the
+final answer of a generated solution, generation in input order whatever the batching, multiple-choice log-likelihoods
+and perplexity against slow, obviously correct references, short-answer matching and Wilson intervals."""
 
 from __future__ import annotations
 
@@ -394,7 +394,8 @@ def test_bfloat16_model(tiny_dir, tiny_lm, math_frame):
         assert g.dtype == np.float64
         np.testing.assert_allclose(g, w, rtol=0.05, atol=0.2)
     ppl = perplexity(bf16, TEXT, max_length=16, stride=5, progress=None)
-    assert ppl["nll"] == pytest.approx(perplexity(tiny_lm, TEXT, max_length=16, stride=5, progress=None)["nll"], rel=0.05)
+    assert ppl["nll"] == pytest.approx(perplexity(tiny_lm, TEXT, max_length=16, stride=5, progress=None)["nll"],
+                                       rel=0.05)
     res = evaluate_generation(bf16, math_frame, 4, batch_size=2, progress=None)
     assert len(res) == len(math_frame) and res["correct"].dtype == bool
 

@@ -215,7 +215,8 @@ def test_the_scorecard_opens_on_one_line_per_claim_and_folds_the_rest():
         rows = claims[claims["claim"] == claim]
         head, subs = rows[rows["scope"] == "all"].iloc[0], rows[rows["scope"] != "all"]
         summary, more = block.split("</summary>")
-        assert html.escape(head["statement"]) in summary and f"class='verdict {head['verdict'].replace(' ', '-')}'" in summary
+        assert (html.escape(head["statement"]) in summary
+                and f"class='verdict {head['verdict'].replace(' ', '-')}'" in summary)
         assert html.escape(head["paper"]) in summary
         # the parts: rows of a table inside the claim's <details>, below its line
         assert more.count("<tr>") == (len(subs) + 1 if len(subs) else 0)

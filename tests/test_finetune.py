@@ -297,7 +297,8 @@ def test_grad_scale_and_config_errors(tiny_dir):
         ft_config.parse_method({"method": "random_heads"})
     with pytest.raises(ValueError, match=r"finetune\.heads: method 'uniform_heads' needs"):
         ft_config.parse_method({"method": "uniform_heads"})
-    with pytest.raises(ValueError, match=r"finetune\.method: expected one of \['precise', 'precise_mlp', .*'random_heads'"):
+    with pytest.raises(ValueError,
+                       match=r"finetune\.method: expected one of \['precise', 'precise_mlp', .*'random_heads'"):
         ft_config.parse_method({"method": "random"})
     with pytest.raises(ValueError, match=r"finetune\.heads\[1\]: expected a head"):
         ft_config.parse_method({"method": "precise", "heads": ["L0H0", "head 3"]})

@@ -1,5 +1,5 @@
-"""Tests for arithmech.intervention.hooks (capture, patch_end) and arithmech.interp.patching (collect, the direct / total fast
-paths against the explicit reference, effects_frame), all on the tiny CPU model."""
+"""Tests for arithmech.intervention.hooks (capture, patch_end) and arithmech.interp.patching (collect, the direct /
+total fast paths against the explicit reference, effects_frame), all on the tiny CPU model."""
 
 from __future__ import annotations
 
@@ -238,7 +238,8 @@ def test_patch_end_values_broadcast(tiny_lm, enc, states):
     mean = cf.heads[:, 1].mean(0)  # [H, D]
     mask = torch.zeros(B, tiny_lm.n_heads, dtype=torch.bool)
     mask[:, 0] = True
-    with patch_end(tiny_lm, heads={1: (mask, mean)}, mlps={2: (torch.ones(B, dtype=torch.bool), cf.mlps[:, 2].mean(0))}):
+    with patch_end(tiny_lm, heads={1: (mask, mean)},
+                   mlps={2: (torch.ones(B, dtype=torch.bool), cf.mlps[:, 2].mean(0))}):
         a = _forward(tiny_lm, enc, logits_to_keep=1)
     with patch_end(tiny_lm, heads={1: (mask, mean.expand(B, -1, -1))},
                    mlps={2: (torch.ones(B, dtype=torch.bool), cf.mlps[:, 2].mean(0).expand(B, -1))}):
@@ -311,8 +312,10 @@ def test_collect_groups_means_each_group_by_offset_from_end(tiny_lm, data, state
         for j in (0, 2, lengths[0]):
             reach = [(h[j], m[j]) for h, m in mine if h.shape[0] > j]
             assert grouped.counts[g, j] == len(reach) > 0
-            torch.testing.assert_close(grouped.heads[g, j], torch.stack([h for h, _ in reach]).mean(0), atol=1e-5, rtol=0)
-            torch.testing.assert_close(grouped.mlps[g, j], torch.stack([m for _, m in reach]).mean(0), atol=1e-5, rtol=0)
+            torch.testing.assert_close(grouped.heads[g, j], torch.stack([h for h, _ in reach]).mean(0),
+                                       atol=1e-5, rtol=0)
+            torch.testing.assert_close(grouped.mlps[g, j], torch.stack([m for _, m in reach]).mean(0),
+                                       atol=1e-5, rtol=0)
         n_g = max(h.shape[0] for h, _ in mine)
         assert (grouped.counts[g, n_g:] == 0).all() and grouped.group(g).heads.shape[0] == n_g
     end = grouped.end()  # over all prompts of all groups: the plain END mean
@@ -325,7 +328,8 @@ def test_collect_groups_means_each_group_by_offset_from_end(tiny_lm, data, state
 
 
 def test_nodes_order(tiny_lm):
-    assert nodes_of(tiny_lm, [0, 2]) == [(0, 0), (0, 1), (0, 2), (0, 3), (0, None), (2, 0), (2, 1), (2, 2), (2, 3), (2, None)]
+    assert nodes_of(tiny_lm, [0, 2]) == [(0, 0), (0, 1), (0, 2), (0, 3), (0, None),
+                                         (2, 0), (2, 1), (2, 2), (2, 3), (2, None)]
 
 
 def test_direct_matches_reference_direct(tiny_lm, data, states, layers, ref_direct):
@@ -516,7 +520,8 @@ def test_effects_frame(tiny_lm, data, states, layers, ref_direct):
     assert row["logit_p"] == pytest.approx(logit_p[3, 6].item(), abs=1e-6)
     expected = (frame["logit_p"] - frame["logit_o"]) / frame["logit_o"]
     assert (frame["rel_effect"] == expected).all()
-    assert row["rel_effect"] == pytest.approx((logit_p[3, 6].item() - ref.logits[3].item()) / ref.logits[3].item(), rel=1e-6)
+    assert row["rel_effect"] == pytest.approx((logit_p[3, 6].item() - ref.logits[3].item()) / ref.logits[3].item(),
+                                              rel=1e-6)
     assert frame["prob_o"].to_numpy() == pytest.approx(ref.logprobs.double().exp().repeat_interleave(n_n).numpy())
     assert frame["prob_p"].to_numpy() == pytest.approx(lp_p.double().exp().reshape(-1).numpy())
 
@@ -528,4 +533,5 @@ def test_effects_frame_without_logprobs(tiny_lm, states):
     assert "prob_o" not in frame and "prob_p" not in frame
     assert frame["sample_id"].tolist() == [10] * 5 + [20] * 5
     assert frame["layer"].tolist() == [1] * 10
-    assert frame["rel_effect"].tolist() == pytest.approx([(v - 2) / 2 for v in range(1, 6)] + [(v - 4) / 4 for v in range(6, 11)])
+    assert frame["rel_effect"].tolist() == pytest.approx([(v - 2) / 2 for v in range(1, 6)]
+                                                         + [(v - 4) / 4 for v in range(6, 11)])

@@ -21,7 +21,8 @@ def test_an_exported_token_moves_to_a_private_file_huggingface_hub_reads(monkeyp
     assert "kept out of the jobs' environment" in note
     assert not any(name in os.environ for name in hub_token.TOKEN_VARS)
     path = os.environ["HF_TOKEN_PATH"]
-    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600 and stat.S_IMODE(os.stat(os.path.dirname(path)).st_mode) == 0o700
+    assert (stat.S_IMODE(os.stat(path).st_mode) == 0o600
+            and stat.S_IMODE(os.stat(os.path.dirname(path)).st_mode) == 0o700)
     assert MARKER not in "".join(f"{k}={v}" for k, v in os.environ.items())  # what sbatch --export=ALL would pass
     assert huggingface_hub.get_token() == MARKER  # the download rules' lookup still finds it
 

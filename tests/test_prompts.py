@@ -373,7 +373,8 @@ def test_counterfactual_shots_options(tok, prompt_cfg):
     shot_answers = [line.rsplit(" ", 1)[-1] for line in keep["cf_prompt"][: keep["cf_query_start"]].split(".\n")[:-1]]
     assert all(a.isdigit() for a in shot_answers)  # keep: the solved answers are there
     blank_lines = blank["cf_prompt"][: blank["cf_query_start"]].split(".\n")[:-1]
-    assert len(blank_lines) == 2 and all(line.endswith("is equal to") or line.endswith("The answer is") for line in blank_lines)
+    assert len(blank_lines) == 2 and all(line.endswith("is equal to") or line.endswith("The answer is")
+                                         for line in blank_lines)
     assert blank["cf_prompt"][blank["cf_op_start"]:blank["cf_op_end"]] == blank["null_word"]
     with pytest.raises(ValueError, match="counterfactual_shots"):
         build_prompts(tok, "addition", prompt_cfg | {"counterfactual_shots": "nope"}, seed=0)

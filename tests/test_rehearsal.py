@@ -217,7 +217,8 @@ def test_summary_is_written_into_the_docs_generated_block(tmp_path, capsys):
     rehearsal.main(["--work", str(work), "--report-only", "--docs", str(docs)])
     text = docs.read_text()
     assert "old, typed numbers" not in text and text.startswith("# Title\n") and text.endswith("After.\n")
-    assert "3 jobs through Slurm (2 COMPLETED, 1 FAILED, as `sacct` reports them) in 1 h 2 min; Snakemake exit 1." in text
+    assert ("3 jobs through Slurm (2 COMPLETED, 1 FAILED, as `sacct` reports them) in 1 h 2 min; Snakemake exit 1."
+            in text)
     assert "| `knockout` | 2 | 2 | 42 | 30 | 1,200 | 1,500 |" in text
     assert "| `edges` | 1 | 1 | 3 | 3 | 400 |  |" in text  # no GPU: no estimate
     assert "| `prepare_model` | 0 | 1 |  |  |  |  |" in text  # a local rule: planned, not run through sbatch
@@ -249,10 +250,10 @@ def test_a_targeted_rehearsal_has_its_own_block_and_no_whole_run_counts(tmp_path
     assert whole.strip() == "\n".join(rehearsal.MARKERS)  # the whole run's block is left alone
     assert "old" not in peak and "planned" not in peak  # 1 job of finetune's 4 is not a count to compare
     assert "| `finetune` | 1 | 400 | 400 | 3,000 | 3,800 |" in peak
-    assert ("`python -m arithmech.tools.rehearsal --size peak --jobs 1 --targets gsm8k.parquet`, started 2026-11-24 22:40 "
-            "UTC, then `python -m arithmech.tools.rehearsal --size peak --jobs 1 --targets full`, started 2026-11-25 00:00 "
-            "UTC on a CPU: 1 jobs through Slurm (1 COMPLETED, as `sacct` reports them) in 0 h 40 min; Snakemake exit 1, "
-            "then 0."
+    assert ("`python -m arithmech.tools.rehearsal --size peak --jobs 1 --targets gsm8k.parquet`, started 2026-11-24 "
+            "22:40 UTC, then `python -m arithmech.tools.rehearsal --size peak --jobs 1 --targets full`, started "
+            "2026-11-25 00:00 UTC on a CPU: 1 jobs through Slurm (1 COMPLETED, as `sacct` reports them) in 0 h 40 min; "
+            "Snakemake exit 1, then 0."
             ) in peak
 
 

@@ -96,7 +96,8 @@ def test_shared_prefix_in_bfloat16_on_cuda(tiny_dir, name):
     b = batch(run)
     plain, n_plain, g_plain = loss_and_grads(run, b, shared=False)
     shared, n_shared, g_shared = loss_and_grads(run, b, shared=True)
-    errors = {k: ((g_shared[k].float() - g_plain[k].float()).norm() / g_plain[k].float().norm()).item() for k in g_plain}
+    errors = {k: ((g_shared[k].float() - g_plain[k].float()).norm() / g_plain[k].float().norm()).item()
+              for k in g_plain}
     print(f"{name} bf16: loss {plain.item():.5f} vs {shared.item():.5f}, largest relative gradient error "
           f"{max(errors.values()):.2e}")
     assert n_shared == n_plain and set(g_shared) == set(g_plain) and g_plain

@@ -148,7 +148,8 @@ def test_every_rule_went_through_sbatch_and_finished(full_run):
         "summarize_key_components": 1, "knockout": 1, "plot_knockout": 1, "transfer": 1, "plot_transfer": 1,
         "analyze": 1, "plot_analysis": 1, "finetune": 1, "evaluate": 4, "summarize_eval": 1, "study_format": 1,
         "study_items": 1, "study_train": 2, "study_select": 2, "study_evaluate": 3,
-        "study_summary": 1, "circuit": 1, "edges": 1, "edge_curve": 1, "plot_edge_curve": 1, "plot_circuit": 1, "discover": 1, "discover_union": 1,
+        "study_summary": 1, "circuit": 1, "edges": 1, "edge_curve": 1, "plot_edge_curve": 1, "plot_circuit": 1,
+        "discover": 1, "discover_union": 1,
         "plot_discover": 1, "claims": 1, "findings": 1,
     }
     assert set(jobs) == GPU_RULES | CPU_RULES

@@ -53,7 +53,8 @@ def test_pairs_and_provenance(prepared):
                               "kept_validation": 6}
     # the leak: the counterfactual's own answers, checked
     assert set(meta["leak"]) == {"identification", "validation"}
-    assert meta["leak"]["validation"]["full"] == pytest.approx(pairs.loc[pairs["split"] == "validation", "cf_correct_full"].mean())
+    assert meta["leak"]["validation"]["full"] == pytest.approx(
+        pairs.loc[pairs["split"] == "validation", "cf_correct_full"].mean())
     assert {"full_answer", "correct_full", "correct_first_token", "cf_full_answer"} <= set(pairs)
     assert meta["model_source"] == {"path": str(prepared / "src")}
     assert set(meta["versions"]) >= {"torch", "transformers", "python", "arithmech"}
@@ -107,7 +108,8 @@ def test_patch_layer_matches_reference(prepared, mode):
     assert len(frame) == 6 * (lm.n_heads + 1)
     assert frame["logit_p"].to_numpy() == pytest.approx(logits.reshape(-1).double().numpy(), abs=1e-4)
     assert frame["prob_p"].to_numpy() == pytest.approx(logprobs.exp().reshape(-1).double().numpy(), abs=1e-5)
-    assert frame["logit_o"].to_numpy() == pytest.approx(ref.logits.repeat_interleave(lm.n_heads + 1).double().numpy(), abs=1e-5)
+    assert frame["logit_o"].to_numpy() == pytest.approx(ref.logits.repeat_interleave(lm.n_heads + 1).double().numpy(),
+                                                        abs=1e-5)
 
 
 def test_aggregate_effects_intervals_stability_and_exclusions(prepared):
@@ -117,7 +119,8 @@ def test_aggregate_effects_intervals_stability_and_exclusions(prepared):
     for layer, path in enumerate(paths):
         identify.run_patch_layers(model_dir=prepared / "model", layers=[layer],
                                   patching={"mode": "direct", "with_probs": False}, compute=COMPUTE,
-                                  pairs_paths=[prepared / "pairs.parquet"], cache_paths=[prepared / "cache.safetensors"],
+                                  pairs_paths=[prepared / "pairs.parquet"],
+                                  cache_paths=[prepared / "cache.safetensors"],
                                   out_paths=[path])
     patching = pd.concat(pd.read_parquet(p) for p in paths)
     n_bad = patching.loc[patching["logit_o"] <= 0, "sample_id"].nunique()
@@ -147,7 +150,8 @@ def test_patch_layer_rejects_a_layer_out_of_range(prepared):
     with pytest.raises(ValueError, match="layer 5 out of range: the model has 2 layers"):
         identify.run_patch_layers(model_dir=prepared / "model", layers=[0, 5],
                                   patching={"mode": "direct", "with_probs": False}, compute=COMPUTE,
-                                  pairs_paths=[prepared / "pairs.parquet"], cache_paths=[prepared / "cache.safetensors"],
+                                  pairs_paths=[prepared / "pairs.parquet"],
+                                  cache_paths=[prepared / "cache.safetensors"],
                                   out_paths=[prepared / "never.parquet"])
     assert not (prepared / "never.parquet").exists()
 
@@ -172,7 +176,8 @@ def test_one_table_of_all_layers_is_the_per_layer_tables_concatenated(prepared, 
 def test_build_pairs_fails_clearly_when_nothing_is_correct(prepared, tmp_path):
     prompts = {**PROMPTS, "keep_only_correct": "full", "operands": {"min": 7, "max": 9}}
     with pytest.raises(RuntimeError, match="no identification pair is left of 18 candidates"):
-        identify.run_build_pairs(model_dir=prepared / "model", task="addition", prompts=prompts, compute=COMPUTE, seed=0,
+        identify.run_build_pairs(model_dir=prepared / "model", task="addition", prompts=prompts,
+                                 compute=COMPUTE, seed=0,
                                  out_pairs=tmp_path / "p.parquet", out_dropped=tmp_path / "d.parquet")
     assert list(tmp_path.iterdir()) == []
 
@@ -227,11 +232,13 @@ def test_transfer_matches_an_explicit_ablated_generation(prepared, tmp_path):
     assert cell["accuracy"] == pytest.approx(sum(after) / len(pairs))
     assert none.iloc[0]["accuracy"] == pytest.approx(sum(base) / len(pairs))
     kept = [a for a, b in zip(after, base) if b]
-    assert cell["retained"] == (pytest.approx(sum(kept) / len(kept)) if kept else pytest.approx(float("nan"), nan_ok=True))
+    assert cell["retained"] == (pytest.approx(sum(kept) / len(kept)) if kept
+                                else pytest.approx(float("nan"), nan_ok=True))
     # the per-item table holds the same answers, item by item, with each item's operand pair
     items = pd.read_parquet(tmp_path / "items.parquet")
     own = items[(items["source"] == "division") & (items["heads"] == "key") & (items["target"] == "division")]
-    assert list(own["correct"]) == after and list(own["cluster"]) == [f"{a},{b}" for a, b in zip(pairs["a"], pairs["b"])]
+    assert (list(own["correct"]) == after
+            and list(own["cluster"]) == [f"{a},{b}" for a, b in zip(pairs["a"], pairs["b"])])
     assert list(items[(items["heads"] == "none") & (items["target"] == "division")]["correct"]) == base
     assert out[2].read_bytes()[:4] == b"\x89PNG" and "retained" in out[1].read_text()
 
@@ -254,7 +261,8 @@ def test_knockout_scores_first_tokens_and_full_answers(prepared, tmp_path, posit
     ablation = {"positions": [positions], "max_heads": 2, "random_seeds": 1, "random_k": [1, 2],
                 "all_positions_samples": 5}
     out = [tmp_path / "k.parquet", tmp_path / "k.png"]
-    validate.run_knockout(model="tiny", task="division", model_dir=prepared / "model", pairs_path=prepared / "pairs.parquet",
+    validate.run_knockout(model="tiny", task="division", model_dir=prepared / "model",
+                        pairs_path=prepared / "pairs.parquet",
                         cache_path=prepared / "cache.safetensors", effects_path=tmp_path / "effects.parquet",
                         key_path=tmp_path / "key.parquet", ablation=ablation, compute=COMPUTE, seed=0, out_table=out[0],
                         out_items=tmp_path / "items.parquet")

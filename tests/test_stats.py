@@ -281,7 +281,8 @@ def test_compare_picks_the_test():
 # ---------------------------------------------------------------------------------------------------- Holm
 def test_holm_hand_example():
     np.testing.assert_allclose(holm([0.01, 0.04, 0.03]), [0.03, 0.06, 0.06])
-    np.testing.assert_allclose(holm([0.5, 0.01, 0.02, 0.9]), [1.0, 0.04, 0.06, 1.0])  # 0.5 * 2 = 1.0; 0.9 * 1 lifted to 1.0
+    np.testing.assert_allclose(holm([0.5, 0.01, 0.02, 0.9]),
+                               [1.0, 0.04, 0.06, 1.0])  # 0.5 * 2 = 1.0; 0.9 * 1 lifted to 1.0
 
 
 def test_holm_ties_empty_and_all_nan():

@@ -114,7 +114,8 @@ def test_items_split_operand_pairs_without_overlap(tiny_dir):
     sizes = add.groupby("split").size()
     assert sizes.to_dict() == {"test": 10, "train": 12, "validation": 6}
     assert add["pair"].is_unique  # one item per operand pair, so splits are disjoint in pairs
-    assert not {(10, 10), (11, 12)} & set(zip(items.loc[items["task"] == "addition", "a"], items.loc[items["task"] == "addition", "b"]))
+    assert not {(10, 10), (11, 12)} & set(zip(items.loc[items["task"] == "addition", "a"],
+                                              items.loc[items["task"] == "addition", "b"]))
     assert not ((items["task"] == "multiplication") & (items["a"] == 2) & (items["b"] == 3)).any()
     mul = items[items["format"] == "mul_words"]
     assert set(mul["split"]) == {"test"} and len(mul) == 4  # transfer_test
@@ -414,7 +415,8 @@ def test_final_runs_and_select_lr():
     assert sd.final_runs("full", study) == ["chosen"]
     def frame(correct, nll):
         return pd.DataFrame({"correct": correct, "nll": nll, "n_tokens": [2] * len(correct)})
-    vals = {"lr0": frame([1, 0, 0], [1.0, 1, 1]), "lr1": frame([1, 1, 0], [9.0, 9, 9]), "lr2": frame([0, 1, 1], [2.0, 2, 2])}
+    vals = {"lr0": frame([1, 0, 0], [1.0, 1, 1]), "lr1": frame([1, 1, 0], [9.0, 9, 9]),
+            "lr2": frame([0, 1, 1], [2.0, 2, 2])}
     choice = sd.select_lr(vals, [1e-4, 3e-4, 1e-3])
     assert choice["run"] == "lr2" and choice["lr"] == 1e-3  # tie on accuracy: the lower NLL
     assert [g["val_accuracy"] for g in choice["grid"]] == pytest.approx([1 / 3, 2 / 3, 2 / 3])
@@ -428,7 +430,8 @@ def test_comparisons_pair_items_and_pick_the_test():
     good = base | (rng.random(n) < 0.5)
     frames = {("base", "base"): base, ("precise", "chosen"): good, ("random_heads", "chosen"): base.copy(),
               ("random_heads", "draw1"): base ^ (rng.random(n) < 0.05)}  # a few flips both ways
-    rows = sd.per_item({key: pd.DataFrame({"dataset": "add2", "kind": "arithmetic", "item": clusters, "cluster": clusters,
+    rows = sd.per_item({key: pd.DataFrame({"dataset": "add2", "kind": "arithmetic", "item": clusters,
+                                           "cluster": clusters,
                                            "correct": c.astype(float), "nll": 1.0, "n_tokens": 2})
                         for key, c in frames.items()})
     comp = sd.comparisons(rows, "add2", 0.95, 500, 0).set_index(["arm_a", "arm_b", "metric"])
@@ -437,7 +440,8 @@ def test_comparisons_pair_items_and_pick_the_test():
     assert one["difference"] == pytest.approx(good.mean() - base.mean())
     two = comp.loc[("precise", "random_heads", "accuracy")]
     assert two["test"] == "paired_cluster_bootstrap" and two["n_models_b"] == 2
-    assert two["difference"] == pytest.approx(good.mean() - (base.mean() + frames[("random_heads", "draw1")].mean()) / 2)
+    assert two["difference"] == pytest.approx(good.mean()
+                                              - (base.mean() + frames[("random_heads", "draw1")].mean()) / 2)
     assert comp.loc[("random_heads", "base", "accuracy")]["p_value"] > 0.01
     assert (comp["p_holm"] >= comp["p_value"] - 1e-12).all()
     table = sd.model_rows(rows, "add2", 0.95, 200, 0)

@@ -148,7 +148,8 @@ def test_knockout_table(run):
     matched = table[table["curve"] == "random_layer_matched"]
     assert len(matched) == 2 * 3
     for k, nodes in zip(matched["k"], matched["nodes"]):  # the layers of the top k heads
-        assert sorted(n.split("H")[0] for n in nodes.split()) == sorted(n.split("H")[0] for n in top["nodes"].iloc[k].split())
+        assert (sorted(n.split("H")[0] for n in nodes.split())
+                == sorted(n.split("H")[0] for n in top["nodes"].iloc[k].split()))
     every = whole[whole["positions"] == "all"]
     assert (every["n"] == 4).all()  # ablation.all_positions_samples
     assert set(every.loc[every["curve"].str.startswith("random"), "k"]) == {3}  # controls at k = max_heads only
@@ -256,7 +257,8 @@ def test_hub_data_sets_are_fetched_once_and_read_by_evaluate_dry(tmp_path):
     inputs = [line.split("input: ", 1)[1].split(", ") for line in proc.stdout.splitlines() if "input: " in line]
     base = [paths for paths in inputs if paths[-1] == "results/tiny/model" and not any("finetune/" in x for x in paths)]
     assert [p for p in base if p[0] == "results/data/gsm8k.parquet"][0][1].endswith("resources/data/gsm8k/train.jsonl")
-    assert [p for p in base if p[0] == "results/data/mmlu.parquet"] == [["results/data/mmlu.parquet", "results/tiny/model"]]
+    assert ([p for p in base if p[0] == "results/data/mmlu.parquet"]
+            == [["results/data/mmlu.parquet", "results/tiny/model"]])
     assert any(p[0].endswith("resources/data/wikitext-2/test.txt") for p in base)
 
 
@@ -333,7 +335,8 @@ def planned_jobs(proc: subprocess.CompletedProcess, rule: str) -> list[dict[str,
         if line.startswith(("rule ", "localrule ", "checkpoint ")):
             current = line.split()[1].rstrip(":")
         elif current == rule and line.strip().startswith("wildcards:"):
-            jobs.append(dict(part.split("=", 1) for part in line.strip().removeprefix("wildcards:").strip().split(", ")))
+            jobs.append(dict(part.split("=", 1)
+                             for part in line.strip().removeprefix("wildcards:").strip().split(", ")))
     return jobs
 
 
@@ -386,8 +389,8 @@ def test_circuit_changes_rerun_only_their_rule(run):
     assert planned_rules(dry_run(run, lambda c: c["circuit"]["edges"].update(senders=1))) == {
         "edges": 1, "edge_curve": 1, "plot_edge_curve": 1, **downstream}
     # the edge curve is its own rule: turning it off re-runs nothing of the edges
-    assert not {"edges", "edge_curve", "plot_edge_curve"} & set(planned_rules(dry_run(run, lambda c: c["circuit"]["edges"].update(
-        curve=False))))
+    assert not {"edges", "edge_curve", "plot_edge_curve"} & set(planned_rules(dry_run(
+        run, lambda c: c["circuit"]["edges"].update(curve=False))))
 
 
 def test_finetune_change_reruns_only_that_method_and_its_evaluation(run):
@@ -459,7 +462,8 @@ def test_study_outputs(run):
     assert [p["step"] for p in stats["evaluations"]] == [1, 2] and stats["train"]["optimizer"] == "adamw"
     assert precise["trainable_params"] < study.set_index(["arm", "run"]).loc[("full", "chosen"), "trainable_params"]
     comp = pd.read_parquet(res / "comparisons.parquet")
-    assert {("precise", "random_heads"), ("precise", "full"), ("precise", "base")} <= set(zip(comp["arm_a"], comp["arm_b"]))
+    assert ({("precise", "random_heads"), ("precise", "full"), ("precise", "base")}
+            <= set(zip(comp["arm_a"], comp["arm_b"])))
     assert comp["p_value"].between(0, 1).all() and (comp["ci_low"] <= comp["ci_high"]).all()
     assert "| precise | chosen |" in (res / "study.md").read_text()
     assert "## Training precision" in (res / "study.md").read_text()
@@ -591,7 +595,8 @@ def test_slurm_dry_run_asks_each_rule_for_its_own_resources(run):
         assert "gpu_model=a100" in resources, rule
         assert "slurm_account=proj42" in resources and "slurm_partition=gpu-short" in resources
         gpus, mem, minutes = {"finetune": (4, 30000, 30), "study_train": (4, 30000, 30), "evaluate": (2, 12000, 45),
-                              "study_evaluate": (2, 12000, 45), "study_format": (2, 12000, 45)}.get(rule, (2, 12000, 30))
+                              "study_evaluate": (2, 12000, 45),
+                              "study_format": (2, 12000, 45)}.get(rule, (2, 12000, 30))
         assert f"gpu={gpus}" in resources and f"mem_mb={mem}" in resources and f"runtime={minutes}" in resources, rule
     for rule in CPU_RULES:
         (resources,) = jobs[rule]
@@ -634,7 +639,8 @@ def test_circuit_outputs(run):
 
     res = run / "results/tiny"
     for task in TASKS:
-        table, items = pd.read_parquet(res / f"circuit/{task}.parquet"), pd.read_parquet(res / f"circuit/{task}_items.parquet")
+        table, items = (pd.read_parquet(res / f"circuit/{task}.parquet"),
+                        pd.read_parquet(res / f"circuit/{task}_items.parquet"))
         assert set(map(tuple, table[["positions", "means"]].drop_duplicates().to_numpy())) == {
             ("end", "counterfactual"), ("all", "counterfactual"), ("end", "blank")}  # tiny: 1 shot, zero-shot means
         logit = table.set_index("curve")["faithfulness_logit"]
@@ -811,7 +817,8 @@ def test_library_edits_rerun_exactly_the_rules_that_run_the_edited_code(run, tmp
     assert planned_after("interp/patching.py", "@torch.no_grad()\ndef direct_logits(",
                          "def _unused_helper():\n    return 0\n\n\n@torch.no_grad()\ndef direct_logits(") == {}
     assert planned_after("interp/patching.py", "def direct_logits(", "# a comment\ndef direct_logits(") == {}
-    assert planned_after("interp/patching.py", '"""Unembedding of final-normed', '"""Unembedding of the final-normed') == {
+    assert planned_after("interp/patching.py", '"""Unembedding of final-normed',
+                         '"""Unembedding of the final-normed') == {
         "patch_all_layers": 1, **FROM_EFFECTS,
     }
 

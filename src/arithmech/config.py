@@ -44,7 +44,8 @@ def validate_config(config: dict, schema_path: str | Path) -> None:
         for fmt in ("multi_digit", "decimal"):
             rng = config["transfer"]["formats"][fmt]
             if rng["min"] > rng["max"]:
-                problems.append(f"config key 'transfer.formats.{fmt}': min ({rng['min']}) is larger than max ({rng['max']})")
+                problems.append(f"config key 'transfer.formats.{fmt}': min ({rng['min']}) is larger than max "
+                                f"({rng['max']})")
         for i, method in enumerate(config["finetune"]["methods"]):
             if method not in config["finetune"]["lr"]:
                 problems.append(f"config key 'finetune.lr.{method}': missing; method {method!r} is in finetune.methods")
@@ -57,7 +58,8 @@ def validate_config(config: dict, schema_path: str | Path) -> None:
         problems += _split_problems(config["prompts"], config["run"]["tasks"])
         pairs = (ops["max"] - ops["min"] + 1) ** 2
         if config["prompts"]["n_shots"] >= pairs // 2:
-            problems.append(f"config key 'prompts.n_shots': {config['prompts']['n_shots']} is too many for the operand range")
+            problems.append(f"config key 'prompts.n_shots': {config['prompts']['n_shots']} is too many for the "
+                            "operand range")
     if problems:
         raise ConfigError("invalid configuration:\n  " + "\n  ".join(problems))
 

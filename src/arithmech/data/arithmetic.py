@@ -7,7 +7,8 @@ examples still name the operation). The solved answers of the few-shot lines sti
 ("4 nothing 3 is equal to 7."), so `counterfactual_shots` says what the counterfactual keeps of them:
 "keep" (the answers), "blank" (the lines end where their answer would start: "4 nothing 3 is equal to.")
 or "zero_shot" (no few-shot lines at all). How much the counterfactual still computes (its own accuracy on
-the answer, the leak) is measured by the build_pairs rule. The prompt ends so that the next token is the answer's first token:
+the answer, the leak) is measured by the build_pairs rule. \
+The prompt ends so that the next token is the answer's first token:
 tokenizers that split digits and give a number's leading space its own token (LLaMA, SmolLM2) keep the
 template's trailing space in the prompt; tokenizers that glue the space to the number (GPT-2 style) get the
 space moved into the answer. Character spans of the query's operands and operator are recorded so later
@@ -119,7 +120,8 @@ def build_prompts(tokenizer, task: str, cfg: dict, seed: int) -> pd.DataFrame:
     sep = cfg["shot_separator"]
     cf_shots = cfg.get("counterfactual_shots", "keep")
     if cf_shots not in COUNTERFACTUAL_SHOTS:
-        raise PromptError(f"prompts.counterfactual_shots must be one of {', '.join(COUNTERFACTUAL_SHOTS)}; got {cf_shots!r}")
+        raise PromptError(f"prompts.counterfactual_shots must be one of {', '.join(COUNTERFACTUAL_SHOTS)}; "
+                          f"got {cf_shots!r}")
     rows = []
     for t_id, template in enumerate(cfg["templates"]):
         for op_id, op in enumerate(cfg["operators"][task]):

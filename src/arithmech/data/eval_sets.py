@@ -58,7 +58,8 @@ REGISTRY = {
         EvalSet("strategyqa", "choice", "load_bigbench_choice"),
         EvalSet("qa_wikidata", "qa", "load_bigbench_generation"),
         EvalSet("mmlu", "choice", "load_mmlu", hub="cais/mmlu", hub_rows=14042),  # all, test
-        EvalSet("commonsense_qa", "choice", "load_commonsense_qa", hub="tau/commonsense_qa", hub_rows=1221),  # validation
+        EvalSet("commonsense_qa", "choice", "load_commonsense_qa", hub="tau/commonsense_qa",
+                hub_rows=1221),  # validation
         EvalSet("wikitext", "perplexity", "load_text", hub="Salesforce/wikitext"),
     )
 }

@@ -472,7 +472,8 @@ def refuse_offload(device_map: dict, model_dir: str | Path) -> None:
         names = ", ".join(f"{name} ({where})" for name, where in list(off.items())[:4])
         raise ModelSourceError(
             f"the model in {model_dir} does not fit on the {torch.cuda.device_count()} visible GPUs: "
-            f"{len(off)} of its {len(device_map)} blocks would be offloaded ({names}{', ...' if len(off) > 4 else ''}). "
+            f"{len(off)} of its {len(device_map)} blocks would be offloaded "
+            f"({names}{', ...' if len(off) > 4 else ''}). "
             "Give its jobs more GPUs: raise models.<name>.resources.gpus (for fine-tuning and evaluation, the "
             "`gpus` of its `finetune` and `evaluate` blocks), or choose larger GPUs with `gpu_model`.")
 

@@ -98,8 +98,9 @@ def study_rows(study: pd.DataFrame, comparisons: pd.DataFrame) -> tuple[pd.DataF
         chosen = part[part["run"].isin(["chosen", "base"])].iloc[0]
         arms.append({
             "arm": arm, "runs": len(part),
-            "exact match (chosen run)": f"{display.share(chosen['accuracy'])} "
-                                        f"{display.interval(chosen['accuracy_low'], chosen['accuracy_high'], display.share)}",
+            "exact match (chosen run)":
+                f"{display.share(chosen['accuracy'])} "
+                f"{display.interval(chosen['accuracy_low'], chosen['accuracy_high'], display.share)}",
             "mean over runs": display.share(part["accuracy"].mean()),
             "KL to base (nats/token)": display.nats(chosen.get("kl_to_base", float("nan"))),
             "trainable parameters": display.count(chosen.get("trainable_params", float("nan"))),

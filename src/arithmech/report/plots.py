@@ -191,7 +191,8 @@ def attention_example(
     weights = np.asarray(weights, dtype=float) * 100
     n_heads, n_tokens = weights.shape
     if len(tokens) != n_tokens or len(roles) != n_tokens or len(head_labels) != n_heads:
-        raise ValueError(f"{len(tokens)} tokens, {len(roles)} roles, {len(head_labels)} labels for weights {weights.shape}")
+        raise ValueError(f"{len(tokens)} tokens, {len(roles)} roles, {len(head_labels)} labels for weights "
+                         f"{weights.shape}")
     fig = plt.figure(figsize=(max(6.0, 0.3 * n_tokens + 2.6), 0.36 * n_heads + 2.6))
     grid = fig.add_gridspec(2, 2, height_ratios=[n_heads, 0.7], width_ratios=[n_tokens, 0.6], hspace=0.06, wspace=0.03)
     ax, ax_roles, cax = fig.add_subplot(grid[0, 0]), fig.add_subplot(grid[1, 0]), fig.add_subplot(grid[0, 1])

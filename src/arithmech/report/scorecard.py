@@ -68,7 +68,8 @@ def check_verdicts(claims: pd.DataFrame) -> None:
 # Markdown
 
 
-def claims_markdown(claims: pd.DataFrame, sub_rows: bool = True, link: Callable[[str], str | None] | None = None) -> str:
+def claims_markdown(claims: pd.DataFrame, sub_rows: bool = True,
+                    link: Callable[[str], str | None] | None = None) -> str:
     """The scorecard as a GitHub Markdown table: per claim its statement, the paper's number (LLaMA2-7B), what
     was measured on this model (value, interval, n, split; the note in italics), the verdict and the rule
     that decided it. With `sub_rows`, each claim's other scopes follow as indented rows. `link(source)` gives

@@ -93,7 +93,8 @@ def study_markdown(model: str, table: pd.DataFrame, comp: pd.DataFrame, fmt: str
     comp_head = ["a", "b", "metric", "difference", "interval", "p", "p (Holm)", "test"]
     return (f"# {model}: precise-SFT study, trained on `{fmt}`\n\n"
             + markdown_table(pd.DataFrame(models, columns=head))
-            + f"\n## Comparisons (a - b on the same items; {pct} intervals resample operand pairs, items or windows)\n\n"
+            + f"\n## Comparisons (a - b on the same items; {pct} intervals resample operand pairs, items or "
+              "windows)\n\n"
             + markdown_table(pd.DataFrame(comparisons, columns=comp_head)))
 
 

@@ -187,7 +187,8 @@ def few_key_heads(keys: dict[str, pd.DataFrame], effects: dict[str, pd.DataFrame
         paper = int(((eff["component"] == "head") & (eff["mean_effect"] < cfg["paper_threshold"])).sum())
         share = len(heads) / n_total if n_total else math.nan
         verdict = "holds" if 0 < share <= cfg["max_key_share"] else "does not hold"
-        note = f"{len(heads)} of {n_total:,} heads; {paper} pass the paper's {100 * cfg['paper_threshold']:g}% threshold"
+        note = (f"{len(heads)} of {n_total:,} heads; {paper} pass the paper's "
+                f"{100 * cfg['paper_threshold']:g}% threshold")
         if not len(heads):
             note += "; the key-head rule selected no head"
         subs.append(_row("few_key_heads", task, measure="share of heads that are key", value=100 * share,
@@ -403,7 +404,8 @@ def transfer(items: pd.DataFrame | None, cfg: dict, seed: int) -> list[dict]:
         else:
             verdict, rule = directional(lo, hi, direction=-1, min_effect=min_diff), hurt_rule
         label = TRANSFER_LABELS[kind]
-        subs.append(_row("transfer", label, measure="retained accuracy, key minus layer-matched random heads knocked out",
+        subs.append(_row("transfer", label,
+                         measure="retained accuracy, key minus layer-matched random heads knocked out",
                          value=100 * res["difference"], ci_low=100 * lo, ci_high=100 * hi, unit="points",
                          n=int(res["n_items"]), split="validation" if kind == "operator" else "held-out set",
                          verdict=verdict, rule=rule,
@@ -441,7 +443,8 @@ def key_attention(roles_all: dict[str, pd.DataFrame], cfg: dict, seed: int) -> l
         how = "key heads" if (table["selection"] == "key").all() else "strongest heads (the rule chose no key head)"
         note = (f"{how}: {100 * key.mean():.1f}% of END attention on operands and operator; the other "
                 f"{len(other):,} heads: {100 * other.mean():.1f}%")
-        subs.append(_row("key_attention", task, measure=f"attention share on operands and operator, {how} minus other heads",
+        subs.append(_row("key_attention", task,
+                         measure=f"attention share on operands and operator, {how} minus other heads",
                          value=100 * (key.mean() - other.mean()), ci_low=100 * lo, ci_high=100 * hi, unit="points",
                          n=len(key), split="validation", verdict=verdict, rule=rule,
                          note="; ".join(x for x in (note, _interval_note(lo, hi, verdict)) if x),
@@ -1060,7 +1063,8 @@ def _study_row(claim: str, row: pd.Series, verdict: str, rule: str, split: str, 
                scope: str = "all", scale: float = 100, unit: str = "points") -> dict:
     note = f"p {_p(row['p_value'])} ({row['test']}), Holm-adjusted p {_p(row['p_holm'])}"
     if verdict == "inconclusive":
-        note += "; " + _interval_note(row["ci_low"], row["ci_high"], verdict, scale, "" if unit == "nats" else " points")
+        note += "; " + _interval_note(row["ci_low"], row["ci_high"], verdict, scale,
+                                      "" if unit == "nats" else " points")
     return _row(claim, scope, measure=measure, value=scale * row["difference"], ci_low=scale * row["ci_low"],
                 ci_high=scale * row["ci_high"], unit=unit, n=int(row["n_items"]), split=split, verdict=verdict,
                 rule=rule, note=note, source=source)

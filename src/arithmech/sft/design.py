@@ -13,7 +13,8 @@ is one operand pair; pairs are split without overlap:
 The trained format. `study.train_format` names one (a key of `study.formats` or of
 `study.format_choice.candidates`; rule study_format measures it), or is `auto`: rule study_format measures
 the base model's greedy exact match on every candidate (`choose_format`) and the study trains the candidate
-inside `study.base_band` closest to the band's middle. A candidate is measured on the first `format_choice.items` pairs of the
+inside `study.base_band` closest to the band's middle. \
+A candidate is measured on the first `format_choice.items` pairs of the
 validation split it would have if it were trained, with the same few-shot prefix (`measurement_items`): the
 measured items are then exactly validation items of the chosen format, and its test split is never looked
 at before the models are scored.
@@ -26,7 +27,8 @@ Arms (`study.arms`: names of `sft.methods.METHODS`, whose heads `sft.methods.sel
 (the top `study.heads` heads by patching effect averaged over the tasks: the W_Q rows and W_O columns, with
 `study.kv: shared` also the K/V rows of their key/value heads), precise_mlp (the same plus the top
 `study.mlps` MLP layers), circuit (as many heads, trained as precise, from the union over the operators of the
-circuits the discover rule chose, ranked as precise ranks all heads: `interp.nodes.circuit_first`), random_heads (as many heads, drawn LAYER-MATCHED: the same number in each layer as
+circuits the discover rule chose, ranked as precise ranks all heads: `interp.nodes.circuit_first`), \
+random_heads (as many heads, drawn LAYER-MATCHED: the same number in each layer as
 the key heads, never a key head; `study.random_draws` draws, so the same parameter count), uniform_heads (as
 many heads drawn uniformly among the others, as many draws), full and lora. Every arm's lr is chosen on the
 validation split from its own grid (`study.lr_grid`), the same number of steps for all; the chosen lr is
@@ -270,7 +272,8 @@ def choose_format(measured: pd.DataFrame, band, train_format: str) -> tuple[pd.D
             ahead = table.loc[table["format"] == chosen].iloc[0] if chosen is not None else None
             tie = ahead is not None and ahead["distance"] == r["distance"]
             text = (f"inside the band, {r['distance']:.3f} from its middle"
-                    + ("" if not auto else f"; {chosen} is as close and listed first" if tie else f"; {chosen} is closer"))
+                    + ("" if not auto else f"; {chosen} is as close and listed first" if tie
+                       else f"; {chosen} is closer"))
         else:
             side = _band_side(value[i], low, high)
             text = f"{side} the band: " + ("too hard for the base model" if side == "below" else
@@ -284,7 +287,8 @@ def choose_format(measured: pd.DataFrame, band, train_format: str) -> tuple[pd.D
     n = int(table.loc[measured_ok, "n"].max()) if measured_ok.any() else 0
     if chosen is not None:
         row = table[table["chosen"]].iloc[0]
-        how = "named by study.train_format" if not auto else f"inside study.base_band [{low:g}, {high:g}], closest to its middle"
+        how = ("named by study.train_format" if not auto
+               else f"inside study.base_band [{low:g}, {high:g}], closest to its middle")
         if not row["eligible"]:
             reason = f"{chosen}: {how}; {row['reason']}"
         else:
@@ -476,7 +480,8 @@ def _aligned(rows: pd.DataFrame, arm: str, dataset: str, value: str) -> pd.DataF
     """Per item (cluster-labelled) value of `arm` on `dataset`, averaged over the arm's models (seeds, draws)."""
     part = rows[(rows["arm"] == arm) & (rows["dataset"] == dataset)]
     return part.groupby("item", sort=True).agg(value=(value, "mean"), cluster=("cluster", "first"),
-                                                weight=("n_tokens", "first") if "n_tokens" in part else ("item", "size"))
+                                                weight=("n_tokens", "first") if "n_tokens" in part else
+                                                       ("item", "size"))
 
 
 def comparisons(rows: pd.DataFrame, train_format: str, confidence: float, n_boot: int,
@@ -492,7 +497,8 @@ def comparisons(rows: pd.DataFrame, train_format: str, confidence: float, n_boot
             continue
         for dataset, part in rows[rows["arm"] == a].groupby("dataset", sort=False):
             kind = part["kind"].iloc[0]
-            specs = {"arithmetic": [("correct", True, "accuracy" if dataset == train_format else f"transfer_{dataset}")],
+            specs = {"arithmetic": [("correct", True,
+                                     "accuracy" if dataset == train_format else f"transfer_{dataset}")],
                      "choice": [("correct", True, dataset)],
                      "nll": [("nll", False, f"{dataset}_nll")],
                      "divergence": [("kl", False, "kl_to_base"), ("nll", False, "wikitext_nll")]}[kind]

@@ -67,7 +67,8 @@ def run_analyze(
         "role": roles[0] * len(labels), "attention": weights.reshape(-1), "sample_id": example["sample_id"],
     }), out_example, meta)
     probes = mlp_probes(
-        lm, texts, first_role_tokens(lm.tokenizer, pairs, "operand_a"), first_role_tokens(lm.tokenizer, pairs, "operand_b"),
+        lm, texts, first_role_tokens(lm.tokenizer, pairs, "operand_a"),
+        first_role_tokens(lm.tokenizer, pairs, "operand_b"),
         pairs["answer_token_id"].tolist(), batch_size=compute["batch_size"], n_random=analysis["n_random"], seed=seed,
     ).assign(task=task)
     write_parquet(probes, out_probes, meta)

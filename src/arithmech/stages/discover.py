@@ -302,7 +302,8 @@ def _summary_row(task, target, chosen, circuit_row: pd.Series, key_row: pd.Serie
         for suffix in ("", "_low", "_high"):
             row[f"faithfulness_{m}{suffix}"] = float(circuit_row[f"faithfulness_{m}{suffix}"])
     for suffix in ("", "_low", "_high"):
-        row[f"key_faithfulness_full{suffix}"] = np.nan if key_row is None else float(key_row[f"faithfulness_full{suffix}"])
+        row[f"key_faithfulness_full{suffix}"] = (np.nan if key_row is None
+                                                 else float(key_row[f"faithfulness_full{suffix}"]))
     row |= {"random_faithfulness_full": full["random"], "diff_vs_random_full": full["difference"],
             "ci_low": full["ci_low"], "ci_high": full["ci_high"],
             "diff_vs_random_full_ci_low": full["ci_low"], "diff_vs_random_full_ci_high": full["ci_high"],

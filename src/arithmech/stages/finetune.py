@@ -39,7 +39,8 @@ def run_finetune(*, model: str, model_dir, method: str, effects_paths: dict, dat
     train_cfg = {**finetune["train"], "lr": finetune["lr"][method], "seed": seed}
     examples = finetune_examples(lm, {**finetune["data"], "file": data_path}, seed)
     examples = fitting_examples(lm.tokenizer, examples, train_cfg["max_length"])
-    settings = {"spec": spec, "train": train_cfg, "data": finetune["data"], "model": model_record(model_dir).get("sha256")}
+    settings = {"spec": spec, "train": train_cfg, "data": finetune["data"],
+                "model": model_record(model_dir).get("sha256")}
     stats, record, _ = train_and_save(
         lm, spec=spec, train_cfg=train_cfg, examples=examples, settings=settings, run_name=method,
         checkpoint_root=checkpoint_root, out_dir=out_dir, model_dir=model_dir, stage="finetune",
@@ -106,7 +107,8 @@ def eval_summary(eval_paths: dict, stats_paths: dict, confidence: float) -> pd.D
                 row |= {f"{name}": 100 * acc, f"{name}_low": 100 * low, f"{name}_high": 100 * high,
                         f"{name}_n": len(frame)}
             else:
-                row |= {f"{name}_ppl": float(frame["perplexity"].iloc[0]), f"{name}_tokens": int(frame["n_tokens"].iloc[0])}
+                row |= {f"{name}_ppl": float(frame["perplexity"].iloc[0]),
+                        f"{name}_tokens": int(frame["n_tokens"].iloc[0])}
         stats = json.loads(Path(stats_paths[method]).read_text()) if method in stats_paths else None
         row |= {
             "trainable_params": stats["n_trainable"] if stats else 0,

@@ -55,7 +55,8 @@ def run_build_pairs(*, model_dir, task: str, prompts: dict, compute: dict, seed:
                        cf_correct_first_token=cf["correct_first_token"].to_numpy(),
                        cf_correct_full=cf["correct_full"].to_numpy())
     meta = stage_meta(model_dir, "build_pairs", task=task, prompts=prompts, seed=seed)
-    meta["counts"] = {"candidates": len(candidates), "kept": len(kept), **dropped["drop_reason"].value_counts().to_dict(),
+    meta["counts"] = {"candidates": len(candidates), "kept": len(kept),
+                      **dropped["drop_reason"].value_counts().to_dict(),
                       **{f"kept_{s}": int((kept["split"] == s).sum()) for s in SPLITS}}
     meta["accuracy"] = {"first_token": float(checked["correct_first_token"].mean()),
                         "full": float(checked["correct_full"].mean())}
@@ -97,7 +98,8 @@ def run_cache_activations(*, model_dir, pairs_path, compute: dict, out_path) -> 
         "cf_template_mlps": grouped.mlps,  # [n_templates, P, L, d_model]
         "cf_template_counts": grouped.counts,  # [n_templates, P]
     }
-    meta = stage_meta(model_dir, "cache_activations", compute=compute, pairs=read_parquet_meta(pairs_path).get("params_hash"))
+    meta = stage_meta(model_dir, "cache_activations", compute=compute,
+                      pairs=read_parquet_meta(pairs_path).get("params_hash"))
     meta["dtype"] = str(lm.dtype)
     write_safetensors(tensors, out_path, meta)
 

@@ -62,7 +62,8 @@ def run_study_format(*, model_dir, pairs_paths: dict, study: dict, prompts: dict
             with torch.no_grad():
                 correct = _score(lm, items, compute["batch_size"])["correct"].to_numpy(bool)
             est, low, high = accuracy_interval(correct, study["confidence"])
-            row |= {"n": len(correct), "correct": int(correct.sum()), "exact_match": est, "ci_low": low, "ci_high": high}
+            row |= {"n": len(correct), "correct": int(correct.sum()), "exact_match": est, "ci_low": low,
+                    "ci_high": high}
         rows.append(row)
         print(f"{name}: " + ("not measured (too few operand pairs)" if items is None else
                              f"exact match {row['exact_match']:.3f} [{row['ci_low']:.3f}, {row['ci_high']:.3f}] "
@@ -176,7 +177,8 @@ def run_study_train(*, model_dir, items_path, effects_paths: dict, arm: str, run
                 scored = _score(lm, val, bs)
         return {VAL_FILE: scored}
 
-    settings = {"spec": spec, "train": train_cfg, "items": config_hash(fmt[["split", "prompt", "target"]].values.tolist()),
+    settings = {"spec": spec, "train": train_cfg,
+                "items": config_hash(fmt[["split", "prompt", "target"]].values.tolist()),
                 "model": model_record(model_dir).get("sha256")}
     examples = list(zip(train_items["prompt"], train_items["target"]))
     stats, record, tables = train_and_save(
@@ -314,7 +316,8 @@ def run_study_summary(*, model: str, study: dict, formats_path, items_path, sele
     table = pd.concat([table, pd.DataFrame(extra)], axis=1)
     comp = sd.comparisons(rows, fmt, study["confidence"], study["bootstrap"], seed)
     curves = sd.curves(records)
-    base_acc = float(table.loc[table["arm"] == "base", "accuracy"].iloc[0]) if (table["arm"] == "base").any() else np.nan
+    base_acc = (float(table.loc[table["arm"] == "base", "accuracy"].iloc[0]) if (table["arm"] == "base").any()
+                else np.nan)
     low, high = study["base_band"]
     in_band = bool(low <= base_acc <= high)
     if not in_band:
@@ -395,7 +398,8 @@ def format_display(formats: pd.DataFrame) -> pd.DataFrame:
         return f"{100 * r['exact_match']:.1f} [{100 * r['ci_low']:.1f}, {100 * r['ci_high']:.1f}]"
 
     return pd.DataFrame({"format": formats["format"], "task": formats["task"],
-                         "question": [t.replace("{op}", str(o)) for t, o in zip(formats["template"], formats["operator"])],
+                         "question": [t.replace("{op}", str(o))
+                                      for t, o in zip(formats["template"], formats["operator"])],
                          "a": formats["a"], "b": formats["b"], "n": formats["n"],
                          "base exact match % [interval]": [share(r) for r in formats.to_dict("records")],
                          "in band": formats["in_band"].map({True: "yes", False: ""}),

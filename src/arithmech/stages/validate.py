@@ -90,7 +90,8 @@ def run_knockout(
             for (c, sd, k, hs, ms), a, f in zip(sets, first, full)
         ]
         tables.append(pd.DataFrame(rows).assign(n=len(texts), positions=positions, split="validation"))
-        item_tables.append(knockout_items(sets, scored, first_correct.numpy(), full_correct).assign(positions=positions))
+        item_tables.append(knockout_items(sets, scored, first_correct.numpy(), full_correct)
+                           .assign(positions=positions))
     meta = stage_meta(model_dir, "knockout", task=task, ablation=ablation, seed=seed)
     write_parquet(pd.concat(tables, ignore_index=True), out_table, meta)
     write_parquet(pd.concat(item_tables, ignore_index=True), out_items, meta)

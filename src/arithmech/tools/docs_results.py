@@ -181,7 +181,8 @@ def probes_table(probes: pd.DataFrame) -> pd.DataFrame:
             continue
         peak = t.loc[t["mean"].idxmax()]
         rows.append({"target": name, "highest cosine": display.number(peak["mean"], 3), "at layer": int(peak["layer"]),
-                     f"mean, layers {min(late)}-{max(late)}": display.number(t.loc[t["layer"].isin(late), "mean"].mean(), 3)})
+                     f"mean, layers {min(late)}-{max(late)}":
+                         display.number(t.loc[t["layer"].isin(late), "mean"].mean(), 3)})
     return pd.DataFrame(rows)
 
 
@@ -192,7 +193,8 @@ def knockout_long(wide: pd.DataFrame) -> pd.DataFrame:
     for r in wide.to_dict("records"):
         for answer in ("first token", "full answer"):
             rows.append({"task": r["task"], "positions": r["positions"], "n": r["n"], "K": r["K"], "answer": answer,
-                         **{label: r[f"{answer}: {label}"] for label in ("none", "top K", "random K", "layer-matched K")}})
+                         **{label: r[f"{answer}: {label}"]
+                            for label in ("none", "top K", "random K", "layer-matched K")}})
     return pd.DataFrame(rows)
 
 
@@ -232,7 +234,8 @@ def sufficiency_table(tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
                     sel = sel[sel["k"] == n_key.iloc[0]]
                 if not len(sel):
                     continue
-                row = {"operator": task, "ablation": f"{positions}, {means} means", "n": display.count(part["n"].iloc[0]),
+                row = {"operator": task, "ablation": f"{positions}, {means} means",
+                       "n": display.count(part["n"].iloc[0]),
                        "circuit": label, "heads": display.count(sel["n_heads"].iloc[0])}
                 for measure, name in (("full", "full answer"), ("logit", "answer logit")):
                     col = f"faithfulness_{measure}"
@@ -277,16 +280,19 @@ def circuit_summary(root: Path, tasks: list[str]) -> str:
         logit = _faithful(k["faithfulness_logit"], k["faithfulness_logit_low"], k["faithfulness_logit_high"])
         text = (f"- **{task}**: the key circuit ({int(k['n_heads'])} heads + {int(k['n_mlps'])} MLPs, every other node "
                 f"mean-ablated) keeps {full} of the full-answer accuracy and {logit} of the answer "
-                f"logit; {len(rand)} random circuits of its size in the same layers keep {pct(rand['faithfulness_full'].mean())} "
+                f"logit; {len(rand)} random circuits of its size in the same layers keep "
+                f"{pct(rand['faithfulness_full'].mean())} "
                 f"and {pct(rand['faithfulness_logit'].mean())}. The fewest top heads that keep 80% of the full answers "
                 f"with every MLP: {_reach(reach, total)}.")
         summed = edges[edges["sender"] == KEY_SUM].set_index(["path", "receiver"])["mean_effect"]
         if len(summed):
             mlps = summed.xs("mlp", level="path").sort_values().head(2)
-            text += (f" The key heads' summed effect on the answer logit: {100 * summed[('direct', -1)]:+.2f}% directly, "
+            text += (" The key heads' summed effect on the answer logit: "
+                     f"{100 * summed[('direct', -1)]:+.2f}% directly, "
                      f"{100 * summed[('via_mlps', -1)]:+.2f}% through the MLPs (most negative: "
                      + ", ".join(f"L{int(r)} {100 * v:+.2f}%" for r, v in mlps.items())
-                     + f"), {100 * summed[('rest', -1)]:+.2f}% by other paths; {100 * summed[('total', -1)]:+.2f}% in total")
+                     + f"), {100 * summed[('rest', -1)]:+.2f}% by other paths; "
+                       f"{100 * summed[('total', -1)]:+.2f}% in total")
             if summed[("direct", -1)] < 0 < summed[("via_mlps", -1)]:
                 text += ": the MLPs push the answer logit back up, against the heads' direct effect."
             else:
@@ -339,7 +345,8 @@ def edges_table(edges: dict[str, pd.DataFrame]) -> pd.DataFrame:
             continue
         paths = key.set_index("path")
         row = {"operator": task, "n": display.count(paths["n"].iloc[0])}
-        for path, name in (("total", "total"), ("direct", "direct"), ("via_mlps", "through the MLPs"), ("rest", "rest")):
+        for path, name in (("total", "total"), ("direct", "direct"), ("via_mlps", "through the MLPs"),
+                           ("rest", "rest")):
             r = paths.loc[path]
             if isinstance(r, pd.DataFrame):
                 r = r.iloc[0]
@@ -615,7 +622,8 @@ def own_circuit_block(root: Path, tasks: list[str], link) -> str:
     found = read_discover(root, tasks)
     if found is None:
         return ""
-    names = [("discover/{}_path.png", "the pruning path"), ("discover/{}_circuit.png", "the circuit over the key heads"),
+    names = [("discover/{}_path.png", "the pruning path"),
+             ("discover/{}_circuit.png", "the circuit over the key heads"),
              ("finetune/study.png", "the study")]
     figures = [f"[{name}]({link(source.format(tasks[0]))})" for source, name in names
                if tasks and link(source.format(tasks[0]))]

@@ -5,10 +5,10 @@ key/value heads: no grouped-query attention, 1,024 heads) but a tiny width (`ari
 4, its byte-level tokenizer with 400 tokens), run through the real SLURM executor plugin and the profile in
 workflow/profiles/slurm on a real Slurm (the one Slurm's clients reach: `make rehearsal` uses the test suite's
 one-node cluster, tests/slurm/cluster.sh, unless SLURM_CONF names another; jobs go where `--account`,
-`--partition` and `--cpu-partition` say, as the configuration's `slurm` block), on `configs/paper.yaml`: every template and operator word, the
-1,000-pair caps, the -5% threshold, 32 key heads with K/V and 2 MLPs, the study with `train_format: auto`,
-the Hub-fetched MMLU and CommonsenseQA through rule fetch_dataset, read from local directories laid out as
-the Hub serves them (`hub_layout`; generated questions of the real sizes: no network here).
+`--partition` and `--cpu-partition` say, as the configuration's `slurm` block), on `configs/paper.yaml`: every template
+and operator word, the 1,000-pair caps, the -5% threshold, 32 key heads with K/V and 2 MLPs, the study with
+`train_format: auto`, the Hub-fetched MMLU and CommonsenseQA through rule fetch_dataset, read from local directories
+laid out as the Hub serves them (`hub_layout`; generated questions of the real sizes: no network here).
 
 What a random model cannot do is switched off, and `OVERLAY` says why: it answers nothing correctly, so
 `prompts.keep_only_correct` is off and `study.base_band` is [0, 1] (else no study format qualifies and the
@@ -451,8 +451,9 @@ def run(work: Path, *, root: Path | None = None, size: str = "quick", jobs: int 
     """Build the model and the Hub directories under `work`, write the merged config there, and run the
     whole workflow of the checkout `root` (`workflow_root`) through its SLURM profile on the Slurm that the
     environment's clients reach (SLURM_CONF), its jobs sent where `slurm` says (the configuration's `slurm`
-    block: account, partition, cpu_partition); with `targets` (paths under `work`) only the jobs that make them, forced to run, and what
-    they need that is missing; with `seed_from`, first copy that rehearsal's model and results (`seed_work`).
+    block: account, partition, cpu_partition); with `targets` (paths under `work`) only the jobs that make them,
+    forced to run, and what they need that is missing; with `seed_from`, first copy that rehearsal's model and
+    results (`seed_work`).
     Returns (`job_table` of every invocation in `work`, make plan's report for the same configuration, also in
     work/plan.json); raises with the log's tail when Snakemake fails (the jobs that ran are still in
     work/jobs.tsv)."""
