@@ -145,8 +145,8 @@ def test_bounded_trials_drop_the_smallest_attributions_at_once(setup):
 
 
 # ------------------------------------------------------------------------------------------------ the stages
-DISCOVER = {"protocol": "end", "tf_measure": "logprob", "tf_ablation": "mean", "sanity_draws": 4, "sanity_samples": None,
-            "sanity": "warn",
+DISCOVER = {"protocol": "end", "tf_measure": "logprob", "tf_ablation": "mean", "sanity_draws": 4,
+            "sanity_samples": None, "sanity": "warn",
             "measure": "logit_diff", "targets": [0.8, 0.95], "min_full_share": 0.8, "max_samples": 6,
             "validation_samples": 6, "random_draws": 2, "max_trials": 1000, "max_passes": 3, "ig_steps": 4,
             "bootstrap": 50, "confidence": 0.95}

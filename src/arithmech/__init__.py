@@ -8,7 +8,7 @@ config checks a configuration (schema and cross-references) before any job.
 model, intervention, data, interp, sft, report are the library; each __init__ names its public API.
 stages holds the rule entry points, one module per workflow/rules/*.smk; tools the repository's tools (make docs,
 make plan, make rehearsal).
-Imports go stages/tools -> config -> library -> base, never back (pyproject.toml [tool.importlinter], \
+Imports go stages/tools -> config -> library -> base, never back (pyproject.toml [tool.importlinter],
 tests/test_architecture.py).
 """
 

@@ -7,7 +7,7 @@ examples still name the operation). The solved answers of the few-shot lines sti
 ("4 nothing 3 is equal to 7."), so `counterfactual_shots` says what the counterfactual keeps of them:
 "keep" (the answers), "blank" (the lines end where their answer would start: "4 nothing 3 is equal to.")
 or "zero_shot" (no few-shot lines at all). How much the counterfactual still computes (its own accuracy on
-the answer, the leak) is measured by the build_pairs rule. \
+the answer, the leak) is measured by the build_pairs rule.
 The prompt ends so that the next token is the answer's first token:
 tokenizers that split digits and give a number's leading space its own token (LLaMA, SmolLM2) keep the
 template's trailing space in the prompt; tokenizers that glue the space to the number (GPT-2 style) get the

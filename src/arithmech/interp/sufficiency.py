@@ -287,8 +287,8 @@ def summarize_edges(samples: pd.DataFrame, clusters: pd.Series, key_senders: Seq
     samples: one row per (sample_id, sender, path, receiver) with rel_effect (the relative change of the answer
         logit) and change (the logit difference); path total, direct or mlp (receiver = the MLP's layer; -1
         otherwise). `value` names the column aggregated; for rel_effect the samples with logit_o <= 0 are left
-        out (the relative effect means nothing there). \
-Derived per sample: via_mlps (the sum over receivers), rest (total - direct - via_mlps),
+        out (the relative effect means nothing there).
+        Derived per sample: via_mlps (the sum over receivers), rest (total - direct - via_mlps),
         via_minus_direct, and the pseudo-sender KEY_SUM summing `key_senders` (if any are among the senders).
     clusters: sample_id -> operand pair.
     Returns sender, path, receiver, mean_effect, ci_low, ci_high, share, share_low, share_high, n, key (sender is

@@ -13,11 +13,10 @@ is one operand pair; pairs are split without overlap:
 The trained format. `study.train_format` names one (a key of `study.formats` or of
 `study.format_choice.candidates`; rule study_format measures it), or is `auto`: rule study_format measures
 the base model's greedy exact match on every candidate (`choose_format`) and the study trains the candidate
-inside `study.base_band` closest to the band's middle. \
-A candidate is measured on the first `format_choice.items` pairs of the
-validation split it would have if it were trained, with the same few-shot prefix (`measurement_items`): the
-measured items are then exactly validation items of the chosen format, and its test split is never looked
-at before the models are scored.
+inside `study.base_band` closest to the band's middle.
+A candidate is measured on the first `format_choice.items` pairs of the validation split it would have if it
+were trained, with the same few-shot prefix (`measurement_items`): the measured items are then exactly
+validation items of the chosen format, and its test split is never looked at before the models are scored.
 
 All prompts of a format share one fixed few-shot prefix (`study.n_shots` solved pairs that are in no test
 split), so the shared prefix runs once. An item's target is the answer and the separator's end ("68."):
@@ -27,10 +26,10 @@ Arms (`study.arms`: names of `sft.methods.METHODS`, whose heads `sft.methods.sel
 (the top `study.heads` heads by patching effect averaged over the tasks: the W_Q rows and W_O columns, with
 `study.kv: shared` also the K/V rows of their key/value heads), precise_mlp (the same plus the top
 `study.mlps` MLP layers), circuit (as many heads, trained as precise, from the union over the operators of the
-circuits the discover rule chose, ranked as precise ranks all heads: `interp.nodes.circuit_first`), \
-random_heads (as many heads, drawn LAYER-MATCHED: the same number in each layer as
-the key heads, never a key head; `study.random_draws` draws, so the same parameter count), uniform_heads (as
-many heads drawn uniformly among the others, as many draws), full and lora. Every arm's lr is chosen on the
+circuits the discover rule chose, ranked as precise ranks all heads: `interp.nodes.circuit_first`),
+random_heads (as many heads, drawn LAYER-MATCHED: the same number in each layer as the key heads, never a key
+head; `study.random_draws` draws, so the same parameter count), uniform_heads (as many heads drawn uniformly
+among the others, as many draws), full and lora. Every arm's lr is chosen on the
 validation split from its own grid (`study.lr_grid`), the same number of steps for all; the chosen lr is
 then trained with more seeds.
 

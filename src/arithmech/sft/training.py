@@ -398,9 +398,9 @@ class TrainStats:
     (forwards, backwards, optimizer).  peak_memory_bytes: on CUDA torch.cuda.max_memory_allocated during
     this call, summed over the GPUs (a model spread over several: an upper bound); on CPU the peak resident
     set size of the whole PROCESS over its lifetime (getrusage), which includes the model, the data and
-    anything the process did before; trained over several processes (one GPU each), the maximum over the ranks.  \
-optimizer_state_bytes: the tensors in optimizer.state (AdamW: exp_avg,
-    exp_avg_sq, step; SGD without momentum: none, 0 bytes; sharded: the whole state, all shards)."""
+    anything the process did before; trained over several processes (one GPU each), the maximum over the ranks.
+    optimizer_state_bytes: the tensors in optimizer.state (AdamW: exp_avg, exp_avg_sq, step; SGD without
+    momentum: none, 0 bytes; sharded: the whole state, all shards)."""
 
     method: str
     n_trainable: int

@@ -1,7 +1,6 @@
-"""From key components to a circuit (`arithmech.interp.sufficiency`): rule entry points for sufficiency (keep a circuit,
-mean-ablate everything else) and for the head -> MLP edges (`arithmech.interp.edges`). \
-Both score VALIDATION pairs, which
-played no part in ranking the heads or in the ablation means."""
+"""From key components to a circuit (`arithmech.interp.sufficiency`): rule entry points for sufficiency (keep a
+circuit, mean-ablate everything else) and for the head -> MLP edges (`arithmech.interp.edges`). Both score
+VALIDATION pairs, which played no part in ranking the heads or in the ablation means."""
 
 from __future__ import annotations
 

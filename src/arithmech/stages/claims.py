@@ -15,8 +15,8 @@ def run_claims(*, model: str, key_paths: dict, effects_paths: dict, knockout_ite
                claims_cfg: dict, seed: int, out_table, out_md, out_html, circuit_item_paths: dict | None = None,
                edges_paths: dict | None = None, edge_path_paths: dict | None = None, discover_path=None,
                discover_item_paths: dict | None = None) -> None:
-    """The scorecard of one model: claims.parquet (COLUMNS), and the same as Markdown and HTML \
-(arithmech.report.scorecard).
+    """The scorecard of one model: claims.parquet (COLUMNS), and the same as Markdown and HTML
+    (arithmech.report.scorecard).
     The path dicts map operator -> table; the study's tables are None when the study is off, `discover_path`
     (the discover rule's summary.parquet; `discover_item_paths`: its per-item tables) when that rule did not run:
     their claims then say so. The trained
