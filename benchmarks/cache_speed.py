@@ -33,7 +33,7 @@ import yaml
 from addition_prompts import addition_pairs
 from safetensors.torch import load_file
 
-from arithmech.data import datasets as ds
+from arithmech.data import datasets
 from arithmech.data.answers import MATH_STOP_STRINGS, answer_tokens, settled_number
 from arithmech.data.formatting import math_prompts
 from arithmech.interp.ablation import greedy_end_sets
@@ -116,9 +116,9 @@ def main() -> None:
         settled=settled_number(lm.tokenizer)).tokens, torch.equal)
 
     ev = config["evaluation"]
-    shots = ds.few_shot_examples(ds.load_gsm8k(ROOT / config["finetune"]["data"]["file"]), ev["n_shots"],
+    shots = datasets.few_shot_examples(datasets.load_gsm8k(ROOT / config["finetune"]["data"]["file"]), ev["n_shots"],
                                  config["seed"])
-    items = ds.subsample(ds.load_gsm8k(ROOT / ev["gsm8k"]["file"]), args.gsm8k_n, config["seed"])
+    items = datasets.subsample(datasets.load_gsm8k(ROOT / ev["gsm8k"]["file"]), args.gsm8k_n, config["seed"])
     prompts = math_prompts(items.drop(columns=["solution"], errors="ignore"), shots, ev["style"], lm.tokenizer)
     compare("evaluate", lambda: generate_texts(lm, prompts["prompt"], ev["gsm8k"]["max_new_tokens"], ev["batch_size"],
                                                stop_strings=MATH_STOP_STRINGS, progress=None),

@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from arithmech.interp import sufficiency as cx
+from arithmech.interp import sufficiency
 from arithmech.interp.nodes import layer_matched_heads
 
 N_LAYERS, N_HEADS = 4, 6
@@ -18,7 +18,7 @@ KEY = RANKED[:3]
 def _sets(**kw):
     args = {"ranked_heads": RANKED, "key_heads": KEY, "key_mlps": [2, 3], "n_layers": N_LAYERS, "n_heads": N_HEADS,
             "grid": [2, 5, 99], "draws": 4, "band_draws": 2, "seed": 0}
-    return cx.circuit_sets(**(args | kw))
+    return sufficiency.circuit_sets(**(args | kw))
 
 
 def test_circuit_sets():
@@ -61,7 +61,7 @@ def test_faithfulness_table_and_intervals():
     values = {"full": np.stack([model, empty, half, model]),
               "logit": np.stack([30 + rng.random(n), 20 + rng.random(n), 25 + rng.random(n), 20 + rng.random(n)])}
     clusters = np.arange(n) // 2  # two items per operand pair
-    table = cx.faithfulness_table(sets, values, clusters, n_boot=500, seed=0, confidence=0.95)
+    table = sufficiency.faithfulness_table(sets, values, clusters, n_boot=500, seed=0, confidence=0.95)
     assert list(table["curve"]) == ["model", "empty", "key", "key"]
     assert table["faithfulness_full"].tolist() == [1.0, 0.0, 0.5, 1.0]
     # a whole cluster holds one kept and one lost item: every resample keeps exactly half
@@ -74,10 +74,12 @@ def test_faithfulness_table_and_intervals():
             and (f <= table["faithfulness_logit_high"] + 1e-12).all())
     assert table.loc[2, "faithfulness_logit_high"] - table.loc[2, "faithfulness_logit_low"] > 0.01
     # the model and the empty circuit alike: undefined, not a division by zero
-    flat = cx.faithfulness_table(sets, {"first": np.ones((4, n))}, clusters, n_boot=50, seed=0, confidence=0.95)
+    flat = sufficiency.faithfulness_table(sets, {"first": np.ones((4, n))}, clusters, n_boot=50, seed=0,
+                                          confidence=0.95)
     assert flat["faithfulness_first"].isna().all()
     with pytest.raises(ValueError, match="exactly one 'model'"):
-        cx.faithfulness_table(sets[1:], {"full": values["full"][1:]}, clusters, n_boot=10, seed=0, confidence=0.95)
+        sufficiency.faithfulness_table(sets[1:], {"full": values["full"][1:]}, clusters, n_boot=10, seed=0,
+                                       confidence=0.95)
 
 
 def _items(key_value, random_values, n=30):
@@ -93,23 +95,25 @@ def _items(key_value, random_values, n=30):
 
 
 def test_key_vs_random_and_smallest_k():
-    res = cx.key_vs_random(_items(0.9, [0.2, 0.4]), measure="full", mlps="key", n_boot=200, seed=0, confidence=0.95)
+    res = sufficiency.key_vs_random(_items(0.9, [0.2, 0.4]), measure="full", mlps="key", n_boot=200, seed=0,
+                                    confidence=0.95)
     assert res["key"] == pytest.approx(0.9) and res["random"] == pytest.approx(0.3)
     assert res["difference"] == pytest.approx(0.6) and res["ci_low"] == pytest.approx(0.6)  # constant per item
     assert res["draws"] == 2 and res["n_items"] == 30 and res["n_clusters"] == 10
     mixed = np.r_[np.ones(15), np.zeros(15)]
-    res = cx.key_vs_random(_items(mixed, [np.zeros(30)]), measure="logit", mlps="key", n_boot=300, seed=0,
+    res = sufficiency.key_vs_random(_items(mixed, [np.zeros(30)]), measure="logit", mlps="key", n_boot=300, seed=0,
                            confidence=0.95)
     assert res["difference"] == pytest.approx(0.5) and res["ci_low"] < 0.5 < res["ci_high"]
-    assert cx.key_vs_random(_items(0.9, [0.2]), measure="full", mlps="all", n_boot=10, seed=0, confidence=0.95) is None
-    alone = cx.key_vs_random(_items(0.9, []), measure="full", mlps="key", n_boot=50, seed=0, confidence=0.95)
+    assert sufficiency.key_vs_random(_items(0.9, [0.2]), measure="full", mlps="all", n_boot=10, seed=0,
+                                     confidence=0.95) is None
+    alone = sufficiency.key_vs_random(_items(0.9, []), measure="full", mlps="key", n_boot=50, seed=0, confidence=0.95)
     assert alone["key"] == pytest.approx(0.9) and alone["draws"] == 0  # no random draw: its own numbers, NaN diff
     assert np.isnan(alone["difference"]) and np.isnan(alone["ci_low"]) and np.isnan(alone["random"])
     table = pd.DataFrame({"curve": "top", "mlps": "key", "k": [0, 4, 8, 16], "faithfulness_full": [0, 0.5, 0.85, 0.95]})
-    assert cx.smallest_k(table, measure="full", mlps="key", level=0.8) == 8
-    assert cx.smallest_k(table, measure="full", mlps="key", level=0.9) == 16
-    assert cx.smallest_k(table, measure="full", mlps="key", level=0.99) is None
-    assert cx.constant_accuracy([1, 1, 2, 3]) == 0.5
+    assert sufficiency.smallest_k(table, measure="full", mlps="key", level=0.8) == 8
+    assert sufficiency.smallest_k(table, measure="full", mlps="key", level=0.9) == 16
+    assert sufficiency.smallest_k(table, measure="full", mlps="key", level=0.99) is None
+    assert sufficiency.constant_accuracy([1, 1, 2, 3]) == 0.5
 
 
 def test_summarize_edges_decomposes_each_sender():
@@ -123,8 +127,8 @@ def test_summarize_edges_decomposes_each_sender():
                       "rel_effect": v} for (p, r), v in effects.items()]
     samples = pd.DataFrame(rows)
     clusters = pd.Series(np.arange(20) // 2, index=range(20))
-    out = cx.summarize_edges(samples, clusters, ["L1H0", "L2H3"], n_boot=200, seed=0, confidence=0.95).set_index(
-        ["sender", "path", "receiver"])
+    out = sufficiency.summarize_edges(samples, clusters, ["L1H0", "L2H3"], n_boot=200, seed=0, confidence=0.95)
+    out = out.set_index(["sender", "path", "receiver"])
     used = samples[samples["sample_id"] > 0]  # sample 0 has logit_o <= 0: left out
     assert (out["n"] == 19).all()
     mean = lambda s, p, r=-1: used[(used["sender"] == s) & (used["path"] == p)  # noqa: E731
@@ -136,14 +140,14 @@ def test_summarize_edges_decomposes_each_sender():
         assert out.loc[(s, "via_minus_direct", -1), "mean_effect"] == pytest.approx(via - mean(s, "direct"))
         assert out.loc[(s, "total", -1), "share"] == pytest.approx(1.0)
     # the key heads' sum: an MLP before a sender's layer adds nothing from it
-    assert out.loc[(cx.KEY_SUM, "mlp", 1), "mean_effect"] == pytest.approx(mean("L1H0", "mlp", 1))
-    assert out.loc[(cx.KEY_SUM, "mlp", 2), "mean_effect"] == pytest.approx(mean("L1H0", "mlp", 2)
+    assert out.loc[(sufficiency.KEY_SUM, "mlp", 1), "mean_effect"] == pytest.approx(mean("L1H0", "mlp", 1))
+    assert out.loc[(sufficiency.KEY_SUM, "mlp", 2), "mean_effect"] == pytest.approx(mean("L1H0", "mlp", 2)
                                                                            + mean("L2H3", "mlp", 2))
-    assert out.loc[(cx.KEY_SUM, "total", -1), "mean_effect"] == pytest.approx(mean("L1H0", "total")
+    assert out.loc[(sufficiency.KEY_SUM, "total", -1), "mean_effect"] == pytest.approx(mean("L1H0", "total")
                                                                               + mean("L2H3", "total"))
     low, high = out["ci_low"], out["ci_high"]
     assert (low <= out["mean_effect"] + 1e-12).all() and (out["mean_effect"] <= high + 1e-12).all()
-    assert out.loc[("L1H0", "direct", -1), "key"] and out.loc[(cx.KEY_SUM, "direct", -1), "key"]
+    assert out.loc[("L1H0", "direct", -1), "key"] and out.loc[(sufficiency.KEY_SUM, "direct", -1), "key"]
 
 
 # ------------------------------------------------------------------------------------------------ the stages
@@ -266,7 +270,7 @@ def test_edges_stage_paths_equal_the_hooked_references(prepared, tmp_path):  # n
     np.testing.assert_allclose(got("mlp", 1), (via.logit_p[:, :, 0] - via.logit_o[:, None]).numpy(), atol=1e-4)
     assert np.abs(got("mlp", 1)).max() > 1e-3 and not (samples["receiver"] == 0).any()  # layer-1 senders: MLP 1 only
     summary = pd.read_parquet(tmp_path / "e.parquet")
-    assert {"L1H3", "L1H2", cx.KEY_SUM} <= set(summary["sender"]) and set(summary["value"]) == {"change"}
+    assert {"L1H3", "L1H2", sufficiency.KEY_SUM} <= set(summary["sender"]) and set(summary["value"]) == {"change"}
     # every answer logit of the tiny model is negative here: a relative change means nothing, so the edges fall
     # back to logit differences and say so (the run goes on, as a random model's must)
     with pytest.warns(UserWarning, match="value 'change'"):
@@ -278,5 +282,5 @@ def test_edges_stage_paths_equal_the_hooked_references(prepared, tmp_path):  # n
                   out_paths=[tmp_path / "xp.parquet"])
     assert set(pd.read_parquet(tmp_path / "x.parquet")["value"]) == {"change"}
     with pytest.raises(ValueError, match="patching.metric"):  # the aggregation alone refuses, naming the key
-        cx.summarize_edges(pd.read_parquet(tmp_path / "xs.parquet"), pd.Series(dtype=str), ["L1H3"], n_boot=10,
+        sufficiency.summarize_edges(pd.read_parquet(tmp_path / "xs.parquet"), pd.Series(dtype=str), ["L1H3"], n_boot=10,
                            seed=0, confidence=0.95)

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from arithmech.report import verdicts as claims
+from arithmech.report import verdicts
 
 CFG = yaml.safe_load(open("config.yaml"))["claims"] | {"bootstrap": 400}
 
@@ -30,7 +30,7 @@ CFG = yaml.safe_load(open("config.yaml"))["claims"] | {"bootstrap": 400}
     ],
 )
 def test_directional_verdicts(low, high, direction, expected):
-    assert claims.directional(low, high, direction=direction, min_effect=0.05) == expected
+    assert verdicts.directional(low, high, direction=direction, min_effect=0.05) == expected
 
 
 def test_an_underpowered_interval_is_never_does_not_hold():
@@ -38,17 +38,17 @@ def test_an_underpowered_interval_is_never_does_not_hold():
     for _ in range(2000):
         low = rng.uniform(-1, 0)
         high = rng.uniform(0, 1)
-        verdict = claims.directional(low, high, direction=-1, min_effect=0.05)
+        verdict = verdicts.directional(low, high, direction=-1, min_effect=0.05)
         reaches = low <= -0.05 or high >= 0.05
         assert verdict == ("inconclusive" if reaches else "does not hold")
 
 
 def test_detectable_difference_is_143_half_widths():
-    assert claims.detectable(-0.1, 0.1) == pytest.approx(0.1 * 2.8016 / 1.96, rel=1e-3)
+    assert verdicts.detectable(-0.1, 0.1) == pytest.approx(0.1 * 2.8016 / 1.96, rel=1e-3)
 
 
 @pytest.mark.parametrize(
-    "verdicts, expected",
+    "parts, expected",
     [
         (["holds", "holds"], "holds"),
         (["holds", "not measured"], "holds"),
@@ -60,8 +60,8 @@ def test_detectable_difference_is_143_half_widths():
         ([], "not measured"),
     ],
 )
-def test_combine(verdicts, expected):
-    assert claims.combine(verdicts) == expected
+def test_combine(parts, expected):
+    assert verdicts.combine(parts) == expected
 
 
 # ------------------------------------------------------------------------------------------------ identify
@@ -85,54 +85,54 @@ def key_table(effects: pd.DataFrame, heads: list[str], mlps: list[str]) -> pd.Da
 
 def test_few_key_heads_counts_the_share_and_the_papers_threshold():
     eff = effects_table({(2, 1): -0.08, (2, 2): -0.02}, {}, n_layers=10, n_heads=4)  # 40 heads
-    rows = claims.few_key_heads({"addition": key_table(eff, ["L2H1"], [])}, {"addition": eff}, CFG)
+    rows = verdicts.few_key_heads({"addition": key_table(eff, ["L2H1"], [])}, {"addition": eff}, CFG)
     head, sub = rows
     assert sub["value"] == pytest.approx(100 / 40) and sub["verdict"] == "holds"
     assert "1 pass the paper's -5% threshold" in sub["note"]
     assert head["verdict"] == "holds" and head["scope"] == "all"
     # three of forty heads is 7.5%: more than 5%
     many = key_table(eff, ["L0H0", "L1H1", "L2H1"], [])
-    assert claims.few_key_heads({"addition": many}, {"addition": eff}, CFG)[1]["verdict"] == "does not hold"
+    assert verdicts.few_key_heads({"addition": many}, {"addition": eff}, CFG)[1]["verdict"] == "does not hold"
 
 
 def test_no_key_head_is_said_in_the_row_and_nothing_fails():
     eff = effects_table({}, {3: (-0.1, -0.12, -0.08)})
     keys = {"addition": key_table(eff, [], [])}
-    assert "selected no head" in claims.few_key_heads(keys, {"addition": eff}, CFG)[1]["note"]
-    middle = claims.middle_layers(keys, 4, CFG)
+    assert "selected no head" in verdicts.few_key_heads(keys, {"addition": eff}, CFG)[1]["note"]
+    middle = verdicts.middle_layers(keys, 4, CFG)
     assert middle[0]["verdict"] == "not measured"
-    assert claims.mlp_late(keys, {"addition": eff}, CFG)[1]["verdict"] == "not measured"
+    assert verdicts.mlp_late(keys, {"addition": eff}, CFG)[1]["verdict"] == "not measured"
 
 
 def test_middle_layers_uses_relative_depth():
     eff = effects_table({}, {}, n_layers=11)
-    mid = claims.middle_layers({"addition": key_table(eff, ["L4H0", "L5H1", "L6H2"], [])}, 11, CFG)
+    mid = verdicts.middle_layers({"addition": key_table(eff, ["L4H0", "L5H1", "L6H2"], [])}, 11, CFG)
     assert mid[0]["verdict"] == "holds" and mid[0]["value"] == pytest.approx(50.0)
-    late = claims.middle_layers({"addition": key_table(eff, ["L9H0", "L10H1"], [])}, 11, CFG)
+    late = verdicts.middle_layers({"addition": key_table(eff, ["L9H0", "L10H1"], [])}, 11, CFG)
     assert late[0]["verdict"] == "does not hold"
-    some = claims.middle_layers({"addition": key_table(eff, ["L5H0", "L9H1", "L10H1"], [])}, 11, CFG)
+    some = verdicts.middle_layers({"addition": key_table(eff, ["L5H0", "L9H1", "L10H1"], [])}, 11, CFG)
     assert some[0]["verdict"] == "partly"
 
 
 def test_middle_band_is_the_papers_layers_12_to_17_of_32():
     # the band is fixed by the paper's own numbers (LLaMA2-7B, 32 layers), on the depth scale the rule uses
     low, high = CFG["middle_band"]
-    assert (claims.depth(12, 32) == pytest.approx(low, abs=5e-4)
-            and claims.depth(17, 32) == pytest.approx(high, abs=5e-4))
+    assert (verdicts.depth(12, 32) == pytest.approx(low, abs=5e-4)
+            and verdicts.depth(17, 32) == pytest.approx(high, abs=5e-4))
     # key heads at depth 0.6-0.7 (a wider 0.3-0.7 band called this "holds") lie outside it
     eff = effects_table({}, {}, n_layers=11)
-    wide = claims.middle_layers({"addition": key_table(eff, ["L6H0", "L7H1", "L7H2"], [])}, 11, CFG)
+    wide = verdicts.middle_layers({"addition": key_table(eff, ["L6H0", "L7H1", "L7H2"], [])}, 11, CFG)
     assert wide[0]["verdict"] == "does not hold"
 
 
 def test_mlp_late_compares_mlps_before_and_after_the_first_key_head():
     eff = effects_table({(2, 0): -0.01}, {0: (0.005, 0.004, 0.006), 3: (-0.03, -0.04, -0.02)})
-    rows = claims.mlp_late({"addition": key_table(eff, ["L2H0"], [])}, {"addition": eff}, CFG)
+    rows = verdicts.mlp_late({"addition": key_table(eff, ["L2H0"], [])}, {"addition": eff}, CFG)
     assert rows[1]["value"] == pytest.approx(6.0) and rows[1]["verdict"] == "holds"
     # effects at their intervals' precision
     assert rows[1]["note"].startswith("later: L3MLP -3.0% [-4.0, -2.0]; earlier: L0MLP 0.50% in size")
     early = effects_table({(2, 0): -0.01}, {0: (0.05, 0.04, 0.06), 3: (-0.03, -0.04, -0.02)})
-    rows = claims.mlp_late({"addition": key_table(early, ["L2H0"], [])}, {"addition": early}, CFG)
+    rows = verdicts.mlp_late({"addition": key_table(early, ["L2H0"], [])}, {"addition": early}, CFG)
     assert rows[1]["verdict"] == "does not hold"
 
 
@@ -141,7 +141,7 @@ def test_notes_print_the_same_text_when_the_last_digits_move():
     leaves the note unchanged: it prints at the interval's precision, not at fixed decimals."""
     def note(ci_low):
         eff = effects_table({(2, 0): -0.01}, {0: (0.005, 0.004, 0.006), 3: (-0.1162, ci_low, -0.0576)})
-        return claims.mlp_late({"addition": key_table(eff, ["L2H0"], [])}, {"addition": eff}, CFG)[1]["note"]
+        return verdicts.mlp_late({"addition": key_table(eff, ["L2H0"], [])}, {"addition": eff}, CFG)[1]["note"]
 
     assert note(-0.16574) == note(-0.16576)
     assert note(-0.16574).startswith("later: L3MLP -12% [-17, -6];")
@@ -168,7 +168,7 @@ def knockout_items(task: str, top_acc: float, random_acc: float, n_pairs: int = 
 
 def test_knockout_collapse_against_random_heads():
     items = knockout_items("addition", 0.2, 0.95)
-    rows = claims.knockout_collapse({"addition": items}, CFG, seed=0)
+    rows = verdicts.knockout_collapse({"addition": items}, CFG, seed=0)
     head, subs = rows[0], rows[1:]
     assert [s["scope"] for s in subs] == ["addition · end · full answer", "addition · end · first token"]
     assert all(s["verdict"] == "holds" for s in subs) and head["verdict"] == "holds"
@@ -184,15 +184,15 @@ def test_knockout_collapse_against_random_heads():
 
 
 def test_a_small_drop_that_random_heads_share_is_not_a_collapse():
-    rows = claims.knockout_collapse({"addition": knockout_items("addition", 0.9, 0.9)}, CFG, seed=0)
+    rows = verdicts.knockout_collapse({"addition": knockout_items("addition", 0.9, 0.9)}, CFG, seed=0)
     assert rows[0]["verdict"] in ("does not hold", "inconclusive")
     # beating random heads without a 50% drop is only partly the paper's claim
-    rows = claims.knockout_collapse({"addition": knockout_items("addition", 0.7, 0.97)}, CFG, seed=0)
+    rows = verdicts.knockout_collapse({"addition": knockout_items("addition", 0.7, 0.97)}, CFG, seed=0)
     assert rows[1]["verdict"] == "partly"
 
 
 def test_knockout_too_few_items_is_inconclusive_with_the_detectable_difference():
-    rows = claims.knockout_collapse({"addition": knockout_items("addition", 0.85, 0.95, n_pairs=4, per_pair=2)},
+    rows = verdicts.knockout_collapse({"addition": knockout_items("addition", 0.85, 0.95, n_pairs=4, per_pair=2)},
                                     CFG, seed=1)
     sub = rows[1]
     assert sub["verdict"] == "inconclusive" and "detects about" in sub["note"]
@@ -216,12 +216,12 @@ def transfer_items(key_acc: dict[str, float], random_acc: dict[str, float], n: i
 def test_transfer_hurts_math_and_spares_non_math():
     items = transfer_items({"operator": 0.3, "svamp": 0.2, "non_math": 0.9},
                            {"operator": 0.9, "svamp": 0.8, "non_math": 0.9})
-    rows = claims.transfer(items, CFG, seed=0)
+    rows = verdicts.transfer(items, CFG, seed=0)
     by_scope = {r["scope"]: r["verdict"] for r in rows}
     assert by_scope["other operators"] == "holds" and by_scope["SVAMP"] == "holds"
     assert by_scope["non-math control"] in ("holds", "inconclusive")
     assert rows[0]["scope"] == "all"
-    hurt = claims.transfer(transfer_items({"operator": 0.3, "svamp": 0.2, "non_math": 0.2},
+    hurt = verdicts.transfer(transfer_items({"operator": 0.3, "svamp": 0.2, "non_math": 0.2},
                                           {"operator": 0.9, "svamp": 0.8, "non_math": 0.9}), CFG, seed=0)
     assert {r["scope"]: r["verdict"] for r in hurt}["non-math control"] == "does not hold"
     assert hurt[0]["verdict"] == "partly"
@@ -232,18 +232,18 @@ def test_transfer_scores_only_the_items_the_intact_model_gets_right():
                            {"operator": 0.9, "svamp": 0.8, "non_math": 0.9})
     wrong = (items["heads"] == "none") & (items["target_kind"] == "svamp")
     items.loc[wrong, "correct"] = False  # the intact model answers no SVAMP item
-    rows = {r["scope"]: r for r in claims.transfer(items, CFG, seed=0)}
+    rows = {r["scope"]: r for r in verdicts.transfer(items, CFG, seed=0)}
     assert rows["SVAMP"]["verdict"] == "not measured" and "answers none" in rows["SVAMP"]["note"]
     half = items.copy()
     half.loc[(half["heads"] == "none") & (half["target_kind"] == "operator") & (half["item"] % 2 == 1),
              "correct"] = False
-    assert {r["scope"]: r for r in claims.transfer(half, CFG, seed=0)}["other operators"]["n"] == 40
+    assert {r["scope"]: r for r in verdicts.transfer(half, CFG, seed=0)}["other operators"]["n"] == 40
 
 
 def test_knockout_of_a_model_that_answers_nothing_is_not_measured():
     items = knockout_items("addition", 0.0, 0.0)
     items["full_correct"] = items["first_correct"] = False
-    rows = claims.knockout_collapse({"addition": items}, CFG, seed=0)
+    rows = verdicts.knockout_collapse({"addition": items}, CFG, seed=0)
     assert all(r["verdict"] == "not measured" for r in rows)
 
 
@@ -251,7 +251,7 @@ def test_transfer_leaves_out_a_source_operators_own_pairs():
     items = transfer_items({"operator": 0.3, "svamp": 0.2, "non_math": 0.9},
                            {"operator": 0.9, "svamp": 0.8, "non_math": 0.9})
     own = items[items["target_kind"] == "operator"].assign(target="addition")  # the source's own pairs
-    rows = claims.transfer(pd.concat([items[items["target_kind"] != "operator"], own]), CFG, seed=0)
+    rows = verdicts.transfer(pd.concat([items[items["target_kind"] != "operator"], own]), CFG, seed=0)
     assert "other operators" not in {r["scope"] for r in rows}
 
 
@@ -270,9 +270,9 @@ def roles_all(key_share: float, other_share: float, n_heads: int = 40, n_key: in
 
 
 def test_key_attention_against_the_other_heads():
-    rows = claims.key_attention({"addition": roles_all(0.7, 0.2)}, CFG, seed=0)
+    rows = verdicts.key_attention({"addition": roles_all(0.7, 0.2)}, CFG, seed=0)
     assert rows[1]["verdict"] == "holds" and rows[1]["value"] == pytest.approx(50, abs=3)
-    rows = claims.key_attention({"addition": roles_all(0.2, 0.2)}, CFG, seed=0)
+    rows = verdicts.key_attention({"addition": roles_all(0.2, 0.2)}, CFG, seed=0)
     assert rows[1]["verdict"] in ("does not hold", "inconclusive")
     assert rows[1]["ci_low"] < 0 < rows[1]["ci_high"]
 
@@ -288,9 +288,9 @@ def probes(c: float, a: float, layer: int = 3) -> pd.DataFrame:
 def test_mlp_answer_reads_the_key_mlps():
     eff = effects_table({}, {3: (-0.1, -0.12, -0.08)})
     keys = {"addition": key_table(eff, [], ["L3MLP"])}
-    rows = claims.mlp_answer({"addition": probes(0.2, 0.05)}, keys, CFG)
+    rows = verdicts.mlp_answer({"addition": probes(0.2, 0.05)}, keys, CFG)
     assert rows[1]["verdict"] == "holds" and rows[1]["value"] == pytest.approx(0.15)
-    rows = claims.mlp_answer({"addition": probes(0.05, 0.2)}, keys, CFG)
+    rows = verdicts.mlp_answer({"addition": probes(0.05, 0.2)}, keys, CFG)
     assert rows[1]["verdict"] == "does not hold"
 
 
@@ -315,7 +315,7 @@ def test_sft_claims_from_the_studys_comparisons():
         ("precise", "full", "kl_to_base", -0.02, -0.03, -0.01),
         ("precise", "full", "social_iqa", 0.0, -0.15, 0.15),  # too few items
     ])
-    rows = pd.DataFrame(claims.sft_claims(study_table(0.5, 0.2), comp, "add2", CFG))
+    rows = pd.DataFrame(verdicts.sft_claims(study_table(0.5, 0.2), comp, "add2", CFG))
     verdict = rows[rows["scope"] == "all"].set_index("claim")["verdict"]
     assert verdict["sft_vs_full"] == "holds" and verdict["sft_vs_random"] == "holds"
     assert verdict["sft_off_target"] == "partly" and verdict["sft_speed"] == "holds"
@@ -329,26 +329,26 @@ def test_the_circuit_arm_against_the_precise_arm():
     comp = comparisons([("circuit", "precise", "accuracy", 0.08, 0.03, 0.13)])
     study = pd.concat([study_table(0.5, 0.2), study_table(0.5, 0.2).iloc[:1].assign(arm="circuit")])
     study = study.assign(model_dtype="float32", master_dtype="float32")
-    (row,) = [r for r in claims.sft_claims(study, comp, "add2", CFG) if r["claim"] == "sft_circuit_vs_precise"]
+    (row,) = [r for r in verdicts.sft_claims(study, comp, "add2", CFG) if r["claim"] == "sft_circuit_vs_precise"]
     assert row["verdict"] == "holds" and row["value"] == pytest.approx(8.0) and row["scope"] == "all"
     assert "circuit float32 / float32, precise float32 / float32" in row["note"]
     worse = comparisons([("circuit", "precise", "accuracy", -0.08, -0.13, -0.03),
                          ("precise", "low_effect", "accuracy", 0.1, 0.05, 0.15)])  # with its positive control
-    (row,) = [r for r in claims.sft_claims(study, worse, "add2", CFG) if r["claim"] == "sft_circuit_vs_precise"]
+    (row,) = [r for r in verdicts.sft_claims(study, worse, "add2", CFG) if r["claim"] == "sft_circuit_vs_precise"]
     assert row["verdict"] == "does not hold"
     close = comparisons([("circuit", "precise", "accuracy", 0.0, -0.09, 0.09)])  # reaches 5 points both ways
-    (row,) = [r for r in claims.sft_claims(study, close, "add2", CFG) if r["claim"] == "sft_circuit_vs_precise"]
+    (row,) = [r for r in verdicts.sft_claims(study, close, "add2", CFG) if r["claim"] == "sft_circuit_vs_precise"]
     assert row["verdict"] == "inconclusive" and "detects about" in row["note"]
     # a study without the circuit arm: the row says the arm did not run, the other rows are unaffected
-    rows = claims.sft_claims(study_table(0.5, 0.2), comparisons([("precise", "full", "accuracy", -0.01, -0.04, 0.02)]),
-                             "add2", CFG)
+    rows = verdicts.sft_claims(study_table(0.5, 0.2),
+                               comparisons([("precise", "full", "accuracy", -0.01, -0.04, 0.02)]), "add2", CFG)
     (row,) = [r for r in rows if r["claim"] == "sft_circuit_vs_precise"]
     assert row["verdict"] == "not measured" and "circuit arm did not run" in row["note"]
     assert {r["claim"]: r["verdict"] for r in rows if r["scope"] == "all"}["sft_vs_full"] == "holds"
 
 
 def _circuit_row(study: pd.DataFrame, rows: list[tuple]) -> dict:
-    (row,) = [r for r in claims.sft_claims(study, comparisons(rows), "add2", CFG)
+    (row,) = [r for r in verdicts.sft_claims(study, comparisons(rows), "add2", CFG)
               if r["claim"] == "sft_circuit_vs_precise"]
     return row
 
@@ -382,14 +382,14 @@ POSITIVE_CONTROL = "stands only if the same study's positive control holds"
 
 def test_full_fine_tuning_clearly_better_does_not_hold():
     comp = comparisons([("precise", "full", "accuracy", -0.2, -0.3, -0.1)])
-    rows = claims.sft_claims(study_table(0.5, 0.6), comp, "add2", CFG)
+    rows = verdicts.sft_claims(study_table(0.5, 0.6), comp, "add2", CFG)
     by_claim = {r["claim"]: r["verdict"] for r in rows if r["scope"] == "all"}
     assert by_claim["sft_vs_full"] == "does not hold" and by_claim["sft_speed"] == "does not hold"
     assert by_claim["sft_vs_random"] == "not measured"
 
 
 def test_without_the_study_every_sft_claim_is_not_measured_and_says_why():
-    rows = claims.sft_claims(None, None, "add2", CFG)
+    rows = verdicts.sft_claims(None, None, "add2", CFG)
     assert {r["claim"] for r in rows} == {"sft_vs_full", "sft_vs_random", "sft_circuit_vs_precise", "sft_off_target",
                                           "sft_speed"}
     assert all(r["verdict"] == "not measured" and "did not run" in r["note"] for r in rows)
@@ -412,7 +412,7 @@ def circuit_items(key_full: float, random_full: float, n: int = 40) -> pd.DataFr
 
 
 def test_circuit_sufficient():
-    rows = claims.circuit_sufficient({"addition": circuit_items(0.95, 0.1), "division": circuit_items(0.3, 0.05),
+    rows = verdicts.circuit_sufficient({"addition": circuit_items(0.95, 0.1), "division": circuit_items(0.3, 0.05),
                                       "subtraction": circuit_items(0.0, 0.0), "multiplication": None}, CFG, seed=0)
     by = {r["scope"]: r for r in rows}
     assert by["addition"]["verdict"] == "holds" and by["addition"]["value"] == pytest.approx(85.0)
@@ -426,7 +426,7 @@ def test_circuit_sufficient():
     assert by["all"]["verdict"] == "partly" and rows[0]["claim"] == "circuit_sufficient"
     none = circuit_items(0.0, 0.0)
     flat = none.assign(full_correct=0.0)  # the model itself answers nothing: faithfulness undefined
-    assert "undefined" in claims.circuit_sufficient({"addition": flat}, CFG, seed=0)[1]["note"]
+    assert "undefined" in verdicts.circuit_sufficient({"addition": flat}, CFG, seed=0)[1]["note"]
 
 
 def tf_circuit_items(key: float, random: float, n: int = 120, logprob_f: float = 1.0, resample_key: float | None = None,
@@ -451,7 +451,7 @@ def test_circuit_sufficient_on_the_teacher_forced_protocol():
     """The key circuit read on the teacher-forced columns with the discovered circuit's rule (size aside): every
     outcome the rule names, from the same per-item table layout the circuit rule writes."""
     def verdict(items):  # the discover rule's items carry them; the circuit rule's older ones are not read then
-        return claims.circuit_sufficient({"addition": None}, CFG, seed=0, teacher_forced={"addition": items})[1]
+        return verdicts.circuit_sufficient({"addition": None}, CFG, seed=0, teacher_forced={"addition": items})[1]
 
     holds = verdict(tf_circuit_items(0.95, 0.1))
     assert holds["verdict"] == "holds" and holds["value"] == pytest.approx(95.0) and holds["n"] == 120
@@ -495,7 +495,7 @@ def path_cuts(via: float, direct: float, both: float, *, kinds=("resample", "mea
 def test_heads_via_mlps_reads_the_key_heads_cut_paths_under_both_ablations():
     split = path_cuts(0.5, 0.1, 0.6)
     unequal = pd.concat([path_cuts(0.5, 0.1, 0.6, kinds=("resample",)), path_cuts(0.02, 0.5, 0.6, kinds=("mean",))])
-    rows = claims.heads_via_mlps({"addition": split, "subtraction": path_cuts(0.3, 0.5, 0.8),
+    rows = verdicts.heads_via_mlps({"addition": split, "subtraction": path_cuts(0.3, 0.5, 0.8),
                                   "multiplication": path_cuts(0.0, 0.5, 0.5), "division": unequal,
                                   "none": None}, {"addition": edges_rows(-0.05, -0.01)}, CFG, seed=0)
     by = {r["scope"]: r for r in rows}
@@ -506,7 +506,7 @@ def test_heads_via_mlps_reads_the_key_heads_cut_paths_under_both_ablations():
     assert by["division"]["verdict"] == "inconclusive"  # the two ablations disagree
     assert by["none"]["verdict"] == "not measured"
     # edges that carry nothing: no share to read
-    nothing = claims.heads_via_mlps({"addition": path_cuts(0.0, 0.0, 0.0, noise=0.2)}, {}, CFG, seed=0)
+    nothing = verdicts.heads_via_mlps({"addition": path_cuts(0.0, 0.0, 0.0, noise=0.2)}, {}, CFG, seed=0)
     assert nothing[1]["verdict"] in ("inconclusive", "does not hold")
 
 
@@ -550,7 +550,7 @@ def test_a_small_faithful_circuit_on_the_teacher_forced_protocol():
     }
     summary = pd.concat([discover_summary(task, [cols]) for task, cols in cases.items()], ignore_index=True)
     summary = pd.concat([summary, discover_summary("too large", [tf_columns() | {"share": 0.4}])], ignore_index=True)
-    rows = claims.circuit_faithful(summary, CFG)
+    rows = verdicts.circuit_faithful(summary, CFG)
     by = {r["scope"]: r for r in rows[1:]}
     assert by["holds"]["verdict"] == "holds" and by["holds"]["value"] == pytest.approx(90.0)
     assert by["few pairs"]["verdict"] == "inconclusive" and "fewer than the 96" in by["few pairs"]["note"]
@@ -582,7 +582,7 @@ def test_a_small_faithful_circuit():
         discover_summary("union", [{"target": 0.8, "chosen": False, "faithfulness_full_high": 0.7},
                                    {"target": 0.9, "chosen": True}, {"target": 0.95, "chosen": True}]),
     ], ignore_index=True)
-    rows = claims.circuit_faithful(summary, CFG)
+    rows = verdicts.circuit_faithful(summary, CFG)
     by = {r["scope"]: r for r in rows}
     assert list(by) == ["all", "addition", "subtraction", "multiplication", "division", "union of the operators"]
     assert by["addition"]["verdict"] == "holds" and by["addition"]["value"] == pytest.approx(90.0)
@@ -598,31 +598,31 @@ def test_a_small_faithful_circuit():
             and "found at target 0.9;" in by["union of the operators"]["note"])
     assert rows[0]["verdict"] == "partly" and rows[0]["claim"] == "circuit_faithful"
     # no more than max_circuit_share: the same circuit is too large under a stricter setting
-    strict = claims.circuit_faithful(discover_summary("addition", [{}]), CFG | {"max_circuit_share": 0.05})
+    strict = verdicts.circuit_faithful(discover_summary("addition", [{}]), CFG | {"max_circuit_share": 0.05})
     assert strict[1]["verdict"] == "does not hold"
     # an interval that straddles the level and a random difference that reaches 5 points: inconclusive
     wide = discover_summary("addition", [{"faithfulness_full_low": 0.7, "diff_vs_random_full_ci_low": -0.1,
                                           "diff_vs_random_full_ci_high": 0.3}])
-    assert claims.circuit_faithful(wide, CFG)[1]["verdict"] == "inconclusive"
+    assert verdicts.circuit_faithful(wide, CFG)[1]["verdict"] == "inconclusive"
 
 
 def test_a_circuit_without_its_discovery_is_not_run():
-    rows = claims.circuit_faithful(None, CFG)
+    rows = verdicts.circuit_faithful(None, CFG)
     assert len(rows) == 1 and rows[0]["verdict"] == "not measured" and "did not run" in rows[0]["note"]
-    undefined = claims.circuit_faithful(discover_summary("addition", [{"faithfulness_full": math.nan}]), CFG)
+    undefined = verdicts.circuit_faithful(discover_summary("addition", [{"faithfulness_full": math.nan}]), CFG)
     assert undefined[1]["verdict"] == "not measured" and "undefined" in undefined[1]["note"]
     # a summary without a column the claim reads fails naming it, rather than scoring something else
     renamed = discover_summary("addition", [{}]).rename(columns={"diff_vs_random_full_ci_low": "ci_low"})
     with pytest.raises(ValueError, match="diff_vs_random_full_ci_low"):
-        claims.circuit_faithful(renamed, CFG)
-    named = claims.circuit_faithful(discover_summary("addition", [{"measure": "logprob"}]), CFG)
+        verdicts.circuit_faithful(renamed, CFG)
+    named = verdicts.circuit_faithful(discover_summary("addition", [{"measure": "logprob"}]), CFG)
     assert "found at target 0.8 of the logprob;" in named[1]["note"]
     # as the discover rule writes them: a chosen target that reached no share, and the union without a target
     written = pd.concat([discover_summary("addition", [{"target": 0.95, "measure": "logit_diff",
                                                         "share_reached": False}]),
                          discover_summary("union", [{"target": math.nan, "measure": "logit_diff",
                                                      "share_reached": math.nan}])], ignore_index=True)
-    notes = {r["scope"]: r["note"] for r in claims.circuit_faithful(written, CFG)}
+    notes = {r["scope"]: r["note"] for r in verdicts.circuit_faithful(written, CFG)}
     assert notes["addition"].startswith("found at target 0.95 of the logit_diff (no target's circuit kept enough")
     assert (notes["union of the operators"].startswith("the union of the operators' chosen circuits, each pruned "
                                                        "on the logit_diff;")
@@ -633,16 +633,16 @@ def test_the_scorecard_without_discovery_or_circuit_arm_says_not_run():
     """The two new claims are in the table, not measured, when their inputs are absent (the workflow wires
     them when the rules run)."""
     eff = effects_table({(2, 1): -0.08}, {3: (-0.1, -0.12, -0.08)})
-    table = claims.scorecard(
+    table = verdicts.scorecard(
         keys={"addition": key_table(eff, ["L2H1"], ["L3MLP"])}, effects={"addition": eff},
         knockout_items={"addition": None}, transfer_items=None, roles_all={"addition": roles_all(0.7, 0.2)},
         probes={"addition": probes(0.2, 0.05)}, study=None, comparisons=None, train_format=None, cfg=CFG, seed=0)
     head = table[table["scope"] == "all"].set_index("claim")
-    assert list(head.index) == list(claims.CLAIMS)  # every claim once, in order
+    assert list(head.index) == list(verdicts.CLAIMS)  # every claim once, in order
     assert head.loc["circuit_faithful", "verdict"] == "not measured"
     assert "discover rule did not run" in head.loc["circuit_faithful", "note"]
     assert head.loc["sft_circuit_vs_precise", "verdict"] == "not measured"
-    with_discovery = claims.scorecard(
+    with_discovery = verdicts.scorecard(
         keys={"addition": key_table(eff, ["L2H1"], ["L3MLP"])}, effects={"addition": eff},
         knockout_items={"addition": None}, transfer_items=None, roles_all={"addition": roles_all(0.7, 0.2)},
         probes={"addition": probes(0.2, 0.05)}, study=None, comparisons=None, train_format=None, cfg=CFG, seed=0,
@@ -675,7 +675,7 @@ def test_every_number_of_the_paper_column_is_in_the_papers_text():
     phrase appears there word for word; a claim whose number is not there says so instead of giving one."""
     text = paper_text()
     in_text = set(numbers(text))
-    for claim in claims.CLAIMS.values():
+    for claim in verdicts.CLAIMS.values():
         missing = [n for n in numbers(claim.paper) if n not in in_text]
         assert not missing, f"{claim.id}: {missing} of {claim.paper!r} are not in {PAPER_TEXT}"
         for quote in re.findall(r'"([^"]+)"', claim.paper):
@@ -687,6 +687,6 @@ def test_every_number_of_the_paper_column_is_in_the_papers_text():
 def test_the_paper_column_says_where_a_number_is_not_available():
     """The claims whose numbers are only in Table 1 or the knockout figures say so."""
     for claim in ("knockout_collapse", "sft_vs_full", "sft_off_target"):
-        assert "not available here" in claims.CLAIMS[claim].paper
-    assert "no time is given" in claims.CLAIMS["sft_speed"].paper
-    assert "Table 1: not available here" in claims.CLAIMS["sft_vs_full"].paper
+        assert "not available here" in verdicts.CLAIMS[claim].paper
+    assert "no time is given" in verdicts.CLAIMS["sft_speed"].paper
+    assert "Table 1: not available here" in verdicts.CLAIMS["sft_vs_full"].paper

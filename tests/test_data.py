@@ -15,12 +15,11 @@ import pandas as pd
 import pytest
 
 from arithmech import hub_lock
-from arithmech.data import datasets as data
-from arithmech.data import formatting
+from arithmech.data import datasets, formatting
 from arithmech.io import sha256_file
 from arithmech.model.tiny import build_tiny_tokenizer
 
-D = data.DATA_DIR
+D = datasets.DATA_DIR
 
 
 def test_vendored_files_match_their_recorded_checksums():
@@ -29,7 +28,7 @@ def test_vendored_files_match_their_recorded_checksums():
     assert len(lines) == 10
     for digest, name in lines:
         assert sha256_file(D / name) == digest, name
-    assert data.vendored_checksums(D) == {name: digest for digest, name in lines}  # what a run checks against
+    assert datasets.vendored_checksums(D) == {name: digest for digest, name in lines}  # what a run checks against
 
 
 def test_a_changed_vendored_file_stops_the_first_read(tmp_path, monkeypatch):
@@ -40,33 +39,33 @@ def test_a_changed_vendored_file_stops_the_first_read(tmp_path, monkeypatch):
     (vendored / "svamp").mkdir(parents=True)
     for name in ("PROVENANCE.md", "svamp/SVAMP.json"):
         (vendored / name).write_bytes((D / name).read_bytes())
-    monkeypatch.setattr(data, "DATA_DIR", vendored)
-    assert len(data.load_svamp(vendored / "svamp" / "SVAMP.json")) == 1000
+    monkeypatch.setattr(datasets, "DATA_DIR", vendored)
+    assert len(datasets.load_svamp(vendored / "svamp" / "SVAMP.json")) == 1000
     hashed = []
-    monkeypatch.setattr(data, "hashlib", SimpleNamespace(sha256=lambda b: hashed.append(1) or hashlib.sha256(b)))
-    data.load_svamp(vendored / "svamp" / "SVAMP.json")
+    monkeypatch.setattr(datasets, "hashlib", SimpleNamespace(sha256=lambda b: hashed.append(1) or hashlib.sha256(b)))
+    datasets.load_svamp(vendored / "svamp" / "SVAMP.json")
     assert hashed == []  # checked once per process and file
     text = (vendored / "svamp" / "SVAMP.json").read_text()
     (vendored / "svamp" / "SVAMP.json").write_text(text.replace('"Answer": 8.0', '"Answer": 9.0', 1))
-    recorded = data.vendored_checksums(vendored)["svamp/SVAMP.json"]
+    recorded = datasets.vendored_checksums(vendored)["svamp/SVAMP.json"]
     with pytest.raises(ValueError) as err:
-        data.load_svamp(vendored / "svamp" / "SVAMP.json")
+        datasets.load_svamp(vendored / "svamp" / "SVAMP.json")
     assert f"{vendored / 'svamp' / 'SVAMP.json'}: its sha256 is " in str(err.value)
     assert f"records {recorded}: the vendored file was changed or replaced" in str(err.value)
     (vendored / "extra.txt").write_text("some text\n")
     with pytest.raises(ValueError, match="extra.txt: a vendored data file with no sha256 in"):
-        data.load_text(vendored / "extra.txt")
+        datasets.load_text(vendored / "extra.txt")
 
 
 @pytest.mark.parametrize(
     "loader, path, n",
     [
-        (data.load_gsm8k, "gsm8k/train.jsonl", 7473),
-        (data.load_gsm8k, "gsm8k/test.jsonl", 1319),
-        (data.load_svamp, "svamp/SVAMP.json", 1000),
-        (data.load_bigbench_choice, "bigbench/social_iqa/task.json", 1954),
-        (data.load_bigbench_choice, "bigbench/strategyqa/task.json", 2290),
-        (data.load_bigbench_generation, "bigbench/qa_wikidata/task.json", 20442),
+        (datasets.load_gsm8k, "gsm8k/train.jsonl", 7473),
+        (datasets.load_gsm8k, "gsm8k/test.jsonl", 1319),
+        (datasets.load_svamp, "svamp/SVAMP.json", 1000),
+        (datasets.load_bigbench_choice, "bigbench/social_iqa/task.json", 1954),
+        (datasets.load_bigbench_choice, "bigbench/strategyqa/task.json", 2290),
+        (datasets.load_bigbench_generation, "bigbench/qa_wikidata/task.json", 20442),
     ],
 )
 def test_record_counts_and_unique_string_ids(loader, path, n):
@@ -78,7 +77,7 @@ def test_record_counts_and_unique_string_ids(loader, path, n):
 
 
 def test_wikitext_is_the_whole_file():
-    text = data.load_text(D / "wikitext-2/test.txt")
+    text = datasets.load_text(D / "wikitext-2/test.txt")
     assert text.count("\n") == 4358 and text.startswith(" \n = Robert <unk> = \n")
 
 
@@ -88,7 +87,7 @@ def test_wikitext_is_the_whole_file():
 
 @pytest.fixture(scope="module")
 def gsm8k_train():
-    return data.load_gsm8k(D / "gsm8k/train.jsonl")
+    return datasets.load_gsm8k(D / "gsm8k/train.jsonl")
 
 
 def test_gsm8k_solution_and_gold(gsm8k_train):
@@ -107,15 +106,15 @@ def test_gsm8k_solution_and_gold(gsm8k_train):
     assert len(grouped) > 50
     for answer, gold in zip(grouped["answer"], grouped["gold"]):
         assert gold == float(answer.rsplit("#### ", 1)[1].replace(",", ""))
-    assert data.gsm8k_solution("So 1,000 + 2 = <<1000+2=1002>>1,002.\n#### 1,002") == (
+    assert datasets.gsm8k_solution("So 1,000 + 2 = <<1000+2=1002>>1,002.\n#### 1,002") == (
         "So 1,000 + 2 = 1,002.\nThe answer is 1,002.",
         1002.0,
     )
-    assert data.gsm8k_solution("#### -3.5") == ("The answer is -3.5.", -3.5)
+    assert datasets.gsm8k_solution("#### -3.5") == ("The answer is -3.5.", -3.5)
 
 
 def test_svamp_question_gold_and_type():
-    df = data.load_svamp(D / "svamp/SVAMP.json")
+    df = datasets.load_svamp(D / "svamp/SVAMP.json")
     row = df.iloc[0]
     assert row["id"] == "chal-1"
     assert row["question"] == (
@@ -134,7 +133,7 @@ def test_svamp_question_gold_and_type():
 
 
 def test_bigbench_loaders():
-    social = data.load_bigbench_choice(D / "bigbench/social_iqa/task.json")
+    social = datasets.load_bigbench_choice(D / "bigbench/social_iqa/task.json")
     assert social.iloc[0].to_dict() == {
         "id": "social_iqa-0",
         "input": "Tracy didn't go home that evening and resisted Riley's attacks. "
@@ -143,10 +142,10 @@ def test_bigbench_loaders():
         "correct": 2,
     }
     assert social["choices"].map(len).value_counts().to_dict() == {3: 1950, 2: 4}
-    strategy = data.load_bigbench_choice(D / "bigbench/strategyqa/task.json")
+    strategy = datasets.load_bigbench_choice(D / "bigbench/strategyqa/task.json")
     assert set(map(tuple, strategy["choices"])) <= {("Yes", "No"), ("No", "Yes")}
     assert strategy["correct"].isin([0, 1]).all()
-    qa = data.load_bigbench_generation(D / "bigbench/qa_wikidata/task.json")
+    qa = datasets.load_bigbench_generation(D / "bigbench/qa_wikidata/task.json")
     assert qa.iloc[0]["targets"] == ["comedy", "parody"]
     assert qa.iloc[1]["targets"] == ["English"]  # a single string target becomes a list
 
@@ -164,11 +163,11 @@ def test_gsm8k_through_datasets_equals_a_plain_json_parse():
                 "id": [f"gsm8k-{name}-{i}" for i in range(len(records))],
                 "question": [r["question"] for r in records],
                 "answer": [r["answer"] for r in records],
-                "solution": [data.gsm8k_solution(r["answer"])[0] for r in records],
-                "gold": [data.gsm8k_solution(r["answer"])[1] for r in records],
+                "solution": [datasets.gsm8k_solution(r["answer"])[0] for r in records],
+                "gold": [datasets.gsm8k_solution(r["answer"])[1] for r in records],
             }
         )
-        pd.testing.assert_frame_equal(data.load_gsm8k(path), expected)
+        pd.testing.assert_frame_equal(datasets.load_gsm8k(path), expected)
 
 
 def test_svamp_through_datasets_equals_a_plain_json_parse():
@@ -182,7 +181,7 @@ def test_svamp_through_datasets_equals_a_plain_json_parse():
             "type": [r["Type"].replace("Common-Divison", "Common-Division") for r in records],
         }
     )
-    pd.testing.assert_frame_equal(data.load_svamp(D / "svamp/SVAMP.json"), expected)
+    pd.testing.assert_frame_equal(datasets.load_svamp(D / "svamp/SVAMP.json"), expected)
 
 
 def test_reading_leaves_no_cache_behind(tmp_path, monkeypatch):
@@ -191,7 +190,7 @@ def test_reading_leaves_no_cache_behind(tmp_path, monkeypatch):
     import tempfile
 
     monkeypatch.setattr(tempfile, "tempdir", None)  # re-read TMPDIR
-    data.load_svamp(D / "svamp/SVAMP.json")
+    datasets.load_svamp(D / "svamp/SVAMP.json")
     assert list(tmp_path.iterdir()) == []
 
 
@@ -212,16 +211,16 @@ def test_gsm8k_and_svamp_in_the_hubs_layout(tmp_path):
     records = [json.loads(line) for line in (D / "gsm8k/test.jsonl").read_text().splitlines()[:5]]
     path = hub_file(tmp_path, "gsm8k", {"question": [r["question"] for r in records],
                                         "answer": [r["answer"] for r in records]})
-    hub = data.load_gsm8k(path)
-    vendored = data.load_gsm8k(D / "gsm8k/test.jsonl").head(5)
+    hub = datasets.load_gsm8k(path)
+    vendored = datasets.load_gsm8k(D / "gsm8k/test.jsonl").head(5)
     assert hub["id"].tolist() == [f"gsm8k-gsm8k-{i}" for i in range(5)]
     pd.testing.assert_frame_equal(hub.drop(columns="id"), vendored.drop(columns="id"))
     # ChilleD/SVAMP: the vendored columns, Answer a float, plus a column the loader ignores
     svamp = json.loads((D / "svamp/SVAMP.json").read_text())[:4]
     columns = {k: [r[k] for r in svamp] for k in ("ID", "Body", "Question", "Equation", "Answer", "Type")}
     columns["Question_concat"] = [f"{r['Body']} {r['Question']}" for r in svamp]
-    hub = data.load_svamp(hub_file(tmp_path, "svamp", columns))
-    pd.testing.assert_frame_equal(hub, data.load_svamp(D / "svamp/SVAMP.json").head(4))
+    hub = datasets.load_svamp(hub_file(tmp_path, "svamp", columns))
+    pd.testing.assert_frame_equal(hub, datasets.load_svamp(D / "svamp/SVAMP.json").head(4))
 
 
 def test_mmlu_in_the_hubs_layout(tmp_path):
@@ -231,7 +230,7 @@ def test_mmlu_in_the_hubs_layout(tmp_path):
         "choices": [["4", "5", "6", "7"], ["Oxygen", "Nitrogen", "Carbon dioxide", "Helium"]],
         "answer": [1, 2],
     })
-    df = data.load_mmlu(path)
+    df = datasets.load_mmlu(path)
     assert df.to_dict("records") == [
         {"id": "mmlu-0", "input": "What is 2 + 3?", "choices": ["4", "5", "6", "7"], "correct": 1,
          "subject": "elementary_mathematics"},
@@ -241,9 +240,9 @@ def test_mmlu_in_the_hubs_layout(tmp_path):
     assert all(isinstance(c, list) for c in df["choices"])  # as the BIG-bench loader gives them
     bad = hub_file(tmp_path, "bad_mmlu", {"question": ["q"], "choices": [["a", "b"]], "answer": [2]})
     with pytest.raises(ValueError, match=r"bad_mmlu.parquet, record 0: expected MMLU records"):
-        data.load_mmlu(bad)
+        datasets.load_mmlu(bad)
     with pytest.raises(ValueError, match=r"record 0: expected MMLU records .* question, choices, answer"):
-        data.load_mmlu(hub_file(tmp_path, "csqa_as_mmlu", {"question": ["q"], "answerKey": ["A"]}))
+        datasets.load_mmlu(hub_file(tmp_path, "csqa_as_mmlu", {"question": ["q"], "answerKey": ["A"]}))
 
 
 def test_commonsense_qa_in_the_hubs_layout(tmp_path):
@@ -259,55 +258,56 @@ def test_commonsense_qa_in_the_hubs_layout(tmp_path):
                      "text": ["race track", "populated areas", "the desert", "apartment", "roadblock"]}],
         "answerKey": ["A", "B"],
     }
-    df = data.load_commonsense_qa(hub_file(tmp_path, "commonsense_qa", columns))
+    df = datasets.load_commonsense_qa(hub_file(tmp_path, "commonsense_qa", columns))
     assert df["id"].tolist() == columns["id"] and df["correct"].tolist() == [0, 1]
     assert df.loc[1, "choices"] == ["race track", "populated areas", "the desert", "apartment", "roadblock"]
     assert df.loc[1, "input"] == columns["question"][1]
     columns["answerKey"] = ["A", ""]  # the test split: no answers
     with pytest.raises(ValueError, match=r"record 1 \(id 61fe6e879ff18686d7552425a36344c8\): answerKey '' is not"):
-        data.load_commonsense_qa(hub_file(tmp_path, "test_split", columns))
+        datasets.load_commonsense_qa(hub_file(tmp_path, "test_split", columns))
 
 
 def test_wikitext_in_the_hubs_layout(tmp_path):
     lines = (D / "wikitext-2/test.txt").read_text().splitlines(keepends=True)[:50]
-    assert data.load_text(hub_file(tmp_path, "wikitext", {"text": lines})) == "".join(lines)
+    assert datasets.load_text(hub_file(tmp_path, "wikitext", {"text": lines})) == "".join(lines)
     with pytest.raises(ValueError, match="expected a Parquet table with a text column"):
-        data.load_text(hub_file(tmp_path, "no_text", {"line": lines}))
+        datasets.load_text(hub_file(tmp_path, "no_text", {"line": lines}))
 
 
 def test_hub_layout_errors_name_the_file(tmp_path):
     with pytest.raises(FileNotFoundError, match="mmlu.parquet"):
-        data.load_mmlu(tmp_path / "mmlu.parquet")
+        datasets.load_mmlu(tmp_path / "mmlu.parquet")
     broken = _write(tmp_path, "gsm8k.parquet", "not parquet")
     with pytest.raises(ValueError, match=r"gsm8k.parquet: not a readable Parquet file.*expected GSM8K records"):
-        data.load_gsm8k(broken)
+        datasets.load_gsm8k(broken)
     no_answer = hub_file(tmp_path, "svamp", {"ID": ["a"], "Body": ["b"], "Question": ["q"], "Equation": ["e"],
                                              "Type": ["Addition"]})
     with pytest.raises(ValueError, match=r"svamp.parquet, record 0: missing \['Answer'\]"):
-        data.load_svamp(no_answer)
+        datasets.load_svamp(no_answer)
 
 
 def test_fetch_hub_writes_the_checked_parquet_file_atomically(tmp_path, monkeypatch):
     """`load_dataset` is replaced by a local table (no network): the file is the table, checked by the loader;
     a table the loader rejects leaves no file."""
-    import datasets
+    from datasets import Dataset  # Hugging Face datasets
 
     calls = []
 
     def fake_load_dataset(path, name=None, split=None, revision=None, cache_dir=None):
         calls.append((path, name, split, revision))
         assert Path(cache_dir).parent.parent == tmp_path / "results/data"  # not ~/.cache
-        return datasets.Dataset.from_dict({"question": ["What is 2 + 3?"], "choices": [["4", "5"]], "answer": [1]})
+        return Dataset.from_dict({"question": ["What is 2 + 3?"], "choices": [["4", "5"]], "answer": [1]})
 
-    monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
+    monkeypatch.setattr("datasets.load_dataset", fake_load_dataset)
     monkeypatch.setattr(hub_lock, "resolve_commit", lambda repo, revision, kind: "ab" * 20)  # the Hub's answer
     out = tmp_path / "results/data/mmlu.parquet"
-    data.fetch_hub({"path": "cais/mmlu", "name": "all", "split": "test"}, out, data.load_mmlu)
+    datasets.fetch_hub({"path": "cais/mmlu", "name": "all", "split": "test"}, out, datasets.load_mmlu)
     assert calls == [("cais/mmlu", "all", "test", "ab" * 20)]  # downloaded by the commit it resolved to
-    assert data.load_mmlu(out)["choices"].tolist() == [["4", "5"]]
+    assert datasets.load_mmlu(out)["choices"].tolist() == [["4", "5"]]
     assert sorted(p.name for p in out.parent.iterdir()) == ["mmlu.parquet"]  # no temporary left
     with pytest.raises(ValueError, match="record 0: expected an object with keys 'question' and 'answer'"):
-        data.fetch_hub({"path": "cais/mmlu", "split": "test"}, tmp_path / "results/data/gsm8k.parquet", data.load_gsm8k)
+        datasets.fetch_hub({"path": "cais/mmlu", "split": "test"}, tmp_path / "results/data/gsm8k.parquet",
+                           datasets.load_gsm8k)
     assert sorted(p.name for p in out.parent.iterdir()) == ["mmlu.parquet"]
 
 
@@ -323,7 +323,7 @@ def _write(tmp_path, name, text):
 
 def test_missing_file(tmp_path):
     with pytest.raises(FileNotFoundError, match="nope.jsonl"):
-        data.load_gsm8k(tmp_path / "nope.jsonl")
+        datasets.load_gsm8k(tmp_path / "nope.jsonl")
 
 
 @pytest.mark.parametrize(
@@ -341,7 +341,7 @@ def test_missing_file(tmp_path):
 def test_gsm8k_errors(tmp_path, text, message):
     path = _write(tmp_path, "bad.jsonl", text)
     with pytest.raises(ValueError, match=message) as err:
-        data.load_gsm8k(path)
+        datasets.load_gsm8k(path)
     assert str(path) in str(err.value)
 
 
@@ -357,11 +357,11 @@ def test_svamp_errors(tmp_path):
     bad = {k: v for k, v in good.items() if k != "Answer"}
     path = _write(tmp_path, "SVAMP.json", json.dumps([good, bad]))
     with pytest.raises(ValueError, match=r"SVAMP.json, record 1: missing \['Answer'\]"):
-        data.load_svamp(path)
+        datasets.load_svamp(path)
     with pytest.raises(ValueError, match="not valid JSON"):
-        data.load_svamp(_write(tmp_path, "broken.json", "[{"))
+        datasets.load_svamp(_write(tmp_path, "broken.json", "[{"))
     with pytest.raises(ValueError, match="expected a JSON list"):
-        data.load_svamp(_write(tmp_path, "dict.json", "{}"))
+        datasets.load_svamp(_write(tmp_path, "dict.json", "{}"))
 
 
 def test_bigbench_errors(tmp_path):
@@ -372,19 +372,20 @@ def test_bigbench_errors(tmp_path):
         [{"input": "a", "target_scores": {"x": 1, "y": 0}}, {"input": "b", "target_scores": {"x": 1, "y": 1}}]
     )
     with pytest.raises(ValueError, match=r"task.json, example 1: expected exactly one choice scored 1"):
-        data.load_bigbench_choice(two_right)
+        datasets.load_bigbench_choice(two_right)
     with pytest.raises(ValueError, match=r"example 0: expected an object with 'input' and at least two"):
-        data.load_bigbench_choice(task([{"input": "a", "target_scores": {"x": 1}}]))
+        datasets.load_bigbench_choice(task([{"input": "a", "target_scores": {"x": 1}}]))
     with pytest.raises(ValueError, match=r"example 0: expected .*'target' \(a string or a list of strings\)"):
-        data.load_bigbench_generation(task([{"input": "a", "target": 3}]))
+        datasets.load_bigbench_generation(task([{"input": "a", "target": 3}]))
     with pytest.raises(ValueError, match="expected a BIG-bench task"):
-        data.load_bigbench_generation(_write(tmp_path, "list.json", "[]"))
+        datasets.load_bigbench_generation(_write(tmp_path, "list.json", "[]"))
     with pytest.raises(ValueError, match="empty"):
-        data.load_text(_write(tmp_path, "empty.txt", "\n \n"))
+        datasets.load_text(_write(tmp_path, "empty.txt", "\n \n"))
 
 
-@pytest.mark.parametrize("name, loader", [("train.jsonl", data.load_gsm8k), ("SVAMP.json", data.load_svamp),
-                                          ("task.json", data.load_bigbench_generation), ("test.txt", data.load_text)])
+@pytest.mark.parametrize("name, loader", [("train.jsonl", datasets.load_gsm8k), ("SVAMP.json", datasets.load_svamp),
+                                          ("task.json", datasets.load_bigbench_generation),
+                                          ("test.txt", datasets.load_text)])
 def test_a_latin1_file_is_named(tmp_path, name, loader):
     """A data file saved as Latin-1 (the 'e' of 'Cafe' one byte, 0xe9): the error names the file, the line and the
     byte and says to save it as UTF-8; before, a bare UnicodeDecodeError named no file."""
@@ -409,17 +410,18 @@ def test_a_latin1_file_is_named(tmp_path, name, loader):
 
 def test_subsample():
     df = pd.DataFrame({"id": [str(i) for i in range(20)]}, index=range(100, 120))
-    assert data.subsample(df, None, 0)["id"].tolist() == df["id"].tolist()
-    assert data.subsample(df, 50, 0)["id"].tolist() == df["id"].tolist()
-    a, b, c = (data.subsample(df, 5, s)["id"].tolist() for s in (0, 0, 1))
+    assert datasets.subsample(df, None, 0)["id"].tolist() == df["id"].tolist()
+    assert datasets.subsample(df, 50, 0)["id"].tolist() == df["id"].tolist()
+    a, b, c = (datasets.subsample(df, 5, s)["id"].tolist() for s in (0, 0, 1))
     assert a == b != c and len(set(a)) == 5
     assert a == sorted(a, key=int)  # original order kept
-    assert list(data.subsample(df, 5, 0).index) == list(range(5))
+    assert list(datasets.subsample(df, 5, 0).index) == list(range(5))
 
 
 def test_plain_math_prompt_and_target(gsm8k_train):
-    shots = data.few_shot_examples(gsm8k_train, 2, seed=3)
-    assert shots == data.few_shot_examples(gsm8k_train, 2, seed=3) != data.few_shot_examples(gsm8k_train, 2, seed=4)
+    shots = datasets.few_shot_examples(gsm8k_train, 2, seed=3)
+    assert shots == datasets.few_shot_examples(gsm8k_train, 2, seed=3)
+    assert shots != datasets.few_shot_examples(gsm8k_train, 2, seed=4)
     (q1, s1), (q2, s2) = shots
     prompt = formatting.math_prompt("How many?", shots)
     assert prompt == f"Question: {q1}\nAnswer: {s1}\n\nQuestion: {q2}\nAnswer: {s2}\n\nQuestion: How many?\nAnswer:"
@@ -470,10 +472,10 @@ def test_loaders_never_open_a_connection(tmp_path, monkeypatch):
 
     monkeypatch.setattr(socket.socket, "connect", refuse)
     monkeypatch.setattr(socket, "create_connection", refuse)
-    assert len(data.load_gsm8k(D / "gsm8k/test.jsonl")) == 1319
-    assert len(data.load_svamp(D / "svamp/SVAMP.json")) == 1000
+    assert len(datasets.load_gsm8k(D / "gsm8k/test.jsonl")) == 1319
+    assert len(datasets.load_svamp(D / "svamp/SVAMP.json")) == 1000
     path = hub_file(tmp_path, "mmlu", {"question": ["q"], "choices": [["a", "b"]], "answer": [0]})
-    assert data.load_mmlu(path)["correct"].tolist() == [0]
+    assert datasets.load_mmlu(path)["correct"].tolist() == [0]
 
 
 def test_one_question_answer_format():

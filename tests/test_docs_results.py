@@ -232,16 +232,16 @@ def test_a_timing_is_left_out_of_the_docs(tmp_path):
 
 def _circuit_tables(model, task: str, key_logit: float) -> None:
     """circuit/{task}.parquet and {task}_edges.parquet as the circuit and edges rules write them."""
-    from arithmech.interp import sufficiency as cx
+    from arithmech.interp import sufficiency
     ranked = [(l, h) for l in range(3) for h in range(4)]
-    sets = cx.circuit_sets(ranked_heads=ranked, key_heads=ranked[:2], key_mlps=[2], n_layers=3, n_heads=4, grid=[4],
-                           draws=2, band_draws=1, seed=0)
+    sets = sufficiency.circuit_sets(ranked_heads=ranked, key_heads=ranked[:2], key_mlps=[2], n_layers=3, n_heads=4,
+                                    grid=[4], draws=2, band_draws=1, seed=0)
     n = 10
     rows = np.zeros((len(sets), n))
     for i, s in enumerate(sets):
         rows[i] = {"model": 30.0, "empty": 20.0, "key": 20 + 10 * key_logit}.get(s.curve, 21.0) + np.arange(n) % 2
     full = np.array([[1.0 if s.curve == "model" else 0.0] * n for s in sets])
-    table = cx.faithfulness_table(sets, {"full": full, "logit": rows}, np.arange(n) // 2, n_boot=50, seed=0,
+    table = sufficiency.faithfulness_table(sets, {"full": full, "logit": rows}, np.arange(n) // 2, n_boot=50, seed=0,
                                   confidence=0.95)
     table = table.assign(positions="end", means="counterfactual", n=n, split="validation", constant_first=0.5,
                          constant_full=0.2)
@@ -251,7 +251,7 @@ def _circuit_tables(model, task: str, key_logit: float) -> None:
                              "rel_effect": v / 10} for i in range(n) for s in ("L0H0", "L1H1")
                             for p, r, v in (("total", -1, -0.5), ("direct", -1, -0.3), ("mlp", 1, -0.15 - 0.01 * i),
                                             ("mlp", 2, 0.05))])
-    edges = cx.summarize_edges(samples, pd.Series(np.arange(n) // 2), ["L0H0", "L1H1"], n_boot=50, seed=0,
+    edges = sufficiency.summarize_edges(samples, pd.Series(np.arange(n) // 2), ["L0H0", "L1H1"], n_boot=50, seed=0,
                                confidence=0.95)
     write_parquet(edges, model / f"circuit/{task}_edges.parquet")
     write_figure(model / f"circuit/{task}_faithfulness.png")
@@ -280,20 +280,21 @@ def test_the_circuit_section_and_summary(tmp_path):
 def _discover_tables(model) -> None:
     """discover/: each operator's validation table (the discover rule's sets: model, empty, key, the discovered
     circuit), the union's, and summary.parquet with the columns discover_union writes, plus the two figures."""
-    from arithmech.interp import sufficiency as cx
+    from arithmech.interp import sufficiency
 
     (model / "discover").mkdir(exist_ok=True)
     every = tuple((l, h) for l in range(3) for h in range(4))
-    key = cx.CircuitSet("key", "key", 2, -1, ((0, 1), (1, 2)), (2,))
+    key = sufficiency.CircuitSet("key", "key", 2, -1, ((0, 1), (1, 2)), (2,))
     circuits = {"addition": ((0, 1), (2, 3)), "division": ((1, 2), (2, 0), (2, 3)),
                 "union": ((0, 1), (1, 2), (2, 0), (2, 3))}
     n = 10
     for task, heads in circuits.items():
-        sets = [cx.CircuitSet("model", "all", 12, -1, every, (0, 1, 2)), cx.CircuitSet("empty", "none", 0, -1, (), ()),
-                key, cx.CircuitSet("discovered", "discovered", len(heads), -1, heads, (1,))]
+        sets = [sufficiency.CircuitSet("model", "all", 12, -1, every, (0, 1, 2)),
+                sufficiency.CircuitSet("empty", "none", 0, -1, (), ()),
+                key, sufficiency.CircuitSet("discovered", "discovered", len(heads), -1, heads, (1,))]
         values = {m: np.array([[1.0] * n, [0.0] * n, [0.2] * n, [0.9] * n]) + (np.arange(n) % 2) * 0.05
                   for m in ("full", "logit", "first")}
-        table = cx.faithfulness_table(sets, values, np.arange(n) // 2, n_boot=50, seed=0, confidence=0.95)
+        table = sufficiency.faithfulness_table(sets, values, np.arange(n) // 2, n_boot=50, seed=0, confidence=0.95)
         table = table.assign(task=task, target=0.8, chosen=True)
         write_parquet(table, model / f"discover/{task}_validation.parquet")
     rows = []

@@ -13,7 +13,7 @@ import torch
 from arithmech.interp import effects as fx
 from arithmech.interp.nodes import node_label
 from arithmech.interp.patching import effects_frame
-from arithmech.report.stats import draw_cluster_counts
+from arithmech.stats import draw_cluster_counts
 
 # ---------------------------------------------------------------------------------------------------
 # Helpers

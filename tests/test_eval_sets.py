@@ -12,8 +12,7 @@ import yaml
 
 from arithmech import hub_lock
 from arithmech.config import validate_config
-from arithmech.data import datasets as data
-from arithmech.data import eval_sets
+from arithmech.data import datasets, eval_sets
 from arithmech.data.eval_sets import KIND_KEYS, REGISTRY
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -53,11 +52,11 @@ def test_default_sets_and_their_order(config):
     ],
 )
 def test_each_entrys_loader_reads_its_vendored_file(name, path, columns):
-    assert list(REGISTRY[name].load(data.DATA_DIR / path).columns) == columns
+    assert list(REGISTRY[name].load(datasets.DATA_DIR / path).columns) == columns
 
 
 def test_wikitext_entry_reads_the_text():
-    assert REGISTRY["wikitext"].load(data.DATA_DIR / "wikitext-2/test.txt").startswith(" \n = Robert <unk> = \n")
+    assert REGISTRY["wikitext"].load(datasets.DATA_DIR / "wikitext-2/test.txt").startswith(" \n = Robert <unk> = \n")
 
 
 def test_hub_sets_merge_into_a_valid_config(config):
@@ -112,12 +111,10 @@ def test_stride_below_window_for_perplexity_sets(config, check_fails):
 
 
 def test_fetch_failure_names_the_set(tmp_path, monkeypatch):
-    import datasets
-
     def offline(*args, **kwargs):
         raise ConnectionError("no network")
 
-    monkeypatch.setattr(datasets, "load_dataset", offline)
+    monkeypatch.setattr("datasets.load_dataset", offline)  # Hugging Face datasets
     monkeypatch.setattr(hub_lock, "resolve_commit", lambda *args: "ab" * 20)  # the Hub's answer to the revision
     out = tmp_path / "results/data/mmlu.parquet"
     with pytest.raises(RuntimeError, match=r"evaluation data set 'mmlu' \(config key 'evaluation.mmlu.hub': "
@@ -161,7 +158,7 @@ def test_evaluate_runs_hub_layout_sets_by_their_kind(tmp_path):
     rows = pd.read_parquet(tmp_path / "mmlu.parquet")
     assert len(rows) == 2 and set(rows["id"]) <= {"mmlu-0", "mmlu-1", "mmlu-2"}
     assert set(rows["dataset"]) == {"mmlu"} and rows["correct"].dtype == bool
-    run_evaluate(**common, dataset="gsm8k", data_path=gsm8k, shots_path=data.DATA_DIR / "gsm8k/train.jsonl",
+    run_evaluate(**common, dataset="gsm8k", data_path=gsm8k, shots_path=datasets.DATA_DIR / "gsm8k/train.jsonl",
                  evaluation=evaluation, out_path=tmp_path / "gsm8k.parquet")
     rows = pd.read_parquet(tmp_path / "gsm8k.parquet")
     assert rows["id"].tolist() == ["gsm8k-gsm8k-0", "gsm8k-gsm8k-1"] and rows["gold"].tolist() == [5.0, 3.0]

@@ -18,7 +18,6 @@ from arithmech.data.arithmetic import continuation_ids
 from arithmech.data.formatting import choice_prompt
 from arithmech.intervention.generation import SharedPrefix, _batches, generate_texts, greedy_answers, greedy_generate
 from arithmech.intervention.hooks import hooks
-from arithmech.report.stats import accuracy_interval
 from arithmech.sft.scoring import (
     _length_batches,
     choice_loglik,
@@ -27,6 +26,7 @@ from arithmech.sft.scoring import (
     evaluate_qa_generation,
     perplexity,
 )
+from arithmech.stats import accuracy_interval
 
 # ---------------------------------------------------------------------------------------------------
 # reading the final answer

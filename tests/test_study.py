@@ -19,6 +19,7 @@ from arithmech.interp.nodes import layer_matched_heads
 from arithmech.intervention.generation import greedy_generate
 from arithmech.model.loading import load_model
 from arithmech.sft import design as sd
+from arithmech.sft import study_config
 from arithmech.sft import training as ft
 from arithmech.sft.scoring import divergence_windows, score_targets
 from arithmech.stages.study import run_study_format, run_study_items, run_study_summary
@@ -230,15 +231,17 @@ def test_measured_items_are_the_first_validation_items_of_the_format_when_traine
                                                                                  a=[20, 40], b=[10, 19]))
     identify = {"addition": {(10, 10), (12, 13)}}
     for name in ("add2", "sub"):
-        trained = study | {"formats": sd.study_formats(study, name), "train_format": name}
+        trained = study | {"formats": study_config.study_formats(study, name), "train_format": name}
         items = sd.build_items(tok, trained, identify, ".\n", seed=3)
-        measured = sd.measurement_items(tok, sd.candidate_formats(study)[name], identify, study, ".\n", seed=3)
+        candidate = study_config.candidate_formats(study)[name]
+        measured = sd.measurement_items(tok, candidate, identify, study, ".\n", seed=3)
         val = items[(items["format"] == name) & (items["split"] == "validation")].head(4)
         pd.testing.assert_frame_equal(measured.reset_index(drop=True), val.reset_index(drop=True))
         test = items[(items["format"] == name) & (items["split"] == "test")]
         assert not set(measured["pair"]) & set(test["pair"])
-    assert "sub" in sd.study_formats(study, "sub") and set(sd.study_formats(study, None)) == set(study["formats"])
-    small = sd.Format.from_config("small", dict(ADD, a=[1, 3], b=[1, 3]))  # 9 pairs, 30 needed
+    assert "sub" in study_config.study_formats(study, "sub")
+    assert set(study_config.study_formats(study, None)) == set(study["formats"])
+    small = study_config.Format.from_config("small", dict(ADD, a=[1, 3], b=[1, 3]))  # 9 pairs, 30 needed
     assert sd.measurement_items(tok, small, {}, study, ".\n", seed=3) is None
 
 
@@ -266,10 +269,10 @@ def test_format_stage_measures_every_candidate_and_records_the_choice(tiny_dir, 
     table = pd.read_parquet(tmp_path / "named/formats.parquet")
     assert list(table["format"]) == ["sub_words"] and list(table["n"]) == [4] and table["chosen"].all()
     choice = read_parquet_meta(tmp_path / "named/formats.parquet")["choice"]
-    assert choice == sd.read_choice(tmp_path / "named/formats.parquet") and choice["chosen"] == "sub_words"
+    assert choice == study_config.read_choice(tmp_path / "named/formats.parquet") and choice["chosen"] == "sub_words"
     (tmp_path / "few").mkdir()
     run(study | {"train_format": "mul_words"}, "few")  # 16 pairs: named, not measured, and the reason says why
-    choice = sd.read_choice(tmp_path / "few/formats.parquet")
+    choice = study_config.read_choice(tmp_path / "few/formats.parquet")
     assert choice["chosen"] == "mul_words" and "too few operand pairs (16 left" in choice["reason"]
     # auto with a band holding everything: the random model's scores tie, the first candidate listed wins
     (tmp_path / "auto").mkdir()
@@ -281,21 +284,21 @@ def test_format_stage_measures_every_candidate_and_records_the_choice(tiny_dir, 
     assert table.loc[0, "pairs"] == 98  # 100 pairs of 10-19, two used by the identify stage
     assert ((table["ci_low"] <= table["exact_match"]) & (table["exact_match"] <= table["ci_high"])).iloc[:2].all()
     expected = table.loc[table["eligible"]].sort_values("distance", kind="stable")["format"].iloc[0]
-    assert sd.read_choice(tmp_path / "auto/formats.parquet")["chosen"] == expected
+    assert study_config.read_choice(tmp_path / "auto/formats.parquet")["chosen"] == expected
 
 
 def test_summary_says_when_the_study_could_not_run(tmp_path):
     """No format inside the band: empty tables whose metadata says why, pages and figures that say so, and
     the scorecard's study rows `not measured` with that reason."""
     from arithmech.io import read_parquet_meta, write_json, write_parquet
-    from arithmech.report import verdicts as claims
+    from arithmech.report import verdicts
     from arithmech.report.page import study_not_run
 
     table, choice = sd.choose_format(_measured(("add2", 0.95), ("mul2", 0.1)), [0.2, 0.6], "auto")
     table = table.assign(task="addition", template="{a} {op} {b} = ", operator="+", a="10-99", b="10-99", pairs=8100,
                          correct=0, ci_low=0.0, ci_high=1.0)
     write_parquet(table, tmp_path / "formats.parquet", {"choice": choice})
-    write_json(choice, sd.choice_path(tmp_path / "formats.parquet"))
+    write_json(choice, study_config.choice_path(tmp_path / "formats.parquet"))
     out = {k: tmp_path / f"{k}.{ext}" for k, ext in (("study", "parquet"), ("comparisons", "parquet"), ("md", "md"),
                                                      ("html", "html"), ("png", "png"), ("curves", "png"))}
     run_study_summary(model="m", study=_study(), formats_path=tmp_path / "formats.parquet", items_path=None,
@@ -310,7 +313,7 @@ def test_summary_says_when_the_study_could_not_run(tmp_path):
     assert "could not run" in md and "## The trained format" in md and "| mul2 |" in md
     assert "could not run" in out["html"].read_text()
     assert all(out[k].read_bytes()[:4] == b"\x89PNG" for k in ("png", "curves"))
-    rows = claims.sft_claims(pd.read_parquet(out["study"]), pd.read_parquet(out["comparisons"]), None, {},
+    rows = verdicts.sft_claims(pd.read_parquet(out["study"]), pd.read_parquet(out["comparisons"]), None, {},
                              not_run=meta["reason"])
     assert {r["claim"] for r in rows} == {"sft_vs_full", "sft_vs_random", "sft_off_target", "sft_speed",
                                          "sft_circuit_vs_precise"}
@@ -320,7 +323,7 @@ def test_summary_says_when_the_study_could_not_run(tmp_path):
 def test_training_precision_in_study_md_and_the_sft_vs_full_note():
     """study.md names the precision each arm trained in; the scorecard's sft_vs_full row says it for precise and
     full, and flags optimizers that updated different dtypes (bf16 weights updated in place lose small updates)."""
-    from arithmech.report import verdicts as claims
+    from arithmech.report import verdicts
     from arithmech.stages.study import precision_markdown
 
     fair = {"model_dtype": "bfloat16", "master_dtype": "float32"}
@@ -337,7 +340,7 @@ def test_training_precision_in_study_md_and_the_sft_vs_full_note():
     cfg = {"non_inferiority": 0.05, "min_difference": 0.02, "min_speedup": 2.0}
 
     def note(study: pd.DataFrame) -> str:
-        return next(r["note"] for r in claims.sft_claims(study, comp, "add2", cfg) if r["claim"] == "sft_vs_full")
+        return next(r["note"] for r in verdicts.sft_claims(study, comp, "add2", cfg) if r["claim"] == "sft_vs_full")
 
     assert "trained in (model / optimizer): precise bfloat16 / float32, full bfloat16 / float32" in note(table)
     assert "different dtypes" not in note(table)
@@ -409,10 +412,10 @@ def test_an_arm_draws_the_heads_the_recipe_method_of_its_name_draws():
 
 def test_final_runs_and_select_lr():
     study = _study() | {"seeds": {"precise": 3}, "random_draws": 4}
-    assert sd.final_runs("precise", study) == ["chosen", "seed1", "seed2"]
-    assert sd.final_runs("random_heads", study) == ["chosen", "draw1", "draw2", "draw3"]
-    assert sd.final_runs("uniform_heads", study) == ["chosen", "draw1", "draw2", "draw3"]
-    assert sd.final_runs("full", study) == ["chosen"]
+    assert study_config.final_runs("precise", study) == ["chosen", "seed1", "seed2"]
+    assert study_config.final_runs("random_heads", study) == ["chosen", "draw1", "draw2", "draw3"]
+    assert study_config.final_runs("uniform_heads", study) == ["chosen", "draw1", "draw2", "draw3"]
+    assert study_config.final_runs("full", study) == ["chosen"]
     def frame(correct, nll):
         return pd.DataFrame({"correct": correct, "nll": nll, "n_tokens": [2] * len(correct)})
     vals = {"lr0": frame([1, 0, 0], [1.0, 1, 1]), "lr1": frame([1, 1, 0], [9.0, 9, 9]),
@@ -546,7 +549,7 @@ def test_the_powered_study_runs_the_head_set_arms_at_three_seeds():
     study = config["study"]
     for arm in ("precise", "circuit", "circuit_disjoint", "low_effect"):
         assert arm in study["arms"] and study["seeds"][arm] >= 3, arm
-        assert sd.final_runs(arm, study) == ["chosen", "seed1", "seed2"]
+        assert study_config.final_runs(arm, study) == ["chosen", "seed1", "seed2"]
         assert len(study["lr_grid"][arm]) == len(study["lr_grid"]["precise"])
     default = yaml.safe_load((ROOT / "config.yaml").read_text())
     default["study"]["arms"] += ["circuit_disjoint", "low_effect"]
@@ -584,7 +587,7 @@ def test_summary_carries_each_runs_head_overlap_and_says_where_the_heads_were_fo
     table = table.assign(task="addition", template="{a} {op} {b} = ", operator="+", a="10-19", b="10-19", pairs=98,
                          correct=20, ci_low=0.3, ci_high=0.5)
     write_parquet(table, tmp_path / "formats.parquet", {"choice": choice})
-    write_json(choice, sd.choice_path(tmp_path / "formats.parquet"))
+    write_json(choice, study_config.choice_path(tmp_path / "formats.parquet"))
     items = tmp_path / "items.parquet"
     pd.DataFrame({"format": ["add2"], "split": ["train"]}).to_parquet(items)
     pairs = [f"addition:{10 + i}:{11 + i % 3}" for i in range(40)]

@@ -517,7 +517,7 @@ def test_auto_format_reruns_what_the_choice_changes_and_says_when_none_fits(run,
     With no candidate inside study.base_band nothing of the study runs but its summary, which says so and
     names the nearest format; the scorecard's study rows are `not measured` with that reason, and the rest of
     the workflow finishes."""
-    from arithmech.sft import design as sd
+    from arithmech.sft import study_config
     checkout = moved_checkout(run, tmp_path)
     res = checkout / "results/tiny"
     items_before = (res / "finetune/study/items.parquet").stat().st_mtime_ns
@@ -528,7 +528,7 @@ def test_auto_format_reruns_what_the_choice_changes_and_says_when_none_fits(run,
     proc = snakemake(checkout, "--cores", "2", "--configfile", str(auto))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert executed_rules(proc) == {"study_format": 1, "study_summary": 1, "claims": 1, "findings": 1, "all": 1}
-    assert sd.read_choice(res / "finetune/study/formats.parquet")["chosen"] == "add2"
+    assert study_config.read_choice(res / "finetune/study/formats.parquet")["chosen"] == "add2"
     assert (res / "finetune/study/items.parquet").stat().st_mtime_ns == items_before
     assert read_parquet_meta(res / "finetune/study.parquet")["ran"] is True
 

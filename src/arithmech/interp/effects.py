@@ -7,8 +7,8 @@ import warnings
 import numpy as np
 import pandas as pd
 
+from arithmech import stats
 from arithmech.interp.nodes import node_label
-from arithmech.report import stats
 
 # Each metric maps the patching table (one row per sample and node) to a per-row effect.
 # More negative means the node carries more of the operation.

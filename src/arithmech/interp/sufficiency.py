@@ -26,8 +26,8 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
+from arithmech import stats
 from arithmech.interp.nodes import Head, layer_matched_heads, nodes_text
-from arithmech.report import stats
 
 # measure -> the per-item column it averages
 MEASURES = {"full": "full_correct", "logit": "answer_logit", "first": "first_correct"}

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from arithmech.report import display, stats
+from arithmech import stats
+from arithmech.report import display
 
 VERDICTS = ("holds", "partly", "does not hold", "inconclusive", "not measured")
 COLUMNS = ["claim", "scope", "stage", "statement", "paper", "measure", "value", "ci_low", "ci_high", "unit", "n",

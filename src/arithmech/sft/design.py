@@ -64,24 +64,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from arithmech.report import stats
+from arithmech import stats
 from arithmech.sft.methods import METHODS, STUDY_METHODS, select_nodes
-
-# The study's formats and run names live in study_config (the Snakefile reads them without pandas); the stages
-# and tools reach them through this module too.
-from arithmech.sft.study_config import (  # noqa: F401
-    AUTO,
-    Format,
-    candidate_formats,
-    choice_path,
-    final_runs,
-    grid_runs,
-    measured_formats,
-    parse_formats,
-    parse_run,
-    read_choice,
-    study_formats,
-)
+from arithmech.sft.study_config import AUTO, Format, parse_formats, parse_run
 
 SPLITS = ("train", "validation", "test")
 # Arm pairs compared on every metric (a - b): the study's questions.

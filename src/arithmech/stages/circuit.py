@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from arithmech.data.arithmetic import split_pairs
-from arithmech.interp import sufficiency as cx
+from arithmech.interp import sufficiency
 from arithmech.interp.effects import operand_pairs, pair_labels
 from arithmech.interp.nodes import node_label, ranked_heads
 from arithmech.io import write_parquet
@@ -62,7 +62,7 @@ def run_circuit(*, model: str, task: str, model_dir, pairs_path, cache_path, eff
     pairs = pd.read_parquet(pairs_path)
     validation = split_pairs(pairs, "validation", str(pairs_path))
     cache = load_file(str(cache_path))
-    key_heads, key_mlps = cx.key_nodes(pd.read_parquet(key_path))
+    key_heads, key_mlps = sufficiency.key_nodes(pd.read_parquet(key_path))
     common = {"ranked_heads": ranked_heads(pd.read_parquet(effects_path)), "key_heads": key_heads,
               "key_mlps": key_mlps, "n_layers": lm.n_layers, "n_heads": lm.n_heads, "grid": circuit["grid"],
               "draws": circuit["random_draws"], "band_draws": circuit["band_draws"], "seed": seed}
@@ -70,33 +70,34 @@ def run_circuit(*, model: str, task: str, model_dir, pairs_path, cache_path, eff
     variants = []  # (positions, means label, scored pairs, sets, means)
     for positions in circuit["positions"]:
         if positions == "end":
-            variants.append(("end", "counterfactual", end_items, cx.circuit_sets(**common), cache_means(cache, "end")))
+            variants.append(("end", "counterfactual", end_items, sufficiency.circuit_sets(**common),
+                             cache_means(cache, "end")))
         else:
             scored = subsample(validation, circuit["all_positions_samples"], seed)
-            variants.append(("all", "counterfactual", scored, cx.circuit_sets(**common, curves=False),
+            variants.append(("all", "counterfactual", scored, sufficiency.circuit_sets(**common, curves=False),
                              cache_means(cache, "all")))
     contrast = circuit["contrast_means"]
     if contrast and contrast != prompts["counterfactual_shots"] and prompts["n_shots"] > 0:
         means = contrast_end_mean(lm, task=task, pairs=pairs, prompts=prompts, cf_shots=contrast, seed=seed,
                                   batch_size=compute["batch_size"])
-        variants.append(("end", contrast, end_items, cx.circuit_sets(**common, curves=False), means))
+        variants.append(("end", contrast, end_items, sufficiency.circuit_sets(**common, curves=False), means))
     tables, items = [], []
     boot = {"n_boot": circuit["bootstrap"], "seed": seed, "confidence": circuit["confidence"]}
     for positions, label, scored, sets, means in variants:
-        values = cx.score_sets(lm, scored, sets, means=means, positions="end" if positions == "end" else "all",
+        values = sufficiency.score_sets(lm, scored, sets, means=means, positions="end" if positions == "end" else "all",
                              batch_size=compute["batch_size"])
         clusters = pair_labels(scored).to_numpy()
-        table = cx.faithfulness_table(sets, values, clusters, **boot).assign(
+        table = sufficiency.faithfulness_table(sets, values, clusters, **boot).assign(
             positions=positions, means=label, n=len(scored), split="validation",
-            constant_first=cx.constant_accuracy(scored["answer_token_id"]),
-            constant_full=cx.constant_accuracy(scored["answer"]))
+            constant_first=sufficiency.constant_accuracy(scored["answer_token_id"]),
+            constant_full=sufficiency.constant_accuracy(scored["answer"]))
         n = len(scored)
         per_item = pd.DataFrame({
             "positions": positions, "means": label,
             "curve": np.repeat([s.curve for s in sets], n), "mlps": np.repeat([s.mlps for s in sets], n),
             "k": np.repeat([s.k for s in sets], n), "seed": np.repeat([s.seed for s in sets], n),
             "sample_id": np.tile(scored["sample_id"].to_numpy(), len(sets)), "cluster": np.tile(clusters, len(sets)),
-            **{cx.MEASURES[m]: v.reshape(-1) for m, v in values.items()},
+            **{sufficiency.MEASURES[m]: v.reshape(-1) for m, v in values.items()},
         })
         tables.append(table)
         items.append(per_item)
@@ -108,7 +109,7 @@ def run_circuit(*, model: str, task: str, model_dir, pairs_path, cache_path, eff
 def edge_senders(effects: pd.DataFrame, keys: dict[str, pd.DataFrame], n_top: int) -> list[tuple[int, int]]:
     """The sender heads of one operator: its top `n_top` heads by effect and every operator's key heads, in the
     operator's effect order."""
-    union = {h for key in keys.values() for h in cx.key_nodes(key)[0]}
+    union = {h for key in keys.values() for h in sufficiency.key_nodes(key)[0]}
     ranked = ranked_heads(effects)
     return [h for i, h in enumerate(ranked) if i < n_top or h in union]
 
@@ -164,19 +165,19 @@ def run_edges(*, model: str, model_dir, tasks: list[str], pairs_paths, effects_p
             rows.append(_path_rows(pairs, [labels[i] for i in live], "mlp", r, change[:, live], logit_o))
         samples = pd.concat(rows, ignore_index=True)
         clusters = pair_labels(pairs)
-        key_labels = [node_label(l, h) for l, h in cx.key_nodes(keys[task])[0]]
+        key_labels = [node_label(l, h) for l, h in sufficiency.key_nodes(keys[task])[0]]
         value = "rel_effect" if metric == "relative_logit" else "change"
         if value == "rel_effect" and not (logit_o > 0).any():  # e.g. a random model: the run goes on, and says so
             warnings.warn(f"{task}: no scored pair has a positive unpatched answer logit, where a relative change "
                           "means something; its edges are logit differences (value 'change', as with "
                           "patching.metric logit_diff)", stacklevel=2)
             value = "change"
-        summary = cx.summarize_edges(samples, clusters, key_labels, n_boot=edges["bootstrap"], seed=seed,
+        summary = sufficiency.summarize_edges(samples, clusters, key_labels, n_boot=edges["bootstrap"], seed=seed,
                                      confidence=edges["confidence"], value=value)
         meta = stage_meta(model_dir, "edges", task=task, edges=edges, metric=metric, seed=seed)
         write_parquet(summary.assign(split="validation"), out_table, meta)
         write_parquet(samples, out_sample, meta)
-        key_heads = cx.key_nodes(keys[task])[0]
+        key_heads = sufficiency.key_nodes(keys[task])[0]
         write_parquet(_path_cut_rows(lm, pairs_path, pairs, key_heads, seed=seed, batch_size=batch), out_path, meta)
 
 

@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 from arithmech.data.arithmetic import split_pairs
-from arithmech.interp import sufficiency as cx
+from arithmech.interp import sufficiency
 from arithmech.interp.effects import pair_labels
 from arithmech.interp.nodes import layer_matched_heads, node_label, parse_nodes, ranked_heads
 from arithmech.io import write_parquet
@@ -31,7 +31,7 @@ def _scored_pairs(pairs: pd.DataFrame, discover: dict, seed: int, where: str) ->
 
 
 def _random_sets(curve_heads, mlps, *, n_layers, n_heads, draws, seed, label, offset: int = 900
-                 ) -> list[cx.CircuitSet]:
+                 ) -> list[sufficiency.CircuitSet]:
     """`draws` layer-matched random head sets of the circuit's size, disjoint from it, with its MLPs (mlps label
     `label`; draw d seeded seed * 1000 + offset + d: 700 for the key circuit, the circuit rule's draws); none (and
     a warning) for a circuit of more than half the heads, which has no disjoint random circuit of its size (its
@@ -40,7 +40,7 @@ def _random_sets(curve_heads, mlps, *, n_layers, n_heads, draws, seed, label, of
         warnings.warn(f"a {label} circuit of {len(curve_heads)} of the {n_layers * n_heads} heads has no disjoint "
                       "random circuit of its size: no random control is scored for it", stacklevel=2)
         return []
-    return [cx.CircuitSet("random", label, len(curve_heads), d,
+    return [sufficiency.CircuitSet("random", label, len(curve_heads), d,
                           tuple(layer_matched_heads(curve_heads, n_heads, seed=seed * 1000 + offset + d,
                                                     n_layers=n_layers))
                           if curve_heads else (), tuple(mlps)) for d in range(draws)]
@@ -60,20 +60,21 @@ def _measure_values(lm, scored, sets, means, measure, batch_size) -> np.ndarray:
 def _score(lm, scored, sets, targets, means, measure, batch_size, *, n_boot, seed, confidence, extra=None):
     """(faithfulness table, per-item table) of `sets` (one 'model', one 'empty') on `scored`: full-answer accuracy,
     answer logit and first-token accuracy (`sufficiency.score_sets`) and the pruning measure (as 'measure')."""
-    values = cx.score_sets(lm, scored, sets, means=means, positions="end", batch_size=batch_size)
+    values = sufficiency.score_sets(lm, scored, sets, means=means, positions="end", batch_size=batch_size)
     values["measure"] = _measure_values(lm, scored, sets, means, measure, batch_size)
     clusters = pair_labels(scored).to_numpy()
-    table = cx.faithfulness_table(sets, values, clusters, n_boot=n_boot, seed=seed, confidence=confidence)
+    table = sufficiency.faithfulness_table(sets, values, clusters, n_boot=n_boot, seed=seed, confidence=confidence)
     table = table.assign(target=targets, measure_name=measure, n=len(scored), split="validation",
-                         constant_first=cx.constant_accuracy(scored["answer_token_id"]),
-                         constant_full=cx.constant_accuracy(scored["answer"]), **(extra or {}))
+                         constant_first=sufficiency.constant_accuracy(scored["answer_token_id"]),
+                         constant_full=sufficiency.constant_accuracy(scored["answer"]), **(extra or {}))
     n = len(scored)
     items = pd.DataFrame({
         "curve": np.repeat([s.curve for s in sets], n), "mlps": np.repeat([s.mlps for s in sets], n),
         "k": np.repeat([s.k for s in sets], n), "seed": np.repeat([s.seed for s in sets], n),
         "target": np.repeat(targets, n), "sample_id": np.tile(scored["sample_id"].to_numpy(), len(sets)),
         "cluster": np.tile(clusters, len(sets)),
-        **{cx.MEASURES[m]: values[m].reshape(-1) for m in cx.MEASURES}, MEASURE_COLUMN: values["measure"].reshape(-1),
+        **{sufficiency.MEASURES[m]: values[m].reshape(-1) for m in sufficiency.MEASURES},
+        MEASURE_COLUMN: values["measure"].reshape(-1),
         **{k: v for k, v in (extra or {}).items()},
     })
     return table, items
@@ -95,18 +96,19 @@ def _teacher_forced_columns(lm, validation: pd.DataFrame, val: pd.DataFrame, poo
     from arithmech.interp import teacher_forcing as tf
 
     shares = tf.share_circuits(attribution) if attribution is not None else np.zeros((0, len(nodes)), dtype=bool)
-    share_sets = [cx.CircuitSet("share", "share", int(m.sum()), -1,
+    share_sets = [sufficiency.CircuitSet("share", "share", int(m.sum()), -1,
                                 tuple(n for n, k in zip(nodes, m) if k and n[1] >= 0),
                                 tuple(n[0] for n, k in zip(nodes, m) if k and n[1] < 0)) for m in shares]
     pool, pool_outputs = pool
     # the END-only decomposition for what it explains: the discovered circuits (with the model and the empty set)
     decomposed = [i for i, s in enumerate(sets) if s.curve in ("model", "empty", "discovered")]
-    scored, per_item = cx.teacher_forced_table(
+    scored, per_item = sufficiency.teacher_forced_table(
         lm, val, pool, sets + share_sets, pool_outputs=pool_outputs, sanity_draws=discover["sanity_draws"],
-        strict=cx.strict_kinds(discover["sanity"], discover["tf_ablation"]), n_boot=discover["bootstrap"], seed=seed,
+        strict=sufficiency.strict_kinds(discover["sanity"], discover["tf_ablation"]), n_boot=discover["bootstrap"],
+        seed=seed,
         confidence=discover["confidence"], batch_size=batch, end_rows=decomposed, sanity=sanity,
         sanity_samples=discover["sanity_samples"])
-    own = [c for c in scored if c.startswith(cx.TF_COLUMNS)]
+    own = [c for c in scored if c.startswith(sufficiency.TF_COLUMNS)]
     out = pd.concat([validation.reset_index(drop=True), scored[own].iloc[: len(sets)].reset_index(drop=True)], axis=1)
     f = pd.concat([out[c] for c in ("faithfulness_tf_resample_tail_correct", "faithfulness_tf_mean_tail_correct",
                                     "faithfulness_full")], axis=1)
@@ -149,7 +151,7 @@ def run_discover(*, model: str, task: str, model_dir, pairs_path, cache_path, ef
     ident, val = _scored_pairs(pairs, discover, seed, str(pairs_path))
     means = cache_means(load_file(str(cache_path)), "end")
     effects = pd.read_parquet(effects_path)
-    key_heads, key_mlps = cx.key_nodes(pd.read_parquet(key_path))
+    key_heads, key_mlps = sufficiency.key_nodes(pd.read_parquet(key_path))
     nodes = all_nodes(lm.n_layers, lm.n_heads)
     measure, targets, batch = discover["measure"], [float(t) for t in discover["targets"]], compute["batch_size"]
 
@@ -176,14 +178,14 @@ def run_discover(*, model: str, task: str, model_dir, pairs_path, cache_path, ef
 
     # full-answer accuracy kept on the identification pairs: what the target is chosen on
     every = tuple((l, h) for l, h in nodes if h != MLP)
-    found = [cx.CircuitSet("discovered", "discovered", len(p.heads(nodes)), -1, tuple(p.heads(nodes)),
+    found = [sufficiency.CircuitSet("discovered", "discovered", len(p.heads(nodes)), -1, tuple(p.heads(nodes)),
                            tuple(p.mlps(nodes))) for p in pruned]
-    base = [cx.CircuitSet("model", "all", len(every), -1, every, tuple(range(lm.n_layers))),
-            cx.CircuitSet("empty", "none", 0, -1, (), ())]
+    base = [sufficiency.CircuitSet("model", "all", len(every), -1, every, tuple(range(lm.n_layers))),
+            sufficiency.CircuitSet("empty", "none", 0, -1, (), ())]
     if teacher_forced:  # teacher-forced correctness: greedy full answers under the same per-position values
-        on_ident = trials.scores(cx.kept_masks(base + found, nodes))["correct"].mean(1)
+        on_ident = trials.scores(sufficiency.kept_masks(base + found, nodes))["correct"].mean(1)
     else:
-        on_ident = cx.score_sets(lm, ident, base + found, means=means, positions="end",
+        on_ident = sufficiency.score_sets(lm, ident, base + found, means=means, positions="end",
                                  batch_size=batch)["full"].mean(1)
     table = pd.DataFrame({
         # measure: the END protocol's (its faithfulness_measure columns); pruned_on: what `faithfulness` is of
@@ -212,7 +214,7 @@ def run_discover(*, model: str, task: str, model_dir, pairs_path, cache_path, ef
     ranked = ranked_heads(effects)
     # the key circuit with its layer-matched random circuits (the circuit rule's draws): the circuit_sufficient
     # verdict reads them here, on the protocol and pairs the discovered circuits are scored on
-    key_sets = [cx.CircuitSet("key", "key", len(key_heads), -1, tuple(key_heads), tuple(sorted(key_mlps))),
+    key_sets = [sufficiency.CircuitSet("key", "key", len(key_heads), -1, tuple(key_heads), tuple(sorted(key_mlps))),
                 *(_random_sets(list(key_heads), tuple(sorted(key_mlps)), n_layers=lm.n_layers, n_heads=lm.n_heads,
                                draws=discover["random_draws"], seed=seed, label="key", offset=700)
                   if key_heads else [])]
@@ -223,7 +225,7 @@ def run_discover(*, model: str, task: str, model_dir, pairs_path, cache_path, ef
         mine = [s] if p.target != chosen else [
             s, *_random_sets(list(s.heads), s.mlp_layers, n_layers=lm.n_layers, n_heads=lm.n_heads,
                              draws=discover["random_draws"], seed=seed, label="discovered"),
-            cx.CircuitSet("top", "discovered", len(s.heads), -1, tuple(ranked[: len(s.heads)]), s.mlp_layers)]
+            sufficiency.CircuitSet("top", "discovered", len(s.heads), -1, tuple(ranked[: len(s.heads)]), s.mlp_layers)]
         sets += mine
         set_targets += [p.target] * len(mine)
     validation, items = _score(lm, val, sets, np.array(set_targets), means, discover["measure"], batch,
@@ -232,7 +234,7 @@ def run_discover(*, model: str, task: str, model_dir, pairs_path, cache_path, ef
     if teacher_forced:
         validation, share_rows, tf_items = _teacher_forced_columns(lm, validation, val, (pool, pool_outputs), sets,
                                                                    attribution, nodes, discover, seed, batch)
-        items = cx.with_set_columns(items, len(sets), tf_items)
+        items = sufficiency.with_set_columns(items, len(sets), tf_items)
         for kind in tf.KINDS:  # what a verdict reading the items needs beside them: the failed sanity checks
             items[f"sanity_{kind}_failed"] = validation[f"sanity_{kind}_failed"].iloc[0]
     key_set = set(key_heads)
@@ -292,9 +294,9 @@ def _summary_row(task, target, chosen, circuit_row: pd.Series, key_row: pd.Serie
     its layer-matched random circuits (full answers, and the pruning measure); full_share: its full-answer
     accuracy over the model's (`model_full`)."""
     boot = {"n_boot": discover["bootstrap"], "seed": seed, "confidence": discover["confidence"]}
-    full = cx.key_vs_random(items, measure="full", mlps="discovered", curve="discovered", **boot)
-    by_measure = cx.key_vs_random(items, measure="full", mlps="discovered", curve="discovered", column=MEASURE_COLUMN,
-                                  **boot)
+    full = sufficiency.key_vs_random(items, measure="full", mlps="discovered", curve="discovered", **boot)
+    by_measure = sufficiency.key_vs_random(items, measure="full", mlps="discovered", curve="discovered",
+                                           column=MEASURE_COLUMN, **boot)
     row = {"task": task, "target": target, "chosen": chosen, "measure": measure,
            "n_heads": int(circuit_row["n_heads"]), "n_mlps": int(circuit_row["n_mlps"]),
            "share": (circuit_row["n_heads"] + circuit_row["n_mlps"]) / n_nodes}
@@ -330,7 +332,7 @@ def _tf_summary(items: pd.DataFrame, boot: dict, sanity: dict | None = None) -> 
         if sanity is not None:
             row[f"tf_{kind}_sanity_failed"] = sanity.get(f"sanity_{kind}_failed", "")
         for measure in ("correct", "logprob"):
-            res = cx.key_vs_random(items, measure="full", mlps="discovered", curve="discovered",
+            res = sufficiency.key_vs_random(items, measure="full", mlps="discovered", curve="discovered",
                                    column=f"tf_{kind}_tail_{measure}", **boot)
             if res is None:  # no random draw of its size
                 continue
@@ -388,14 +390,15 @@ def run_discover_union(*, model: str, model_dir, tasks: list[str], pairs_paths, 
         chosen_heads, chosen_mlps = parse_nodes(chosen["nodes"])
         heads |= set(chosen_heads)
         mlps |= set(chosen_mlps)
-        kh, km = cx.key_nodes(pd.read_parquet(key_path))
+        kh, km = sufficiency.key_nodes(pd.read_parquet(key_path))
         key_h |= set(kh)
         key_m |= set(km)
     every = tuple((l, h) for l in range(lm.n_layers) for h in range(lm.n_heads))
-    union = cx.CircuitSet("discovered", "discovered", len(heads), -1, tuple(sorted(heads)), tuple(sorted(mlps)))
-    sets = [cx.CircuitSet("model", "all", len(every), -1, every, tuple(range(lm.n_layers))),
-            cx.CircuitSet("empty", "none", 0, -1, (), ()),
-            cx.CircuitSet("key", "key", len(key_h), -1, tuple(sorted(key_h)), tuple(sorted(key_m))), union,
+    union = sufficiency.CircuitSet("discovered", "discovered", len(heads), -1, tuple(sorted(heads)),
+                                   tuple(sorted(mlps)))
+    sets = [sufficiency.CircuitSet("model", "all", len(every), -1, every, tuple(range(lm.n_layers))),
+            sufficiency.CircuitSet("empty", "none", 0, -1, (), ()),
+            sufficiency.CircuitSet("key", "key", len(key_h), -1, tuple(sorted(key_h)), tuple(sorted(key_m))), union,
             *_random_sets(list(union.heads), union.mlp_layers, n_layers=lm.n_layers, n_heads=lm.n_heads,
                           draws=discover["random_draws"], seed=seed, label="discovered")]
     targets = np.full(len(sets), np.nan)
@@ -412,7 +415,7 @@ def run_discover_union(*, model: str, model_dir, tasks: list[str], pairs_paths, 
             table, _, tf_items = _teacher_forced_columns(
                 lm, table, val, (pool, tf.tail_outputs(lm, pool, compute["batch_size"])), sets, None,
                 all_nodes(lm.n_layers, lm.n_heads), discover, seed, compute["batch_size"], sanity=False)
-            items = cx.with_set_columns(items, len(sets), tf_items)
+            items = sufficiency.with_set_columns(items, len(sets), tf_items)
             # the sanity checks depend on the pairs, the pool and the seed only, the same as run_discover's: its
             # values, not a second run of them
             own = pd.read_parquet(val_path)
@@ -425,9 +428,9 @@ def run_discover_union(*, model: str, model_dir, tasks: list[str], pairs_paths, 
     # pooled over operators: every set's values side by side on the same items
     n_sets = len(sets)
     wide = {m: items[col].to_numpy(float).reshape(len(tasks), n_sets, -1).transpose(1, 0, 2).reshape(n_sets, -1)
-            for m, col in [*((m, cx.MEASURES[m]) for m in cx.MEASURES), ("measure", MEASURE_COLUMN)]}
+            for m, col in [*((m, sufficiency.MEASURES[m]) for m in sufficiency.MEASURES), ("measure", MEASURE_COLUMN)]}
     pooled_clusters = items["cluster"].to_numpy().reshape(len(tasks), n_sets, -1)[:, 0].reshape(-1)
-    pooled = cx.faithfulness_table(sets, wide, pooled_clusters, **boot)
+    pooled = sufficiency.faithfulness_table(sets, wide, pooled_clusters, **boot)
     n_items = len(pooled_clusters)
     pooled = pooled.assign(task="union", target=targets, measure_name=measure, n=n_items, split="validation",
                            constant_first=sum(constants) / n_items, constant_full=np.nan)
@@ -460,7 +463,7 @@ def run_plot_discover(*, model: str, task: str, path_path, validation_path, key_
     from arithmech.report import plots
 
     path, validation = pd.read_parquet(path_path), pd.read_parquet(validation_path)
-    key_heads, _ = cx.key_nodes(pd.read_parquet(key_path))
+    key_heads, _ = sufficiency.key_nodes(pd.read_parquet(key_path))
     n_layers, n_heads = int(path["layer"].max()) + 1, int(path["head"].max()) + 1
     measure = validation["measure_name"].iloc[0]
     plots.pruning_path(path, f"{model}, {task}: greedy pruning on identification pairs ({measure})", out_path_png)

@@ -57,7 +57,7 @@ def run_evaluate(*, model: str, model_dir, method: str, dataset: str, finetune_d
     correct; choice: prediction, correct; qa: output, correct; perplexity: one row). `evaluation`: style and
     batch_size, n_shots for the math sets (solved GSM8K train examples from `shots_path`), and the data
     set's own settings under its name."""
-    from arithmech.data import datasets as ds
+    from arithmech.data import datasets
     from arithmech.data.formatting import math_prompts
     from arithmech.sft import scoring
 
@@ -67,15 +67,16 @@ def run_evaluate(*, model: str, model_dir, method: str, dataset: str, finetune_d
     lm = load_finetuned(model_dir, finetune_dir, compute)
     bs, cfg, progress = evaluation["batch_size"], evaluation[dataset], f"{method} {dataset}"
     if spec.kind == "math":
-        shots = ds.few_shot_examples(ds.load_gsm8k(shots_path), evaluation["n_shots"], seed)
-        items = ds.subsample(spec.load(data_path), cfg["n"], seed)
+        shots = datasets.few_shot_examples(datasets.load_gsm8k(shots_path), evaluation["n_shots"], seed)
+        items = datasets.subsample(spec.load(data_path), cfg["n"], seed)
         items = math_prompts(items.drop(columns=["solution"], errors="ignore"), shots, evaluation["style"],
-                                lm.tokenizer)
+                             lm.tokenizer)
         rows = scoring.evaluate_generation(lm, items, cfg["max_new_tokens"], bs, progress=progress)
     elif spec.kind == "choice":
-        rows = scoring.evaluate_choice(lm, ds.subsample(spec.load(data_path), cfg["n"], seed), bs, progress=progress)
+        items = datasets.subsample(spec.load(data_path), cfg["n"], seed)
+        rows = scoring.evaluate_choice(lm, items, bs, progress=progress)
     elif spec.kind == "qa":
-        items = ds.subsample(spec.load(data_path), cfg["n"], seed)
+        items = datasets.subsample(spec.load(data_path), cfg["n"], seed)
         rows = scoring.evaluate_qa_generation(lm, items, cfg["max_new_tokens"], bs, progress=progress)
     else:
         result = scoring.perplexity(lm, spec.load(data_path), max_length=cfg["max_length"], stride=cfg["stride"],
@@ -95,7 +96,7 @@ def eval_summary(eval_paths: dict, stats_paths: dict, confidence: float) -> pd.D
     interval (WikiText-2: perplexity), and the training cost: trainable parameters, mean step time, train
     wall time, peak memory, optimizer state and saved artifact sizes, and the precision it trained in (the
     model's dtype, the dtype the optimizer updated)."""
-    from arithmech.report.stats import accuracy_interval
+    from arithmech.stats import accuracy_interval
 
     rows = []
     for method, paths in eval_paths.items():

@@ -15,6 +15,7 @@ from arithmech.io import atomic_path, config_hash, provenance, write_html_page, 
 from arithmech.model.loading import load_stage_model, model_record, stage_meta
 from arithmech.report.tables import format_markdown, study_markdown
 from arithmech.sft import design as sd
+from arithmech.sft import study_config
 from arithmech.sft.runs import load_finetuned, train_and_save
 
 VAL_FILE = "val.parquet"
@@ -35,20 +36,20 @@ def run_study_format(*, model_dir, pairs_paths: dict, study: dict, prompts: dict
     or on the named format, and choose the trained format (`design.choose_format`).
     formats.parquet: one row per measured format (FORMAT_COLUMNS; `a` and `b` the operand ranges as text,
     `pairs` the operand pairs left after the identify stage's, the Wilson interval at `study.confidence`);
-    the choice is in its metadata under `choice`, in formats.choice.json beside it (`design.read_choice`, which
+    the choice is in its metadata under `choice`, in formats.choice.json beside it (`study_config.read_choice`, which
     the workflow reads while it plans) and in the log."""
     import time
 
     import torch
 
-    from arithmech.report.stats import accuracy_interval
+    from arithmech.stats import accuracy_interval
 
     start = time.perf_counter()
     identify = _identify_pairs(pairs_paths)
     lm = load_stage_model(model_dir, compute)
     need = sd.needed_pairs(study)
     rows = []
-    for name, fmt in sd.measured_formats(study).items():
+    for name, fmt in study_config.measured_formats(study).items():
         items = sd.measurement_items(lm.tokenizer, fmt, identify, study, prompts["shot_separator"], seed)
         pool = len(sd.format_pool(fmt, identify))
         row = {"format": name, "task": fmt.task, "template": fmt.template, "operator": fmt.operator,
@@ -77,7 +78,7 @@ def run_study_format(*, model_dir, pairs_paths: dict, study: dict, prompts: dict
     meta = stage_meta(model_dir, "study_format", study=study, seed=seed)
     meta["choice"] = choice
     write_parquet(table, out_table, meta)
-    write_json(choice, sd.choice_path(out_table))
+    write_json(choice, study_config.choice_path(out_table))
 
 
 def run_study_items(*, model_dir, pairs_paths: dict, study: dict, prompts: dict, seed: int, out_items) -> None:
@@ -85,7 +86,7 @@ def run_study_items(*, model_dir, pairs_paths: dict, study: dict, prompts: dict,
     stage's operand pairs left out. `study.train_format` is the format's name (an `auto` choice resolved)."""
     from arithmech.model.loading import LoadedModel, resolve_model_dir
 
-    if study["train_format"] in (None, sd.AUTO):
+    if study["train_format"] in (None, study_config.AUTO):
         raise ValueError("study_items: no trained format was chosen (rule study_format found none inside "
                          "study.base_band; see results/{model}/finetune/study/formats.parquet)")
     identify = _identify_pairs(pairs_paths)
@@ -110,14 +111,14 @@ def _score(lm, items: pd.DataFrame, batch_size: int, progress=None) -> pd.DataFr
 
 
 def run_lr(run: str, study: dict, arm: str, selection_path) -> float:
-    kind, index = sd.parse_run(run)
+    kind, index = study_config.parse_run(run)
     if kind == "lr":
         return float(study["lr_grid"][arm][index])
     return float(sd.read_json(selection_path)["lr"])
 
 
 def run_seed(run: str, seed: int) -> int:
-    kind, index = sd.parse_run(run)
+    kind, index = study_config.parse_run(run)
     return seed + index if kind == "seed" else seed
 
 
@@ -208,15 +209,15 @@ def chosen_dir(selection_path, grid_dirs: dict) -> Path:
 
 
 def _off_target_rows(lm, base, study: dict, data_paths: dict, *, seed: int, bs: int) -> list[pd.DataFrame]:
-    from arithmech.data import datasets as ds
+    from arithmech.data import datasets
     from arithmech.data.formatting import math_prompts
     from arithmech.sft import scoring
 
     cfg, frames = study["off_target"], []
     style = cfg["style"]
-    gsm = ds.subsample(ds.load_gsm8k(data_paths["gsm8k"]), cfg["gsm8k_n"], seed)
+    gsm = datasets.subsample(datasets.load_gsm8k(data_paths["gsm8k"]), cfg["gsm8k_n"], seed)
     gsm = math_prompts(gsm, (), style, lm.tokenizer)
-    svamp = ds.subsample(ds.load_svamp(data_paths["svamp"]), cfg["svamp_n"], seed)
+    svamp = datasets.subsample(datasets.load_svamp(data_paths["svamp"]), cfg["svamp_n"], seed)
     svamp["solution"] = [f"The answer is {g:g}." for g in svamp["gold"]]
     svamp = math_prompts(svamp, (), style, lm.tokenizer)
     for name, frame in (("gsm8k", gsm), ("svamp", svamp)):
@@ -225,16 +226,16 @@ def _off_target_rows(lm, base, study: dict, data_paths: dict, *, seed: int, bs: 
         frames.append(pd.DataFrame({"dataset": name, "kind": "nll", "item": ids, "cluster": ids,
                                     "nll": s["nll"].to_numpy(), "n_tokens": s["n_tokens"].to_numpy()}))
     for name in ("social_iqa", "strategyqa"):
-        items = ds.subsample(ds.load_bigbench_choice(data_paths[name]), cfg[f"{name}_n"], seed)
+        items = datasets.subsample(datasets.load_bigbench_choice(data_paths[name]), cfg[f"{name}_n"], seed)
         rows = scoring.evaluate_choice(lm, items, bs, progress=name)
         frames.append(pd.DataFrame({"dataset": name, "kind": "choice", "item": rows["id"], "cluster": rows["id"],
                                     "correct": rows["correct"].to_numpy()}))
-    items = ds.subsample(ds.load_bigbench_generation(data_paths["qa_wikidata"]), cfg["qa_wikidata_n"], seed)
+    items = datasets.subsample(datasets.load_bigbench_generation(data_paths["qa_wikidata"]), cfg["qa_wikidata_n"], seed)
     rows = scoring.evaluate_qa_generation(lm, items, cfg["qa_max_new_tokens"], bs, progress="qa_wikidata")
     frames.append(pd.DataFrame({"dataset": "qa_wikidata", "kind": "choice", "item": rows["id"], "cluster": rows["id"],
                                 "correct": rows["correct"].to_numpy()}))
     wt = cfg["wikitext"]
-    div = scoring.divergence_windows(lm, base, ds.load_text(data_paths["wikitext"]), max_tokens=wt["max_tokens"],
+    div = scoring.divergence_windows(lm, base, datasets.load_text(data_paths["wikitext"]), max_tokens=wt["max_tokens"],
                                      window=wt["window"], progress="WikiText-2 KL")
     ids = div["window"].astype(str).to_numpy()
     frames.append(div.drop(columns="window").assign(dataset="wikitext", kind="divergence", item=ids, cluster=ids))
@@ -283,7 +284,7 @@ def run_study_summary(*, model: str, study: dict, formats_path, items_path, sele
     (`items_path` None), the same files say that the study could not run and why (`write_not_run`)."""
     from arithmech.report import plots
 
-    formats, choice = pd.read_parquet(formats_path), sd.read_choice(formats_path)
+    formats, choice = pd.read_parquet(formats_path), study_config.read_choice(formats_path)
     if items_path is None:
         write_not_run(model=model, study=study, formats=formats, choice=choice, out_study=out_study,
                       out_comparisons=out_comparisons, out_md=out_md, out_html=out_html, out_png=out_png,
@@ -303,7 +304,7 @@ def run_study_summary(*, model: str, study: dict, formats_path, items_path, sele
         sel = selections.get(arm, {})
         extra.append({"trained_run": sel.get("run") if run == "chosen" else (run if arm != "base" else ""),
                       "lr": rec.get("lr", np.nan), "seed": rec.get("seed", np.nan),
-                      "draw": sd.parse_run(run)[1] if run.startswith("draw") else 0,
+                      "draw": study_config.parse_run(run)[1] if run.startswith("draw") else 0,
                       "steps": rec.get("steps", 0), "trainable_params": rec.get("n_trainable", 0),
                       "mean_step_s": rec.get("mean_step_s", np.nan),
                       "train_time_s": float(np.sum(rec["step_times_s"])) if rec else np.nan,
@@ -334,7 +335,8 @@ def run_study_summary(*, model: str, study: dict, formats_path, items_path, sele
                              + head_sets_markdown(table, study) + "\n"
                              + (f"## Operand range\n\n{range_note}\n\n" if range_note else "")
                              + precision_markdown(table) + "\n"
-                             + format_markdown(format_display(formats), choice, auto=choice["train_format"] == sd.AUTO))
+                             + format_markdown(format_display(formats), choice,
+                                               auto=choice["train_format"] == study_config.AUTO))
     write_html_page([("Scored models", table, range_note),
                      ("The trained format", format_display(formats), choice["reason"])],
                     out_html, f"{model}: precise-SFT study (trained on {fmt})")
@@ -423,7 +425,8 @@ def write_not_run(*, model: str, study: dict, formats: pd.DataFrame, choice: dic
                                              else float) for c in COMPARISON_COLUMNS}), out_comparisons, meta)
     with atomic_path(out_md) as tmp:
         Path(tmp).write_text(f"# {model}: precise-SFT study\n\n**{reason}**\n\n"
-                             + format_markdown(format_display(formats), choice, auto=choice["train_format"] == sd.AUTO))
+                             + format_markdown(format_display(formats), choice,
+                                               auto=choice["train_format"] == study_config.AUTO))
     write_html_page([("The study could not run", pd.DataFrame({"reason": [reason]}), ""),
                      ("The trained format", format_display(formats), "")],
                     out_html, f"{model}: precise-SFT study (not run)")

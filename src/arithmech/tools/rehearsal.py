@@ -409,7 +409,7 @@ def findings_markdown(work: Path, model: str = "rehearsal") -> str:
     """What the rehearsal's results say about the paper's rules at this shape, read from work/results: per
     operator the pairs kept per split and the key heads and MLPs the rule selected; the study's trained format
     and why. Empty when the identify stage left no results."""
-    from arithmech.sft.design import read_choice
+    from arithmech.sft.study_config import read_choice
 
     root = Path(work) / "results" / model
     tasks = yaml.safe_load((Path(work) / "rehearsal.yaml").read_text())["run"]["tasks"]

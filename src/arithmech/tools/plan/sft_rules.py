@@ -166,7 +166,8 @@ def _format_tokens(s: Setting, m: Model, name: str) -> tuple[float, float, float
     """(shared few-shot prefix, own prompt, target) tokens of a study format's items (`design.build_items`):
     `study.n_shots` solved lines, the query line, the answer and the separator's end ("68.")."""
     from arithmech.data.arithmetic import render
-    from arithmech.sft.design import Format, answer, study_formats
+    from arithmech.sft.design import answer
+    from arithmech.sft.study_config import Format, study_formats
 
     fmt = Format.from_config(name, study_formats(s.config["study"], name)[name])
     sep = s.config["prompts"]["shot_separator"]
@@ -181,7 +182,7 @@ def _format_tokens(s: Setting, m: Model, name: str) -> tuple[float, float, float
 def _trained_format(s: Setting, m: Model) -> str:
     """The trained format's name: study.train_format, or with `auto` (chosen only once the base model is
     measured) the candidate with the most tokens, so that the plan errs on the side of cost."""
-    from arithmech.sft.design import AUTO
+    from arithmech.sft.study_config import AUTO
 
     study = s.config["study"]
     if study["train_format"] != AUTO:
@@ -193,7 +194,7 @@ def _trained_format(s: Setting, m: Model) -> str:
 def study_format(s: Setting, m: Model, job: Job) -> Cost:
     """The base model on `format_choice.items` validation items of every candidate (and of a named format
     that is no candidate), teacher-forced, one shared few-shot prefix per format."""
-    from arithmech.sft.design import measured_formats
+    from arithmech.sft.study_config import measured_formats
 
     study, bs, sh = s.config["study"], s.batch(), m.shape
     n = study["format_choice"]["items"]
@@ -237,7 +238,7 @@ def study_evaluate(s: Setting, m: Model, job: Job) -> Cost:
     model, which is loaded too."""
     study, bs, sh = s.config["study"], s.batch(), m.shape
     arm, run = job.get("arm"), job.get("run")
-    from arithmech.sft.design import study_formats
+    from arithmech.sft.study_config import study_formats
 
     work, items, longest = Work(), 0, 0.0
     trained = _trained_format(s, m)

@@ -1,4 +1,6 @@
-"""Statistics of the fine-tuning results: Wilson intervals for an accuracy, and paired comparisons of arms.
+"""Statistics of the results: Wilson intervals for an accuracy, paired comparisons of arms, cluster bootstraps.
+
+A base module (numpy at import), below `interp`, `sft` and `report`, which all use it.
 
   * `accuracy_interval`: an accuracy and its Wilson score interval (the paper's Table 1).
 
