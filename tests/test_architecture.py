@@ -98,3 +98,26 @@ def test_module_file_names_are_unique():
     names = Counter(path.name for path in PACKAGE.rglob("*.py") if path.name not in ("__init__.py", "__main__.py"))
     shared = sorted(name for name, n in names.items() if n > 1)
     assert not shared, f"file names of more than one module: {shared}"
+
+
+def test_no_layer_imports_itself():
+    """Strict layers: a layer's parts are independent (`|`), never allowed to import each other (`:`), so two
+    packages cannot lean on each other in a cycle."""
+    import tomllib
+
+    contracts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    layers = next(c for c in contracts if c["type"] == "layers")["layers"]
+    assert not [layer for layer in layers if ":" in layer], "a layer whose parts may import each other"
+
+
+def test_no_module_re_exports_a_package_name():
+    """One import path per name: a module does not import a package name at module level only to pass it on
+    (an unused import silenced with `noqa: F401`); users import it from its home."""
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        lines = path.read_text().splitlines()
+        for node in ast.parse("\n".join(lines), filename=str(path)).body:
+            if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("arithmech")):
+                if any("noqa: F401" in line for line in lines[node.lineno - 1: node.end_lineno]):
+                    found.append(f"{module_name(path)} (l.{node.lineno})")
+    assert not found, f"package names re-exported: {found}"
