@@ -1,5 +1,6 @@
 """The import rule of the package (docs/development.md#the-import-rule): its direction, checked by import-linter
-against the contracts in pyproject.toml, and no private name used outside its module, checked here with `ast`."""
+against the contracts in pyproject.toml (strict layers), and no private name used outside its module and no
+re-exported name, checked here with `ast`."""
 
 import ast
 import os
