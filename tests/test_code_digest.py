@@ -18,15 +18,20 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = {
     "__init__.py": '__version__ = "1"\n',
     "stages.py": """
+        from typing import TYPE_CHECKING
+
         from .core import compute, UNUSED_CONSTANT
         from . import draw
+
+        if TYPE_CHECKING:  # annotations only: never run, so never reached
+            from .lazy import later as Later
 
         SCALE = 2
 
         def helper(x):
             return compute(x) * SCALE
 
-        def run_compute(x):
+        def run_compute(x) -> Later:
             return helper(x)
 
         def run_plot(x):
@@ -117,7 +122,8 @@ def test_reach_follows_names_lazy_imports_and_whole_modules(package):
         ("stages.py", "SCALE = 2", "SCALE = 2\nprint(SCALE)", {"compute", "plot", "other"}),  # code run at import
         ("stages.py", "return helper(x)", "return helper(x) + 1", {"compute"}),
         ("draw.py", "def other_figure(x):\n    return x", "def other_figure(x):\n    return -x", {"plot"}),
-        ("lazy.py", "return x", "return x * 1", {"plot"}),
+        ("lazy.py", "return x", "return x * 1", {"plot"}),  # not compute: its annotation's import never runs
+        ("stages.py", "from .lazy import later as Later", "from .draw import figure as Later", set()),
         ("__init__.py", '"1"', '"2"', {"compute", "plot", "other"}),
         # comments, blank lines and moving a definition change nothing
         ("core.py", "def never_called():", "# a comment\n\n\ndef never_called():", set()),

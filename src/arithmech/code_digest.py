@@ -8,6 +8,7 @@ imports of seaborn-using code). A module reached as a whole (`from . import plot
 with all its definitions. The digest covers the source of every reached definition plus every top-level
 statement of each reached module that is not a definition (imports, constants, code run at import), so an
 edit anywhere a job can execute changes it, and an edit to a function no job of the rule reaches does not.
+An `if TYPE_CHECKING:` block never runs (its imports name annotations only): it is neither followed nor digested.
 Definitions are compared as syntax trees, so comments and reformatting re-run nothing.
 """
 
@@ -42,10 +43,19 @@ class _Module:
                     self.defs.setdefault(target, []).append(node)
                 if not names:
                     self.other.append(node)
+            elif _type_checking_only(node):  # `if TYPE_CHECKING:` never runs: names for annotations only
+                continue
             else:
                 self.other.append(node)
                 for module, name, local in _imports(node, self.name, self.is_package):
                     self.aliases[local] = (module, name)
+
+
+def _type_checking_only(node: ast.stmt) -> bool:
+    """Whether `node` is an `if TYPE_CHECKING:` block (no else): imports for annotations, never executed."""
+    test = node.test if isinstance(node, ast.If) and not node.orelse else None
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING"
+            or isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
 def _resolve(node: ast.ImportFrom, current: str, is_package: bool = False) -> str | None:
