@@ -29,6 +29,10 @@ import pandas as pd
 from arithmech import stats
 from arithmech.interp.nodes import Head, layer_matched_heads, nodes_text
 
+# The seed offset of the key circuit's layer-matched random draws (draw d: seed * 1000 + KEY_DRAW_OFFSET + d), shared
+# by the circuit rule's curves and the discover rule's teacher-forced scoring, so both score the same draws.
+KEY_DRAW_OFFSET = 700
+
 # measure -> the per-item column it averages
 MEASURES = {"full": "full_correct", "logit": "answer_logit", "first": "first_correct"}
 MEASURE_LABELS = {"full": "full-answer accuracy", "logit": "answer logit", "first": "first-token accuracy"}
@@ -82,7 +86,8 @@ def circuit_sets(*, ranked_heads: Sequence[Head], key_heads: Sequence[Head], key
             CircuitSet("empty", "none", 0, -1, (), ())]
     sets += [CircuitSet("key", m, len(key), -1, tuple(key), mlp_sets[m]) for m in MLP_CHOICES]
     for d in range(draws):
-        drawn = tuple(layer_matched_heads(key, n_heads, seed=seed * 1000 + 700 + d, n_layers=n_layers)) if key else ()
+        drawn = tuple(layer_matched_heads(key, n_heads, seed=seed * 1000 + KEY_DRAW_OFFSET + d,
+                                          n_layers=n_layers)) if key else ()
         sets += [CircuitSet("random", m, len(key), d, drawn, mlp_sets[m]) for m in MLP_CHOICES]
     if not curves:
         return sets

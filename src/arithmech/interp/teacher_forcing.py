@@ -188,6 +188,10 @@ class TailValues:
         idx = torch.as_tensor(np.asarray(rows), dtype=torch.long)
         return AlignedMean(self.heads[idx, :T], self.mlps[idx, :T])
 
+    def to(self, device) -> "TailValues":
+        """The same values on `device` (where the trials run them: moved once, not per forward)."""
+        return TailValues(self.heads.to(device), self.mlps.to(device), self.kind, self.donors)
+
     def subset(self, rows) -> "TailValues":
         """The values of items `rows` (as `TailItems.subset`)."""
         idx = torch.as_tensor(np.asarray(rows, dtype=int), dtype=torch.long)
@@ -323,6 +327,11 @@ def tail_gated(lm: LoadedModel, gates: torch.Tensor, values: AlignedMean, T: int
         yield
 
 
+def _check_positions(positions: str) -> None:
+    if positions not in POSITIONS:
+        raise ValueError(f"positions must be one of {', '.join(POSITIONS)}; got {positions!r}")
+
+
 def _repeat(values: AlignedMean, c: int) -> AlignedMean:
     return AlignedMean(values.heads.repeat_interleave(c, 0), values.mlps.repeat_interleave(c, 0))
 
@@ -342,11 +351,10 @@ class TailTrials:
         if measure not in PRUNE_MEASURES:
             raise ValueError(f"the teacher-forced pruning measure must be one of {', '.join(PRUNE_MEASURES)}; "
                              f"got {measure!r}")
-        if positions not in POSITIONS:
-            raise ValueError(f"positions must be one of {', '.join(POSITIONS)}; got {positions!r}")
+        _check_positions(positions)
         self.lm, self.items = lm, items
         # on the model's device once, not per forward
-        self.values = TailValues(values.heads.to(lm.device), values.mlps.to(lm.device), values.kind, values.donors)
+        self.values = values.to(lm.device)
         self.measure, self.positions, self.copies_per_forward = measure, positions, copies_per_forward
         self.batch_size = batch_size
         self.nodes = all_nodes(lm.n_layers, lm.n_heads)
@@ -369,11 +377,9 @@ class TailTrials:
         copies, the clean tail residuals and the reference log-probabilities depend on none of them, so they
         are shared, not recomputed (one prefix forward per batch for every ablation and position set)."""
         positions = self.positions if positions is None else positions
-        if positions not in POSITIONS:
-            raise ValueError(f"positions must be one of {', '.join(POSITIONS)}; got {positions!r}")
+        _check_positions(positions)
         other = copy.copy(self)
-        other.values = TailValues(values.heads.to(self.lm.device), values.mlps.to(self.lm.device), values.kind,
-                                  values.donors)
+        other.values = values.to(self.lm.device)
         other.positions = positions
         return other
 

@@ -84,8 +84,9 @@ def run_circuit(*, model: str, task: str, model_dir, pairs_path, cache_path, eff
     tables, items = [], []
     boot = {"n_boot": circuit["bootstrap"], "seed": seed, "confidence": circuit["confidence"]}
     for positions, label, scored, sets, means in variants:
-        values = sufficiency.score_sets(lm, scored, sets, means=means, positions="end" if positions == "end" else "all",
-                             batch_size=compute["batch_size"])
+        values = sufficiency.score_sets(lm, scored, sets, means=means,
+                                        positions="end" if positions == "end" else "all",
+                                        batch_size=compute["batch_size"])
         clusters = pair_labels(scored).to_numpy()
         table = sufficiency.faithfulness_table(sets, values, clusters, **boot).assign(
             positions=positions, means=label, n=len(scored), split="validation",

@@ -33,7 +33,7 @@ def _scored_pairs(pairs: pd.DataFrame, discover: dict, seed: int, where: str) ->
 def _random_sets(curve_heads, mlps, *, n_layers, n_heads, draws, seed, label, offset: int = 900
                  ) -> list[sufficiency.CircuitSet]:
     """`draws` layer-matched random head sets of the circuit's size, disjoint from it, with its MLPs (mlps label
-    `label`; draw d seeded seed * 1000 + offset + d: 700 for the key circuit, the circuit rule's draws); none (and
+    `label`; draw d seeded seed * 1000 + offset + d: `sufficiency.KEY_DRAW_OFFSET` for the key circuit); none (and
     a warning) for a circuit of more than half the heads, which has no disjoint random circuit of its size (its
     random columns are then NaN)."""
     if len(curve_heads) > n_layers * n_heads - len(curve_heads):
@@ -41,9 +41,9 @@ def _random_sets(curve_heads, mlps, *, n_layers, n_heads, draws, seed, label, of
                       "random circuit of its size: no random control is scored for it", stacklevel=2)
         return []
     return [sufficiency.CircuitSet("random", label, len(curve_heads), d,
-                          tuple(layer_matched_heads(curve_heads, n_heads, seed=seed * 1000 + offset + d,
-                                                    n_layers=n_layers))
-                          if curve_heads else (), tuple(mlps)) for d in range(draws)]
+                                   tuple(layer_matched_heads(curve_heads, n_heads, seed=seed * 1000 + offset + d,
+                                                             n_layers=n_layers))
+                                   if curve_heads else (), tuple(mlps)) for d in range(draws)]
 
 
 def _measure_values(lm, scored, sets, means, measure, batch_size) -> np.ndarray:
@@ -97,8 +97,8 @@ def _teacher_forced_columns(lm, validation: pd.DataFrame, val: pd.DataFrame, poo
 
     shares = tf.share_circuits(attribution) if attribution is not None else np.zeros((0, len(nodes)), dtype=bool)
     share_sets = [sufficiency.CircuitSet("share", "share", int(m.sum()), -1,
-                                tuple(n for n, k in zip(nodes, m) if k and n[1] >= 0),
-                                tuple(n[0] for n, k in zip(nodes, m) if k and n[1] < 0)) for m in shares]
+                                         tuple(n for n, k in zip(nodes, m) if k and n[1] >= 0),
+                                         tuple(n[0] for n, k in zip(nodes, m) if k and n[1] < 0)) for m in shares]
     pool, pool_outputs = pool
     # the END-only decomposition for what it explains: the discovered circuits (with the model and the empty set)
     decomposed = [i for i, s in enumerate(sets) if s.curve in ("model", "empty", "discovered")]
@@ -179,14 +179,14 @@ def run_discover(*, model: str, task: str, model_dir, pairs_path, cache_path, ef
     # full-answer accuracy kept on the identification pairs: what the target is chosen on
     every = tuple((l, h) for l, h in nodes if h != MLP)
     found = [sufficiency.CircuitSet("discovered", "discovered", len(p.heads(nodes)), -1, tuple(p.heads(nodes)),
-                           tuple(p.mlps(nodes))) for p in pruned]
+                                    tuple(p.mlps(nodes))) for p in pruned]
     base = [sufficiency.CircuitSet("model", "all", len(every), -1, every, tuple(range(lm.n_layers))),
             sufficiency.CircuitSet("empty", "none", 0, -1, (), ())]
     if teacher_forced:  # teacher-forced correctness: greedy full answers under the same per-position values
         on_ident = trials.scores(sufficiency.kept_masks(base + found, nodes))["correct"].mean(1)
     else:
         on_ident = sufficiency.score_sets(lm, ident, base + found, means=means, positions="end",
-                                 batch_size=batch)["full"].mean(1)
+                                          batch_size=batch)["full"].mean(1)
     table = pd.DataFrame({
         # measure: the END protocol's (its faithfulness_measure columns); pruned_on: what `faithfulness` is of
         "task": task, "target": targets, "measure": discover["measure"], "protocol": discover["protocol"],
@@ -216,7 +216,8 @@ def run_discover(*, model: str, task: str, model_dir, pairs_path, cache_path, ef
     # verdict reads them here, on the protocol and pairs the discovered circuits are scored on
     key_sets = [sufficiency.CircuitSet("key", "key", len(key_heads), -1, tuple(key_heads), tuple(sorted(key_mlps))),
                 *(_random_sets(list(key_heads), tuple(sorted(key_mlps)), n_layers=lm.n_layers, n_heads=lm.n_heads,
-                               draws=discover["random_draws"], seed=seed, label="key", offset=700)
+                               draws=discover["random_draws"], seed=seed, label="key",
+                               offset=sufficiency.KEY_DRAW_OFFSET)
                   if key_heads else [])]
     sets, set_targets = [*base, *key_sets], [np.nan] * (2 + len(key_sets))
     for p, s in zip(pruned, found):
@@ -333,7 +334,7 @@ def _tf_summary(items: pd.DataFrame, boot: dict, sanity: dict | None = None) -> 
             row[f"tf_{kind}_sanity_failed"] = sanity.get(f"sanity_{kind}_failed", "")
         for measure in ("correct", "logprob"):
             res = sufficiency.key_vs_random(items, measure="full", mlps="discovered", curve="discovered",
-                                   column=f"tf_{kind}_tail_{measure}", **boot)
+                                            column=f"tf_{kind}_tail_{measure}", **boot)
             if res is None:  # no random draw of its size
                 continue
             row |= {f"tf_{kind}_{measure}": res["key"], f"tf_{kind}_{measure}_low": res["key_low"],
