@@ -164,19 +164,39 @@ def _effects_and_key(lm, root):
                   root / "key.parquet")
 
 
+def _run_discover(root, tmp_path, out: dict, discover: dict) -> None:
+    """`run_discover` on the tiny model's division pairs (`root`: the `prepared` fixture), writing the tables
+    `out` names."""
+    from arithmech.stages.discover import run_discover
+
+    run_discover(model="tiny", task="division", model_dir=root / "model", pairs_path=root / "pairs.parquet",
+                 cache_path=root / "cache.safetensors", effects_path=tmp_path / "effects.parquet",
+                 key_path=tmp_path / "key.parquet", discover=discover, compute=COMPUTE, seed=0,
+                 out_table=out[""], out_path=out["_path"], out_validation=out["_validation"],
+                 out_items=out["_items"], out_added=out["_added"])
+
+
+def _run_union(root, tmp_path, out: dict, discover: dict) -> None:
+    """`run_discover_union` over that one operator: union.parquet and summary.parquet in `tmp_path`."""
+    from arithmech.stages.discover import run_discover_union
+
+    run_discover_union(model="tiny", model_dir=root / "model", tasks=["division"],
+                       pairs_paths=[root / "pairs.parquet"], cache_paths=[root / "cache.safetensors"],
+                       key_paths=[tmp_path / "key.parquet"], table_paths=[out[""]],
+                       validation_paths=[out["_validation"]], items_paths=[out["_items"]], discover=discover,
+                       compute=COMPUTE, seed=0, out_validation=tmp_path / "union.parquet",
+                       out_summary=tmp_path / "summary.parquet")
+
+
 def test_discover_stages_write_their_tables(prepared, tmp_path):  # noqa: F811
-    from arithmech.stages.discover import run_discover, run_discover_union, run_plot_discover
+    from arithmech.stages.discover import run_plot_discover
 
     lm = load_model(prepared / "model", device="cpu")
     _effects_and_key(lm, tmp_path)
     out = {name: tmp_path / f"division{name}.parquet" for name in ("", "_path", "_validation", "_items", "_added")}
     # the random tiny model gets no full answer right: no target keeps 80% of it, the largest is taken, with a warning
     with pytest.warns(UserWarning, match="min_full_share"):
-        run_discover(model="tiny", task="division", model_dir=prepared / "model", pairs_path=prepared / "pairs.parquet",
-                     cache_path=prepared / "cache.safetensors", effects_path=tmp_path / "effects.parquet",
-                     key_path=tmp_path / "key.parquet", discover=DISCOVER, compute=COMPUTE, seed=0,
-                     out_table=out[""], out_path=out["_path"], out_validation=out["_validation"],
-                     out_items=out["_items"], out_added=out["_added"])
+        _run_discover(prepared, tmp_path, out, DISCOVER)
     table = pd.read_parquet(out[""])
     assert table["target"].tolist() == [0.8, 0.95] and table["chosen"].tolist() == [False, True]
     assert (table["faithfulness"] >= table["target"]).all() and table["minimal"].all()
@@ -205,12 +225,7 @@ def test_discover_stages_write_their_tables(prepared, tmp_path):  # noqa: F811
         assert not {"L1H3", "L1H2"} & set(nodes.split()) and nodes.split()[-1] == "L0MLP"  # the key MLP
     items = pd.read_parquet(out["_items"])
     assert len(items) == len(validation) * 6  # the old protocol: no CPR rows
-    run_discover_union(model="tiny", model_dir=prepared / "model", tasks=["division"],
-                       pairs_paths=[prepared / "pairs.parquet"], cache_paths=[prepared / "cache.safetensors"],
-                       key_paths=[tmp_path / "key.parquet"], table_paths=[out[""]],
-                       validation_paths=[out["_validation"]], items_paths=[out["_items"]], discover=DISCOVER,
-                       compute=COMPUTE, seed=0, out_validation=tmp_path / "union.parquet",
-                       out_summary=tmp_path / "summary.parquet")
+    _run_union(prepared, tmp_path, out, DISCOVER)
     summary = pd.read_parquet(tmp_path / "summary.parquet")
     assert summary["task"].tolist() == ["division", "division", "union"]
     for column in ("task", "target", "chosen", "n_heads", "n_mlps", "share", "faithfulness_full",
@@ -237,18 +252,13 @@ def test_discover_stage_on_the_teacher_forced_protocol(prepared, tmp_path):  # n
     ablations at both position sets beside the old protocol's columns, the sanity checks' values (the random tiny
     model fails some: sanity 'warn' records them) and the CPR/CMD rows."""
     from arithmech.interp import teacher_forcing as tf
-    from arithmech.stages.discover import run_discover
 
     lm = load_model(prepared / "model", device="cpu")
     _effects_and_key(lm, tmp_path)
     out = {name: tmp_path / f"division{name}.parquet" for name in ("", "_path", "_validation", "_items", "_added")}
     discover = DISCOVER | {"protocol": "teacher_forced", "targets": [0.3, 0.5]}  # small circuits: random draws exist
     with pytest.warns(UserWarning):
-        run_discover(model="tiny", task="division", model_dir=prepared / "model", pairs_path=prepared / "pairs.parquet",
-                     cache_path=prepared / "cache.safetensors", effects_path=tmp_path / "effects.parquet",
-                     key_path=tmp_path / "key.parquet", discover=discover, compute=COMPUTE, seed=0,
-                     out_table=out[""], out_path=out["_path"], out_validation=out["_validation"],
-                     out_items=out["_items"], out_added=out["_added"])
+        _run_discover(prepared, tmp_path, out, discover)
     table = pd.read_parquet(out[""])
     assert (abs(1 - table["faithfulness"]) <= 1 - table["target"] + 1e-9).all()
     assert (table["pruned_on"] == "tf_mean_logprob").all() and (table["measure"] == "logit_diff").all()
@@ -269,7 +279,6 @@ def test_discover_stage_on_the_teacher_forced_protocol(prepared, tmp_path):  # n
         assert validation[f"sanity_{kind}_nothing_kl"].abs().max() < 1e-4
         assert f"sanity_{kind}_failed" in validation
     # per-item teacher-forced values beside the old ones, and the summary's teacher-forced columns (the verdict's)
-    from arithmech.stages.discover import run_discover_union
 
     items = pd.read_parquet(out["_items"])
     kept = int(model["tf_n_items"])  # pairs whose terminator continues the number are dropped (NaN here)
@@ -288,12 +297,7 @@ def test_discover_stage_on_the_teacher_forced_protocol(prepared, tmp_path):  # n
     row = verdicts.circuit_sufficient({"division": None}, claims_cfg, seed=0, teacher_forced={"division": items})[1]
     assert row["n"] == kept and row["source"] == "discover/division_items.parquet" and "mean:" in row["note"]
     # the union does not run the sanity checks again (no warning): the operator's values, same pairs and pool
-    run_discover_union(model="tiny", model_dir=prepared / "model", tasks=["division"],
-                       pairs_paths=[prepared / "pairs.parquet"], cache_paths=[prepared / "cache.safetensors"],
-                       key_paths=[tmp_path / "key.parquet"], table_paths=[out[""]],
-                       validation_paths=[out["_validation"]], items_paths=[out["_items"]], discover=discover,
-                       compute=COMPUTE, seed=0, out_validation=tmp_path / "union.parquet",
-                       out_summary=tmp_path / "summary.parquet")
+    _run_union(prepared, tmp_path, out, discover)
     union_validation = pd.read_parquet(tmp_path / "union.parquet")
     for column in (c for c in validation if c.startswith("sanity_")):
         assert union_validation[column].iloc[0] == validation[column].iloc[0], column
