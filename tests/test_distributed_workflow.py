@@ -21,9 +21,11 @@ STUDY_RUNS = ["results/tiny/finetune/study/runs/full/lr0", "results/tiny/finetun
 
 def overlay(work, name, gpus):
     """The smoke configuration with full fine-tuning (FSDP2 over 2 ranks) and LoRA (data parallel), whose
-    fine-tuning jobs ask for `gpus`."""
+    fine-tuning jobs ask for `gpus`; one operator and two evaluation sets (a generated answer and a perplexity)
+    keep the jobs that only read the fine-tuned weights few."""
     path = work / f"{name}.yaml"
-    path.write_text(yaml.safe_dump({"finetune": {"methods": ["full", "lora"]},
+    path.write_text(yaml.safe_dump({"run": {"tasks": ["addition"]}, "finetune": {"methods": ["full", "lora"]},
+                                    "evaluation": {"datasets": ["gsm8k", "wikitext"]},
                                     "models": {"tiny": {"resources": {"finetune": {"gpus": gpus}}}}}))
     return path.name
 
@@ -34,7 +36,7 @@ def test_finetune_on_two_processes_gives_the_one_process_table(tmp_path):
     shutil.copy2(ROOT / "config.yaml", work / "config.yaml")
     (work / "tests/config").mkdir(parents=True)
     shutil.copy2(TINY_CONFIG, work / "tests/config/tiny.yaml")
-    common = ["--cores", "2", "--configfile", "tests/config/tiny.yaml"]
+    common = ["--cores", "2", "--max-threads", "1", "--configfile", "tests/config/tiny.yaml"]  # as `make run`
     one = snakemake(work, TARGET, *STUDY_RUNS, *common, overlay(work, "one", 1))
     assert one.returncode == 0, one.stdout[-3000:] + one.stderr[-5000:]
     table_one = pd.read_parquet(work / TARGET)

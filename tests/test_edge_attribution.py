@@ -22,15 +22,34 @@ from arithmech.interp import edges as E
 from arithmech.interp.discovery import MLP, all_nodes, gated, rank_correlation
 from arithmech.intervention.hooks import capture, hooks
 from arithmech.intervention.means import AlignedMean
+from arithmech.model.tiny import FAMILIES
 from conftest import n_hooks
 
 ROWS = [0, 5, 11, 16, 21, 27, 30, 3]  # both templates (4 rows each), prompts of two lengths
 
 
 @pytest.fixture(scope="module")
-def tf(tiny_lm, base_prompt_cfg):
+def tf_of(tiny_family, base_prompt_cfg):
+    """tf_of(family) -> (the tiny model of `family`, its `tf` data), made once per family."""
+    made = {}
+
+    def get(family):
+        if family not in made:
+            lm = tiny_family(family)[1]
+            made[family] = (lm, _tail_data(lm, base_prompt_cfg))
+        return made[family]
+
+    return get
+
+
+@pytest.fixture(scope="module")
+def tf(tf_of):
+    return tf_of("llama")[1]
+
+
+def _tail_data(lm, base_prompt_cfg):
     """Teacher-forced token sequences, targets, and the three kinds of ablated values (module docstring)."""
-    lm, tok = tiny_lm, tiny_lm.tokenizer
+    tok = lm.tokenizer
     df = build_prompts(tok, "addition", base_prompt_cfg, seed=0).iloc[ROWS].reset_index(drop=True)
     seqs, targets = [], []
     for prompt, answer in zip(df["prompt"], df["answer"]):
@@ -113,14 +132,17 @@ def test_rank_correlation_with_resampled_values(tiny_lm, tf):
     assert rank_correlation(exact.direct.mean(0), ig.direct.mean(0)) > 0.9
 
 
-def test_isolated_edge_path_converges_to_exact_effect(tiny_lm, tf):
+@pytest.mark.parametrize("family", FAMILIES)
+def test_isolated_edge_path_converges_to_exact_effect(tf_of, family):
     """The gradient's place and the sender's change, checked exactly: along each edge's own path (only its
     receiver's input moves) the score is an integral of the edge effect's derivative, so it converges to the exact
     effect as steps grow, for any ablated values. A gradient of the residual stream (skip connection included)
     instead of the norm's input breaks this (checked by mutation); the deltas are shared with the exact effects,
     so their o_proj columns are checked by the slow reference of `edge_circuit_measure` below. The all-node path
-    differs from the exact effect here by far more (so the agreement is not trivial)."""
-    lm, receivers = tiny_lm, list(range(tiny_lm.n_layers))
+    differs from the exact effect here by far more (so the agreement is not trivial). On every family: Gemma 3's
+    sender change is taken through the norm after o_proj."""
+    lm, tf = tf_of(family)
+    receivers = list(range(lm.n_layers))
     senders = [(0, 0), (0, 3), (1, 2), (2, 1)]
     seqs, targets = tf["seqs"][2:4], tf["targets"][2:4]  # one row of each template
     ablated = AlignedMean(tf["resample"].heads[2:4], tf["resample"].mlps[2:4])
@@ -157,10 +179,16 @@ def _slow_circuit_measure(lm, seqs, targets, ablated, senders, receivers, kept, 
     """The definition of `edge_circuit_measure`, written apart: one unpadded row and one circuit at a time, one
     pre-hook per ablated edge, each passing a head-masked input (the sender's output in this forward minus its
     ablated value, read back from index T - 1 - t) through the real o_proj weights (whole, bias included) and
-    subtracting the result."""
+    subtracting the result. Where a norm follows o_proj (Gemma 3) a receiver instead gets one pre-hook per sender
+    layer, subtracting the real attention block's output (o_proj's weights, then the norm) minus that output with
+    the senders it drops ablated together."""
+    through_norm = lm.attn_out_norm(0) is not None
     T, H, D = targets.shape[1], lm.n_heads, lm.head_dim
     out = np.zeros((len(kept), len(seqs)))
     for c, (kept_c, direct_c) in enumerate(zip(kept, kept_direct)):
+        # each receiver (its module, the last sender layer it reads, which senders' edges into it are dropped)
+        receivers_c = [(lm.mlp_norm(r), r, [not kept_c[s, j] for s in range(len(senders))])
+                       for j, r in enumerate(receivers)] + [(lm.final_norm, lm.n_layers, [not d for d in direct_c])]
         for i, seq in enumerate(seqs):
             live = {}
 
@@ -170,15 +198,23 @@ def _slow_circuit_measure(lm, seqs, targets, ablated, senders, receivers, kept, 
 
                 return fn
 
-            def drop(layer, head):
+            def drop(layer, heads):
                 def fn(module, args):
-                    z = torch.zeros(T, H * D)
+                    z = live[layer]
+                    cut = z.clone()
                     for t in range(T):
-                        diff = live[layer][t, head] - ablated.heads[i, T - 1 - t, layer, head]
-                        z[t, head * D : (head + 1) * D] = diff
-                    proj = lm.o_proj(layer)  # its weights, not its forward (whose hook records the head outputs)
-                    removed = F.linear(z, proj.weight, proj.bias) - F.linear(torch.zeros(T, H * D), proj.weight,
-                                                                             proj.bias)
+                        for head in heads:
+                            cut[t, head] = ablated.heads[i, T - 1 - t, layer, head]
+                    proj = lm.o_proj(layer)
+                    if through_norm:  # the whole block's output, its other heads as they are, through the norm
+                        norm = lm.attn_out_norm(layer)
+                        removed = norm(F.linear(z.flatten(1), proj.weight, proj.bias)) - norm(
+                            F.linear(cut.flatten(1), proj.weight, proj.bias))
+                    else:  # the head-masked difference alone through o_proj
+                        masked = torch.zeros(T, H, D)
+                        masked[:, heads] = z[:, heads] - cut[:, heads]
+                        removed = F.linear(masked.flatten(1), proj.weight, proj.bias) - F.linear(
+                            torch.zeros(T, H * D), proj.weight, proj.bias)
                     x = args[0].clone()
                     x[0, -T:] -= removed
                     return (x, *args[1:])
@@ -186,21 +222,25 @@ def _slow_circuit_measure(lm, seqs, targets, ablated, senders, receivers, kept, 
                 return fn
 
             pre = [(lm.o_proj(l), record(l)) for l in range(lm.n_layers)]
-            for s, (layer, head) in enumerate(senders):
-                pre += [(lm.mlp_norm(r), drop(layer, head)) for j, r in enumerate(receivers)
-                        if r >= layer and not kept_c[s, j]]
-                if not direct_c[s]:
-                    pre.append((lm.final_norm, drop(layer, head)))
+            for module, limit, dropped in receivers_c:
+                for layer in range(lm.n_layers):
+                    heads = [h for s, (l, h) in enumerate(senders) if l == layer and l <= limit and dropped[s]]
+                    # one hook per dropped edge; through a norm one per sender layer, its dropped senders together
+                    for group in ([heads] if through_norm else [[h] for h in heads]) if heads else []:
+                        pre.append((module, drop(layer, group)))
             with torch.no_grad(), hooks(pre=pre):
                 logits = lm.model(input_ids=torch.tensor([seq])).logits[0, -T:]
             out[c, i] = float(logits.log_softmax(-1).gather(1, targets[i][:, None]).sum())
     return out
 
 
-def test_edge_circuit_measure_against_slow_reference(tiny_lm, tf):
+@pytest.mark.parametrize("family", FAMILIES)
+def test_edge_circuit_measure_against_slow_reference(tf_of, family):
     """Edge circuits scored in one batched forward equal the slow per-edge definition; with every edge kept the
-    measure is the model's own, and with one edge dropped it is the model's minus that edge's exact effect."""
-    lm, senders, receivers = tiny_lm, _all_senders(tiny_lm), list(range(tiny_lm.n_layers))
+    measure is the model's own, and with one edge dropped it is the model's minus that edge's exact effect. On
+    every family (Gemma 3: the dropped senders of a layer taken out through the norm after o_proj together)."""
+    lm, tf = tf_of(family)
+    senders, receivers = _all_senders(lm), list(range(lm.n_layers))
     seqs, targets, ablated = tf["seqs"][:5], tf["targets"][:5], AlignedMean(tf["resample"].heads[:5],
                                                                             tf["resample"].mlps[:5])
     rng = np.random.default_rng(0)

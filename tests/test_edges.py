@@ -1,5 +1,5 @@
 """Tests for arithmech.interp.edges: the head -> MLP edge closed form against one hooked forward per edge, on the tiny
-CPU model (float32)."""
+CPU model of every family (float32; Gemma 3's norms after o_proj and the MLP taken by the closed form)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,16 @@ import torch
 from arithmech.data.arithmetic import build_prompts
 from arithmech.interp.edges import edge_logits, reference_edge_logits
 from arithmech.interp.patching import collect, direct_logits, nodes_of
+from arithmech.model.tiny import FAMILIES
 from conftest import n_hooks
 
 ROWS = [0, 5, 11, 16, 21, 27, 30]  # both templates, one- and two-digit answers, prompts of different lengths
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def tiny_lm(request, tiny_family):
+    """Every test of this module on the tiny model of each family."""
+    return tiny_family(request.param)[1]
 
 
 @pytest.fixture(scope="module")
@@ -73,13 +80,16 @@ def test_bad_input(tiny_lm, data):
 
 def test_collect_mlp_inputs_are_the_mlp_norms_inputs(tiny_lm, data):
     """mlp_in[:, l] + MLP_l(norm(mlp_in[:, l])) is the residual entering layer l + 1 (the next layer's
-    attention input), checked through the last layer: it is then the final residual."""
+    attention input), checked through the last layer: it is then the final residual (the MLP's output through
+    the norm after it, where the architecture has one)."""
     ref = data["ref"]
     last = tiny_lm.n_layers - 1
     x = ref.mlp_in[:, last]
+    post = tiny_lm.mlp_out_norm(last) or torch.nn.Identity()
     with torch.no_grad():
         out = tiny_lm.mlp(last)(tiny_lm.mlp_norm(last)(x))
+        written = post(out)
     torch.testing.assert_close(out, ref.mlps[:, last], atol=1e-5, rtol=0)
-    torch.testing.assert_close(x + out, ref.resid, atol=1e-5, rtol=0)
+    torch.testing.assert_close(x + written, ref.resid, atol=1e-5, rtol=0)
     assert not math.isnan(float(ref.mlp_in.sum()))
     assert len(nodes_of(tiny_lm, [0])) == tiny_lm.n_heads + 1

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import math
 import re
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -18,15 +19,19 @@ from arithmech.data.arithmetic import continuation_ids
 from arithmech.data.formatting import choice_prompt
 from arithmech.intervention.generation import SharedPrefix, _batches, generate_texts, greedy_answers, greedy_generate
 from arithmech.intervention.hooks import hooks
+from arithmech.model.tiny import FAMILIES
 from arithmech.sft.scoring import (
     _length_batches,
     choice_loglik,
     evaluate_choice,
     evaluate_generation,
     evaluate_qa_generation,
+    leading_tokens,
     perplexity,
 )
 from arithmech.stats import accuracy_interval
+
+ROOT = Path(__file__).resolve().parents[1]
 
 # ---------------------------------------------------------------------------------------------------
 # reading the final answer
@@ -352,6 +357,20 @@ def test_perplexity_sliding_window_scores_each_token_once_with_its_window(tiny_l
     # with all the context (one window) the number differs, so the windows really cut the context
     full = perplexity(tiny_lm, TEXT, max_length=len(ids), stride=1, max_tokens=max_tokens, progress=None)
     assert abs(full["nll"] - res["nll"]) > 1e-4
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_leading_tokens_are_the_whole_texts_first_tokens(tiny_family, family):
+    """The prefix tokenization (a character prefix, checked against one twice as long) gives exactly the first
+    tokens of the whole text: WikiText-2's test split as the evaluations read it, every tiny tokenizer, caps that
+    cut the prefix in different places, and a text shorter than the first prefix."""
+    tokenizer = tiny_family(family)[1].tokenizer
+    text = (ROOT / "resources/data/wikitext-2/test.txt").read_text(encoding="utf-8")[:300_000]
+    whole = tokenizer(text, verbose=False)["input_ids"]
+    for max_tokens in (1, 2, 37, 200, 2048, 5000):
+        assert leading_tokens(tokenizer, text, max_tokens) == whole[:max_tokens], max_tokens
+    assert leading_tokens(tokenizer, TEXT, 20) == tokenizer(TEXT)["input_ids"][:20]
+    assert leading_tokens(tokenizer, TEXT, None) == tokenizer(TEXT)["input_ids"]
 
 
 def test_perplexity_errors(tiny_lm):

@@ -11,6 +11,7 @@ import torch
 from arithmech.data import formatting
 from arithmech.data.arithmetic import encode
 from arithmech.model.loading import load_model
+from arithmech.model.tiny import FAMILIES
 from arithmech.sft import deltas, methods
 from arithmech.sft import training as ft
 
@@ -99,15 +100,19 @@ def test_trainable_count_is_closed_form(tiny_dir, train_kv, mlp_layers):
     assert run.deltas.deltas["L1_k_proj" if train_kv else "L1_q_proj"].shape[0] == (1 if train_kv else 2)
 
 
-def test_zero_deltas_leave_logits_identical(tiny_dir):
-    lm = fresh(tiny_dir)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_zero_deltas_leave_logits_identical(tiny_family, family):
+    lm = fresh(tiny_family(family)[0])
     before = logits(lm.model, lm.tokenizer)
     ft.prepare(lm, {"method": "precise", "heads": ["L0H2", "L2H3"], "train_kv": True, "mlp_layers": [1]})
     assert torch.equal(logits(lm.model, lm.tokenizer), before)
 
 
-def test_delta_gradients_are_the_weight_slices_gradients(tiny_dir):
-    """d loss / d delta_h equals d loss / d W on head h's slice; no base weight gets a gradient."""
+@pytest.mark.parametrize("family", FAMILIES)
+def test_delta_gradients_are_the_weight_slices_gradients(tiny_family, family):
+    """d loss / d delta_h equals d loss / d W on head h's slice; no base weight gets a gradient. On every family:
+    Gemma 3's q/k norms act per head after q_proj / k_proj, so a head's rows are still its own."""
+    tiny_dir = tiny_family(family)[0]
     batch = ft.collate([ft.encode_example(fresh(tiny_dir).tokenizer, p, t, 64) for p, t in EXAMPLES], 0, "cpu")
     lm = fresh(tiny_dir)
     run = ft.prepare(lm, {"method": "precise", "heads": [list(h) for h in HEADS], "train_kv": True,

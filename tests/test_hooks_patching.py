@@ -1,5 +1,6 @@
 """Tests for arithmech.intervention.hooks (capture, patch_end) and arithmech.interp.patching (collect, the direct /
-total fast paths against the explicit reference, effects_frame), all on the tiny CPU model."""
+total fast paths against the explicit reference, effects_frame), all on the tiny CPU models of every family
+(`tiny.FAMILIES`: the Llama block, and Gemma 3's with norms between the nodes and the residual stream)."""
 
 from __future__ import annotations
 
@@ -18,11 +19,17 @@ from arithmech.interp.patching import (
 )
 from arithmech.intervention.hooks import capture, hooks, patch_end
 from arithmech.model.loading import load_model
-from arithmech.model.tiny import build_tiny_model
+from arithmech.model.tiny import FAMILIES, build_tiny_model
 from conftest import n_hooks
 
 # rows mixing both templates (30..44 tokens) and one- and two-digit answers
 ROWS = [0, 5, 11, 16, 21, 27, 30]
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def tiny_lm(request, tiny_family):
+    """Every test of this module on the tiny model of each family."""
+    return tiny_family(request.param)[1]
 
 
 def _node_index(lm, layer, head):
@@ -457,14 +464,39 @@ def test_reference_total_against_handwritten_hooks(tiny_lm, data, states, ref_to
 
 
 def test_direct_closed_form_by_hand(tiny_lm, data, states, ref_direct):
-    """Direct effect of one head, written out: resid + W_O[:, head] (z_cf - z_ref) -> norm -> answer row."""
+    """Direct effect of one head, written out: resid + W_O[:, head] (z_cf - z_ref) -> norm -> answer row; where a
+    norm follows o_proj (Gemma 3), resid + norm(o_proj(z with the head's cf value)) - norm(o_proj(z_ref))."""
     ref, cf = states
     layer, head, D = 2, 1, tiny_lm.head_dim
     w = tiny_lm.o_proj(layer).weight[:, head * D : (head + 1) * D]
+    post = tiny_lm.attn_out_norm(layer)
     with torch.no_grad():
-        resid = ref.resid + (cf.heads[:, layer, head] - ref.heads[:, layer, head]) @ w.T
+        if post is None:
+            resid = ref.resid + (cf.heads[:, layer, head] - ref.heads[:, layer, head]) @ w.T
+        else:
+            z = ref.heads[:, layer].clone()
+            z[:, head] = cf.heads[:, layer, head]
+            o_proj = tiny_lm.o_proj(layer)
+            resid = ref.resid + post(o_proj(z.flatten(1))) - post(o_proj(ref.heads[:, layer].flatten(1)))
         logit = (tiny_lm.final_norm(resid) * tiny_lm.unembed.weight[data["answers"]]).sum(-1)
     torch.testing.assert_close(ref_direct[0][:, _node_index(tiny_lm, layer, head)], logit, atol=1e-5, rtol=0)
+
+
+def test_the_llama_closed_form_is_wrong_on_gemma3(tiny_family, data, base_prompt_cfg):
+    """On Gemma 3 a head's direct effect is not W_O[:, head] (z_cf - z_ref) added to the residual: the norm after
+    o_proj makes it another number (so `direct_logits` must go through that norm, as it does), and the table
+    says so."""
+    lm = tiny_family("gemma3")[1]
+    assert not lm.arch.head_linear and not lm.arch.mlp_direct and not lm.arch.linear_writes
+    ref, _ = collect(lm, data["texts"], data["answers"], batch_size=4)
+    cf, _ = collect(lm, data["cf_texts"], data["answers"], batch_size=4)
+    layer, head, D = 2, 1, lm.head_dim
+    w = lm.o_proj(layer).weight[:, head * D : (head + 1) * D]
+    with torch.no_grad():
+        resid = ref.resid + (cf.heads[:, layer, head] - ref.heads[:, layer, head]) @ w.T
+        linear = (lm.final_norm(resid) * lm.unembed.weight[data["answers"]]).sum(-1)
+    exact = direct_logits(lm, ref, cf, data["answers"], [layer]).logit_p[:, head]
+    assert (linear - exact).abs().max() > 1e-3
 
 
 def test_reference_logits_bad_mode(tiny_lm, data, states, layers):

@@ -10,6 +10,7 @@ from transformers.cache_utils import DynamicCache, DynamicLayer, DynamicSlidingW
 from arithmech.data.arithmetic import encode
 from arithmech.intervention.decoding import greedy_decode
 from arithmech.intervention.kvcache import PrefixCopies, RoomyLayer, end_copies, prefix_cache, repeated_cache
+from arithmech.model.tiny import FAMILIES
 
 TEXTS = ["1 plus 2 is equal to ", "What is 3 times 4? The answer is ", "4 minus 1 is equal to "]
 
@@ -106,6 +107,27 @@ def test_sliding_window_layers_are_copied_and_repeated():
     assert torch.equal(copied.keys, keys.repeat_interleave(3, 0))
     copied.update(torch.randn(6, 1, 1, 4), torch.randn(6, 1, 1, 4))
     assert torch.equal(layer.keys, keys) and prefix.get_seq_length() == 5
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_cache_copies_continue_as_the_whole_forward(tiny_family, family):
+    """Every family (Gemma 3's sliding-window layers, with a window shorter than the prompts, among them): END run
+    on fresh copies of the prefix cache, and again on a reused, rewound copy (`PrefixCopies`), gives the whole
+    forward's END logits; greedy decoding on the copies gives the tokens of decoding without a cache."""
+    lm = tiny_family(family)[1]
+    enc = encode(lm.tokenizer, TEXTS, lm.device)
+    window = getattr(lm.model.config, "sliding_window", None)
+    assert window is None or enc["input_ids"].shape[1] > window  # the window cuts the prompts
+    with torch.no_grad():
+        whole = lm.model(**enc).logits[:, -1]
+        prefix = prefix_cache(lm, enc, tail=1)
+        shared = PrefixCopies(prefix, room=1)
+        for source in (prefix, shared, shared):
+            got = lm.model(**end_copies(enc, source, 2)).logits[:, -1]
+            torch.testing.assert_close(got, whole.repeat_interleave(2, 0), atol=1e-5, rtol=0)
+    cached, _ = _decode(lm, enc, end_copies(enc, prefix_cache(lm, enc, tail=1), 1, room=3), 4)
+    uncached, _ = _decode(lm, enc, end_copies(enc, None, 1), 4)
+    assert torch.equal(cached, uncached)
 
 
 @pytest.mark.parametrize("kwargs", [{"copies": 0}, {"copies": 2, "room": -1}])

@@ -20,7 +20,7 @@ from arithmech.io import (
     write_parquet,
     write_safetensors,
 )
-from arithmech.model import loading
+from arithmech.model import architectures, loading
 from arithmech.model.loading import (
     LoadedModel,
     ModelSourceError,
@@ -66,27 +66,74 @@ def test_adapter_names_the_real_modules(tiny_lm):
     assert tiny_lm.unembed.weight.shape == (len(tiny_lm.tokenizer), tiny_lm.d_model)
 
 
-@pytest.mark.parametrize("model_type", loading.LLAMA_FAMILY)
-def test_mlp_norm_input_is_the_residual_entering_the_mlp_block(model_type, tmp_path):
-    """Every supported architecture: the input of `mlp_norm(l)` is the layer's input plus its attention
-    block's output, and the MLP's input is that norm's output (a small random model of each type)."""
+def test_adapter_names_gemma3s_modules(tiny_family):
+    """The tiny Gemma 3: the norm before its MLP is pre_feedforward_layernorm, the norms after o_proj and the MLP
+    are named, the unembedding is tied to the (scaled) embedding, and its width is not n_heads * head_dim."""
+    lm = tiny_family("gemma3")[1]
+    hf = lm.model
+    for i in range(lm.n_layers):
+        layer = hf.model.layers[i]
+        assert lm.layer(i) is layer and lm.o_proj(i) is layer.self_attn.o_proj and lm.mlp(i) is layer.mlp
+        assert lm.mlp_norm(i) is layer.pre_feedforward_layernorm
+        assert lm.attn_out_norm(i) is layer.post_attention_layernorm
+        assert lm.mlp_out_norm(i) is layer.post_feedforward_layernorm
+    assert lm.final_norm is hf.model.norm and lm.unembed is hf.lm_head
+    assert lm.unembed.weight is hf.model.embed_tokens.weight
+    assert lm.d_model != lm.n_heads * lm.head_dim
+    assert lm.describe()["model_type"] == "gemma3_text"
+
+
+@pytest.mark.parametrize("model_type", architectures.SUPPORTED)
+def test_the_table_names_each_architectures_block(model_type, tmp_path):
+    """Every architecture in the table, on a small random model of its type: the input of `mlp_norm(l)` is the
+    layer's input plus what the attention block writes (o_proj's output, through `attn_out_norm` where there is
+    one), the MLP's input is that norm's output, and the layer's output adds what the MLP writes (its output,
+    through `mlp_out_norm` where there is one): so the table's names are the real block's, and its
+    `linear_writes` says whether anything stands between a node and the residual stream."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     cfg = AutoConfig.for_model(model_type, vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                                num_attention_heads=4, num_key_value_heads=2, head_dim=8)
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(cfg).eval().requires_grad_(False)
+    for name, param in model.named_parameters():  # norms away from their initial identity (Gemma's start at 0)
+        if "norm" in name:
+            torch.nn.init.normal_(param, mean=0.5, std=0.3)
     lm = LoadedModel(model, tmp_path)
+    assert lm.arch is architectures.spec(model_type) and lm.arch.linear_writes == (lm.attn_out_norm(0) is None)
     seen = {}
     pre = [(lm.mlp_norm(l), lambda m, a, l=l: seen.__setitem__(("norm_in", l), a[0])) for l in range(2)]
     pre += [(lm.mlp(l), lambda m, a, l=l: seen.__setitem__(("mlp_in", l), a[0])) for l in range(2)]
-    post = [(lm.layer(l).self_attn, lambda m, a, o, l=l: seen.__setitem__(("attn", l), o[0])) for l in range(2)]
+    post = [(lm.o_proj(l), lambda m, a, o, l=l: seen.__setitem__(("attn", l), o)) for l in range(2)]
+    post += [(lm.mlp(l), lambda m, a, o, l=l: seen.__setitem__(("mlp", l), o)) for l in range(2)]
     post += [(lm.mlp_norm(l), lambda m, a, o, l=l: seen.__setitem__(("norm_out", l), o)) for l in range(2)]
     with torch.no_grad(), hooks(pre, post):
         hidden = model(torch.tensor([[1, 5, 7, 9]]), output_hidden_states=True).hidden_states
-    for l in range(2):
-        torch.testing.assert_close(seen[("norm_in", l)], hidden[l] + seen[("attn", l)])
-        assert torch.equal(seen[("mlp_in", l)], seen[("norm_out", l)])
+        for l in range(2):
+            attn_post, mlp_post = lm.attn_out_norm(l) or torch.nn.Identity(), lm.mlp_out_norm(l) or torch.nn.Identity()
+            torch.testing.assert_close(seen[("norm_in", l)], hidden[l] + attn_post(seen[("attn", l)]))
+            assert torch.equal(seen[("mlp_in", l)], seen[("norm_out", l)])
+            if l + 1 < 2:  # the last hidden state is after the final norm
+                torch.testing.assert_close(hidden[l + 1], seen[("norm_in", l)] + mlp_post(seen[("mlp", l)]))
+
+
+def test_gemma3_is_in_the_table_with_its_block():
+    arch = architectures.spec("gemma3_text")
+    assert (arch.mlp_norm, arch.attn_out_norm, arch.mlp_out_norm) == (
+        "pre_feedforward_layernorm", "post_attention_layernorm", "post_feedforward_layernorm")
+    assert not arch.head_linear and not arch.mlp_direct and "gemma3" in architectures.GGUF_SUPPORTED
+    assert all(architectures.spec(t).linear_writes for t in ("llama", "mistral", "qwen2", "qwen3"))
+    assert architectures.from_gguf("gemma3").model_type == "gemma3_text"
+    assert architectures.from_gguf("llama").model_type == "llama"  # Mistral's GGUF files declare "llama"
+
+
+@pytest.mark.parametrize("key, value", [("final_logit_softcapping", 30.0), ("attn_logit_softcapping", 50.0)])
+def test_settings_the_table_does_not_cover_are_refused(key, value):
+    from transformers import AutoConfig
+
+    cfg = AutoConfig.for_model("gemma3_text", **{key: value})
+    with pytest.raises(ModelSourceError, match=f"'gemma3_text' with {key}={value} is not supported"):
+        loading.config_shape(cfg)
 
 
 def test_load_model_other_shapes_and_dtype(tmp_path):
@@ -125,7 +172,7 @@ def gpt2_dir(tmp_path_factory):
 def test_unsupported_architecture(gpt2_dir):
     with pytest.raises(ModelSourceError, match="'gpt2' is not supported") as err:
         load_model(gpt2_dir, device="cpu")
-    assert "llama" in str(err.value)
+    assert str(err.value).endswith("supported: llama, mistral, qwen2, qwen3, gemma3_text")
 
 
 def test_prepare_unsupported_architecture_leaves_nothing(gpt2_dir, tmp_path):
@@ -265,8 +312,8 @@ def test_gguf_of_an_unknown_architecture_is_refused_before_dequantising(tmp_path
     path = tiny_gguf(tmp_path / "gpt.gguf", "gpt2")
     with pytest.raises(ModelSourceError) as err:
         prepare_model({"path": str(path)}, tmp_path / "out")
-    assert str(err.value) == (f"GGUF file {path} declares architecture 'gpt2' (general.architecture); supported: "
-                              "llama, mistral, qwen2, qwen3")
+    assert str(err.value).startswith(f"GGUF file {path} declares architecture 'gpt2' (general.architecture): "
+                                     "GGUF architecture 'gpt2' is not supported; supported: llama, qwen2")
     assert not (tmp_path / "out").exists()
 
 

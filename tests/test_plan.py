@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from arithmech.model.tiny import FAMILIES
 from arithmech.tools.plan import PlanError, load_config, main, plan
 from arithmech.tools.plan.costmodel import (
     Model,
@@ -199,8 +200,21 @@ def test_parameter_counts():
     assert SMALL.body_params == 1184
     assert SMALL.n_params == 1184 + 2 * 10 * 8 + 8  # embedding and unembedding, final norm
     published = {"meta-llama/Llama-2-7b-hf": 6_738_415_616, "meta-llama/Llama-2-13b-hf": 13_015_864_320,
-                 "mistralai/Mistral-7B-v0.1": 7_241_732_096, "HuggingFaceTB/SmolLM2-135M-Instruct": 134_515_008}
+                 "mistralai/Mistral-7B-v0.1": 7_241_732_096, "HuggingFaceTB/SmolLM2-135M-Instruct": 134_515_008,
+                 # counted on the dequantised weights of the shipped GGUF (Gemma 3's 4 norms a layer, q/k norms, tied)
+                 "google/gemma-3-270m": 268_098_176}
     assert {key: shape.n_params for key, shape in SHAPES.items()} == published
+
+
+def test_the_gemma_config_plans_from_the_shipped_shapes(tmp_path):
+    """configs/gemma3-270m.yaml's `parts` source is planned with Gemma 3 270M's published sizes (found through its
+    first part's package), before anything is installed or prepared."""
+    import yaml
+
+    source = yaml.safe_load((ROOT / "configs/gemma3-270m.yaml").read_text())["models"]["gemma3-270m"]["source"]
+    shape, tokenizer = model_shape("gemma3-270m", source, workdir=tmp_path)
+    assert shape == replace(SHAPES["google/gemma-3-270m"], source=shape.source) and tokenizer is None
+    assert (shape.layer_norms, shape.qk_norm, shape.tied) == (4, True, True)
 
 
 def test_flop_formula_by_hand():
@@ -280,7 +294,11 @@ def test_memory_grows_with_the_batch(key, files):
     assert len(grown) >= len(peaks) - 1  # all but perplexity (one window at a time) grow
 
 
-def test_shapes_from_a_local_directory_and_its_tokenizer(tiny_dir, tiny_lm):
+@pytest.mark.parametrize("family", FAMILIES)
+def test_shapes_from_a_local_directory_and_its_tokenizer(tiny_family, family):
+    """The parameter count from config.json is the model's, on every family (Gemma 3: four norms a layer, q/k
+    norms, tied embeddings, a width other than n_heads * head_dim)."""
+    tiny_dir, tiny_lm = tiny_family(family)
     shape, tokenizer = model_shape("mine", {"path": str(tiny_dir)}, workdir=ROOT / "tests")
     assert shape.n_params == sum(p.numel() for p in tiny_lm.model.parameters())
     assert (shape.n_layers, shape.n_heads, shape.n_kv_heads, shape.head_dim) == (3, 4, 2, 8)
@@ -290,10 +308,11 @@ def test_shapes_from_a_local_directory_and_its_tokenizer(tiny_dir, tiny_lm):
     assert "tokenizer.json" in counter.method
 
 
-def test_tiny_shape_is_the_tiny_models(tiny_dir):
+@pytest.mark.parametrize("family", FAMILIES)
+def test_tiny_shape_is_the_tiny_models(tiny_family, family):
     """The tiny source's shape, read from `tiny.build_tiny_model`'s defaults, is the shape of the model it builds."""
-    built = shape_from_config_json(tiny_dir / "config.json")
-    assert replace(tiny_shape({}), source="") == replace(built, source="")
+    built = shape_from_config_json(tiny_family(family)[0] / "config.json")
+    assert replace(tiny_shape({"family": family}), source="") == replace(built, source="")
     assert tiny_shape({"n_layers": 5}).n_layers == 5
 
 

@@ -50,8 +50,9 @@ CPU_RULES = {"aggregate_effects", "plot_effects", "summarize_key_components", "p
              "plot_analysis", "plot_circuit", "plot_discover", "summarize_eval", "study_items", "study_select",
              "study_summary", "claims", "findings", "plot_edge_curve"}
 LOCAL_RULES = {"prepare_model", "fetch_dataset"}  # downloads stay on the submitting host
-# A job's wait for a scheduler that also runs other work (make rehearsal shares this node): generous.
-JOB_WAIT_S, RUN_TIMEOUT_S = 600, 1500
+# A job's wait for a scheduler that also runs other work (make rehearsal shares this node), and a run's: guards
+# against a hang only (the whole DAG takes 13 min here beside a second pytest worker; CI's machine can be slower).
+JOB_WAIT_S, RUN_TIMEOUT_S = 900, 3600
 # An exported Hugging Face token in the submitting shell (arithmech.tools.hub_token keeps it from the jobs).
 MARKER = "hf_arithmechMarkerNotARealToken0123"
 # How long the run may take to notice a cancelled job: the plugin checks 1 s after the last job that finished, then
@@ -133,8 +134,9 @@ def full_run(slurm_cluster, model_dir, tmp_path_factory):
     """The whole tiny DAG, CPU jobs in the CPU partition: (work, the run's output, `recorded`)."""
     work = tmp_path_factory.mktemp("slurm-full")
     write_config(work, model_dir, where_jobs_go(slurm_cluster, cpu_partition=True), finetune={"mem_mb": FINETUNE_MB})
-    proc = subprocess.run(snakemake_cmd(work), capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
-                          env=workflow_env(slurm_cluster, HF_TOKEN=MARKER))
+    # one thread a job, as `make run`: two jobs at once on the test node's 2 CPUs
+    proc = subprocess.run(snakemake_cmd(work, "--max-threads", "1"), capture_output=True, text=True,
+                          timeout=RUN_TIMEOUT_S, env=workflow_env(slurm_cluster, HF_TOKEN=MARKER))
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-6000:]
     return work, log, recorded(slurm_cluster, log)
@@ -404,7 +406,8 @@ def test_the_check_runs_slurms_clients_in_the_submitting_environment(slurm_clust
 @pytest.mark.parametrize("own_profile", [False, True], ids=["fresh-clone", "user-profile-named-slurm"])
 def test_profile_slurm_as_typed_submits_with_the_workflows_settings(slurm_cluster, model_dir, tmp_path, own_profile):
     """`snakemake --profile slurm` run in a fresh clone (its config.yaml the tiny model's; no SLURM_* settings)
-    submits the identify stage with the workflow's resources and keeps each job's Slurm log. With a profile of the
+    submits a job of the identify stage (build_pairs: one job says what every job is given) with the workflow's
+    resources and keeps the job's Slurm log. With a profile of the
     user's own named `slurm` (executor and account only), the same command also takes the user's account (here
     `root`, where the user's default account is proj42)."""
     checkout = fresh_checkout(tmp_path / "arithmech")
@@ -413,19 +416,19 @@ def test_profile_slurm_as_typed_submits_with_the_workflows_settings(slurm_cluste
     if own_profile:
         user_profile(tmp_path / "home", "executor: slurm\ndefault-resources:\n  slurm_account: root\n")
     cmd = [sys.executable, "-m", "snakemake", "--profile", "slurm", "--slurm-init-seconds-before-status-checks", "1",
-           "--seconds-between-status-checks", "1", TARGET]
+           "--seconds-between-status-checks", "1", "results/tiny/pairs/addition.parquet"]
     proc = subprocess.run(cmd, cwd=checkout, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, env=env)
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-6000:]
     assert "Using profile slurm for setting default command line arguments" in log
     jobs = recorded(slurm_cluster, log)
-    assert set(jobs) == {"build_pairs", "cache_activations", "patch_all_layers"}, log[-4000:]
+    assert set(jobs) == {"build_pairs"}, log[-4000:]
     account = "root" if own_profile else "proj42"
     for rule, runs in jobs.items():
         (job,) = runs
         assert (job["State"], job["Account"], job["ReqMem"]) == ("COMPLETED", account, f"{MEM_MB}M"), (rule, job)
         assert job["Timelimit"] == f"00:{RUNTIME:02d}:00" and "gres/gpu=1" in job["AllocTRES"], (rule, job)
     kept = sorted((checkout / "logs/slurm").rglob("*.log"))
-    assert len(kept) == 3, kept  # the plugin deletes a COMPLETED job's log unless told to keep it
+    assert len(kept) == 1, kept  # the plugin deletes a COMPLETED job's log unless told to keep it
     if own_profile:
         assert f"note: profile {tmp_path / 'home/snakemake/slurm/config.yaml'}: default-resources" in log

@@ -3,9 +3,12 @@ on. Jobs complete with their peak memory in sacct, GPUs are handed out as a GRES
 enforced, scancel cancels, a partition or an account the user may not use is refused at submission, and a running
 job survives a restart of slurmd. Every wait has its own deadline (a hung cluster fails, it does not hang)."""
 
+import json
 import os
+import shlex
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -103,3 +106,24 @@ def test_a_running_job_survives_a_slurmd_restart(slurm_cluster, tmp_path):
     row = slurm_cluster.wait(job, timeout=90)
     assert (row["State"], row["ExitCode"]) == ("COMPLETED", "0:0")
     assert out.read_text().split() == [str(i) for i in range(1, 16)]
+
+
+def test_the_srun_launch_runs_under_a_real_slurm(slurm_cluster, tmp_path):
+    """Under the test Slurm (one node, 2 GPUs as a GRES), in a job submitted as the plugin submits a multi-node
+    fine-tuning job (its MPI job: --ntasks-per-node, GPUs per node as --gres, CPUs per GPU) and with every SLURM_*
+    variable stripped but the job id (as the plugin's job step strips them), the launch's srun starts 2 tasks that
+    join one process group as ranks 0 and 1 (Slurm's SLURM_PROCID), each with its own GPU."""
+    code = (f"import sys; sys.path[:0] = {[str(Path(__file__).parent), *sys.path]!r}; "
+            f"import test_distributed as t; t.srun_in_job({str(tmp_path)!r})")
+    keep = " ".join(f"{k}={shlex.quote(v)}" for k, v in slurm_cluster.env.items()
+                    if k in ("PATH", "HOME", "SLURM_CONF"))
+    script = tmp_path / "job.sh"
+    script.write_text(f'#!/bin/bash\nexec env -i {keep} SLURM_JOB_ID="$SLURM_JOB_ID" '
+                      f"{shlex.quote(sys.executable)} -c {shlex.quote(code)}\n")
+    job = slurm_cluster.sbatch("-t", "5", "--mem", "3000", "--nodes=1", "--ntasks-per-node=2", "--cpus-per-gpu=1",
+                               "--gres=gpu:2", "-D", str(tmp_path), "-o", str(tmp_path / "job.out"), str(script))
+    row = slurm_cluster.wait(job, timeout=180)
+    assert row["State"] == "COMPLETED", (tmp_path / "job.out").read_text()
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert [(v["world"], v["sum"]) for v in ranks] == [(2, 2.0), (2, 2.0)]
+    assert sorted(v["cuda"] for v in ranks) == ["0", "1"]  # --gpus-per-task=1: one GPU each

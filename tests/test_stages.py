@@ -31,8 +31,13 @@ COMPUTE = {"device": "cpu", "dtype": "float32", "batch_size": 5}
 
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory):
-    root = tmp_path_factory.mktemp("stages")
-    src = build_tiny_model(root / "src", n_layers=2)
+    return prepare_tiny(tmp_path_factory.mktemp("stages"))
+
+
+def prepare_tiny(root, family: str = "llama"):
+    """The identify stage's first rules on a 2-layer tiny model of `family` in `root`: the prepared model, the
+    division pairs and the cached activations."""
+    src = build_tiny_model(root / "src", n_layers=2, family=family)
     identify.run_prepare_model(source={"path": str(src)}, out_dir=root / "model")
     identify.run_build_pairs(model_dir=root / "model", task="division", prompts=PROMPTS, compute=COMPUTE, seed=0,
                              out_pairs=root / "pairs.parquet", out_dropped=root / "dropped.parquet")

@@ -21,13 +21,18 @@ from arithmech.data.arithmetic import build_prompts, continuation_ids, split_ope
 from arithmech.interp import discovery as dc
 from arithmech.interp import teacher_forcing as tf
 from arithmech.model.loading import load_model
-from arithmech.model.tiny import build_tiny_model
+from arithmech.model.tiny import FAMILIES, build_tiny_model
 from conftest import PROMPT_CFG
 
 
 @pytest.fixture(scope="module")
-def lm(tmp_path_factory):
-    return load_model(build_tiny_model(tmp_path_factory.mktemp("tf") / "model", n_layers=2), device="cpu")
+def model_dir(tmp_path_factory):
+    return build_tiny_model(tmp_path_factory.mktemp("tf") / "model", n_layers=2)
+
+
+@pytest.fixture(scope="module")
+def lm(model_dir):
+    return load_model(model_dir, device="cpu")
 
 
 @torch.no_grad()
@@ -48,6 +53,25 @@ def _own_items(lm, table: pd.DataFrame) -> tf.TailItems:
 
 @pytest.fixture(scope="module")
 def setup(lm):
+    return _setup(lm)
+
+
+@pytest.fixture(scope="module")
+def family_setup(lm, setup, tmp_path_factory):
+    """family_setup(family) -> (the 2-layer tiny model of `family`, its `setup`), made once per family."""
+    made = {"llama": (lm, setup)}
+
+    def get(family):
+        if family not in made:
+            directory = build_tiny_model(tmp_path_factory.mktemp(f"tf-{family}") / "model", n_layers=2, family=family)
+            other = load_model(directory, device="cpu")
+            made[family] = (other, _setup(other))
+        return made[family]
+
+    return get
+
+
+def _setup(lm):
     pairs = build_prompts(lm.tokenizer, "addition", PROMPT_CFG, seed=0)
     pairs["split"] = split_operands(pairs, 0.5, seed=0)
     pool = _own_items(lm, pairs[pairs["split"] == "identification"])
@@ -127,11 +151,14 @@ def test_resample_without_donor_names_the_group(lm, setup):
         tf.draw_donors(items, lonely, seed=0)
 
 
+@pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("positions", tf.POSITIONS)
 @pytest.mark.parametrize("kind", tf.KINDS)
-def test_trials_equal_whole_hooked_forwards(lm, setup, kind, positions):
+def test_trials_equal_whole_hooked_forwards(family_setup, family, kind, positions):
     """Every measure of several circuits (as copies on the prefix cache, items of two tail lengths in batches of 3)
-    equals the slow reference: one item and one circuit at a time, whole sequences under `patch_tail`."""
+    equals the slow reference: one item and one circuit at a time, whole sequences under `patch_tail`. On every
+    family (Gemma 3: sliding-window layers, the prefix forwards skipping layers below the lowest ablated one)."""
+    lm, setup = family_setup(family)
     items, _, values = setup
     trials = _trials(lm, setup, kind, positions, copies_per_forward=7)
     masks = _masks(len(trials.nodes), 6)
@@ -147,6 +174,35 @@ def test_trials_equal_whole_hooked_forwards(lm, setup, kind, positions):
     assert np.abs(fast["logprob"][0] - fast["logprob"][1]).max() > 1e-2  # the ablation does something
     np.testing.assert_allclose(fast["kl"][0], 0, atol=1e-5)
     assert fast["correct"][0].all()  # the gold answers are the model's own
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_trials_equal_whole_hooked_forwards_on_cuda(model_dir, setup, dtype):
+    """The same on a GPU, both ablations and both position sets through `with_values`, values re-captured there:
+    float32 within the CPU's tolerance; bfloat16 (the prefix cache and the whole forwards round differently) with
+    log-probabilities within 5% of their spread over the circuits and correctness equal on 90% of circuit x item."""
+    items, pool, _ = setup
+    gpu = load_model(model_dir, device="cuda", dtype=dtype)
+    values = {kind: tf.ablation_values(gpu, items, pool, kind, seed=0, batch_size=3) for kind in tf.KINDS}
+    base = tf.TailTrials(gpu, items, values["mean"], batch_size=3, copies_per_forward=7)
+    masks = _masks(len(base.nodes), 6)
+    for kind in tf.KINDS:
+        for positions in tf.POSITIONS:
+            fast = base.with_values(values[kind], positions=positions).scores(masks)
+            slow = tf.reference_scores(gpu, items, values[kind], masks, positions=positions)
+            spread = np.ptp(slow["logprob"])
+            gap = np.abs(fast["logprob"] - slow["logprob"]).max()
+            same = (fast["correct"] == slow["correct"]).mean()
+            print(f"{kind} {positions} {dtype} on cuda: largest |trial - hooked forward| log-prob {gap:.2e}, "
+                  f"spread {spread:.3f}, correctness equal on {same:.0%}")
+            assert spread > 1e-2
+            if dtype == "float32":
+                for m in tf.TAIL_MEASURES:
+                    np.testing.assert_allclose(fast[m], slow[m], atol=1e-4, rtol=1e-4, err_msg=f"{kind} {m}")
+            else:
+                assert gap < 0.05 * spread and same >= 0.9
 
 
 def test_shared_trials_and_padded_chunks_equal_the_reference(lm, setup):

@@ -139,3 +139,16 @@ def test_overwrite_is_clean_and_leaves_no_temp_dirs(tmp_path):
     assert not (out / "stale.txt").exists()
     assert (out / "model.safetensors").exists()
     assert [p.name for p in tmp_path.iterdir()] == ["m"]
+
+
+def test_a_tiny_gemma3_is_deterministic_and_another_family_is_named(tmp_path):
+    """family="gemma3" builds a Gemma 3 text model (the same tokenizer, byte-identical weights per seed); a family
+    the builder does not know is named with the known ones, before anything is written."""
+    first = build_tiny_model(tmp_path / "a", family="gemma3")
+    again = build_tiny_model(tmp_path / "b", family="gemma3")
+    assert (first / "model.safetensors").read_bytes() == (again / "model.safetensors").read_bytes()
+    config = json.loads((first / "config.json").read_text())
+    assert config["model_type"] == "gemma3_text" and config["tie_word_embeddings"]
+    with pytest.raises(ValueError, match="family must be one of llama, gemma3; got 'gpt2'"):
+        build_tiny_model(tmp_path / "c", family="gpt2")
+    assert not (tmp_path / "c").exists()

@@ -49,6 +49,37 @@ class _Module:
                 self.other.append(node)
                 for module, name, local in _imports(node, self.name, self.is_package):
                     self.aliases[local] = (module, name)
+        # The Snakefile digests every rule's script in one parse, and the rules share most of the package:
+        # what a definition references and a statement's dump are worked out once per parsed file.
+        self._references: dict[str | None, list[tuple[str, str | None]]] = {}
+        self._dumps: dict[int, bytes] = {}
+        # Code run at import counts too; its import statements bind names, followed only where used.
+        self._run_at_import = self._walk([n for n in self.other if not isinstance(n, (ast.Import, ast.ImportFrom))])
+
+    def references(self, name: str | None) -> list[tuple[str, str | None]]:
+        """(module, name or None) of what the definition `name` (None: the whole module) and the module's
+        code run at import reference: its own definitions, the package names it imported, imports inside it."""
+        if name not in self._references:
+            self._references[name] = self._walk(self.tree.body if name is None else self.defs[name])
+        return self._references[name] + self._run_at_import
+
+    def _walk(self, nodes: list[ast.stmt]) -> list[tuple[str, str | None]]:
+        found = []
+        for node in nodes:
+            for sub in ast.walk(node):
+                if isinstance(sub, ast.Name) and sub.id in self.defs:
+                    found.append((self.name, sub.id))
+                elif isinstance(sub, ast.Name) and sub.id in self.aliases:
+                    found.append(self.aliases[sub.id])
+                elif isinstance(sub, (ast.Import, ast.ImportFrom)):
+                    found += [(m, n) for m, n, _ in _imports(sub, self.name, self.is_package)]
+        return found
+
+    def dump(self, node: ast.stmt) -> bytes:
+        """`node` as the digest reads it: its syntax tree without positions."""
+        if id(node) not in self._dumps:
+            self._dumps[id(node)] = ast.dump(node, include_attributes=False).encode()
+        return self._dumps[id(node)]
 
 
 def _type_checking_only(node: ast.stmt) -> bool:
@@ -133,23 +164,12 @@ class CodeGraph:
                 continue
             if name is None:
                 reached[module_name] = None
-                nodes = list(module.tree.body)
             else:
                 reached[module_name] = done | {name}
                 if name in module.aliases:  # a re-exported import: follow it
                     todo.append(module.aliases[name])
                     continue
-                nodes = list(module.defs[name])
-            # Code run at import counts too; its import statements bind names, followed only where used.
-            nodes += [n for n in module.other if not isinstance(n, (ast.Import, ast.ImportFrom))]
-            for node in nodes:
-                for sub in ast.walk(node):
-                    if isinstance(sub, ast.Name) and sub.id in module.defs:
-                        todo.append((module_name, sub.id))
-                    elif isinstance(sub, ast.Name) and sub.id in module.aliases:
-                        todo.append(module.aliases[sub.id])
-                    elif isinstance(sub, (ast.Import, ast.ImportFrom)):
-                        todo += [(m, n) for m, n, _ in _imports(sub, module_name, module.is_package)]
+            todo += module.references(name)
         return reached
 
     def digest(self, roots: list[tuple[str, str | None]]) -> str:
@@ -163,7 +183,7 @@ class CodeGraph:
                 node for name in sorted(names) for node in module.defs.get(name, [])
             ]
             for node in nodes:
-                h.update(ast.dump(node, include_attributes=False).encode())
+                h.update(module.dump(node))
         return h.hexdigest()
 
 

@@ -1,3 +1,4 @@
+import functools
 import json
 import os
 import re
@@ -92,8 +93,15 @@ def workflow_path(path):
 def library_code(script):
     """Digest of the arithmech code that workflow/scripts/{script}.py runs (arithmech.code_digest), as a
     param: Snakemake re-runs a rule when its params change, so a library edit re-runs exactly the rules
-    whose jobs can execute the edited code, and nothing else.
+    whose jobs can execute the edited code, and nothing else. A function of the job, worked out once per
+    script: a cluster job's own Snakemake, which parses the whole workflow to run one job, digests only
+    that job's script.
     """
+    return lambda wildcards: _script_digest(script)
+
+
+@functools.cache
+def _script_digest(script):
     return script_digest(
         Path(workflow.basedir) / "workflow" / "scripts" / f"{script}.py"
     )

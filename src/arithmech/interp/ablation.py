@@ -59,6 +59,7 @@ import torch
 
 from arithmech.data.arithmetic import encode
 from arithmech.interp.nodes import Head
+from arithmech.intervention.batching import COPIES_PER_FORWARD
 from arithmech.intervention.decoding import Hooks, greedy_decode
 from arithmech.intervention.hooks import patch_tail
 from arithmech.intervention.kvcache import end_copies, prefix_cache
@@ -254,7 +255,7 @@ def greedy_end_sets(
     mlp_sets: Sequence[Sequence[int]] | None = None,
     answer_ids: torch.Tensor | None = None,
     batch_size: int = 16,
-    copies_per_forward: int = 256,
+    copies_per_forward: int = COPIES_PER_FORWARD,
     settled: Callable[[int, list[int]], bool] | None = None,
     positions: str = "end",
 ) -> GreedyKnockout:

@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import importlib
+import inspect
 import re
 from dataclasses import dataclass
 from typing import Mapping, Sequence
@@ -130,6 +131,16 @@ def _rotary(lm: LoadedModel):
     return module.apply_rotary_pos_emb
 
 
+def _layer_rope(lm: LoadedModel, attn, seen: tuple, like: torch.Tensor, position_ids: torch.Tensor) -> tuple:
+    """The cos/sin a layer's attention rotated with: those the forward's `rotary_emb` produced, or, where the
+    architecture has one rotation per layer type (Gemma 3: sliding and full-attention layers differ), the
+    rotary module's output for this layer's type, at the same positions."""
+    layer_type = getattr(attn, "layer_type", None)
+    if layer_type is None or "layer_type" not in inspect.signature(lm.model.model.rotary_emb.forward).parameters:
+        return seen
+    return lm.model.model.rotary_emb(like, position_ids, layer_type)
+
+
 def _sliding_window(lm: LoadedModel, layer: int) -> int | None:
     attn = lm.layer(layer).self_attn
     if hasattr(attn, "sliding_window"):  # qwen2/qwen3: set per layer (None on full-attention layers)
@@ -175,10 +186,10 @@ def attention_rows(
             post += [(attn.q_proj, keep(("q", l))), (attn.k_proj, keep(("k", l)))]
         with hooks(post=post):
             lm.model(**enc, logits_to_keep=1)
-        cos, sin = seen["rope"]
         real = enc["attention_mask"].bool()  # [B, S]
         for l in layers:
             attn = lm.layer(l).self_attn
+            cos, sin = _layer_rope(lm, attn, seen["rope"], seen[("q", l)], enc["position_ids"])
             q = seen[("q", l)].view(B, S, lm.n_heads, lm.head_dim)
             k = seen[("k", l)].view(B, S, lm.n_kv_heads, lm.head_dim)
             if hasattr(attn, "q_norm"):
@@ -256,6 +267,13 @@ def _unit(x: torch.Tensor) -> torch.Tensor:
 
 VECTORS = ("input", "output", "delta")
 TARGETS = ("a", "b", "c", "random")
+def _mlp_written(lm: LoadedModel, layer: int) -> torch.nn.Module:
+    """The module whose output is what `layer`'s MLP adds to the residual stream: the norm after the MLP where
+    the architecture has one (Gemma 3), else the MLP."""
+    norm = lm.mlp_out_norm(layer)
+    return lm.mlp(layer) if norm is None else norm
+
+
 # The two definitions of the MLP's input and change (see `mlp_probes`); `paper` is the default everywhere.
 VARIANTS = ("paper", "normed")
 
@@ -277,12 +295,13 @@ def mlp_probes(
     baseline; under two definitions of the vectors (`variant`), on two sets of texts (`subset`).
 
     Vectors (all at END), variant `paper` (the paper's definitions, the default):
-      input   the residual stream entering the MLP block: the input of the layer's post_attention_layernorm,
-              i.e. the layer's input plus the attention block's output, before any norm;
-      output  the MLP module's output (what it adds to the residual stream);
+      input   the residual stream entering the MLP block: the input of the norm in front of the MLP
+              (`LoadedModel.mlp_norm`), i.e. the layer's input plus the attention block's output;
+      output  what the MLP adds to the residual stream: the MLP module's output, or, where the architecture
+              puts a norm after the MLP (Gemma 3's post_feedforward_layernorm), that norm's output;
       delta   (output - input) / ||output - input||; cosine is scale-invariant, so this is the cosine of
               output - input.
-    Variant `normed`: input is the MLP module's own input, the residual AFTER the post-attention norm
+    Variant `normed`: input is the MLP module's own input, the residual AFTER the norm in front of it
     (RMSNorm with its gain), which is what the MLP actually reads; output as above; delta is
     unit(output) - unit(input), both normalised first because the normed input and the raw output live on
     very different scales. All vectors of both variants come from one forward.
@@ -328,7 +347,8 @@ def mlp_probes(
 
         pre = [(lm.mlp_norm(l), pre_hook(("resid_mid", l))) for l in range(L)]
         pre += [(lm.mlp(l), pre_hook(("normed", l))) for l in range(L)]
-        post = [(lm.mlp(l), post_hook(("output", l))) for l in range(L)]
+        # what the MLP adds to the residual stream: its output, or the norm's after it (Gemma 3)
+        post = [(_mlp_written(lm, l), post_hook(("output", l))) for l in range(L)]
         with hooks(pre, post):
             lm.model(**enc, logits_to_keep=1)
         sl = slice(start, start + B)

@@ -8,7 +8,10 @@ unembedding, so the patched final residual is the reference one plus the MLP's o
 
     d_mlp = MLP(norm(x + delta)) - MLP(norm(x)),   x = the reference residual entering the MLP block at END,
 
-and an MLP reads only its own position. Two implementations of the same quantity:
+and an MLP reads only its own position. Where the architecture puts a norm between o_proj and the residual
+stream, or between the MLP and it (`arithmech.model.architectures`), delta and d_mlp are taken through those
+norms (`patching.head_deltas`, `patching.mlp_deltas`), which keeps both implementations exact there. Two
+implementations of the same quantity:
 
 - `edge_logits`: the closed form above, for all senders, receivers and samples at once, from the captured
   reference and counterfactual END states (`patching.collect(mlp_inputs=True)`): one batched call of each
@@ -57,6 +60,11 @@ the residual stream, whose gradient also holds the skip connection), averaged ov
                 is the model. The score is then the integral of the edge effect's derivative along a line, which
                 tends to the exact effect as steps grow. One forward per edge and step: small models only.
 
+Where the architecture puts a norm between o_proj and the residual stream (Gemma 3), delta_s is the attention
+block's output minus its output with s alone ablated, and an edge circuit's receiver reads the residual minus, per
+sender layer, that output minus the output with all its dropped senders of the layer ablated together: the same
+definitions, exact through the norm.
+
 `edge_circuit_measure` scores sets of kept edges exactly (every other edge among the senders and receivers ablated
 at once, each receiver seeing the ablated value of every sender whose edge to it is not kept; nodes and all other
 paths as in the model). `top_edges` and `node_ranked_edges` give edge sets of a given size by EAP-IG or by node
@@ -75,7 +83,7 @@ from tqdm.auto import tqdm
 
 from arithmech.data.arithmetic import encode
 from arithmech.interp.nodes import Head
-from arithmech.interp.patching import EndState, float_copy, float_norm, unembed_scores
+from arithmech.interp.patching import EndState, float_copy, float_norm, head_deltas, mlp_deltas, unembed_scores
 from arithmech.intervention.hooks import capture, hooks, patch_end
 from arithmech.intervention.means import AlignedMean
 from arithmech.model.loading import LoadedModel
@@ -107,14 +115,13 @@ def _check_ranges(lm: LoadedModel, senders: Sequence[Head], receivers: Sequence[
 
 
 def sender_deltas(lm: LoadedModel, ref: EndState, cf: EndState, senders: Sequence[Head], rows) -> torch.Tensor:
-    """Each sender's residual-stream change at END, W_O[:, s] (z_cf - z_ref), float32 [len(rows), n_senders,
-    d_model] (rows: the samples' indices)."""
-    out = []
-    for layer, head in senders:
-        w = lm.o_proj(layer).weight.float().view(lm.d_model, lm.n_heads, lm.head_dim)[:, head]  # [d, head_dim]
-        dz = cf.heads[rows, layer, head].float() - ref.heads[rows, layer, head].float()  # [b, head_dim]
-        out.append(dz.to(w.device) @ w.T)  # o_proj's bias, if any, cancels in the difference
-    return torch.stack(out, 1)
+    """Each sender's residual-stream change at END, W_O[:, s] (z_cf - z_ref) in the Llama block (through the
+    norm after o_proj where the architecture has one, the other heads at their reference values:
+    `patching.head_deltas`), float32 [len(rows), n_senders, d_model] (rows: the samples' indices)."""
+    out = [head_deltas(lm, layer, ref.heads[rows, layer], cf.heads[rows, layer], [head])[:, 0]
+           for layer, head in senders]
+    dev = out[0].device
+    return torch.stack([delta.to(dev) for delta in out], 1)
 
 
 @torch.no_grad()
@@ -143,7 +150,8 @@ def edge_logits(lm: LoadedModel, ref: EndState, cf: EndState, answer_ids: torch.
             x = ref.mlp_in[rows, r].to(dev, torch.float32)[:, None]  # [b, 1, d]
             inputs = torch.cat([x, x + deltas], 1)  # [b, 1 + S_live, d]; column 0 unpatched
             out = mlp(mlp_norm(inputs))
-            changed = ref.resid[rows].to(dev, torch.float32)[:, None] + (out[:, 1:] - out[:, :1])  # [b, S_live, d]
+            d_mlp = mlp_deltas(lm, r, out[:, :1], out[:, 1:])  # what reaches the residual stream
+            changed = ref.resid[rows].to(dev, torch.float32)[:, None] + d_mlp.to(dev)  # [b, S_live, d]
             scores, _ = unembed_scores(lm, norm(changed), answer_ids[rows], None)
             logit_p[rows[:, None], torch.tensor(live)[None], j] = scores.cpu()
         del mlp_norm, mlp
@@ -332,10 +340,17 @@ def _o_proj_slices(lm: LoadedModel, senders: Sequence[Head]) -> torch.Tensor:
 
 def _tail_deltas(lm: LoadedModel, tail: _Tail, senders: Sequence[Head]) -> torch.Tensor:
     """delta_s[t] = W_O[:, s] (z_s[t] - z_s_ablated[t]), float32 [n, n_senders, T, d_model] (o_proj's bias, if any,
-    cancels in the difference)."""
+    cancels in the difference). Where a norm stands between o_proj and the residual stream (`head_linear` false) it
+    is that block's output minus its output with s alone ablated, the other heads at their values in the model's
+    run (`patching.head_deltas`)."""
     layers, heads = torch.tensor([l for l, _ in senders]), torch.tensor([h for _, h in senders])
-    dz = tail.clean[:, :, layers, heads].float() - tail.heads[:, :, layers, heads].float()  # [n, T, S, D]
-    return torch.einsum("ntsk,sdk->nstd", dz, _o_proj_slices(lm, senders))
+    if lm.arch.head_linear:
+        dz = tail.clean[:, :, layers, heads].float() - tail.heads[:, :, layers, heads].float()  # [n, T, S, D]
+        return torch.einsum("ntsk,sdk->nstd", dz, _o_proj_slices(lm, senders))
+    n, T = tail.n, tail.T
+    out = [-head_deltas(lm, l, tail.clean[:, :, l].flatten(0, 1), tail.heads[:, :, l].flatten(0, 1), [h])[:, 0]
+           for l, h in senders]  # minus (ablated - model) = model - ablated
+    return torch.stack([delta.to(lm.device).view(n, T, lm.d_model) for delta in out], 1)
 
 
 def _receiver_modules(lm: LoadedModel, receivers: Sequence[int], direct: bool) -> list:
@@ -536,12 +551,34 @@ def _circuit_batch(lm, sequences, targets, ablated, senders, receivers, kept, di
         def shift(x):
             if not len(use):
                 return x
+            if not lm.arch.head_linear:
+                return x - _removed_through_norm(use, j).to(x.device, x.dtype)
             z = torch.stack([live[senders[i][0]][:, :, senders[i][1]].to(w.device) for i in use.tolist()], 2)
             drop = dropped[:, use, j].float()  # [n*c, S_use]
             removed = torch.einsum("btsk,sdk,bs->btd", z.float() - ablated_z[:, :, use], w[use], drop)
             return x - removed.to(x.device, x.dtype)
 
         return _shift_tail(T, shift)
+
+    def _removed_through_norm(use, j):
+        """A norm after o_proj: per sender layer, the attention block's output minus its output with this
+        receiver's dropped senders of that layer ablated together (float32 copies of o_proj and the norm)."""
+        removed = 0
+        for layer in sorted({senders[i][0] for i in use.tolist()}):
+            z = live[layer].float()  # [n*c, T, H, D]
+            mask = torch.zeros(z.shape[0], H, dtype=torch.bool, device=z.device)
+            for i in use.tolist():
+                if senders[i][0] == layer:
+                    mask[:, senders[i][1]] |= dropped[:, i, j].to(z.device)
+            ablated_layer = tail.heads.repeat_interleave(c, 0)[:, :, layer].to(z.device, torch.float32)
+            z_cut = torch.where(mask[:, None, :, None], ablated_layer, z)
+            write = writers[layer]
+            removed = removed + write(z.flatten(2)) - write(z_cut.flatten(2))
+        return removed
+
+    writers = {} if lm.arch.head_linear else {
+        l: torch.nn.Sequential(float_copy(lm.o_proj(l)), float_copy(lm.attn_out_norm(l)))
+        for l in sorted(set(layers.tolist()))}
 
     pre = [(lm.o_proj(l), record(l)) for l in sorted(set(layers.tolist()))]
     pre += [(m, receiver_hook(j, limit)) for j, (m, limit) in enumerate(zip(modules, limits))]

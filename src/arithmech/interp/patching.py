@@ -5,7 +5,9 @@ and the ground-truth answer logit is read off. Three implementations of the same
 
 - `direct_logits` (the paper's Algorithm 1, every other node keeps its reference value): then the only
   path from the node to the logits is the residual stream, so the patched final residual is the
-  reference one plus the node's change, delta = W_O[:, head] (z_cf - z_ref) (or mlp_cf - mlp_ref). That
+  reference one plus the node's change, delta = W_O[:, head] (z_cf - z_ref) (or mlp_cf - mlp_ref) in the
+  Llama block (`head_deltas`, `mlp_deltas`: through the norm between them and the residual stream where
+  the architecture has one, `Architecture.attn_out_norm` / `mlp_out_norm`, exact as well). That
   is pushed through the model's own final norm and the answer's unembedding row, for all heads and
   samples at once, from two captured forwards. The closed form runs in float32 whatever the model dtype,
   and the unpatched logit_o is the same closed form at zero change, not the forward's own logit.
@@ -28,6 +30,7 @@ import torch
 from tqdm.auto import tqdm
 
 from arithmech.data.arithmetic import encode
+from arithmech.intervention.batching import COPIES_PER_FORWARD
 from arithmech.intervention.hooks import capture, patch_end
 from arithmech.intervention.kvcache import PrefixCopies, end_copies, prefix_cache
 from arithmech.intervention.means import GroupedMean
@@ -148,11 +151,36 @@ class PatchedLogits(NamedTuple):
     logprob_p: torch.Tensor | None
 
 
-def _head_deltas(lm: LoadedModel, layer: int, dz: torch.Tensor) -> torch.Tensor:
-    """Residual-stream change from per-head output changes dz [B, H, head_dim] -> [B, H, d_model], in
-    float32. o_proj maps the concatenated heads; its bias (if any) cancels in a difference."""
-    w = lm.o_proj(layer).weight.float().view(lm.d_model, lm.n_heads, lm.head_dim)
-    return torch.einsum("bhk,dhk->bhd", dz.to(w.device, torch.float32), w)
+def head_deltas(lm: LoadedModel, layer: int, z_ref: torch.Tensor, z_cf: torch.Tensor,
+                heads: list[int] | None = None) -> torch.Tensor:
+    """Residual-stream change when one head of `layer` at a time (`heads`, default all) takes its value in z_cf
+    instead of z_ref (both [B, H, head_dim], every other head at z_ref) -> [B, len(heads), d_model], float32.
+    In the Llama block that is W_O[:, h] (z_cf - z_ref)[h] (o_proj's bias, if any, cancels in a difference);
+    with a norm between o_proj and the residual stream (`LoadedModel.attn_out_norm`) it is that norm of o_proj's
+    output with the head changed minus that norm of the reference output, through a float32 copy of the norm."""
+    heads = list(range(lm.n_heads)) if heads is None else heads
+    w = lm.o_proj(layer).weight.float().view(lm.d_model, lm.n_heads, lm.head_dim)[:, heads]  # [d, k, head_dim]
+    z_ref = z_ref.to(w.device, torch.float32)
+    linear = torch.einsum("bhk,dhk->bhd", z_cf.to(w.device, torch.float32)[:, heads] - z_ref[:, heads], w)
+    post = lm.attn_out_norm(layer)
+    if post is None:
+        return linear
+    out_ref = torch.nn.functional.linear(z_ref.flatten(1), lm.o_proj(layer).weight.float(),
+                                         None if lm.o_proj(layer).bias is None else lm.o_proj(layer).bias.float())
+    post = float_copy(post)
+    return post(out_ref[:, None] + linear) - post(out_ref)[:, None]
+
+
+def mlp_deltas(lm: LoadedModel, layer: int, out_ref: torch.Tensor, out_cf: torch.Tensor) -> torch.Tensor:
+    """Residual-stream change when `layer`'s MLP outputs out_cf instead of out_ref ([..., d_model]), float32: their
+    difference in the Llama block, else through a float32 copy of the norm after the MLP
+    (`LoadedModel.mlp_out_norm`)."""
+    out_ref, out_cf = out_ref.float(), out_cf.float()
+    post = lm.mlp_out_norm(layer)
+    if post is None:
+        return out_cf - out_ref
+    post = float_copy(post).to(out_ref.device)
+    return post(out_cf) - post(out_ref)
 
 
 def float_copy(module: torch.nn.Module) -> torch.nn.Module:
@@ -217,9 +245,8 @@ def direct_logits(
         sl = slice(start, start + batch_size)
         deltas = []
         for layer in layers:
-            dz = cf.heads[sl, layer].float() - ref.heads[sl, layer].float()
-            deltas.append(_head_deltas(lm, layer, dz).to(dev))
-            deltas.append((cf.mlps[sl, layer].float() - ref.mlps[sl, layer].float()).to(dev)[:, None])
+            deltas.append(head_deltas(lm, layer, ref.heads[sl, layer], cf.heads[sl, layer]).to(dev))
+            deltas.append(mlp_deltas(lm, layer, ref.mlps[sl, layer], cf.mlps[sl, layer]).to(dev)[:, None])
         base = ref.resid[sl].to(dev, torch.float32)[:, None]  # [B, 1, d]
         resid = torch.cat([base, base + torch.cat(deltas, 1)], 1)  # [B, 1 + N, d]; column 0 unpatched
         logits, lp = unembed_scores(lm, norm(resid), answer_ids[sl], full)
@@ -295,7 +322,7 @@ def total_logits(
     layers: list[int],
     *,
     batch_size: int = 16,
-    copies_per_forward: int = 256,
+    copies_per_forward: int = COPIES_PER_FORWARD,
     with_logprobs: bool = False,
     nodes: list[tuple[int, int | None]] | None = None,
 ) -> PatchedLogits:

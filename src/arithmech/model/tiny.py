@@ -1,4 +1,5 @@
-"""A tiny, randomly initialised Llama-architecture causal LM built fully offline.
+"""A tiny, randomly initialised causal LM built fully offline: a Llama (the default) or a Gemma 3 text model
+(`family="gemma3"`: its block's post-norms, q/k norms, scaled and tied embeddings, sliding-window layers).
 
 Unit tests and the CI run of the pipeline need a real Hugging Face model directory
 (``config.json``, ``model.safetensors``, ``tokenizer.json``) without downloading
@@ -17,14 +18,18 @@ from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from arithmech.io import atomic_dir
 
-__all__ = ["build_tiny_model", "build_tiny_tokenizer"]
+__all__ = ["FAMILIES", "build_tiny_model", "build_tiny_tokenizer"]
 
 SPECIAL_TOKEN = "<|endoftext|>"
 VOCAB_SIZE = 400
+FAMILIES = ("llama", "gemma3")  # build_tiny_model's `family`
+# The tiny Gemma 3's sliding window: shorter than the test prompts (so the sliding layers' masks and caches
+# matter), its residual width wider than its heads together (as Gemma 3's own: head_dim is not d_model / heads).
+GEMMA3_SLIDING_WINDOW = 8
 # Larger than Llama's default 0.02 so that the final logits of a 32-wide model
 # differ visibly across tokens (otherwise every prediction is ~uniform).
 INITIALIZER_RANGE = 0.1
@@ -99,22 +104,28 @@ def build_tiny_tokenizer(seed: int = 0) -> PreTrainedTokenizerFast:
     )
 
 
+def d_model(family: str, n_heads: int, head_dim: int) -> int:
+    """The residual width `build_tiny_model` gives a model of `family`."""
+    return n_heads * head_dim + (8 if family == "gemma3" else 0)
+
+
 def build_tiny_model(out_dir: str | Path, *, seed: int = 0, n_layers: int = 3, n_heads: int = 4,
                      n_kv_heads: int = 2, head_dim: int = 8, intermediate_size: int = 64,
-                     max_positions: int = 512) -> Path:
-    """Write a tiny LlamaForCausalLM + fast tokenizer to out_dir (created if needed); return out_dir as Path.
+                     max_positions: int = 512, family: str = "llama") -> Path:
+    """Write a tiny causal LM of `family` (FAMILIES) + fast tokenizer to out_dir (created if needed); return
+    out_dir as Path.
 
     ``seed`` fixes the weights (same seed -> byte-identical ``model.safetensors``);
     the tokenizer is the same for every seed so models built with different seeds
     share a vocabulary. The directory is built next to ``out_dir`` and renamed into
     place, so readers never see a half-written model; an existing ``out_dir`` is
-    replaced.
+    replaced. A Llama's width is n_heads * head_dim; a Gemma 3's is that plus 8, with
+    tied embeddings and every other layer a sliding-window one.
     """
     out_dir = Path(out_dir)
     tokenizer = build_tiny_tokenizer()
-    config = LlamaConfig(
+    common = dict(
         vocab_size=len(tokenizer),
-        hidden_size=n_heads * head_dim,
         intermediate_size=intermediate_size,
         num_hidden_layers=n_layers,
         num_attention_heads=n_heads,
@@ -123,16 +134,30 @@ def build_tiny_model(out_dir: str | Path, *, seed: int = 0, n_layers: int = 3, n
         max_position_embeddings=max_positions,
         rms_norm_eps=1e-5,
         initializer_range=INITIALIZER_RANGE,
-        tie_word_embeddings=False,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
         dtype="float32",
     )
+    if family == "llama":
+        config, build = LlamaConfig(hidden_size=d_model(family, n_heads, head_dim), tie_word_embeddings=False,
+                                    **common), LlamaForCausalLM
+    elif family == "gemma3":
+        config = Gemma3TextConfig(
+            hidden_size=d_model(family, n_heads, head_dim), tie_word_embeddings=True, query_pre_attn_scalar=head_dim,
+            sliding_window=GEMMA3_SLIDING_WINDOW,
+            layer_types=["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(n_layers)], **common)
+        build = Gemma3ForCausalLM
+    else:
+        raise ValueError(f"tiny model family must be one of {', '.join(FAMILIES)}; got {family!r}")
     # fork_rng: seed the init without disturbing the caller's global RNG state.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = LlamaForCausalLM(config).to(torch.float32).eval()
+        model = build(config).to(torch.float32).eval()
+        if family == "gemma3":  # its norms start at zero weight (x * (1 + w)): make them differ from identity
+            for name, param in model.named_parameters():
+                if "norm" in name:
+                    torch.nn.init.normal_(param, std=0.3)
 
     with atomic_dir(out_dir) as tmp:
         model.save_pretrained(tmp, safe_serialization=True)

@@ -12,7 +12,7 @@ from arithmech.data.arithmetic import split_pairs
 from arithmech.data.formatting import non_math_prompts, svamp_prompts
 from arithmech.interp.effects import operand_pairs
 from arithmech.interp.nodes import nodes_text
-from arithmech.intervention.batching import TRANSFER_COPIES
+from arithmech.intervention.batching import COPIES_PER_FORWARD
 from arithmech.io import write_parquet
 
 
@@ -78,7 +78,8 @@ def run_knockout(
         tokens = set_answers(
             lm, texts, scored["answer"], template_ids=scored["template_id"], head_sets=[s[3] for s in sets],
             mlp_sets=[s[4] for s in sets], means=cache_means(cache, positions), positions=positions,
-            max_new_tokens=answer_tokens(lm.tokenizer, scored["answer"]), batch_size=compute["batch_size"], copies=256,
+            max_new_tokens=answer_tokens(lm.tokenizer, scored["answer"]), batch_size=compute["batch_size"],
+            copies=COPIES_PER_FORWARD,
         ).tokens
         first_correct = tokens[..., 0] == answers[None]  # [n_sets, n]
         full_correct = answers_correct(lm.tokenizer, tokens, scored["answer"])  # [n_sets, n]
@@ -201,7 +202,7 @@ def run_transfer(
         result = greedy_end_sets(
             lm, target["texts"], [s["nodes"] for s in sets], set_means=set_means,
             max_new_tokens=target["max_new_tokens"],
-            batch_size=compute["batch_size"], copies_per_forward=transfer.get("copies_per_forward", TRANSFER_COPIES),
+            batch_size=compute["batch_size"], copies_per_forward=transfer.get("copies_per_forward", COPIES_PER_FORWARD),
             settled=None if non_math else decided_answers(lm.tokenizer, target["golds"]),
         )
         correct = answers_correct(lm.tokenizer, result.tokens, target["golds"], judge)  # [n_sets, n]

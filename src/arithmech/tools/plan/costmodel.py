@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass
 from typing import Sequence
 
+from arithmech.intervention.batching import COPIES_PER_FORWARD
 from arithmech.tools.plan.shapes import Shape
 from arithmech.tools.plan.tokens import TokenCounter
 
@@ -110,7 +111,7 @@ def generation(m: Model, *, rows: float, prompt: float, steps: float, batch: int
 
 
 def set_generation(m: Model, *, texts: float, sets: int, prompt: float, tail: float, steps: float, batch: int,
-                   copies: int = 256, groups: int = 1) -> Work:
+                   copies: int = COPIES_PER_FORWARD, groups: int = 1) -> Work:
     """`ablation.greedy_end_sets`: greedy answers of `texts` prompts with each of `sets` node sets ablated.
     Per batch the prefix (all but the last `tail` tokens) runs once; then per chunk of c = copies // batch sets
     every (text, set) row runs the tail and steps - 1 more tokens on its copy of the prefix cache. `groups`:

