@@ -234,12 +234,14 @@ def test_protocol_scores_end_rows(lm, setup):
     with pytest.warns(UserWarning):
         every, _ = tf.protocol_scores(lm, items, pool, kept, **kw)
         some, _ = tf.protocol_scores(lm, items, pool, kept, end_rows=[0, 2], **kw)
+    # float32: scoring fewer rows batches them differently, so sums run in another order (1.04e-6 apart seen on
+    # one AMD EPYC machine); a wrong row or position is off by far more
     for key, v in every.items():
         if "_end_" in key:
-            np.testing.assert_allclose(some[key][[0, 2]], v[[0, 2]], atol=1e-6, err_msg=key)
+            np.testing.assert_allclose(some[key][[0, 2]], v[[0, 2]], atol=1e-5, err_msg=key)
             assert np.isnan(some[key][[1, 3]]).all()
         else:
-            np.testing.assert_allclose(some[key], v, atol=1e-6, err_msg=key)
+            np.testing.assert_allclose(some[key], v, atol=1e-5, err_msg=key)
 
 
 def test_sanity_checks_on_a_draw_of_the_items(lm, setup):
@@ -252,7 +254,7 @@ def test_sanity_checks_on_a_draw_of_the_items(lm, setup):
         every, _ = tf.protocol_scores(lm, items, pool, kept, **kw)
         some, checked = tf.protocol_scores(lm, items, pool, kept, sanity_samples=5, **kw)
     for key, v in every.items():
-        np.testing.assert_allclose(some[key], v, atol=1e-6, err_msg=key)
+        np.testing.assert_allclose(some[key], v, atol=1e-5, err_msg=key)  # float32 batching, as above
     rows = np.sort(np.random.default_rng([2, 4307]).choice(len(items), 5, replace=False))
     for kind in tf.KINDS:
         assert checked[f"{kind}_n_items"] == 5
