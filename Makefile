@@ -108,8 +108,9 @@ test-fast: $(STAMP)
 # then the patching benchmark there. Fails rather than skipping when no CUDA device is visible.
 gpu-check: $(STAMP)
 	$(BIN)/python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'gpu-check: no CUDA device')"
-	$(BIN)/python -m pytest -m gpu -v tests/test_devices.py tests/test_master_weights.py tests/test_jobs_gpu.py tests/test_device_spread.py \
-		tests/test_discovery.py tests/test_shared_prefix_training.py tests/test_teacher_forcing.py
+	$(BIN)/python -m pytest -m gpu -v tests/test_devices.py tests/sft/test_master_weights.py tests/tools/test_cluster_gpu.py \
+		tests/intervention/test_device_spread.py tests/interp/test_discovery.py tests/sft/test_shared_prefix_training.py \
+		tests/interp/test_teacher_forcing.py
 	$(BIN)/python benchmarks/patching_speed.py --device cuda --dtype bfloat16
 
 benchmark: $(STAMP)

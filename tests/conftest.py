@@ -1,6 +1,7 @@
 """Shared fixtures: one offline tiny Llama model for the whole test run, loaded on CPU (and a tiny model of each
-other family, `tiny_family`), a prompt config, the default
-config.yaml, and `check_fails` (a bad config raises a ConfigError naming the expected fragments)."""
+other family, `tiny_family`), a prompt config, the default config.yaml, `check_fails` (a bad config raises a
+ConfigError naming the expected fragments), the stage tests' prepared tiny model (`prepared`) and the real test
+Slurm (`slurm_cluster`); the pytest-xdist scheduling of `make test`. Helpers that are not fixtures: helpers.py."""
 
 from __future__ import annotations
 
@@ -15,21 +16,7 @@ import yaml
 from arithmech.config import ConfigError, validate_config
 from arithmech.model.loading import load_model
 from arithmech.model.tiny import build_tiny_model
-
-PROMPT_CFG = {
-    "operands": {"min": 1, "max": 4},
-    "n_shots": 2,
-    "shot_separator": ".\n",
-    "templates": ["{a} {op} {b} is equal to ", "What is {a} {op} {b}? The answer is "],
-    "operators": {
-        "addition": ["plus"],
-        "subtraction": ["minus"],
-        "multiplication": ["times"],
-        "division": ["divided by"],
-    },
-    "null_words": ["nothing", "@"],
-}
-
+from helpers import PROMPT_CFG, ROOT, prepare_tiny
 
 # The test modules that use the real one-node Slurm (`slurm_cluster`): under pytest-xdist they are one unit of work,
 # run one after the other on one worker, so no worker idles on their lock (below) while another holds it.
@@ -144,7 +131,6 @@ def prompt_cfg():
     return copy.deepcopy(PROMPT_CFG)
 
 
-ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = ROOT / "workflow/schemas/config.schema.yaml"
 
 
@@ -168,12 +154,10 @@ def check_fails():
     return check
 
 
-def n_hooks(model: torch.nn.Module) -> int:
-    """Hooks on the model (to check that a context manager removed its own), not counting the
-    output-capturing hooks transformers installs on first use of output_hidden_states / output_attentions
-    (once, for good)."""
-    return sum(1 for m in model.modules() for d in (m._forward_hooks, m._forward_pre_hooks) for fn in d.values()
-               if "output_capturing_hook" not in getattr(fn, "__qualname__", ""))
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+    """The identify stage's first rules run on a 2-layer tiny Llama (helpers.prepare_tiny): its directory."""
+    return prepare_tiny(tmp_path_factory.mktemp("stages"))
 
 
 @pytest.fixture(scope="session")

@@ -9,8 +9,7 @@ from pathlib import Path
 import pytest
 
 from arithmech.code_digest import CodeGraph, script_digest, script_roots
-
-ROOT = Path(__file__).resolve().parents[1]
+from helpers import ROOT
 
 # A small package with every way a name is reached: a module-level import used in a function, a lazy
 # import inside a function, a module imported whole (then used by attribute), a helper in the same module,

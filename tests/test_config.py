@@ -1,14 +1,13 @@
 """The schema and cross-checks reject bad configs before any job runs, naming the key."""
 
 import copy
-from pathlib import Path
 
 import pytest
 import yaml
 
 from arithmech.config import validate_config
+from helpers import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = ROOT / "workflow/schemas/config.schema.yaml"
 
 

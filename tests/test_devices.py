@@ -123,15 +123,12 @@ def run_tiny_workflow(tmp_path, device: str, dtype: str) -> None:
     import json
     import os
     import shutil
-    import sys
-    from pathlib import Path
 
     import numpy as np
     import pandas as pd
     import yaml
 
-    sys.path.insert(0, str(Path(__file__).parent))
-    from test_workflow import ROOT, TINY_CONFIG, copy_project, snakemake
+    from helpers import ROOT, TINY_CONFIG, copy_project, snakemake
 
     work = copy_project(tmp_path)
     shutil.copy2(ROOT / "config.yaml", work / "config.yaml")

@@ -8,7 +8,6 @@ import os
 import subprocess
 import sys
 from fractions import Fraction
-from pathlib import Path
 from statistics import NormalDist
 
 import numpy as np
@@ -26,6 +25,7 @@ from arithmech.stats import (
     percentile_interval,
     ratio_estimate,
 )
+from helpers import ROOT
 
 
 def _paired_outcomes(n10: int, n01: int, n11: int = 0, n00: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -306,7 +306,7 @@ def test_importing_the_statistics_loads_no_scipy():
     probe = ("import sys, arithmech.stats, arithmech.report.verdicts, arithmech.interp.sufficiency; "
              "print(sorted({'scipy', 'statsmodels'} & set(sys.modules)))")
     proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")})
+                          env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip() == "[]"
 

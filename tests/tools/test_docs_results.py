@@ -1,0 +1,519 @@
+"""`make docs` (arithmech.tools.docs_results): README's scorecard block and docs/results.md generated from a results
+tree, the same bytes every time, README untouched outside its markers, a clear error when results are absent."""
+
+import json
+import re
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from arithmech.interp import effects as fx
+from arithmech.io import write_parquet
+from arithmech.tools.docs_results import (
+    BEGIN,
+    END,
+    KEPT_RECORD,
+    PLAN_CONFIGS,
+    PLAN_MARKERS,
+    PLAN_OUTPUT_MARKERS,
+    RUN_TIME_MARKERS,
+    MissingResults,
+    main,
+    make_docs,
+    plan_output,
+    plan_text,
+    replace_block,
+    run_time_text,
+)
+from arithmech.tools.run_record import read_record
+from claims_example import example_claims
+from helpers import ROOT, knockout_table, study_tables, write_figure
+
+TASKS = ["addition", "division"]
+README = f"""# arithmech
+
+Some text a person wrote | with a pipe.
+
+{BEGIN}
+an old, hand-typed table: 54.7
+{END}
+
+More text after the block.
+"""
+
+
+def _effects(task_seed: int) -> pd.DataFrame:
+    """A patching effects table of 3 layers x 4 heads and 3 MLPs, as effects.aggregate and bootstrap write it."""
+    rng = np.random.default_rng(task_seed)
+    rows = [(f"L{l}H{h}", l, h, "head") for l in range(3) for h in range(4)] + [(f"L{l}MLP", l, pd.NA, "mlp")
+                                                                              for l in range(3)]
+    frame = pd.DataFrame(rows, columns=["node", "layer", "head", "component"]).astype({"head": "Int64"})
+    frame["mean_effect"] = rng.normal(-0.002, 0.004, len(frame))
+    frame.loc[1, "mean_effect"] = -0.01311  # one strong head
+    frame["ci_low"], frame["ci_high"] = frame["mean_effect"] - 0.002, frame["mean_effect"] + 0.002
+    frame["stability"], frame["metric"], frame["n"] = 0.9, "relative_logit", 8
+    return frame
+
+
+def results_tree(root, study: bool = True):
+    """results/m/ as the workflow leaves it, written with the workflow's own writers and rule functions."""
+    model = root / "m"
+    for d in ["effects", "key_components", "knockout", "analysis", "finetune"]:
+        (model / d).mkdir(parents=True, exist_ok=True)
+    write_parquet(example_claims(), model / "claims.parquet", {"stage": "claims"})
+    for i, task in enumerate(TASKS):
+        effects = _effects(i)
+        write_parquet(effects, model / f"effects/{task}.parquet")
+        key = fx.key_components(effects, {"rule": "top_k", "k": 2}, {"rule": "top_k", "k": 1})
+        write_parquet(key, model / f"key_components/{task}.parquet")
+        write_parquet(knockout_table(), model / f"knockout/{task}.parquet",
+                      {"model_sha256": "b179c9523d0e", "versions": {"arithmech": "0.1.0", "torch": "2.13.0"}})
+        write_figure(model / f"effects/{task}.png")
+        write_figure(model / f"knockout/{task}.png")
+    transfer = pd.DataFrame([
+        {"source": s, "heads": h, "seed": sd, "target": t, "n": 6, "accuracy": acc, "base_accuracy": 0.8}
+        for s in TASKS for t in [*TASKS, "SVAMP", "qa_wikidata"]
+        for h, sd, acc in [("key", -1, 0.1), ("random", 0, 0.7), ("random", 1, 0.75)]
+    ])
+    write_parquet(transfer, model / "knockout/transfer.parquet")
+    roles = pd.DataFrame([{"node": "L0H1", "rank": 1, "layer": 0, "head": 1, "role": r, "attention": a}
+                          for r, a in zip(["operand_a", "operand_b", "operator", "other"], [0.4, 0.3, 0.2, 0.1])])
+    write_parquet(roles, model / "analysis/addition_roles.parquet")
+    probes = pd.DataFrame([{"variant": "paper", "subset": "all", "layer": l, "vector": "output", "target": t,
+                            "mean": 0.01 * l * (3 if t == "c" else 1)} for l in range(3) for t in "abc"])
+    write_parquet(probes, model / "analysis/addition_probes.parquet")
+    if study:
+        s, c = study_tables()
+        write_parquet(s, model / "finetune/study.parquet")
+        write_parquet(c, model / "finetune/comparisons.parquet")
+        write_figure(model / "finetune/study.png")
+    return model
+
+
+def _docs(tmp_path, results):
+    readme, out, figures = tmp_path / "README.md", tmp_path / "docs/results.md", tmp_path / "docs/figures"
+    if not readme.exists():
+        readme.write_text(README)
+    make_docs(results_dir=results, model="m", tasks=TASKS, readme=readme, out_md=out, figures_dir=figures)
+    return readme, out, figures
+
+
+def test_docs_fill_the_block_and_write_results(tmp_path):
+    results_tree(tmp_path / "results")
+    readme, out, figures = _docs(tmp_path, tmp_path / "results")
+    text = readme.read_text()
+    before, rest = text.split(BEGIN)
+    block, after = rest.split(END)
+    assert before == README.split(BEGIN)[0] and after == README.split(END)[1]  # untouched outside the markers
+    assert "54.7" not in block and "| Claim | Paper (LLaMA2-7B) |" in block and "↳" not in block
+    assert "[Fewer than 5% of heads are key heads.](docs/figures/key_components_shared.png)" not in block  # absent
+    assert "(docs/figures/knockout_addition.png)" in block
+    assert "Model `m` (model sha256 b179c952, arithmech 0.1.0, torch 2.13.0)" in block
+    page = out.read_text()
+    for heading in ["## Scorecard", "## Key components", "### addition", "## Knockout", "## Transfer",
+                    "## Attention and MLP probes", "## Precise SFT study"]:
+        assert heading in page
+    # effects in percent with intervals, at the interval's precision; shares of resamples in whole percent
+    assert "| L0H1 | 0 | -1.3% | [-1.5%, -1.1%] | 90% |" in page
+    assert "10.0% / 72.5%" in page  # transfer: key / random (mean of draws)
+    # no raw float (a small value in nats may read "1e-3", one significant digit)
+    assert "1,179,648" in page and "< 0.001" in page and not re.search(r"\d\.\d+e-\d", page)
+    assert "![" in page and "(figures/knockout_addition.png)" in page
+    assert sorted(p.name for p in figures.iterdir()) == [
+        "effects_addition.png", "effects_division.png", "finetune_study.png", "knockout_addition.png",
+        "knockout_division.png"]
+
+
+def test_docs_are_byte_identical_on_a_second_run(tmp_path):
+    results_tree(tmp_path / "results")
+    readme, out, figures = _docs(tmp_path, tmp_path / "results")
+    first = {p: p.read_bytes() for p in [readme, out, *figures.iterdir()]}
+    stamps = {p: p.stat().st_mtime_ns for p in first}
+    _docs(tmp_path, tmp_path / "results")
+    assert {p: p.read_bytes() for p in [readme, out, *figures.iterdir()]} == first
+    assert {p: p.stat().st_mtime_ns for p in first} == stamps  # nothing rewritten
+
+
+def test_an_operator_without_key_components_says_so(tmp_path):
+    model = results_tree(tmp_path / "results")
+    key = pd.read_parquet(model / "key_components/division.parquet")
+    write_parquet(key.iloc[:0], model / "key_components/division.parquet")
+    _, out, _ = _docs(tmp_path, tmp_path / "results")
+    assert "### division\n\nNo head or MLP passed the rule." in out.read_text()
+
+
+def test_docs_without_the_study_drop_its_figures(tmp_path):
+    results = tmp_path / "results"
+    results_tree(results)
+    _docs(tmp_path, results)
+    (results / "m/finetune/study.png").unlink()
+    (results / "m/finetune/study.parquet").unlink()
+    _, out, figures = _docs(tmp_path, results)
+    assert "The study did not run" in out.read_text()
+    assert not (figures / "finetune_study.png").exists()
+
+
+def test_docs_when_the_study_could_not_run_say_why(tmp_path):
+    from arithmech.io import write_parquet
+
+    results = tmp_path / "results"
+    results_tree(results)
+    reason = "The precise-SFT study could not run: no candidate format's base exact match lies inside the band."
+    for name in ("study", "comparisons"):
+        path = results / f"m/finetune/{name}.parquet"
+        write_parquet(pd.read_parquet(path).iloc[:0], path, {"ran": False, "reason": reason})
+    _, out, _ = _docs(tmp_path, results)
+    assert reason in out.read_text() and "results/m/finetune/study.md" in out.read_text()
+
+
+def test_missing_results_name_the_file(tmp_path, capsys):
+    results_tree(tmp_path / "results")
+    (tmp_path / "results/m/knockout/division.parquet").unlink()
+    with pytest.raises(MissingResults, match="knockout/division.parquet is missing"):
+        _docs(tmp_path, tmp_path / "results")
+    (tmp_path / "config.yaml").write_text("run: {models: [m], tasks: [addition, division]}\n")
+    code = main(["--config", str(tmp_path / "config.yaml"), "--results", str(tmp_path / "nothing"),
+                 "--readme", str(tmp_path / "README.md")])
+    assert code == 1 and "nothing/m/claims.parquet is missing" in capsys.readouterr().err
+
+
+def test_a_readme_without_markers_is_an_error():
+    with pytest.raises(ValueError, match="no generated block"):
+        replace_block("# no markers\n", "table")
+    assert replace_block(README, "new\n") == README.replace("an old, hand-typed table: 54.7\n", "new\n")
+
+
+def test_docs_and_findings_do_not_import_torch():
+    import subprocess
+    import sys
+
+    code = ("import sys, arithmech.tools.docs_results, arithmech.report.page, arithmech.report.scorecard, "
+            "arithmech.report.display; "
+            "sys.exit('torch' in sys.modules)")
+    assert subprocess.run([sys.executable, "-c", code], timeout=120).returncode == 0
+
+
+def check_docs(results, model: str, tasks: list[str], tmp_path) -> str:
+    """What `make docs` must do on any finished run (tests/workflow/test_workflow.py calls it on the tiny run): fill the
+    block and leave README's other lines alone, write results.md with formatted numbers and its figures, and
+    write the same bytes again on a second run. Returns results.md."""
+    readme, out, figures = tmp_path / "README.md", tmp_path / "docs/results.md", tmp_path / "docs/figures"
+    readme.write_text(README)
+    make_docs(results_dir=results, model=model, tasks=tasks, readme=readme, out_md=out, figures_dir=figures)
+    written = {p: p.read_bytes() for p in [readme, out, *figures.iterdir()]}
+    make_docs(results_dir=results, model=model, tasks=tasks, readme=readme, out_md=out, figures_dir=figures)
+    assert {p: p.read_bytes() for p in [readme, out, *figures.iterdir()]} == written
+    text = readme.read_text()
+    assert text.split(BEGIN)[0] == README.split(BEGIN)[0] and text.split(END)[1] == README.split(END)[1]
+    assert "54.7" not in text and "| Claim |" in text
+    page = out.read_text()
+    assert not re.search(r"\d\.\d+e-\d", page) and "%" in page  # shares in percent; only one-digit tiny nats ("2e-3")
+    for link in re.findall(r"\]\((figures/[^)]+)\)", page):
+        assert (out.parent / link).is_file(), link
+    return page
+
+
+def test_check_docs_on_a_results_tree(tmp_path):
+    results_tree(tmp_path / "results")
+    assert "## Knockout" in check_docs(tmp_path / "results", "m", TASKS, tmp_path)
+
+
+def test_a_timing_is_left_out_of_the_docs(tmp_path):
+    """The step-time ratio differs on every run: the docs keep its verdict and point to the run's claims.md,
+    so that `make docs` after a re-run writes the same bytes."""
+    results_tree(tmp_path / "results")
+    readme, out, _ = _docs(tmp_path, tmp_path / "results")
+    for text in (readme.read_text(), out.read_text()):  # README's block and the page, each
+        assert "3.3x" not in text.replace("3.3x faster", "")  # the paper's number stays, the measured 3.29 goes
+        assert "3.29" not in text and "results/m/claims.md of your run" in text
+
+
+def _circuit_tables(model, task: str, key_logit: float) -> None:
+    """circuit/{task}.parquet and {task}_edges.parquet as the circuit and edges rules write them."""
+    from arithmech.interp import sufficiency
+    ranked = [(l, h) for l in range(3) for h in range(4)]
+    sets = sufficiency.circuit_sets(ranked_heads=ranked, key_heads=ranked[:2], key_mlps=[2], n_layers=3, n_heads=4,
+                                    grid=[4], draws=2, band_draws=1, seed=0)
+    n = 10
+    rows = np.zeros((len(sets), n))
+    for i, s in enumerate(sets):
+        rows[i] = {"model": 30.0, "empty": 20.0, "key": 20 + 10 * key_logit}.get(s.curve, 21.0) + np.arange(n) % 2
+    full = np.array([[1.0 if s.curve == "model" else 0.0] * n for s in sets])
+    table = sufficiency.faithfulness_table(sets, {"full": full, "logit": rows}, np.arange(n) // 2, n_boot=50, seed=0,
+                                  confidence=0.95)
+    table = table.assign(positions="end", means="counterfactual", n=n, split="validation", constant_first=0.5,
+                         constant_full=0.2)
+    (model / "circuit").mkdir(exist_ok=True)
+    write_parquet(table, model / f"circuit/{task}.parquet")
+    samples = pd.DataFrame([{"sample_id": i, "sender": s, "path": p, "receiver": r, "logit_o": 10.0, "change": v,
+                             "rel_effect": v / 10} for i in range(n) for s in ("L0H0", "L1H1")
+                            for p, r, v in (("total", -1, -0.5), ("direct", -1, -0.3), ("mlp", 1, -0.15 - 0.01 * i),
+                                            ("mlp", 2, 0.05))])
+    edges = sufficiency.summarize_edges(samples, pd.Series(np.arange(n) // 2), ["L0H0", "L1H1"], n_boot=50, seed=0,
+                               confidence=0.95)
+    write_parquet(edges, model / f"circuit/{task}_edges.parquet")
+    write_figure(model / f"circuit/{task}_faithfulness.png")
+
+
+def test_the_circuit_section_and_summary(tmp_path):
+    model = results_tree(tmp_path / "results")
+    for i, task in enumerate(TASKS):
+        _circuit_tables(model, task, key_logit=0.25 + 0.5 * i)
+    readme, out, figures = _docs(tmp_path, tmp_path / "results")
+    page, block = out.read_text(), readme.read_text().split(BEGIN)[1].split(END)[0]
+    assert "## From key components to a circuit (validate)" in page
+    assert "(figures/circuit_addition_faithfulness.png)" in page
+    # the generated sentence, in README's block and on the page: key circuit 25% of the logit, random 10%
+    line = next(l for l in block.splitlines() if l.startswith("- **addition**"))
+    assert "keeps 0.0% [0.0%, 0.0%] of the full-answer accuracy and 25.0%" in line and "keep 0.0% and 10.0%" in line
+    assert "-6.00% directly, -2.90% through the MLPs (most negative: L1 -3.90%, L2 +1.00%)" in line
+    assert line in page and "75.0%" in block.split("- **division**")[1]
+    assert "| addition | full answer | 12 | none | only" not in page and "| addition | answer logit | 12 |" in page
+    # the edges table: each path's estimate at its interval's precision; a zero-width interval at two digits
+    assert ("| addition | 10 | -10% [-10, -10] | -6.0% [-6.0, -6.0] | -2.9% [-3.4, -2.5] | -1.1% [-1.5, -0.6] | "
+            "L1 -3.9%, L2 +1.00% |") in page
+    assert "circuit_addition_faithfulness.png" in {p.name for p in figures.iterdir()}
+
+
+def _discover_tables(model) -> None:
+    """discover/: each operator's validation table (the discover rule's sets: model, empty, key, the discovered
+    circuit), the union's, and summary.parquet with the columns discover_union writes, plus the two figures."""
+    from arithmech.interp import sufficiency
+
+    (model / "discover").mkdir(exist_ok=True)
+    every = tuple((l, h) for l in range(3) for h in range(4))
+    key = sufficiency.CircuitSet("key", "key", 2, -1, ((0, 1), (1, 2)), (2,))
+    circuits = {"addition": ((0, 1), (2, 3)), "division": ((1, 2), (2, 0), (2, 3)),
+                "union": ((0, 1), (1, 2), (2, 0), (2, 3))}
+    n = 10
+    for task, heads in circuits.items():
+        sets = [sufficiency.CircuitSet("model", "all", 12, -1, every, (0, 1, 2)),
+                sufficiency.CircuitSet("empty", "none", 0, -1, (), ()),
+                key, sufficiency.CircuitSet("discovered", "discovered", len(heads), -1, heads, (1,))]
+        values = {m: np.array([[1.0] * n, [0.0] * n, [0.2] * n, [0.9] * n]) + (np.arange(n) % 2) * 0.05
+                  for m in ("full", "logit", "first")}
+        table = sufficiency.faithfulness_table(sets, values, np.arange(n) // 2, n_boot=50, seed=0, confidence=0.95)
+        table = table.assign(task=task, target=0.8, chosen=True)
+        write_parquet(table, model / f"discover/{task}_validation.parquet")
+    rows = []
+    for task, heads in circuits.items():
+        for target in ([0.8, 0.9] if task != "union" else [np.nan]):
+            chosen = task == "union" or target == 0.8
+            rows.append({"task": task, "target": target, "chosen": chosen, "measure": "logprob",
+                         "n_heads": len(heads) + (target == 0.9), "n_mlps": 1, "share": (len(heads) + 1) / 15,
+                         "faithfulness_full": 0.8712, "faithfulness_full_low": 0.7311, "faithfulness_full_high": 0.9644,
+                         "faithfulness_logit": 1.234, "faithfulness_logit_low": 1.1, "faithfulness_logit_high": 1.4,
+                         "faithfulness_first": 0.5, "faithfulness_first_low": 0.3, "faithfulness_first_high": 0.7,
+                         "key_faithfulness_full": 0.0, "key_faithfulness_full_low": 0.0,
+                         "key_faithfulness_full_high": 0.0, "random_faithfulness_full": 0.04,
+                         "diff_vs_random_full": 0.8312, "diff_vs_random_full_ci_low": 0.6911,
+                         "diff_vs_random_full_ci_high": 0.9333, "constant_first": 0.575, "first": 0.6,
+                         "full_share": 0.87, "n_items": 20 if task == "union" else n, "n_clusters": 5, "draws": 5,
+                         "smallest_target_validation": np.nan if task == "union" else 0.9,
+                         "share_reached": np.nan if task == "union" else task != "division"})
+            if task == "division":  # random circuits as faithful as it, on every resample: a zero-width interval
+                rows[-1] |= {"diff_vs_random_full": 0.0, "diff_vs_random_full_ci_low": 0.0,
+                             "diff_vs_random_full_ci_high": 0.0}
+    write_parquet(pd.DataFrame(rows), model / "discover/summary.parquet")
+    for task in TASKS:
+        write_figure(model / f"discover/{task}_path.png")
+        write_figure(model / f"discover/{task}_circuit.png")
+
+
+def test_the_discover_section_and_readme_sentences(tmp_path):
+    model = results_tree(tmp_path / "results")
+    _discover_tables(model)
+    readme, out, figures = _docs(tmp_path, tmp_path / "results")
+    page, block = out.read_text(), readme.read_text().split(BEGIN)[1].split(END)[0]
+    section = page.split("## The model's own circuit (discover)")[1].split("\n## ")[0]
+    # per operator at its chosen target, and the union last: size, faithfulness at the interval's precision, the
+    # key circuit, random circuits and the paired difference, the key heads kept
+    assert ("| addition | 0.80 | 10 | 2 heads + 1 MLPs (20.0%) | 87% [73%, 96%] | 123% [110%, 140%] | "
+            "50% [30%, 70%] (60.0%; 57.5%) | 0.0% [0.0%, 0.0%] | 4.0% (5 draws) | +83 points [+69, +93] | "
+            "1 of 2 key heads (L0H1); 1 added |") in section
+    assert "| division | 0.80 | 10 | 3 heads + 1 MLPs" in section and "1 of 2 key heads (L1H2); 2 added |" in section
+    assert "| all (union) | each operator's | 20 | 4 heads + 1 MLPs (33.3%)" in section
+    assert "2 of 2 key heads (L0H1, L1H2); 2 added |" in section
+    assert section.index("| addition |") < section.index("| all (union) |")
+    assert "| addition | 0.90 | 3 heads + 1 MLPs (20.0%) | 87% [73%, 96%] |  | 0.90 |" in section  # every target
+    # division's chosen target is the largest (none kept the share of full answers): said; its zero-width
+    # difference from random circuits reads with its unit once
+    assert ("| division | 0.80 | 3 heads + 1 MLPs (26.7%) | 87% [73%, 96%] | yes (the largest: none kept enough) |"
+            in section)
+    assert "| 0.0 points [0.0, 0.0] |" in section and "points points" not in section
+    assert "`logprob`" in section
+    # the findings page's two sentences, in both places, with the figures of the first operator
+    from arithmech.report.page import circuit_sentences
+    sentences = circuit_sentences(pd.read_parquet(model / "discover/summary.parquet"))
+    assert sentences.startswith("Over all operators") and sentences in section and sentences in block
+    assert "addition: 2 heads + 1 MLPs keeping 87%;" in sentences  # at the interval's precision, not "87.1%"
+    assert "(figures/discover_addition_path.png)" in section and "(figures/discover_addition_circuit.png)" in section
+    assert ("[the pruning path](docs/figures/discover_addition_path.png), [the circuit over the key heads]"
+            "(docs/figures/discover_addition_circuit.png), [the study](docs/figures/finetune_study.png)") in block
+    assert {"discover_addition_path.png", "discover_addition_circuit.png"} <= {p.name for p in figures.iterdir()}
+    assert "discover_division_path.png" not in {p.name for p in figures.iterdir()}
+    (tmp_path / "again").mkdir()
+    check_docs(tmp_path / "results", "m", TASKS, tmp_path / "again")  # byte-identical again, every link a file
+
+
+def test_docs_without_discover_outputs_say_the_rule_has_not_run(tmp_path):
+    model = results_tree(tmp_path / "results")
+    _discover_tables(model)  # a summary without its validation tables: the overlap column stays empty
+    for path in (model / "discover").glob("*_validation.parquet"):
+        path.unlink()
+    _, out, _ = _docs(tmp_path, tmp_path / "results")
+    assert "| addition | 0.80 | 10 | 2 heads + 1 MLPs (20.0%) |" in out.read_text()
+    assert "key heads (L0H1)" not in out.read_text()
+    for path in (model / "discover").iterdir():
+        path.unlink()
+    readme, out, figures = _docs(tmp_path, tmp_path / "results")
+    section = out.read_text().split("## The model's own circuit (discover)\n")[1].split("\n## ")[0]
+    assert "The discover rule has not run on these results (no `discover/summary.parquet`)" in section
+    assert "own circuit" not in readme.read_text() and not any("discover" in p.name for p in figures.iterdir())
+
+
+# ---------------------------------------------------------------------------------------------------
+# README's run time of `make run` and the paper plan's jobs and GPU hours: generated, never typed
+
+NUMBERS_README = README + f"""
+{RUN_TIME_MARKERS[0]}
+**`make run`** takes about half an hour: 26 min 2 s for its 80 jobs, typed by hand
+{RUN_TIME_MARKERS[1]}
+
+{PLAN_MARKERS[0]}
+5.19 GPU hours, typed by hand
+{PLAN_MARKERS[1]}
+"""
+# A record as `make run` (arithmech.tools.run_record) writes it, complete
+RECORD = {"recorded_by": "written by `make run`", "started": "2026-11-28T09:00:00Z", "date": "2026-11-28",
+          "seconds": 1501.6, "command": ".venv/bin/snakemake --cores 2 --max-threads 1", "jobs_run": 80,
+          "jobs_at_start": 80, "workflow_jobs": 80, "from_scratch": True,
+          "machine": {"cpu": "AMD EPYC 7B13", "cores": 2, "memory_gib": 8, "system": "Linux", "gpus": []},
+          "arithmech": "0.1.0", "commit": "0123456789abcdef0123456789abcdef01234567", "dirty": False}
+PLAN = {"totals": {"jobs": 141, "gpu_jobs": 102, "gpu_hours": 5.18607, "gpu_gb": 66.84, "host_gb": 17.72},
+        "throughput": {"tflops": 100.0, "bandwidth": 1.5, "startup_s": 60.0, "gpu_memory_gb": 80.0},
+        "config_files": ["config.yaml", "/somewhere/configs/paper.yaml"], "models": {}, "rules": [], "warnings": []}
+PLAN_PAGE = (f"# The cost plan\n\n{PLAN_OUTPUT_MARKERS[0]}\nan old plan: 8.3 GPU hours\n"
+             f"{PLAN_OUTPUT_MARKERS[1]}\n\nMore.\n")
+
+
+def _block(text: str, markers: tuple[str, str]) -> str:
+    return text.split(markers[0] + "\n")[1].split(markers[1])[0]
+
+
+def _numbers_docs(tmp_path, record: dict | None, plans: list | None = None):
+    """make docs on a results tree whose results/run_record.json is `record` (None: none), README with the run-time
+    and plan blocks; returns (README, the kept record docs/run_record.json)."""
+    results, readme, kept = tmp_path / "results", tmp_path / "README.md", tmp_path / "docs/run_record.json"
+    page = tmp_path / "docs/plan.md"
+    if not (results / "m").is_dir():
+        results_tree(results)
+        page.parent.mkdir(parents=True, exist_ok=True)
+        page.write_text(PLAN_PAGE)
+    if not readme.exists():
+        readme.write_text(NUMBERS_README)
+    (results / "run_record.json").unlink(missing_ok=True)
+    if record is not None:
+        (results / "run_record.json").write_text(json.dumps(record))
+
+    def plan_report():
+        if plans is not None:
+            plans.append(1)
+        return PLAN
+
+    make_docs(results_dir=results, model="m", tasks=TASKS, readme=readme, out_md=tmp_path / "docs/results.md",
+              figures_dir=tmp_path / "docs/figures", kept_record=kept, plan_report=plan_report, plan_page=page)
+    return readme, kept
+
+
+def test_the_run_time_and_plan_blocks_come_from_the_record_and_the_plan(tmp_path):
+    plans = []
+    readme, kept = _numbers_docs(tmp_path, RECORD, plans)
+    text = readme.read_text()
+    assert _block(text, RUN_TIME_MARKERS) == run_time_text(RECORD, "docs/run_record.json")
+    assert _block(text, PLAN_MARKERS) == plan_text(PLAN) and plans == [1]  # the plan computed once
+    page = (tmp_path / "docs/plan.md").read_text()  # docs/plan.md: the whole plan, as make plan prints it
+    assert _block(page, PLAN_OUTPUT_MARKERS) == plan_output(PLAN) and page.endswith("\n\nMore.\n")
+    assert "8.3 GPU hours" not in page and "```text\narithmech cost plan: config.yaml + configs/paper.yaml + " in page
+    assert "total: 141 jobs, 102 on a GPU, 5.19 GPU hours" in page
+    assert json.loads(kept.read_text()) == RECORD  # kept for the checkout: README's number has its source in git
+    run_time = " ".join(_block(text, RUN_TIME_MARKERS).split())
+    assert run_time.startswith("**`make run`** took 25 min 2 s for its 80 jobs (every job of the workflow) on "
+                               "2026-11-28: `.venv/bin/snakemake --cores 2 --max-threads 1` once `.venv` was set up, "
+                               "on AMD EPYC 7B13, 2 cores, 8 GiB, Linux, no GPU; arithmech 0.1.0; commit 0123456789.")
+    assert "[docs/run_record.json](docs/run_record.json), written by `make run`;" in run_time
+    assert "141 jobs, 102 of them on a GPU, and 5.19 GPU hours at an assumed 100 TFLOP/s" in " ".join(
+        _block(text, PLAN_MARKERS).split())
+    assert "typed by hand" not in text and "More text after the block.\n" in text  # the rest untouched
+    lines = (_block(text, RUN_TIME_MARKERS) + _block(text, PLAN_MARKERS)).splitlines()
+    assert len(lines) > 2 and all(len(line) <= 115 for line in lines)  # wrapped as README's own paragraphs
+    first = readme.read_bytes(), kept.read_bytes(), page
+    _numbers_docs(tmp_path, RECORD)
+    assert (readme.read_bytes(), kept.read_bytes(), (tmp_path / "docs/plan.md").read_text()) == first  # again
+
+
+def test_a_partial_rerun_leaves_the_run_time_to_the_last_complete_run(tmp_path):
+    _numbers_docs(tmp_path, RECORD)
+    partial = {**RECORD, "started": "2026-11-29T09:00:00Z", "date": "2026-11-29", "seconds": 60.0, "jobs_run": 3,
+               "jobs_at_start": 3, "from_scratch": False, "last_complete": RECORD}
+    readme, kept = _numbers_docs(tmp_path, partial)
+    assert json.loads(kept.read_text()) == RECORD and "25 min 2 s for its 80 jobs" in readme.read_text()
+    older = {**RECORD, "started": "2026-11-20T09:00:00Z", "date": "2026-11-20", "seconds": 100.0}
+    readme, kept = _numbers_docs(tmp_path, older)  # a complete run older than the kept one does not replace it
+    assert json.loads(kept.read_text()) == RECORD
+    newer = {**RECORD, "started": "2026-11-30T09:00:00Z", "date": "2026-11-30", "seconds": 1400.0}
+    readme, kept = _numbers_docs(tmp_path, {**partial, "last_complete": newer})  # its kept complete run is newer
+    assert json.loads(kept.read_text()) == newer and "23 min 20 s for its 80 jobs" in readme.read_text()
+
+
+def test_without_a_record_the_run_time_is_said_not_measured(tmp_path):
+    readme, kept = _numbers_docs(tmp_path, None)
+    block = " ".join(_block(readme.read_text(), RUN_TIME_MARKERS).split())
+    assert "has not been measured on this checkout" in block and not kept.exists()
+    assert not re.search(r"\d+ min \d+ s", block)
+    readme, kept = _numbers_docs(tmp_path, {**RECORD, "from_scratch": False})  # a partial run alone: the same
+    assert "has not been measured on this checkout" in readme.read_text() and not kept.exists()
+
+
+@pytest.mark.parametrize("left_out", [RUN_TIME_MARKERS, PLAN_MARKERS])
+def test_a_readme_without_a_numbers_block_is_an_error_and_nothing_is_written(tmp_path, left_out):
+    (tmp_path / "README.md").write_text(NUMBERS_README.replace(left_out[0], "").replace(left_out[1], ""))
+    with pytest.raises(ValueError, match=left_out[0].split(" (")[0].removeprefix("<!-- ")):
+        _numbers_docs(tmp_path, RECORD)
+    assert not (tmp_path / "docs/run_record.json").exists() and not (tmp_path / "docs/results.md").exists()
+
+
+def test_readme_run_time_is_the_kept_records():
+    """README's run time, job count, date and machine are those of docs/run_record.json, as make docs writes them
+    (README's plan block against the plan: tests/tools/test_plan.py)."""
+    record = read_record(ROOT / KEPT_RECORD)
+    assert record is not None and record["from_scratch"] and record["jobs_run"] == record["workflow_jobs"]
+    readme = (ROOT / "README.md").read_text()
+    assert _block(readme, RUN_TIME_MARKERS) == run_time_text(record, "docs/run_record.json")
+
+
+def _outside_generated_blocks(text: str) -> str:
+    return re.sub(r"<!-- BEGIN GENERATED: (.+?) \(.*?-->.*?<!-- END GENERATED: \1 -->", "", text, flags=re.S)
+
+
+# How the run time of `make run` and the paper plan's totals were once typed by hand
+RUN_TIME_TYPED = [r"\d+ min \d+ s for (its )?\d+ jobs", r"\d+ min \d+ s (default )?run\b"]
+PLAN_TYPED = [r"\d+(\.\d+)? GPU hours", r"\d+ jobs, \d+ (of them )?on a GPU"]
+
+
+@pytest.mark.parametrize("name,patterns", [("README.md", RUN_TIME_TYPED + PLAN_TYPED),
+                                           ("docs/circuit.md", RUN_TIME_TYPED)])
+def test_no_run_time_or_plan_total_is_typed_outside_the_generated_blocks(name, patterns):
+    text = _outside_generated_blocks((ROOT / name).read_text())
+    assert "GENERATED" not in text  # every block closed, so all were removed
+    typed = [m.group(0) for pattern in patterns for m in re.finditer(pattern, " ".join(text.split()))]
+    assert not typed, f"{name} types {typed}: take them from a generated block (make docs) or link to one"
+    assert not _outside_generated_blocks("a <!-- BEGIN GENERATED: plan (make docs) -->\n5.19 GPU hours\n"
+                                         "<!-- END GENERATED: plan --> b").count("GPU hours")
+
+
+def test_the_plan_block_names_make_plans_default():
+    """The Makefile's CONFIGS default (what `make plan` plans) is what README's plan block is computed for."""
+    default = re.search(r"^CONFIGS \?= (.+)$", (ROOT / "Makefile").read_text(), flags=re.M).group(1).split()
+    assert default == PLAN_CONFIGS

@@ -1,0 +1,108 @@
+"""`snakemake --profile slurm` from a fresh checkout, and a user's own profiles beside the workflow's
+(arithmech.tools.profiles). Dry runs here; the same command through the real test Slurm is in
+tests/workflow/test_slurm.py."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from snakemake.resources import Resources
+
+from arithmech.tools import profiles
+from helpers import fresh_checkout, user_profile
+
+
+@pytest.fixture(scope="module")
+def checkout(tmp_path_factory):
+    return fresh_checkout(tmp_path_factory.mktemp("clone") / "arithmech")
+
+
+def dry_run(checkout: Path, *args: str, config_home: Path | None = None) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    env["XDG_CONFIG_HOME"] = str(config_home or checkout.parent / "no-config-home")
+    env["PATH"] = f"{Path(sys.executable).parent}:{env['PATH']}"
+    return subprocess.run([sys.executable, "-m", "snakemake", *args, "-n", "--quiet", "rules"], cwd=checkout,
+                          env=env, capture_output=True, text=True, timeout=600)
+
+
+def test_profile_args_reads_the_command_line():
+    argv = ["--profile", "slurm", "mine", "-n", "--workflow-profile=workflow/profiles/slurm", "--profile=third"]
+    assert profiles.profile_args(argv) == (["slurm", "mine", "third"], "workflow/profiles/slurm")
+    assert profiles.profile_args(["--cores", "2"]) == ([], None)
+    assert profiles.snakemake_argv(["/x/bin/snakemake", "--profile", "slurm"]) == ["--profile", "slurm"]
+    assert profiles.snakemake_argv(["/x/snakemake/__main__.py", "-n"]) == ["-n"]
+    assert profiles.snakemake_argv(["/x/bin/pytest", "--profile", "slurm"]) == []
+
+
+def test_profile_slurm_as_typed_in_a_fresh_clone(checkout):
+    proc = dry_run(checkout, "--profile", "slurm")
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, log[-3000:]
+    assert "Using profile slurm for setting default command line arguments" in log
+    assert "note: profile" not in log  # no profile of the user's in play
+
+
+def test_the_same_name_in_the_checkout_answers_workflow_profile_too(checkout):
+    proc = dry_run(checkout, "--workflow-profile", "slurm")
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "workflow specific profile slurm" in log, log[-3000:]
+
+
+def test_a_users_own_slurm_profile_keeps_its_limits_and_account(checkout, tmp_path):
+    """The user's `~/.config/snakemake/slurm` (executor and account, a lower job limit, a setting the workflow
+    cannot apply after parsing): its jobs and default resources apply, the rest is named."""
+    user_profile(tmp_path, "executor: slurm\njobs: 7\ndefault-resources:\n  slurm_account: root\n  qos: low\n"
+                           "slurm-requeue: true\n")
+    proc = dry_run(checkout, "--profile", "slurm", config_home=tmp_path)
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, log[-3000:]
+    mine = tmp_path / "snakemake/slurm/config.yaml"
+    assert (f"note: profile {mine}: jobs 7, default-resources slurm_account=root qos=low; not applied (the "
+            "workflow's SLURM profile is used): slurm-requeue: give them on the command line") in log
+
+
+def test_a_users_slurm_profile_of_another_executor_is_refused(checkout, tmp_path):
+    user_profile(tmp_path, "executor: cluster-generic\njobs: 7\n")
+    proc = dry_run(checkout, "--profile", "slurm", config_home=tmp_path)
+    log = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert f"{tmp_path / 'snakemake/slurm/config.yaml'}: executor is 'cluster-generic'" in log, log[-3000:]
+
+
+def test_a_profile_layered_under_the_workflow_profile_keeps_its_job_limit(checkout, tmp_path):
+    mine = user_profile(tmp_path, "executor: slurm\njobs: 5\n", name="site")
+    proc = dry_run(checkout, "--profile", str(mine), "--workflow-profile", "workflow/profiles/slurm",
+                   config_home=tmp_path)
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, log[-3000:]
+    assert f"note: profile {mine / 'config.yaml'}: jobs 5" in log
+
+
+class Settings:
+    nodes, default_resources = 100, None
+
+
+def test_fold_in_sets_the_users_limits(tmp_path, monkeypatch):
+    checkout = fresh_checkout(tmp_path / "co")
+    user_profile(tmp_path / "home", "executor: slurm\njobs: 4\ndefault-resources: [slurm_account=root]\n")
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "home"))
+    settings = Settings()
+    notes = profiles.fold_in_user_profiles(settings, ["--profile", "slurm"], checkout, checkout)
+    assert len(notes) == 1 and settings.nodes == 4
+    assert "slurm_account" in settings.default_resources.keys()  # an expression, evaluated per job (as "root")
+    assert settings.default_resources["mem_mb"]  # Snakemake's cluster defaults kept beside them
+    # from another directory `--profile slurm` is the user's own: nothing is folded in
+    elsewhere = Settings()
+    assert profiles.fold_in_user_profiles(elsewhere, ["--profile", "slurm"], tmp_path, checkout) == []
+    assert elsewhere.nodes == 100
+
+
+def test_a_per_cpu_memory_default_is_refused_naming_both():
+    given = Resources.parse(["mem_mb_per_cpu=2000"], allow_expressions=True)
+    with pytest.raises(profiles.ProfileError, match=r"mem_mb_per_cpu=2000 .*\(models\.llama2-7b\.resources\.mem_mb "
+                                                    r"64000"):
+        profiles.check_per_cpu_memory(given, {"llama2-7b": 64000})
+    assert profiles.check_per_cpu_memory(Resources.parse(["mem_mb=10"], allow_expressions=True), {"m": 1}) == []
+    assert profiles.check_per_cpu_memory(None, {"m": 1}) == []
