@@ -254,6 +254,40 @@ def test_token_estimate_without_a_tokenizer():
     assert TokenCounter().count(" 18", special=False) == 1 + 2
 
 
+# A ChatML-like template with a default system message, as SmolLM2's: tokens once a prompt and tokens a message
+CHAT_TEMPLATE = ("{% if messages[0]['role'] != 'system' %}<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
+                 "{% endif %}{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+                 "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def test_the_chat_style_costs_what_the_tokenizers_template_renders(tmp_path):
+    """With a chat template beside the tokenizer, the plan's chat tokens (once a prompt, per message) come from the
+    template as the stages render it (`data.formatting.math_prompt`), and predict the real prompts' tokens for other
+    questions and shot counts (exactly with this tokenizer, which merges no token across a message's edge); without
+    one, the estimate (5 a message) stays."""
+    from transformers import AutoTokenizer
+
+    from arithmech.data.formatting import math_prompt
+    from arithmech.model.tiny import build_tiny_model
+
+    directory = build_tiny_model(tmp_path / "model")
+    assert TokenCounter(directory / "tokenizer.json").chat.source.startswith("estimated")
+    tokenizer = AutoTokenizer.from_pretrained(directory)
+    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.save_pretrained(directory)
+    counter = TokenCounter(directory / "tokenizer.json")
+    chat = counter.chat
+    assert chat.source.startswith("measured") and chat.fixed > 5 and chat.per_message > 5  # far off the estimate
+    shots = [("What is 2 times 4?", "The answer is 8."), ("Tom has 3 apples and eats one. How many are left?",
+                                                          "He has 3 - 1 = 2 left. The answer is 2.")]
+    for question in ("What is 9 minus 6?", "A box holds 12 eggs. How many eggs are in 4 boxes?"):
+        for n in range(len(shots) + 1):
+            real = counter.count(math_prompt(question, shots[:n], "chat", tokenizer), special=False)
+            contents = sum(counter.count(t, special=False) for q, a in shots[:n] for t in (q, a))
+            planned = chat.fixed + (2 * n + 1) * chat.per_message + counter.count(question, special=False) + contents
+            assert planned == real, (question, n)
+
+
 def llama_setting(config_files: list[str], batch: int) -> tuple[Setting, Model]:
     config = load_config([str(ROOT / f) for f in config_files], root=ROOT)
     config = copy.deepcopy(config)
