@@ -23,7 +23,7 @@ import re
 import sys
 from pathlib import Path
 
-# What jobs import (the model, tables, figures) and parsing never does (tests/test_software_routes.py).
+# What jobs import (the model, tables, figures) and parsing never does (tests/workflow/test_software_routes.py).
 JOB_MODULES = ("torch", "transformers", "datasets", "pandas", "numpy", "pyarrow", "matplotlib", "scipy", "statsmodels")
 
 # Each route's command, run in the checkout; on SLURM with the options of docs/cluster.md added.

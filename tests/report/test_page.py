@@ -227,9 +227,9 @@ def test_the_page_says_what_the_models_own_circuit_is(tmp_path):
     text = circuit_sentences(summary)
     assert text.startswith("Over all operators, the circuit that pruning finds on the identification pairs has 60 "
                            "heads and 24 MLPs (28")
-    assert "addition: 35 heads + 19 MLPs keeping" in text  # the smallest chosen target's circuit
+    assert "addition: 35 heads + 19 MLPs at" in text  # the smallest chosen target's circuit
     # faithfulness at its resampled interval's precision
-    assert "keeps 80% [70%, 85%] of the full-answer" in text and "MLPs keep 0.0% [0.0%, 1.0%]" in text
+    assert "those with every node ablated) is 80% [70%, 85%]," in text and "MLPs' 0.0% [0.0%, 1.0%]" in text
     assert "50 heads" not in text and "30 heads" not in text
     assert "no circuit" in circuit_sentences(summary.assign(chosen=False))
     study, comp = study_tables()

@@ -266,7 +266,8 @@ def test_the_circuit_section_and_summary(tmp_path):
     assert "(figures/circuit_addition_faithfulness.png)" in page
     # the generated sentence, in README's block and on the page: key circuit 25% of the logit, random 10%
     line = next(l for l in block.splitlines() if l.startswith("- **addition**"))
-    assert "keeps 0.0% [0.0%, 0.0%] of the full-answer accuracy and 25.0%" in line and "keep 0.0% and 10.0%" in line
+    assert "faithfulness of 0.0% [0.0%, 0.0%] on full answers and 25.0%" in line
+    assert "in the same layers: 0.0% and 10.0%." in line
     assert "-6.00% directly, -2.90% through the MLPs (most negative: L1 -3.90%, L2 +1.00%)" in line
     assert line in page and "75.0%" in block.split("- **division**")[1]
     assert "| addition | full answer | 12 | none | only" not in page and "| addition | answer logit | 12 |" in page
@@ -347,7 +348,7 @@ def test_the_discover_section_and_readme_sentences(tmp_path):
     from arithmech.report.page import circuit_sentences
     sentences = circuit_sentences(pd.read_parquet(model / "discover/summary.parquet"))
     assert sentences.startswith("Over all operators") and sentences in section and sentences in block
-    assert "addition: 2 heads + 1 MLPs keeping 87%;" in sentences  # at the interval's precision, not "87.1%"
+    assert "addition: 2 heads + 1 MLPs at 87%;" in sentences  # at the interval's precision, not "87.1%"
     assert "(figures/discover_addition_path.png)" in section and "(figures/discover_addition_circuit.png)" in section
     assert ("[the pruning path](docs/figures/discover_addition_path.png), [the circuit over the key heads]"
             "(docs/figures/discover_addition_circuit.png), [the study](docs/figures/finetune_study.png)") in block

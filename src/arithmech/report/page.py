@@ -147,11 +147,13 @@ def circuit_sentences(summary: pd.DataFrame) -> str:
     first = ""
     if "union" in rows.index:
         u = rows.loc["union"]
-        first = (f"Over all operators, the circuit that pruning finds on the identification pairs has {size(u)} and "
-                 f"keeps {kept(u)} of the full-answer accuracy on the validation pairs; the key heads and key "
-                 f"MLPs keep {kept(u, 'key_faithfulness_full')}, random circuits of its size "
+        # faithfulness, not a share kept: (circuit - every node ablated) / (model - every node ablated) can be < 0
+        first = (f"Over all operators, the circuit that pruning finds on the identification pairs has {size(u)}; "
+                 f"its full-answer faithfulness on the validation pairs (100%: the whole model's full answers, 0%: "
+                 f"those with every node ablated) is {kept(u)}, the key heads and key MLPs' "
+                 f"{kept(u, 'key_faithfulness_full')}, random circuits of its size "
                  f"{display.share(u['random_faithfulness_full'])}. ")
-    per_task = [f"{task}: {int(r['n_heads'])} heads + {int(r['n_mlps'])} MLPs keeping "
+    per_task = [f"{task}: {int(r['n_heads'])} heads + {int(r['n_mlps'])} MLPs at "
                 + display.estimate(r["faithfulness_full"], r["faithfulness_full_low"], r["faithfulness_full_high"],
                                    scale=100, suffix="%", fallback=display.share)
                 for task, r in rows.iterrows() if task != "union"]

@@ -9,5 +9,5 @@ run_record runs the workflow and records its time, jobs and machine in results/r
 plan estimates a configuration's jobs, GPU hours and peak memory before it runs (make plan).
 rehearsal runs the paper's configuration at its shape on a tiny model through a SLURM scheduler (make rehearsal).
 
-Tools may import the library; nothing outside tools/ imports them (tests/test_architecture.py).
+Tools may import the library; nothing outside tools/ imports them (tests/project/test_architecture.py).
 """

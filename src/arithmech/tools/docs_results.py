@@ -278,12 +278,12 @@ def circuit_summary(root: Path, tasks: list[str]) -> str:
         reach = smallest_k(end, measure="full", mlps="all", level=0.8)
         full = _faithful(k["faithfulness_full"], k["faithfulness_full_low"], k["faithfulness_full_high"])
         logit = _faithful(k["faithfulness_logit"], k["faithfulness_logit_low"], k["faithfulness_logit_high"])
+        # faithfulness, not a share kept: (circuit - every node ablated) / (model - every node ablated) can be < 0
         text = (f"- **{task}**: the key circuit ({int(k['n_heads'])} heads + {int(k['n_mlps'])} MLPs, every other node "
-                f"mean-ablated) keeps {full} of the full-answer accuracy and {logit} of the answer "
-                f"logit; {len(rand)} random circuits of its size in the same layers keep "
-                f"{pct(rand['faithfulness_full'].mean())} "
-                f"and {pct(rand['faithfulness_logit'].mean())}. The fewest top heads that keep 80% of the full answers "
-                f"with every MLP: {_reach(reach, total)}.")
+                f"mean-ablated) has a faithfulness of {full} on full answers and {logit} on the answer logit (100%: "
+                f"as the whole model, 0%: as with every node ablated); {len(rand)} random circuits of its size in the "
+                f"same layers: {pct(rand['faithfulness_full'].mean())} and {pct(rand['faithfulness_logit'].mean())}. "
+                f"The fewest top heads that keep 80% of the full answers with every MLP: {_reach(reach, total)}.")
         summed = edges[edges["sender"] == KEY_SUM].set_index(["path", "receiver"])["mean_effect"]
         if len(summed):
             mlps = summed.xs("mlp", level="path").sort_values().head(2)

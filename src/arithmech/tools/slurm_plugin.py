@@ -8,7 +8,7 @@ plugin's state query so that Snakemake sees `CANCELLED` and the preempted job as
 like any other, resubmitted by the rules' `retries`, or the run stops naming the job.
 
 The upstream fix is one line in `job_status_query.query_job_status` (docs/cluster.md): keep the state's first
-word, `status = row[1].strip().split(" ", 1)[0]`. tests/test_slurm_plugin.py fails when the pinned version
+word, `status = row[1].strip().split(" ", 1)[0]`. tests/tools/test_slurm_plugin.py fails when the pinned version
 changes, so that this module is dropped once the fix is released.
 
 Read by the Snakefile while it parses: standard library only (and the plugin, when it is installed).

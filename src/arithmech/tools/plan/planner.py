@@ -35,7 +35,7 @@ from arithmech.tools.plan.sft_rules import evaluate, finetune, study_evaluate, s
 from arithmech.tools.plan.shapes import model_shape
 from arithmech.tools.plan.tokens import TokenCounter
 
-# Every rule of the workflow and what one of its jobs costs (tests/test_plan.py checks that every rule of
+# Every rule of the workflow and what one of its jobs costs (tests/tools/test_plan.py checks that every rule of
 # the Snakefile and workflow/rules/*.smk has an entry).
 RULE_COSTS: dict[str, Callable[[Setting, Model | None, Job], Cost]] = {
     "all": target_rule,
@@ -99,7 +99,7 @@ def load_models(config: dict, *, workdir: Path) -> dict[str, Model]:
 
 def cost_of(s: Setting, job: Job) -> Cost:
     """The cost of one job, from its rule's entry in `RULE_COSTS`; a rule without one is marked unknown (left
-    out of the totals, with a warning; tests/test_plan.py fails on it)."""
+    out of the totals, with a warning; tests/tools/test_plan.py fails on it)."""
     function = RULE_COSTS.get(job.rule)
     if function is None:
         return Cost(gpu=False, unknown=True,
