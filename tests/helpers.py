@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -89,6 +90,14 @@ def user_profile(config_home: Path, text: str, name: str = "slurm") -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.yaml").write_text(text)
     return folder
+
+
+def prepared_model_dir(tiny_dir, tmp_path):
+    """A prepared model's folder under tmp_path (its source.json, as prepare_model writes it) that loads `tiny_dir`."""
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    (model_dir / "source.json").write_text(json.dumps({"source": {"path": str(tiny_dir)}, "load_from": str(tiny_dir)}))
+    return model_dir
 
 
 # The stage tests' prompts and compute settings (prepare_tiny; tests/stages, tests/interp)
@@ -217,3 +226,43 @@ def srun_in_job(out: str) -> None:
                                              world_size=2, cpus_per_task=1)
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
         subprocess.run(cmd, env=env, timeout=180, check=True)
+
+
+# `make docs` on a results tree (tests/tools/test_docs_results.py; the tiny run's in tests/workflow/test_workflow.py)
+def scorecard_readme() -> str:
+    """A README with the generated scorecard block's markers around a hand-typed table, and text on both sides."""
+    from arithmech.tools.docs_results import BEGIN, END
+
+    return f"""# arithmech
+
+Some text a person wrote | with a pipe.
+
+{BEGIN}
+an old, hand-typed table: 54.7
+{END}
+
+More text after the block.
+"""
+
+
+def check_docs(results, model: str, tasks: list[str], tmp_path) -> str:
+    """What `make docs` must do on any finished run (tests/workflow/test_workflow.py calls it on the tiny run): fill the
+    block and leave README's other lines alone, write results.md with formatted numbers and its figures, and
+    write the same bytes again on a second run. Returns results.md."""
+    from arithmech.tools.docs_results import BEGIN, END, make_docs
+
+    readme, out, figures = tmp_path / "README.md", tmp_path / "docs/results.md", tmp_path / "docs/figures"
+    readme.write_text(scorecard_readme())
+    make_docs(results_dir=results, model=model, tasks=tasks, readme=readme, out_md=out, figures_dir=figures)
+    written = {p: p.read_bytes() for p in [readme, out, *figures.iterdir()]}
+    make_docs(results_dir=results, model=model, tasks=tasks, readme=readme, out_md=out, figures_dir=figures)
+    assert {p: p.read_bytes() for p in [readme, out, *figures.iterdir()]} == written
+    text = readme.read_text()
+    assert text.split(BEGIN)[0] == scorecard_readme().split(BEGIN)[0]
+    assert text.split(END)[1] == scorecard_readme().split(END)[1]
+    assert "54.7" not in text and "| Claim |" in text
+    page = out.read_text()
+    assert not re.search(r"\d\.\d+e-\d", page) and "%" in page  # shares in percent; only one-digit tiny nats ("2e-3")
+    for link in re.findall(r"\]\((figures/[^)]+)\)", page):
+        assert (out.parent / link).is_file(), link
+    return page

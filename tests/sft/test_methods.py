@@ -6,6 +6,7 @@ import pytest
 from arithmech.interp.nodes import circuit_first, parse_nodes
 from arithmech.sft import design as sd
 from arithmech.sft.methods import HEAD_METHODS, RECIPE_METHODS, layer_matched_weakest, select_nodes
+from helpers import prepared_model_dir, tiny_config
 
 
 def test_parse_nodes_round_trips_the_circuit_tables():
@@ -142,14 +143,12 @@ def test_a_training_run_records_its_heads_overlap_with_precise(tiny_dir, tmp_pat
     """stats.json of a head arm's run says how many heads it trains and how many of them precise trains too."""
     import json
 
-    from test_study import _model_dir, _study
-
     from arithmech.stages.study import run_study_items, run_study_train
 
-    model_dir = _model_dir(tiny_dir, tmp_path)
+    model_dir = prepared_model_dir(tiny_dir, tmp_path)
     pairs = tmp_path / "pairs.parquet"
     pd.DataFrame({"a": [10], "b": [10]}).to_parquet(pairs)
-    study = _study() | {"heads": 2}
+    study = tiny_config()["study"] | {"heads": 2}
     study["train"] = study["train"] | {"max_steps": 1, "checkpoint_every": None}
     items = tmp_path / "items.parquet"
     run_study_items(model_dir=model_dir, pairs_paths={"addition": pairs}, study=study,

@@ -23,7 +23,7 @@ from arithmech.sft import study_config
 from arithmech.sft import training as ft
 from arithmech.sft.scoring import divergence_windows, score_targets
 from arithmech.stages.study import run_study_format, run_study_items, run_study_summary
-from helpers import ROOT, tiny_config
+from helpers import ROOT, prepared_model_dir, tiny_config
 
 SCHEMA = ROOT / "workflow/schemas/config.schema.yaml"
 
@@ -245,13 +245,6 @@ def test_measured_items_are_the_first_validation_items_of_the_format_when_traine
     assert sd.measurement_items(tok, small, {}, study, ".\n", seed=3) is None
 
 
-def _model_dir(tiny_dir, tmp_path):
-    model_dir = tmp_path / "model"
-    model_dir.mkdir()
-    (model_dir / "source.json").write_text(json.dumps({"source": {"path": str(tiny_dir)}, "load_from": str(tiny_dir)}))
-    return model_dir
-
-
 def test_format_stage_measures_every_candidate_and_records_the_choice(tiny_dir, tmp_path):
     from arithmech.io import read_parquet_meta
 
@@ -261,7 +254,7 @@ def test_format_stage_measures_every_candidate_and_records_the_choice(tiny_dir, 
                              small=dict(ADD, a=[1, 3], b=[1, 3]))
     compute = {"device": "cpu", "dtype": "float32", "batch_size": 4}
     def run(s, out):
-        return run_study_format(model_dir=_model_dir(tiny_dir, tmp_path / out), pairs_paths={"addition": pairs},
+        return run_study_format(model_dir=prepared_model_dir(tiny_dir, tmp_path / out), pairs_paths={"addition": pairs},
                                 study=s, prompts={"shot_separator": ".\n"}, compute=compute, seed=0,
                                 out_table=tmp_path / out / "formats.parquet")
     (tmp_path / "named").mkdir()

@@ -28,19 +28,12 @@ from arithmech.tools.docs_results import (
 )
 from arithmech.tools.run_record import read_record
 from claims_example import example_claims
-from helpers import ROOT, knockout_table, study_tables, write_figure
+from helpers import ROOT, check_docs, knockout_table, scorecard_readme, study_tables, write_figure
 
 TASKS = ["addition", "division"]
-README = f"""# arithmech
 
-Some text a person wrote | with a pipe.
 
-{BEGIN}
-an old, hand-typed table: 54.7
-{END}
-
-More text after the block.
-"""
+README = scorecard_readme()  # the README these tests fill (helpers.scorecard_readme)
 
 
 def _effects(task_seed: int) -> pd.DataFrame:
@@ -192,26 +185,6 @@ def test_docs_and_findings_do_not_import_torch():
             "arithmech.report.display; "
             "sys.exit('torch' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code], timeout=120).returncode == 0
-
-
-def check_docs(results, model: str, tasks: list[str], tmp_path) -> str:
-    """What `make docs` must do on any finished run (tests/workflow/test_workflow.py calls it on the tiny run): fill the
-    block and leave README's other lines alone, write results.md with formatted numbers and its figures, and
-    write the same bytes again on a second run. Returns results.md."""
-    readme, out, figures = tmp_path / "README.md", tmp_path / "docs/results.md", tmp_path / "docs/figures"
-    readme.write_text(README)
-    make_docs(results_dir=results, model=model, tasks=tasks, readme=readme, out_md=out, figures_dir=figures)
-    written = {p: p.read_bytes() for p in [readme, out, *figures.iterdir()]}
-    make_docs(results_dir=results, model=model, tasks=tasks, readme=readme, out_md=out, figures_dir=figures)
-    assert {p: p.read_bytes() for p in [readme, out, *figures.iterdir()]} == written
-    text = readme.read_text()
-    assert text.split(BEGIN)[0] == README.split(BEGIN)[0] and text.split(END)[1] == README.split(END)[1]
-    assert "54.7" not in text and "| Claim |" in text
-    page = out.read_text()
-    assert not re.search(r"\d\.\d+e-\d", page) and "%" in page  # shares in percent; only one-digit tiny nats ("2e-3")
-    for link in re.findall(r"\]\((figures/[^)]+)\)", page):
-        assert (out.parent / link).is_file(), link
-    return page
 
 
 def test_check_docs_on_a_results_tree(tmp_path):

@@ -797,6 +797,6 @@ def test_library_edits_rerun_exactly_the_rules_that_run_the_edited_code(run, tmp
 def test_make_docs_on_the_tiny_run(run, tmp_path):
     """`make docs`'s generator on a real run: markers replaced, README untouched outside them, numbers
     formatted, figure links resolve, a second run writes the same bytes (test_docs_results.check_docs)."""
-    from test_docs_results import check_docs
+    from helpers import check_docs
 
     check_docs(run / "results", "tiny", TASKS, tmp_path)
