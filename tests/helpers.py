@@ -1,7 +1,8 @@
-"""What several test modules share and that is not a fixture (the fixtures are in conftest.py): the repository
-root, the smoke configuration and a Snakemake runner on a copy of the project, a fresh checkout and a user's own
-profile, the stage tests' tiny prompts and model preparation, the findings tests' example tables, the prompt config
-and a hook counter. Test modules import it as `helpers` (pytest puts tests/ on the path: pyproject.toml)."""
+"""What test modules of several folders share and that is not a fixture (the fixtures are in conftest.py): the
+repository root, the smoke configuration and a Snakemake runner on a copy of the project, a fresh checkout and a
+user's own profile, a prepared model's folder, the stage tests' tiny prompts and model preparation, the findings
+tests' example tables, the prompt config, a hook counter, the distributed tests' ranks and what `make docs` must do
+on a results tree. Test modules import it as `helpers` (pytest puts tests/ on the path: pyproject.toml)."""
 
 from __future__ import annotations
 
@@ -64,8 +65,8 @@ def snakemake(workdir: Path, *args: str, env: dict | None = None) -> subprocess.
         env["PYTHONPATH"] = os.pathsep.join([str(workdir / "src"), *filter(None, [env.get("PYTHONPATH")])])
     else:
         cmd = [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "--directory", str(workdir)]
-    # a guard against a hang only: the smoke run takes 16 min here beside a second pytest worker, and CI's
-    # machine can be twice as slow
+    # a guard against a hang only: the smoke run takes 7-15 min beside a second pytest worker, by machine
+    # (docs/development.md)
     return subprocess.run([*cmd, *args], capture_output=True, text=True, env=env, cwd=workdir, timeout=3600)
 
 
