@@ -150,6 +150,23 @@ def test_summarize_edges_decomposes_each_sender():
     assert out.loc[("L1H0", "direct", -1), "key"] and out.loc[(sufficiency.KEY_SUM, "direct", -1), "key"]
 
 
+
+def test_pooled_values_keep_each_set_on_its_own_items_when_groups_differ_in_size():
+    """Pooled over operators that score 3 and 2 pairs: set s's row is set s's values of the first operator's pairs,
+    then of the second's, and the clusters follow (a reshape by operator count mixes sets once the counts differ)."""
+    rows = []
+    for task, n in (("addition", 3), ("division", 2)):
+        for s in range(2):  # set-major, as the stages write a per-item table
+            rows += [{"task": task, "cluster": f"{task}:{i}", "full_correct": 100 * s + 10 * (task == "division") + i}
+                     for i in range(n)]
+    items = pd.DataFrame(rows)
+    values, clusters = sufficiency.pooled_values(items, 2, {"full": "full_correct"}, groups=["addition", "division"])
+    np.testing.assert_array_equal(values["full"], [[0, 1, 2, 10, 11], [100, 101, 102, 110, 111]])
+    assert clusters.tolist() == ["addition:0", "addition:1", "addition:2", "division:0", "division:1"]
+    with pytest.raises(ValueError, match="'division': 3 rows are not 2 sets"):
+        sufficiency.pooled_values(items.iloc[:-1], 2, {"full": "full_correct"}, groups=["addition", "division"])
+
+
 # ------------------------------------------------------------------------------------------------ the stages
 from helpers import COMPUTE, PROMPTS  # noqa: E402
 

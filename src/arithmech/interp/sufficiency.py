@@ -222,6 +222,22 @@ def teacher_forced_table(lm, scored: pd.DataFrame, pool, sets: Sequence[CircuitS
 TF_COLUMNS = ("tf_", "faithfulness_tf_", "sanity_")  # the prefixes of `teacher_forced_table`'s own columns
 
 
+def pooled_values(items: pd.DataFrame, n_sets: int, columns: dict[str, str], *, groups: Sequence[str],
+                  by: str = "task") -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """The per-item values of `n_sets` sets pooled over `groups` (e.g. operators, column `by`): `items` holds each
+    group's per-item table, set-major (every set's items in the same order, as the stages write them); groups may
+    score different numbers of items. Returns (name -> [n_sets, items of every group] of column `columns[name]`,
+    the items' clusters), the groups in the order given."""
+    blocks = [items[items[by] == group] for group in groups]
+    for group, block in zip(groups, blocks):
+        if len(block) % n_sets:
+            raise ValueError(f"{by} {group!r}: {len(block)} rows are not {n_sets} sets of the same items")
+    values = {name: np.concatenate([b[column].to_numpy(float).reshape(n_sets, -1) for b in blocks], axis=1)
+              for name, column in columns.items()}
+    clusters = np.concatenate([b["cluster"].to_numpy().reshape(n_sets, -1)[0] for b in blocks])
+    return values, clusters
+
+
 def with_set_columns(items: pd.DataFrame, n_sets: int, per_item: pd.DataFrame) -> pd.DataFrame:
     """A per-item table of n_sets sets (set-major rows, as the stages write them) with `per_item`'s columns
     (`teacher_forced_table`: set_index, sample_id, ...) merged in; items it does not score get NaN."""

@@ -426,11 +426,9 @@ def run_discover_union(*, model: str, model_dir, tasks: list[str], pairs_paths, 
                                       cluster=task + ":" + items["cluster"]))
         constants.append(table["constant_first"].iloc[0] * len(val))
     items = pd.concat(all_items, ignore_index=True)
-    # pooled over operators: every set's values side by side on the same items
-    n_sets = len(sets)
-    wide = {m: items[col].to_numpy(float).reshape(len(tasks), n_sets, -1).transpose(1, 0, 2).reshape(n_sets, -1)
-            for m, col in [*((m, sufficiency.MEASURES[m]) for m in sufficiency.MEASURES), ("measure", MEASURE_COLUMN)]}
-    pooled_clusters = items["cluster"].to_numpy().reshape(len(tasks), n_sets, -1)[:, 0].reshape(-1)
+    # pooled over operators (each scored on its own number of pairs): every set's values side by side
+    wide, pooled_clusters = sufficiency.pooled_values(items, len(sets),
+                                                      sufficiency.MEASURES | {"measure": MEASURE_COLUMN}, groups=tasks)
     pooled = sufficiency.faithfulness_table(sets, wide, pooled_clusters, **boot)
     n_items = len(pooled_clusters)
     pooled = pooled.assign(task="union", target=targets, measure_name=measure, n=n_items, split="validation",
