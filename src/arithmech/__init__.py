@@ -9,7 +9,7 @@ model, intervention, data, interp, sft, report are the library; each __init__ na
 stages holds the rule entry points, one module per workflow/rules/*.smk; tools the repository's tools (make docs,
 make plan, make rehearsal).
 Imports go stages/tools -> config -> library -> base, never back (pyproject.toml [tool.importlinter],
-tests/test_architecture.py).
+tests/project/test_architecture.py).
 """
 
 __version__ = "0.1.0"

@@ -6,5 +6,5 @@ keyword-only, so a script cannot swap two paths silently, and runnable (and test
 
     from arithmech.stages.identify import run_build_pairs      (workflow/scripts/build_pairs.py)
 
-No stage imports another stage, and nothing else imports a stage (tests/test_architecture.py).
+No stage imports another stage, and nothing else imports a stage (tests/project/test_architecture.py).
 """
