@@ -284,7 +284,7 @@ def test_the_chat_style_costs_what_the_tokenizers_template_renders(tmp_path):
         for n in range(len(shots) + 1):
             real = counter.count(math_prompt(question, shots[:n], "chat", tokenizer), special=False)
             contents = sum(counter.count(t, special=False) for q, a in shots[:n] for t in (q, a))
-            planned = chat.fixed + (2 * n + 1) * chat.per_message + counter.count(question, special=False) + contents
+            planned = chat.tokens(2 * n + 1) + counter.count(question, special=False) + contents
             assert planned == real, (question, n)
 
 

@@ -57,7 +57,7 @@ def finetune_lengths(s: Setting, m: Model) -> list[tuple[int, int]]:
     examples = gsm8k_examples(data_path(data["file"], root=s.root))
     if data["n"] is not None:
         examples = examples[:data["n"]]
-    chat = m.tokens.chat.fixed + 2 * m.tokens.chat.per_message if data["style"] == "chat" else 0
+    chat = m.tokens.chat.tokens(2) if data["style"] == "chat" else 0
     pairs = [math_example(q, sol) for q, sol in examples]  # plain style; chat adds its template's tokens
     prompts = m.tokens.counts([prompt for prompt, _ in pairs])
     targets = m.tokens.counts([target for _, target in pairs], special=False)
@@ -113,9 +113,11 @@ def _math_prompt(s: Setting, m: Model) -> tuple[float, float]:
     cfg = s.config["evaluation"]
     examples = s.memo(("shots", m.name), lambda: gsm8k_examples(data_path(s.config["finetune"]["data"]["file"],
                                                                           root=s.root)))
-    fixed, chat = (m.tokens.chat.fixed, m.tokens.chat.per_message) if cfg["style"] == "chat" else (0, 0)
+    n, chat = cfg["n_shots"], cfg["style"] == "chat"
+    template = m.tokens.chat.tokens(2 * n) if chat else 0  # the shots' messages and the prompt's fixed part
+    own = m.tokens.chat.per_message if chat else 0  # the question's message
     shot = m.tokens.mean([_solved_shot(q, a) for q, a in sample_records(examples)], special=False)
-    return 1 + fixed + cfg["n_shots"] * (shot + 2 * chat), chat
+    return 1 + template + n * shot, own
 
 
 def evaluate(s: Setting, m: Model, job: Job) -> Cost:
@@ -260,7 +262,7 @@ def _off_target(s: Setting, m: Model, *, compare: bool) -> tuple[Work, float]:
     `compare`)."""
     cfg, bs, sh, tokens = s.config["study"]["off_target"], s.batch(), m.shape, m.tokens
     files = {name: data_path(path, root=s.root) for name, path in cfg["files"].items()}
-    chat = tokens.chat.fixed + 2 * tokens.chat.per_message if cfg["style"] == "chat" else 0
+    chat = tokens.chat.tokens(2) if cfg["style"] == "chat" else 0
     gsm = s.memo(("gsm8k test", m.name), lambda: gsm8k_examples(files["gsm8k"]))
     solved = tokens.mean(["".join(math_example(q, a)) for q, a in sample_records(gsm)]) + chat
     work = scoring(m, items=min(cfg["gsm8k_n"], len(gsm)), shared=0, rest=solved, targets=solved / 2, batch=bs)

@@ -25,6 +25,10 @@ class ChatCost(NamedTuple):
     per_message: float
     source: str
 
+    def tokens(self, messages: int) -> float:
+        """What the template adds to a prompt of `messages` messages."""
+        return self.fixed + messages * self.per_message
+
 
 class TokenCounter:
     """Tokens of texts: by the model's tokenizer (a tokenizer.json, read by the `tokenizers` library), or
