@@ -36,14 +36,13 @@ from safetensors.torch import load_file
 from arithmech.data import datasets
 from arithmech.data.answers import MATH_STOP_STRINGS, answer_tokens, settled_number
 from arithmech.data.formatting import math_prompts
-from arithmech.interp.ablation import greedy_end_sets
+from arithmech.interp.ablation import greedy_end_sets, knockout_node_sets
 from arithmech.interp.patching import collect, total_logits
 from arithmech.intervention import generation, kvcache
 from arithmech.intervention.generation import generate_texts
 from arithmech.intervention.means import AlignedMean
 from arithmech.model.loading import load_model
 from arithmech.sft import scoring
-from arithmech.stages.validate import knockout_node_sets
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -28,11 +28,10 @@ from safetensors.torch import load_file
 from arithmech.data.answers import answer_tokens
 from arithmech.data.arithmetic import split_pairs
 from arithmech.data.datasets import subsample
-from arithmech.interp.ablation import ablation_hooks, answers_correct, cache_means, set_answers
+from arithmech.interp.ablation import ablation_hooks, answers_correct, cache_means, knockout_node_sets, set_answers
 from arithmech.intervention.generation import greedy_generate
 from arithmech.intervention.means import GroupedMean
 from arithmech.model.loading import load_model
-from arithmech.stages.validate import knockout_node_sets
 
 ROOT = Path(__file__).resolve().parents[1]
 

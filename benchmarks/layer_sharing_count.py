@@ -32,10 +32,9 @@ from safetensors.torch import load_file
 
 from arithmech.data.answers import answer_tokens, decided_answers
 from arithmech.data.arithmetic import split_pairs
-from arithmech.interp.ablation import greedy_end_sets
+from arithmech.interp.ablation import greedy_end_sets, knockout_node_sets
 from arithmech.intervention.means import AlignedMean
 from arithmech.model.loading import load_model
-from arithmech.stages.validate import knockout_node_sets
 
 ROOT = Path(__file__).resolve().parents[1]
 

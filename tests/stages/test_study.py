@@ -317,7 +317,7 @@ def test_training_precision_in_study_md_and_the_sft_vs_full_note():
     """study.md names the precision each arm trained in; the scorecard's sft_vs_full row says it for precise and
     full, and flags optimizers that updated different dtypes (bf16 weights updated in place lose small updates)."""
     from arithmech.report import verdicts
-    from arithmech.stages.study import precision_markdown
+    from arithmech.report.tables import precision_markdown
 
     fair = {"model_dtype": "bfloat16", "master_dtype": "float32"}
     table = pd.DataFrame([{"arm": "base", "run": "base", "model_dtype": "", "master_dtype": ""},
@@ -547,28 +547,6 @@ def test_the_powered_study_runs_the_head_set_arms_at_three_seeds():
     default = yaml.safe_load((ROOT / "config.yaml").read_text())
     default["study"]["arms"] += ["circuit_disjoint", "low_effect"]
     validate_config(default, SCHEMA)
-
-
-def test_study_md_lists_each_head_sets_overlap_with_precise():
-    """study.md's "Head sets": per arm (per draw where draws differ) its heads, those precise trains too and the
-    Jaccard index; a run without the negative control says what that costs."""
-    from arithmech.stages.study import head_sets_markdown
-
-    table = pd.DataFrame([
-        {"arm": "base", "run": "base"},
-        {"arm": "precise", "run": "chosen", "n_heads": 16, "overlap_precise": 16, "jaccard_precise": 1.0},
-        {"arm": "precise", "run": "seed1", "n_heads": 16, "overlap_precise": 16, "jaccard_precise": 1.0},
-        {"arm": "circuit", "run": "chosen", "n_heads": 16, "overlap_precise": 13, "jaccard_precise": 13 / 19},
-        {"arm": "full", "run": "chosen"},
-    ])
-    md = head_sets_markdown(table, {"arms": ["precise", "circuit", "full"]})
-    assert md.startswith("## Head sets")
-    assert "- precise (chosen, seed1): 16 heads, 16 of them trained by precise too (Jaccard 1.00)" in md
-    assert "- circuit (chosen): 16 heads, 13 of them trained by precise too (Jaccard 0.68)" in md
-    assert "full" not in md.split("\n\n", 2)[2].split("This run")[0]
-    assert "no circuit_disjoint, low_effect arm" in md and "no positive control" in md
-    md = head_sets_markdown(table, {"arms": ["precise", "circuit", "circuit_disjoint", "low_effect"]})
-    assert "This run has no" not in md
 
 
 def test_summary_carries_each_runs_head_overlap_and_says_where_the_heads_were_found(tmp_path):

@@ -22,6 +22,8 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
+from arithmech.data.formatting import answer_sentence
+
 DATA_DIR = Path(__file__).resolve().parents[3] / "resources" / "data"
 
 _CALCULATOR = re.compile(r"<<[^<>]*>>")  # GSM8K calculator annotations: "48/2 = <<48/2=24>>24"
@@ -162,7 +164,7 @@ def gsm8k_solution(answer: str, where: str = "GSM8K answer") -> tuple[str, float
     final = match["gold"].strip()
     gold = _parse_number(final, where)
     reasoning = _CALCULATOR.sub("", answer[: match.start()]).rstrip()
-    solution = f"{reasoning}\nThe answer is {final}." if reasoning else f"The answer is {final}."
+    solution = f"{reasoning}\n{answer_sentence(final)}" if reasoning else answer_sentence(final)
     return solution, gold
 
 

@@ -52,6 +52,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
 import numpy as np
@@ -397,3 +398,95 @@ def answers_correct(tokenizer, tokens: torch.Tensor, golds, judge=None) -> np.nd
     texts = tokenizer.batch_decode(tokens.flatten(0, 1), skip_special_tokens=True)
     flat = [judge(t, golds[i % len(golds)]) for i, t in enumerate(texts)]
     return np.array(flat, dtype=bool).reshape(tokens.shape[:2])
+
+
+def contrast_end_mean(lm: LoadedModel, *, task: str, pairs, prompts: dict, cf_shots: str, seed: int,
+                      batch_size: int) -> AlignedMean:
+    """The END mean over the identification pairs' counterfactuals rebuilt with `counterfactual_shots: cf_shots`
+    (the same shots and null words: `arithmetic.build_prompts` draws them per sample id): the circuit rule's
+    contrast to the default means."""
+    from arithmech.data.arithmetic import build_prompts, split_pairs
+    from arithmech.interp.patching import collect
+
+    ident = split_pairs(pairs, "identification", "pairs")
+    rebuilt = build_prompts(lm.tokenizer, task, {**prompts, "counterfactual_shots": cf_shots}, seed)
+    rebuilt = rebuilt.set_index("sample_id").loc[ident["sample_id"]]
+    answers = torch.tensor(ident["answer_token_id"].to_numpy())
+    state, _ = collect(lm, list(rebuilt["cf_prompt"]), answers, batch_size, desc=f"{cf_shots} means")
+    # float64 sums, as `means.GroupedMean.end` takes the default means
+    return AlignedMean(state.heads.double().mean(0)[None].float(), state.mlps.double().mean(0)[None].float())
+
+
+def knockout_node_sets(effects, key, ablation: dict, *, n_layers: int, n_heads: int, seed: int,
+                       top_k: list[int] | None = None, random_k: list[int] | None = None) -> list[tuple]:
+    """The knockout rule's node sets, each (curve, seed, k, heads, mlps): the top k heads by patching effect
+    (`effects`, k = 0..K, K = ablation.max_heads, or the given `top_k`); two random controls over
+    `ablation.random_seeds` draws each, k random heads drawn uniformly among the others (`random_heads`) and k
+    drawn in the layers of the top k (`random_layer_matched`), for the given `random_k` (default
+    `ablation.random_k`, capped at K); the key MLPs (`key`, the key-component table)."""
+    from arithmech.interp.nodes import layer_matched_heads, random_heads, ranked_heads
+
+    ranked = ranked_heads(effects)
+    K = min(ablation["max_heads"], len(ranked))
+    ranked = ranked[:K]
+    tops = range(K + 1) if top_k is None else sorted({min(k, K) for k in top_k})
+    ks = sorted({min(k, K) for k in (ablation["random_k"] if random_k is None else random_k)} - {0})
+    sets = [("top_heads", -1, k, ranked[:k], []) for k in tops]
+    for s in range(ablation["random_seeds"]):
+        drawn = random_heads(n_layers, n_heads, K, seed=seed * 1000 + s, exclude=ranked)
+        sets += [("random_heads", s, k, drawn[:k], []) for k in ks]
+    for s in range(ablation["random_seeds"]):
+        drawn = layer_matched_heads(ranked, n_heads, seed=seed * 1000 + 500 + s, n_layers=n_layers)
+        sets += [("random_layer_matched", s, k, drawn[:k], []) for k in ks]
+    key_mlps = [int(l) for l in key.loc[key["component"] == "mlp", "layer"]]
+    return sets + [("key_mlps", -1, len(key_mlps), [], key_mlps)]
+
+
+
+def transfer_targets(
+    lm: LoadedModel, *, tasks, pairs_paths, svamp_path, non_math_path, transfer: dict, prompts_cfg: dict, seed: int
+) -> list[dict]:
+    """The transfer rule's data sets, the key heads knocked out on each: every operator's kept pairs, the other
+    number formats of every operator, SVAMP (direct answers) and the non-math control (BIG-bench qa_wikidata).
+    Each: name, kind, texts, golds (numbers, or lists of accepted strings), answer_ids (first answer token,
+    operator pairs only), max_new_tokens, clusters (per text: its operand pair "a,b", or its item index in the
+    source data, the unit a paired interval resamples). `lm`: a loaded model, for its tokenizer."""
+    import pandas as pd
+
+    from arithmech.data.answers import answer_tokens
+    from arithmech.data.arithmetic import format_prompts, split_pairs
+    from arithmech.data.datasets import subsample
+    from arithmech.data.formatting import non_math_prompts, svamp_prompts
+    from arithmech.interp.effects import operand_pairs
+
+    targets = []
+    for task, path in zip(tasks, pairs_paths, strict=True):
+        pairs = subsample(split_pairs(pd.read_parquet(path), "validation", str(path)), transfer["max_samples"], seed)
+        targets.append({
+            "name": task, "kind": "operator", "texts": list(pairs["prompt"]), "golds": list(pairs["answer"]),
+            "answer_ids": torch.tensor(pairs["answer_token_id"].to_numpy()),
+            "max_new_tokens": answer_tokens(lm.tokenizer, pairs["answer"]),
+            "clusters": list(operand_pairs(pairs)),
+        })
+    fmt_cfg = transfer["formats"]
+    for fmt in ("multi_digit", "decimal"):
+        for task in tasks:
+            df = format_prompts(task, fmt, fmt_cfg[fmt], prompts_cfg, n=fmt_cfg["n"], seed=seed)
+            targets.append({
+                "name": f"{task} {fmt.replace('_', '-')}", "kind": fmt, "texts": list(df["prompt"]),
+                "golds": list(df["gold"]), "answer_ids": None,
+                "max_new_tokens": answer_tokens(lm.tokenizer, df["answer"]),
+                "clusters": list(operand_pairs(df)),
+            })
+    keep, texts = svamp_prompts(svamp_path, transfer["svamp"], seed)
+    targets.append({
+        "name": "SVAMP", "kind": "svamp", "golds": list(keep["gold"]), "answer_ids": None, "texts": texts,
+        "max_new_tokens": answer_tokens(lm.tokenizer, keep["answer"]), "clusters": [str(i) for i in keep["index"]],
+    })
+    keep, texts = non_math_prompts(non_math_path, transfer["non_math"], seed)
+    targets.append({
+        "name": Path(non_math_path).parent.name, "kind": "non_math", "texts": texts, "golds": list(keep["targets"]),
+        "answer_ids": None, "max_new_tokens": transfer["non_math"]["max_new_tokens"],
+        "clusters": [str(i) for i in keep["index"]],
+    })
+    return targets

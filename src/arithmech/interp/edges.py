@@ -85,6 +85,7 @@ from arithmech.data.arithmetic import encode
 from arithmech.interp.nodes import Head
 from arithmech.interp.patching import EndState, float_copy, float_norm, head_deltas, mlp_deltas, unembed_scores
 from arithmech.intervention.hooks import capture, hooks, patch_end
+from arithmech.intervention.kvcache import end_copies, prefix_cache
 from arithmech.intervention.means import AlignedMean
 from arithmech.model.loading import LoadedModel
 
@@ -257,8 +258,9 @@ def tail_measure(logits: torch.Tensor, targets: torch.Tensor, measure: str,
 class _Tail:
     """One checked batch: enc, targets [n, T], the ablated values in time order (tail index T - 1 = the last
     position; heads [n, T, L, H, D], mlps [n, T, L, d], on the model's device), the model's own tail head outputs
-    `clean` [n, T, L, H, D], its measure `m_clean` [n] and, for kl, its tail log-probabilities `reference`
-    [n, T, vocab] (None for logprob)."""
+    `clean` [n, T, L, H, D], its measure `m_clean` [n], for kl its tail log-probabilities `reference`
+    [n, T, vocab] (None for logprob), and `prefix`, the keys and values of the positions before the tail
+    (`kvcache.prefix_cache`; None where the tail is the whole sequence)."""
 
     enc: dict
     targets: torch.Tensor
@@ -267,6 +269,7 @@ class _Tail:
     clean: torch.Tensor
     m_clean: torch.Tensor
     reference: torch.Tensor | None
+    prefix: object | None = None
 
     @property
     def n(self) -> int:
@@ -308,11 +311,13 @@ def _tail(lm: LoadedModel, sequences, targets, ablated: AlignedMean, measure: st
     if tuple(ablated.heads.shape) != (n, T, L, H, D) or tuple(ablated.mlps.shape) != (n, T, L, d):
         raise ValueError(f"ablated values must be per row and tail position: heads [{n}, {T}, {L}, {H}, {D}] and mlps "
                          f"[{n}, {T}, {L}, {d}]; got {tuple(ablated.heads.shape)} and {tuple(ablated.mlps.shape)}")
+    # nothing is ablated before the tail: its keys and values are kept for forwards over the tail alone
+    prefix = None if T == seq else prefix_cache(lm, enc, tail=T)
     with capture(lm, end_only=False) as cap:
-        logits = lm.model(**enc, logits_to_keep=T).logits
+        logits = lm.model(**end_copies(enc, prefix, 1, tail=T), logits_to_keep=T).logits
     reference = logits.float().log_softmax(-1) if measure == "kl" else None
     return _Tail(enc, targets, ablated.heads.flip(1).to(lm.device), ablated.mlps.flip(1).to(lm.device),
-                 cap.stacked_heads()[:, -T:], tail_measure(logits, targets, measure, reference), reference)
+                 cap.stacked_heads()[:, -T:], tail_measure(logits, targets, measure, reference), reference, prefix)
 
 
 def _row_batches(lm: LoadedModel, sequences, targets, ablated: AlignedMean, batch_size: int | None) -> list[tuple]:
@@ -507,7 +512,8 @@ def edge_circuit_measure(lm: LoadedModel, sequences, targets, ablated: AlignedMe
     sender downstream of an ablated edge passes on its changed output). Entries where the receiver lies before
     the sender are ignored. kept_direct [c, n_senders] (optional) does the same for head -> logits (the final
     norm's input); without it those edges are all kept. Nodes and every other path run as in the model. All
-    edges kept gives the model's own measure. One forward of rows * c rows (batch_size: rows per forward)."""
+    edges kept gives the model's own measure. The prefix before the tail runs once per batch, then one T-token
+    forward of rows * c copies on its keys and values (batch_size: rows per forward)."""
     senders, receivers = _senders_receivers(lm, senders, receivers)
     kept = torch.as_tensor(np.asarray(kept), dtype=torch.bool)
     kept = kept[None] if kept.dim() == 2 else kept
@@ -533,7 +539,10 @@ def _circuit_batch(lm, sequences, targets, ablated, senders, receivers, kept, di
     limits = receivers + ([lm.n_layers] if direct else [])
     H, D, T = lm.n_heads, lm.head_dim, tail.T
     w = _o_proj_slices(lm, senders)  # [S, d, D]
-    enc, targets_c, reference = tail.repeat(c)
+    _, targets_c, reference = tail.repeat(c)
+    # every circuit's copy runs its T tail positions on a copy of the prefix's keys and values (the slow reference
+    # in the tests runs whole sequences)
+    enc = end_copies(tail.enc, tail.prefix, c, tail=T)
     layers, heads = torch.tensor([l for l, _ in senders]), torch.tensor([h for _, h in senders])
     ablated_z = tail.heads.repeat_interleave(c, 0)[:, :, layers, heads].float()  # [n*c, T, S, D]
     dropped = (~kept).repeat(tail.n, 1, 1).to(lm.device)  # [n*c, S, R(+1)], row i * c + j: row i, circuit j
@@ -722,3 +731,28 @@ def path_cuts(lm: LoadedModel, items, values, senders: Sequence[Head], *, measur
                                                   senders, receivers, kept, kept_direct=kept_direct,
                                                   measure=measure, batch_size=batch_size)
     return dict(zip(PATH_CUTS, out))
+
+
+# ------------------------------------------------------------------------------------------- the edges rule
+def edge_senders(effects: pd.DataFrame, keys: Mapping[str, pd.DataFrame], n_top: int) -> list[Head]:
+    """The sender heads of one operator: its top `n_top` heads by effect (`nodes.ranked_heads` of its effects
+    table) and every operator's key heads (`keys`: operator -> key-component table), in the operator's effect
+    order."""
+    from arithmech.interp.nodes import ranked_heads
+    from arithmech.interp.sufficiency import key_nodes
+
+    union = {h for key in keys.values() for h in key_nodes(key)[0]}
+    return [h for i, h in enumerate(ranked_heads(effects)) if i < n_top or h in union]
+
+
+def edge_rows(pairs: pd.DataFrame, labels: list[str], path: str, receiver: int, change: torch.Tensor,
+              logit_o: torch.Tensor) -> pd.DataFrame:
+    """Long rows (sample, sender) of one path of the senders' effects (what `sufficiency.summarize_edges` reads):
+    change [n, len(labels)] of the answer logit, logit_o [n] the unpatched one; rel_effect = change / logit_o;
+    receiver -1 for the paths that end at the logits (total, direct)."""
+    n, s = change.shape
+    return pd.DataFrame({
+        "sample_id": np.repeat(pairs["sample_id"].to_numpy(), s), "sender": labels * n, "path": path,
+        "receiver": receiver, "logit_o": np.repeat(logit_o.numpy(), s), "change": change.reshape(-1).numpy(),
+        "rel_effect": (change / logit_o[:, None]).reshape(-1).numpy(),
+    })

@@ -108,3 +108,55 @@ def format_markdown(formats: pd.DataFrame, choice: dict, *, auto: bool) -> str:
     return (f"## The trained format\n\nBase model's greedy exact match on each measured format (validation "
             f"items, the band [{low:g}, {high:g}]); {how}. {choice['reason']}.\n\n"
             + markdown_table(formats.map(str)))
+
+
+HEAD_SET_COLUMNS = ("n_heads", "overlap_precise", "jaccard_precise")  # `design.head_overlap`, from stats.json
+
+
+def head_sets_markdown(table: pd.DataFrame, study: dict) -> str:
+    """Every head arm's heads against precise's (study.parquet's HEAD_SET_COLUMNS), one line per arm and overlap
+    (its runs with the same numbers share a line: seeds train their arm's heads, draws may differ), then which of
+    the arms that tell head sets apart (circuit, circuit_disjoint, low_effect) this run left out."""
+    rows = table.dropna(subset=["n_heads"]) if "n_heads" in table else table.iloc[:0]
+    lines = []
+    for (arm, n, both, jac), part in rows.groupby(["arm", *HEAD_SET_COLUMNS], sort=False):
+        runs = ", ".join(part["run"])
+        lines.append(f"- {arm} ({runs}): {int(n)} heads, {int(both)} of them trained by precise too "
+                     f"(Jaccard {jac:.2f})")
+    missing = [a for a in ("circuit", "circuit_disjoint", "low_effect") if a not in study.get("arms", [])]
+    note = ""
+    if missing:
+        note = (f"\nThis run has no {', '.join(missing)} arm (`study.arms`); `configs/sft-study.yaml` runs them with "
+                "3 seeds each.")
+        if "low_effect" in missing:
+            note += (" Without low_effect there is no positive control (precise against the weakest heads of its "
+                     "layers), so the scorecard reads no \"does not hold\" from the circuit arm.")
+        note += "\n"
+    return ("## Head sets\n\nEach head arm's heads against the precise arm's (the top `study.heads` heads by patching "
+            "effect): how many it trains, how many of them precise trains too, and the Jaccard index.\n\n"
+            + "\n".join(lines or ["- no head arm was scored, or its runs predate the record"]) + "\n" + note)
+
+
+def precision_markdown(table: pd.DataFrame) -> str:
+    """The precision each arm trained in (study.parquet's model_dtype and master_dtype) for study.md, one line
+    per arm (and per precision, should its runs differ): arms compare fairly only if none lost small updates."""
+    trained = table[table["arm"] != "base"]
+    lines = [f"- {arm}: model in {model or 'unrecorded'}, optimizer updating {master or 'unrecorded'} tensors"
+             for (arm, model, master), _ in trained.groupby(["arm", "model_dtype", "master_dtype"], sort=False)]
+    return "## Training precision\n\n" + "\n".join(lines or ["- no arm was trained"]) + "\n"
+
+
+def format_display(formats: pd.DataFrame) -> pd.DataFrame:
+    """The measured formats for a reader: exact match with its interval in %, band and choice flags, reason."""
+    def share(r):
+        if not r["n"]:
+            return ""
+        return f"{100 * r['exact_match']:.1f} [{100 * r['ci_low']:.1f}, {100 * r['ci_high']:.1f}]"
+
+    return pd.DataFrame({"format": formats["format"], "task": formats["task"],
+                         "question": [t.replace("{op}", str(o))
+                                      for t, o in zip(formats["template"], formats["operator"])],
+                         "a": formats["a"], "b": formats["b"], "n": formats["n"],
+                         "base exact match % [interval]": [share(r) for r in formats.to_dict("records")],
+                         "in band": formats["in_band"].map({True: "yes", False: ""}),
+                         "chosen": formats["chosen"].map({True: "yes", False: ""}), "reason": formats["reason"]})

@@ -518,3 +518,15 @@ def curves(stats_by_run: dict[tuple[str, str], dict]) -> pd.DataFrame:
 
 def read_json(path) -> dict:
     return json.loads(Path(path).read_text())
+
+
+def trained_format_row(formats: pd.DataFrame, fmt: str) -> dict:
+    """The trained format's name, task and operand ranges from formats.parquet (rule study_format always
+    measures it): {name, task, a_range, b_range}."""
+    row = formats[formats["format"] == fmt]
+    if row.empty:
+        raise ValueError(f"formats.parquet has no row for the trained format {fmt!r}: re-run rule study_format")
+    r = row.iloc[0]
+    low_a, high_a = (int(x) for x in str(r["a"]).split("-"))  # the ranges as the table writes them: "10-99"
+    low_b, high_b = (int(x) for x in str(r["b"]).split("-"))
+    return {"name": fmt, "task": str(r["task"]), "a_range": (low_a, high_a), "b_range": (low_b, high_b)}

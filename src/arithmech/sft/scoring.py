@@ -413,3 +413,41 @@ def divergence_windows(
             ref_nll = -float(ref.gather(-1, target[:, None]).double().sum())
         rows.append({"window": k, "n_tokens": len(target), "kl": kl, "nll": nll, "ref_nll": ref_nll})
     return pd.DataFrame(rows)
+
+
+def off_target_rows(lm: LoadedModel, base: LoadedModel | None, cfg: dict, data_paths: dict, *, seed: int,
+                    batch_size: int) -> list[pd.DataFrame]:
+    """The study's off-target scores of `lm` (`study.off_target`: `cfg`; `data_paths`: each set's file), long rows
+    per data set: GSM8K's and SVAMP's solutions' NLL (kind nll), social_iqa's and strategyqa's choices and
+    qa_wikidata's short answers (kind choice: correct), and WikiText-2's windows' KL from `base` (kind divergence;
+    `divergence_windows`). Columns dataset, kind, item, cluster and the kind's measures."""
+    from arithmech.data import datasets
+    from arithmech.data.formatting import answer_sentence, math_prompts
+
+    frames, bs = [], batch_size
+    style = cfg["style"]
+    gsm = datasets.subsample(datasets.load_gsm8k(data_paths["gsm8k"]), cfg["gsm8k_n"], seed)
+    gsm = math_prompts(gsm, (), style, lm.tokenizer)
+    svamp = datasets.subsample(datasets.load_svamp(data_paths["svamp"]), cfg["svamp_n"], seed)
+    svamp["solution"] = [answer_sentence(f"{g:g}") for g in svamp["gold"]]
+    svamp = math_prompts(svamp, (), style, lm.tokenizer)
+    for name, frame in (("gsm8k", gsm), ("svamp", svamp)):
+        s = score_targets(lm, frame["prompt"].tolist(), frame["target"].tolist(), bs, progress=f"{name} NLL")
+        ids = frame["id"].astype(str).to_numpy()
+        frames.append(pd.DataFrame({"dataset": name, "kind": "nll", "item": ids, "cluster": ids,
+                                    "nll": s["nll"].to_numpy(), "n_tokens": s["n_tokens"].to_numpy()}))
+    for name in ("social_iqa", "strategyqa"):
+        items = datasets.subsample(datasets.load_bigbench_choice(data_paths[name]), cfg[f"{name}_n"], seed)
+        rows = evaluate_choice(lm, items, bs, progress=name)
+        frames.append(pd.DataFrame({"dataset": name, "kind": "choice", "item": rows["id"], "cluster": rows["id"],
+                                    "correct": rows["correct"].to_numpy()}))
+    items = datasets.subsample(datasets.load_bigbench_generation(data_paths["qa_wikidata"]), cfg["qa_wikidata_n"], seed)
+    rows = evaluate_qa_generation(lm, items, cfg["qa_max_new_tokens"], bs, progress="qa_wikidata")
+    frames.append(pd.DataFrame({"dataset": "qa_wikidata", "kind": "choice", "item": rows["id"], "cluster": rows["id"],
+                                "correct": rows["correct"].to_numpy()}))
+    wt = cfg["wikitext"]
+    div = divergence_windows(lm, base, datasets.load_text(data_paths["wikitext"]), max_tokens=wt["max_tokens"],
+                                     window=wt["window"], progress="WikiText-2 KL")
+    ids = div["window"].astype(str).to_numpy()
+    frames.append(div.drop(columns="window").assign(dataset="wikitext", kind="divergence", item=ids, cluster=ids))
+    return frames

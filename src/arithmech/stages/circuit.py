@@ -5,7 +5,6 @@ VALIDATION pairs, which played no part in ranking the heads or in the ablation m
 from __future__ import annotations
 
 import warnings
-from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -15,30 +14,6 @@ from arithmech.interp import sufficiency
 from arithmech.interp.effects import operand_pairs, pair_labels
 from arithmech.interp.nodes import node_label, ranked_heads
 from arithmech.io import write_parquet
-
-if TYPE_CHECKING:  # annotations only: the rules import torch where they run the model
-    import torch
-
-    from arithmech.intervention.means import AlignedMean
-
-
-def contrast_end_mean(lm, *, task: str, pairs: pd.DataFrame, prompts: dict, cf_shots: str, seed: int,
-                      batch_size: int) -> AlignedMean:
-    """The END mean over the identification pairs' counterfactuals rebuilt with `counterfactual_shots: cf_shots`
-    (the same shots and null words: `arithmetic.build_prompts` draws them per sample id)."""
-    import torch
-
-    from arithmech.data.arithmetic import build_prompts
-    from arithmech.interp.patching import collect
-    from arithmech.intervention.means import AlignedMean
-
-    ident = split_pairs(pairs, "identification", "pairs")
-    rebuilt = build_prompts(lm.tokenizer, task, {**prompts, "counterfactual_shots": cf_shots}, seed)
-    rebuilt = rebuilt.set_index("sample_id").loc[ident["sample_id"]]
-    answers = torch.tensor(ident["answer_token_id"].to_numpy())
-    state, _ = collect(lm, list(rebuilt["cf_prompt"]), answers, batch_size, desc=f"{cf_shots} means")
-    # float64 sums, as `means.GroupedMean.end` takes the default means
-    return AlignedMean(state.heads.double().mean(0)[None].float(), state.mlps.double().mean(0)[None].float())
 
 
 def run_circuit(*, model: str, task: str, model_dir, pairs_path, cache_path, effects_path, key_path, circuit: dict,
@@ -55,7 +30,7 @@ def run_circuit(*, model: str, task: str, model_dir, pairs_path, cache_path, eff
     from safetensors.torch import load_file
 
     from arithmech.data.datasets import subsample
-    from arithmech.interp.ablation import cache_means
+    from arithmech.interp.ablation import cache_means, contrast_end_mean
     from arithmech.model.loading import load_stage_model, stage_meta
 
     lm = load_stage_model(model_dir, compute)
@@ -107,17 +82,9 @@ def run_circuit(*, model: str, task: str, model_dir, pairs_path, cache_path, eff
     write_parquet(pd.concat(items, ignore_index=True), out_items, meta)
 
 
-def edge_senders(effects: pd.DataFrame, keys: dict[str, pd.DataFrame], n_top: int) -> list[tuple[int, int]]:
-    """The sender heads of one operator: its top `n_top` heads by effect and every operator's key heads, in the
-    operator's effect order."""
-    union = {h for key in keys.values() for h in sufficiency.key_nodes(key)[0]}
-    ranked = ranked_heads(effects)
-    return [h for i, h in enumerate(ranked) if i < n_top or h in union]
-
-
 def run_edges(*, model: str, model_dir, tasks: list[str], pairs_paths, effects_paths, key_paths, edges: dict,
               metric: str, compute: dict, seed: int, out_tables, out_samples, out_paths) -> None:
-    """For each operator, on a seeded draw of its validation pairs: each sender head's (`edge_senders`) effect
+    """For each operator, on a seeded draw of its validation pairs: each sender head's (`edges.edge_senders`) effect
     split into its total effect (downstream recomputed, `patching.total_logits`), its direct path
     (`patching.direct_logits`) and its path through every MLP of its layer or later (`edges.edge_logits`), as
     changes of the answer logit (and relative to the unpatched closed-form logit); per sample (`out_samples`) and
@@ -131,7 +98,7 @@ def run_edges(*, model: str, model_dir, tasks: list[str], pairs_paths, effects_p
     import torch
 
     from arithmech.data.datasets import subsample
-    from arithmech.interp.edges import edge_logits
+    from arithmech.interp.edges import edge_logits, edge_rows, edge_senders
     from arithmech.interp.patching import collect, direct_logits, nodes_of, total_logits
     from arithmech.model.loading import load_stage_model, stage_meta
 
@@ -152,18 +119,17 @@ def run_edges(*, model: str, model_dir, tasks: list[str], pairs_paths, effects_p
         direct = direct_logits(lm, ref, cf, answers, layers, batch_size=batch)
         order = nodes_of(lm, layers)
         direct_p = direct.logit_p[:, [order.index(s) for s in senders]]  # [n, S]
-        total = total_logits(lm, texts, answers, cf, [], nodes=senders, batch_size=batch,
-                             copies_per_forward=256)
+        total = total_logits(lm, texts, answers, cf, [], nodes=senders, batch_size=batch)
         logit_o = via.logit_o.double()  # the closed form's unpatched logit, every path's denominator
         labels = [node_label(l, h) for l, h in senders]
         rows = []
         for path, change in (("total", total.logit_p.double() - total.logit_o.double()[:, None]),
                              ("direct", direct_p.double() - direct.logit_o.double()[:, None])):
-            rows.append(_path_rows(pairs, labels, path, -1, change, logit_o))
+            rows.append(edge_rows(pairs, labels, path, -1, change, logit_o))
         for j, r in enumerate(receivers):
             change = via.logit_p[:, :, j].double() - logit_o[:, None]
             live = [i for i, (l, _) in enumerate(senders) if l <= r]
-            rows.append(_path_rows(pairs, [labels[i] for i in live], "mlp", r, change[:, live], logit_o))
+            rows.append(edge_rows(pairs, [labels[i] for i in live], "mlp", r, change[:, live], logit_o))
         samples = pd.concat(rows, ignore_index=True)
         clusters = pair_labels(pairs)
         key_labels = [node_label(l, h) for l, h in sufficiency.key_nodes(keys[task])[0]]
@@ -188,11 +154,11 @@ def run_edge_curve(*, model: str, model_dir, tasks: list[str], pairs_paths, effe
     teacher-forced protocol with the pruning's ablation and measure (`circuit.discover.tf_ablation`,
     `tf_measure`): the edges' EAP-IG scores and the nodes' integrated gradients (`TailTrials.attribution`) on a
     seeded draw of `edges.max_samples` identification pairs, both rankings' circuits scored exactly on as many
-    validation pairs; senders as the edges rule's (`edge_senders`), receivers every MLP from the first sender's
+    validation pairs; senders as the edges rule's (`edges.edge_senders`), receivers every MLP from the first sender's
     layer on. One job for every operator (its figure: `run_plot_edge_curve`)."""
     from arithmech.data.datasets import subsample
     from arithmech.interp import teacher_forcing as tf
-    from arithmech.interp.edges import items_edge_curve
+    from arithmech.interp.edges import edge_senders, items_edge_curve
     from arithmech.model.loading import load_stage_model, stage_meta
 
     lm = load_stage_model(model_dir, compute)
@@ -244,8 +210,8 @@ def _path_cut_rows(lm, pairs_path, scored: pd.DataFrame, key_heads, *, seed: int
         return pd.DataFrame(columns=PATH_CUT_COLUMNS)
     items = tf.build_items(lm, scored, batch_size=batch_size)
     pool = tf.build_items(lm, split_pairs(pd.read_parquet(pairs_path), "identification", str(pairs_path)),
-                          batch_size=batch_size)
-    pool_outputs = tf.tail_outputs(lm, pool, batch_size)
+                          batch_size=batch_size, outputs=True)
+    pool_outputs = tf.tail_outputs(lm, pool, batch_size)  # captured by build_items' forward
     rows = []
     for kind in tf.KINDS:
         values = tf.ablation_values(lm, items, pool, kind, seed=seed, batch_size=batch_size, pool_outputs=pool_outputs)
@@ -254,18 +220,6 @@ def _path_cut_rows(lm, pairs_path, scored: pd.DataFrame, key_heads, *, seed: int
                                   "cluster": operand_pairs(items.table),
                                   "kind": kind, **cuts}))
     return pd.concat(rows, ignore_index=True)[PATH_CUT_COLUMNS]
-
-
-def _path_rows(pairs: pd.DataFrame, labels: list[str], path: str, receiver: int, change: torch.Tensor,
-               logit_o: torch.Tensor) -> pd.DataFrame:
-    """Long rows (sample, sender) of one path: change [n, len(labels)] of the answer logit; rel_effect = change /
-    logit_o."""
-    n, s = change.shape
-    return pd.DataFrame({
-        "sample_id": np.repeat(pairs["sample_id"].to_numpy(), s), "sender": labels * n, "path": path,
-        "receiver": receiver, "logit_o": np.repeat(logit_o.numpy(), s), "change": change.reshape(-1).numpy(),
-        "rel_effect": (change / logit_o[:, None]).reshape(-1).numpy(),
-    })
 
 
 def run_plot_circuit(*, model: str, task: str, table_path, edges_path, levels: list[float], out_curve,

@@ -13,10 +13,18 @@ import pandas as pd
 from arithmech.interp.nodes import ranked_nodes
 from arithmech.io import atomic_path, config_hash, provenance, write_html_page, write_json, write_parquet
 from arithmech.model.loading import load_stage_model, model_record, stage_meta
-from arithmech.report.tables import format_markdown, study_markdown
+from arithmech.report.tables import (
+    HEAD_SET_COLUMNS,
+    format_display,
+    format_markdown,
+    head_sets_markdown,
+    precision_markdown,
+    study_markdown,
+)
 from arithmech.sft import design as sd
 from arithmech.sft import study_config
 from arithmech.sft.runs import load_finetuned, train_and_save
+from arithmech.sft.scoring import off_target_rows
 
 VAL_FILE = "val.parquet"
 
@@ -208,40 +216,6 @@ def chosen_dir(selection_path, grid_dirs: dict) -> Path:
     return Path(grid_dirs[sd.read_json(selection_path)["run"]])
 
 
-def _off_target_rows(lm, base, study: dict, data_paths: dict, *, seed: int, bs: int) -> list[pd.DataFrame]:
-    from arithmech.data import datasets
-    from arithmech.data.formatting import math_prompts
-    from arithmech.sft import scoring
-
-    cfg, frames = study["off_target"], []
-    style = cfg["style"]
-    gsm = datasets.subsample(datasets.load_gsm8k(data_paths["gsm8k"]), cfg["gsm8k_n"], seed)
-    gsm = math_prompts(gsm, (), style, lm.tokenizer)
-    svamp = datasets.subsample(datasets.load_svamp(data_paths["svamp"]), cfg["svamp_n"], seed)
-    svamp["solution"] = [f"The answer is {g:g}." for g in svamp["gold"]]
-    svamp = math_prompts(svamp, (), style, lm.tokenizer)
-    for name, frame in (("gsm8k", gsm), ("svamp", svamp)):
-        s = scoring.score_targets(lm, frame["prompt"].tolist(), frame["target"].tolist(), bs, progress=f"{name} NLL")
-        ids = frame["id"].astype(str).to_numpy()
-        frames.append(pd.DataFrame({"dataset": name, "kind": "nll", "item": ids, "cluster": ids,
-                                    "nll": s["nll"].to_numpy(), "n_tokens": s["n_tokens"].to_numpy()}))
-    for name in ("social_iqa", "strategyqa"):
-        items = datasets.subsample(datasets.load_bigbench_choice(data_paths[name]), cfg[f"{name}_n"], seed)
-        rows = scoring.evaluate_choice(lm, items, bs, progress=name)
-        frames.append(pd.DataFrame({"dataset": name, "kind": "choice", "item": rows["id"], "cluster": rows["id"],
-                                    "correct": rows["correct"].to_numpy()}))
-    items = datasets.subsample(datasets.load_bigbench_generation(data_paths["qa_wikidata"]), cfg["qa_wikidata_n"], seed)
-    rows = scoring.evaluate_qa_generation(lm, items, cfg["qa_max_new_tokens"], bs, progress="qa_wikidata")
-    frames.append(pd.DataFrame({"dataset": "qa_wikidata", "kind": "choice", "item": rows["id"], "cluster": rows["id"],
-                                "correct": rows["correct"].to_numpy()}))
-    wt = cfg["wikitext"]
-    div = scoring.divergence_windows(lm, base, datasets.load_text(data_paths["wikitext"]), max_tokens=wt["max_tokens"],
-                                     window=wt["window"], progress="WikiText-2 KL")
-    ids = div["window"].astype(str).to_numpy()
-    frames.append(div.drop(columns="window").assign(dataset="wikitext", kind="divergence", item=ids, cluster=ids))
-    return frames
-
-
 def run_study_evaluate(*, model_dir, items_path, arm: str, run: str, run_dir, study: dict, data_paths: dict,
                        compute: dict, seed: int, out_path) -> None:
     """Score one model (base when run_dir is None) on every format's test items and the off-target sets
@@ -262,7 +236,7 @@ def run_study_evaluate(*, model_dir, items_path, arm: str, run: str, run_dir, st
             frames.append(scored.assign(dataset=fmt, kind="arithmetic"))
             print(f"{arm} {run} {fmt}: exact match {scored['correct'].mean():.3f} on {len(scored)}")
         if study["off_target"]["runs"] == "all" or run in ("base", "chosen"):
-            frames += _off_target_rows(lm, base, study, data_paths, seed=seed, bs=bs)
+            frames += off_target_rows(lm, base, study["off_target"], data_paths, seed=seed, batch_size=bs)
     rows = pd.concat(frames, ignore_index=True)
     rows["correct"] = rows["correct"].astype(float)  # NaN where a kind has no correctness
     meta = stage_meta(model_dir, "study_evaluate", arm=arm, run=run, off_target=study["off_target"], seed=seed)
@@ -329,7 +303,7 @@ def run_study_summary(*, model: str, study: dict, formats_path, items_path, sele
                       selections={a: {k: s[k] for k in ("run", "lr", "grid")} for a, s in selections.items()})
     write_parquet(table, out_study, meta)
     write_parquet(comp, out_comparisons, meta)
-    range_note = sd.operand_range_note(trained_format_row(formats, fmt), operands, study) if operands else ""
+    range_note = sd.operand_range_note(sd.trained_format_row(formats, fmt), operands, study) if operands else ""
     with atomic_path(out_md) as tmp:
         Path(tmp).write_text(study_markdown(model, table, comp, fmt, study["confidence"]) + "\n"
                              + head_sets_markdown(table, study) + "\n"
@@ -342,70 +316,6 @@ def run_study_summary(*, model: str, study: dict, formats_path, items_path, sele
                     out_html, f"{model}: precise-SFT study (trained on {fmt})")
     plots.study_accuracy(table, fmt, f"{model}: exact match after training on {fmt}", out_png)
     plots.study_curves(curves, f"{model}: learning curves on {fmt}", out_curves)
-
-
-def trained_format_row(formats: pd.DataFrame, fmt: str) -> dict:
-    """The trained format's name, task and operand ranges from formats.parquet (rule study_format always
-    measures it): {name, task, a_range, b_range}."""
-    row = formats[formats["format"] == fmt]
-    if row.empty:
-        raise ValueError(f"formats.parquet has no row for the trained format {fmt!r}: re-run rule study_format")
-    r = row.iloc[0]
-    low_a, high_a = (int(x) for x in str(r["a"]).split("-"))  # the ranges as the table writes them: "10-99"
-    low_b, high_b = (int(x) for x in str(r["b"]).split("-"))
-    return {"name": fmt, "task": str(r["task"]), "a_range": (low_a, high_a), "b_range": (low_b, high_b)}
-
-
-HEAD_SET_COLUMNS = ("n_heads", "overlap_precise", "jaccard_precise")  # `design.head_overlap`, from stats.json
-
-
-def head_sets_markdown(table: pd.DataFrame, study: dict) -> str:
-    """Every head arm's heads against precise's (study.parquet's HEAD_SET_COLUMNS), one line per arm and overlap
-    (its runs with the same numbers share a line: seeds train their arm's heads, draws may differ), then which of
-    the arms that tell head sets apart (circuit, circuit_disjoint, low_effect) this run left out."""
-    rows = table.dropna(subset=["n_heads"]) if "n_heads" in table else table.iloc[:0]
-    lines = []
-    for (arm, n, both, jac), part in rows.groupby(["arm", *HEAD_SET_COLUMNS], sort=False):
-        runs = ", ".join(part["run"])
-        lines.append(f"- {arm} ({runs}): {int(n)} heads, {int(both)} of them trained by precise too "
-                     f"(Jaccard {jac:.2f})")
-    missing = [a for a in ("circuit", "circuit_disjoint", "low_effect") if a not in study.get("arms", [])]
-    note = ""
-    if missing:
-        note = (f"\nThis run has no {', '.join(missing)} arm (`study.arms`); `configs/sft-study.yaml` runs them with "
-                "3 seeds each.")
-        if "low_effect" in missing:
-            note += (" Without low_effect there is no positive control (precise against the weakest heads of its "
-                     "layers), so the scorecard reads no \"does not hold\" from the circuit arm.")
-        note += "\n"
-    return ("## Head sets\n\nEach head arm's heads against the precise arm's (the top `study.heads` heads by patching "
-            "effect): how many it trains, how many of them precise trains too, and the Jaccard index.\n\n"
-            + "\n".join(lines or ["- no head arm was scored, or its runs predate the record"]) + "\n" + note)
-
-
-def precision_markdown(table: pd.DataFrame) -> str:
-    """The precision each arm trained in (study.parquet's model_dtype and master_dtype) for study.md, one line
-    per arm (and per precision, should its runs differ): arms compare fairly only if none lost small updates."""
-    trained = table[table["arm"] != "base"]
-    lines = [f"- {arm}: model in {model or 'unrecorded'}, optimizer updating {master or 'unrecorded'} tensors"
-             for (arm, model, master), _ in trained.groupby(["arm", "model_dtype", "master_dtype"], sort=False)]
-    return "## Training precision\n\n" + "\n".join(lines or ["- no arm was trained"]) + "\n"
-
-
-def format_display(formats: pd.DataFrame) -> pd.DataFrame:
-    """The measured formats for a reader: exact match with its interval in %, band and choice flags, reason."""
-    def share(r):
-        if not r["n"]:
-            return ""
-        return f"{100 * r['exact_match']:.1f} [{100 * r['ci_low']:.1f}, {100 * r['ci_high']:.1f}]"
-
-    return pd.DataFrame({"format": formats["format"], "task": formats["task"],
-                         "question": [t.replace("{op}", str(o))
-                                      for t, o in zip(formats["template"], formats["operator"])],
-                         "a": formats["a"], "b": formats["b"], "n": formats["n"],
-                         "base exact match % [interval]": [share(r) for r in formats.to_dict("records")],
-                         "in band": formats["in_band"].map({True: "yes", False: ""}),
-                         "chosen": formats["chosen"].map({True: "yes", False: ""}), "reason": formats["reason"]})
 
 
 def write_not_run(*, model: str, study: dict, formats: pd.DataFrame, choice: dict, out_study, out_comparisons,

@@ -3,42 +3,14 @@ the transfer of each operator's key heads to other data."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pandas as pd
 
 from arithmech.data.arithmetic import split_pairs
-from arithmech.data.formatting import non_math_prompts, svamp_prompts
 from arithmech.interp.effects import operand_pairs
 from arithmech.interp.nodes import nodes_text
 from arithmech.intervention.batching import COPIES_PER_FORWARD
 from arithmech.io import write_parquet
-
-
-def knockout_node_sets(effects: pd.DataFrame, key: pd.DataFrame, ablation: dict, *, n_layers: int, n_heads: int,
-                       seed: int, top_k: list[int] | None = None, random_k: list[int] | None = None) -> list[tuple]:
-    """The knockout rule's node sets, each (curve, seed, k, heads, mlps): the top k heads by patching effect
-    (k = 0..K, K = ablation.max_heads, or the given `top_k`); two random controls over `ablation.random_seeds`
-    draws each, k random heads drawn uniformly among the others (`random_heads`) and k drawn in the layers of
-    the top k (`random_layer_matched`), for the given `random_k` (default `ablation.random_k`, capped at K);
-    the key MLPs."""
-    from arithmech.interp.nodes import layer_matched_heads, random_heads, ranked_heads
-
-    ranked = ranked_heads(effects)
-    K = min(ablation["max_heads"], len(ranked))
-    ranked = ranked[:K]
-    tops = range(K + 1) if top_k is None else sorted({min(k, K) for k in top_k})
-    ks = sorted({min(k, K) for k in (ablation["random_k"] if random_k is None else random_k)} - {0})
-    sets = [("top_heads", -1, k, ranked[:k], []) for k in tops]
-    for s in range(ablation["random_seeds"]):
-        drawn = random_heads(n_layers, n_heads, K, seed=seed * 1000 + s, exclude=ranked)
-        sets += [("random_heads", s, k, drawn[:k], []) for k in ks]
-    for s in range(ablation["random_seeds"]):
-        drawn = layer_matched_heads(ranked, n_heads, seed=seed * 1000 + 500 + s, n_layers=n_layers)
-        sets += [("random_layer_matched", s, k, drawn[:k], []) for k in ks]
-    key_mlps = [int(l) for l in key.loc[key["component"] == "mlp", "layer"]]
-    return sets + [("key_mlps", -1, len(key_mlps), [], key_mlps)]
 
 
 def run_knockout(
@@ -58,7 +30,7 @@ def run_knockout(
 
     from arithmech.data.answers import answer_tokens
     from arithmech.data.datasets import subsample
-    from arithmech.interp.ablation import answers_correct, cache_means, set_answers
+    from arithmech.interp.ablation import answers_correct, cache_means, knockout_node_sets, set_answers
     from arithmech.model.loading import load_stage_model, stage_meta
 
     lm = load_stage_model(model_dir, compute)
@@ -111,53 +83,6 @@ def knockout_items(sets: list[tuple], scored: pd.DataFrame, first_correct: np.nd
     })
 
 
-def transfer_targets(
-    lm, *, tasks, pairs_paths, svamp_path, non_math_path, transfer: dict, prompts_cfg: dict, seed: int
-) -> list[dict]:
-    """The data sets the key heads are knocked out on: every operator's kept pairs, the other number
-    formats of every operator, SVAMP (direct answers) and the non-math control (BIG-bench qa_wikidata).
-    Each: name, kind, texts, golds (numbers, or lists of accepted strings), answer_ids (first answer token,
-    operator pairs only), max_new_tokens, clusters (per text: its operand pair "a,b", or its item index in the
-    source data, the unit a paired interval resamples)."""
-    import torch
-
-    from arithmech.data.answers import answer_tokens
-    from arithmech.data.arithmetic import format_prompts
-    from arithmech.data.datasets import subsample
-
-    targets = []
-    for task, path in zip(tasks, pairs_paths, strict=True):
-        pairs = subsample(split_pairs(pd.read_parquet(path), "validation", str(path)), transfer["max_samples"], seed)
-        targets.append({
-            "name": task, "kind": "operator", "texts": list(pairs["prompt"]), "golds": list(pairs["answer"]),
-            "answer_ids": torch.tensor(pairs["answer_token_id"].to_numpy()),
-            "max_new_tokens": answer_tokens(lm.tokenizer, pairs["answer"]),
-            "clusters": list(operand_pairs(pairs)),
-        })
-    fmt_cfg = transfer["formats"]
-    for fmt in ("multi_digit", "decimal"):
-        for task in tasks:
-            df = format_prompts(task, fmt, fmt_cfg[fmt], prompts_cfg, n=fmt_cfg["n"], seed=seed)
-            targets.append({
-                "name": f"{task} {fmt.replace('_', '-')}", "kind": fmt, "texts": list(df["prompt"]),
-                "golds": list(df["gold"]), "answer_ids": None,
-                "max_new_tokens": answer_tokens(lm.tokenizer, df["answer"]),
-                "clusters": list(operand_pairs(df)),
-            })
-    keep, texts = svamp_prompts(svamp_path, transfer["svamp"], seed)
-    targets.append({
-        "name": "SVAMP", "kind": "svamp", "golds": list(keep["gold"]), "answer_ids": None, "texts": texts,
-        "max_new_tokens": answer_tokens(lm.tokenizer, keep["answer"]), "clusters": [str(i) for i in keep["index"]],
-    })
-    keep, texts = non_math_prompts(non_math_path, transfer["non_math"], seed)
-    targets.append({
-        "name": Path(non_math_path).parent.name, "kind": "non_math", "texts": texts, "golds": list(keep["targets"]),
-        "answer_ids": None, "max_new_tokens": transfer["non_math"]["max_new_tokens"],
-        "clusters": [str(i) for i in keep["index"]],
-    })
-    return targets
-
-
 def run_transfer(
     *, model: str, model_dir, tasks: list[str], pairs_paths, cache_paths, key_paths, svamp_path, non_math_path,
     transfer: dict, prompts_cfg: dict, compute: dict, seed: int, out_table, out_items,
@@ -173,7 +98,7 @@ def run_transfer(
     from safetensors.torch import load_file
 
     from arithmech.data.answers import decided_answers, qa_correct
-    from arithmech.interp.ablation import answers_correct, greedy_end_sets
+    from arithmech.interp.ablation import answers_correct, greedy_end_sets, transfer_targets
     from arithmech.interp.nodes import layer_matched_heads
     from arithmech.intervention.means import AlignedMean
     from arithmech.model.loading import load_stage_model, stage_meta

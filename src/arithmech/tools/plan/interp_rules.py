@@ -119,7 +119,7 @@ def set_bytes(m: Model, *, batch: int, prompt: float, tail: float, steps: float,
 
 
 def knockout_sets(ablation: dict, *, heads: int) -> tuple[int, int]:
-    """Node sets of the knockout rule (`stages.validate.knockout_node_sets`) at positions end and all: top k
+    """Node sets of the knockout rule (`interp.ablation.knockout_node_sets`) at positions end and all: top k
     heads (k = 0..K at end; 0 and random_k at all), two random controls of `random_seeds` draws each (at
     random_k at end; at K at all), the key MLPs."""
     top = min(ablation["max_heads"], heads)
@@ -149,7 +149,7 @@ def knockout(s: Setting, m: Model, job: Job) -> Cost:
 
 
 def transfer_targets(s: Setting, m: Model) -> list[dict]:
-    """The transfer's target sets (`stages.validate.transfer_targets`): texts, mean prompt tokens (and the
+    """The transfer's target sets (`interp.ablation.transfer_targets`): texts, mean prompt tokens (and the
     longest where prompts differ in length beyond their operands) and greedy steps of each operator's
     validation pairs, both number formats of every operator, SVAMP and the non-math control."""
     from arithmech.data.arithmetic import render

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 
 from arithmech.data.eval_sets import REGISTRY
-from arithmech.data.formatting import math_example, qa_prompt
+from arithmech.data.formatting import answer_sentence, math_example, qa_prompt
 from arithmech.intervention.batching import SHARED_PREFIX_MIN_TOKENS
 from arithmech.tools.cluster import job_resources
 from arithmech.tools.plan.costmodel import (
@@ -257,7 +257,7 @@ def study_evaluate(s: Setting, m: Model, job: Job) -> Cost:
 
 
 def _off_target(s: Setting, m: Model, *, compare: bool) -> tuple[Work, float]:
-    """The study's off-target scores (`stages.study._off_target_rows`): GSM8K and SVAMP solutions
+    """The study's off-target scores (`sft.scoring.off_target_rows`): GSM8K and SVAMP solutions
     teacher-forced, two choice sets, qa_wikidata answers, WikiText-2 windows (with the base model's too when
     `compare`)."""
     cfg, bs, sh, tokens = s.config["study"]["off_target"], s.batch(), m.shape, m.tokens
@@ -267,7 +267,7 @@ def _off_target(s: Setting, m: Model, *, compare: bool) -> tuple[Work, float]:
     solved = tokens.mean(["".join(math_example(q, a)) for q, a in sample_records(gsm)]) + chat
     work = scoring(m, items=min(cfg["gsm8k_n"], len(gsm)), shared=0, rest=solved, targets=solved / 2, batch=bs)
     svamp = svamp_questions(files["svamp"])
-    asked = tokens.mean(["".join(math_example(q, f"The answer is {a}.")) for q, a in sample_records(svamp)]) + chat
+    asked = tokens.mean(["".join(math_example(q, answer_sentence(a))) for q, a in sample_records(svamp)]) + chat
     work += scoring(m, items=min(cfg["svamp_n"], len(svamp)), shared=0, rest=asked, targets=8, batch=bs)
     for name in ("social_iqa", "strategyqa"):
         st = s.memo(("choice", m.name, name),

@@ -11,10 +11,12 @@ import math
 from pathlib import Path
 from typing import NamedTuple, Sequence
 
+from arithmech.data.formatting import answer_sentence
+
 CHARS_PER_TOKEN = 3.5  # characters per token of English text other than digits (the estimate without a tokenizer)
 CHAT_TOKENS_PER_MESSAGE = 5  # a chat template's role header and end of turn, per message (the estimate without one)
 # The conversations whose renders measure a chat template: one question; one solved shot and the question.
-CHAT_PROBE_QUESTION, CHAT_PROBE_SHOT = "What is 12 plus 7?", ("What is 3 plus 5?", "The answer is 8.")
+CHAT_PROBE_QUESTION, CHAT_PROBE_SHOT = "What is 12 plus 7?", ("What is 3 plus 5?", answer_sentence(8))
 
 
 class ChatCost(NamedTuple):
