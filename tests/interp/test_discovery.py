@@ -333,6 +333,11 @@ def test_discover_stage_on_the_teacher_forced_protocol(prepared, tmp_path):  # n
     union = summary[summary["task"] == "union"].iloc[0]
     for kind in tf.KINDS:
         assert union[f"tf_{kind}_logprob"] == pytest.approx(chosen[f"tf_{kind}_logprob"])
+        # the key circuit's teacher-forced faithfulness (the README's sentence), per operator and pooled for the union
+        # (here one operator's key circuit on the same items: the same value; NaN where the model answers nothing)
+        for suffix in ("", "_low", "_high"):
+            np.testing.assert_allclose(union[f"tf_{kind}_key_correct{suffix}"],
+                                       chosen[f"tf_{kind}_key_correct{suffix}"], equal_nan=True)
 
 
 def test_random_sets_are_disjoint_layer_matched_or_absent():

@@ -232,6 +232,17 @@ def test_the_page_says_what_the_models_own_circuit_is(tmp_path):
     assert "those with every node ablated) is 80% [70%, 85%]," in text and "MLPs' 0.0% [0.0%, 1.0%]" in text
     assert "50 heads" not in text and "30 heads" not in text
     assert "no circuit" in circuit_sentences(summary.assign(chosen=False))
+    # with the teacher-forced protocol (what pruning and the verdicts read) its faithfulness under each ablation leads,
+    # the key circuit's and the margin over random circuits beside it; the old protocol's follows as the reference
+    values = {"correct": {"resample": 0.6, "mean": 0.7}, "key_correct": {"resample": 0.05, "mean": 0.15},
+              "random_diff": {"resample": 0.5, "mean": 0.6}}
+    tf = {f"tf_{k}_{m}{x}": v + d for m, by_kind in values.items() for k, v in by_kind.items()
+          for x, d in (("", 0.0), ("_low", -0.05), ("_high", 0.05))}
+    text = circuit_sentences(summary.assign(**tf))
+    assert ("is 60% [55%, 65%] under resample ablation and 70% [65%, 75%] under mean ablation, the key heads and key "
+            "MLPs' 5% and 15%, +50 and +60 points above random circuits of its size. On the old protocol") in text
+    assert "On the old protocol (greedy answers, END means at every generated position) it is 80% [70%, 85%]" in text
+    assert "Per operator (teacher-forced, resample / mean ablation), addition: 35 heads + 19 MLPs at 60% / 70%." in text
     study, comp = study_tables()
     root = tmp_path / "results/m"
     root.mkdir(parents=True)

@@ -55,6 +55,7 @@ import torch
 
 from arithmech.data.arithmetic import encode
 from arithmech.interp.nodes import node_label
+from arithmech.intervention.batching import COPIES_PER_FORWARD
 from arithmech.intervention.hooks import hooks
 from arithmech.intervention.kvcache import PrefixCopies, end_copies, prefix_cache
 from arithmech.intervention.means import AlignedMean
@@ -144,7 +145,7 @@ class EndTrials:
     Columns of every kept mask: `all_nodes(lm.n_layers, lm.n_heads)`."""
 
     def __init__(self, lm: LoadedModel, texts: Sequence[str], answer_ids, means: AlignedMean, *, measure: str,
-                 batch_size: int = 64, copies_per_forward: int = 256):
+                 batch_size: int = 64, copies_per_forward: int = COPIES_PER_FORWARD):
         if measure not in MEASURES:
             raise ValueError(f"circuit.discover.measure must be one of {', '.join(MEASURES)}; got {measure!r}")
         self.lm, self.means, self.measure = lm, means, measure

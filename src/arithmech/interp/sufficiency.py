@@ -109,6 +109,7 @@ def score_sets(lm, scored: pd.DataFrame, sets: list[CircuitSet], *, means, posit
 
     from arithmech.data.answers import answer_tokens
     from arithmech.interp.ablation import answers_correct, set_answers
+    from arithmech.intervention.batching import COPIES_PER_FORWARD
 
     distinct = list(dict.fromkeys((s.heads, s.mlp_layers) for s in sets))
     ablated = [CircuitSet("", "", 0, -1, h, m).ablated(lm.n_layers, lm.n_heads) for h, m in distinct]
@@ -117,7 +118,7 @@ def score_sets(lm, scored: pd.DataFrame, sets: list[CircuitSet], *, means, posit
                          mlp_sets=[a[1] for a in ablated], means=means, positions=positions,
                          template_ids=scored["template_id"], answer_ids=answers,
                          max_new_tokens=answer_tokens(lm.tokenizer, scored["answer"]), batch_size=batch_size,
-                         copies=256)
+                         copies=COPIES_PER_FORWARD)
     per_distinct = {
         "first": (result.first_tokens == answers[None]).numpy(),
         "full": answers_correct(lm.tokenizer, result.tokens, scored["answer"]),

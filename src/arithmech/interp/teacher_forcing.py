@@ -49,6 +49,7 @@ import torch
 from arithmech.data.answers import answer_correct
 from arithmech.data.arithmetic import continuation_ids
 from arithmech.interp.discovery import MLP, all_nodes, faithfulness
+from arithmech.intervention.batching import COPIES_PER_FORWARD
 from arithmech.intervention.generation import pad_left
 from arithmech.intervention.hooks import capture, hooks, patch_tail
 from arithmech.intervention.kvcache import PrefixCopies, end_copies, prefix_cache
@@ -347,7 +348,8 @@ class TailTrials:
     needs (`nodes`, `mean`, `start_circuit`, `try_drop`)."""
 
     def __init__(self, lm: LoadedModel, items: TailItems, values: TailValues, *, measure: str = "logprob",
-                 positions: str = "tail", batch_size: int = 32, copies_per_forward: int = 256):
+                 positions: str = "tail", batch_size: int = 32,
+                 copies_per_forward: int = COPIES_PER_FORWARD):
         if measure not in PRUNE_MEASURES:
             raise ValueError(f"the teacher-forced pruning measure must be one of {', '.join(PRUNE_MEASURES)}; "
                              f"got {measure!r}")

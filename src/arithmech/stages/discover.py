@@ -307,6 +307,11 @@ def _summary_row(task, target, chosen, circuit_row: pd.Series, key_row: pd.Serie
     for suffix in ("", "_low", "_high"):
         row[f"key_faithfulness_full{suffix}"] = (np.nan if key_row is None
                                                  else float(key_row[f"faithfulness_full{suffix}"]))
+    for kind in ("resample", "mean"):  # the key circuit on the teacher-forced protocol, where it was scored on it
+        column = f"faithfulness_tf_{kind}_tail_correct"
+        if key_row is not None and column in key_row:
+            row |= {f"tf_{kind}_key_correct{suffix}": float(key_row[column + suffix])
+                    for suffix in ("", "_low", "_high")}
     row |= {"random_faithfulness_full": full["random"], "diff_vs_random_full": full["difference"],
             "ci_low": full["ci_low"], "ci_high": full["ci_high"],
             "diff_vs_random_full_ci_low": full["ci_low"], "diff_vs_random_full_ci_high": full["ci_high"],
@@ -430,6 +435,13 @@ def run_discover_union(*, model: str, model_dir, tasks: list[str], pairs_paths, 
     wide, pooled_clusters = sufficiency.pooled_values(items, len(sets),
                                                       sufficiency.MEASURES | {"measure": MEASURE_COLUMN}, groups=tasks)
     pooled = sufficiency.faithfulness_table(sets, wide, pooled_clusters, **boot)
+    tf_tail = {c: c for c in items if c.startswith("tf_") and "_tail_" in c}
+    if tf_tail:  # the teacher-forced measures too (the key circuit's), on the pairs that protocol kept
+        tf_wide, _ = sufficiency.pooled_values(items, len(sets), tf_tail, groups=tasks)
+        kept = ~np.isnan(np.stack(list(tf_wide.values()))).all((0, 1))
+        tf_table = sufficiency.faithfulness_table(sets, {k: v[:, kept] for k, v in tf_wide.items()},
+                                                  pooled_clusters[kept], **boot)
+        pooled = pd.concat([pooled, tf_table[[c for c in tf_table if c not in pooled]]], axis=1)
     n_items = len(pooled_clusters)
     pooled = pooled.assign(task="union", target=targets, measure_name=measure, n=n_items, split="validation",
                            constant_first=sum(constants) / n_items, constant_full=np.nan)
