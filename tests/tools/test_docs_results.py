@@ -19,6 +19,8 @@ from arithmech.tools.docs_results import (
     PLAN_OUTPUT_MARKERS,
     RUN_TIME_MARKERS,
     MissingResults,
+    claims_across_models,
+    keep_claims,
     main,
     make_docs,
     plan_output,
@@ -491,3 +493,58 @@ def test_the_plan_block_names_make_plans_default():
     """The Makefile's CONFIGS default (what `make plan` plans) is what README's plan block is computed for."""
     default = re.search(r"^CONFIGS \?= (.+)$", (ROOT / "Makefile").read_text(), flags=re.M).group(1).split()
     assert default == PLAN_CONFIGS
+
+
+def test_claims_across_models_keep_every_models_column(tmp_path):
+    """docs/models.md's table: a column per model (the documented model first) from each results/<model>/claims.parquet,
+    kept in docs/claims/ so that a machine with one model's results keeps the other's column as it was; a headline
+    decided by its parts lists each part's verdict; a claim one model's scorecard lacks says so."""
+    claims = example_claims()
+    results, kept = tmp_path / "results", tmp_path / "kept"
+    meta = {"versions": {"arithmech": "0.1.0", "torch": "2.13.0"}}
+    a = claims.copy()
+    a.loc[(a["claim"] == "few_key_heads") & (a["scope"] == "all"), "value"] = np.nan  # decided by its operators
+    b = claims[claims["claim"] != "key_attention"].copy()
+    b.loc[(b["claim"] == "middle_layers") & (b["scope"] == "all"), "verdict"] = "holds"
+    write_parquet(a, results / "a" / "claims.parquet", meta)
+    write_parquet(b, results / "b" / "claims.parquet", meta)
+    assert keep_claims(results, kept) == ["a", "b"]
+    table = claims_across_models(kept, "b")
+    lines = table.splitlines()
+    assert lines[0] == "| Claim | Paper (LLaMA2-7B) | `b` | `a` |"
+
+    def cells(statement: str) -> list[str]:
+        return next(l for l in lines if l.startswith(f"| {statement}")).split(" | ")
+
+    middle = cells("Key heads sit in the middle layers.")
+    assert middle[2].startswith("🟢 **holds**") and middle[3].startswith("🟡 **partly**")
+    assert "71% [60, 80], n = 9 (identification)" in middle[3]
+    assert cells("Fewer than 5% of heads are key heads.")[3] == "🟢 **holds**<br>addition 🟢, division 🟢 |"
+    assert cells("Key heads attend from END")[2] == "not in this model's scorecard"
+    assert "`a`: arithmech 0.1.0, torch 2.13.0" in table
+    # b's results gone from this machine: its column stays as it was kept
+    (results / "b" / "claims.parquet").unlink()
+    assert keep_claims(results, kept) == ["a"]
+    again = claims_across_models(kept, "a")
+    assert again.splitlines()[0] == "| Claim | Paper (LLaMA2-7B) | `a` | `b` |"
+    assert cells("Key heads sit in the middle layers.")[2] in again  # b's cell, as kept
+
+
+def test_decomposition_table_says_where_the_answers_are_lost():
+    """Per operator, the chosen circuit at END only, at END + answer positions (each ablation) and on the old
+    protocol, each with its interval; nothing for an END-protocol run (no END-only columns)."""
+    from arithmech.tools.docs_results import decomposition_table
+
+    def cols(name, value):
+        return {name: value, f"{name}_low": value - 0.1, f"{name}_high": value + 0.1}
+
+    chosen = {"task": "addition", "curve": "discovered", "chosen": True, **cols("faithfulness_full", 0.0)}
+    for kind, end, tail in (("resample", 0.1, 0.2), ("mean", 0.3, 0.5)):
+        chosen |= cols(f"faithfulness_tf_{kind}_end_correct", end) | cols(f"faithfulness_tf_{kind}_tail_correct", tail)
+    other = chosen | {"chosen": False, "faithfulness_tf_mean_tail_correct": 0.9}
+    table = decomposition_table(pd.DataFrame([other, chosen]), ["addition", "division"])
+    assert table.to_dict("records") == [{
+        "operator": "addition", "resample, END only": "10% [0%, 20%]", "resample, END + answers": "20% [10%, 30%]",
+        "mean, END only": "30% [20%, 40%]", "mean, END + answers": "50% [40%, 60%]", "old protocol": "0% [-10%, 10%]"}]
+    assert decomposition_table(pd.DataFrame([{k: v for k, v in chosen.items() if "_end_" not in k}]),
+                               ["addition"]).empty

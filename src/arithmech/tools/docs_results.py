@@ -42,8 +42,8 @@ from arithmech.report.page import (
     study_rows,
     table_metric,
 )
-from arithmech.report.scorecard import claims_markdown, verdict_counts
-from arithmech.report.tables import markdown_table
+from arithmech.report.scorecard import HEADLINE, VERDICT_MARKS, claims_markdown, measured_text, verdict_counts
+from arithmech.report.tables import markdown_cell, markdown_table
 from arithmech.report.verdicts import TIMING_CLAIMS, fell_back
 from arithmech.tools.run_record import RECORD, duration_text, last_complete, machine_text, read_record
 
@@ -53,6 +53,12 @@ RUN_TIME_MARKERS = ("<!-- BEGIN GENERATED: run time (make docs) -->", "<!-- END 
 PLAN_MARKERS = ("<!-- BEGIN GENERATED: plan (make docs) -->", "<!-- END GENERATED: plan -->")
 PLAN_OUTPUT_MARKERS = ("<!-- BEGIN GENERATED: plan output (make docs) -->", "<!-- END GENERATED: plan output -->")
 KEPT_RECORD = Path("docs") / "run_record.json"  # the record README's run time comes from, committed
+KEPT_CLAIMS = Path("docs") / "claims"  # every model's headline claims, committed: the cross-model table's source
+MODELS_PAGE = Path("docs") / "models.md"  # the paper's claims side by side across models
+MODELS_MARKERS = ("<!-- BEGIN GENERATED: claims across models (make docs) -->",
+                  "<!-- END GENERATED: claims across models -->")
+KEPT_CLAIM_COLUMNS = ["claim", "scope", "statement", "paper", "measure", "value", "ci_low", "ci_high", "unit", "n",
+                      "split", "verdict", "note"]
 PLAN_CONFIGS = ["configs/paper.yaml", "configs/llama2-7b.yaml"]  # make plan's default (the Makefile's CONFIGS)
 
 
@@ -472,9 +478,40 @@ def discover_section(root: Path, tasks: list[str], figure) -> list[str]:
             "layer-matched heads of the circuit's size with its MLPs (mean over draws), and the paired difference "
             "in full-answer faithfulness.\n", markdown_table(discover_table(summary, validation)),
             "Every target's circuit:\n", markdown_table(discover_targets_table(summary))]
+    where = decomposition_table(validation, tasks)
+    if len(where):
+        out += ["Where the answers are lost: the chosen circuit's full-answer faithfulness with every other node "
+                "ablated at END only (the answer positions clean), at END and every answer position (the "
+                "teacher-forced protocol, what pruning and the verdicts read), each under both ablations, and on the "
+                "old protocol (greedy answers, END means at every generated position); validation pairs, 95% "
+                "intervals.\n", markdown_table(where)]
     if tasks:
         out += figure(f"discover/{tasks[0]}_path.png") + figure(f"discover/{tasks[0]}_circuit.png")
     return out
+
+
+def decomposition_table(validation: pd.DataFrame | None, tasks: list[str]) -> pd.DataFrame:
+    """Per operator, the chosen circuit's full-answer faithfulness teacher-forced with the other nodes ablated at END
+    only and at END + answer positions (each ablation kind the discover rule scored), and on the old protocol: where
+    the answers are lost. Empty without teacher-forced END-only columns (an END-protocol run)."""
+    if validation is None:
+        return pd.DataFrame()
+    kinds = [k for k in ("resample", "mean") if f"faithfulness_tf_{k}_end_correct" in validation]
+    rows = []
+    for task in tasks:
+        found = validation[(validation["task"] == task) & (validation["curve"] == "discovered")
+                           & validation["chosen"].astype(bool)]
+        if not kinds or not len(found):
+            continue
+        r = found.iloc[0]
+        row = {"operator": task}
+        for kind in kinds:
+            for positions, name in (("end", "END only"), ("tail", "END + answers")):
+                col = f"faithfulness_tf_{kind}_{positions}_correct"
+                row[f"{kind}, {name}"] = _faithful(r[col], r[f"{col}_low"], r[f"{col}_high"])
+        row["old protocol"] = _faithful(r["faithfulness_full"], r["faithfulness_full_low"], r["faithfulness_full_high"])
+        rows.append(row)
+    return pd.DataFrame(rows)
 
 
 def read_claims(root: Path, model: str) -> pd.DataFrame:
@@ -700,11 +737,14 @@ def relative_folder(folder, start) -> str:
 
 
 def make_docs(*, results_dir, model: str, tasks: list[str], readme, out_md, figures_dir, kept_record=None,
-              plan_report: Callable[[], dict] | None = None, plan_page=None) -> None:
+              plan_report: Callable[[], dict] | None = None, plan_page=None, kept_claims=None,
+              models_page=None) -> None:
     """Fill README's scorecard block and write docs/results.md and docs/figures/ from results/{model}/. With
     `kept_record` (docs/run_record.json): README's run-time block (`headline_run`, `run_time_text`); with
     `plan_report` (called once: `make plan`'s report of `PLAN_CONFIGS`): its plan block (`plan_text`), and with
-    `plan_page` (docs/plan.md) that page's block of the whole plan (`plan_output`)."""
+    `plan_page` (docs/plan.md) that page's block of the whole plan (`plan_output`); with `kept_claims` (docs/claims/)
+    and `models_page` (docs/models.md): every model's headline claims kept (`keep_claims`) and the page's table of
+    the claims across models (`claims_across_models`)."""
     root = Path(results_dir) / model
     require(root / "claims.parquet")
     readme = Path(readme)
@@ -726,6 +766,11 @@ def make_docs(*, results_dir, model: str, tasks: list[str], readme, out_md, figu
         if plan_page is not None:
             plan_page_text = replace_block(Path(plan_page).read_text(), plan_output(report), str(plan_page),
                                            PLAN_OUTPUT_MARKERS)
+    models_text = None
+    if kept_claims is not None and models_page is not None:
+        keep_claims(results_dir, kept_claims)
+        models_text = replace_block(require(Path(models_page)).read_text(), claims_across_models(kept_claims, model),
+                                    str(models_page), MODELS_MARKERS)
     # everything computed: now written, README's run time together with the record it comes from
     copy_figures(root, figures, Path(figures_dir))
     write_if_changed(Path(out_md), page)
@@ -734,6 +779,59 @@ def make_docs(*, results_dir, model: str, tasks: list[str], readme, out_md, figu
     write_if_changed(readme, text)
     if plan_page_text is not None:
         write_if_changed(Path(plan_page), plan_page_text)
+    if models_text is not None:
+        write_if_changed(Path(models_page), models_text)
+
+
+def keep_claims(results_dir, kept_dir) -> list[str]:
+    """Each results/<model>/claims.parquet (every claim and scope, `KEPT_CLAIM_COLUMNS`, and the results'
+    provenance) into kept_dir/<model>.csv, written only when it differs; a model whose results are not here keeps
+    its last file, so one machine's `make docs` does not drop another model's column. Returns the models kept."""
+    kept = []
+    for path in sorted(Path(results_dir).glob("*/claims.parquet")):
+        head = pd.read_parquet(path)[KEPT_CLAIM_COLUMNS].assign(origin=provenance_text(path))
+        out = Path(kept_dir) / f"{path.parent.name}.csv"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        write_if_changed(out, head.to_csv(index=False, float_format="%.10g"))
+        kept.append(path.parent.name)
+    return kept
+
+
+def claims_across_models(kept_dir, first: str) -> str:
+    """The paper's claims side by side across models (docs/models.md's block): a row per claim (the order of
+    `first`'s scorecard, then any other model's further claims), a column per model kept in `kept_dir` (`first`
+    first): its verdict and the number that decided it, or, where the headline is decided by its parts (per
+    operator, ...), each part's verdict. No rule differs between models: each cell is that model's own scorecard."""
+    kept = {p.stem: pd.read_csv(p, keep_default_na=False, na_values=[""]) for p in sorted(Path(kept_dir).glob("*.csv"))}
+    parts = {m: t[t["scope"] != HEADLINE] for m, t in kept.items()}
+    tables = {m: t[t["scope"] == HEADLINE] for m, t in kept.items()}
+    if not tables:
+        return "No model's claims are kept yet: run the workflow (`make run`), then `make docs`.\n"
+    models = sorted(tables, key=lambda m: (m != first, m))
+    order = list(dict.fromkeys(c for m in models for c in tables[m]["claim"]))
+    lines = ["| Claim | Paper (LLaMA2-7B) | " + " | ".join(f"`{m}`" for m in models) + " |",
+             "|---|---|" + "---|" * len(models)]
+    for claim in order:
+        rows = {m: tables[m].set_index("claim").loc[claim] for m in models if claim in set(tables[m]["claim"])}
+        some = next(iter(rows.values()))
+        cells = []
+        for m in models:
+            if m not in rows:
+                cells.append("not in this model's scorecard")
+                continue
+            r = rows[m]
+            measured = markdown_cell(measured_text(r)) if not display.missing(r["value"]) else ""
+            if not measured:  # decided by its parts: each part's verdict
+                mine = parts[m][parts[m]["claim"] == claim]
+                measured = ", ".join(f"{markdown_cell(p['scope'])} {VERDICT_MARKS[p['verdict']]}"
+                                     for _, p in mine.iterrows())
+            cells.append(f"{VERDICT_MARKS[r['verdict']]} **{r['verdict']}**" + (f"<br>{measured}" if measured else ""))
+        lines.append(f"| {markdown_cell(some['statement'])} | {markdown_cell(some['paper'])} | " + " | ".join(cells)
+                     + " |")
+    origins = [f"`{m}`: {tables[m]['origin'].iloc[0]}" for m in models if len(tables[m])]
+    counts = [f"`{m}`: {verdict_counts(tables[m].assign(scope=HEADLINE))}" for m in models]
+    return ("\n".join(lines) + "\n\n" + " ".join(counts) + "\n\nGenerated by `make docs` from each model's "
+            f"`results/<model>/claims.parquet` (kept in `{KEPT_CLAIMS.as_posix()}/`): " + "; ".join(origins) + ".\n")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -745,6 +843,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="docs/results.md")
     parser.add_argument("--figures", default="docs/figures")
     parser.add_argument("--plan-page", default="docs/plan.md", help="the page with the whole plan's block")
+    parser.add_argument("--kept-claims", default=str(KEPT_CLAIMS),
+                        help="where every model's headline claims are kept (from RESULTS/*/claims.parquet)")
+    parser.add_argument("--models-page", default=str(MODELS_PAGE), help="the page of the claims across models")
     parser.add_argument("--run-record", default=str(KEPT_RECORD),
                         help="the kept record of README's run time (updated from RESULTS/run_record.json)")
     args = parser.parse_args(argv)
@@ -761,12 +862,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         make_docs(results_dir=args.results, model=model, tasks=list(config["run"]["tasks"]), readme=args.readme,
                   out_md=args.out, figures_dir=args.figures, kept_record=args.run_record, plan_report=paper_plan,
-                  plan_page=args.plan_page)
+                  plan_page=args.plan_page, kept_claims=args.kept_claims, models_page=args.models_page)
     except (MissingResults, ValueError, PlanError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
     print(f"make docs: {args.readme} (scorecard, run time and plan blocks), {args.out} and {args.figures}/ from "
-          f"{args.results}/{model}; the plan's block in {args.plan_page}")
+          f"{args.results}/{model}; the plan's block in {args.plan_page}; the claims across models in "
+          f"{args.models_page}")
     record = read_record(Path(args.results) / RECORD.name)
     if record is not None and not record.get("from_scratch"):
         print(f"{args.results}/{RECORD.name} is a partial run ({record['jobs_run']} jobs): README's run time is the "
