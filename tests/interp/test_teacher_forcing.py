@@ -176,6 +176,19 @@ def test_trials_equal_whole_hooked_forwards(family_setup, family, kind, position
     assert fast["correct"][0].all()  # the gold answers are the model's own
 
 
+@pytest.mark.parametrize("positions", tf.POSITIONS)
+def test_the_whole_model_circuit_is_read_from_the_reference(lm, setup, positions):
+    """A circuit that keeps every node is scored from the reference log-probabilities without a forward; the hooked
+    forward (`hooked=True`, what the 'nothing ablated' check runs) gives the same measures."""
+    trials = _trials(lm, setup, "resample", positions)
+    kept = np.ones((2, len(trials.nodes)), dtype=bool)
+    kept[1, 3] = False
+    read, hooked = trials.scores(kept), trials.scores(kept, hooked=True)
+    for m in tf.TAIL_MEASURES:
+        np.testing.assert_allclose(read[m], hooked[m], atol=1e-5, rtol=1e-5, err_msg=m)
+    np.testing.assert_array_equal(read["correct"][0], trials.model_correct)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

@@ -200,3 +200,30 @@ def test_one_batch_of_cache_copies_is_alive_at_a_time(tiny_lm, monkeypatch):
     assert len(live.alive_at_prefix) == 6 and len(live.alive_at_copy) > 15
     assert max(live.alive_at_copy) == 0, str(live.alive_at_copy)
     assert max(live.alive_at_prefix) == 0, live.alive_at_prefix
+
+
+def test_shared_prefixes_run_each_batch_once_and_change_no_score(tiny_lm, enc):
+    """Inside `shared_prefixes` a batch equal in ids, mask and positions (and tail, and model) gets the cache made
+    the first time; another tail or batch gets its own; outside the block every call runs the prefix. Two scorers of
+    one circuit set on the shared prefix (greedy answers, then again) give exactly what they give alone."""
+    from arithmech.interp.ablation import greedy_end_sets
+    from arithmech.intervention.kvcache import shared_prefixes
+    from arithmech.intervention.means import AlignedMean
+
+    lm = tiny_lm
+    other = encode(lm.tokenizer, TEXTS[:2], lm.device)
+    with shared_prefixes():
+        first = prefix_cache(lm, enc)
+        assert prefix_cache(lm, {k: v.clone() for k, v in enc.items()}) is first
+        assert prefix_cache(lm, enc, tail=2) is not first and prefix_cache(lm, other) is not first
+        with shared_prefixes():  # a nested block starts its own store and gives the outer one back
+            assert prefix_cache(lm, enc) is not first
+        assert prefix_cache(lm, enc) is first
+    assert prefix_cache(lm, enc) is not first
+    zeros = AlignedMean(torch.zeros(1, lm.n_layers, lm.n_heads, lm.head_dim), torch.zeros(1, lm.n_layers, lm.d_model))
+    sets = [[(0, 0), (1, 1)], [(0, 1)]]
+    alone = greedy_end_sets(lm, TEXTS, sets, means=zeros, max_new_tokens=3, batch_size=2).tokens
+    with shared_prefixes():
+        shared = [greedy_end_sets(lm, TEXTS, sets, means=zeros, max_new_tokens=3, batch_size=2).tokens
+                  for _ in range(2)]
+    assert torch.equal(shared[0], alone) and torch.equal(shared[1], alone)

@@ -28,6 +28,9 @@ rule discover:
         "results/{model}/logs/discover/{task}.log",
     benchmark:
         "results/{model}/benchmarks/discover/{task}.tsv"
+    # discover -> discover_union is the longest chain of jobs: started first, so the union does not run alone at
+    # the end (above transfer's 1)
+    priority: 2
     conda:
         "../../envs/arithmech.yaml"
     threads: 2
@@ -62,6 +65,7 @@ rule discover_union:
         "results/{model}/logs/discover_union.log",
     benchmark:
         "results/{model}/benchmarks/discover_union.tsv"
+    priority: 2
     conda:
         "../../envs/arithmech.yaml"
     threads: 2

@@ -202,7 +202,7 @@ def teacher_forced_table(lm, scored: pd.DataFrame, pool, sets: Sequence[CircuitS
     from arithmech.interp.effects import pair_labels
 
     # outputs: the items' own clean tail outputs from the same forward, for the position-alignment check
-    items = tf.build_items(lm, scored, batch_size=batch_size, outputs=True)
+    items = tf.build_items(lm, scored, batch_size=batch_size, outputs=sanity)
     masks = kept_masks(sets, all_nodes(lm.n_layers, lm.n_heads))
     values, checks = tf.protocol_scores(lm, items, pool, masks, seed=seed, pool_outputs=pool_outputs,
                                         batch_size=batch_size, sanity_draws=sanity_draws, strict=strict,

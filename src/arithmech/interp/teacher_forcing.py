@@ -440,16 +440,25 @@ class TailTrials:
         batch, _, _, reference = entry
         return tail_measures(logits, batch.targets.repeat_interleave(c, 0), reference.repeat_interleave(c, 0))
 
-    def scores(self, kept) -> dict[str, np.ndarray]:
+    def scores(self, kept, *, hooked: bool = False) -> dict[str, np.ndarray]:
         """Every measure (`TAIL_MEASURES`) of every circuit on every item: {measure: [c, n_items]} (kept: bool
-        [c, nodes]); kl is given as -KL."""
+        [c, nodes]); kl is given as -KL. A circuit that keeps every node is the model: its measures come from the
+        reference log-probabilities, with no forward, unless `hooked` (the 'nothing ablated' sanity check, which
+        asks the hooked forward itself)."""
         kept = torch.as_tensor(np.asarray(kept), dtype=torch.bool)
         if kept.dim() != 2 or kept.shape[1] != len(self.nodes):
             raise ValueError(f"kept masks must be [circuits, {len(self.nodes)}]; got {tuple(kept.shape)}")
-        n = kept.shape[0]
-        out = {m: np.zeros((n, self.n_items)) for m in TAIL_MEASURES}
+        out = {m: np.zeros((kept.shape[0], self.n_items)) for m in TAIL_MEASURES}
+        whole = kept.all(1) & (not hooked)
+        if whole.any():
+            for batch, _, _, reference in self.batches:
+                for m, v in tail_measures(reference, batch.targets, reference).items():
+                    out[m][np.ix_(torch.nonzero(whole)[:, 0].numpy(), batch.rows)] = v.double().cpu().numpy()[None]
+        ablating = torch.nonzero(~whole)[:, 0]
+        kept, n = kept[ablating], len(ablating)
         if n == 0:
             return out
+        rows_of = ablating.numpy()  # row of `out` for each circuit still to score
         for entry in self.batches:
             b = len(entry[0].rows)
             # equal chunks, the last padded with its last circuit: every forward of the call has as many copies,
@@ -462,7 +471,8 @@ class TailTrials:
                 if c < chunk:
                     part = torch.cat([part, part[-1:].expand(chunk - c, -1)])
                 for m, v in self._measures(entry, self._logits(entry, part), chunk).items():
-                    out[m][s0 : s0 + c][:, entry[0].rows] = v.view(b, chunk)[:, :c].T.double().cpu().numpy()
+                    out[m][np.ix_(rows_of[s0 : s0 + c], entry[0].rows)] = (
+                        v.view(b, chunk)[:, :c].T.double().cpu().numpy())
         return out
 
     def per_item(self, kept) -> np.ndarray:
@@ -604,7 +614,7 @@ def constant_predictor(items: TailItems) -> float:
 def check_nothing_ablated(trials: TailTrials, tol: float = 1e-4) -> dict:
     """Nothing ablated: KL 0 (so f = 1 for every measure) and the model's own teacher-forced accuracy
     (`TailTrials.model_correct`, from unhooked forwards). Returns the values; ValueError naming the check."""
-    s = trials.scores(np.ones((1, len(trials.nodes)), dtype=bool))
+    s = trials.scores(np.ones((1, len(trials.nodes)), dtype=bool), hooked=True)
     kl, acc, own = float(-s["kl"].mean()), float(s["correct"].mean()), float(trials.model_correct.mean())
     if kl > tol or abs(acc - own) > 1e-9:
         raise ValueError(f"sanity check 'nothing ablated' failed: KL {kl:.3g} (must be 0), teacher-forced accuracy "

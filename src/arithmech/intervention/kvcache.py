@@ -10,11 +10,16 @@ cache of every row on every forward (profiled, the costliest copy of total mode)
 keys and values in buffers with room for the positions still to come and writes them in place. Forwards
 whose new positions are not continued (total mode: one END forward per layer's patched copies) share one
 copy, rewound to the prefix before each (`PrefixCopies`).
+
+Scorers that run the same prompts in the same batches one after the other (a circuit's greedy answers and its
+END measure) share their prefixes inside `shared_prefixes()`: `prefix_cache` then computes each distinct one once.
 """
 
 from __future__ import annotations
 
 import copy
+from contextlib import contextmanager
+from typing import Iterator
 
 import torch
 from transformers.cache_utils import DynamicLayer
@@ -84,19 +89,45 @@ def select_rows(cache, rows: torch.Tensor) -> None:
             layer.batch_select_indices(rows.to(layer.keys.device))
 
 
+_SHARED: list | None = None  # (model, batch, tail, cache) of each prefix made inside `shared_prefixes`
+_BATCH_KEYS = ("input_ids", "attention_mask", "position_ids")
+
+
+@contextmanager
+def shared_prefixes() -> Iterator[None]:
+    """Inside this block, `prefix_cache` called again with the same model, batch (input_ids, attention_mask,
+    position_ids, compared exactly) and tail returns the cache it made the first time instead of running the prefix
+    again: a prefix cache is only ever copied (`repeated_cache`, `PrefixCopies`), never written. The caches are
+    kept until the block ends."""
+    global _SHARED
+    outer, _SHARED = _SHARED, []
+    try:
+        yield
+    finally:
+        _SHARED = outer
+
+
 def prefix_cache(lm: LoadedModel, enc: dict[str, torch.Tensor], tail: int = 1):
     """Keys and values of every position but the last `tail` (default: all but END) of a left-padded batch
     (one forward). An intervention on the last `tail` positions changes nothing before them, so many
-    intervened copies can share this prefix."""
+    intervened copies can share this prefix. Inside `shared_prefixes()` a batch's prefix is computed once."""
     if not 0 < tail < enc["input_ids"].shape[1]:
         raise ValueError(f"a prefix cache needs 0 < tail < sequence length {enc['input_ids'].shape[1]}; got {tail}")
-    return lm.model(
+    if _SHARED is not None:
+        for model, batch, t, cache in _SHARED:
+            if model is lm.model and t == tail and all(
+                    batch[k].shape == enc[k].shape and torch.equal(batch[k], enc[k]) for k in _BATCH_KEYS):
+                return cache
+    cache = lm.model(
         input_ids=enc["input_ids"][:, :-tail],
         attention_mask=enc["attention_mask"][:, :-tail],
         position_ids=enc["position_ids"][:, :-tail],
         use_cache=True,
         logits_to_keep=1,  # only the cache is wanted; the vocabulary projection of every position is not
     ).past_key_values
+    if _SHARED is not None:
+        _SHARED.append((lm.model, {k: enc[k] for k in _BATCH_KEYS}, tail, cache))
+    return cache
 
 
 def repeated_cache(prefix, copies: int, room: int = 0):

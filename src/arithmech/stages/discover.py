@@ -60,8 +60,11 @@ def _measure_values(lm, scored, sets, means, measure, batch_size) -> np.ndarray:
 def _score(lm, scored, sets, targets, means, measure, batch_size, *, n_boot, seed, confidence, extra=None):
     """(faithfulness table, per-item table) of `sets` (one 'model', one 'empty') on `scored`: full-answer accuracy,
     answer logit and first-token accuracy (`sufficiency.score_sets`) and the pruning measure (as 'measure')."""
-    values = sufficiency.score_sets(lm, scored, sets, means=means, positions="end", batch_size=batch_size)
-    values["measure"] = _measure_values(lm, scored, sets, means, measure, batch_size)
+    from arithmech.intervention.kvcache import shared_prefixes
+
+    with shared_prefixes():  # the same prompts in the same batches: each batch's prefix runs once for both
+        values = sufficiency.score_sets(lm, scored, sets, means=means, positions="end", batch_size=batch_size)
+        values["measure"] = _measure_values(lm, scored, sets, means, measure, batch_size)
     clusters = pair_labels(scored).to_numpy()
     table = sufficiency.faithfulness_table(sets, values, clusters, n_boot=n_boot, seed=seed, confidence=confidence)
     table = table.assign(target=targets, measure_name=measure, n=len(scored), split="validation",
@@ -84,7 +87,7 @@ FLAG_GAP = 0.15  # the ablations' (and the old protocol's) full-answer faithfuln
 
 
 def _teacher_forced_columns(lm, validation: pd.DataFrame, val: pd.DataFrame, pool: tuple, sets, attribution, nodes,
-                            discover: dict, seed: int, batch: int, sanity: bool = True
+                            discover: dict, seed: int, batch: int, sanity: bool = True, decompose: bool = True
                             ) -> tuple[pd.DataFrame, pd.DataFrame | None, pd.DataFrame]:
     """(the validation table with the teacher-forced protocol beside the old one, the CPR/CMD rows (None without an
     attribution), the per-item values of `sets`); pool: (the identification items, their `tail_outputs`). Added
@@ -92,7 +95,8 @@ def _teacher_forced_columns(lm, validation: pd.DataFrame, val: pd.DataFrame, poo
     faithfulness with intervals, the sanity checks' values; and `tf_flag`: the two ablations' and the old
     protocol's full-answer faithfulness differ by more than FLAG_GAP. The CPR/CMD rows: one per node share
     (curve 'share', node_share; the top nodes by the pruning's attribution), the teacher-forced columns only.
-    sanity: False skips the sanity checks (the union: `run_discover` ran them on the same pairs and pool)."""
+    sanity: False skips the sanity checks (the union: `run_discover` ran them on the same pairs and pool); decompose:
+    False skips the END-only decomposition (the union: each operator's is reported)."""
     from arithmech.interp import teacher_forcing as tf
 
     shares = tf.share_circuits(attribution) if attribution is not None else np.zeros((0, len(nodes)), dtype=bool)
@@ -107,7 +111,7 @@ def _teacher_forced_columns(lm, validation: pd.DataFrame, val: pd.DataFrame, poo
         strict=sufficiency.strict_kinds(discover["sanity"], discover["tf_ablation"]), n_boot=discover["bootstrap"],
         seed=seed,
         confidence=discover["confidence"], batch_size=batch, end_rows=decomposed, sanity=sanity,
-        sanity_samples=discover["sanity_samples"])
+        sanity_samples=discover["sanity_samples"], positions_sets=("tail", "end") if decompose else ("tail",))
     own = [c for c in scored if c.startswith(sufficiency.TF_COLUMNS)]
     out = pd.concat([validation.reset_index(drop=True), scored[own].iloc[: len(sets)].reset_index(drop=True)], axis=1)
     f = pd.concat([out[c] for c in ("faithfulness_tf_resample_tail_correct", "faithfulness_tf_mean_tail_correct",
@@ -420,7 +424,8 @@ def run_discover_union(*, model: str, model_dir, tasks: list[str], pairs_paths, 
                                   batch_size=compute["batch_size"], outputs=True)
             table, _, tf_items = _teacher_forced_columns(
                 lm, table, val, (pool, tf.tail_outputs(lm, pool, compute["batch_size"])), sets, None,
-                all_nodes(lm.n_layers, lm.n_heads), discover, seed, compute["batch_size"], sanity=False)
+                all_nodes(lm.n_layers, lm.n_heads), discover, seed, compute["batch_size"], sanity=False,
+                decompose=False)
             items = sufficiency.with_set_columns(items, len(sets), tf_items)
             # the sanity checks depend on the pairs, the pool and the seed only, the same as run_discover's: its
             # values, not a second run of them
