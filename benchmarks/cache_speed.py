@@ -36,7 +36,8 @@ from safetensors.torch import load_file
 from arithmech.data import datasets
 from arithmech.data.answers import MATH_STOP_STRINGS, answer_tokens, settled_number
 from arithmech.data.formatting import math_prompts
-from arithmech.interp.ablation import greedy_end_sets, knockout_node_sets
+from arithmech.interp.ablation import greedy_end_sets
+from arithmech.interp.nodes import knockout_node_sets
 from arithmech.interp.patching import collect, total_logits
 from arithmech.intervention import generation, kvcache
 from arithmech.intervention.generation import generate_texts

@@ -28,7 +28,9 @@ from safetensors.torch import load_file
 from arithmech.data.answers import answer_tokens
 from arithmech.data.arithmetic import split_pairs
 from arithmech.data.datasets import subsample
-from arithmech.interp.ablation import ablation_hooks, answers_correct, cache_means, knockout_node_sets, set_answers
+from arithmech.interp.ablation import ablation_hooks, answers_correct, set_answers
+from arithmech.interp.activations import cache_means
+from arithmech.interp.nodes import knockout_node_sets
 from arithmech.intervention.generation import greedy_generate
 from arithmech.intervention.means import GroupedMean
 from arithmech.model.loading import load_model
@@ -65,8 +67,7 @@ def main() -> None:
     scored = subsample(pairs, ablation["all_positions_samples"], seed).reset_index(drop=True)
     sets = knockout_node_sets(pd.read_parquet(args.results / f"effects/{args.task}.parquet"),
                               pd.read_parquet(args.results / f"key_components/{args.task}.parquet"), ablation,
-                              n_layers=lm.n_layers, n_heads=lm.n_heads, seed=seed, top_k=[0, *ablation["random_k"]],
-                              random_k=[ablation["max_heads"]])
+                              n_layers=lm.n_layers, n_heads=lm.n_heads, seed=seed, positions="all")
     head_sets, mlp_sets = [s[3] for s in sets], [s[4] for s in sets]
     cache = load_file(str(args.results / f"activations/{args.task}.safetensors"))
     grouped = GroupedMean(cache["cf_template_heads"], cache["cf_template_mlps"], cache["cf_template_counts"])

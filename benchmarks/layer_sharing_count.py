@@ -32,7 +32,8 @@ from safetensors.torch import load_file
 
 from arithmech.data.answers import answer_tokens, decided_answers
 from arithmech.data.arithmetic import split_pairs
-from arithmech.interp.ablation import greedy_end_sets, knockout_node_sets
+from arithmech.interp.ablation import greedy_end_sets
+from arithmech.interp.nodes import knockout_node_sets
 from arithmech.intervention.means import AlignedMean
 from arithmech.model.loading import load_model
 

@@ -32,8 +32,8 @@ import yaml
 from safetensors.torch import load_file
 
 from arithmech.data.answers import answer_tokens, decided_answers, settled_number
-from arithmech.interp.ablation import answers_correct, greedy_end_sets, knockout_node_sets, transfer_targets
-from arithmech.interp.nodes import random_heads
+from arithmech.interp.ablation import answers_correct, greedy_end_sets, transfer_targets
+from arithmech.interp.nodes import knockout_node_sets, random_heads
 from arithmech.intervention.means import AlignedMean
 from arithmech.model.loading import load_model
 

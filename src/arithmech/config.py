@@ -41,7 +41,9 @@ def validate_config(config: dict, schema_path: str | Path) -> None:
         ops = config["prompts"]["operands"]
         if ops["min"] > ops["max"]:
             problems.append(f"config key 'prompts.operands': min ({ops['min']}) is larger than max ({ops['max']})")
-        for fmt in ("multi_digit", "decimal"):
+        from arithmech.data.arithmetic import FORMATS
+
+        for fmt in FORMATS:
             rng = config["transfer"]["formats"][fmt]
             if rng["min"] > rng["max"]:
                 problems.append(f"config key 'transfer.formats.{fmt}': min ({rng['min']}) is larger than max "

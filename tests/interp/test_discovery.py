@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 
 from arithmech.data.arithmetic import split_pairs
 from arithmech.interp import discovery as dc
-from arithmech.interp.ablation import cache_means
+from arithmech.interp.activations import cache_means
 from arithmech.interp.nodes import node_label
 from arithmech.model.loading import load_model
 from arithmech.model.tiny import FAMILIES

@@ -7,11 +7,13 @@ import torch
 from safetensors.torch import load_file
 
 from arithmech.interp import ablation
+from arithmech.interp.activations import cache_means
 from arithmech.interp.patching import reference_logits
 from arithmech.io import read_parquet_meta, source_digest
 from arithmech.model.loading import load_model
 from arithmech.stages import identify, validate
 from arithmech.stages.validate import run_plot_knockout, run_plot_transfer
+from arithmech.tools.plan.interp_rules import knockout_sets
 from helpers import COMPUTE, PROMPTS, ROOT
 
 
@@ -248,6 +250,8 @@ def test_knockout_scores_first_tokens_and_full_answers(prepared, tmp_path, posit
     assert list(table["curve"]) == (["top_heads"] * 3 + ["random_heads"] * randoms + ["random_layer_matched"] * randoms
                                     + ["key_mlps"])
     assert table["nodes"].iloc[2] == "L1H3 L1H2" and table["nodes"].iloc[-1] == "L0MLP"
+    # `make plan` counts the sets the stage runs (its knockout cost model)
+    assert knockout_sets(ablation, n_layers=lm.n_layers, n_heads=lm.n_heads)[positions == "all"] == len(table)
     matched = table[table["curve"] == "random_layer_matched"]["nodes"].iloc[-1].split()
     assert [n[:2] for n in matched] == ["L1", "L1"] and not {"L1H3", "L1H2"} & set(matched)  # the top heads' layer
     assert (table["split"] == "validation").all() and (table["positions"] == positions).all()
@@ -296,7 +300,7 @@ def test_all_positions_answers_batched_across_sets_are_each_sets_own_generation(
     texts, templates = list(pairs["prompt"]), pairs["template_id"].to_numpy()
     golds = list(pairs["answer"])
     got = ablation.set_answers(lm, texts, golds, template_ids=templates, head_sets=head_sets, mlp_sets=mlp_sets,
-                               means=ablation.cache_means(cache, "all"), positions="all", max_new_tokens=3,
+                               means=cache_means(cache, "all"), positions="all", max_new_tokens=3,
                                batch_size=4, copies=256).tokens
     assert got.shape == (len(head_sets), len(texts), 3)
     decided = decided_answers(lm.tokenizer, golds)

@@ -387,6 +387,27 @@ def study_final_models():
     ]
 
 
+def study_summary_keyed(model):
+    """study_summary's inputs per (arm, run): {kind: {input name: (arm, run, path)}} for kind eval (every scored
+    model), grid (every lr grid run) and run (every further seed or draw)."""
+    root = f"results/{model}/finetune/study"
+    keyed = {
+        "eval": {
+            f"eval_{arm}_{run}": (arm, run, f"{root}/eval/{arm}/{run}.parquet")
+            for arm, run in study_final_models()
+        },
+        "grid": {},
+        "run": {},
+    }
+    for arm in STUDY_ARMS:
+        for r in study.grid_runs(arm, STUDY):
+            keyed["grid"][f"grid_{arm}_{r}"] = (arm, r, f"{root}/runs/{arm}/{r}")
+        for r in study.final_runs(arm, STUDY):
+            if r != "chosen":
+                keyed["run"][f"run_{arm}_{r}"] = (arm, r, f"{root}/runs/{arm}/{r}")
+    return keyed
+
+
 def study_summary_inputs(wildcards):
     """The format table; when the study runs, its items, every scored model, lr choice and training run."""
     root = f"results/{wildcards.model}/finetune/study"
@@ -395,22 +416,25 @@ def study_summary_inputs(wildcards):
     if not study_runs(wildcards.model):
         return files
     files["study_items"] = f"{root}/items.parquet"
-    files |= {
-        f"eval_{arm}_{run}": f"{root}/eval/{arm}/{run}.parquet"
-        for arm, run in study_final_models()
-    }
+    keyed = study_summary_keyed(wildcards.model)
+    files |= {name: path for name, (_, _, path) in keyed["eval"].items()}
     files |= {f"select_{arm}": f"{root}/select/{arm}.json" for arm in STUDY_ARMS}
-    for arm in STUDY_ARMS:
-        files |= {
-            f"grid_{arm}_{r}": f"{root}/runs/{arm}/{r}"
-            for r in study.grid_runs(arm, STUDY)
-        }
-        files |= {
-            f"run_{arm}_{r}": f"{root}/runs/{arm}/{r}"
-            for r in study.final_runs(arm, STUDY)
-            if r != "chosen"
-        }
+    for arm in STUDY_ARMS:  # each arm's grid runs, then its further runs
+        for kind in ("grid", "run"):
+            files |= {n: path for n, (a, _, path) in keyed[kind].items() if a == arm}
     return files
+
+
+def study_summary_runs(wildcards):
+    """The (arm, run) of each keyed input of study_summary_inputs, {kind: {input name: [arm, run]}}: the script
+    reads them from here, never by splitting input names (arm and run names may hold underscores).
+    """
+    if not study_runs(wildcards.model):
+        return {"eval": {}, "grid": {}, "run": {}}
+    return {
+        kind: {name: [arm, run] for name, (arm, run, _) in named.items()}
+        for kind, named in study_summary_keyed(wildcards.model).items()
+    }
 
 
 # The findings page

@@ -182,6 +182,7 @@ rule study_summary:
             "n_shots",
         ),
         operands=config["prompts"]["operands"],  # where the heads were found (study.md says)
+        runs=study_summary_runs,
         seed=config["seed"],
     script:
         "../scripts/study_summary.py"

@@ -1,15 +1,17 @@
+from pathlib import Path
+
 from arithmech.jobs import job
 from arithmech.stages.study import chosen_dir, run_study_evaluate
 
 inputs, wildcards = snakemake.input, snakemake.wildcards
-if wildcards.arm == "base":
-    run_dir = None
-elif wildcards.run == "chosen":
-    grid = [inputs.grid] if isinstance(inputs.grid, str) else list(inputs.grid)
-    run_dir = chosen_dir(inputs.selection, {f"lr{i}": d for i, d in enumerate(grid)})
-else:
-    run_dir = inputs.run
 with job(snakemake):
+    if wildcards.arm == "base":
+        run_dir = None
+    elif wildcards.run == "chosen":  # the grid run the selection chose, by its name (each run's folder)
+        grid = [inputs.grid] if isinstance(inputs.grid, str) else list(inputs.grid)
+        run_dir = chosen_dir(inputs.selection, {Path(d).name: d for d in grid})
+    else:
+        run_dir = inputs.run
     run_study_evaluate(
         model_dir=inputs.model,
         items_path=inputs.study_items,

@@ -7,9 +7,9 @@ from arithmech.stages.study import run_study_summary
 inputs = snakemake.input
 
 
-def keyed(prefix):
-    """{(arm, run): path} of the inputs named <prefix>_<arm>_<run> (arm names hold underscores)."""
-    return {tuple(k[len(prefix) + 1 :].rsplit("_", 1)): v for k, v in inputs.items() if k.startswith(prefix + "_")}
+def keyed(kind):
+    """{(arm, run): path} of the inputs of one kind (eval, grid, run), as the rule names them."""
+    return {(arm, run): inputs[name] for name, (arm, run) in snakemake.params.runs[kind].items()}
 
 
 with job(snakemake):

@@ -344,15 +344,6 @@ def greedy_end_sets(
     return GreedyKnockout(out, first)
 
 
-def cache_means(cache: dict, positions: str) -> AlignedMean | GroupedMean:
-    """The counterfactual means a node set is ablated with at the knockout rule's `positions`, from an
-    activations cache: "end", the END mean over all identification counterfactuals; "all", each template's
-    mean at every offset from END (`means.GroupedMean`)."""
-    if positions == "end":
-        return AlignedMean(cache["cf_mean_heads"], cache["cf_mean_mlps"])
-    return GroupedMean(cache["cf_template_heads"], cache["cf_template_mlps"], cache["cf_template_counts"])
-
-
 def set_answers(lm, texts, golds, *, head_sets, mlp_sets, means: AlignedMean | GroupedMean, positions: str,
                 max_new_tokens: int, batch_size: int, copies: int, template_ids=None,
                 answer_ids: torch.Tensor | None = None) -> GreedyKnockout:
@@ -417,32 +408,6 @@ def contrast_end_mean(lm: LoadedModel, *, task: str, pairs, prompts: dict, cf_sh
     return AlignedMean(state.heads.double().mean(0)[None].float(), state.mlps.double().mean(0)[None].float())
 
 
-def knockout_node_sets(effects, key, ablation: dict, *, n_layers: int, n_heads: int, seed: int,
-                       top_k: list[int] | None = None, random_k: list[int] | None = None) -> list[tuple]:
-    """The knockout rule's node sets, each (curve, seed, k, heads, mlps): the top k heads by patching effect
-    (`effects`, k = 0..K, K = ablation.max_heads, or the given `top_k`); two random controls over
-    `ablation.random_seeds` draws each, k random heads drawn uniformly among the others (`random_heads`) and k
-    drawn in the layers of the top k (`random_layer_matched`), for the given `random_k` (default
-    `ablation.random_k`, capped at K); the key MLPs (`key`, the key-component table)."""
-    from arithmech.interp.nodes import layer_matched_heads, random_heads, ranked_heads
-
-    ranked = ranked_heads(effects)
-    K = min(ablation["max_heads"], len(ranked))
-    ranked = ranked[:K]
-    tops = range(K + 1) if top_k is None else sorted({min(k, K) for k in top_k})
-    ks = sorted({min(k, K) for k in (ablation["random_k"] if random_k is None else random_k)} - {0})
-    sets = [("top_heads", -1, k, ranked[:k], []) for k in tops]
-    for s in range(ablation["random_seeds"]):
-        drawn = random_heads(n_layers, n_heads, K, seed=seed * 1000 + s, exclude=ranked)
-        sets += [("random_heads", s, k, drawn[:k], []) for k in ks]
-    for s in range(ablation["random_seeds"]):
-        drawn = layer_matched_heads(ranked, n_heads, seed=seed * 1000 + 500 + s, n_layers=n_layers)
-        sets += [("random_layer_matched", s, k, drawn[:k], []) for k in ks]
-    key_mlps = [int(l) for l in key.loc[key["component"] == "mlp", "layer"]]
-    return sets + [("key_mlps", -1, len(key_mlps), [], key_mlps)]
-
-
-
 def transfer_targets(
     lm: LoadedModel, *, tasks, pairs_paths, svamp_path, non_math_path, transfer: dict, prompts_cfg: dict, seed: int
 ) -> list[dict]:
@@ -454,7 +419,7 @@ def transfer_targets(
     import pandas as pd
 
     from arithmech.data.answers import answer_tokens
-    from arithmech.data.arithmetic import format_prompts, split_pairs
+    from arithmech.data.arithmetic import FORMATS, format_prompts, split_pairs
     from arithmech.data.datasets import subsample
     from arithmech.data.formatting import non_math_prompts, svamp_prompts
     from arithmech.interp.effects import operand_pairs
@@ -469,7 +434,7 @@ def transfer_targets(
             "clusters": list(operand_pairs(pairs)),
         })
     fmt_cfg = transfer["formats"]
-    for fmt in ("multi_digit", "decimal"):
+    for fmt in FORMATS:
         for task in tasks:
             df = format_prompts(task, fmt, fmt_cfg[fmt], prompts_cfg, n=fmt_cfg["n"], seed=seed)
             targets.append({

@@ -3,7 +3,7 @@ found by exact greedy pruning at node level (ACDC, Conmy et al. 2023, with nodes
 
 A circuit C keeps some nodes (query heads and MLPs); every other node is mean-ablated at END exactly as the
 `circuit` rule does it (`ablation.mean_ablate(positions="end")` with the END mean of the identification
-counterfactuals, `ablation.cache_means(cache, "end")`). A continuous measure m, averaged over the scored pairs,
+counterfactuals, `activations.cache_means(cache, "end")`). A continuous measure m, averaged over the scored pairs,
 gives the faithfulness (m(C) - m(empty)) / (m(M) - m(empty)) (as `sufficiency.faithfulness`; M the full model).
 
 The measure (`MEASURES`, config `circuit.discover.measure`). Not the raw answer logit: mean-ablating most of
@@ -141,7 +141,7 @@ class EndTrials:
     shared prefix caches (module docstring).
 
     texts, answer_ids: the scored prompts and their answers' first token ids;  means: the END mean
-    (`ablation.cache_means(cache, "end")`);  measure: one of `MEASURES`;  batch_size: prompts per prefix cache.
+    (`activations.cache_means(cache, "end")`);  measure: one of `MEASURES`;  batch_size: prompts per prefix cache.
     Columns of every kept mask: `all_nodes(lm.n_layers, lm.n_heads)`."""
 
     def __init__(self, lm: LoadedModel, texts: Sequence[str], answer_ids, means: AlignedMean, *, measure: str,

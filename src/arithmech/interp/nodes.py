@@ -10,6 +10,7 @@ method random_heads `layer_matched_heads`).
     layer_matched_heads(ranked, ...)       one head per ranked head, drawn in its layer
     parse_nodes("L3H2 L5MLP")              a node list as written in tables, back to (heads, MLP layers)
     circuit_first(ranked, circuit)         a ranking with a circuit's heads first (the study's circuit arm)
+    knockout_node_sets(effects, key, ...)  the knockout rule's node sets at one position set (its plan counts them)
 """
 
 from __future__ import annotations
@@ -120,3 +121,33 @@ def ranked_nodes(effects: dict[str, pd.DataFrame]) -> tuple[list[Head], list[int
     whose effects tables are given (most negative first)."""
     heads = [(int(l), int(h)) for l, h in rank_across_tasks(effects, "head")[["layer", "head"]].to_numpy()]
     return heads, rank_across_tasks(effects, "mlp")["layer"].astype(int).tolist()
+
+
+def knockout_node_sets(effects: pd.DataFrame, key: pd.DataFrame, ablation: dict, *, n_layers: int, n_heads: int,
+                       seed: int, positions: str = "end") -> list[tuple]:
+    """The knockout rule's node sets at `positions`, each (curve, seed, k, heads, mlps): the top k heads by
+    patching effect (`effects`); two random controls over `ablation.random_seeds` draws each, k random heads drawn
+    uniformly among the others (`random_heads`) and k drawn in the layers of the top k (`random_layer_matched`);
+    the key MLPs (`key`, the key-component table). At "end" every k = 0..K (K = ablation.max_heads) and the
+    controls at `ablation.random_k` (capped at K); at "all", where each set is a full forward of every prompt, the
+    top heads at k = 0 and random_k and the controls at K only. The one home of these sets: the knockout stage runs
+    them and `make plan` counts them."""
+    if positions not in ("end", "all"):
+        raise ValueError(f"knockout positions must be 'end' or 'all'; got {positions!r}")
+    ranked = ranked_heads(effects)
+    K = min(ablation["max_heads"], len(ranked))
+    ranked = ranked[:K]
+    if positions == "end":
+        tops, random_k = range(K + 1), ablation["random_k"]
+    else:
+        tops, random_k = sorted({min(k, K) for k in [0, *ablation["random_k"]]}), [ablation["max_heads"]]
+    ks = sorted({min(k, K) for k in random_k} - {0})
+    sets = [("top_heads", -1, k, ranked[:k], []) for k in tops]
+    for s in range(ablation["random_seeds"]):
+        drawn = random_heads(n_layers, n_heads, K, seed=seed * 1000 + s, exclude=ranked)
+        sets += [("random_heads", s, k, drawn[:k], []) for k in ks]
+    for s in range(ablation["random_seeds"]):
+        drawn = layer_matched_heads(ranked, n_heads, seed=seed * 1000 + 500 + s, n_layers=n_layers)
+        sets += [("random_layer_matched", s, k, drawn[:k], []) for k in ks]
+    key_mlps = [int(l) for l in key.loc[key["component"] == "mlp", "layer"]]
+    return sets + [("key_mlps", -1, len(key_mlps), [], key_mlps)]

@@ -17,6 +17,8 @@ import numpy as np
 import pandas as pd
 
 from arithmech import stats
+from arithmech.data.arithmetic import FORMATS
+from arithmech.interp.nodes import node_label
 from arithmech.report import display
 
 VERDICTS = ("holds", "partly", "does not hold", "inconclusive", "not measured")
@@ -25,7 +27,7 @@ COLUMNS = ["claim", "scope", "stage", "statement", "paper", "measure", "value", 
 # z(0.975) + z(0.8) over z(0.975): the true difference a two-sided 95% test detects with 80% power is about
 # 1.43 interval half-widths (z(0.8) is the two-sided 60% quantile).
 DETECTABLE_PER_HALF_WIDTH = (stats.normal_quantile(0.95) + stats.normal_quantile(0.60)) / stats.normal_quantile(0.95)
-MATH_TARGETS = ("operator", "multi_digit", "decimal", "svamp")
+MATH_TARGETS = ("operator", *FORMATS, "svamp")
 # Claims measured in wall-clock time: their values differ between runs and machines (the generated docs leave
 # them out, so that a re-run reproduces the docs byte for byte).
 TIMING_CLAIMS = ("sft_speed",)
@@ -265,9 +267,10 @@ def mlp_late(keys: dict[str, pd.DataFrame], effects: dict[str, pd.DataFrame], cf
             "mlp_late", task, measure="|strongest later MLP effect| / |strongest earlier MLP effect|", value=ratio,
             unit="ratio", n=int(strongest["n"]), split="identification", verdict=verdict, rule=rule,
             source=f"effects/{task}.png",
-            note=(f"later: L{int(strongest['layer'])}MLP "
+            note=(f"later: {node_label(strongest['layer'])} "
                   f"{_in_percent(strongest['mean_effect'], strongest['ci_low'], strongest['ci_high'])}; earlier: "
-                  f"L{early_at}MLP {display.estimate(early_max, earliest['ci_low'], earliest['ci_high'], scale=100)}% "
+                  f"{node_label(early_at)} "
+                  f"{display.estimate(early_max, earliest['ci_low'], earliest['ci_high'], scale=100)}% "
                   f"in size (first key head in layer {first})")))
     return _headline("mlp_late", subs, measure="per operator, below", split="identification")
 

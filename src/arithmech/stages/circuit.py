@@ -30,7 +30,8 @@ def run_circuit(*, model: str, task: str, model_dir, pairs_path, cache_path, eff
     from safetensors.torch import load_file
 
     from arithmech.data.datasets import subsample
-    from arithmech.interp.ablation import cache_means, contrast_end_mean
+    from arithmech.interp.ablation import contrast_end_mean
+    from arithmech.interp.activations import cache_means
     from arithmech.model.loading import load_stage_model, stage_meta
 
     lm = load_stage_model(model_dir, compute)

@@ -146,7 +146,7 @@ def run_discover(*, model: str, task: str, model_dir, pairs_path, cache_path, ef
     from safetensors.torch import load_file
 
     from arithmech.interp import teacher_forcing as tf
-    from arithmech.interp.ablation import cache_means
+    from arithmech.interp.activations import cache_means
     from arithmech.interp.discovery import MLP, EndTrials, all_nodes, prune
     from arithmech.model.loading import load_stage_model, stage_meta
 
@@ -386,7 +386,7 @@ def run_discover_union(*, model: str, model_dir, tasks: list[str], pairs_paths, 
     from safetensors.torch import load_file
 
     from arithmech.interp import teacher_forcing as tf
-    from arithmech.interp.ablation import cache_means
+    from arithmech.interp.activations import cache_means
     from arithmech.interp.discovery import all_nodes
     from arithmech.model.loading import load_stage_model, stage_meta
 

@@ -68,15 +68,13 @@ def run_build_pairs(*, model_dir, task: str, prompts: dict, compute: dict, seed:
     write_parquet(dropped, out_dropped, meta)
 
 
-STATE_FIELDS = ("heads", "mlps", "resid", "logits", "logprobs", "predicted")
-
-
 def run_cache_activations(*, model_dir, pairs_path, compute: dict, out_path) -> None:
     """Node outputs at END for the identification pairs' reference and counterfactual prompts, plus the
     counterfactual means that mean ablation uses: at END over all of them (`cf_mean_*`, [1, ...]) and per
     template at every position counted back from END (`cf_template_*`, `means.GroupedMean`)."""
     import torch
 
+    from arithmech.interp.activations import cache_tensors
     from arithmech.interp.patching import collect
     from arithmech.model.loading import load_stage_model, stage_meta
 
@@ -86,18 +84,7 @@ def run_cache_activations(*, model_dir, pairs_path, compute: dict, out_path) -> 
     ref, _ = collect(lm, list(pairs["prompt"]), answers, compute["batch_size"], desc="reference")
     cf, grouped = collect(lm, list(pairs["cf_prompt"]), answers, compute["batch_size"],
                           groups=pairs["template_id"].tolist(), desc="counterfactual")
-    end_mean = grouped.end()
-    tensors = {f"ref_{k}": getattr(ref, k) for k in STATE_FIELDS}
-    tensors |= {f"cf_{k}": getattr(cf, k) for k in STATE_FIELDS}
-    tensors |= {
-        "answer_ids": answers,
-        "sample_ids": torch.tensor(pairs["sample_id"].to_numpy()),
-        "cf_mean_heads": end_mean.heads,  # [1, L, H, head_dim]: END
-        "cf_mean_mlps": end_mean.mlps,  # [1, L, d_model]
-        "cf_template_heads": grouped.heads,  # [n_templates, P, L, H, head_dim]; P index 0 is END
-        "cf_template_mlps": grouped.mlps,  # [n_templates, P, L, d_model]
-        "cf_template_counts": grouped.counts,  # [n_templates, P]
-    }
+    tensors = cache_tensors(ref, cf, grouped, answers, torch.tensor(pairs["sample_id"].to_numpy()))
     meta = stage_meta(model_dir, "cache_activations", compute=compute,
                       pairs=read_parquet_meta(pairs_path).get("params_hash"))
     meta["dtype"] = str(lm.dtype)
@@ -105,15 +92,12 @@ def run_cache_activations(*, model_dir, pairs_path, compute: dict, out_path) -> 
 
 
 def load_states(cache_path) -> tuple[EndState, EndState, torch.Tensor, torch.Tensor]:
-    """(reference, counterfactual, answer_ids [n], sample_ids [n]) from a cache file."""
+    """(reference, counterfactual, answer_ids [n], sample_ids [n]) from a cache file (`activations.cache_states`)."""
     from safetensors.torch import load_file
 
-    from arithmech.interp.patching import EndState
+    from arithmech.interp.activations import cache_states
 
-    t = load_file(str(cache_path))
-    ref = EndState(**{k: t[f"ref_{k}"] for k in STATE_FIELDS})
-    cf = EndState(**{k: t[f"cf_{k}"] for k in STATE_FIELDS})
-    return ref, cf, t["answer_ids"], t["sample_ids"]
+    return cache_states(load_file(str(cache_path)))
 
 
 def cache_meta(cache_path) -> dict:

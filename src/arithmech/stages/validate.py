@@ -30,7 +30,9 @@ def run_knockout(
 
     from arithmech.data.answers import answer_tokens
     from arithmech.data.datasets import subsample
-    from arithmech.interp.ablation import answers_correct, cache_means, knockout_node_sets, set_answers
+    from arithmech.interp.ablation import answers_correct, set_answers
+    from arithmech.interp.activations import cache_means
+    from arithmech.interp.nodes import knockout_node_sets
     from arithmech.model.loading import load_stage_model, stage_meta
 
     lm = load_stage_model(model_dir, compute)
@@ -40,12 +42,11 @@ def run_knockout(
     effects = pd.read_parquet(effects_path)
     tables, item_tables = [], []
     for positions in ablation["positions"]:
-        scored, top_k, random_k = pairs, None, None
-        if positions == "all":  # each set is a full forward of every prompt: fewer prompts and sets
+        scored = pairs
+        if positions == "all":  # each set is a full forward of every prompt: fewer prompts (and sets)
             scored = subsample(pairs, ablation["all_positions_samples"], seed).reset_index(drop=True)
-            top_k, random_k = [0, *ablation["random_k"]], [ablation["max_heads"]]
         sets = knockout_node_sets(effects, key, ablation, n_layers=lm.n_layers, n_heads=lm.n_heads, seed=seed,
-                                  top_k=top_k, random_k=random_k)
+                                  positions=positions)
         texts, answers = list(scored["prompt"]), torch.tensor(scored["answer_token_id"].to_numpy())
         tokens = set_answers(
             lm, texts, scored["answer"], template_ids=scored["template_id"], head_sets=[s[3] for s in sets],
@@ -99,8 +100,8 @@ def run_transfer(
 
     from arithmech.data.answers import decided_answers, qa_correct
     from arithmech.interp.ablation import answers_correct, greedy_end_sets, transfer_targets
+    from arithmech.interp.activations import cache_means
     from arithmech.interp.nodes import layer_matched_heads
-    from arithmech.intervention.means import AlignedMean
     from arithmech.model.loading import load_stage_model, stage_meta
 
     lm = load_stage_model(model_dir, compute)
@@ -109,7 +110,7 @@ def run_transfer(
     means = {}
     for task, cache_path, key_path in zip(tasks, cache_paths, key_paths, strict=True):
         cache = load_file(str(cache_path))
-        means[task] = AlignedMean(cache["cf_mean_heads"], cache["cf_mean_mlps"])
+        means[task] = cache_means(cache, "end")
         key = pd.read_parquet(key_path)
         key_heads = [(int(l), int(h)) for l, h in key.loc[key["component"] == "head", ["layer", "head"]].to_numpy()]
         sets.append({"source": task, "heads": "key", "seed": -1, "nodes": key_heads, "mean": task})

@@ -41,10 +41,9 @@ def build_pairs(s: Setting, m: Model, job: Job) -> Cost:
 
 
 def cache_bytes(shape: Shape, p: TaskPrompts, *, dtype_bytes: int) -> float:
-    """The activation cache file of one task (`stages.identify.run_cache_activations`): per identification
-    pair and prompt (reference, counterfactual) every head's and MLP's END output and the final residual in
-    the model's dtype; per template the float32 counterfactual means at every position (the longest
-    counterfactual's)."""
+    """The activation cache file of one task (its layout: `interp.activations`): per identification pair and
+    prompt (reference, counterfactual) every head's and MLP's END output and the final residual in the model's
+    dtype; per template the float32 counterfactual means at every position (the longest counterfactual's)."""
     per_state = shape.n_layers * (shape.d_attn + shape.d_model) + shape.d_model
     states = 2 * p.identification * per_state * dtype_bytes
     means = p.templates * p.cf_longest * shape.n_layers * (shape.d_attn + shape.d_model) * 4
@@ -118,22 +117,27 @@ def set_bytes(m: Model, *, batch: int, prompt: float, tail: float, steps: float,
                                               logits=rows, dtype_bytes=m.dtype_bytes)
 
 
-def knockout_sets(ablation: dict, *, heads: int) -> tuple[int, int]:
-    """Node sets of the knockout rule (`interp.ablation.knockout_node_sets`) at positions end and all: top k
-    heads (k = 0..K at end; 0 and random_k at all), two random controls of `random_seeds` draws each (at
-    random_k at end; at K at all), the key MLPs."""
-    top = min(ablation["max_heads"], heads)
-    random_k = {min(k, top) for k in ablation["random_k"]} - {0}
-    end = (top + 1) + 2 * ablation["random_seeds"] * len(random_k) + 1
-    every = len({min(k, top) for k in [0, *ablation["random_k"]]}) + 2 * ablation["random_seeds"] * 1 + 1
-    return end, every
+def knockout_sets(ablation: dict, *, n_layers: int, n_heads: int) -> tuple[int, int]:
+    """How many node sets the knockout rule scores at positions end and all: its own sets
+    (`interp.nodes.knockout_node_sets`) on a stand-in ranking of every head and one key MLP (how many there are
+    does not depend on which heads rank first)."""
+    import pandas as pd
+
+    from arithmech.interp.nodes import knockout_node_sets
+
+    heads = [(l, h) for l in range(n_layers) for h in range(n_heads)]
+    effects = pd.DataFrame({"component": "head", "layer": [l for l, _ in heads], "head": [h for _, h in heads],
+                            "mean_effect": [-1.0 - i for i in range(len(heads))]})
+    key = pd.DataFrame({"component": ["mlp"], "layer": [0], "head": [-1]})
+    return tuple(len(knockout_node_sets(effects, key, ablation, n_layers=n_layers, n_heads=n_heads, seed=0,
+                                        positions=positions)) for positions in ("end", "all"))
 
 
 def knockout(s: Setting, m: Model, job: Job) -> Cost:
     """Greedy answers of the validation pairs with each node set mean-ablated at END and generated positions
     (prefix cache), and of a draw of them with each set ablated at every position (per template)."""
     p, bs, ablation = s.prompts(m, job.get("task")), s.batch(), s.config["ablation"]
-    end_sets, all_sets = knockout_sets(ablation, heads=m.shape.n_layers * m.shape.n_heads)
+    end_sets, all_sets = knockout_sets(ablation, n_layers=m.shape.n_layers, n_heads=m.shape.n_heads)
     common = {"prompt": p.ref_tokens, "steps": p.answer_steps, "batch": bs}
     work, parts = Work(), []
     if "end" in ablation["positions"]:
@@ -152,7 +156,7 @@ def transfer_targets(s: Setting, m: Model) -> list[dict]:
     """The transfer's target sets (`interp.ablation.transfer_targets`): texts, mean prompt tokens (and the
     longest where prompts differ in length beyond their operands) and greedy steps of each operator's
     validation pairs, both number formats of every operator, SVAMP and the non-math control."""
-    from arithmech.data.arithmetic import render
+    from arithmech.data.arithmetic import FORMATS, render
 
     cfg, prompts, tokens = s.config["transfer"], s.config["prompts"], m.tokens
     targets = []
@@ -160,7 +164,7 @@ def transfer_targets(s: Setting, m: Model) -> list[dict]:
         p = s.prompts(m, task)
         targets.append({"texts": min(cfg["max_samples"], p.validation), "prompt": p.ref_tokens,
                         "steps": p.answer_steps})
-    for fmt in ("multi_digit", "decimal"):
+    for fmt in FORMATS:
         for task in s.config["run"]["tasks"]:
             value, answer = format_extremes(task, fmt, cfg["formats"][fmt])
             lines = [render(t, a=value, op=longest_text(prompts["operators"][task]), b=value).text
