@@ -320,6 +320,12 @@ def test_discover_stage_on_the_teacher_forced_protocol(prepared, tmp_path):  # n
     # the union does not run the sanity checks again (no warning): the operator's values, same pairs and pool
     _run_union(prepared, tmp_path, out, discover)
     union_validation = pd.read_parquet(tmp_path / "union.parquet")
+    # the union's END-only decomposition, pooled: the discovered circuit's, the same as the one operator's here (to
+    # float32 rounding: the union batches other circuits beside it)
+    pooled = union_validation[(union_validation["task"] == "union") & (union_validation["curve"] == "discovered")]
+    own = validation[(validation["curve"] == "discovered") & validation["chosen"]]
+    assert pooled["faithfulness_tf_mean_end_logprob"].iloc[0] == pytest.approx(
+        own["faithfulness_tf_mean_end_logprob"].iloc[0], rel=1e-4)
     for column in (c for c in validation if c.startswith("sanity_")):
         assert union_validation[column].iloc[0] == validation[column].iloc[0], column
     summary = pd.read_parquet(tmp_path / "summary.parquet")

@@ -542,9 +542,11 @@ def test_decomposition_table_says_where_the_answers_are_lost():
     for kind, end, tail in (("resample", 0.1, 0.2), ("mean", 0.3, 0.5)):
         chosen |= cols(f"faithfulness_tf_{kind}_end_correct", end) | cols(f"faithfulness_tf_{kind}_tail_correct", tail)
     other = chosen | {"chosen": False, "faithfulness_tf_mean_tail_correct": 0.9}
-    table = decomposition_table(pd.DataFrame([other, chosen]), ["addition", "division"])
+    union = chosen | {"task": "union"}
+    table = decomposition_table(pd.DataFrame([other, chosen, union]), ["addition", "division"])
     assert table.to_dict("records") == [{
-        "operator": "addition", "resample, END only": "10% [0%, 20%]", "resample, END + answers": "20% [10%, 30%]",
-        "mean, END only": "30% [20%, 40%]", "mean, END + answers": "50% [40%, 60%]", "old protocol": "0% [-10%, 10%]"}]
+        "operator": name, "resample, END only": "10% [0%, 20%]", "resample, END + answers": "20% [10%, 30%]",
+        "mean, END only": "30% [20%, 40%]", "mean, END + answers": "50% [40%, 60%]", "old protocol": "0% [-10%, 10%]"}
+        for name in ("addition", "all (union)")]
     assert decomposition_table(pd.DataFrame([{k: v for k, v in chosen.items() if "_end_" not in k}]),
                                ["addition"]).empty

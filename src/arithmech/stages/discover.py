@@ -87,7 +87,7 @@ FLAG_GAP = 0.15  # the ablations' (and the old protocol's) full-answer faithfuln
 
 
 def _teacher_forced_columns(lm, validation: pd.DataFrame, val: pd.DataFrame, pool: tuple, sets, attribution, nodes,
-                            discover: dict, seed: int, batch: int, sanity: bool = True, decompose: bool = True
+                            discover: dict, seed: int, batch: int, sanity: bool = True
                             ) -> tuple[pd.DataFrame, pd.DataFrame | None, pd.DataFrame]:
     """(the validation table with the teacher-forced protocol beside the old one, the CPR/CMD rows (None without an
     attribution), the per-item values of `sets`); pool: (the identification items, their `tail_outputs`). Added
@@ -95,8 +95,7 @@ def _teacher_forced_columns(lm, validation: pd.DataFrame, val: pd.DataFrame, poo
     faithfulness with intervals, the sanity checks' values; and `tf_flag`: the two ablations' and the old
     protocol's full-answer faithfulness differ by more than FLAG_GAP. The CPR/CMD rows: one per node share
     (curve 'share', node_share; the top nodes by the pruning's attribution), the teacher-forced columns only.
-    sanity: False skips the sanity checks (the union: `run_discover` ran them on the same pairs and pool); decompose:
-    False skips the END-only decomposition (the union: each operator's is reported)."""
+    sanity: False skips the sanity checks (the union: `run_discover` ran them on the same pairs and pool)."""
     from arithmech.interp import teacher_forcing as tf
 
     shares = tf.share_circuits(attribution) if attribution is not None else np.zeros((0, len(nodes)), dtype=bool)
@@ -111,7 +110,7 @@ def _teacher_forced_columns(lm, validation: pd.DataFrame, val: pd.DataFrame, poo
         strict=sufficiency.strict_kinds(discover["sanity"], discover["tf_ablation"]), n_boot=discover["bootstrap"],
         seed=seed,
         confidence=discover["confidence"], batch_size=batch, end_rows=decomposed, sanity=sanity,
-        sanity_samples=discover["sanity_samples"], positions_sets=("tail", "end") if decompose else ("tail",))
+        sanity_samples=discover["sanity_samples"])
     own = [c for c in scored if c.startswith(sufficiency.TF_COLUMNS)]
     out = pd.concat([validation.reset_index(drop=True), scored[own].iloc[: len(sets)].reset_index(drop=True)], axis=1)
     f = pd.concat([out[c] for c in ("faithfulness_tf_resample_tail_correct", "faithfulness_tf_mean_tail_correct",
@@ -424,8 +423,7 @@ def run_discover_union(*, model: str, model_dir, tasks: list[str], pairs_paths, 
                                   batch_size=compute["batch_size"], outputs=True)
             table, _, tf_items = _teacher_forced_columns(
                 lm, table, val, (pool, tf.tail_outputs(lm, pool, compute["batch_size"])), sets, None,
-                all_nodes(lm.n_layers, lm.n_heads), discover, seed, compute["batch_size"], sanity=False,
-                decompose=False)
+                all_nodes(lm.n_layers, lm.n_heads), discover, seed, compute["batch_size"], sanity=False)
             items = sufficiency.with_set_columns(items, len(sets), tf_items)
             # the sanity checks depend on the pairs, the pool and the seed only, the same as run_discover's: its
             # values, not a second run of them
@@ -440,9 +438,9 @@ def run_discover_union(*, model: str, model_dir, tasks: list[str], pairs_paths, 
     wide, pooled_clusters = sufficiency.pooled_values(items, len(sets),
                                                       sufficiency.MEASURES | {"measure": MEASURE_COLUMN}, groups=tasks)
     pooled = sufficiency.faithfulness_table(sets, wide, pooled_clusters, **boot)
-    tf_tail = {c: c for c in items if c.startswith("tf_") and "_tail_" in c}
-    if tf_tail:  # the teacher-forced measures too (the key circuit's), on the pairs that protocol kept
-        tf_wide, _ = sufficiency.pooled_values(items, len(sets), tf_tail, groups=tasks)
+    tf_columns = {c: c for c in items if c.startswith("tf_") and ("_tail_" in c or "_end_" in c)}
+    if tf_columns:  # the teacher-forced measures too (the key circuit's, the decomposition), on the pairs it kept
+        tf_wide, _ = sufficiency.pooled_values(items, len(sets), tf_columns, groups=tasks)
         kept = ~np.isnan(np.stack(list(tf_wide.values()))).all((0, 1))
         tf_table = sufficiency.faithfulness_table(sets, {k: v[:, kept] for k, v in tf_wide.items()},
                                                   pooled_clusters[kept], **boot)

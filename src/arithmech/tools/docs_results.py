@@ -491,20 +491,21 @@ def discover_section(root: Path, tasks: list[str], figure) -> list[str]:
 
 
 def decomposition_table(validation: pd.DataFrame | None, tasks: list[str]) -> pd.DataFrame:
-    """Per operator, the chosen circuit's full-answer faithfulness teacher-forced with the other nodes ablated at END
-    only and at END + answer positions (each ablation kind the discover rule scored), and on the old protocol: where
-    the answers are lost. Empty without teacher-forced END-only columns (an END-protocol run)."""
+    """Per operator and for the union over operators, the chosen circuit's full-answer faithfulness teacher-forced
+    with the other nodes ablated at END only and at END + answer positions (each ablation kind the discover rule
+    scored), and on the old protocol: where the answers are lost. Empty without teacher-forced END-only columns (an
+    END-protocol run)."""
     if validation is None:
         return pd.DataFrame()
     kinds = [k for k in ("resample", "mean") if f"faithfulness_tf_{k}_end_correct" in validation]
     rows = []
-    for task in tasks:
+    for task in [*tasks, "union"]:
         found = validation[(validation["task"] == task) & (validation["curve"] == "discovered")
                            & validation["chosen"].astype(bool)]
-        if not kinds or not len(found):
+        if not kinds or not len(found) or found[f"faithfulness_tf_{kinds[0]}_end_correct"].isna().all():
             continue
         r = found.iloc[0]
-        row = {"operator": task}
+        row = {"operator": "all (union)" if task == "union" else task}
         for kind in kinds:
             for positions, name in (("end", "END only"), ("tail", "END + answers")):
                 col = f"faithfulness_tf_{kind}_{positions}_correct"
