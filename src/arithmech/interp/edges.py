@@ -281,9 +281,16 @@ class _Tail:
 
     def repeat(self, c: int) -> tuple[dict, torch.Tensor, torch.Tensor]:
         """The batch, targets and reference with each row repeated c times (row i * c + j: row i, copy j)."""
-        enc = {k: v.repeat_interleave(c, 0) for k, v in self.enc.items()}
+        return {k: v.repeat_interleave(c, 0) for k, v in self.enc.items()}, *self._repeated(c)
+
+    def copies(self, c: int) -> tuple[dict, torch.Tensor, torch.Tensor]:
+        """As `repeat`, but the inputs run the T tail positions alone on a copy of the prefix's keys and values
+        (`kvcache.end_copies`; the whole sequence where the tail is all of it)."""
+        return end_copies(self.enc, self.prefix, c, tail=self.T), *self._repeated(c)
+
+    def _repeated(self, c: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         reference = None if self.reference is None else self.reference.repeat_interleave(c, 0)
-        return enc, self.targets.repeat_interleave(c, 0), reference
+        return self.targets.repeat_interleave(c, 0), reference
 
 
 def _senders_receivers(lm: LoadedModel, senders, receivers) -> tuple[list[Head], list[int]]:
@@ -539,10 +546,9 @@ def _circuit_batch(lm, sequences, targets, ablated, senders, receivers, kept, di
     limits = receivers + ([lm.n_layers] if direct else [])
     H, D, T = lm.n_heads, lm.head_dim, tail.T
     w = _o_proj_slices(lm, senders)  # [S, d, D]
-    _, targets_c, reference = tail.repeat(c)
-    # every circuit's copy runs its T tail positions on a copy of the prefix's keys and values (the slow reference
-    # in the tests runs whole sequences)
-    enc = end_copies(tail.enc, tail.prefix, c, tail=T)
+    # every circuit's copy runs its T tail positions on the prefix's keys and values (the slow reference in the
+    # tests runs whole sequences)
+    enc, targets_c, reference = tail.copies(c)
     layers, heads = torch.tensor([l for l, _ in senders]), torch.tensor([h for _, h in senders])
     ablated_z = tail.heads.repeat_interleave(c, 0)[:, :, layers, heads].float()  # [n*c, T, S, D]
     dropped = (~kept).repeat(tail.n, 1, 1).to(lm.device)  # [n*c, S, R(+1)], row i * c + j: row i, circuit j

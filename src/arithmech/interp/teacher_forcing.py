@@ -451,9 +451,10 @@ class TailTrials:
         out = {m: np.zeros((kept.shape[0], self.n_items)) for m in TAIL_MEASURES}
         whole = kept.all(1) & (not hooked)
         if whole.any():
+            model_rows = torch.nonzero(whole)[:, 0].numpy()
             for batch, _, _, reference in self.batches:
                 for m, v in tail_measures(reference, batch.targets, reference).items():
-                    out[m][np.ix_(torch.nonzero(whole)[:, 0].numpy(), batch.rows)] = v.double().cpu().numpy()[None]
+                    out[m][np.ix_(model_rows, batch.rows)] = v.double().cpu().numpy()[None]
         ablating = torch.nonzero(~whole)[:, 0]
         kept, n = kept[ablating], len(ablating)
         if n == 0:

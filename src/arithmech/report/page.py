@@ -161,9 +161,6 @@ def circuit_sentences(summary: pd.DataFrame) -> str:
     if "union" in rows.index:
         u = rows.loc["union"]
         first = f"Over all operators, the circuit that pruning finds on the identification pairs has {size(u)}; "
-        old = (f"its full-answer faithfulness on the validation pairs {scale} is {kept(u)}, the key heads and key "
-               f"MLPs' {kept(u, 'key_faithfulness_full')}, random circuits of its size "
-               f"{display.share(u['random_faithfulness_full'])}. ")
         if kinds:
             key = [point(u, f"tf_{k}_key_correct") for k in kinds]
             key = f"the key heads and key MLPs' {' and '.join(key)}, " if all(key) else ""
@@ -176,7 +173,9 @@ def circuit_sentences(summary: pd.DataFrame) -> str:
                       f"END means at every generated position) it is {kept(u)}, the key circuit's "
                       f"{kept(u, 'key_faithfulness_full')}. ")
         else:
-            first += old
+            first += (f"its full-answer faithfulness on the validation pairs {scale} is {kept(u)}, the key heads and "
+                      f"key MLPs' {kept(u, 'key_faithfulness_full')}, random circuits of its size "
+                      f"{display.share(u['random_faithfulness_full'])}. ")
     tasks = [(task, r) for task, r in rows.iterrows() if task != "union"]
     if kinds:
         per_task = [f"{task}: {int(r['n_heads'])} heads + {int(r['n_mlps'])} MLPs at "

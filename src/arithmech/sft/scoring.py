@@ -424,7 +424,7 @@ def off_target_rows(lm: LoadedModel, base: LoadedModel | None, cfg: dict, data_p
     from arithmech.data import datasets
     from arithmech.data.formatting import answer_sentence, math_prompts
 
-    frames, bs = [], batch_size
+    frames = []
     style = cfg["style"]
     gsm = datasets.subsample(datasets.load_gsm8k(data_paths["gsm8k"]), cfg["gsm8k_n"], seed)
     gsm = math_prompts(gsm, (), style, lm.tokenizer)
@@ -432,22 +432,22 @@ def off_target_rows(lm: LoadedModel, base: LoadedModel | None, cfg: dict, data_p
     svamp["solution"] = [answer_sentence(f"{g:g}") for g in svamp["gold"]]
     svamp = math_prompts(svamp, (), style, lm.tokenizer)
     for name, frame in (("gsm8k", gsm), ("svamp", svamp)):
-        s = score_targets(lm, frame["prompt"].tolist(), frame["target"].tolist(), bs, progress=f"{name} NLL")
+        s = score_targets(lm, frame["prompt"].tolist(), frame["target"].tolist(), batch_size, progress=f"{name} NLL")
         ids = frame["id"].astype(str).to_numpy()
         frames.append(pd.DataFrame({"dataset": name, "kind": "nll", "item": ids, "cluster": ids,
                                     "nll": s["nll"].to_numpy(), "n_tokens": s["n_tokens"].to_numpy()}))
     for name in ("social_iqa", "strategyqa"):
         items = datasets.subsample(datasets.load_bigbench_choice(data_paths[name]), cfg[f"{name}_n"], seed)
-        rows = evaluate_choice(lm, items, bs, progress=name)
+        rows = evaluate_choice(lm, items, batch_size, progress=name)
         frames.append(pd.DataFrame({"dataset": name, "kind": "choice", "item": rows["id"], "cluster": rows["id"],
                                     "correct": rows["correct"].to_numpy()}))
     items = datasets.subsample(datasets.load_bigbench_generation(data_paths["qa_wikidata"]), cfg["qa_wikidata_n"], seed)
-    rows = evaluate_qa_generation(lm, items, cfg["qa_max_new_tokens"], bs, progress="qa_wikidata")
+    rows = evaluate_qa_generation(lm, items, cfg["qa_max_new_tokens"], batch_size, progress="qa_wikidata")
     frames.append(pd.DataFrame({"dataset": "qa_wikidata", "kind": "choice", "item": rows["id"], "cluster": rows["id"],
                                 "correct": rows["correct"].to_numpy()}))
     wt = cfg["wikitext"]
     div = divergence_windows(lm, base, datasets.load_text(data_paths["wikitext"]), max_tokens=wt["max_tokens"],
-                                     window=wt["window"], progress="WikiText-2 KL")
+                             window=wt["window"], progress="WikiText-2 KL")
     ids = div["window"].astype(str).to_numpy()
     frames.append(div.drop(columns="window").assign(dataset="wikitext", kind="divergence", item=ids, cluster=ids))
     return frames

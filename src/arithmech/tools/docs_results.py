@@ -813,8 +813,9 @@ def claims_across_models(kept_dir, first: str) -> str:
     order = list(dict.fromkeys(c for m in models for c in tables[m]["claim"]))
     lines = ["| Claim | Paper (LLaMA2-7B) | " + " | ".join(f"`{m}`" for m in models) + " |",
              "|---|---|" + "---|" * len(models)]
+    by_claim = {m: tables[m].set_index("claim") for m in models}
     for claim in order:
-        rows = {m: tables[m].set_index("claim").loc[claim] for m in models if claim in set(tables[m]["claim"])}
+        rows = {m: by_claim[m].loc[claim] for m in models if claim in by_claim[m].index}
         some = next(iter(rows.values()))
         cells = []
         for m in models:
