@@ -151,21 +151,21 @@ rule all:
     default_target: True
     input:
         identify_targets(),
-        expand("results/{model}/eval/summary.png", model=MODELS)
+        expand(layout.under(layout.EVAL_SUMMARY_FIGURE), model=MODELS)
         if FINETUNE_METHODS
         else [],
-        expand("results/{model}/finetune/study.png", model=MODELS) if STUDY_ARMS else [],
+        expand(layout.under(layout.STUDY_FIGURE), model=MODELS) if STUDY_ARMS else [],
         expand(
             [
-                "results/{model}/discover/{task}_path.png",
-                "results/{model}/discover/{task}_circuit.png",
+                layout.under(layout.DISCOVER_PATH_FIGURE),
+                layout.under(layout.DISCOVER_CIRCUIT_FIGURE),
             ],
             model=MODELS,
             task=TASKS,
         ),
-        expand("results/{model}/discover/summary.parquet", model=MODELS),
-        expand("results/{model}/circuit/edge_curve.png", model=MODELS)
+        expand(layout.under(layout.DISCOVER_SUMMARY), model=MODELS),
+        expand(layout.under(layout.EDGE_CURVE_FIGURE), model=MODELS)
         if config["circuit"]["edges"]["curve"]
         else [],
-        expand("results/{model}/claims.parquet", model=MODELS),
-        expand("results/{model}/findings.html", model=MODELS),
+        expand(layout.under(layout.CLAIMS), model=MODELS),
+        expand(layout.under(layout.FINDINGS), model=MODELS),

@@ -3,15 +3,15 @@
 
 rule analyze:
     input:
-        model="results/{model}/model",
-        pairs="results/{model}/pairs/{task}.parquet",
-        key="results/{model}/key_components/{task}.parquet",
-        effects="results/{model}/effects/{task}.parquet",
+        model=layout.under(layout.MODEL),
+        pairs=layout.under(layout.PAIRS),
+        key=layout.under(layout.KEY),
+        effects=layout.under(layout.EFFECTS),
     output:
-        roles="results/{model}/analysis/{task}_roles.parquet",
-        roles_all="results/{model}/analysis/{task}_roles_all.parquet",
-        example="results/{model}/analysis/{task}_example.parquet",
-        probes="results/{model}/analysis/{task}_probes.parquet",
+        roles=layout.under(layout.ROLES),
+        roles_all=layout.under(layout.ROLES_ALL),
+        example=layout.under(layout.EXAMPLE),
+        probes=layout.under(layout.PROBES),
     log:
         "results/{model}/logs/analyze/{task}.log",
     benchmark:
@@ -33,12 +33,12 @@ rule analyze:
 # The analyze figures from its tables: torch-free, so a figure change re-draws without re-running the model.
 rule plot_analysis:
     input:
-        roles="results/{model}/analysis/{task}_roles.parquet",
-        example="results/{model}/analysis/{task}_example.parquet",
-        probes="results/{model}/analysis/{task}_probes.parquet",
+        roles=layout.under(layout.ROLES),
+        example=layout.under(layout.EXAMPLE),
+        probes=layout.under(layout.PROBES),
     output:
         roles_png=report(
-            "results/{model}/analysis/{task}_roles.png",
+            layout.under(layout.ROLES_FIGURE),
             caption="../report/analysis_roles.rst",
             category="3. Analyze",
             subcategory="{model}",
@@ -49,7 +49,7 @@ rule plot_analysis:
             },
         ),
         example_png=report(
-            "results/{model}/analysis/{task}_example.png",
+            layout.under(layout.EXAMPLE_FIGURE),
             caption="../report/analysis_example.rst",
             category="3. Analyze",
             subcategory="{model}",
@@ -60,7 +60,7 @@ rule plot_analysis:
             },
         ),
         probes_png=report(
-            "results/{model}/analysis/{task}_probes.png",
+            layout.under(layout.PROBES_FIGURE),
             caption="../report/analysis_probes.rst",
             category="3. Analyze",
             subcategory="{model}",

@@ -4,14 +4,14 @@
 
 rule circuit:
     input:
-        model="results/{model}/model",
-        pairs="results/{model}/pairs/{task}.parquet",
-        cache="results/{model}/activations/{task}.safetensors",
-        effects="results/{model}/effects/{task}.parquet",
-        key="results/{model}/key_components/{task}.parquet",
+        model=layout.under(layout.MODEL),
+        pairs=layout.under(layout.PAIRS),
+        cache=layout.under(layout.ACTIVATIONS),
+        effects=layout.under(layout.EFFECTS),
+        key=layout.under(layout.KEY),
     output:
-        table="results/{model}/circuit/{task}.parquet",
-        per_item="results/{model}/circuit/{task}_items.parquet",
+        table=layout.under(layout.CIRCUIT),
+        per_item=layout.under(layout.CIRCUIT_ITEMS),
     log:
         "results/{model}/logs/circuit/{task}.log",
     benchmark:
@@ -38,16 +38,14 @@ rule circuit:
 # One job for every operator, as patch_all_layers: the model loads once, and the closed form costs seconds.
 rule edges:
     input:
-        model="results/{model}/model",
-        pairs=expand("results/{{model}}/pairs/{task}.parquet", task=TASKS),
-        effects=expand("results/{{model}}/effects/{task}.parquet", task=TASKS),
-        key_tables=expand("results/{{model}}/key_components/{task}.parquet", task=TASKS),
+        model=layout.under(layout.MODEL),
+        pairs=each_task(layout.PAIRS),
+        effects=each_task(layout.EFFECTS),
+        key_tables=each_task(layout.KEY),
     output:
-        tables=expand("results/{{model}}/circuit/{task}_edges.parquet", task=TASKS),
-        samples=expand(
-            "results/{{model}}/circuit/{task}_edge_samples.parquet", task=TASKS
-        ),
-        paths=expand("results/{{model}}/circuit/{task}_edge_paths.parquet", task=TASKS),
+        tables=each_task(layout.EDGES),
+        samples=each_task(layout.EDGE_SAMPLES),
+        paths=each_task(layout.EDGE_PATHS),
     log:
         "results/{model}/logs/edges.log",
     benchmark:
@@ -76,12 +74,12 @@ rule edges:
 # every operator, requested by `all` only when the setting is on.
 rule edge_curve:
     input:
-        model="results/{model}/model",
-        pairs=expand("results/{{model}}/pairs/{task}.parquet", task=TASKS),
-        effects=expand("results/{{model}}/effects/{task}.parquet", task=TASKS),
-        key_tables=expand("results/{{model}}/key_components/{task}.parquet", task=TASKS),
+        model=layout.under(layout.MODEL),
+        pairs=each_task(layout.PAIRS),
+        effects=each_task(layout.EFFECTS),
+        key_tables=each_task(layout.KEY),
     output:
-        tables=expand("results/{{model}}/circuit/{task}_edge_curve.parquet", task=TASKS),
+        tables=each_task(layout.EDGE_CURVE),
     log:
         "results/{model}/logs/edge_curve.log",
     benchmark:
@@ -107,10 +105,10 @@ rule edge_curve:
 
 rule plot_edge_curve:
     input:
-        tables=expand("results/{{model}}/circuit/{task}_edge_curve.parquet", task=TASKS),
+        tables=each_task(layout.EDGE_CURVE),
     output:
         figure=report(
-            "results/{model}/circuit/edge_curve.png",
+            layout.under(layout.EDGE_CURVE_FIGURE),
             caption="../report/edge_curve.rst",
             category="2. Validate",
             subcategory="{model}",
@@ -133,11 +131,11 @@ rule plot_edge_curve:
 
 rule plot_circuit:
     input:
-        table="results/{model}/circuit/{task}.parquet",
-        edges="results/{model}/circuit/{task}_edges.parquet",
+        table=layout.under(layout.CIRCUIT),
+        edges=layout.under(layout.EDGES),
     output:
         curve=report(
-            "results/{model}/circuit/{task}_faithfulness.png",
+            layout.under(layout.FAITHFULNESS_FIGURE),
             caption="../report/circuit_faithfulness.rst",
             category="2. Validate",
             subcategory="{model}",
@@ -148,14 +146,14 @@ rule plot_circuit:
             },
         ),
         graph=report(
-            "results/{model}/circuit/{task}_graph.png",
+            layout.under(layout.GRAPH_FIGURE),
             caption="../report/circuit_graph.rst",
             category="2. Validate",
             subcategory="{model}",
             labels={"model": "{model}", "task": "{task}", "figure": "circuit graph"},
         ),
         heatmap=report(
-            "results/{model}/circuit/{task}_edges.png",
+            layout.under(layout.EDGES_FIGURE),
             caption="../report/circuit_edges.rst",
             category="2. Validate",
             subcategory="{model}",

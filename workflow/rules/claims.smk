@@ -5,10 +5,10 @@ rule claims:
     input:
         unpack(claims_inputs),
     output:
-        table="results/{model}/claims.parquet",
-        markdown="results/{model}/claims.md",
+        table=layout.under(layout.CLAIMS),
+        markdown=layout.under(layout.CLAIMS_MD),
         html=report(
-            "results/{model}/claims.html",
+            layout.under(layout.CLAIMS_HTML),
             caption="../report/claims.rst",
             category="0. Findings",
             subcategory="{model}",

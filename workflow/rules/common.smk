@@ -5,6 +5,7 @@ import re
 
 from snakemake.exceptions import IncompleteCheckpointException
 
+from arithmech import layout
 from arithmech.code_digest import script_digest
 from arithmech.tools import cluster
 from arithmech.sft.methods import DRAWN_METHODS, HEAD_METHODS, METHODS, RECIPE_METHODS
@@ -13,6 +14,11 @@ MODELS = config["run"]["models"]
 TASKS = config["run"]["tasks"]
 # The evaluation sets to run (validated: names of arithmech.data.eval_sets.REGISTRY, each with its block).
 EVAL_DATASETS = config["evaluation"]["datasets"]
+
+
+def each_task(pattern):
+    """A model's result (arithmech.layout) for every task of the run, the other wildcards kept for the rule."""
+    return expand(layout.under(pattern), task=TASKS, allow_missing=True)
 
 
 wildcard_constraints:
@@ -132,10 +138,12 @@ def layer_outputs(wildcards):
     """
     if config["patching"]["mode"] == "direct":
         return [
-            f"results/{wildcards.model}/patching/{wildcards.task}/all_layers.parquet"
+            layout.under(
+                layout.PATCHING_ALL_LAYERS, wildcards.model, task=wildcards.task
+            )
         ]
     return expand(
-        "results/{model}/patching/{task}/layer{layer}.parquet",
+        layout.under(layout.PATCHING_LAYER),
         model=wildcards.model,
         task=wildcards.task,
         layer=range(n_layers(wildcards.model)),
@@ -145,20 +153,20 @@ def layer_outputs(wildcards):
 def identify_targets():
     return expand(
         [
-            "results/{model}/effects/{task}.png",
-            "results/{model}/key_components/{task}.parquet",
-            "results/{model}/key_components/shared.parquet",
-            "results/{model}/key_components/shared.png",
-            "results/{model}/knockout/{task}.png",
-            "results/{model}/knockout/transfer.png",
-            "results/{model}/analysis/{task}_roles.parquet",
-            "results/{model}/analysis/{task}_probes.parquet",
-            "results/{model}/analysis/{task}_roles.png",
-            "results/{model}/analysis/{task}_example.png",
-            "results/{model}/analysis/{task}_probes.png",
-            "results/{model}/circuit/{task}_faithfulness.png",
-            "results/{model}/circuit/{task}_graph.png",
-            "results/{model}/circuit/{task}_edges.png",
+            layout.under(layout.EFFECTS_FIGURE),
+            layout.under(layout.KEY),
+            layout.under(layout.SHARED),
+            layout.under(layout.SHARED_FIGURE),
+            layout.under(layout.KNOCKOUT_FIGURE),
+            layout.under(layout.TRANSFER_FIGURE),
+            layout.under(layout.ROLES),
+            layout.under(layout.PROBES),
+            layout.under(layout.ROLES_FIGURE),
+            layout.under(layout.EXAMPLE_FIGURE),
+            layout.under(layout.PROBES_FIGURE),
+            layout.under(layout.FAITHFULNESS_FIGURE),
+            layout.under(layout.GRAPH_FIGURE),
+            layout.under(layout.EDGES_FIGURE),
         ],
         model=MODELS,
         task=TASKS,
@@ -175,7 +183,7 @@ def finetune_effects(wildcards):
     """Head methods rank heads by patching effect; full and LoRA do not depend on the identify stage."""
     if wildcards.method in HEAD_METHODS:
         return {
-            f"effects_{t}": f"results/{wildcards.model}/effects/{t}.parquet"
+            f"effects_{t}": layout.under(layout.EFFECTS, wildcards.model, task=t)
             for t in TASKS
         }
     return {}
@@ -209,7 +217,9 @@ def evaluate_inputs(wildcards):
     """The data set's file, the trained run (none for base) and, for math, the few-shot examples' file."""
     files = {"data": evaluation_data(wildcards.dataset)}
     if wildcards.method != "base":
-        files["trained"] = f"results/{wildcards.model}/finetune/{wildcards.method}"
+        files["trained"] = layout.under(
+            layout.FINETUNED, wildcards.model, method=wildcards.method
+        )
     if EVAL_REGISTRY[wildcards.dataset].kind == "math":
         files["shots"] = workflow_path(config["finetune"]["data"]["file"])
     return files
@@ -259,7 +269,7 @@ def study_format_params():
 
 
 def study_format_table(model):
-    return f"results/{model}/finetune/study/formats.parquet"
+    return layout.under(layout.STUDY_FORMATS, model)
 
 
 def study_choice(model):
@@ -325,7 +335,7 @@ def study_train_inputs(wildcards):
     files = {}
     if wildcards.arm in HEAD_METHODS:
         files |= {
-            f"effects_{t}": f"results/{wildcards.model}/effects/{t}.parquet"
+            f"effects_{t}": layout.under(layout.EFFECTS, wildcards.model, task=t)
             for t in TASKS
         }
     if wildcards.arm in (
@@ -333,12 +343,12 @@ def study_train_inputs(wildcards):
         "circuit_disjoint",
     ):  # the circuits the discover rule chose, one per operator
         files |= {
-            f"discover_{t}": f"results/{wildcards.model}/discover/{t}.parquet"
+            f"discover_{t}": layout.under(layout.DISCOVER, wildcards.model, task=t)
             for t in TASKS
         }
     if not wildcards.run.startswith("lr"):
-        files["selection"] = (
-            f"results/{wildcards.model}/finetune/study/select/{wildcards.arm}.json"
+        files["selection"] = layout.under(
+            layout.STUDY_SELECT, wildcards.model, arm=wildcards.arm
         )
     return files
 
@@ -349,7 +359,7 @@ def study_select_inputs(wildcards):
     study_choice(wildcards.model)
     return {
         "runs": expand(
-            "results/{model}/finetune/study/runs/{arm}/{run}",
+            layout.under(layout.STUDY_RUN),
             model=wildcards.model,
             arm=wildcards.arm,
             run=study.grid_runs(wildcards.arm, STUDY),
@@ -363,16 +373,16 @@ def study_evaluate_inputs(wildcards):
     study_choice(wildcards.model)
     if wildcards.arm == "base":
         return {}
-    root = f"results/{wildcards.model}/finetune/study"
+    model, arm = wildcards.model, wildcards.arm
     if wildcards.run == "chosen":
         return {
-            "selection": f"{root}/select/{wildcards.arm}.json",
+            "selection": layout.under(layout.STUDY_SELECT, model, arm=arm),
             "grid": [
-                f"{root}/runs/{wildcards.arm}/{r}"
-                for r in study.grid_runs(wildcards.arm, STUDY)
+                layout.under(layout.STUDY_RUN, model, arm=arm, run=r)
+                for r in study.grid_runs(arm, STUDY)
             ],
         }
-    return {"run": f"{root}/runs/{wildcards.arm}/{wildcards.run}"}
+    return {"run": layout.under(layout.STUDY_RUN, model, arm=arm, run=wildcards.run)}
 
 
 def study_data_files():
@@ -390,10 +400,13 @@ def study_final_models():
 def study_summary_keyed(model):
     """study_summary's inputs per (arm, run): {kind: {input name: (arm, run, path)}} for kind eval (every scored
     model), grid (every lr grid run) and run (every further seed or draw)."""
-    root = f"results/{model}/finetune/study"
     keyed = {
         "eval": {
-            f"eval_{arm}_{run}": (arm, run, f"{root}/eval/{arm}/{run}.parquet")
+            f"eval_{arm}_{run}": (
+                arm,
+                run,
+                layout.under(layout.STUDY_EVAL, model, arm=arm, run=run),
+            )
             for arm, run in study_final_models()
         },
         "grid": {},
@@ -401,24 +414,35 @@ def study_summary_keyed(model):
     }
     for arm in STUDY_ARMS:
         for r in study.grid_runs(arm, STUDY):
-            keyed["grid"][f"grid_{arm}_{r}"] = (arm, r, f"{root}/runs/{arm}/{r}")
+            keyed["grid"][f"grid_{arm}_{r}"] = (
+                arm,
+                r,
+                layout.under(layout.STUDY_RUN, model, arm=arm, run=r),
+            )
         for r in study.final_runs(arm, STUDY):
             if r != "chosen":
-                keyed["run"][f"run_{arm}_{r}"] = (arm, r, f"{root}/runs/{arm}/{r}")
+                keyed["run"][f"run_{arm}_{r}"] = (
+                    arm,
+                    r,
+                    layout.under(layout.STUDY_RUN, model, arm=arm, run=r),
+                )
     return keyed
 
 
 def study_summary_inputs(wildcards):
     """The format table; when the study runs, its items, every scored model, lr choice and training run."""
-    root = f"results/{wildcards.model}/finetune/study"
-    table = study_format_table(wildcards.model)
+    model = wildcards.model
+    table = study_format_table(model)
     files = {"formats": table, "choice": str(study.choice_path(table))}
     if not study_runs(wildcards.model):
         return files
-    files["study_items"] = f"{root}/items.parquet"
-    keyed = study_summary_keyed(wildcards.model)
+    files["study_items"] = layout.under(layout.STUDY_ITEMS, model)
+    keyed = study_summary_keyed(model)
     files |= {name: path for name, (_, _, path) in keyed["eval"].items()}
-    files |= {f"select_{arm}": f"{root}/select/{arm}.json" for arm in STUDY_ARMS}
+    files |= {
+        f"select_{arm}": layout.under(layout.STUDY_SELECT, model, arm=arm)
+        for arm in STUDY_ARMS
+    }
     for arm in STUDY_ARMS:  # each arm's grid runs, then its further runs
         for kind in ("grid", "run"):
             files |= {n: path for n, (a, _, path) in keyed[kind].items() if a == arm}
@@ -445,32 +469,24 @@ def findings_inputs(wildcards):
     heatmap, knockout curve, faithfulness curve, pruning path and discovered circuit, and the study's figure
     when the study runs.
     """
-    root = f"results/{wildcards.model}"
+    model, first = wildcards.model, TASKS[0]
+    figures = [
+        layout.EFFECTS_FIGURE,
+        layout.KNOCKOUT_FIGURE,
+        layout.FAITHFULNESS_FIGURE,
+        layout.DISCOVER_PATH_FIGURE,
+        layout.DISCOVER_CIRCUIT_FIGURE,
+    ] + ([layout.STUDY_FIGURE] if STUDY_ARMS else [])
     inputs = {
-        "claims": f"{root}/claims.parquet",
-        "figures": [
-            f"{root}/effects/{TASKS[0]}.png",
-            f"{root}/knockout/{TASKS[0]}.png",
-            f"{root}/circuit/{TASKS[0]}_faithfulness.png",
-            f"{root}/discover/{TASKS[0]}_path.png",
-            f"{root}/discover/{TASKS[0]}_circuit.png",
-        ]
-        + ([f"{root}/finetune/study.png"] if STUDY_ARMS else []),
-        "discover": f"{root}/discover/summary.parquet",
-        **{
-            f"key_{t}": f"results/{wildcards.model}/key_components/{t}.parquet"
-            for t in TASKS
-        },
-        **{
-            f"knockout_{t}": f"results/{wildcards.model}/knockout/{t}.parquet"
-            for t in TASKS
-        },
+        "claims": layout.under(layout.CLAIMS, model),
+        "figures": [layout.under(f, model, task=first) for f in figures],
+        "discover": layout.under(layout.DISCOVER_SUMMARY, model),
     }
+    for name, pattern in (("key", layout.KEY), ("knockout", layout.KNOCKOUT)):
+        inputs |= {f"{name}_{t}": layout.under(pattern, model, task=t) for t in TASKS}
     if STUDY_ARMS:
-        inputs["study"] = f"results/{wildcards.model}/finetune/study.parquet"
-        inputs["comparisons"] = (
-            f"results/{wildcards.model}/finetune/comparisons.parquet"
-        )
+        inputs["study"] = layout.under(layout.STUDY, model)
+        inputs["comparisons"] = layout.under(layout.COMPARISONS, model)
     return inputs
 
 
@@ -483,24 +499,28 @@ def claims_inputs(wildcards):
     circuit on the teacher-forced protocol); the transfer items; the discovered circuits' summary; the study's tables
     when the study runs.
     """
-    root = f"results/{wildcards.model}"
+    model = wildcards.model
     inputs = {
-        "transfer": f"{root}/knockout/transfer_items.parquet",
-        "discover": f"{root}/discover/summary.parquet",
+        "transfer": layout.under(layout.TRANSFER_ITEMS, model),
+        "discover": layout.under(layout.DISCOVER_SUMMARY, model),
+    }
+    per_task = {
+        "key": layout.KEY,
+        "effects": layout.EFFECTS,
+        "knockout": layout.KNOCKOUT_ITEMS,
+        "roles": layout.ROLES_ALL,
+        "probes": layout.PROBES,
+        "circuit": layout.CIRCUIT_ITEMS,
+        "edges": layout.EDGES,
+        "edge_paths": layout.EDGE_PATHS,
+        "discover_items": layout.DISCOVER_ITEMS,
     }
     for t in TASKS:
         inputs |= {
-            f"key_{t}": f"{root}/key_components/{t}.parquet",
-            f"effects_{t}": f"{root}/effects/{t}.parquet",
-            f"knockout_{t}": f"{root}/knockout/{t}_items.parquet",
-            f"roles_{t}": f"{root}/analysis/{t}_roles_all.parquet",
-            f"probes_{t}": f"{root}/analysis/{t}_probes.parquet",
-            f"circuit_{t}": f"{root}/circuit/{t}_items.parquet",
-            f"edges_{t}": f"{root}/circuit/{t}_edges.parquet",
-            f"edge_paths_{t}": f"{root}/circuit/{t}_edge_paths.parquet",
-            f"discover_items_{t}": f"{root}/discover/{t}_items.parquet",
+            f"{name}_{t}": layout.under(pattern, model, task=t)
+            for name, pattern in per_task.items()
         }
     if STUDY_ARMS:
-        inputs["study"] = f"{root}/finetune/study.parquet"
-        inputs["comparisons"] = f"{root}/finetune/comparisons.parquet"
+        inputs["study"] = layout.under(layout.STUDY, model)
+        inputs["comparisons"] = layout.under(layout.COMPARISONS, model)
     return inputs

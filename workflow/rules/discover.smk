@@ -13,17 +13,17 @@ DISCOVER_PARAMS = {
 
 rule discover:
     input:
-        model="results/{model}/model",
-        pairs="results/{model}/pairs/{task}.parquet",
-        cache="results/{model}/activations/{task}.safetensors",
-        effects="results/{model}/effects/{task}.parquet",
-        key="results/{model}/key_components/{task}.parquet",
+        model=layout.under(layout.MODEL),
+        pairs=layout.under(layout.PAIRS),
+        cache=layout.under(layout.ACTIVATIONS),
+        effects=layout.under(layout.EFFECTS),
+        key=layout.under(layout.KEY),
     output:
-        table="results/{model}/discover/{task}.parquet",
-        path="results/{model}/discover/{task}_path.parquet",
-        validation="results/{model}/discover/{task}_validation.parquet",
-        per_item="results/{model}/discover/{task}_items.parquet",
-        added="results/{model}/discover/{task}_added.parquet",
+        table=layout.under(layout.DISCOVER),
+        path=layout.under(layout.DISCOVER_PATH),
+        validation=layout.under(layout.DISCOVER_VALIDATION),
+        per_item=layout.under(layout.DISCOVER_ITEMS),
+        added=layout.under(layout.DISCOVER_ADDED),
     log:
         "results/{model}/logs/discover/{task}.log",
     benchmark:
@@ -49,18 +49,16 @@ rule discover:
 # summary table of every operator's circuits.
 rule discover_union:
     input:
-        model="results/{model}/model",
-        pairs=expand("results/{{model}}/pairs/{task}.parquet", task=TASKS),
-        caches=expand("results/{{model}}/activations/{task}.safetensors", task=TASKS),
-        key_tables=expand("results/{{model}}/key_components/{task}.parquet", task=TASKS),
-        tables=expand("results/{{model}}/discover/{task}.parquet", task=TASKS),
-        validation=expand(
-            "results/{{model}}/discover/{task}_validation.parquet", task=TASKS
-        ),
-        per_item=expand("results/{{model}}/discover/{task}_items.parquet", task=TASKS),
+        model=layout.under(layout.MODEL),
+        pairs=each_task(layout.PAIRS),
+        caches=each_task(layout.ACTIVATIONS),
+        key_tables=each_task(layout.KEY),
+        tables=each_task(layout.DISCOVER),
+        validation=each_task(layout.DISCOVER_VALIDATION),
+        per_item=each_task(layout.DISCOVER_ITEMS),
     output:
-        validation="results/{model}/discover/union_validation.parquet",
-        summary="results/{model}/discover/summary.parquet",
+        validation=layout.under(layout.UNION_VALIDATION),
+        summary=layout.under(layout.DISCOVER_SUMMARY),
     log:
         "results/{model}/logs/discover_union.log",
     benchmark:
@@ -83,19 +81,19 @@ rule discover_union:
 
 rule plot_discover:
     input:
-        path="results/{model}/discover/{task}_path.parquet",
-        validation="results/{model}/discover/{task}_validation.parquet",
-        key="results/{model}/key_components/{task}.parquet",
+        path=layout.under(layout.DISCOVER_PATH),
+        validation=layout.under(layout.DISCOVER_VALIDATION),
+        key=layout.under(layout.KEY),
     output:
         path=report(
-            "results/{model}/discover/{task}_path.png",
+            layout.under(layout.DISCOVER_PATH_FIGURE),
             caption="../report/discover_path.rst",
             category="2. Validate",
             subcategory="{model}",
             labels={"model": "{model}", "task": "{task}", "figure": "pruning path"},
         ),
         grid=report(
-            "results/{model}/discover/{task}_circuit.png",
+            layout.under(layout.DISCOVER_CIRCUIT_FIGURE),
             caption="../report/discover_circuit.rst",
             category="2. Validate",
             subcategory="{model}",

@@ -6,7 +6,7 @@ rule findings:
         unpack(findings_inputs),
     output:
         html=report(
-            "results/{model}/findings.html",
+            layout.under(layout.FINDINGS),
             caption="../report/findings.rst",
             category="0. Findings",
             subcategory="{model}",

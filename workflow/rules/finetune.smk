@@ -5,10 +5,10 @@
 rule finetune:
     input:
         unpack(finetune_effects),
-        model="results/{model}/model",
+        model=layout.under(layout.MODEL),
         data=workflow_path(config["finetune"]["data"]["file"]),
     output:
-        directory("results/{model}/finetune/{method}"),
+        directory(layout.under(layout.FINETUNED)),
     log:
         "results/{model}/logs/finetune/{method}.log",
     benchmark:
@@ -23,7 +23,7 @@ rule finetune:
         finetune=finetune_params,
         compute=config["compute"],
         seed=config["seed"],
-        checkpoints=lambda wc: f"results/{wc.model}/finetune/.checkpoints",
+        checkpoints=lambda wc: layout.under(layout.FINETUNE_CHECKPOINTS, wc.model),
     script:
         "../scripts/finetune.py"
 
@@ -32,7 +32,7 @@ rule finetune:
 # Snakemake (cluster nodes are often offline); jobs read the local Parquet file.
 rule fetch_dataset:
     output:
-        "results/data/{dataset}.parquet",
+        layout.shared(layout.DATASET),
     log:
         "results/logs/fetch_dataset/{dataset}.log",
     benchmark:
@@ -51,9 +51,9 @@ rule fetch_dataset:
 rule evaluate:
     input:
         unpack(evaluate_inputs),
-        model="results/{model}/model",
+        model=layout.under(layout.MODEL),
     output:
-        "results/{model}/eval/{method}/{dataset}.parquet",
+        layout.under(layout.EVAL),
     log:
         "results/{model}/logs/evaluate/{method}/{dataset}.log",
     benchmark:
@@ -75,23 +75,28 @@ rule evaluate:
 rule summarize_eval:
     input:
         evals=expand(
-            "results/{{model}}/eval/{method}/{dataset}.parquet",
+            layout.under(layout.EVAL),
             method=EVAL_METHODS,
             dataset=EVAL_DATASETS,
+            allow_missing=True,
         ),
-        trained=expand("results/{{model}}/finetune/{method}", method=FINETUNE_METHODS),
+        trained=expand(
+            layout.under(layout.FINETUNED),
+            method=FINETUNE_METHODS,
+            allow_missing=True,
+        ),
     output:
-        table="results/{model}/eval/summary.parquet",
-        markdown="results/{model}/eval/summary.md",
+        table=layout.under(layout.EVAL_SUMMARY),
+        markdown=layout.under(layout.EVAL_SUMMARY_MD),
         html=report(
-            "results/{model}/eval/summary.html",
+            layout.under(layout.EVAL_SUMMARY_HTML),
             caption="../report/eval_table.rst",
             category="4. Precise SFT",
             subcategory="{model}",
             labels={"model": "{model}", "figure": "Table 1"},
         ),
         figure=report(
-            "results/{model}/eval/summary.png",
+            layout.under(layout.EVAL_SUMMARY_FIGURE),
             caption="../report/eval_figure.rst",
             category="4. Precise SFT",
             subcategory="{model}",

@@ -3,7 +3,7 @@
 
 checkpoint prepare_model:
     output:
-        directory("results/{model}/model"),
+        directory(layout.under(layout.MODEL)),
     log:
         "results/{model}/logs/prepare_model.log",
     benchmark:
@@ -20,10 +20,10 @@ checkpoint prepare_model:
 
 rule build_pairs:
     input:
-        model="results/{model}/model",
+        model=layout.under(layout.MODEL),
     output:
-        pairs="results/{model}/pairs/{task}.parquet",
-        dropped="results/{model}/pairs/{task}_dropped.parquet",
+        pairs=layout.under(layout.PAIRS),
+        dropped=layout.under(layout.PAIRS_DROPPED),
     log:
         "results/{model}/logs/build_pairs/{task}.log",
     benchmark:
@@ -44,10 +44,10 @@ rule build_pairs:
 
 rule cache_activations:
     input:
-        model="results/{model}/model",
-        pairs="results/{model}/pairs/{task}.parquet",
+        model=layout.under(layout.MODEL),
+        pairs=layout.under(layout.PAIRS),
     output:
-        "results/{model}/activations/{task}.safetensors",
+        layout.under(layout.ACTIVATIONS),
     log:
         "results/{model}/logs/cache_activations/{task}.log",
     benchmark:
@@ -69,11 +69,11 @@ rule cache_activations:
 # (importing torch and transformers, loading the model) about 5 s, so one job instead of one per layer.
 rule patch_all_layers:
     input:
-        model="results/{model}/model",
-        pairs=expand("results/{{model}}/pairs/{task}.parquet", task=TASKS),
-        cache=expand("results/{{model}}/activations/{task}.safetensors", task=TASKS),
+        model=layout.under(layout.MODEL),
+        pairs=each_task(layout.PAIRS),
+        cache=each_task(layout.ACTIVATIONS),
     output:
-        expand("results/{{model}}/patching/{task}/all_layers.parquet", task=TASKS),
+        each_task(layout.PATCHING_ALL_LAYERS),
     log:
         "results/{model}/logs/patch_all_layers.log",
     benchmark:
@@ -96,11 +96,11 @@ rule patch_all_layers:
 # parallel.
 rule patch_layer:
     input:
-        model="results/{model}/model",
-        pairs=expand("results/{{model}}/pairs/{task}.parquet", task=TASKS),
-        cache=expand("results/{{model}}/activations/{task}.safetensors", task=TASKS),
+        model=layout.under(layout.MODEL),
+        pairs=each_task(layout.PAIRS),
+        cache=each_task(layout.ACTIVATIONS),
     output:
-        expand("results/{{model}}/patching/{task}/layer{{layer}}.parquet", task=TASKS),
+        each_task(layout.PATCHING_LAYER),
     log:
         "results/{model}/logs/patch_layer/layer{layer}.log",
     benchmark:
@@ -122,12 +122,12 @@ rule patch_layer:
 rule aggregate_effects:
     input:
         layers=layer_outputs,
-        pairs="results/{model}/pairs/{task}.parquet",  # operand pairs: the bootstrap's clusters
+        pairs=layout.under(layout.PAIRS),  # operand pairs: the bootstrap's clusters
     output:
-        effects="results/{model}/effects/{task}.parquet",
-        key="results/{model}/key_components/{task}.parquet",
+        effects=layout.under(layout.EFFECTS),
+        key=layout.under(layout.KEY),
         key_html=report(
-            "results/{model}/key_components/{task}.html",
+            layout.under(layout.KEY_HTML),
             caption="../report/key_components.rst",
             category="1. Identify",
             subcategory="{model}",
@@ -158,11 +158,11 @@ rule aggregate_effects:
 # Figures are rules of their own: a change to a figure re-draws it and re-runs nothing that reads the table.
 rule plot_effects:
     input:
-        effects="results/{model}/effects/{task}.parquet",
-        key="results/{model}/key_components/{task}.parquet",
+        effects=layout.under(layout.EFFECTS),
+        key=layout.under(layout.KEY),
     output:
         report(
-            "results/{model}/effects/{task}.png",
+            layout.under(layout.EFFECTS_FIGURE),
             caption="../report/effects_heatmap.rst",
             category="1. Identify",
             subcategory="{model}",
@@ -190,12 +190,12 @@ rule plot_effects:
 
 rule summarize_key_components:
     input:
-        effects=expand("results/{{model}}/effects/{task}.parquet", task=TASKS),
-        key=expand("results/{{model}}/key_components/{task}.parquet", task=TASKS),
+        effects=each_task(layout.EFFECTS),
+        key=each_task(layout.KEY),
     output:
-        table="results/{model}/key_components/shared.parquet",
+        table=layout.under(layout.SHARED),
         table_html=report(
-            "results/{model}/key_components/shared.html",
+            layout.under(layout.SHARED_HTML),
             caption="../report/shared_table.rst",
             category="1. Identify",
             subcategory="{model}",
@@ -206,7 +206,7 @@ rule summarize_key_components:
             },
         ),
         heatmap=report(
-            "results/{model}/key_components/shared.png",
+            layout.under(layout.SHARED_FIGURE),
             caption="../report/shared.rst",
             category="1. Identify",
             subcategory="{model}",

@@ -9,8 +9,8 @@
 # summary says so and no study job runs.
 checkpoint study_format:
     input:
-        model="results/{model}/model",
-        pairs=expand("results/{{model}}/pairs/{task}.parquet", task=TASKS),
+        model=layout.under(layout.MODEL),
+        pairs=each_task(layout.PAIRS),
     output:
         table=study_format_table("{model}"),
         choice=str(study.choice_path(study_format_table("{model}"))),
@@ -37,10 +37,10 @@ checkpoint study_format:
 rule study_items:
     input:
         unpack(study_items_inputs),
-        model="results/{model}/model",
-        pairs=expand("results/{{model}}/pairs/{task}.parquet", task=TASKS),
+        model=layout.under(layout.MODEL),
+        pairs=each_task(layout.PAIRS),
     output:
-        "results/{model}/finetune/study/items.parquet",
+        layout.under(layout.STUDY_ITEMS),
     log:
         "results/{model}/logs/study/items.log",
     benchmark:
@@ -63,10 +63,10 @@ rule study_items:
 rule study_train:
     input:
         unpack(study_train_inputs),
-        model="results/{model}/model",
-        study_items="results/{model}/finetune/study/items.parquet",
+        model=layout.under(layout.MODEL),
+        study_items=layout.under(layout.STUDY_ITEMS),
     output:
-        directory("results/{model}/finetune/study/runs/{arm}/{run}"),
+        directory(layout.under(layout.STUDY_RUN)),
     log:
         "results/{model}/logs/study/train/{arm}/{run}.log",
     benchmark:
@@ -81,7 +81,7 @@ rule study_train:
         study=study_train_params,
         compute=config["compute"],
         seed=config["seed"],
-        checkpoints=lambda wc: f"results/{wc.model}/finetune/study/.checkpoints",
+        checkpoints=lambda wc: layout.under(layout.STUDY_CHECKPOINTS, wc.model),
     script:
         "../scripts/study_train.py"
 
@@ -90,7 +90,7 @@ rule study_select:
     input:
         unpack(study_select_inputs),
     output:
-        "results/{model}/finetune/study/select/{arm}.json",
+        layout.under(layout.STUDY_SELECT),
     log:
         "results/{model}/logs/study/select/{arm}.log",
     benchmark:
@@ -112,10 +112,10 @@ rule study_evaluate:
     input:
         unpack(study_evaluate_inputs),
         **study_data_files(),
-        model="results/{model}/model",
-        study_items="results/{model}/finetune/study/items.parquet",
+        model=layout.under(layout.MODEL),
+        study_items=layout.under(layout.STUDY_ITEMS),
     output:
-        "results/{model}/finetune/study/eval/{arm}/{run}.parquet",
+        layout.under(layout.STUDY_EVAL),
     log:
         "results/{model}/logs/study/eval/{arm}/{run}.log",
     benchmark:
@@ -138,25 +138,25 @@ rule study_summary:
     input:
         unpack(study_summary_inputs),
     output:
-        study="results/{model}/finetune/study.parquet",
-        comparisons="results/{model}/finetune/comparisons.parquet",
-        markdown="results/{model}/finetune/study.md",
+        study=layout.under(layout.STUDY),
+        comparisons=layout.under(layout.COMPARISONS),
+        markdown=layout.under(layout.STUDY_MD),
         html=report(
-            "results/{model}/finetune/study.html",
+            layout.under(layout.STUDY_HTML),
             caption="../report/study_table.rst",
             category="4. Precise SFT",
             subcategory="{model}",
             labels={"model": "{model}", "figure": "study table"},
         ),
         figure=report(
-            "results/{model}/finetune/study.png",
+            layout.under(layout.STUDY_FIGURE),
             caption="../report/study_figure.rst",
             category="4. Precise SFT",
             subcategory="{model}",
             labels={"model": "{model}", "figure": "study: exact match and KL"},
         ),
         curves=report(
-            "results/{model}/finetune/study_curves.png",
+            layout.under(layout.STUDY_CURVES_FIGURE),
             caption="../report/study_curves.rst",
             category="4. Precise SFT",
             subcategory="{model}",

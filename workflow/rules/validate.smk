@@ -3,14 +3,14 @@
 
 rule knockout:
     input:
-        model="results/{model}/model",
-        pairs="results/{model}/pairs/{task}.parquet",
-        cache="results/{model}/activations/{task}.safetensors",
-        effects="results/{model}/effects/{task}.parquet",
-        key="results/{model}/key_components/{task}.parquet",
+        model=layout.under(layout.MODEL),
+        pairs=layout.under(layout.PAIRS),
+        cache=layout.under(layout.ACTIVATIONS),
+        effects=layout.under(layout.EFFECTS),
+        key=layout.under(layout.KEY),
     output:
-        table="results/{model}/knockout/{task}.parquet",
-        per_item="results/{model}/knockout/{task}_items.parquet",
+        table=layout.under(layout.KNOCKOUT),
+        per_item=layout.under(layout.KNOCKOUT_ITEMS),
     log:
         "results/{model}/logs/knockout/{task}.log",
     benchmark:
@@ -31,15 +31,15 @@ rule knockout:
 
 rule transfer:
     input:
-        model="results/{model}/model",
-        pairs=expand("results/{{model}}/pairs/{task}.parquet", task=TASKS),
-        caches=expand("results/{{model}}/activations/{task}.safetensors", task=TASKS),
-        key_tables=expand("results/{{model}}/key_components/{task}.parquet", task=TASKS),
+        model=layout.under(layout.MODEL),
+        pairs=each_task(layout.PAIRS),
+        caches=each_task(layout.ACTIVATIONS),
+        key_tables=each_task(layout.KEY),
         svamp=workflow_path(config["transfer"]["svamp"]["file"]),
         non_math=workflow_path(config["transfer"]["non_math"]["file"]),
     output:
-        table="results/{model}/knockout/transfer.parquet",
-        per_item="results/{model}/knockout/transfer_items.parquet",
+        table=layout.under(layout.TRANSFER),
+        per_item=layout.under(layout.TRANSFER_ITEMS),
     log:
         "results/{model}/logs/transfer.log",
     benchmark:
@@ -64,11 +64,11 @@ rule transfer:
 
 rule plot_knockout:
     input:
-        table="results/{model}/knockout/{task}.parquet",
-        key="results/{model}/key_components/{task}.parquet",
+        table=layout.under(layout.KNOCKOUT),
+        key=layout.under(layout.KEY),
     output:
         report(
-            "results/{model}/knockout/{task}.png",
+            layout.under(layout.KNOCKOUT_FIGURE),
             caption="../report/knockout.rst",
             category="2. Validate",
             subcategory="{model}",
@@ -91,17 +91,17 @@ rule plot_knockout:
 
 rule plot_transfer:
     input:
-        "results/{model}/knockout/transfer.parquet",
+        layout.under(layout.TRANSFER),
     output:
         html=report(
-            "results/{model}/knockout/transfer.html",
+            layout.under(layout.TRANSFER_HTML),
             caption="../report/transfer.rst",
             category="2. Validate",
             subcategory="{model}",
             labels={"model": "{model}", "task": "all", "figure": "transfer table"},
         ),
         heatmap=report(
-            "results/{model}/knockout/transfer.png",
+            layout.under(layout.TRANSFER_FIGURE),
             caption="../report/transfer.rst",
             category="2. Validate",
             subcategory="{model}",

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from arithmech import layout
+
 # The settings each kind of set reads from its config block (besides file or hub, which give the data).
 KIND_KEYS = {
     "math": ("n", "max_new_tokens"),  # greedy answers after few-shot solved GSM8K train examples
@@ -67,7 +69,7 @@ REGISTRY = {
 
 def hub_file(name: str) -> str:
     """Where the fetch_dataset rule puts a Hub-sourced set, relative to the working directory."""
-    return f"results/data/{name}.parquet"
+    return layout.shared(layout.DATASET, dataset=name)
 
 
 def config_problems(evaluation: dict) -> list[str]:

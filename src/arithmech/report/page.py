@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from arithmech import layout
 from arithmech.io import read_parquet_meta
 from arithmech.report import display
 from arithmech.report.scorecard import PAGE_CSS, SCORECARD_CSS, scorecard_table, verdict_counts
@@ -207,30 +208,35 @@ def figure_anchor(source: str) -> str:
     return "fig-" + "".join(c if c.isalnum() else "-" for c in source.rsplit(".", 1)[0])
 
 
-def figure_caption(source: str, tasks: list[str]) -> str:
-    """What an embedded figure shows, for a reader who has not seen the workflow."""
-    name = Path(source).stem
-    if source.startswith("effects/"):
-        return (f"Patching effect of every head and MLP on the answer logit, {name}: the darker a cell, the more "
-                "the answer logit falls when that node gets its counterfactual value (identify).")
-    if source == "key_components/shared.png":
-        return f"Key components across operators ({', '.join(tasks)}): * marks a key node (identify)."
-    if source.startswith("knockout/"):
-        return (f"Accuracy as the top k heads are knocked out (mean-ablated), against as many random heads, {name} "
-                "(validate). The paper: accuracy collapses with the key heads, not with random ones.")
-    if source.startswith("circuit/") and name.endswith("_faithfulness"):
-        return (f"How much of the model's behaviour a circuit keeps when every other head and MLP is mean-ablated, "
-                f"{name.removesuffix('_faithfulness')}: 1 = all of it, 0 = none; the top k heads by effect against "
-                "as many random heads in the same layers, the key circuits starred (sufficiency, validate).")
-    if source.startswith("discover/") and name.endswith("_path"):
-        return (f"Pruning path, {name.removesuffix('_path')}: faithfulness against the number of nodes kept as the "
-                "pruning drops heads and MLPs on the identification pairs, one line per target (discover).")
-    if source.startswith("discover/") and name.endswith("_circuit"):
-        return (f"The discovered circuit, {name.removesuffix('_circuit')}, on the layer x head grid over the paper's "
-                "key heads: the key heads it keeps, the heads it adds and the key heads it leaves out (discover).")
-    if source == "finetune/study.png":
-        return ("Held-out exact match of each precise-SFT study arm after training, with 95% intervals "
-                "(precise SFT against full fine-tuning, LoRA and random heads).")
+# What each embedded figure shows, for a reader who has not seen the workflow: per figure of arithmech.layout, a
+# caption with its wildcards (and `tasks`, the operators) to fill in; the first pattern a figure matches captions it.
+FIGURE_CAPTIONS = [
+    (layout.EFFECTS_FIGURE, "Patching effect of every head and MLP on the answer logit, {task}: the darker a cell, the "
+                            "more the answer logit falls when that node gets its counterfactual value (identify)."),
+    (layout.SHARED_FIGURE, "Key components across operators ({tasks}): * marks a key node (identify)."),
+    (layout.KNOCKOUT_FIGURE, "Accuracy as the top k heads are knocked out (mean-ablated), against as many random "
+                             "heads, {task} (validate). The paper: accuracy collapses with the key heads, not with "
+                             "random ones."),
+    (layout.FAITHFULNESS_FIGURE, "How much of the model's behaviour a circuit keeps when every other head and MLP is "
+                                 "mean-ablated, {task}: 1 = all of it, 0 = none; the top k heads by effect against as "
+                                 "many random heads in the same layers, the key circuits starred (sufficiency, "
+                                 "validate)."),
+    (layout.DISCOVER_PATH_FIGURE, "Pruning path, {task}: faithfulness against the number of nodes kept as the pruning "
+                                  "drops heads and MLPs on the identification pairs, one line per target (discover)."),
+    (layout.DISCOVER_CIRCUIT_FIGURE, "The discovered circuit, {task}, on the layer x head grid over the paper's key "
+                                     "heads: the key heads it keeps, the heads it adds and the key heads it leaves out "
+                                     "(discover)."),
+    (layout.STUDY_FIGURE, "Held-out exact match of each precise-SFT study arm after training, with 95% intervals "
+                          "(precise SFT against full fine-tuning, LoRA and random heads)."),
+]
+
+
+def figure_caption(source: str, tasks: list[str], captions=FIGURE_CAPTIONS) -> str:
+    """The caption of the figure at `source` (a path under the model's results folder), or the path itself."""
+    for pattern, caption in captions:
+        wildcards = layout.match(pattern, source)
+        if wildcards is not None:
+            return caption.format(tasks=", ".join(tasks), **wildcards)
     return source
 
 
@@ -283,7 +289,7 @@ def findings_html(*, model: str, claims: pd.DataFrame, keys: dict[str, pd.DataFr
     tasks = list(keys)
     sources = dict(figures)
     if not_run is not None:  # the study's figure only repeats the reason, given below
-        sources.pop("finetune/study.png", None)
+        sources.pop(layout.STUDY_FIGURE, None)
 
     def link(source: str):
         if source in sources:

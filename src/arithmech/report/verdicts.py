@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from arithmech import stats
+from arithmech import layout, stats
 from arithmech.data.arithmetic import FORMATS
 from arithmech.interp.nodes import node_label
 from arithmech.report import display
@@ -197,12 +197,12 @@ def few_key_heads(keys: dict[str, pd.DataFrame], effects: dict[str, pd.DataFrame
         subs.append(_row("few_key_heads", task, measure="share of heads that are key", value=100 * share,
                          unit="percent", n=n_total, split="identification", verdict=verdict,
                          rule=f"holds if 0 < share <= {100 * cfg['max_key_share']:g}%", note=note,
-                         source=f"key_components/{task}.html"))
+                         source=layout.KEY_HTML.format(task=task)))
     union = {n for key in keys.values() for n in key.loc[key["component"] == "head", "node"]}
     n_total = subs[0]["n"] if subs else 0
     return _headline("few_key_heads", subs, measure="share of heads key for at least one operator",
                      value=100 * len(union) / n_total if n_total else math.nan, unit="percent", n=n_total,
-                     split="identification", source="key_components/shared.png")
+                     split="identification", source=layout.SHARED_FIGURE)
 
 
 def middle_layers(keys: dict[str, pd.DataFrame], n_layers: int, cfg: dict) -> list[dict]:
@@ -227,14 +227,15 @@ def middle_layers(keys: dict[str, pd.DataFrame], n_layers: int, cfg: dict) -> li
             continue
         verdict, fields = judge(layers)
         subs.append(_row("middle_layers", task, measure="median relative depth of the key heads",
-                         split="identification", verdict=verdict, rule=rule, source=f"effects/{task}.png", **fields))
+                         split="identification", verdict=verdict, rule=rule,
+                         source=layout.EFFECTS_FIGURE.format(task=task), **fields))
     union = sorted({(int(l), int(h)) for key in keys.values()
                     for l, h in key.loc[key["component"] == "head", ["layer", "head"]].to_numpy()})
     if not union:
         return _not_measured("middle_layers", "the key-head rule selected no head on any operator", rule=rule)
     verdict, fields = judge([l for l, _ in union])
     return [_row("middle_layers", measure="median relative depth of the key heads of any operator",
-                 split="identification", verdict=verdict, rule=rule, source="key_components/shared.png", **fields),
+                 split="identification", verdict=verdict, rule=rule, source=layout.SHARED_FIGURE, **fields),
             *subs]
 
 
@@ -266,7 +267,7 @@ def mlp_late(keys: dict[str, pd.DataFrame], effects: dict[str, pd.DataFrame], cf
         subs.append(_row(
             "mlp_late", task, measure="|strongest later MLP effect| / |strongest earlier MLP effect|", value=ratio,
             unit="ratio", n=int(strongest["n"]), split="identification", verdict=verdict, rule=rule,
-            source=f"effects/{task}.png",
+            source=layout.EFFECTS_FIGURE.format(task=task),
             note=(f"later: {node_label(strongest['layer'])} "
                   f"{_in_percent(strongest['mean_effect'], strongest['ci_low'], strongest['ci_high'])}; earlier: "
                   f"{node_label(early_at)} "
@@ -316,7 +317,7 @@ def knockout_collapse(items: dict[str, pd.DataFrame | None], cfg: dict, seed: in
         return _headline("knockout_collapse", subs, measure="per operator, below", note=head["note"])
     fields = {k: head[k] for k in ("measure", "value", "ci_low", "ci_high", "unit", "n", "split")}
     fields["measure"] = "all operators, END: " + fields["measure"]
-    return _headline("knockout_collapse", subs, source="knockout/" + next(iter(items)) + ".png", **fields,
+    return _headline("knockout_collapse", subs, source=layout.KNOCKOUT_FIGURE.format(task=next(iter(items))), **fields,
                      note=head["note"])
 
 
@@ -363,7 +364,7 @@ def _knockout_row(task: str, positions: str, K: int, part: pd.DataFrame, answer:
                 value=100 * lm["difference"], ci_low=100 * lm["ci_low"], ci_high=100 * lm["ci_high"], unit="points",
                 n=int(lm["n_items"]), split="validation", verdict=verdict, rule=rule,
                 note="; ".join(x for x in (note, extra) if x),
-                source=f"knockout/{task}.png" if task != "all" else "")
+                source=layout.KNOCKOUT_FIGURE.format(task=task) if task != "all" else "")
 
 
 TRANSFER_LABELS = {"operator": "other operators", "multi_digit": "multi-digit operands",
@@ -417,8 +418,8 @@ def transfer(items: pd.DataFrame | None, cfg: dict, seed: int) -> list[dict]:
                              f"{', '.join(dict.fromkeys(part['target']))}: {100 * key.mean():.1f}% of the items the "
                              f"intact model gets right stay right with the key heads out, {100 * rand.mean():.1f}% "
                              "with random heads", _interval_note(lo, hi, verdict)) if x),
-                         source="knockout/transfer.png"))
-    return _headline("transfer", subs, measure="per target, below", source="knockout/transfer.png")
+                         source=layout.TRANSFER_FIGURE))
+    return _headline("transfer", subs, measure="per target, below", source=layout.TRANSFER_FIGURE)
 
 
 # ------------------------------------------------------------------------------------------------ analyze
@@ -452,7 +453,7 @@ def key_attention(roles_all: dict[str, pd.DataFrame], cfg: dict, seed: int) -> l
                          value=100 * (key.mean() - other.mean()), ci_low=100 * lo, ci_high=100 * hi, unit="points",
                          n=len(key), split="validation", verdict=verdict, rule=rule,
                          note="; ".join(x for x in (note, _interval_note(lo, hi, verdict)) if x),
-                         source=f"analysis/{task}_roles.png"))
+                         source=layout.ROLES_FIGURE.format(task=task)))
     return _headline("key_attention", subs, measure="per operator, below", split="validation")
 
 
@@ -487,7 +488,7 @@ def mlp_answer(probes: dict[str, pd.DataFrame], keys: dict[str, pd.DataFrame], c
                          value=value, ci_low=lo, ci_high=hi, unit="cosine", n=int(part["n"].iloc[0]),
                          split="validation", verdict=verdict, rule=rule,
                          note=f"key MLPs {', '.join(f'L{l}' for l in layers)}; items: {subset}",
-                         source=f"analysis/{task}_probes.png"))
+                         source=layout.PROBES_FIGURE.format(task=task)))
     return _headline("mlp_answer", subs, measure="per operator, below", split="validation")
 
 
@@ -551,7 +552,7 @@ def circuit_sufficient(circuits: dict[str, pd.DataFrame | None], cfg: dict, seed
                          value=100 * res["difference"], ci_low=100 * res["ci_low"], ci_high=100 * res["ci_high"],
                          unit="points", n=res["n_items"], split="validation", verdict=verdict, rule=rule,
                          note="; ".join(x for x in (note, _interval_note(res["ci_low"], res["ci_high"], verdict)) if x),
-                         source=f"circuit/{task}_faithfulness.png"))
+                         source=layout.FAITHFULNESS_FIGURE.format(task=task)))
     return _headline("circuit_sufficient", subs, measure="per operator, below", split="validation")
 
 
@@ -608,7 +609,7 @@ def _tf_sufficient_row(task: str, end: pd.DataFrame, kinds: list[str], cfg: dict
                 measure=f"the key circuit's teacher-forced full-answer faithfulness ({kinds[0]} ablation)",
                 value=100 * r[main], ci_low=100 * r[main + "_low"], ci_high=100 * r[main + "_high"], unit="percent",
                 n=n, split="validation", verdict=verdict, rule=tf_sufficient_rule(cfg), note="; ".join(note),
-                source=f"discover/{task}_items.parquet")
+                source=layout.DISCOVER_ITEMS.format(task=task))
 
 
 def _circuit_summary(items: pd.DataFrame) -> pd.DataFrame:
@@ -696,12 +697,12 @@ def heads_via_mlps(edge_paths: dict[str, pd.DataFrame | None], edges: dict[str, 
                          value=100 * main["share"][0], ci_low=100 * main["share_low"][0],
                          ci_high=100 * main["share_high"][0], unit="percent", n=int(main["n"]), split="validation",
                          verdict=verdict, rule=rule, note="; ".join(notes),
-                         source=f"circuit/{task}_edge_paths.parquet"))
+                         source=layout.EDGE_PATHS.format(task=task)))
     return _headline("heads_via_mlps", subs, measure="per operator, below", split="validation")
 
 
 # ------------------------------------------------------------------------------------------------ discover
-DISCOVER_OFF = "the discover rule did not run (no discover/summary.parquet)"
+DISCOVER_OFF = f"the discover rule did not run (no {layout.DISCOVER_SUMMARY})"
 DISCOVER_COLUMNS = ["task", "target", "chosen", "n_heads", "n_mlps", "share", "n_items", "draws", "constant_first",
                     "random_faithfulness_full", "diff_vs_random_full", "diff_vs_random_full_ci_low",
                     "diff_vs_random_full_ci_high"] + [
@@ -720,7 +721,7 @@ def circuit_faithful(summary: pd.DataFrame | None, cfg: dict) -> list[dict]:
         return _not_measured("circuit_faithful", DISCOVER_OFF)
     missing = [c for c in DISCOVER_COLUMNS if c not in summary.columns]
     if missing:
-        raise ValueError(f"the discover summary (discover/summary.parquet) lacks the columns {missing}")
+        raise ValueError(f"the discover summary ({layout.DISCOVER_SUMMARY}) lacks the columns {missing}")
     level, min_diff, max_share = cfg["faithful"], cfg["min_difference"], cfg["max_circuit_share"]
     rule = (f"holds if the circuit has at most {100 * max_share:g}% of the heads and MLPs, its faithfulness (full "
             f"answer, validation pairs) has its 95% interval at or above {100 * level:g}% and (circuit - random "
@@ -744,7 +745,7 @@ def circuit_faithful(summary: pd.DataFrame | None, cfg: dict) -> list[dict]:
         else:
             subs.append(_circuit_faithful_row(str(task), row, fallback, rule, level, min_diff, max_share))
     return _headline("circuit_faithful", subs, measure="per operator and their union, below", split="validation",
-                     source="discover/summary.parquet")
+                     source=layout.DISCOVER_SUMMARY)
 
 
 # The teacher-forced verdict (docs/claims.md), fixed before the numbers: enough validation pairs for an interval of
@@ -841,12 +842,12 @@ def _tf_faithful_row(task: str, r: pd.Series, fallback: bool, rule: str, kinds: 
     if display.missing(r[main]):  # faithfulness undefined (the model answers nothing): the size is what decides
         return _row("circuit_faithful", scope, measure="the discovered circuit's share of all heads and MLPs",
                     value=100 * r["share"], unit="percent", n=n, split="validation", verdict=verdict, rule=rule,
-                    note="; ".join(note), source="discover/summary.parquet")
+                    note="; ".join(note), source=layout.DISCOVER_SUMMARY)
     return _row("circuit_faithful", scope,
                 measure=f"the discovered circuit's teacher-forced full-answer faithfulness ({kinds[0]} ablation)",
                 value=100 * r[main], ci_low=100 * r[main + "_low"], ci_high=100 * r[main + "_high"], unit="percent",
                 n=n, split="validation", verdict=verdict, rule=rule, note="; ".join(note),
-                source="discover/summary.parquet")
+                source=layout.DISCOVER_SUMMARY)
 
 
 def fell_back(row) -> bool:
@@ -860,7 +861,7 @@ def _circuit_faithful_row(task: str, r: pd.Series, fallback: bool, rule: str, le
                           max_share: float) -> dict:
     scope = "union of the operators" if task == "union" else task
     size = f"{int(r['n_heads'])} heads + {int(r['n_mlps'])} MLPs ({100 * r['share']:.1f}% of nodes)"
-    source = "discover/summary.parquet"
+    source = layout.DISCOVER_SUMMARY
     if math.isnan(r["faithfulness_full"]):
         return _row("circuit_faithful", scope, rule=rule, n=int(r["n_items"]), split="validation", source=source,
                     note=f"{size}: the model and the empty circuit score alike on full answers, so faithfulness is "
@@ -928,7 +929,7 @@ def sft_claims(study: pd.DataFrame | None, comp: pd.DataFrame | None, train_form
         return [r for c in claims for r in _not_measured(c, not_run or "the precise-SFT study scored no model")]
     margin, min_diff = cfg["non_inferiority"], cfg["min_difference"]
     rows: list[dict] = []
-    source = "finetune/study.md"
+    source = layout.STUDY_MD
     split = f"test ({train_format})"
 
     # matches or beats full fine-tuning: non-inferiority on the trained format's exact match

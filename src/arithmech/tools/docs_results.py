@@ -30,9 +30,11 @@ from typing import Callable
 import pandas as pd
 import yaml
 
+from arithmech import layout
 from arithmech.io import atomic_path
 from arithmech.report import display
 from arithmech.report.page import (
+    FIGURE_CAPTIONS,
     circuit_sentences,
     figure_caption,
     key_component_rows,
@@ -96,19 +98,21 @@ def write_if_changed(path: Path, text: str) -> None:
 
 
 def figure_name(source: str) -> str:
-    """docs/figures/ file name of a result path: "knockout/addition.png" -> "knockout_addition.png"."""
+    """docs/figures/ file name of a result path: knockout/addition.png -> knockout_addition.png."""
     return source.replace("/", "_")
 
 
 def figure_sources(root: Path, tasks: list[str]) -> list[str]:
     """The figures results.md shows, those of them the run wrote, in the page's order."""
-    wanted = [f"effects/{t}.png" for t in tasks] + ["key_components/shared.png"]
-    wanted += [f"knockout/{t}.png" for t in tasks] + ["knockout/transfer.png"]
-    wanted += [f"circuit/{t}_faithfulness.png" for t in tasks]
-    wanted += [f"circuit/{tasks[0]}_{kind}.png" for kind in ("graph", "edges")] if tasks else []
-    wanted += [f"discover/{tasks[0]}_{kind}.png" for kind in ("path", "circuit")] if tasks else []
-    wanted += [f"analysis/{t}_{kind}.png" for kind in ("roles", "probes") for t in tasks]
-    wanted += ["finetune/study.png", "finetune/study_curves.png", "eval/summary.png"]
+    per_task = lambda *patterns: [p.format(task=t) for p in patterns for t in tasks]  # noqa: E731
+    first_task = lambda *patterns: [p.format(task=tasks[0]) for p in patterns] if tasks else []  # noqa: E731
+    wanted = per_task(layout.EFFECTS_FIGURE) + [layout.SHARED_FIGURE]
+    wanted += per_task(layout.KNOCKOUT_FIGURE) + [layout.TRANSFER_FIGURE]
+    wanted += per_task(layout.FAITHFULNESS_FIGURE)
+    wanted += first_task(layout.GRAPH_FIGURE, layout.EDGES_FIGURE)
+    wanted += first_task(layout.DISCOVER_PATH_FIGURE, layout.DISCOVER_CIRCUIT_FIGURE)
+    wanted += per_task(layout.ROLES_FIGURE, layout.PROBES_FIGURE)
+    wanted += [layout.STUDY_FIGURE, layout.STUDY_CURVES_FIGURE, layout.EVAL_SUMMARY_FIGURE]
     return [s for s in wanted if (root / s).is_file()]
 
 
@@ -204,17 +208,18 @@ def knockout_long(wide: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+# The findings page's captions, and those of the circuit figures only the docs show
+CAPTIONS = FIGURE_CAPTIONS + [
+    (layout.GRAPH_FIGURE, "The key heads of {task} as a circuit: each arrow an edge from a key head to an MLP or "
+                          "straight to the answer logit whose 95% interval excludes 0; width = size, red lowers the "
+                          "answer logit (edges)."),
+    (layout.EDGES_FIGURE, "Each sender head's effect on {task} split by path: direct, through each later MLP, the "
+                          "rest, and its total; dots: 95% interval excludes 0 (edges)."),
+]
+
+
 def caption(source: str, tasks: list[str]) -> str:
-    """The findings page's caption of a figure, and of the circuit figures only the docs show."""
-    name = Path(source).stem
-    if source.startswith("circuit/") and name.endswith("_graph"):
-        return (f"The key heads of {name.removesuffix('_graph')} as a circuit: each arrow an edge from a key head to "
-                "an MLP or straight to the answer logit whose 95% interval excludes 0; width = size, red lowers the "
-                "answer logit (edges).")
-    if source.startswith("circuit/") and name.endswith("_edges"):
-        return (f"Each sender head's effect on {name.removesuffix('_edges')} split by path: direct, through each "
-                "later MLP, the rest, and its total; dots: 95% interval excludes 0 (edges).")
-    return figure_caption(source, tasks)
+    return figure_caption(source, tasks, CAPTIONS)
 
 
 def image(source: str, tasks: list[str], prefix: str) -> str:
@@ -266,7 +271,7 @@ def circuit_summary(root: Path, tasks: list[str]) -> str:
     counterfactuals' means; full-answer accuracy and answer logit), or "" when the circuit rules did not run."""
     from arithmech.interp.sufficiency import KEY_SUM, smallest_k
 
-    paths = {t: (root / f"circuit/{t}.parquet", root / f"circuit/{t}_edges.parquet") for t in tasks}
+    paths = {t: (root / layout.CIRCUIT.format(task=t), root / layout.EDGES.format(task=t)) for t in tasks}
     if not all(a.is_file() and b.is_file() for a, b in paths.values()):
         return ""
     pct = lambda v: display.share(v)  # noqa: E731
@@ -304,7 +309,7 @@ def circuit_summary(root: Path, tasks: list[str]) -> str:
             else:
                 text += "."
         lines.append(text)
-    claims_path = root / "claims.parquet"
+    claims_path = root / layout.CLAIMS
     if claims_path.is_file():
         head = pd.read_parquet(claims_path).query("scope == 'all'").set_index("claim")["verdict"]
         said = [f"the key components suffice: **{head['circuit_sufficient']}**" if "circuit_sufficient" in head else "",
@@ -367,18 +372,15 @@ def edges_table(edges: dict[str, pd.DataFrame]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-DISCOVER_SUMMARY = "discover/summary.parquet"
-
-
 def read_discover(root: Path, tasks: list[str]) -> tuple[pd.DataFrame, pd.DataFrame] | None:
     """(the discover rule's summary, every validation table it wrote: one per operator and the union's), or None
     when the rule has not run on these results (an older results tree). A missing validation table only leaves
     the overlap with the key heads empty."""
-    if not (root / DISCOVER_SUMMARY).is_file():
+    if not (root / layout.DISCOVER_SUMMARY).is_file():
         return None
-    paths = [root / f"discover/{t}_validation.parquet" for t in tasks] + [root / "discover/union_validation.parquet"]
+    paths = [root / layout.DISCOVER_VALIDATION.format(task=t) for t in tasks] + [root / layout.UNION_VALIDATION]
     frames = [pd.read_parquet(p) for p in paths if p.is_file()]
-    return pd.read_parquet(root / DISCOVER_SUMMARY), (pd.concat(frames, ignore_index=True) if frames else None)
+    return pd.read_parquet(root / layout.DISCOVER_SUMMARY), (pd.concat(frames, ignore_index=True) if frames else None)
 
 
 def head_labels(nodes) -> list[str]:
@@ -462,8 +464,8 @@ def discover_section(root: Path, tasks: list[str], figure) -> list[str]:
     out = ["## The model's own circuit (discover)\n"]
     found = read_discover(root, tasks)
     if found is None:
-        return out + [f"The discover rule has not run on these results (no `{DISCOVER_SUMMARY}`): run the workflow "
-                      "again (`make run`) to find the model's own circuit.\n"]
+        return out + [f"The discover rule has not run on these results (no `{layout.DISCOVER_SUMMARY}`): run the "
+                      "workflow again (`make run`) to find the model's own circuit.\n"]
     summary, validation = found
     measure = summary["measure"].dropna()
     out += [circuit_sentences(summary) + "\n",
@@ -486,7 +488,8 @@ def discover_section(root: Path, tasks: list[str], figure) -> list[str]:
                 "old protocol (greedy answers, END means at every generated position); validation pairs, 95% "
                 "intervals.\n", markdown_table(where)]
     if tasks:
-        out += figure(f"discover/{tasks[0]}_path.png") + figure(f"discover/{tasks[0]}_circuit.png")
+        out += figure(layout.DISCOVER_PATH_FIGURE.format(task=tasks[0]))
+        out += figure(layout.DISCOVER_CIRCUIT_FIGURE.format(task=tasks[0]))
     return out
 
 
@@ -518,11 +521,11 @@ def decomposition_table(validation: pd.DataFrame | None, tasks: list[str]) -> pd
 def read_claims(root: Path, model: str) -> pd.DataFrame:
     """The scorecard as the docs show it: a timing's value, interval and note (seconds per step) differ between
     runs and machines, so they are left out here and the row points to the run's own claims.md."""
-    claims = pd.read_parquet(require(root / "claims.parquet"))
+    claims = pd.read_parquet(require(root / layout.CLAIMS))
     timed = claims["claim"].isin(TIMING_CLAIMS) & (claims["verdict"] != "not measured")
     claims.loc[timed, ["value", "ci_low", "ci_high"]] = float("nan")
     claims.loc[timed, "note"] = (f"a wall-clock timing, different on every run and machine: the ratio is in "
-                                 f"results/{model}/claims.md of your run")
+                                 f"{layout.under(layout.CLAIMS_MD, model)} of your run")
     return claims
 
 
@@ -530,8 +533,8 @@ def results_markdown(root: Path, model: str, tasks: list[str], figures: list[str
     """docs/results.md: every table of the default run a reader needs, numbers formatted for reading; the
     figures are linked as `prefix` + their docs/figures/ name."""
     claims = read_claims(root, model)
-    keys = {t: pd.read_parquet(require(root / f"key_components/{t}.parquet")) for t in tasks}
-    knockouts = {t: pd.read_parquet(require(root / f"knockout/{t}.parquet")) for t in tasks}
+    keys = {t: pd.read_parquet(require(root / layout.KEY.format(task=t))) for t in tasks}
+    knockouts = {t: pd.read_parquet(require(root / layout.KNOCKOUT.format(task=t))) for t in tasks}
     shown = set(figures)
 
     def link(source: str) -> str | None:
@@ -540,7 +543,7 @@ def results_markdown(root: Path, model: str, tasks: list[str], figures: list[str
     def figure(source: str) -> list[str]:
         return [image(source, tasks, prefix)] if source in shown else []
 
-    origin = provenance_text(root / f"knockout/{tasks[0]}.parquet")
+    origin = provenance_text(root / layout.KNOCKOUT.format(task=tasks[0]))
     out = [f"# Results of the default run: {model}\n",
            f"Generated by `make docs` from `results/{model}/` ({origin}); do not edit by hand: after `make run`, "
            "`make docs` rewrites this page and README's scorecard.\n",
@@ -552,11 +555,11 @@ def results_markdown(root: Path, model: str, tasks: list[str], figures: list[str
             "Heads and MLPs selected by their path-patching effect at END on the answer logit (the relative change "
             "of the answer logit when the node gets its counterfactual value; negative: it falls), with 95% "
             "intervals from resampling operand pairs.\n", markdown_table(key_component_rows(keys))]
-    out += figure("key_components/shared.png")
+    out += figure(layout.SHARED_FIGURE)
     for task in tasks:
         nodes = key_heads_table(keys[task])
         out += [f"### {task}\n", markdown_table(nodes) if len(nodes) else "No head or MLP passed the rule.\n"]
-        out += figure(f"effects/{task}.png")
+        out += figure(layout.EFFECTS_FIGURE.format(task=task))
 
     out += ["## Knockout (validate)\n",
             "Accuracy on each operator's validation pairs with nothing, the top K heads, or K random heads "
@@ -564,19 +567,19 @@ def results_markdown(root: Path, model: str, tasks: list[str], figures: list[str
             "at every position (`all`); first answer token and full greedy answer.\n",
             markdown_table(knockout_long(knockout_rows(knockouts)))]
     for task in tasks:
-        out += figure(f"knockout/{task}.png")
+        out += figure(layout.KNOCKOUT_FIGURE.format(task=task))
 
-    transfer_path = root / "knockout/transfer.parquet"
+    transfer_path = root / layout.TRANSFER
     if transfer_path.is_file():
         out += ["## Transfer of the key heads (validate)\n",
                 "Full-answer accuracy on each target with one operator's key heads knocked out, against as many "
                 "layer-matched random heads (key / random). The paper: other operators, formats and word problems "
                 "suffer, the non-math control does not.\n",
                 markdown_table(transfer_table(pd.read_parquet(transfer_path), tasks))]
-        out += figure("knockout/transfer.png")
+        out += figure(layout.TRANSFER_FIGURE)
 
-    circuits = {t: root / f"circuit/{t}.parquet" for t in tasks}
-    edges = {t: root / f"circuit/{t}_edges.parquet" for t in tasks}
+    circuits = {t: root / layout.CIRCUIT.format(task=t) for t in tasks}
+    edges = {t: root / layout.EDGES.format(task=t) for t in tasks}
     if all(p.is_file() for p in circuits.values()):
         tables = {t: pd.read_parquet(p) for t, p in circuits.items()}
         out += ["## From key components to a circuit (validate)\n", circuit_summary(root, tasks),
@@ -589,18 +592,18 @@ def results_markdown(root: Path, model: str, tasks: list[str], figures: list[str
                 "The fewest top heads by effect whose circuit keeps 80% or 90% of the behaviour (END, grid "
                 "`circuit.grid` plus every head):\n", markdown_table(smallest_k_table(tables))]
         for task in tasks:
-            out += figure(f"circuit/{task}_faithfulness.png")
+            out += figure(layout.FAITHFULNESS_FIGURE.format(task=task))
         if all(p.is_file() for p in edges.values()):
             out += ["Edges: the key heads' counterfactual change at END sent into one MLP only (every later node "
                     "frozen), or straight to the logits (direct), or with everything downstream recomputed (total); "
                     "the key heads' relative changes of the answer logit summed per sample, 95% intervals. The rest "
                     "is total - direct - through the MLPs: paths through later heads and the final norm's "
                     "interactions.\n", markdown_table(edges_table({t: pd.read_parquet(p) for t, p in edges.items()}))]
-            out += figure(f"circuit/{tasks[0]}_graph.png") + figure(f"circuit/{tasks[0]}_edges.png")
+            out += figure(layout.GRAPH_FIGURE.format(task=tasks[0])) + figure(layout.EDGES_FIGURE.format(task=tasks[0]))
 
     out += discover_section(root, tasks, figure)
 
-    analysis = [(t, root / f"analysis/{t}_roles.parquet", root / f"analysis/{t}_probes.parquet") for t in tasks]
+    analysis = [(t, root / layout.ROLES.format(task=t), root / layout.PROBES.format(task=t)) for t in tasks]
     if any(r.is_file() or p.is_file() for _, r, p in analysis):
         out += ["## Attention and MLP probes (analyze)\n",
                 "Where each analysed head looks from END (share of its attention on each token role, mean over "
@@ -610,16 +613,16 @@ def results_markdown(root: Path, model: str, tasks: list[str], figures: list[str
             out.append(f"### {task}\n")
             if roles_path.is_file():
                 out.append(markdown_table(roles_table(pd.read_parquet(roles_path))))
-                out += figure(f"analysis/{task}_roles.png")
+                out += figure(layout.ROLES_FIGURE.format(task=task))
             if probes_path.is_file():
                 out.append(markdown_table(probes_table(pd.read_parquet(probes_path))))
-                out += figure(f"analysis/{task}_probes.png")
+                out += figure(layout.PROBES_FIGURE.format(task=task))
 
-    study_path, comp_path = root / "finetune/study.parquet", root / "finetune/comparisons.parquet"
+    study_path, comp_path = root / layout.STUDY, root / layout.COMPARISONS
     out.append("## Precise SFT study (finetune)\n")
     not_run = study_not_run(study_path) if study_path.is_file() else None
     if not_run is not None:
-        out.append(f"{not_run} The measured formats are in `results/{model}/finetune/study.md`.\n")
+        out.append(f"{not_run} The measured formats are in `{layout.under(layout.STUDY_MD, model)}`.\n")
     elif study_path.is_file():
         arms, comp = study_rows(pd.read_parquet(study_path), pd.read_parquet(require(comp_path)))
         out += ["Greedy full-answer exact match on the held-out test pairs of the trained format (the chosen run's "
@@ -628,10 +631,10 @@ def results_markdown(root: Path, model: str, tasks: list[str], figures: list[str
                 "The precise arm against the others, on the same test items (exact match in percentage points, KL "
                 "in nats), with intervals and p-values (McNemar where each arm is one model, else the paired "
                 "cluster bootstrap), Holm-adjusted over the whole comparison table.\n", markdown_table(comp)]
-        out += figure("finetune/study.png") + figure("finetune/study_curves.png")
+        out += figure(layout.STUDY_FIGURE) + figure(layout.STUDY_CURVES_FIGURE)
     else:
         out.append("The study did not run in this configuration (`study.arms` is empty).\n")
-    out += figure("eval/summary.png")
+    out += figure(layout.EVAL_SUMMARY_FIGURE)
     return "\n".join(out)
 
 
@@ -644,7 +647,7 @@ def scorecard_block(root: Path, model: str, tasks: list[str], figures: list[str]
     def link(source: str) -> str | None:
         return f"{prefix}{figure_name(source)}" if source in shown else None
 
-    origin = provenance_text(root / f"knockout/{tasks[0]}.parquet")
+    origin = provenance_text(root / layout.KNOCKOUT.format(task=tasks[0]))
     circuit = circuit_summary(root, tasks)
     return (claims_markdown(claims, sub_rows=False, link=link)
             + f"\n{verdict_counts(claims)} Model `{model}` ({origin}); generated by `make docs` from "
@@ -662,11 +665,11 @@ def own_circuit_block(root: Path, tasks: list[str], link) -> str:
     found = read_discover(root, tasks)
     if found is None:
         return ""
-    names = [("discover/{}_path.png", "the pruning path"),
-             ("discover/{}_circuit.png", "the circuit over the key heads"),
-             ("finetune/study.png", "the study")]
-    figures = [f"[{name}]({link(source.format(tasks[0]))})" for source, name in names
-               if tasks and link(source.format(tasks[0]))]
+    names = [(layout.DISCOVER_PATH_FIGURE, "the pruning path"),
+             (layout.DISCOVER_CIRCUIT_FIGURE, "the circuit over the key heads"),
+             (layout.STUDY_FIGURE, "the study")]
+    figures = [f"[{name}]({link(source.format(task=tasks[0]))})" for source, name in names
+               if tasks and link(source.format(task=tasks[0]))]
     return (f"\nThe model's own circuit (discover): {circuit_sentences(found[0])}"
             + (f" Figures: {', '.join(figures)}." if figures else "") + "\n")
 
@@ -747,7 +750,7 @@ def make_docs(*, results_dir, model: str, tasks: list[str], readme, out_md, figu
     and `models_page` (docs/models.md): every model's headline claims kept (`keep_claims`) and the page's table of
     the claims across models (`claims_across_models`)."""
     root = Path(results_dir) / model
-    require(root / "claims.parquet")
+    require(root / layout.CLAIMS)
     readme = Path(readme)
     text = require(readme).read_text()
     figures = figure_sources(root, tasks)
@@ -789,7 +792,7 @@ def keep_claims(results_dir, kept_dir) -> list[str]:
     provenance) into kept_dir/<model>.csv, written only when it differs; a model whose results are not here keeps
     its last file, so one machine's `make docs` does not drop another model's column. Returns the models kept."""
     kept = []
-    for path in sorted(Path(results_dir).glob("*/claims.parquet")):
+    for path in sorted(Path(results_dir).glob(f"*/{layout.CLAIMS}")):
         # as the docs show it (`read_claims`: no wall-clock timing, so a re-run keeps the same bytes)
         head = read_claims(path.parent, path.parent.name)[KEPT_CLAIM_COLUMNS].assign(origin=provenance_text(path))
         out = Path(kept_dir) / f"{path.parent.name}.csv"

@@ -51,6 +51,7 @@ import pandas as pd
 import yaml
 from snakemake.utils import update_config
 
+from arithmech import layout
 from arithmech.data.eval_sets import REGISTRY
 from arithmech.io import write_json
 from arithmech.model.tiny import build_tiny_model
@@ -411,11 +412,11 @@ def findings_markdown(work: Path, model: str = "rehearsal") -> str:
     and why. Empty when the identify stage left no results."""
     from arithmech.sft.study_config import read_choice
 
-    root = Path(work) / "results" / model
+    root = Path(work) / layout.MODEL_DIR.format(model=model)
     tasks = yaml.safe_load((Path(work) / "rehearsal.yaml").read_text())["run"]["tasks"]
     rows = []
     for task in tasks:
-        pairs, key = root / "pairs" / f"{task}.parquet", root / "key_components" / f"{task}.parquet"
+        pairs, key = root / layout.PAIRS.format(task=task), root / layout.KEY.format(task=task)
         if not (pairs.is_file() and key.is_file()):
             continue
         split = pd.read_parquet(pairs, columns=["split"])["split"].value_counts()
@@ -429,7 +430,7 @@ def findings_markdown(work: Path, model: str = "rehearsal") -> str:
     if not rows:
         return ""
     out = ["", "Read from its results (`results/rehearsal/`):", "", markdown_table(pd.DataFrame(rows))]
-    formats = root / "finetune" / "study" / "formats.parquet"
+    formats = root / layout.STUDY_FORMATS
     if formats.is_file():
         out.append(f"The study's trained format: {read_choice(formats)['reason']}.\n")
     return "\n".join(out)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from types import SimpleNamespace
 
+from arithmech import layout
 from arithmech.tools.plan.errors import PlanError
 
 
@@ -160,7 +161,7 @@ def model_shape(name: str, source: dict, *, workdir: Path) -> tuple[Shape, Path 
     key = source.get("hub") or PACKAGED.get(package)
     if key in SHAPES:
         return replace(SHAPES[key], source=f"{key} (arithmech.tools.plan.SHAPES)"), None
-    prepared = _prepared_dir(workdir / "results" / name / "model")
+    prepared = _prepared_dir(workdir / layout.under(layout.MODEL, name))
     if prepared is not None:
         return shape_from_config_json(prepared / "config.json"), _tokenizer_file(prepared)
     given = ", ".join(f"{k}: {v}" for k, v in source.items())
@@ -168,4 +169,4 @@ def model_shape(name: str, source: dict, *, workdir: Path) -> tuple[Shape, Path 
         f"model '{name}' (config key 'models.{name}.source': {{{given}}}): its shapes are unknown to the plan. "
         f"Give it as a local Hugging Face directory (source: {{path: /dir/with/config.json}}), add its shapes to "
         f"SHAPES in src/arithmech/tools/plan/shapes.py, or run prepare_model first (the plan then reads "
-        f"results/{name}/model)")
+        f"{layout.under(layout.MODEL, name)})")
