@@ -15,6 +15,7 @@ from safetensors.torch import load_file
 
 from arithmech.data.arithmetic import split_pairs
 from arithmech.interp import discovery as dc
+from arithmech.interp import protocol
 from arithmech.interp.activations import cache_means
 from arithmech.interp.nodes import node_label
 from arithmech.model.loading import load_model
@@ -284,7 +285,7 @@ def test_discover_stage_on_the_teacher_forced_protocol(prepared, tmp_path):  # n
     assert (abs(1 - table["faithfulness"]) <= 1 - table["target"] + 1e-9).all()
     assert (table["pruned_on"] == "tf_mean_logprob").all() and (table["measure"] == "logit_diff").all()
     validation = pd.read_parquet(out["_validation"])
-    for kind, positions, m in itertools.product(tf.KINDS, tf.POSITIONS, tf.TAIL_MEASURES):
+    for kind, positions, m in itertools.product(protocol.KINDS, protocol.POSITIONS, protocol.TAIL_MEASURES):
         for column in (f"tf_{kind}_{positions}_{m}", f"faithfulness_tf_{kind}_{positions}_{m}"):
             assert column in validation, column
     circuits = validation[validation["curve"] != "share"]
@@ -296,7 +297,7 @@ def test_discover_stage_on_the_teacher_forced_protocol(prepared, tmp_path):  # n
     shares = validation[validation["curve"] == "share"]
     assert shares["node_share"].tolist() == list(tf.SHARES)
     assert shares["faithfulness_tf_mean_tail_logprob"].iloc[-1] == pytest.approx(1, abs=1e-5)
-    for kind in tf.KINDS:
+    for kind in protocol.KINDS:
         assert validation[f"sanity_{kind}_nothing_kl"].abs().max() < 1e-4
         assert f"sanity_{kind}_failed" in validation
     # per-item teacher-forced values beside the old ones, and the summary's teacher-forced columns (the verdict's)
@@ -329,7 +330,8 @@ def test_discover_stage_on_the_teacher_forced_protocol(prepared, tmp_path):  # n
     for column in (c for c in validation if c.startswith("sanity_")):
         assert union_validation[column].iloc[0] == validation[column].iloc[0], column
     summary = pd.read_parquet(tmp_path / "summary.parquet")
-    for kind, name, suffix in itertools.product(tf.KINDS, ("correct", "logprob", "random_diff"), ("", "_low", "_high")):
+    names, suffixes = ("correct", "logprob", "random_diff"), ("", "_low", "_high")
+    for kind, name, suffix in itertools.product(protocol.KINDS, names, suffixes):
         assert f"tf_{kind}_{name}{suffix}" in summary, (kind, name, suffix)
         # the random tiny model answers nothing, so full-answer faithfulness is undefined; log-probability is not
         assert name != "logprob" or summary[f"tf_{kind}_{name}{suffix}"].notna().all(), (kind, name, suffix)
@@ -337,7 +339,7 @@ def test_discover_stage_on_the_teacher_forced_protocol(prepared, tmp_path):  # n
     # a single operator: the union is its chosen circuit, scored on the same items under the same values
     chosen = summary[(summary["task"] == "division") & summary["chosen"]].iloc[0]
     union = summary[summary["task"] == "union"].iloc[0]
-    for kind in tf.KINDS:
+    for kind in protocol.KINDS:
         assert union[f"tf_{kind}_logprob"] == pytest.approx(chosen[f"tf_{kind}_logprob"])
         # the key circuit's teacher-forced faithfulness (the README's sentence), per operator and pooled for the union
         # (here one operator's key circuit on the same items: the same value; NaN where the model answers nothing)

@@ -19,6 +19,7 @@ import torch
 
 from arithmech.data.arithmetic import build_prompts, continuation_ids, split_operands
 from arithmech.interp import discovery as dc
+from arithmech.interp import protocol
 from arithmech.interp import teacher_forcing as tf
 from arithmech.model.loading import load_model
 from arithmech.model.tiny import FAMILIES, build_tiny_model
@@ -76,7 +77,7 @@ def _setup(lm):
     pairs["split"] = split_operands(pairs, 0.5, seed=0)
     pool = _own_items(lm, pairs[pairs["split"] == "identification"])
     items = _own_items(lm, pairs[pairs["split"] == "validation"].iloc[::2])  # 8 items, T = 2 and 3
-    values = {kind: tf.ablation_values(lm, items, pool, kind, seed=0, batch_size=3) for kind in tf.KINDS}
+    values = {kind: tf.ablation_values(lm, items, pool, kind, seed=0, batch_size=3) for kind in protocol.KINDS}
     return items, pool, values
 
 
@@ -152,8 +153,8 @@ def test_resample_without_donor_names_the_group(lm, setup):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-@pytest.mark.parametrize("positions", tf.POSITIONS)
-@pytest.mark.parametrize("kind", tf.KINDS)
+@pytest.mark.parametrize("positions", protocol.POSITIONS)
+@pytest.mark.parametrize("kind", protocol.KINDS)
 def test_trials_equal_whole_hooked_forwards(family_setup, family, kind, positions):
     """Every measure of several circuits (as copies on the prefix cache, items of two tail lengths in batches of 3)
     equals the slow reference: one item and one circuit at a time, whole sequences under `patch_tail`. On every
@@ -169,14 +170,14 @@ def test_trials_equal_whole_hooked_forwards(family_setup, family, kind, position
     t2 = time.perf_counter()
     print(f"{kind} {positions}: fast {t1 - t0:.3f} s, reference {t2 - t1:.3f} s ({len(masks)} circuits x "
           f"{len(items)} items)")
-    for m in tf.TAIL_MEASURES:
+    for m in protocol.TAIL_MEASURES:
         np.testing.assert_allclose(fast[m], slow[m], atol=1e-4, rtol=1e-4, err_msg=m)
     assert np.abs(fast["logprob"][0] - fast["logprob"][1]).max() > 1e-2  # the ablation does something
     np.testing.assert_allclose(fast["kl"][0], 0, atol=1e-5)
     assert fast["correct"][0].all()  # the gold answers are the model's own
 
 
-@pytest.mark.parametrize("positions", tf.POSITIONS)
+@pytest.mark.parametrize("positions", protocol.POSITIONS)
 def test_the_whole_model_circuit_is_read_from_the_reference(lm, setup, positions):
     """A circuit that keeps every node is scored from the reference log-probabilities without a forward; the hooked
     forward (`hooked=True`, what the 'nothing ablated' check runs) gives the same measures."""
@@ -184,7 +185,7 @@ def test_the_whole_model_circuit_is_read_from_the_reference(lm, setup, positions
     kept = np.ones((2, len(trials.nodes)), dtype=bool)
     kept[1, 3] = False
     read, hooked = trials.scores(kept), trials.scores(kept, hooked=True)
-    for m in tf.TAIL_MEASURES:
+    for m in protocol.TAIL_MEASURES:
         np.testing.assert_allclose(read[m], hooked[m], atol=1e-5, rtol=1e-5, err_msg=m)
     np.testing.assert_array_equal(read["correct"][0], trials.model_correct)
 
@@ -198,11 +199,11 @@ def test_trials_equal_whole_hooked_forwards_on_cuda(model_dir, setup, dtype):
     log-probabilities within 5% of their spread over the circuits and correctness equal on 90% of circuit x item."""
     items, pool, _ = setup
     gpu = load_model(model_dir, device="cuda", dtype=dtype)
-    values = {kind: tf.ablation_values(gpu, items, pool, kind, seed=0, batch_size=3) for kind in tf.KINDS}
+    values = {kind: tf.ablation_values(gpu, items, pool, kind, seed=0, batch_size=3) for kind in protocol.KINDS}
     base = tf.TailTrials(gpu, items, values["mean"], batch_size=3, copies_per_forward=7)
     masks = _masks(len(base.nodes), 6)
-    for kind in tf.KINDS:
-        for positions in tf.POSITIONS:
+    for kind in protocol.KINDS:
+        for positions in protocol.POSITIONS:
             fast = base.with_values(values[kind], positions=positions).scores(masks)
             slow = tf.reference_scores(gpu, items, values[kind], masks, positions=positions)
             spread = np.ptp(slow["logprob"])
@@ -212,7 +213,7 @@ def test_trials_equal_whole_hooked_forwards_on_cuda(model_dir, setup, dtype):
                   f"spread {spread:.3f}, correctness equal on {same:.0%}")
             assert spread > 1e-2
             if dtype == "float32":
-                for m in tf.TAIL_MEASURES:
+                for m in protocol.TAIL_MEASURES:
                     np.testing.assert_allclose(fast[m], slow[m], atol=1e-4, rtol=1e-4, err_msg=f"{kind} {m}")
             else:
                 assert gap < 0.05 * spread and same >= 0.9
@@ -225,11 +226,11 @@ def test_shared_trials_and_padded_chunks_equal_the_reference(lm, setup):
     items, _, values = setup
     base = _trials(lm, setup, "mean", "tail", copies_per_forward=7)
     masks = _masks(len(base.nodes), 5, seed=3)
-    for kind in tf.KINDS:
-        for positions in tf.POSITIONS:
+    for kind in protocol.KINDS:
+        for positions in protocol.POSITIONS:
             fast = base.with_values(values[kind], positions=positions).scores(masks)
             slow = tf.reference_scores(lm, items, values[kind], masks, positions=positions)
-            for m in tf.TAIL_MEASURES:
+            for m in protocol.TAIL_MEASURES:
                 np.testing.assert_allclose(fast[m], slow[m], atol=1e-4, rtol=1e-4, err_msg=f"{kind} {positions} {m}")
     assert base.positions == "tail" and base.values.kind == "mean"  # the base is left as it was
     assert base.scores(masks[:0])["logprob"].shape == (0, len(items))
@@ -243,7 +244,7 @@ def test_protocol_scores_end_rows(lm, setup):
     items, pool, _ = setup
     n = len(_trials(lm, setup, "mean").nodes)
     kept = _masks(n, 4, seed=5)
-    kw = {"batch_size": 3, "sanity_draws": 2, "strict": False, "positions_sets": tf.POSITIONS}
+    kw = {"batch_size": 3, "sanity_draws": 2, "strict": False, "positions_sets": protocol.POSITIONS}
     with pytest.warns(UserWarning):
         every, _ = tf.protocol_scores(lm, items, pool, kept, **kw)
         some, _ = tf.protocol_scores(lm, items, pool, kept, end_rows=[0, 2], **kw)
@@ -269,11 +270,11 @@ def test_sanity_checks_on_a_draw_of_the_items(lm, setup):
     for key, v in every.items():
         np.testing.assert_allclose(some[key], v, atol=1e-5, err_msg=key)  # float32 batching, as above
     rows = np.sort(np.random.default_rng([2, 4307]).choice(len(items), 5, replace=False))
-    for kind in tf.KINDS:
+    for kind in protocol.KINDS:
         assert checked[f"{kind}_n_items"] == 5
         values = tf.ablation_values(lm, items, pool, kind, seed=2, batch_size=3).subset(rows)
         own = tf.TailTrials(lm, items.subset(rows), values, batch_size=3)
-        checks = [c for c in tf.SANITY_CHECKS if c != "position alignment" or kind == tf.KINDS[0]]
+        checks = [c for c in tf.SANITY_CHECKS if c != "position alignment" or kind == protocol.KINDS[0]]
         with pytest.warns(UserWarning):  # the random tiny model fails the one-node check: its message says how
             expected = tf.sanity_checks(own, draws=3, seed=2, strict=False, checks=checks)
         for k, v in expected.items():
@@ -290,7 +291,7 @@ def test_end_only_differs_from_the_tail(lm, setup):
     assert np.abs(tail[1:] - end[1:]).max() > 1e-2
 
 
-@pytest.mark.parametrize("kind", tf.KINDS)
+@pytest.mark.parametrize("kind", protocol.KINDS)
 def test_teacher_forced_correctness_is_greedy_correctness(lm, setup, kind):
     """Greedy answers with the same per-offset values at END and at each generated position are prompt + gold +
     terminator exactly where the teacher-forced item is correct; both outcomes occur."""
@@ -335,7 +336,7 @@ def test_attribution_sums_to_the_span(lm, setup):
     assert rho > 0.5
 
 
-@pytest.mark.parametrize("measure", tf.PRUNE_MEASURES)
+@pytest.mark.parametrize("measure", protocol.PRUNE_MEASURES)
 def test_two_sided_pruning_against_every_subset(lm, setup, measure):
     """Every subset of the 10 nodes enumerated: each target's pruned circuit keeps |1 - f| <= 1 - target (overshoot
     not free) and is minimal; the smallest subset that does is no larger."""
@@ -379,7 +380,7 @@ def test_two_sided_acceptance_refuses_overshoot():
     assert one[0].kept.tolist() == [False, True] and two[0].kept.tolist() == [True, True]
 
 
-@pytest.mark.parametrize("kind", tf.KINDS)
+@pytest.mark.parametrize("kind", protocol.KINDS)
 def test_sanity_checks_pass_on_the_protocol(lm, setup, kind):
     """Nothing ablated is the model (f = 1, its own accuracy), its own values at every offset are the model, and the
     empty circuit stays within the constant predictor. (One node of the tiny random model's ten moves its answers, so

@@ -187,7 +187,7 @@ def teacher_forced_table(lm, scored: pd.DataFrame, pool, sets: Sequence[CircuitS
     """Every set on the teacher-forced protocol (`teacher_forcing.protocol_scores`: both ablations, END + answer
     positions and END only, every measure) on the pairs `scored`, with values from the identification items
     `pool` (`teacher_forcing.build_items(..., outputs=True)`; pool_outputs: their `tail_outputs`, else computed).
-    `sets` holds one 'model' and one 'empty' set; positions_sets: `teacher_forcing.POSITIONS` to score (the END-only
+    `sets` holds one 'model' and one 'empty' set; positions_sets: `protocol.POSITIONS` to score (the END-only
     decomposition costs as much again); end_rows: the sets scored END-only (None: all; the others' columns NaN; the
     model and the empty set must be among them for its faithfulness); sanity: False skips the sanity checks (no
     sanity_* columns; for a caller that ran them on the same pairs and pool); sanity_samples: they run on a seeded

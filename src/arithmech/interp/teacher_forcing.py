@@ -49,6 +49,7 @@ import torch
 from arithmech.data.answers import answer_correct
 from arithmech.data.arithmetic import continuation_ids
 from arithmech.interp.discovery import MLP, all_nodes, faithfulness
+from arithmech.interp.protocol import KINDS, POSITIONS, PRUNE_MEASURES, TAIL_MEASURES
 from arithmech.intervention.batching import COPIES_PER_FORWARD
 from arithmech.intervention.generation import pad_left
 from arithmech.intervention.hooks import capture, hooks, patch_tail
@@ -56,10 +57,6 @@ from arithmech.intervention.kvcache import PrefixCopies, end_copies, prefix_cach
 from arithmech.intervention.means import AlignedMean
 from arithmech.model.loading import LoadedModel
 
-TAIL_MEASURES = ("correct", "logprob", "kl")
-PRUNE_MEASURES = ("logprob", "kl")
-POSITIONS = ("tail", "end")
-KINDS = ("resample", "mean")
 SHARES = (0.01, 0.02, 0.05, 0.10, 0.20, 0.50, 1.0)  # MIB's CPR/CMD node shares
 
 

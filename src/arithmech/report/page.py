@@ -13,6 +13,7 @@ from pathlib import Path
 import pandas as pd
 
 from arithmech import layout
+from arithmech.interp import protocol
 from arithmech.io import read_parquet_meta
 from arithmech.report import display
 from arithmech.report.scorecard import PAGE_CSS, SCORECARD_CSS, scorecard_table, verdict_counts
@@ -139,7 +140,7 @@ def circuit_sentences(summary: pd.DataFrame) -> str:
     if chosen.empty:
         return "The discover rule chose no circuit: no target's circuit kept enough full answers."
     rows = chosen.set_index("task")
-    kinds = [k for k in ("resample", "mean") if f"tf_{k}_correct" in rows and rows[f"tf_{k}_correct"].notna().any()]
+    kinds = [k for k in protocol.KINDS if f"tf_{k}_correct" in rows and rows[f"tf_{k}_correct"].notna().any()]
 
     def size(r) -> str:
         return f"{int(r['n_heads'])} heads and {int(r['n_mlps'])} MLPs ({display.share(r['share'])} of the nodes)"

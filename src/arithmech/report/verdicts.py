@@ -18,6 +18,7 @@ import pandas as pd
 
 from arithmech import layout, stats
 from arithmech.data.arithmetic import FORMATS
+from arithmech.interp import protocol
 from arithmech.interp.nodes import node_label
 from arithmech.report import display
 
@@ -511,7 +512,7 @@ def circuit_sufficient(circuits: dict[str, pd.DataFrame | None], cfg: dict, seed
     subs = []
     for task, items in circuits.items():
         tf_items = (teacher_forced or {}).get(task)
-        kinds = [k for k in ("resample", "mean") if tf_items is not None and f"tf_{k}_tail_correct" in tf_items]
+        kinds = [k for k in protocol.KINDS if tf_items is not None and f"tf_{k}_tail_correct" in tf_items]
         if kinds:  # the teacher-forced protocol: the rule of the discovered circuit, the size aside
             subs.append(_tf_sufficient_row(task, tf_items, kinds, cfg, seed))
             continue
@@ -760,7 +761,7 @@ TF_FAITHFUL_COLUMNS = ("correct", "logprob", "random_diff")
 
 def tf_kinds(summary: pd.DataFrame) -> list[str]:
     """The ablations whose teacher-forced columns (tf_<kind>_correct, ...) the discover summary carries, in order."""
-    return [k for k in ("resample", "mean") if all(f"tf_{k}_{c}{x}" in summary.columns for c in TF_FAITHFUL_COLUMNS
+    return [k for k in protocol.KINDS if all(f"tf_{k}_{c}{x}" in summary.columns for c in TF_FAITHFUL_COLUMNS
                                                    for x in ("", "_low", "_high"))]
 
 

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 
 from arithmech.data.arithmetic import split_pairs
-from arithmech.interp import sufficiency
+from arithmech.interp import protocol, sufficiency
 from arithmech.interp.effects import operand_pairs, pair_labels
 from arithmech.interp.nodes import node_label, ranked_heads
 from arithmech.io import write_parquet
@@ -94,7 +94,7 @@ def run_edges(*, model: str, model_dir, tasks: list[str], pairs_paths, effects_p
     pair has a positive unpatched logit), else by the logit difference (the edges have no probabilities). And on
     the teacher-forced protocol (`out_paths`, per item): the answer's log-probability with the operator's key heads'
     edges into the MLPs, into the logits, or both cut exactly (`edges.path_cuts`), under both ablations
-    (`teacher_forcing.KINDS`, values from the identification pairs). One job for all operators: the model loads
+    (`protocol.KINDS`, values from the identification pairs). One job for all operators: the model loads
     once."""
     import torch
 
@@ -214,7 +214,7 @@ def _path_cut_rows(lm, pairs_path, scored: pd.DataFrame, key_heads, *, seed: int
                           batch_size=batch_size, outputs=True)
     pool_outputs = tf.tail_outputs(lm, pool, batch_size)  # captured by build_items' forward
     rows = []
-    for kind in tf.KINDS:
+    for kind in protocol.KINDS:
         values = tf.ablation_values(lm, items, pool, kind, seed=seed, batch_size=batch_size, pool_outputs=pool_outputs)
         cuts = path_cuts(lm, items, values, key_heads, batch_size=batch_size)
         rows.append(pd.DataFrame({"sample_id": items.table["sample_id"].to_numpy(),

@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 from arithmech.data.arithmetic import split_pairs
-from arithmech.interp import sufficiency
+from arithmech.interp import protocol, sufficiency
 from arithmech.interp.effects import pair_labels
 from arithmech.interp.nodes import layer_matched_heads, node_label, parse_nodes, ranked_heads
 from arithmech.io import write_parquet
@@ -239,7 +239,7 @@ def run_discover(*, model: str, task: str, model_dir, pairs_path, cache_path, ef
         validation, share_rows, tf_items = _teacher_forced_columns(lm, validation, val, (pool, pool_outputs), sets,
                                                                    attribution, nodes, discover, seed, batch)
         items = sufficiency.with_set_columns(items, len(sets), tf_items)
-        for kind in tf.KINDS:  # what a verdict reading the items needs beside them: the failed sanity checks
+        for kind in protocol.KINDS:  # what a verdict reading the items needs beside them: the failed sanity checks
             items[f"sanity_{kind}_failed"] = validation[f"sanity_{kind}_failed"].iloc[0]
     key_set = set(key_heads)
     discovered = validation["curve"] == "discovered"
@@ -310,7 +310,7 @@ def _summary_row(task, target, chosen, circuit_row: pd.Series, key_row: pd.Serie
     for suffix in ("", "_low", "_high"):
         row[f"key_faithfulness_full{suffix}"] = (np.nan if key_row is None
                                                  else float(key_row[f"faithfulness_full{suffix}"]))
-    for kind in ("resample", "mean"):  # the key circuit on the teacher-forced protocol, where it was scored on it
+    for kind in protocol.KINDS:  # the key circuit on the teacher-forced protocol, where it was scored on it
         column = f"faithfulness_tf_{kind}_tail_correct"
         if key_row is not None and column in key_row:
             row |= {f"tf_{kind}_key_correct{suffix}": float(key_row[column + suffix])
@@ -334,7 +334,7 @@ def _tf_summary(items: pd.DataFrame, boot: dict, sanity: dict | None = None) -> 
     answers (tf_<kind>_random_diff), paired; tf_n_items: the pairs scored; tf_<kind>_sanity_failed: the failed
     sanity checks of that ablation ('' when none; `sanity`: the validation row's sanity_* values)."""
     row = {}
-    for kind in ("resample", "mean"):
+    for kind in protocol.KINDS:
         column = f"tf_{kind}_tail_correct"
         if column not in items:
             continue

@@ -31,6 +31,7 @@ import pandas as pd
 import yaml
 
 from arithmech import layout
+from arithmech.interp import protocol
 from arithmech.io import atomic_path
 from arithmech.report import display
 from arithmech.report.page import (
@@ -500,7 +501,7 @@ def decomposition_table(validation: pd.DataFrame | None, tasks: list[str]) -> pd
     END-protocol run)."""
     if validation is None:
         return pd.DataFrame()
-    kinds = [k for k in ("resample", "mean") if f"faithfulness_tf_{k}_end_correct" in validation]
+    kinds = [k for k in protocol.KINDS if f"faithfulness_tf_{k}_end_correct" in validation]
     rows = []
     for task in [*tasks, "union"]:
         found = validation[(validation["task"] == task) & (validation["curve"] == "discovered")
