@@ -634,3 +634,39 @@ def test_warnings_use_each_rules_own_resources(tmp_path):
     one_gpu.write_text(yaml.safe_dump({"models": {"llama2-7b": {"resources": {"finetune": {"gpus": 1}}}}}))
     report = plan([str(ROOT / f) for f in PAPER] + [str(one_gpu)], root=ROOT, workdir=ROOT / "tests")
     assert any("finetune[method=full]" in w and "exceeds 1 x 80 GB" in w for w in report["warnings"])
+
+
+@pytest.mark.parametrize("cf_shots", ["zero_shot", "keep", "blank"])
+def test_the_plans_prompt_lengths_are_the_stages_longest_prompts(tiny_dir, cf_shots):
+    """The plan's prompt tokens are the prompt builder's own (`arithmetic.few_shot_prefixes`) at their longest: per
+    template and operator word the longest reference and counterfactual prompt the identify stage builds, counted
+    by the same tokenizer."""
+    from transformers import AutoTokenizer
+
+    from arithmech.data.arithmetic import TASKS, build_prompts
+    from arithmech.tools.plan.workload import task_prompts
+
+    prompts = {**yaml.safe_load((ROOT / "config.yaml").read_text())["prompts"], "counterfactual_shots": cf_shots}
+    tokens = TokenCounter(Path(tiny_dir) / "tokenizer.json")
+    tokenizer = AutoTokenizer.from_pretrained(tiny_dir)
+    for task in TASKS:
+        built = build_prompts(tokenizer, task, prompts, seed=0)
+        built["ref"], built["cf"] = tokens.counts(list(built["prompt"])), tokens.counts(list(built["cf_prompt"]))
+        longest = built.groupby(["template_id", "operator"])[["ref", "cf"]].max()
+        planned = task_prompts(prompts, task, tokens)
+        assert planned.ref_tokens == pytest.approx(longest["ref"].mean()), task
+        assert planned.cf_tokens == pytest.approx(longest["cf"].mean()), task
+        assert planned.cf_longest == built["cf"].max(), task
+
+
+def test_the_transfers_number_formats_are_planned_at_the_longest_the_stage_draws():
+    """`format_extremes` (read by the plan's transfer) against `format_prompts` (what the transfer job scores): no
+    drawn operand or answer is longer, and each length is reached."""
+    from arithmech.data.arithmetic import FORMATS, TASKS, format_extremes, format_prompts
+
+    cfg = yaml.safe_load((ROOT / "config.yaml").read_text())
+    for fmt in FORMATS:
+        for task in TASKS:
+            drawn = format_prompts(task, fmt, cfg["transfer"]["formats"][fmt], cfg["prompts"], n=400, seed=0)
+            longest = [len(text) for text in format_extremes(task, fmt, cfg["transfer"]["formats"][fmt])]
+            assert [drawn[c].str.len().max() for c in ("a", "b", "answer")] == longest, (fmt, task)

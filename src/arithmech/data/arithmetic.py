@@ -99,14 +99,22 @@ def split_answer(tokenizer, text: str, answer: str) -> tuple[str, int]:
 COUNTERFACTUAL_SHOTS = ("keep", "blank", "zero_shot")
 
 
-def _counterfactual_prefix(template: str, shots, null: str, *, sep: str, cf_shots: str, line) -> str:
-    """The counterfactual's few-shot lines (operator nulled): with their answers ("keep"), without them
-    ("blank": the line ends where the answer would start), or none ("zero_shot")."""
+def few_shot_prefixes(template: str, task: str, shots, op: str, null: str, *, sep: str,
+                      cf_shots: str) -> tuple[str, str]:
+    """(the reference's, the counterfactual's) few-shot lines before a query of `template`, one line per operand
+    pair of `shots`: the reference's with operator word `op` and their answers; the counterfactual's with `null`
+    instead of the operator and their answers ("keep"), without them ("blank": the line ends where the answer
+    would start), or none ("zero_shot"). The prompt builder and `make plan`'s prompt lengths both use it."""
+
+    def line(x, y, word):
+        return render(template, a=x, op=word, b=y).text + str(TASKS[task](x, y)) + sep
+
+    reference = "".join(line(x, y, op) for x, y in shots)
     if cf_shots == "zero_shot":
-        return ""
+        return reference, ""
     if cf_shots == "blank":
-        return "".join(render(template, a=x, op=null, b=y).text.rstrip(" ") + sep for x, y in shots)
-    return "".join(line(x, y, null) for x, y in shots)
+        return reference, "".join(render(template, a=x, op=null, b=y).text.rstrip(" ") + sep for x, y in shots)
+    return reference, "".join(line(x, y, null) for x, y in shots)
 
 
 def build_prompts(tokenizer, task: str, cfg: dict, seed: int) -> pd.DataFrame:
@@ -132,11 +140,7 @@ def build_prompts(tokenizer, task: str, cfg: dict, seed: int) -> pd.DataFrame:
                 others = [p for p in pairs if p != (a, b)]
                 shots = [others[i] for i in rng.choice(len(others), size=cfg["n_shots"], replace=False)]
 
-                def line(x, y, word):
-                    return render(template, a=x, op=word, b=y).text + str(TASKS[task](x, y)) + sep
-
-                ref_prefix = "".join(line(x, y, op) for x, y in shots)
-                cf_prefix = _counterfactual_prefix(template, shots, null, sep=sep, cf_shots=cf_shots, line=line)
+                ref_prefix, cf_prefix = few_shot_prefixes(template, task, shots, op, null, sep=sep, cf_shots=cf_shots)
                 ref_q, cf_q = render(template, a=a, op=op, b=b), render(template, a=a, op=null, b=b)
                 answer = TASKS[task](a, b)
                 prompt, answer_id = split_answer(tokenizer, ref_prefix + ref_q.text, str(answer))
@@ -309,6 +313,24 @@ def format_operands(task: str, fmt: str, cfg: dict, rng: np.random.Generator) ->
     if task == "division":
         a, b = (a * b, a) if fmt == "decimal" else (a * b, b)  # dividend = divisor * quotient
     return a, b
+
+
+def format_extremes(task: str, fmt: str, cfg: dict) -> tuple[str, str, str]:
+    """The longest texts `format_operands` and `format_answer` can give `task` in number format `fmt`: (first
+    operand, second operand, answer), each at its own longest, so no drawn item is longer in any of the three
+    (`make plan` sizes the transfer's prompts with them). Decimals have at most 2 places; a division's dividend is
+    divisor x quotient."""
+    if fmt == "multi_digit":
+        high, low = int(cfg["max"]), int(cfg["min"])
+        longest = {"addition": (high, high, 2 * high), "subtraction": (high, high, high - low),
+                   "multiplication": (high, high, high * high), "division": (high * high, high, high)}
+        return tuple(str(v) for v in longest[task])
+    if fmt != "decimal":
+        raise PromptError(f"unknown number format {fmt!r}; known: {', '.join(FORMATS)}")
+    high = float(cfg["max"])
+    longest = {"addition": (high, high, 2 * high), "subtraction": (high, high, high),
+               "multiplication": (high, 9, 9 * high), "division": (9 * high, high, 9)}
+    return tuple(f"{v:.2f}" if isinstance(v, float) else str(v) for v in longest[task])
 
 
 def format_answer(task: str, a: Decimal, b: Decimal) -> Decimal:

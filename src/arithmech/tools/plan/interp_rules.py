@@ -156,7 +156,7 @@ def transfer_targets(s: Setting, m: Model) -> list[dict]:
     """The transfer's target sets (`interp.ablation.transfer_targets`): texts, mean prompt tokens (and the
     longest where prompts differ in length beyond their operands) and greedy steps of each operator's
     validation pairs, both number formats of every operator, SVAMP and the non-math control."""
-    from arithmech.data.arithmetic import FORMATS, render
+    from arithmech.data.arithmetic import FORMATS, format_extremes, render
 
     cfg, prompts, tokens = s.config["transfer"], s.config["prompts"], m.tokens
     targets = []
@@ -166,8 +166,8 @@ def transfer_targets(s: Setting, m: Model) -> list[dict]:
                         "steps": p.answer_steps})
     for fmt in FORMATS:
         for task in s.config["run"]["tasks"]:
-            value, answer = format_extremes(task, fmt, cfg["formats"][fmt])
-            lines = [render(t, a=value, op=longest_text(prompts["operators"][task]), b=value).text
+            first, second, answer = format_extremes(task, fmt, cfg["formats"][fmt])
+            lines = [render(t, a=first, op=longest_text(prompts["operators"][task]), b=second).text
                      for t in prompts["templates"]]
             shot = max(lines, key=len) + answer + prompts["shot_separator"]
             counts = tokens.counts([shot * prompts["n_shots"] + line for line in lines])
@@ -176,20 +176,6 @@ def transfer_targets(s: Setting, m: Model) -> list[dict]:
     targets.append(_svamp_target(s, m))
     targets.append(_non_math_target(s, m))
     return targets
-
-
-def format_extremes(task: str, fmt: str, cfg: dict) -> tuple[str, str]:
-    """(longest operand, longest answer) of `task` in number format `fmt` (`arithmetic.format_operands`):
-    multi-digit integers up to cfg.max; decimals up to cfg.max with 2 decimals (multiplication: times at
-    most 9; division: an integer quotient of at most 9)."""
-    if fmt == "multi_digit":
-        high, low = int(cfg["max"]), int(cfg["min"])
-        answers = {"addition": 2 * high, "subtraction": high - low, "multiplication": high * high, "division": high}
-        return str(high), str(answers[task])
-    high = float(cfg["max"])
-    answers = {"addition": f"{2 * high:.2f}", "subtraction": f"{high:.2f}", "multiplication": f"{9 * high:.2f}",
-               "division": "9"}
-    return f"{high:.2f}", answers[task]
 
 
 def _svamp_target(s: Setting, m: Model) -> dict:

@@ -44,37 +44,30 @@ def longest_text(values) -> str:
 def task_prompts(prompts: dict, task: str, tokens: TokenCounter) -> TaskPrompts:
     """`TaskPrompts` of `task` under the config's `prompts` section; lengths from the longest operands and
     answer, each template and operator word once."""
-    from arithmech.data.arithmetic import TASKS, operand_pairs, render
+    from arithmech.data.arithmetic import TASKS, few_shot_prefixes, operand_pairs, render
 
     pairs = operand_pairs(task, prompts["operands"]["min"], prompts["operands"]["max"])
     templates, words = prompts["templates"], prompts["operators"][task]
     n_val = round(prompts["splits"]["validation_share"] * len(pairs))
     per_pair, caps = len(templates) * len(words), prompts["splits"]["max_samples"]
-    a, b = max(pairs, key=lambda p: len(str(p[0])) + len(str(p[1])))
+    # the pair with the longest line (operands and answer) as the query and as every shot: the builder's own
+    # prompt text (`few_shot_prefixes`), at its longest
+    a, b = max(pairs, key=lambda p: len(str(p[0])) + len(str(p[1])) + len(str(TASKS[task](*p))))
     answer = longest_text(TASKS[task](x, y) for x, y in pairs)
-    null, sep, shots = longest_text(prompts["null_words"]), prompts["shot_separator"], prompts["n_shots"]
+    null, sep = longest_text(prompts["null_words"]), prompts["shot_separator"]
+    shots, cf_shots = [(a, b)] * prompts["n_shots"], prompts.get("counterfactual_shots", "keep")
     ref, cf = [], []
     for template in templates:
         for word in words:
-            query = render(template, a=a, op=word, b=b).text
-            ref.append((query + answer + sep) * shots + query)
-            cf.append(_counterfactual(render(template, a=a, op=null, b=b).text, answer=answer, sep=sep,
-                                      shots=shots, mode=prompts.get("counterfactual_shots", "keep")))
+            ref_prefix, cf_prefix = few_shot_prefixes(template, task, shots, word, null, sep=sep, cf_shots=cf_shots)
+            ref.append(ref_prefix + render(template, a=a, op=word, b=b).text)
+            cf.append(cf_prefix + render(template, a=a, op=null, b=b).text)
     cf_counts = tokens.counts(cf)
     return TaskPrompts(
         candidates=len(pairs) * per_pair, identification=min(caps["identification"], (len(pairs) - n_val) * per_pair),
         validation=min(caps["validation"], n_val * per_pair), ref_tokens=tokens.mean(ref),
         cf_tokens=sum(cf_counts) / len(cf_counts), cf_longest=max(cf_counts),
         answer_steps=1 + tokens.count(" " + answer, special=False), templates=len(templates))
-
-
-def _counterfactual(query: str, *, answer: str, sep: str, shots: int, mode: str) -> str:
-    """A counterfactual prompt of `query` (operator nulled) with its few-shot lines as `mode` keeps them."""
-    if mode == "zero_shot":
-        return query
-    if mode == "blank":
-        return (query.rstrip(" ") + sep) * shots + query
-    return (query + answer + sep) * shots + query
 
 
 @dataclass(frozen=True)
