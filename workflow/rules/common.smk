@@ -25,16 +25,32 @@ wildcard_constraints:
     run=r"lr\d+|seed\d+|draw\d+|chosen|base",
 
 
+# Host memory and runtime from the plan (slurm.requests: `make plan --requests FILE`), the config's values the
+# ceiling; {} without it. A dry run (make plan's own among them) only notes a file it cannot use.
+try:
+    PLANNED = cluster.load_requests(config)
+except cluster.ClusterSettingError as err:
+    if not workflow.dryrun:
+        raise WorkflowError(str(err)) from None
+    print(f"note: {err}; the dry run uses models.<name>.resources", file=sys.stderr)
+    PLANNED = {}
+
+
 def model_job_resources(name, wildcards, attempt):
     """A model job's resources at `attempt` (arithmech.tools.cluster): `models.<model>.resources` with the
-    block of rule `name` over it; a retry after the job ran out of GPU memory (read from its log) splits the batch,
-    after another failure it asks for more host memory; both ask for more time. Under the SLURM plugin's names
-    (cluster.rule_resources: a job over several nodes is the plugin's MPI job)."""
-    first = cluster.job_resources(config["models"][wildcards.model]["resources"], name)
-    gpu_oom = attempt > 1 and cluster.gpu_oom_logged(
-        getattr(rules, name).log[0].format(**dict(wildcards.items()))
+    block of rule `name` over it, lowered to the plan's request where slurm.requests gives one; a retry asks for
+    what the last attempt's files say helps (cluster.previous_attempt: never started or completed in a failed
+    group: the same; out of GPU memory: the batch split; otherwise more host memory), with more time after a
+    failure. Under the SLURM plugin's names (cluster.rule_resources: a job over several nodes is the plugin's MPI
+    job)."""
+    first = cluster.job_resources(
+        config["models"][wildcards.model]["resources"],
+        name,
+        PLANNED.get(wildcards.model, {}).get(name),
     )
-    return cluster.rule_resources(cluster.retry_resources(first, attempt, gpu_oom))
+    log = getattr(rules, name).log[0].format(**dict(wildcards.items()))
+    previous = cluster.previous_attempt(log) if attempt > 1 else None
+    return cluster.rule_resources(cluster.retry_resources(first, attempt, previous))
 
 
 def gpu_resources(name):
