@@ -26,13 +26,13 @@ wildcard_constraints:
 
 
 # Host memory and runtime from the plan (slurm.requests: `make plan --requests FILE`), the config's values the
-# ceiling; {} without it. A dry run (make plan's own among them) only notes a file it cannot use.
+# ceiling; {} without it. A file it cannot use is noted here (a dry run, make plan's own among them, goes on with
+# models.<name>.resources) and stops a run before any job is queued (the Snakefile's onstart checks).
 try:
     PLANNED = cluster.load_requests(config)
 except cluster.ClusterSettingError as err:
-    if not workflow.dryrun:
-        raise WorkflowError(str(err)) from None
-    print(f"note: {err}; the dry run uses models.<name>.resources", file=sys.stderr)
+    if workflow.is_main_process:
+        print(f"note: {err}", file=sys.stderr)
     PLANNED = {}
 
 
