@@ -55,13 +55,14 @@ def test_another_failure_asks_for_more_host_memory_and_time_not_a_smaller_batch(
     assert cluster.retry_resources(first, 1, cluster.GPU_OOM) == first | {"batch_split": 1}
 
 
-def test_a_job_that_never_started_or_completed_in_a_failed_group_asks_for_the_same_again():
+def test_a_job_that_never_started_or_completed_in_a_failed_group_keeps_its_memory():
     """sbatch refused the job (a QOS submit limit: the plugin reports it as the job's failure, and Snakemake
-    retries it) or the job completed inside a group that failed for another job: nothing says it needs more, so
-    the retry asks for its first resources, not twice the memory."""
+    retries it) or the job completed inside a group that failed for another job: nothing says it needs more
+    memory, so the retry asks for its first memory and batch, not twice the memory; only its time grows (a group
+    that ran out of time needs more for each of its jobs)."""
     first = cluster.job_resources(MODEL, "evaluate")
     for previous in (cluster.NOT_RUN, cluster.COMPLETED):
-        assert cluster.retry_resources(first, 2, previous) == first | {"batch_split": 1}
+        assert cluster.retry_resources(first, 2, previous) == first | {"batch_split": 1, "runtime": 120}
         assert cluster.retry_resources(first, 3, previous)["mem_mb"] == first["mem_mb"]
 
 

@@ -10,10 +10,10 @@ Read by the Snakefile while it parses (so standard library only) and by `make pl
   plugin reads (a multi-node job as the plugin's MPI job, see `MULTI_NODE`);
 - `load_requests(config)`, `planned_request(...)`: a job's host memory and runtime from the plan (`make plan
   --requests FILE`, config `slurm.requests`) with headroom (`HEADROOM`, `FLOOR`), capped by the config's block;
-- `previous_attempt(log)`, `retry_resources(...)`: what a retry asks for, from what the last attempt left: none
-  of its files (it never started: sbatch refused it, e.g. at a QOS submit limit) or a completed job (its group
-  failed for another job): the first attempt's resources; after the job ran out of GPU memory (its log says so) a
-  smaller batch (`batch_split`, applied by `arithmech.jobs`); otherwise more host memory and time;
+- `previous_attempt(log)`, `retry_resources(...)`: what a retry asks for, from what the last attempt left: more
+  time always; more host memory only after a failure (not when the job never started, e.g. sbatch refused it at a
+  QOS submit limit, nor when it completed in a group that failed for another job); after the job ran out of GPU
+  memory (its log says so) a smaller batch instead (`batch_split`, applied by `arithmech.jobs`);
 - `slurm_settings(settings)`: account and partitions (config block `slurm`), passed only when set;
 - `check_slurm(settings, environ)`: the account and partitions exist for this user, before any job is queued;
 - `check_node_gpus(models, partition, environ)`: every job's GPUs a node fit on the partition's nodes (`sinfo`),
@@ -182,18 +182,19 @@ def previous_attempt(log_path: str | Path) -> str:
 
 def retry_resources(first: dict, attempt: int, previous: str | None) -> dict:
     """What attempt `attempt` (1, 2, ...) asks for, after the last attempt did `previous` (`previous_attempt`;
-    ignored on attempt 1). A job that never started (`NOT_RUN`: sbatch refused it) or that completed inside a group
-    that failed for another job (`COMPLETED`) asks for its first resources again: nothing says it needs more.
-    After running out of GPU memory more host memory would not help: the batch is split into 2^(attempt-1) parts
-    (examples per optimizer step unchanged), host memory stays, runtime grows with the attempt (smaller batches take
-    longer). Otherwise (killed for host memory or time, another failure) memory and runtime grow with the attempt."""
+    ignored on attempt 1). Runtime grows with the attempt whatever happened (a group that ran out of time needs more
+    for every job of it, smaller batches take longer). Host memory grows with the attempt only after a failure
+    (`FAILED`: killed for host memory, or another error); a job that never started (`NOT_RUN`: sbatch refused it,
+    e.g. at a QOS submit limit) or that completed inside a group that failed for another job (`COMPLETED`) keeps its
+    memory, since nothing says it needs more; after running out of GPU memory (`GPU_OOM`) more host memory would not
+    help: the batch is split into 2^(attempt-1) parts (examples per optimizer step unchanged)."""
     out = dict(first) | {"batch_split": 1}
-    if attempt == 1 or previous in (NOT_RUN, COMPLETED):
+    if attempt == 1:
         return out
     out["runtime"] = first["runtime"] * attempt
     if previous == GPU_OOM:
         out["batch_split"] = 2 ** (attempt - 1)
-    else:
+    elif previous == FAILED:
         out["mem_mb"] = first["mem_mb"] * attempt
     return out
 
