@@ -55,15 +55,33 @@ def test_another_failure_asks_for_more_host_memory_and_time_not_a_smaller_batch(
     assert cluster.retry_resources(first, 1, cluster.GPU_OOM) == first | {"batch_split": 1}
 
 
-def test_a_job_that_never_started_or_completed_in_a_failed_group_keeps_its_memory():
-    """sbatch refused the job (a QOS submit limit: the plugin reports it as the job's failure, and Snakemake
-    retries it) or the job completed inside a group that failed for another job: nothing says it needs more
-    memory, so the retry asks for its first memory and batch, not twice the memory; only its time grows (a group
-    that ran out of time needs more for each of its jobs)."""
+def test_a_job_that_completed_in_a_failed_group_keeps_its_memory():
+    """The job completed inside a group that failed for another of its jobs: nothing says it needs more memory, so
+    the retry asks for its first memory and batch; only its time grows (a group that ran out of time needs more for
+    each of its jobs)."""
     first = cluster.job_resources(MODEL, "evaluate")
-    for previous in (cluster.NOT_RUN, cluster.COMPLETED):
-        assert cluster.retry_resources(first, 2, previous) == first | {"batch_split": 1, "runtime": 120}
-        assert cluster.retry_resources(first, 3, previous)["mem_mb"] == first["mem_mb"]
+    assert cluster.retry_resources(first, 2, cluster.COMPLETED) == first | {"batch_split": 1, "runtime": 120}
+    assert cluster.retry_resources(first, 3, cluster.COMPLETED)["mem_mb"] == first["mem_mb"]
+
+
+def test_after_a_submission_sbatch_refused_the_retry_asks_for_what_it_asked(monkeypatch, tmp_path):
+    """sbatch refused attempt 2 (a QOS submit limit: the plugin reports it as the job's failure, and Snakemake
+    retries it; arithmech.tools.slurm_plugin records it): attempt 3 asks for what attempt 2 asked for, not for three
+    times the memory. Attempt 1 failed for host memory (its log, no usage record)."""
+    monkeypatch.setattr(cluster, "SBATCH_REFUSED", set())
+    log = tmp_path / "knockout.log"
+    log.write_text("started, then killed\n")
+    first = cluster.job_resources(MODEL, "knockout")
+
+    def asked(attempt):
+        attempt = cluster.resource_attempt(log, attempt)
+        return cluster.retry_resources(first, attempt, cluster.previous_attempt(log) if attempt > 1 else None)
+
+    assert asked(3)["mem_mb"] == 3 * first["mem_mb"]
+    cluster.SBATCH_REFUSED.add((str(log), 2))
+    assert asked(3) == asked(2) and asked(2)["mem_mb"] == 2 * first["mem_mb"]
+    cluster.SBATCH_REFUSED.add((str(log), 1))  # refused from the start: the first request, however many times
+    assert asked(3) == asked(1) == first | {"batch_split": 1}
 
 
 def _attempt(tmp_path, body=None, *, raises=None, batch_split=1):
@@ -80,7 +98,7 @@ def _attempt(tmp_path, body=None, *, raises=None, batch_split=1):
 
 def test_the_previous_attempt_is_read_from_the_jobs_own_files(tmp_path):
     log = tmp_path / "logs/finetune/precise.log"
-    assert cluster.previous_attempt(log) == cluster.NOT_RUN  # sbatch refused it: nothing was written
+    assert cluster.previous_attempt(log) == cluster.FAILED  # killed before it opened its log
     assert cluster.previous_attempt(_attempt(tmp_path)) == cluster.COMPLETED
     assert cluster.previous_attempt(_attempt(tmp_path, raises=ValueError("bad"))) == cluster.FAILED
     oom = OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")

@@ -38,17 +38,18 @@ except cluster.ClusterSettingError as err:
 
 def model_job_resources(name, wildcards, attempt):
     """A model job's resources at `attempt` (arithmech.tools.cluster): `models.<model>.resources` with the
-    block of rule `name` over it, lowered to the plan's request where slurm.requests gives one; a retry asks for
-    what the last attempt's files say helps (cluster.previous_attempt: never started or completed in a failed
-    group: the same; out of GPU memory: the batch split; otherwise more host memory), with more time after a
-    failure. Under the SLURM plugin's names (cluster.rule_resources: a job over several nodes is the plugin's MPI
-    job)."""
+    block of rule `name` over it, lowered to the plan's request where slurm.requests gives one; a retry after a
+    submission sbatch refused asks for what that one asked for, otherwise for what the last attempt's files say
+    helps (cluster.previous_attempt: completed in a failed group: the same memory; out of GPU memory: the batch
+    split; otherwise more host memory), with more time. Under the SLURM plugin's names (cluster.rule_resources: a
+    job over several nodes is the plugin's MPI job)."""
     first = cluster.job_resources(
         config["models"][wildcards.model]["resources"],
         name,
         PLANNED.get(wildcards.model, {}).get(name),
     )
     log = getattr(rules, name).log[0].format(**dict(wildcards.items()))
+    attempt = cluster.resource_attempt(log, attempt)  # a submission sbatch refused did not run
     previous = cluster.previous_attempt(log) if attempt > 1 else None
     return cluster.rule_resources(cluster.retry_resources(first, attempt, previous))
 

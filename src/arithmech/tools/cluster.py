@@ -10,10 +10,11 @@ Read by the Snakefile while it parses (so standard library only) and by `make pl
   plugin reads (a multi-node job as the plugin's MPI job, see `MULTI_NODE`);
 - `load_requests(config)`, `planned_request(...)`: a job's host memory and runtime from the plan (`make plan
   --requests FILE`, config `slurm.requests`) with headroom (`HEADROOM`, `FLOOR`), capped by the config's block;
-- `previous_attempt(log)`, `retry_resources(...)`: what a retry asks for, from what the last attempt left: more
-  time always; more host memory only after a failure (not when the job never started, e.g. sbatch refused it at a
-  QOS submit limit, nor when it completed in a group that failed for another job); after the job ran out of GPU
-  memory (its log says so) a smaller batch instead (`batch_split`, applied by `arithmech.jobs`);
+- `resource_attempt(...)`, `previous_attempt(log)`, `retry_resources(...)`: what a retry asks for: after a
+  submission sbatch refused (a QOS submit limit) what that one asked for; otherwise, from what the last attempt
+  left, more time always, more host memory after a failure (not when the job completed in a group that failed for
+  another job), a smaller batch instead after the job ran out of GPU memory (its log says so; `batch_split`,
+  applied by `arithmech.jobs`);
 - `slurm_settings(settings)`: account and partitions (config block `slurm`), passed only when set;
 - `check_slurm(settings, environ)`: the account and partitions exist for this user, before any job is queued;
 - `check_node_gpus(models, partition, environ)`: every job's GPUs a node fit on the partition's nodes (`sinfo`),
@@ -154,22 +155,35 @@ def gpu_oom_logged(log_path: str | Path) -> bool:
 
 
 # What the last attempt of a job left behind (`previous_attempt`), which decides what its retry asks for.
-NOT_RUN = "not run"  # no log: it never started (sbatch refused it, e.g. at a QOS submit limit; its group stopped first)
 COMPLETED = "completed"  # its usage record says ok, written after its log: its group failed for another job
 GPU_OOM = "gpu oom"  # its log carries the GPU out-of-memory mark (any rank's, arithmech.sft.distributed)
-FAILED = "failed"  # anything else: killed for host memory or time, cancelled, an error
+FAILED = "failed"  # anything else: killed for host memory or time (perhaps before its log was opened), an error
+
+# Submissions sbatch refused (a QOS submit limit such as QOSMaxSubmitJobPerUserLimit, an invalid request): the SLURM
+# plugin reports them as the job's failure and Snakemake retries the job. Recorded in the submitting Snakemake by
+# arithmech.tools.slurm_plugin as (the job's rule log, attempt); `resource_attempt` reads them.
+SBATCH_REFUSED: set[tuple[str, int]] = set()
+
+
+def resource_attempt(log_path: str | Path, attempt: int) -> int:
+    """The attempt whose resources attempt `attempt` of the job whose rule log is `log_path` asks for: a refused
+    submission never ran and says nothing about what the job needs, so the attempt after it asks for what it asked
+    for (`SBATCH_REFUSED`), not for twice the memory."""
+    while attempt > 1 and (str(log_path), attempt - 1) in SBATCH_REFUSED:
+        attempt -= 1
+    return attempt
 
 
 def previous_attempt(log_path: str | Path) -> str:
     """What the job whose rule log is `log_path` did the last time it ran, from its files (`arithmech.jobs.job`
-    opens the log when it starts and writes its usage record, `ok` or not, last): `NOT_RUN`, `COMPLETED`,
-    `GPU_OOM` or `FAILED`. A record older than the log is an earlier run's: the last attempt was killed before it
-    could write one (host memory, time limit), so it counts as FAILED."""
+    opens the log when it starts and writes its usage record, `ok` or not, last): `COMPLETED`, `GPU_OOM` or
+    `FAILED`. A record older than the log is an earlier run's: the last attempt was killed before it could write
+    one (host memory, time limit); no log at all is a job killed before it opened it: both FAILED."""
     log = Path(log_path)
     try:
         text, log_mtime = log.read_text(errors="replace"), log.stat().st_mtime
     except OSError:
-        return NOT_RUN
+        return FAILED
     if GPU_OOM_MARK in text:
         return GPU_OOM
     record = usage_path(log)
@@ -181,20 +195,20 @@ def previous_attempt(log_path: str | Path) -> str:
 
 
 def retry_resources(first: dict, attempt: int, previous: str | None) -> dict:
-    """What attempt `attempt` (1, 2, ...) asks for, after the last attempt did `previous` (`previous_attempt`;
-    ignored on attempt 1). Runtime grows with the attempt whatever happened (a group that ran out of time needs more
-    for every job of it, smaller batches take longer). Host memory grows with the attempt only after a failure
-    (`FAILED`: killed for host memory, or another error); a job that never started (`NOT_RUN`: sbatch refused it,
-    e.g. at a QOS submit limit) or that completed inside a group that failed for another job (`COMPLETED`) keeps its
-    memory, since nothing says it needs more; after running out of GPU memory (`GPU_OOM`) more host memory would not
-    help: the batch is split into 2^(attempt-1) parts (examples per optimizer step unchanged)."""
+    """What attempt `attempt` (1, 2, ...; `resource_attempt`: not counting submissions sbatch refused) asks for,
+    after the last attempt did `previous` (`previous_attempt`; ignored on attempt 1). Runtime grows with the attempt
+    whatever happened (a group that ran out of time needs more for every job of it, smaller batches take longer).
+    Host memory grows with the attempt after a failure (`FAILED`: killed for host memory, or another error); a job
+    that completed inside a group that failed for another job (`COMPLETED`) keeps its memory; after running out of
+    GPU memory (`GPU_OOM`) more host memory would not help: the batch is split into 2^(attempt-1) parts (examples
+    per optimizer step unchanged)."""
     out = dict(first) | {"batch_split": 1}
     if attempt == 1:
         return out
     out["runtime"] = first["runtime"] * attempt
     if previous == GPU_OOM:
         out["batch_split"] = 2 ** (attempt - 1)
-    elif previous == FAILED:
+    elif previous != COMPLETED:
         out["mem_mb"] = first["mem_mb"] * attempt
     return out
 
