@@ -49,7 +49,8 @@ def model_job_resources(name, wildcards, attempt):
         PLANNED.get(wildcards.model, {}).get(name),
     )
     log = getattr(rules, name).log[0].format(**dict(wildcards.items()))
-    attempt = cluster.resource_attempt(log, attempt)  # a submission sbatch refused did not run
+    # a submission sbatch refused did not run: the retry asks for what it asked for
+    attempt = cluster.resource_attempt(log, attempt)
     previous = cluster.previous_attempt(log) if attempt > 1 else None
     return cluster.rule_resources(cluster.retry_resources(first, attempt, previous))
 
