@@ -276,3 +276,7 @@ def test_the_workflow_root_is_the_checkout_or_names_the_option(tmp_path, monkeyp
 def test_planned_jobs_sum_a_rule_over_models():
     report = {"rules": [{"rule": "evaluate", "jobs": 40}, {"rule": "all", "jobs": 1}, {"rule": "evaluate", "jobs": 8}]}
     assert rehearsal.planned_jobs(report) == {"evaluate": 48, "all": 1}
+    grouped = {"rules": [{"rule": "build_pairs", "jobs": 4, "group": "identify", "allocations": 1},
+                         {"rule": "cache_activations", "jobs": 4, "group": "identify", "allocations": 0},
+                         {"rule": "evaluate", "jobs": 40, "group": "", "allocations": 40}]}
+    assert rehearsal.planned_jobs(grouped) == {"identify": 1, "evaluate": 40}

@@ -357,10 +357,12 @@ def plan_of(work: Path, configs: list[Path], *, root: Path) -> dict:
 
 
 def planned_jobs(report: dict) -> dict[str, int]:
-    """Jobs per rule of a `plan.plan` report (the dry run's counts)."""
+    """Jobs per rule of a `plan.plan` report (the dry run's counts); a grouped rule's (the SLURM profile's groups)
+    under its group, as its allocations, as `submissions` names them."""
     counts: dict[str, int] = {}
     for row in report["rules"]:
-        counts[row["rule"]] = counts.get(row["rule"], 0) + row["jobs"]
+        key = row.get("group") or row["rule"]
+        counts[key] = counts.get(key, 0) + (row["allocations"] if row.get("group") else row["jobs"])
     return counts
 
 
