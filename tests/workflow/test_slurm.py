@@ -41,9 +41,11 @@ MEM_MB, RUNTIME = 3000, 10
 FINETUNE_MB = 450
 # The GPU jobs as Slurm sees them: a rule's own jobs, or the SLURM profile's group jobs (workflow/profiles/slurm:
 # `groups`), each of these once in the run of one operator, its jobs one after the other (runtime: their sum).
-GROUPED = {"identify": ("build_pairs", "cache_activations", "patch_all_layers"), "discover": ("discover",
-                                                                                               "discover_union"),
-           "knockout": ("knockout",), "analyze": ("analyze",), "circuit": ("circuit",)}
+GROUPED = {
+    "identify": ("build_pairs", "cache_activations", "patch_all_layers"),
+    "discover": ("discover", "discover_union"),
+    "knockout": ("knockout",), "analyze": ("analyze",), "circuit": ("circuit",),
+}
 GPU_RULES = {*GROUPED, "transfer", "edges", "edge_curve", "finetune", "evaluate", "study_format", "study_train",
              "study_evaluate"}
 # The troubled run's events are single jobs': there the profile's groups are replaced by one that no job of it runs.
