@@ -149,8 +149,8 @@ def plan(config_files: Sequence[str | Path], *, root: Path, throughput: Throughp
         # group as one)
         if cost.gpu or (submitted_cpu and not cost.local and job.rule != "all"):
             rows[key]["submitted"] += 1
-            if not job.group or job.group not in allocated:
-                rows[key]["allocations"] += 1
+            rows[key]["allocations"] += int(not job.group or job.group not in allocated)
+            if job.group:
                 allocated.add(job.group)
     order = {**{name: i for i, name in enumerate(models)}, "": len(models)}
     rules = {name: i for i, name in enumerate(RULE_COSTS)}
