@@ -146,19 +146,22 @@ def test_a_requests_file_is_used_only_for_the_configuration_it_was_planned_for(t
 
 def test_snakemake_combines_a_groups_jobs_one_after_the_other_on_one_gpu():
     """What Snakemake 9 asks for a group job of the SLURM profile's groups (`GroupResources.basic_layered`, as
-    `GroupJob.resources` calls it for a cluster): with the profile's `resources: gpu=1` its jobs run one at a
-    time, so the group asks for 1 GPU, one node, the largest memory and the sum of the runtimes; without it the
-    jobs of one level would be summed (4 GPUs, 4 nodes: an allocation no node may hold)."""
+    `GroupJob.resources` calls it for a cluster): with the profile's `gpu_slot` (one for each grouped rule's job,
+    `set-resources`; one a submission, `resources`) its jobs run one at a time, so the group asks for 1 GPU, one
+    node, the largest memory and the sum of the runtimes; without it the jobs of one level would be summed (4 GPUs,
+    4 nodes: an allocation no node may hold)."""
     from snakemake.resources import GroupResources, Resources
 
     profile = yaml.safe_load((ROOT / "workflow/profiles/slurm/config.yaml").read_text())
-    assert profile["resources"] == ["gpu=1"] and profile["set-resource-scopes"] == ["gpu=local"]
+    assert profile["resources"] == ["gpu_slot=1"] and profile["set-resource-scopes"] == ["gpu_slot=local"]
+    grouped = {item.split("=")[0] for item in profile["groups"]}
+    assert {f"{rule}:gpu_slot=1" for rule in grouped} == set(profile["set-resources"])
 
     def job(mem_mb, runtime):
         first = cluster.retry_resources(cluster.job_resources({**MODEL, "mem_mb": mem_mb, "runtime": runtime},
                                                               "build_pairs"), 1, None)
         res = {k: v for k, v in cluster.rule_resources(first).items() if isinstance(v, int)}
-        return SimpleNamespace(resources=res | {"_cores": 2, "_nodes": 1}, pipe_group=None)
+        return SimpleNamespace(resources=res | {"_cores": 2, "_nodes": 1, "gpu_slot": 1}, pipe_group=None)
 
     levels = [[job(20000, 10), job(26000, 12), job(20000, 10), job(20000, 10)], [job(27000, 10)]]
 

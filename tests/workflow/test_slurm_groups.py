@@ -1,4 +1,4 @@
-"""A group of jobs (the SLURM profile's `resources: gpu=1` and `set-resource-scopes: gpu=local`, docs/cluster.md#groups)
+"""A group of jobs (the SLURM profile's `gpu_slot`, docs/cluster.md#groups)
 through the real SLURM executor plugin on the test suite's real one-node Slurm: one allocation of 1 GPU on one node
 with the largest memory and the summed runtime of its jobs, which run in it one at a time; when one of them fails,
 the whole group runs again, each job asking for what its own files say (arithmech.tools.cluster).
@@ -6,7 +6,7 @@ the whole group runs again, each job asking for what its own files say (arithmec
 A small workflow of its own (`SNAKEFILE`): three independent jobs made of the pieces the workflow's model rules are
 made of (their resources from `arithmech.tools.cluster` as workflow/rules/common.smk gives them, `arithmech.jobs.job`
 around the script), grouped as the profile groups the knockout's jobs (`--groups step=steps --group-components
-steps=3`)."""
+steps=3 --set-resources step:gpu_slot=1`)."""
 
 import json
 import subprocess
@@ -82,7 +82,7 @@ def test_a_group_is_one_allocation_its_jobs_one_at_a_time_and_a_failure_runs_it_
     (tmp_path / "step.py").write_text(SCRIPT)
     cmd = [sys.executable, "-m", "snakemake", "-s", str(tmp_path / "Snakefile"), "--directory", str(tmp_path),
            "--workflow-profile", str(ROOT / "workflow/profiles/slurm"), "--groups", "step=steps",
-           "--group-components", "steps=3", "--retries", "1", "--slurm-init-seconds-before-status-checks", "1",
+           "--group-components", "steps=3", "--set-resources", "step:gpu_slot=1", "--retries", "1", "--slurm-init-seconds-before-status-checks", "1",
            "--seconds-between-status-checks", "1"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=workflow_env(slurm_cluster))
     log = proc.stdout + proc.stderr
