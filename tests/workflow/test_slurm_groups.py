@@ -82,7 +82,8 @@ def test_a_group_is_one_allocation_its_jobs_one_at_a_time_and_a_failure_runs_it_
     (tmp_path / "step.py").write_text(SCRIPT)
     cmd = [sys.executable, "-m", "snakemake", "-s", str(tmp_path / "Snakefile"), "--directory", str(tmp_path),
            "--workflow-profile", str(ROOT / "workflow/profiles/slurm"), "--groups", "step=steps",
-           "--group-components", "steps=3", "--set-resources", "step:gpu_slot=1", "--retries", "1", "--slurm-init-seconds-before-status-checks", "1",
+           "--group-components", "steps=3", "--set-resources", "step:gpu_slot=1", "--retries", "1",
+           "--slurm-init-seconds-before-status-checks", "1",
            "--seconds-between-status-checks", "1"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=workflow_env(slurm_cluster))
     log = proc.stdout + proc.stderr
