@@ -242,9 +242,14 @@ def test_a_job_over_its_memory_is_resubmitted_with_twice_the_memory(full_run):
 TARGET = "results/tiny/effects/addition.parquet"  # build_pairs, cache_activations, patch_all_layers on Slurm
 
 
-def squeue_job(slurm, work: Path, rule: str, deadline: float) -> str:
-    """The id of this run's (its work directory's) job of `rule` once it is RUNNING."""
+def squeue_job(slurm, work: Path, rule: str, deadline: float, run: subprocess.Popen | None = None,
+               log: Path | None = None) -> str:
+    """The id of this run's (its work directory's) job of `rule` once it is RUNNING; fails at once when the
+    Snakemake `run` (its output in `log`) has ended, instead of waiting for a job it will never submit."""
     while True:
+        if run is not None and run.poll() is not None:
+            text = log.read_text(errors="replace") if log is not None else ""
+            pytest.fail(f"the run ended (exit {run.returncode}) before a RUNNING {rule} job:\n{text[-3000:]}")
         out = slurm.run("squeue", "-h", "-o", "%i|%k|%T|%Z").stdout
         for line in out.splitlines():
             job, comment, state, workdir = line.split("|")
@@ -307,17 +312,18 @@ def troubled_run(slurm_cluster, model_dir, tmp_path_factory):
     work = tmp_path_factory.mktemp("slurm-trouble")
     write_config(work, model_dir, where_jobs_go(slurm_cluster, cpu_partition=False), runtime=1)
     env = workflow_env(slurm_cluster)
-    cmd = snakemake_cmd(work, *UNGROUPED, TARGET)
+    cmd = snakemake_cmd(work, TARGET, *UNGROUPED)  # --groups takes every value after it: the target goes first
     events = {}
     with open(work / "first.log", "w") as out:
         run = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, text=True, env=env)
         try:
             deadline = time.monotonic() + RUN_TIMEOUT_S
-            events["build_pairs"] = squeue_job(slurm_cluster, work, "build_pairs", deadline)
+            waiting = {"deadline": deadline, "run": run, "log": work / "first.log"}
+            events["build_pairs"] = squeue_job(slurm_cluster, work, "build_pairs", **waiting)
             restart_slurmd(slurm_cluster)
-            events["cache_activations"] = job = squeue_job(slurm_cluster, work, "cache_activations", deadline)
+            events["cache_activations"] = job = squeue_job(slurm_cluster, work, "cache_activations", **waiting)
             assert stop_processes(slurm_cluster, job), f"job {job} has no processes"
-            events["patch_all_layers"] = job = squeue_job(slurm_cluster, work, "patch_all_layers", deadline)
+            events["patch_all_layers"] = job = squeue_job(slurm_cluster, work, "patch_all_layers", **waiting)
             slurm_cluster.run("scancel", job)
             events["noticed"] = notice_seconds(work / "first.log", job, run, CANCEL_NOTICED_S)
             try:
