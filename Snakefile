@@ -122,6 +122,8 @@ onstart:
             else []
         ),
         lambda: model_access.check_models(config),
+        # slurm.requests names a file `make plan --requests` wrote for this configuration
+        lambda: cluster.load_requests(config) and [],
     ]
     if FINETUNE_METHODS:
         checks += [

@@ -150,6 +150,12 @@ def gpu_peaks_mb() -> dict[str, float] | None:
     return {f"cuda:{i}": round(torch.cuda.max_memory_allocated(i) / 2**20, 1) for i in range(torch.cuda.device_count())}
 
 
+def usage_path(log: str | Path) -> Path:
+    """Where a job's usage record lies: `<log>.usage.json` beside its rule log (`<log>.log`)."""
+    log = Path(log)
+    return log.with_name(log.name.removesuffix(".log") + ".usage.json")
+
+
 def write_usage(smk, wall_s: float, ok: bool, batch_split: int) -> None:
     """The job's own record next to its log (`<log>.usage.json`): wall time, peak host and GPU memory."""
     if not smk.log:
@@ -161,7 +167,7 @@ def write_usage(smk, wall_s: float, ok: bool, batch_split: int) -> None:
     host_mb = max(resource.getrusage(who).ru_maxrss for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)) / 1024
     write_json({"rule": smk.rule, "wildcards": dict(smk.wildcards.items()), "ok": ok, "wall_s": round(wall_s, 3),
                 "host_peak_mb": round(host_mb, 1), "gpu_peak_mb": gpu_peaks_mb(), "batch_split": batch_split},
-               log.with_name(log.name.removesuffix(".log") + ".usage.json"))
+               usage_path(log))
 
 
 @contextlib.contextmanager

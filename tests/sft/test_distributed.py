@@ -188,9 +188,9 @@ def test_a_rank_out_of_gpu_memory_marks_the_jobs_log_for_a_retry_with_a_smaller_
             distributed.run_on_gpus(out_of_memory_on_rank_one, gpus=2, device="cpu", timeout_s=TIMEOUT_S, seed=0)
     text = log.read_text()
     assert "--- rank 1 of 2 ---" in text and "OutOfMemoryError: CUDA out of memory" in text  # rank 1's traceback
-    assert cluster.gpu_oom_logged(log)
+    assert cluster.gpu_oom_logged(log) and cluster.previous_attempt(log) == cluster.GPU_OOM
     first = cluster.job_resources({"gpus": 1, "mem_mb": 8000, "runtime": 30, "finetune": {"gpus": 2}}, "finetune")
-    retry = cluster.retry_resources(first, 2, cluster.gpu_oom_logged(log))
+    retry = cluster.retry_resources(first, 2, cluster.previous_attempt(log))
     assert (retry["batch_split"], retry["mem_mb"]) == (2, 8000)
     assert not list(tmp_path.glob("**/*.gpu-oom"))  # the launcher's temporary folder is gone
 

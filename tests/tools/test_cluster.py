@@ -3,6 +3,8 @@ resources, the retry after running out of GPU or host memory, the batch split, a
 The submissions themselves, against a real Slurm, are in tests/workflow/test_slurm.py."""
 
 import json
+import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -38,19 +40,142 @@ def test_resources_key_names_the_block_a_rule_reads():
 
 def test_a_retry_after_gpu_oom_splits_the_batch_and_keeps_host_memory():
     first = cluster.job_resources(MODEL, "finetune")
-    assert cluster.retry_resources(first, 1, gpu_oom=False)["batch_split"] == 1
-    second = cluster.retry_resources(first, 2, gpu_oom=True)
-    third = cluster.retry_resources(first, 3, gpu_oom=True)
+    assert cluster.retry_resources(first, 1, None)["batch_split"] == 1
+    second = cluster.retry_resources(first, 2, cluster.GPU_OOM)
+    third = cluster.retry_resources(first, 3, cluster.GPU_OOM)
     assert (second["batch_split"], second["mem_mb"], second["runtime"]) == (2, 128000, 240)
     assert (third["batch_split"], third["mem_mb"], third["runtime"]) == (4, 128000, 360)
 
 
 def test_another_failure_asks_for_more_host_memory_and_time_not_a_smaller_batch():
     first = cluster.job_resources(MODEL, "knockout")
-    second = cluster.retry_resources(first, 2, gpu_oom=False)
+    second = cluster.retry_resources(first, 2, cluster.FAILED)
     assert (second["batch_split"], second["mem_mb"], second["runtime"]) == (1, 128000, 240)
     # attempt 1 never splits, whatever an old log says
-    assert cluster.retry_resources(first, 1, gpu_oom=True) == first | {"batch_split": 1}
+    assert cluster.retry_resources(first, 1, cluster.GPU_OOM) == first | {"batch_split": 1}
+
+
+def test_a_job_that_completed_in_a_failed_group_keeps_its_memory():
+    """The job completed inside a group that failed for another of its jobs: nothing says it needs more memory, so
+    the retry asks for its first memory and batch; only its time grows (a group that ran out of time needs more for
+    each of its jobs)."""
+    first = cluster.job_resources(MODEL, "evaluate")
+    assert cluster.retry_resources(first, 2, cluster.COMPLETED) == first | {"batch_split": 1, "runtime": 120}
+    assert cluster.retry_resources(first, 3, cluster.COMPLETED)["mem_mb"] == first["mem_mb"]
+
+
+def test_after_a_submission_sbatch_refused_the_retry_asks_for_what_it_asked(monkeypatch, tmp_path):
+    """sbatch refused attempt 2 (a QOS submit limit: the plugin reports it as the job's failure, and Snakemake
+    retries it; arithmech.tools.slurm_plugin records it): attempt 3 asks for what attempt 2 asked for, not for three
+    times the memory. Attempt 1 failed for host memory (its log, no usage record)."""
+    monkeypatch.setattr(cluster, "SBATCH_REFUSED", set())
+    log = tmp_path / "knockout.log"
+    log.write_text("started, then killed\n")
+    first = cluster.job_resources(MODEL, "knockout")
+
+    def asked(attempt):
+        attempt = cluster.resource_attempt(log, attempt)
+        return cluster.retry_resources(first, attempt, cluster.previous_attempt(log) if attempt > 1 else None)
+
+    assert asked(3)["mem_mb"] == 3 * first["mem_mb"]
+    cluster.SBATCH_REFUSED.add((str(log), 2))
+    assert asked(3) == asked(2) and asked(2)["mem_mb"] == 2 * first["mem_mb"]
+    cluster.SBATCH_REFUSED.add((str(log), 1))  # refused from the start: the first request, however many times
+    assert asked(3) == asked(1) == first | {"batch_split": 1}
+
+
+def _attempt(tmp_path, body=None, *, raises=None, batch_split=1):
+    """One attempt of a job through `jobs.job` (its log and usage record under tmp_path); `raises`: it fails so."""
+    smk, log = _smk(tmp_path, batch_split=batch_split)
+    try:
+        with jobs.job(smk):
+            if raises is not None:
+                raise raises
+    except type(raises):
+        pass
+    return log
+
+
+def test_the_previous_attempt_is_read_from_the_jobs_own_files(tmp_path):
+    log = tmp_path / "logs/finetune/precise.log"
+    assert cluster.previous_attempt(log) == cluster.FAILED  # killed before it opened its log
+    assert cluster.previous_attempt(_attempt(tmp_path)) == cluster.COMPLETED
+    assert cluster.previous_attempt(_attempt(tmp_path, raises=ValueError("bad"))) == cluster.FAILED
+    oom = OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+    assert cluster.previous_attempt(_attempt(tmp_path, raises=oom)) == cluster.GPU_OOM
+    # killed for host memory or time: its log is written again, its usage record is an earlier run's
+    log = _attempt(tmp_path)
+    record = jobs.usage_path(log)
+    os.utime(record, (record.stat().st_mtime - 60,) * 2)
+    log.write_text("started, then killed\n")
+    assert cluster.previous_attempt(log) == cluster.FAILED
+    record.write_text("not json")
+    assert cluster.previous_attempt(log) == cluster.FAILED
+
+
+def test_requests_from_the_plan_follow_its_estimate_with_headroom_a_floor_and_the_configs_ceiling():
+    small = cluster.planned_request(host_bytes=1e9, seconds=30)
+    assert small == cluster.FLOOR
+    big = cluster.planned_request(host_bytes=20e9, seconds=600)
+    assert big == {"mem_mb": math.ceil(cluster.HEADROOM["mem_mb"] * 20000),
+                   "runtime": math.ceil(cluster.HEADROOM["runtime"] * 10)}
+    assert cluster.job_resources(MODEL, "knockout", big)["mem_mb"] == big["mem_mb"] < MODEL["mem_mb"]
+    # the config's values are the ceiling
+    huge = cluster.planned_request(host_bytes=200e9, seconds=36000)
+    assert cluster.job_resources(MODEL, "evaluate", huge) == cluster.job_resources(MODEL, "evaluate")
+
+
+def test_a_requests_file_is_used_only_for_the_configuration_it_was_planned_for(tmp_path):
+    config = {"models": {"m": {"resources": MODEL}}, "seed": 0, "slurm": {"requests": None}}
+    assert cluster.load_requests(config) == {}
+    path = tmp_path / "requests.json"
+    estimates = {"m": {"knockout": {"host_bytes": 20e9, "seconds": 600}}}
+    path.write_text(json.dumps({"config_digest": cluster.config_digest(config), "config_files": ["a.yaml"],
+                                "estimates": estimates}))
+    config["slurm"] = {"requests": str(path), "account": "proj42"}  # the slurm block is not part of the digest
+    assert cluster.load_requests(config) == {"m": {"knockout": cluster.planned_request(20e9, 600)}}
+    changed = {**config, "seed": 1}
+    with pytest.raises(cluster.ClusterSettingError, match=r"slurm.requests=.*requests.json was planned for another "
+                                                          r"configuration \(a.yaml; digest"):
+        cluster.load_requests(changed)
+    config["slurm"]["requests"] = str(tmp_path / "missing.json")
+    with pytest.raises(cluster.ClusterSettingError, match=r"slurm.requests=.*missing.json: cannot read the plan's "
+                                                          r"requests .*make plan"):
+        cluster.load_requests(config)
+
+
+def test_snakemake_combines_a_groups_jobs_one_after_the_other_on_one_gpu():
+    """What Snakemake 9 asks for a group job of the SLURM profile's groups (`GroupResources.basic_layered`, as
+    `GroupJob.resources` calls it for a cluster): with the profile's `gpu_slot` (one for each grouped rule's job,
+    `set-resources`; one a submission, `resources`) its jobs run one at a time, so the group asks for 1 GPU, one
+    node, the largest memory and the sum of the runtimes; without it the jobs of one level would be summed (4 GPUs,
+    4 nodes: an allocation no node may hold)."""
+    from snakemake.resources import GroupResources, Resources
+
+    profile = yaml.safe_load((ROOT / "workflow/profiles/slurm/config.yaml").read_text())
+    assert profile["resources"] == ["gpu_slot=1"] and profile["set-resource-scopes"] == ["gpu_slot=local"]
+    grouped = {item.split("=")[0] for item in profile["groups"]}
+    assert {f"{rule}:gpu_slot=1" for rule in grouped} == set(profile["set-resources"])
+
+    def job(mem_mb, runtime):
+        first = cluster.retry_resources(cluster.job_resources({**MODEL, "mem_mb": mem_mb, "runtime": runtime},
+                                                              "build_pairs"), 1, None)
+        res = {k: v for k, v in cluster.rule_resources(first).items() if isinstance(v, int)}
+        return SimpleNamespace(resources=res | {"_cores": 2, "_nodes": 1, "gpu_slot": 1}, pipe_group=None)
+
+    levels = [[job(20000, 10), job(26000, 12), job(20000, 10), job(20000, 10)], [job(27000, 10)]]
+
+    def combined(resources):
+        constraints = Resources.parse(resources, allow_expressions=False)
+        constraints["_cores"], constraints["_nodes"] = None, 100
+        return GroupResources.basic_layered(levels, constraints, run_local=False, additive_resources=["runtime"],
+                                            sortby=["runtime"])
+
+    grouped = combined(profile["resources"])
+    assert (grouped["gpu"], grouped["nodes"], grouped["mem_mb"], grouped["runtime"], grouped["_cores"]) == (
+        1, 1, 27000, 52, 2)
+    alone = combined([])
+    assert (alone["gpu"], alone["nodes"], alone["mem_mb"]) == (4, 4, 86000)
 
 
 def test_account_and_partitions_are_passed_only_when_set():
@@ -91,7 +216,7 @@ def test_split_batches_keeps_examples_per_training_step():
 
 def _smk(tmp_path, batch_split=1):
     log = tmp_path / "logs" / "finetune" / "precise.log"
-    log.parent.mkdir(parents=True)
+    log.parent.mkdir(parents=True, exist_ok=True)
     return SimpleNamespace(
         log=Namedlist([str(log)]), rule="finetune", threads=1,
         wildcards=Namedlist(fromdict={"model": "tiny", "method": "precise"}),
@@ -152,7 +277,7 @@ def submit_string(model: dict, rule: str, threads: int = 2) -> str:
 
 def rule_resources(model: dict, rule: str) -> dict:
     """A first attempt's resources under the rule's names, without the unset ones (Snakemake drops None)."""
-    first = cluster.retry_resources(cluster.job_resources(model, rule), 1, False)
+    first = cluster.retry_resources(cluster.job_resources(model, rule), 1, None)
     return {k: v for k, v in cluster.rule_resources(first).items() if v is not None}
 
 
@@ -200,7 +325,8 @@ def test_the_training_job_reads_its_gpus_and_nodes_from_those_resources():
     smk = SimpleNamespace(resources=Namedlist(fromdict=rule_resources(TWO_NODES, "finetune")),
                           params=Namedlist(fromdict={"compute": {"device": "auto"}}))
     assert jobs.gpu_settings(smk) == {"gpus": 4, "nodes": 2, "device": "auto", "timeout_s": 7200.0}
-    retry = cluster.rule_resources(cluster.retry_resources(cluster.job_resources(TWO_NODES, "finetune"), 2, True))
+    retry = cluster.rule_resources(cluster.retry_resources(cluster.job_resources(TWO_NODES, "finetune"), 2,
+                                                           cluster.GPU_OOM))
     assert (retry["nodes"], retry["tasks_per_node"], retry["gres"], retry["batch_split"]) == (2, 2, "gpu:a100:2", 2)
 
 

@@ -367,8 +367,10 @@ RECORD = {"recorded_by": "written by `make run`", "started": "2026-11-28T09:00:0
           "jobs_at_start": 80, "workflow_jobs": 80, "from_scratch": True,
           "machine": {"cpu": "AMD EPYC 7B13", "cores": 2, "memory_gib": 8, "system": "Linux", "gpus": []},
           "arithmech": "0.1.0", "commit": "0123456789abcdef0123456789abcdef01234567", "dirty": False}
-PLAN = {"totals": {"jobs": 141, "gpu_jobs": 102, "gpu_hours": 5.18607, "gpu_gb": 66.84, "host_gb": 17.72},
-        "throughput": {"tflops": 100.0, "bandwidth": 1.5, "startup_s": 60.0, "gpu_memory_gb": 80.0},
+PLAN = {"totals": {"jobs": 141, "gpu_jobs": 102, "gpu_hours": 5.18607, "gpu_gb": 66.84, "host_gb": 17.72,
+                   "allocations": 81, "submitted": 102, "queue_hours": 6.75, "weight_loads": 156, "load_hours": 0.58},
+        "throughput": {"tflops": 100.0, "bandwidth": 1.5, "startup_s": 60.0, "gpu_memory_gb": 80.0,
+                       "fs_gbs": 1.0, "queue_wait_min": 5.0},
         "config_files": ["config.yaml", "/somewhere/configs/paper.yaml"], "models": {}, "rules": [], "warnings": []}
 PLAN_PAGE = (f"# The cost plan\n\n{PLAN_OUTPUT_MARKERS[0]}\nan old plan: 8.3 GPU hours\n"
              f"{PLAN_OUTPUT_MARKERS[1]}\n\nMore.\n")

@@ -35,7 +35,7 @@ from arithmech.tools.plan.planner import RULE_COSTS, add_job, cost_of, load_mode
 from arithmech.tools.plan.sft_rules import finetune_lengths
 from arithmech.tools.plan.shapes import SHAPES, Shape, model_shape, shape_from_config_json, tiny_shape
 from arithmech.tools.plan.tokens import TokenCounter
-from helpers import ROOT
+from helpers import ROOT, copy_project
 
 PAPER = ["configs/paper.yaml", "configs/llama2-7b.yaml"]
 
@@ -189,6 +189,87 @@ def test_total_mode_adds_one_patch_layer_job_per_layer():
     assert [job.get("layer") for job in added] == [str(i) for i in range(32)]
     assert all(job.added and job.rule == "patch_layer" for job in added)
     assert checkpoint_jobs(jobs, {"patching": {"mode": "direct"}}, shapes) == []
+    # grouped (the SLURM profile's identify group): the per-layer jobs read every operator's cache, so they join
+    # the model's identify group jobs (one a operator before the checkpoint) into one
+    jobs = [Job("build_pairs", (("model", "m"), ("task", t)), group=f"identify#{i}") for i, t in enumerate("ab")]
+    added = checkpoint_jobs(jobs, config, shapes, {"patch_layer": "identify", "build_pairs": "identify"})
+    assert {job.group for job in jobs + added} == {"identify#m"}
+
+
+def test_groups_lower_the_allocations_and_weight_loads_follow_the_model_jobs(reports):
+    """The paper's plan for LLaMA2-7B: every GPU job goes through sbatch (the CPU jobs run on the login node);
+    the SLURM profile's groups put the identify stage (4 + 4 + 1 jobs) in one allocation, the discovery (4 + 1)
+    in one, the knockout, analysis and circuit jobs (4 each) in one each; every process of a job loads the
+    weights once (3 ranks for fine-tuning, the base model beside a study model)."""
+    report = reports["paper"]
+    rows = {row["rule"]: row for row in report["rules"] if row["model"] == "llama2-7b"}
+    total = report["totals"]
+    assert total["submitted"] == total["gpu_jobs"] == 102
+    allocations = {rule: rows[rule]["allocations"] for rule in ("build_pairs", "cache_activations",
+                                                                 "patch_all_layers", "discover", "discover_union",
+                                                                 "knockout", "analyze", "circuit", "evaluate")}
+    assert allocations == {"build_pairs": 1, "cache_activations": 0, "patch_all_layers": 0, "discover": 1,
+                           "discover_union": 0, "knockout": 1, "analyze": 1, "circuit": 1, "evaluate": 40}
+    assert total["allocations"] == 102 - (9 - 1) - (5 - 1) - 3 * (4 - 1) == 81
+    assert total["queue_hours"] == pytest.approx(81 * Throughput().queue_wait_min / 60)
+    loads = {rule: rows[rule]["weight_loads"] for rule in ("build_pairs", "evaluate", "finetune", "study_train",
+                                                           "study_evaluate")}
+    assert loads == {"build_pairs": 4, "evaluate": 40, "finetune": 4 * 3, "study_train": 18 * 3,
+                     "study_evaluate": 1 + 10 * 2}
+    assert total["weight_loads"] == sum(row["weight_loads"] for row in report["rules"])
+    weights = 6_738_415_616 * 2
+    assert total["load_hours"] == pytest.approx(total["weight_loads"] * weights / 1e9 / 3600)
+
+
+def test_without_the_profiles_groups_every_job_is_its_own_allocation(tmp_path):
+    """The same plan from a checkout whose SLURM profile groups nothing: one allocation per GPU job."""
+    (tmp_path / "checkout").mkdir()
+    root = copy_project(tmp_path / "checkout")
+    shutil.copy2(ROOT / "config.yaml", root / "config.yaml")
+    profile = root / "workflow/profiles/slurm/config.yaml"
+    settings = yaml.safe_load(profile.read_text())
+    for key in ("groups", "group-components"):
+        settings.pop(key)
+    profile.write_text(yaml.safe_dump(settings))
+    report = plan([str(ROOT / f) for f in PAPER], root=root, workdir=ROOT / "tests")
+    assert report["totals"]["allocations"] == report["totals"]["submitted"] == 102
+    assert all(row["group"] == "" for row in report["rules"])
+
+
+def test_a_run_asks_for_the_plans_requests_and_refuses_them_for_another_configuration(tmp_path, capsys):
+    """`--requests FILE` writes the plan's estimates; a run whose slurm.requests names it asks each model job for
+    them with headroom (cluster.planned_request), at most the config's values; with another configuration the
+    file is refused, naming the key (a note in a dry run; the run's onstart check stops it)."""
+    from arithmech.tools import cluster
+
+    requests = tmp_path / "requests.json"
+    assert main([str(TINY), "--root", str(ROOT), "--requests", str(requests)]) == 0
+    written = json.loads(requests.read_text())
+    estimate = written["estimates"]["tiny"]["knockout"]
+    expected = cluster.job_resources(load_config([str(TINY)], root=ROOT)["models"]["tiny"]["resources"], "knockout",
+                                     cluster.planned_request(estimate["host_bytes"], estimate["seconds"]))
+
+    def knockout_resources(*overlay: str) -> tuple[dict, str]:
+        work = tmp_path / "work"
+        work.mkdir(exist_ok=True)
+        shutil.copy2(ROOT / "config.yaml", work / "config.yaml")
+        (work / "mine.yaml").write_text("\n".join(overlay) + "\n")
+        cmd = [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "--directory", str(work),
+               "--executor", "slurm", "--jobs", "2", "--dry-run", "--configfile", str(TINY), str(work / "mine.yaml")]
+        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=work, timeout=300)
+        log = proc.stdout + proc.stderr
+        assert proc.returncode == 0, log[-3000:]
+        block = log.split("\nrule knockout:", 1)[1]
+        line = next(ln for ln in block.splitlines() if ln.strip().startswith("resources:"))
+        return dict(item.split("=", 1) for item in line.split(":", 1)[1].strip().split(", ")), log
+
+    used, log = knockout_resources(f"slurm: {{requests: {requests}}}")
+    assert (int(used["mem_mb"]), int(used["runtime"])) == (expected["mem_mb"], expected["runtime"]), log[-2000:]
+    assert "note: slurm.requests" not in log
+    stale, log = knockout_resources(f"slurm: {{requests: {requests}}}", "seed: 7")
+    assert f"note: slurm.requests={requests} was planned for another configuration" in log
+    tiny = load_config([str(TINY)], root=ROOT)["models"]["tiny"]["resources"]
+    assert (int(stale["mem_mb"]), int(stale["runtime"])) == (tiny["mem_mb"], tiny["runtime"])
 
 
 SMALL = Shape(n_layers=2, n_heads=2, n_kv_heads=1, head_dim=4, d_model=8, d_ff=16, vocab=10)
@@ -386,7 +467,7 @@ def test_cli_prints_the_table_and_totals(reports, capsys):
 def test_cli_json(capsys):
     assert main(["--json", "--root", str(ROOT)]) == 0
     report = json.loads(capsys.readouterr().out)
-    assert set(report) == {"config_files", "throughput", "models", "rules", "totals", "warnings"}
+    assert set(report) == {"config_files", "config_digest", "throughput", "models", "rules", "totals", "warnings"}
     assert report["models"]["smollm2-135m"]["dtype_bytes"] == 2
     assert report["totals"]["jobs"] == sum(row["jobs"] for row in report["rules"])
 

@@ -146,6 +146,10 @@ def test_submissions_name_each_jobs_rule_and_wildcards(tmp_path):
     log = plugin_log([("12", "evaluate", "rehearsal_base_gsm8k"), ("13", "findings", "")], tmp_path / "logs/slurm")
     assert rehearsal.submissions(log) == [(12, "evaluate", "rehearsal_base_gsm8k"), (13, "findings", "")]
     assert rehearsal.submissions("Select jobs to execute...\n") == []
+    # a group job (the SLURM profile's groups): its folder is group_<group>_<its rules>
+    grouped = (f"Job 3 has been submitted with SLURM jobid 14 (log: {tmp_path}/logs/slurm/"
+               "group_identify_build_pairs_cache_activations_patch_all_layers/14.log).\n")
+    assert rehearsal.submissions(grouped) == [(14, "identify", "")]
 
 
 def test_sacct_times_and_sizes():
@@ -272,3 +276,7 @@ def test_the_workflow_root_is_the_checkout_or_names_the_option(tmp_path, monkeyp
 def test_planned_jobs_sum_a_rule_over_models():
     report = {"rules": [{"rule": "evaluate", "jobs": 40}, {"rule": "all", "jobs": 1}, {"rule": "evaluate", "jobs": 8}]}
     assert rehearsal.planned_jobs(report) == {"evaluate": 48, "all": 1}
+    grouped = {"rules": [{"rule": "build_pairs", "jobs": 4, "group": "identify", "allocations": 1},
+                         {"rule": "cache_activations", "jobs": 4, "group": "identify", "allocations": 0},
+                         {"rule": "evaluate", "jobs": 40, "group": "", "allocations": 40}]}
+    assert rehearsal.planned_jobs(grouped) == {"identify": 1, "evaluate": 40}

@@ -3,14 +3,16 @@ counts as failed (the real-Slurm test of a cancelled job is in tests/workflow/te
 
 import asyncio
 import importlib.metadata
+import inspect
 import logging
 import shlex
+from types import SimpleNamespace
 
 import pytest
 import snakemake_executor_plugin_slurm as plugin
 from snakemake_executor_plugin_slurm import job_status_query
 
-from arithmech.tools import slurm_plugin
+from arithmech.tools import cluster, slurm_plugin
 from helpers import ROOT
 
 # What sacct -X --parsable2 --format=JobIdRaw,State writes for these jobs (Slurm 22.05 here).
@@ -64,3 +66,30 @@ def test_another_plugin_version_is_left_alone(monkeypatch):
     monkeypatch.setattr(slurm_plugin, "installed_version", lambda: "2.9.0")
     note = slurm_plugin.install()
     assert "2.9.0 is not the pinned 2.8.0" in note and plugin.query_job_status is job_status_query.query_job_status
+
+
+def test_the_pinned_plugin_reports_a_refused_sbatch_as_the_jobs_error():
+    """Why refusals are recorded: the plugin 2.8.0 turns sbatch's refusal (a QOS submit limit) into the job's error,
+    with this message, and Snakemake retries the job. When this fails the plugin changed: check the message."""
+    source = inspect.getsource(plugin.Executor.run_job)
+    assert f'"{slurm_plugin.SBATCH_REFUSED_MESSAGE} "' in source and "_report_job_error_threadsafe" in source
+
+
+def test_a_refused_submission_is_recorded_for_the_retry_and_reported_as_before(monkeypatch):
+    monkeypatch.setattr(plugin.Executor, "_report_job_error_threadsafe", plugin.Executor._report_job_error_threadsafe)
+    monkeypatch.setattr(cluster, "SBATCH_REFUSED", set())
+    assert slurm_plugin.install() is None
+    assert plugin.Executor._report_job_error_threadsafe.arithmech_refusals
+    reported = []
+    executor = SimpleNamespace(_main_event_loop=None, report_job_error=lambda info, msg: reported.append(msg))
+    job = SimpleNamespace(is_group=lambda: False, log=["results/m/logs/knockout/addition.log"], attempt=2)
+    refusal = (f"{slurm_plugin.SBATCH_REFUSED_MESSAGE} The error message was 'sbatch: error: "
+               "QOSMaxSubmitJobPerUserLimit'.")
+    plugin.Executor._report_job_error_threadsafe(executor, plugin.SubmittedJobInfo(job), refusal)
+    other = SimpleNamespace(is_group=lambda: False, log=["results/m/logs/knockout/division.log"], attempt=1)
+    plugin.Executor._report_job_error_threadsafe(executor, plugin.SubmittedJobInfo(other), "Job failed, going on")
+    assert reported == [refusal, "Job failed, going on"]
+    assert cluster.SBATCH_REFUSED == {("results/m/logs/knockout/addition.log", 2)}
+    group = SimpleNamespace(is_group=lambda: True, jobs=[job, other], attempt=1)
+    slurm_plugin.record_refusal(group, refusal)
+    assert ("results/m/logs/knockout/division.log", 1) in cluster.SBATCH_REFUSED

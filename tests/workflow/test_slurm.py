@@ -39,9 +39,17 @@ pytestmark = pytest.mark.slow  # real jobs on a real scheduler: make test-fast l
 # batch step (bash and srun), about 615 MB together in the job's memory cgroup.
 MEM_MB, RUNTIME = 3000, 10
 FINETUNE_MB = 450
-GPU_RULES = {"build_pairs", "cache_activations", "patch_all_layers", "knockout", "transfer", "analyze", "circuit",
-             "edges", "edge_curve", "discover", "discover_union", "finetune", "evaluate", "study_format", "study_train",
+# The GPU jobs as Slurm sees them: a rule's own jobs, or the SLURM profile's group jobs (workflow/profiles/slurm:
+# `groups`), each of these once in the run of one operator, its jobs one after the other (runtime: their sum).
+GROUPED = {
+    "identify": ("build_pairs", "cache_activations", "patch_all_layers"),
+    "discover": ("discover", "discover_union"),
+    "knockout": ("knockout",), "analyze": ("analyze",), "circuit": ("circuit",),
+}
+GPU_RULES = {*GROUPED, "transfer", "edges", "edge_curve", "finetune", "evaluate", "study_format", "study_train",
              "study_evaluate"}
+# The troubled run's events are single jobs': there the profile's groups are replaced by one that no job of it runs.
+UNGROUPED = ("--groups", "findings=ungrouped")
 CPU_RULES = {"aggregate_effects", "plot_effects", "summarize_key_components", "plot_knockout", "plot_transfer",
              "plot_analysis", "plot_circuit", "plot_discover", "summarize_eval", "study_items", "study_select",
              "study_summary", "claims", "findings", "plot_edge_curve"}
@@ -142,14 +150,17 @@ def test_every_rule_went_through_sbatch_and_finished(full_run):
     work, log, jobs = full_run
     counts = {rule: len([j for j in runs if j["State"] == "COMPLETED"]) for rule, runs in jobs.items()}
     assert counts == {
-        "build_pairs": 1, "cache_activations": 1, "patch_all_layers": 1, "aggregate_effects": 1, "plot_effects": 1,
+        "identify": 1, "aggregate_effects": 1, "plot_effects": 1,
         "summarize_key_components": 1, "knockout": 1, "plot_knockout": 1, "transfer": 1, "plot_transfer": 1,
         "analyze": 1, "plot_analysis": 1, "finetune": 1, "evaluate": 4, "summarize_eval": 1, "study_format": 1,
         "study_items": 1, "study_train": 2, "study_select": 2, "study_evaluate": 3,
         "study_summary": 1, "circuit": 1, "edges": 1, "edge_curve": 1, "plot_edge_curve": 1, "plot_circuit": 1,
-        "discover": 1, "discover_union": 1,
-        "plot_discover": 1, "claims": 1, "findings": 1,
+        "discover": 1, "plot_discover": 1, "claims": 1, "findings": 1,
     }
+    # every job of a group ran in its one allocation
+    for rules in GROUPED.values():
+        for rule in rules:
+            assert f"\n    rule {rule}:" in log, rule
     assert set(jobs) == GPU_RULES | CPU_RULES
     for rule in LOCAL_RULES:  # ran, on this host (prepare_model is a checkpoint)
         assert re.search(rf"^local(rule|checkpoint) {rule}:", log, re.M) and rule not in jobs
@@ -186,12 +197,17 @@ def test_an_exported_token_reaches_no_job_log_page_or_report(full_run, slurm_clu
 
 
 def test_gpu_jobs_get_account_partition_gpu_memory_and_time(full_run, slurm_cluster):
+    """Every GPU job and group job asks for one GPU and the model's memory; a group job for the sum of its jobs'
+    runtimes (they run one after the other), on one node."""
     _, _, jobs = full_run
     for rule in GPU_RULES - {"finetune", "study_train"}:
+        runtime = RUNTIME * len(GROUPED.get(rule, (rule,)))
         for job in jobs[rule]:
             assert (job["Account"], job["Partition"]) == (slurm_cluster.account, slurm_cluster.partition), job
             assert "gres/gpu=1" in job["ReqTRES"] and "gres/gpu=1" in job["AllocTRES"], job
-            assert (job["ReqMem"], job["Timelimit"]) == (f"{MEM_MB}M", f"00:{RUNTIME:02d}:00"), job
+            assert (job["ReqMem"], job["Timelimit"]) == (f"{MEM_MB}M", f"00:{runtime:02d}:00"), job
+            assert "node=1" in job["AllocTRES"], job
+            assert job["JobName"].startswith("arithmech_"), job  # the profile's slurm-jobname-prefix
 
 
 def test_cpu_jobs_go_to_the_cpu_partition_without_a_gpu(full_run, slurm_cluster):
@@ -226,9 +242,14 @@ def test_a_job_over_its_memory_is_resubmitted_with_twice_the_memory(full_run):
 TARGET = "results/tiny/effects/addition.parquet"  # build_pairs, cache_activations, patch_all_layers on Slurm
 
 
-def squeue_job(slurm, work: Path, rule: str, deadline: float) -> str:
-    """The id of this run's (its work directory's) job of `rule` once it is RUNNING."""
+def squeue_job(slurm, work: Path, rule: str, deadline: float, run: subprocess.Popen | None = None,
+               log: Path | None = None) -> str:
+    """The id of this run's (its work directory's) job of `rule` once it is RUNNING; fails at once when the
+    Snakemake `run` (its output in `log`) has ended, instead of waiting for a job it will never submit."""
     while True:
+        if run is not None and run.poll() is not None:
+            text = log.read_text(errors="replace") if log is not None else ""
+            pytest.fail(f"the run ended (exit {run.returncode}) before a RUNNING {rule} job:\n{text[-3000:]}")
         out = slurm.run("squeue", "-h", "-o", "%i|%k|%T|%Z").stdout
         for line in out.splitlines():
             job, comment, state, workdir = line.split("|")
@@ -291,17 +312,18 @@ def troubled_run(slurm_cluster, model_dir, tmp_path_factory):
     work = tmp_path_factory.mktemp("slurm-trouble")
     write_config(work, model_dir, where_jobs_go(slurm_cluster, cpu_partition=False), runtime=1)
     env = workflow_env(slurm_cluster)
-    cmd = snakemake_cmd(work, TARGET)
+    cmd = snakemake_cmd(work, TARGET, *UNGROUPED)  # --groups takes every value after it: the target goes first
     events = {}
     with open(work / "first.log", "w") as out:
         run = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, text=True, env=env)
         try:
             deadline = time.monotonic() + RUN_TIMEOUT_S
-            events["build_pairs"] = squeue_job(slurm_cluster, work, "build_pairs", deadline)
+            waiting = {"deadline": deadline, "run": run, "log": work / "first.log"}
+            events["build_pairs"] = squeue_job(slurm_cluster, work, "build_pairs", **waiting)
             restart_slurmd(slurm_cluster)
-            events["cache_activations"] = job = squeue_job(slurm_cluster, work, "cache_activations", deadline)
+            events["cache_activations"] = job = squeue_job(slurm_cluster, work, "cache_activations", **waiting)
             assert stop_processes(slurm_cluster, job), f"job {job} has no processes"
-            events["patch_all_layers"] = job = squeue_job(slurm_cluster, work, "patch_all_layers", deadline)
+            events["patch_all_layers"] = job = squeue_job(slurm_cluster, work, "patch_all_layers", **waiting)
             slurm_cluster.run("scancel", job)
             events["noticed"] = notice_seconds(work / "first.log", job, run, CANCEL_NOTICED_S)
             try:
@@ -418,7 +440,7 @@ def test_profile_slurm_as_typed_submits_with_the_workflows_settings(slurm_cluste
     assert proc.returncode == 0, log[-6000:]
     assert "Using profile slurm for setting default command line arguments" in log
     jobs = recorded(slurm_cluster, log)
-    assert set(jobs) == {"build_pairs"}, log[-4000:]
+    assert set(jobs) == {"identify"}, log[-4000:]  # the profile's group of build_pairs, here with its one job
     account = "root" if own_profile else "proj42"
     for rule, runs in jobs.items():
         (job,) = runs

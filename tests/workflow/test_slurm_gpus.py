@@ -41,8 +41,8 @@ def resources(name):
     def get(key):
         def value(wildcards, attempt):
             first = cluster.job_resources(MODEL, "finetune" if name == "train" else "knockout")
-            gpu_oom = attempt > 1 and cluster.gpu_oom_logged(f"logs/{{name}}.log")
-            out = cluster.rule_resources(cluster.retry_resources(first, attempt, gpu_oom))
+            previous = cluster.previous_attempt(f"logs/{{name}}.log") if attempt > 1 else None
+            out = cluster.rule_resources(cluster.retry_resources(first, attempt, previous))
             return {{**out, "cpus_per_gpu": 1 if out.get("cpus_per_gpu") else None}}.get(key)
         return value
     keys = ("gpu", "mem_mb", "runtime", "batch_split", "cpus_per_gpu", "nodes")

@@ -544,8 +544,10 @@ def slurm_dry_run(run, slurm):
         c["models"]["tiny"]["resources"].update(gpus=2, gpu_model="a100", mem_mb=12000,
                                                 finetune={"gpus": 4, "mem_mb": 30000}, evaluate={"runtime": 45})
         c["slurm"] = slurm
+    # ungrouped (the profile's groups replaced by one of a rule that does not exist): each rule's own request
+    # shows; tests/workflow/test_slurm_groups.py runs the groups
     proc = snakemake(run, "--workflow-profile", str(run / "workflow/profiles/slurm"), "--dry-run", "--forceall",
-                     "--configfile", str(with_config(run, resources)))
+                     "--configfile", str(with_config(run, resources)), "--groups", "no_such_rule=ungrouped")
     assert proc.returncode == 0, proc.stderr[-3000:]
     jobs, rule = {}, None
     for line in proc.stdout.splitlines():

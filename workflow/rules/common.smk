@@ -31,16 +31,34 @@ wildcard_constraints:
     run=r"lr\d+|seed\d+|draw\d+|chosen|base",
 
 
+# Host memory and runtime from the plan (slurm.requests: `make plan --requests FILE`), the config's values the
+# ceiling; {} without it. A file it cannot use is noted here (a dry run, make plan's own among them, goes on with
+# models.<name>.resources) and stops a run before any job is queued (the Snakefile's onstart checks).
+try:
+    PLANNED = cluster.load_requests(config)
+except cluster.ClusterSettingError as err:
+    if workflow.is_main_process:
+        print(f"note: {err}", file=sys.stderr)
+    PLANNED = {}
+
+
 def model_job_resources(name, wildcards, attempt):
     """A model job's resources at `attempt` (arithmech.tools.cluster): `models.<model>.resources` with the
-    block of rule `name` over it; a retry after the job ran out of GPU memory (read from its log) splits the batch,
-    after another failure it asks for more host memory; both ask for more time. Under the SLURM plugin's names
-    (cluster.rule_resources: a job over several nodes is the plugin's MPI job)."""
-    first = cluster.job_resources(config["models"][wildcards.model]["resources"], name)
-    gpu_oom = attempt > 1 and cluster.gpu_oom_logged(
-        getattr(rules, name).log[0].format(**dict(wildcards.items()))
+    block of rule `name` over it, lowered to the plan's request where slurm.requests gives one; a retry after a
+    submission sbatch refused asks for what that one asked for, otherwise for what the last attempt's files say
+    helps (cluster.previous_attempt: completed in a failed group: the same memory; out of GPU memory: the batch
+    split; otherwise more host memory), with more time. Under the SLURM plugin's names (cluster.rule_resources: a
+    job over several nodes is the plugin's MPI job)."""
+    first = cluster.job_resources(
+        config["models"][wildcards.model]["resources"],
+        name,
+        PLANNED.get(wildcards.model, {}).get(name),
     )
-    return cluster.rule_resources(cluster.retry_resources(first, attempt, gpu_oom))
+    log = getattr(rules, name).log[0].format(**dict(wildcards.items()))
+    # a submission sbatch refused did not run: the retry asks for what it asked for
+    attempt = cluster.resource_attempt(log, attempt)
+    previous = cluster.previous_attempt(log) if attempt > 1 else None
+    return cluster.rule_resources(cluster.retry_resources(first, attempt, previous))
 
 
 def gpu_resources(name):

@@ -8,8 +8,13 @@ Read by the Snakefile while it parses (so standard library only) and by `make pl
 - `check_nodes(model, resources, rule)`: a job over several nodes (`nodes`) is a training job with the same
   number of GPUs, at least 2, on each node; `rule_resources(first)`: those resources under the names the SLURM
   plugin reads (a multi-node job as the plugin's MPI job, see `MULTI_NODE`);
-- `retry_resources(...)`: what a retry asks for: after the job ran out of GPU memory (its log says so) a
-  smaller batch (`batch_split`, applied by `arithmech.jobs`), otherwise more host memory; more time either way;
+- `load_requests(config)`, `planned_request(...)`: a job's host memory and runtime from the plan (`make plan
+  --requests FILE`, config `slurm.requests`) with headroom (`HEADROOM`, `FLOOR`), capped by the config's block;
+- `resource_attempt(...)`, `previous_attempt(log)`, `retry_resources(...)`: what a retry asks for: after a
+  submission sbatch refused (a QOS submit limit) what that one asked for; otherwise, from what the last attempt
+  left, more time always, more host memory after a failure (not when the job completed in a group that failed for
+  another job), a smaller batch instead after the job ran out of GPU memory (its log says so; `batch_split`,
+  applied by `arithmech.jobs`);
 - `slurm_settings(settings)`: account and partitions (config block `slurm`), passed only when set;
 - `check_slurm(settings, environ)`: the account and partitions exist for this user, before any job is queued;
 - `check_node_gpus(models, partition, environ)`: every job's GPUs a node fit on the partition's nodes (`sinfo`),
@@ -19,12 +24,15 @@ Read by the Snakefile while it parses (so standard library only) and by `make pl
 from __future__ import annotations
 
 import getpass
+import hashlib
+import json
+import math
 import re
 import shutil
 import subprocess
 from pathlib import Path
 
-from arithmech.jobs import CPUS_PER_GPU, GPU_OOM_MARK
+from arithmech.jobs import CPUS_PER_GPU, GPU_OOM_MARK, usage_path
 
 # Per-rule blocks of `models.<name>.resources`: a block's keys override the model's own for these rules; every
 # other model rule takes the model's own values.
@@ -60,7 +68,7 @@ CPU_JOB = {"mem_mb": 4000, "runtime": 20}
 # the scheduler's default applies). Not environment variables: SLURM_ACCOUNT and SLURM_PARTITION are Slurm's own
 # input variables (srun reads them), and inside an allocation the SLURM plugin deletes every SLURM_* variable.
 SETTINGS = "slurm"
-ACCOUNT, PARTITION, CPU_PARTITION = "account", "partition", "cpu_partition"
+ACCOUNT, PARTITION, CPU_PARTITION, REQUESTS = "account", "partition", "cpu_partition", "requests"
 # Variables that earlier versions of the workflow read, named in a note when they are set.
 FORMER_VARS = {"SLURM_ACCOUNT": ACCOUNT, "SLURM_PARTITION": PARTITION, "SLURM_CPU_PARTITION": CPU_PARTITION}
 
@@ -74,12 +82,16 @@ def resource_group(rule: str) -> str | None:
     return next((group for group, rules in RESOURCE_GROUPS.items() if rule in rules), None)
 
 
-def job_resources(resources: dict, rule: str) -> dict:
+def job_resources(resources: dict, rule: str, planned: dict | None = None) -> dict:
     """A model job's first-attempt resources: the model's `resources` with the rule's block over them, and
-    `cpus_per_gpu` when it asks for several GPUs."""
+    `cpus_per_gpu` when it asks for several GPUs. `planned`: the plan's request for the rule (`planned_request`,
+    from `load_requests`), which lowers `mem_mb` and `runtime` to it: the config's values are the ceiling."""
     own = {key: resources[key] for key in RESOURCE_KEYS if key in resources}
     group = resource_group(rule)
     out = own | (resources.get(group) or {}) if group else own
+    for key, value in (planned or {}).items():
+        if key in out:
+            out[key] = min(out[key], value)
     if out.get("gpus", 1) > 1:
         out["cpus_per_gpu"] = CPUS_PER_GPU
     return out
@@ -142,19 +154,111 @@ def gpu_oom_logged(log_path: str | Path) -> bool:
         return False
 
 
-def retry_resources(first: dict, attempt: int, gpu_oom: bool) -> dict:
-    """What attempt `attempt` (1, 2, ...) asks for. After running out of GPU memory, more host memory would
-    not help: the batch is split into 2^(attempt-1) parts (examples per optimizer step unchanged), host
-    memory stays; otherwise (killed for host memory or time, or another failure) memory grows with the
-    attempt. Runtime grows with the attempt in both cases (smaller batches take longer)."""
-    out = dict(first)
+# What the last attempt of a job left behind (`previous_attempt`), which decides what its retry asks for.
+COMPLETED = "completed"  # its usage record says ok, written after its log: its group failed for another job
+GPU_OOM = "gpu oom"  # its log carries the GPU out-of-memory mark (any rank's, arithmech.sft.distributed)
+FAILED = "failed"  # anything else: killed for host memory or time (perhaps before its log was opened), an error
+
+# Submissions sbatch refused (a QOS submit limit such as QOSMaxSubmitJobPerUserLimit, an invalid request): the SLURM
+# plugin reports them as the job's failure and Snakemake retries the job. Recorded in the submitting Snakemake by
+# arithmech.tools.slurm_plugin as (the job's rule log, attempt); `resource_attempt` reads them.
+SBATCH_REFUSED: set[tuple[str, int]] = set()
+
+
+def resource_attempt(log_path: str | Path, attempt: int) -> int:
+    """The attempt whose resources attempt `attempt` of the job whose rule log is `log_path` asks for: a refused
+    submission never ran and says nothing about what the job needs, so the attempt after it asks for what it asked
+    for (`SBATCH_REFUSED`), not for twice the memory."""
+    while attempt > 1 and (str(log_path), attempt - 1) in SBATCH_REFUSED:
+        attempt -= 1
+    return attempt
+
+
+def previous_attempt(log_path: str | Path) -> str:
+    """What the job whose rule log is `log_path` did the last time it ran, from its files (`arithmech.jobs.job`
+    opens the log when it starts and writes its usage record, `ok` or not, last): `COMPLETED`, `GPU_OOM` or
+    `FAILED`. A record older than the log is an earlier run's: the last attempt was killed before it could write
+    one (host memory, time limit); no log at all is a job killed before it opened it: both FAILED."""
+    log = Path(log_path)
+    try:
+        text, log_mtime = log.read_text(errors="replace"), log.stat().st_mtime
+    except OSError:
+        return FAILED
+    if GPU_OOM_MARK in text:
+        return GPU_OOM
+    record = usage_path(log)
+    try:
+        ok = json.loads(record.read_text()).get("ok") is True and record.stat().st_mtime >= log_mtime
+    except (OSError, ValueError, AttributeError):
+        ok = False
+    return COMPLETED if ok else FAILED
+
+
+def retry_resources(first: dict, attempt: int, previous: str | None) -> dict:
+    """What attempt `attempt` (1, 2, ...; `resource_attempt`: not counting submissions sbatch refused) asks for,
+    after the last attempt did `previous` (`previous_attempt`; ignored on attempt 1). Runtime grows with the attempt
+    whatever happened (a group that ran out of time needs more for every job of it, smaller batches take longer).
+    Host memory grows with the attempt after a failure (`FAILED`: killed for host memory, or another error); a job
+    that completed inside a group that failed for another job (`COMPLETED`) keeps its memory; after running out of
+    GPU memory (`GPU_OOM`) more host memory would not help: the batch is split into 2^(attempt-1) parts (examples
+    per optimizer step unchanged)."""
+    out = dict(first) | {"batch_split": 1}
+    if attempt == 1:
+        return out
     out["runtime"] = first["runtime"] * attempt
-    if gpu_oom and attempt > 1:
+    if previous == GPU_OOM:
         out["batch_split"] = 2 ** (attempt - 1)
-    else:
+    elif previous != COMPLETED:
         out["mem_mb"] = first["mem_mb"] * attempt
-        out["batch_split"] = 1
     return out
+
+
+# Requests from the plan (docs/plan.md#requests-from-the-plan). `make plan --requests FILE` writes each model
+# rule's largest planned host memory and job time; with `slurm.requests: FILE` a job asks for HEADROOM times them,
+# at least FLOOR, at most its `models.<name>.resources` values. Headroom: at the paper's full sizes the jobs' own
+# memory was up to 45% above the plan's estimate of it (docs/rehearsal.md, make rehearsal-peak), hence 1.5; the
+# plan's time rests on an assumed GPU utilisation (its largest uncertainty, docs/plan.md), hence 3 and a
+# 10-minute floor (a job that still runs out of time is retried with attempt x runtime; a group asks for the sum of
+# its jobs' runtimes, so a floor of hours would add up).
+HEADROOM = {"mem_mb": 1.5, "runtime": 3.0}
+FLOOR = {"mem_mb": 8000, "runtime": 10}
+
+
+def planned_request(host_bytes: float, seconds: float) -> dict:
+    """A job's request from the plan's estimates: `mem_mb` and `runtime` (minutes), `HEADROOM` times the
+    estimate, at least `FLOOR`."""
+    return {"mem_mb": max(FLOOR["mem_mb"], math.ceil(HEADROOM["mem_mb"] * host_bytes / 1e6)),
+            "runtime": max(FLOOR["runtime"], math.ceil(HEADROOM["runtime"] * seconds / 60))}
+
+
+def config_digest(config: dict) -> str:
+    """A digest of the configuration the plan was made for, without the `slurm` block (where jobs go changes no
+    estimate, and it names the requests file itself)."""
+    text = json.dumps({key: value for key, value in config.items() if key != SETTINGS}, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def load_requests(config: dict) -> dict[str, dict[str, dict]]:
+    """The plan's request of every model rule (model -> rule -> `planned_request`), from the file `slurm.requests`
+    names ({} when it is null: the config's blocks as they are). Raises `ClusterSettingError` naming the key when
+    the file cannot be read or was planned for another configuration."""
+    path = (config.get(SETTINGS) or {}).get(REQUESTS)
+    if not path:
+        return {}
+    key = f"{SETTINGS}.{REQUESTS}={path}"
+    redo = (f"write it again with `make plan CONFIGS='<the run's config files>' PLAN_ARGS='--requests {path}'`, "
+            f"or set {SETTINGS}.{REQUESTS}: null to ask for the config's models.<name>.resources")
+    try:
+        data = json.loads(Path(path).expanduser().read_text())
+        digest, estimates = data["config_digest"], data["estimates"]
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise ClusterSettingError(f"{key}: cannot read the plan's requests ({err}): {redo}") from None
+    if digest != config_digest(config):
+        files = ", ".join(data.get("config_files", []))
+        raise ClusterSettingError(f"{key} was planned for another configuration ({files}; digest {digest}, this "
+                                  f"run's {config_digest(config)}): {redo}")
+    return {model: {rule: planned_request(e["host_bytes"], e["seconds"]) for rule, e in rules.items()}
+            for model, rules in estimates.items()}
 
 
 def slurm_settings(settings: dict | None, *, gpu: bool) -> dict:

@@ -58,6 +58,7 @@ from arithmech.model.tiny import build_tiny_model
 from arithmech.report.tables import markdown_table
 from arithmech.tools.docs_results import replace_block, write_if_changed
 from arithmech.tools.plan import data_path, load_config, plan, read_records
+from arithmech.tools.plan.dryrun import profile_groups
 from arithmech.tools.run_record import machine, machine_text
 
 PROFILE = Path("workflow") / "profiles" / "slurm"  # the workflow's SLURM profile, in the checkout
@@ -245,16 +246,24 @@ def node_memory_mb(partition: str | None, env: dict[str, str]) -> int:
     return sizes[key]
 
 
-def submissions(log_text: str) -> list[tuple[int, str, str]]:
+def submissions(log_text: str, group_ids: list[str] | None = None) -> list[tuple[int, str, str]]:
     """(Slurm job id, rule, wildcards) of every job the SLURM executor plugin submitted, from its lines in a
     Snakemake log: the job's log path names the rule (rule_<rule>/) and the wildcards (the folder below it, none
-    for a rule without wildcards)."""
+    for a rule without wildcards). A group job's (group_<group>_<its rules>/, Snakemake's GroupJob.name) is given
+    as its group, one of `group_ids` (default: the groups of the workflow's SLURM profile), without wildcards."""
+    if group_ids is None:
+        group_ids = [item.split("=", 1)[1] for item in profile_groups(workflow_root())["groups"]]
     jobs = []
     for job_id, log in SUBMITTED.findall(log_text):
         parts = Path(log).parts
-        rule_at = max(i for i, part in enumerate(parts) if part.startswith("rule_"))
-        wildcards = "/".join(parts[rule_at + 1:-1])
-        jobs.append((int(job_id), parts[rule_at].removeprefix("rule_"), wildcards))
+        at = max(i for i, part in enumerate(parts) if part.startswith(("rule_", "group_")))
+        if parts[at].startswith("group_"):
+            name = parts[at].removeprefix("group_")
+            group = max((g for g in set(group_ids) if name.startswith(f"{g}_")), key=len, default=name)
+            jobs.append((int(job_id), group, ""))
+            continue
+        wildcards = "/".join(parts[at + 1:-1])
+        jobs.append((int(job_id), parts[at].removeprefix("rule_"), wildcards))
     return jobs
 
 
@@ -349,10 +358,12 @@ def plan_of(work: Path, configs: list[Path], *, root: Path) -> dict:
 
 
 def planned_jobs(report: dict) -> dict[str, int]:
-    """Jobs per rule of a `plan.plan` report (the dry run's counts)."""
+    """Jobs per rule of a `plan.plan` report (the dry run's counts); a grouped rule's (the SLURM profile's groups)
+    under its group, as its allocations, as `submissions` names them."""
     counts: dict[str, int] = {}
     for row in report["rules"]:
-        counts[row["rule"]] = counts.get(row["rule"], 0) + row["jobs"]
+        key = row.get("group") or row["rule"]
+        counts[key] = counts.get(key, 0) + (row["allocations"] if row.get("group") else row["jobs"])
     return counts
 
 

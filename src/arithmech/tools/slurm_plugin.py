@@ -11,6 +11,12 @@ The upstream fix is one line in `job_status_query.query_job_status` (docs/cluste
 word, `status = row[1].strip().split(" ", 1)[0]`. tests/tools/test_slurm_plugin.py fails when the pinned version
 changes, so that this module is dropped once the fix is released.
 
+When sbatch refuses a submission (a QOS limit such as QOSMaxSubmitJobPerUserLimit), the plugin reports it as the
+job's failure, and Snakemake retries the job, whose resources would grow as after an out-of-memory kill.
+`install()` also wraps the plugin's error report so that such a refusal is recorded (`record_refusal`, into
+`arithmech.tools.cluster.SBATCH_REFUSED`): the retry then asks for what the refused submission asked for
+(`cluster.resource_attempt`).
+
 Read by the Snakefile while it parses: standard library only (and the plugin, when it is installed).
 """
 
@@ -45,6 +51,22 @@ def job_states(states: dict[str, str] | None, logger=None) -> dict[str, str] | N
     return out
 
 
+# How the plugin 2.8.0 begins its report of a submission sbatch refused (Executor.run_job).
+SBATCH_REFUSED_MESSAGE = "SLURM sbatch failed."
+
+
+def record_refusal(job, msg: str | None) -> None:
+    """When `msg` (the plugin's error report) says sbatch refused `job` (a job or a group job, Snakemake's), record
+    each of its jobs' rule log with the attempt in `cluster.SBATCH_REFUSED`."""
+    if not (msg or "").startswith(SBATCH_REFUSED_MESSAGE):
+        return
+    from arithmech.tools import cluster
+
+    for one in (job.jobs if job.is_group() else [job]):
+        if one.log:
+            cluster.SBATCH_REFUSED.add((str(one.log[0]), job.attempt))
+
+
 def installed_version() -> str | None:
     try:
         return importlib.metadata.version(PLUGIN.replace("_", "-"))
@@ -65,14 +87,24 @@ def install() -> str | None:
     import snakemake_executor_plugin_slurm as plugin
 
     query = plugin.query_job_status
-    if getattr(query, "arithmech_states", False):
-        return None
+    if not getattr(query, "arithmech_states", False):
 
-    @functools.wraps(query)
-    async def query_job_status(command, logger):
-        states, seconds = await query(command, logger)
-        return job_states(states, logger), seconds
+        @functools.wraps(query)
+        async def query_job_status(command, logger):
+            states, seconds = await query(command, logger)
+            return job_states(states, logger), seconds
 
-    query_job_status.arithmech_states = True
-    plugin.query_job_status = query_job_status
+        query_job_status.arithmech_states = True
+        plugin.query_job_status = query_job_status
+
+    report = plugin.Executor._report_job_error_threadsafe
+    if not getattr(report, "arithmech_refusals", False):
+
+        @functools.wraps(report)
+        def report_job_error(self, job_info, msg):
+            record_refusal(job_info.job, msg)  # before Snakemake handles the error and plans the retry
+            return report(self, job_info, msg)
+
+        report_job_error.arithmech_refusals = True
+        plugin.Executor._report_job_error_threadsafe = report_job_error
     return None

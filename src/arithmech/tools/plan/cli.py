@@ -15,11 +15,11 @@ import textwrap
 from pathlib import Path
 from typing import Sequence
 
-from arithmech.tools.cluster import RESOURCE_GROUPS
+from arithmech.tools.cluster import FLOOR, HEADROOM, RESOURCE_GROUPS
 from arithmech.tools.plan.costmodel import HOST_BASE_BYTES, Throughput
 from arithmech.tools.plan.errors import PlanError
 from arithmech.tools.plan.measured import compare, measure
-from arithmech.tools.plan.planner import plan
+from arithmech.tools.plan.planner import plan, requests_file
 
 
 def _hours(value: float) -> str:
@@ -44,9 +44,14 @@ def render_text(report: dict) -> str:
         "An upper bound: every candidate prompt counted as answered correctly, every greedy answer at its "
         "longest.",
         f"Assumed: {t['tflops']:g} TFLOP/s (bf16), {t['bandwidth']:g} TB/s, {t['startup_s']:g} s start-up per GPU "
-        f"job, {t['gpu_memory_gb']:g} GB per GPU. Formulas: docs/plan.md.",
+        f"job, {t['gpu_memory_gb']:g} GB per GPU; weights read at {t['fs_gbs']:g} GB/s, {t['queue_wait_min']:g} min "
+        "in the queue per allocation. Formulas: docs/plan.md.",
+        f"allocs: Slurm allocations in the SLURM profile's groups. request: a job's memory and minutes with "
+        f"slurm.requests ({HEADROOM['mem_mb']:g} x host GB, {HEADROOM['runtime']:g} x time,",
+        f"at least {FLOOR['mem_mb']} MB and {FLOOR['runtime']} min, at most models.<name>.resources).",
     ]
-    header = f"{'rule':<26}{'jobs':>5}{'GPU h/job':>11}{'GPU h':>9}{'GPU GB':>8}{'host GB':>9}  notes"
+    header = (f"{'rule':<26}{'jobs':>5}{'allocs':>7}{'GPU h/job':>11}{'GPU h':>9}{'GPU GB':>8}{'host GB':>9}"
+              f"{'request':>14}  notes")
     for name, entry in report["models"].items():
         res = entry["resources"]
         lines += ["", f"{name}: {entry['shape']}", f"  shape: {entry['shape_source']}; tokens {entry['tokens']}; "
@@ -58,7 +63,12 @@ def render_text(report: dict) -> str:
         lines += ["", "no model", header] + [_text_row(row) for row in shared]
     total = report["totals"]
     lines += ["", f"total: {total['jobs']} jobs, {total['gpu_jobs']} on a GPU, {total['gpu_hours']:.2f} GPU hours; "
-                  f"largest job {total['gpu_gb']:.1f} GB of GPU memory, {total['host_gb']:.1f} GB of host memory"]
+                  f"largest job {total['gpu_gb']:.1f} GB of GPU memory, {total['host_gb']:.1f} GB of host memory",
+              f"Slurm: {total['allocations']} allocations for the {total['submitted']} jobs sbatch runs (the SLURM "
+              f"profile's groups; {total['submitted']} without them), {total['queue_hours']:.1f} h in the queue at "
+              f"{t['queue_wait_min']:g} min each;",
+              f"  {total['weight_loads']} weight loads, {total['load_hours']:.2f} h reading weights at "
+              f"{t['fs_gbs']:g} GB/s (within each job's start-up)"]
     warnings = report["warnings"]
     lines += ["", f"warnings ({len(warnings)}):" if warnings else "warnings: none"]
     lines += [f"  {w}" for w in warnings]
@@ -66,11 +76,16 @@ def render_text(report: dict) -> str:
 
 
 def _text_row(row: dict) -> str:
+    allocs = row["allocations"]
+    if row["group"]:  # its jobs run in the group's allocations, counted on the group's first row
+        row = row | {"note": f"[group {row['group']}] {row['note']}"}
     if row["kind"] != "gpu":
         label = {"local": "local", "cpu": "CPU", "unknown": "unknown"}[row["kind"]]
-        return f"{row['rule']:<26}{row['jobs']:>5}{label:>11}{'-':>9}{'-':>8}{'-':>9}  {row['note']}"
-    return (f"{row['rule']:<26}{row['jobs']:>5}{_hours(row['gpu_hours_per_job']):>11}{_hours(row['gpu_hours']):>9}"
-            f"{row['gpu_gb']:>8.1f}{row['host_gb']:>9.1f}  {row['note']}")
+        return (f"{row['rule']:<26}{row['jobs']:>5}{allocs:>7}{label:>11}{'-':>9}{'-':>8}{'-':>9}{'-':>14}  "
+                f"{row['note']}")
+    request = f"{row['request']['mem_mb'] / 1000:.0f} GB {row['request']['runtime']} m" if row["request"] else "-"
+    return (f"{row['rule']:<26}{row['jobs']:>5}{allocs:>7}{_hours(row['gpu_hours_per_job']):>11}"
+            f"{_hours(row['gpu_hours']):>9}{row['gpu_gb']:>8.1f}{row['host_gb']:>9.1f}{request:>14}  {row['note']}")
 
 
 def render_comparison(comparison: dict) -> str:
@@ -139,6 +154,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="seconds a GPU job spends starting and loading its model (default: 60)")
     parser.add_argument("--gpu-memory-gb", type=float, default=Throughput.gpu_memory_gb,
                         help="GB of memory per GPU (default: 80)")
+    parser.add_argument("--fs-gbs", type=float, default=Throughput.fs_gbs,
+                        help="GB/s a job reads the weights at from the shared file system (default: 1, a 10 GbE "
+                             "client)")
+    parser.add_argument("--queue-wait-min", type=float, default=Throughput.queue_wait_min,
+                        help="minutes each Slurm allocation waits in the queue (default: 5, an assumption)")
+    parser.add_argument("--requests", type=Path, default=None, metavar="FILE",
+                        help="write each model rule's planned host memory and time to FILE, for the config's "
+                             "slurm.requests (jobs then ask for them with headroom)")
     parser.add_argument("--root", type=Path, default=None,
                         help="the checkout (its Snakefile, config.yaml, data; default: the current directory)")
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
@@ -148,7 +171,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     root = (args.root or Path.cwd()).resolve()
     throughput = Throughput(tflops=args.tflops, bandwidth=args.bandwidth, startup_s=args.startup_s,
-                            gpu_memory_gb=args.gpu_memory_gb)
+                            gpu_memory_gb=args.gpu_memory_gb, fs_gbs=args.fs_gbs, queue_wait_min=args.queue_wait_min)
     try:
         measured = measure(args.compare) if args.compare is not None else None  # first: a bad file fails fast
         report = plan(args.configs, root=root, throughput=throughput)
@@ -157,6 +180,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except PlanError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    if args.requests is not None:
+        args.requests.write_text(json.dumps(requests_file(report), indent=2) + "\n")
+        print(f"requests for slurm.requests written to {args.requests}", file=sys.stderr)
     if args.json:
         print(json.dumps(report, indent=2))
     else:

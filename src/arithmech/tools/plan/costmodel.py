@@ -24,12 +24,16 @@ from arithmech.tools.plan.tokens import TokenCounter
 class Throughput:
     """What a GPU is assumed to deliver: `tflops` (effective TFLOP/s, bf16), `bandwidth` (effective TB/s of
     GPU memory, the floor of memory-bound forwards), `startup_s` (seconds a GPU job spends starting and
-    loading its model), `gpu_memory_gb` (GB of memory per GPU)."""
+    loading its model), `gpu_memory_gb` (GB of memory per GPU); and the cluster around it: `fs_gbs` (GB/s one
+    job reads the weights at from the shared file system), `queue_wait_min` (minutes an allocation waits in the
+    queue)."""
 
     tflops: float = 100.0
     bandwidth: float = 1.5
     startup_s: float = 60.0
     gpu_memory_gb: float = 80.0
+    fs_gbs: float = 1.0  # a 10 GbE client's ~1.25 GB/s line rate; Whamcloud's "Why Use Lustre": over 1 GB/s end to end
+    queue_wait_min: float = 5.0  # an assumption, not a measurement: your site's sacct (Start - Submit) says
 
 
 DTYPE_BYTES = {"auto": 2, "bfloat16": 2, "float16": 2, "float32": 4}  # auto: bfloat16 on a GPU

@@ -56,11 +56,13 @@ def load_config(config_files: Sequence[str | Path], *, root: Path) -> dict:
 
 @dataclass(frozen=True)
 class Job:
-    """One job of the workflow: its rule and wildcards. `added`: not in the dry run, added by the plan."""
+    """One job of the workflow: its rule and wildcards. `added`: not in the dry run, added by the plan. `group`:
+    the group job it runs in (Snakemake's group, as the dry run lists it: "<group>#<n>"), "" when it is its own."""
 
     rule: str
     wildcards: tuple[tuple[str, str], ...] = ()
     added: bool = False
+    group: str = ""
 
     def get(self, key: str, default: str | None = None) -> str | None:
         return dict(self.wildcards).get(key, default)
@@ -71,19 +73,28 @@ class Job:
         return f"{self.rule}[{shown}]" if shown else self.rule
 
 
-_JOB_LINE = re.compile(r"^(?:local)?(?:rule|checkpoint) (\w+):\s*$")
+_JOB_LINE = re.compile(r"^(\s*)(?:local)?(?:rule|checkpoint) (\w+):\s*$")
+_GROUP_LINE = re.compile(r"Group job (\S+) \(jobs in lexicogr\. order\):\s*$")
 _WILDCARDS_LINE = re.compile(r"^\s+wildcards: (.*)$")
 _STATS_LINE = re.compile(r"^(\w+)\s+(\d+)\s*$")
 
 
 def parse_dry_run(text: str) -> list[Job]:
-    """The jobs a `snakemake --dry-run` listing names ("rule <name>:" and its "wildcards:" line), checked
-    against the counts of its first "Job stats" table."""
+    """The jobs a `snakemake --dry-run` listing names ("rule <name>:" and its "wildcards:" line), each in the
+    group job it is listed under ("Group job <group> ...:", its jobs indented below it), checked against the
+    counts of its first "Job stats" table."""
     jobs: list[Job] = []
+    group, groups = "", 0
     for line in text.splitlines():
+        found = _GROUP_LINE.search(line)
+        if found:
+            group, groups = f"{found[1]}#{groups}", groups + 1
+            continue
         header = _JOB_LINE.match(line)
         if header:
-            jobs.append(Job(header[1]))
+            if not header[1]:
+                group = ""  # a job listed on its own ends the group job above it
+            jobs.append(Job(header[2], group=group))
             continue
         found = _WILDCARDS_LINE.match(line)
         if found and jobs:
@@ -112,14 +123,36 @@ def job_stats(text: str) -> dict[str, int]:
     return counts
 
 
-def snakemake_dry_run(config_files: Sequence[str | Path], *, root: Path, quiet: bool = False) -> str:
+SLURM_PROFILE = Path("workflow/profiles/slurm/config.yaml")  # the workflow's SLURM profile, under the checkout
+GROUP_KEYS = ("groups", "group-components")  # its keys that group jobs into allocations (Snakemake's options)
+
+
+def profile_groups(root: Path) -> dict[str, list[str]]:
+    """The SLURM profile's grouping (root/`SLURM_PROFILE`): {"groups": ["rule=group", ...], "group-components":
+    ["group=n", ...]}, each as the profile lists it."""
+    data = _read_yaml(root / SLURM_PROFILE)
+    out = {}
+    for key in GROUP_KEYS:
+        value = data.get(key) or []
+        if not isinstance(value, list) or not all(isinstance(v, str) and "=" in v for v in value):
+            raise PlanError(f"{SLURM_PROFILE}: {key} is expected as a list of 'name=value' strings, found {value!r}")
+        out[key] = value
+    return out
+
+
+def snakemake_dry_run(config_files: Sequence[str | Path], *, root: Path, quiet: bool = False,
+                      groups: dict[str, list[str]] | None = None) -> str:
     """The output of `snakemake --dry-run` with `config_files` over root/config.yaml in an empty temporary
     working directory, so that no result already computed is left out; `quiet`: only the counts
-    (`--quiet rules`)."""
+    (`--quiet rules`); `groups`: the SLURM profile's grouping (`profile_groups`), which the listing then shows as
+    group jobs."""
     with tempfile.TemporaryDirectory(prefix="arithmech-plan-") as work:
         shutil.copy2(root / "config.yaml", Path(work) / "config.yaml")  # the Snakefile's `configfile:`
         cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(root / "Snakefile"), "--directory", work,
                "--dry-run", "--cores", "1", *(["--quiet", "rules"] if quiet else [])]
+        for key, values in (groups or {}).items():
+            if values:
+                cmd += [f"--{key}", *values]
         if config_files:
             cmd += ["--configfile", *(str(Path(f).resolve()) for f in config_files)]
         proc = subprocess.run(cmd, capture_output=True, text=True, cwd=work, timeout=600)
@@ -129,11 +162,23 @@ def snakemake_dry_run(config_files: Sequence[str | Path], *, root: Path, quiet: 
     return log
 
 
-def checkpoint_jobs(jobs: list[Job], config: dict, shapes: dict[str, Shape]) -> list[Job]:
+def checkpoint_jobs(jobs: list[Job], config: dict, shapes: dict[str, Shape], grouped: dict[str, str] | None = None
+                    ) -> list[Job]:
     """Jobs a dry run cannot list yet: in total mode the per-layer `patch_layer` jobs follow from the
-    layers prepare_model (a checkpoint) finds; one per layer of each model, from its shape."""
+    layers prepare_model (a checkpoint) finds; one per layer of each model, from its shape. `grouped`: rule ->
+    group of the SLURM profile; a `patch_layer` job reads every operator's pairs and cache, so with its rule grouped
+    it joins the group jobs of its model that hold them, which it connects into one: those jobs (in `jobs`, changed
+    in place) and the added ones get one group id."""
     if config["patching"]["mode"] != "total" or any(job.rule == "patch_layer" for job in jobs):
         return []
-    return [Job("patch_layer", (("model", name), ("layer", str(layer))), added=True)
-            for name, shape in shapes.items() for layer in range(shape.n_layers)]
+    group = (grouped or {}).get("patch_layer", "")
+    added = []
+    for name, shape in shapes.items():
+        joined = f"{group}#{name}" if group else ""
+        for i, job in enumerate(jobs):
+            if group and job.get("model") == name and job.group.split("#")[0] == group:
+                jobs[i] = replace(job, group=joined)
+        added += [Job("patch_layer", (("model", name), ("layer", str(layer))), added=True, group=joined)
+                  for layer in range(shape.n_layers)]
+    return added
 

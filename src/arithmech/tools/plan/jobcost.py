@@ -24,7 +24,10 @@ class Cost:
     `ranks`: the processes a training job runs, one per GPU (`arithmech.sft.distributed`: data parallel, full
     fine-tuning sharded with FSDP2): its work is split over them (the job's wall time is work / ranks) and
     `gpu_bytes` is one rank's peak, to fit one GPU. 1: one process, whose model a job with several GPUs spreads
-    over them (device_map: `gpu_bytes` is the whole job's, to fit all of them; the time is not divided)."""
+    over them (device_map: `gpu_bytes` is the whole job's, to fit all of them; the time is not divided).
+
+    `models`: the model copies each process loads from the shared file system (a study model scored against the
+    base model: 2); the job loads `models` x `ranks` copies of the weights."""
 
     work: Work = Work()
     gpu_bytes: float = 0.0
@@ -34,6 +37,12 @@ class Cost:
     local: bool = False
     unknown: bool = False
     ranks: int = 1
+    models: int = 1
+
+    @property
+    def weight_loads(self) -> int:
+        """How many times the job reads the model's weights: each of its processes loads its own copies."""
+        return self.models * self.ranks if self.gpu else 0
 
 
 class Setting:
@@ -66,7 +75,8 @@ def gpu_cost(model: Model, *, work: Work, activations: float, note: str, loaded:
     """A GPU job's cost: `models` copies of the weights, `activations` and the CUDA context on the GPU; in host
     memory the weights (loaded through it), `loaded` bytes of files it reads and the libraries."""
     gpu = models * model.weight_bytes + activations + CUDA_CONTEXT_BYTES
-    return Cost(work=work, gpu_bytes=gpu, host_bytes=model.weight_bytes + loaded + HOST_BASE_BYTES, note=note)
+    return Cost(work=work, gpu_bytes=gpu, host_bytes=model.weight_bytes + loaded + HOST_BASE_BYTES, note=note,
+                models=models)
 
 
 def cpu_rule(s: Setting, m: Model | None, job: Job) -> Cost:

@@ -1,0 +1,110 @@
+"""A group of jobs (the SLURM profile's `gpu_slot`, docs/cluster.md#groups)
+through the real SLURM executor plugin on the test suite's real one-node Slurm: one allocation of 1 GPU on one node
+with the largest memory and the summed runtime of its jobs, which run in it one at a time; when one of them fails,
+the whole group runs again, each job asking for what its own files say (arithmech.tools.cluster).
+
+A small workflow of its own (`SNAKEFILE`): three independent jobs made of the pieces the workflow's model rules are
+made of (their resources from `arithmech.tools.cluster` as workflow/rules/common.smk gives them, `arithmech.jobs.job`
+around the script), grouped as the profile groups the knockout's jobs (`--groups step=steps --group-components
+steps=3 --set-resources step:gpu_slot=1`)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from arithmech.tools.rehearsal import submissions
+from helpers import ROOT
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_slurm import JOB_WAIT_S, workflow_env  # noqa: E402
+
+pytestmark = pytest.mark.slow  # real jobs on a real scheduler
+
+MEM_MB, RUNTIME = 500, 5
+
+SNAKEFILE = """
+import sys
+sys.path.insert(0, {src!r})  # the checkout's package, as the workflow's Snakefile does
+
+from arithmech.tools import cluster
+
+MODEL = {{"gpus": 1, "mem_mb": {mem_mb}, "runtime": {runtime}}}
+
+
+def value(key):
+    def get(wildcards, attempt):  # as workflow/rules/common.smk's model_job_resources
+        log = f"logs/step_{{wildcards.i}}.log"
+        attempt = cluster.resource_attempt(log, attempt)
+        previous = cluster.previous_attempt(log) if attempt > 1 else None
+        first = cluster.job_resources(MODEL, "knockout")
+        return cluster.rule_resources(cluster.retry_resources(first, attempt, previous)).get(key)
+    return get
+
+
+rule all:
+    input: expand("out/{{i}}.json", i=range(3))
+
+
+rule step:
+    output: "out/{{i}}.json"
+    log: "logs/step_{{i}}.log"
+    params: seed=0, compute={{"device": "cpu"}}
+    threads: 1
+    resources: **{{key: value(key) for key in ("gpu", "mem_mb", "runtime", "batch_split", "nodes")}}
+    script: "step.py"
+"""
+
+SCRIPT = """
+import json
+import time
+from pathlib import Path
+
+from arithmech import jobs
+
+with jobs.job(snakemake):
+    i = snakemake.wildcards.i
+    start = time.time()
+    with open(f"ran_{i}.txt", "a") as ran:  # not an output: Snakemake leaves it
+        ran.write(f"{start}\\n")
+    time.sleep(3)
+    if i == "1" and not Path("failed_once").exists():
+        Path("failed_once").write_text("")
+        raise RuntimeError("the first run of job 1 fails")
+    Path(snakemake.output[0]).write_text(json.dumps({"start": start, "end": time.time()}))
+"""
+
+
+def test_a_group_is_one_allocation_its_jobs_one_at_a_time_and_a_failure_runs_it_again(slurm_cluster, tmp_path):
+    (tmp_path / "Snakefile").write_text(SNAKEFILE.format(src=str(ROOT / "src"), mem_mb=MEM_MB, runtime=RUNTIME))
+    (tmp_path / "step.py").write_text(SCRIPT)
+    cmd = [sys.executable, "-m", "snakemake", "-s", str(tmp_path / "Snakefile"), "--directory", str(tmp_path),
+           "--workflow-profile", str(ROOT / "workflow/profiles/slurm"), "--groups", "step=steps",
+           "--group-components", "steps=3", "--set-resources", "step:gpu_slot=1", "--retries", "1",
+           "--slurm-init-seconds-before-status-checks", "1",
+           "--seconds-between-status-checks", "1"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=workflow_env(slurm_cluster))
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, log[-6000:]
+    runs = [slurm_cluster.wait(str(job), timeout=JOB_WAIT_S) for job, _, _ in submissions(log, ["steps"])]
+    assert [r["State"] for r in runs] == ["FAILED", "COMPLETED"], (runs, log[-4000:])
+    first, retry = runs
+    for run in runs:
+        assert "gres/gpu=1" in run["AllocTRES"] and "node=1" in run["AllocTRES"], run
+        assert run["JobName"].startswith("arithmech_"), run
+    # the largest memory of its jobs, the sum of their runtimes; the retry: job 1 failed (memory and time x 2), the
+    # others completed or did not get their turn (time x 2)
+    assert (first["ReqMem"], first["Timelimit"]) == (f"{MEM_MB}M", f"00:{3 * RUNTIME:02d}:00"), first
+    assert (retry["ReqMem"], retry["Timelimit"]) == (f"{2 * MEM_MB}M", f"00:{3 * 2 * RUNTIME:02d}:00"), retry
+    # one at a time in the allocation (its CPUs: one job's thread)
+    spans = sorted(tuple(json.loads((tmp_path / f"out/{i}.json").read_text()).values()) for i in range(3))
+    assert all(end <= next_start for (_, end), (next_start, _) in zip(spans, spans[1:])), spans
+    # the failure ran the whole group again: a job that completed before job 1 failed ran again in the retry
+    # (Snakemake removes the outputs of every job of a failed group)
+    starts = {str(i): [float(t) for t in (tmp_path / f"ran_{i}.txt").read_text().split()] for i in range(3)}
+    assert len(starts["1"]) == 2 and starts["0"] and starts["2"], starts
+    completed_first = [i for i in ("0", "2") if starts[i][0] < starts["1"][0]]
+    assert all(len(starts[i]) == 2 for i in completed_first), starts
+    print(f"group runs: {runs}; starts: {starts}")  # what happened, for the record (pytest -s)
