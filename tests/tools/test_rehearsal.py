@@ -71,6 +71,12 @@ def test_overlay_passes_the_schema_over_the_paper_config(tmp_path, hub):
         quick = size == "quick"
         assert (config["finetune"]["data"]["n"] == 128) is quick
         assert (config["evaluation"]["gsm8k"]["n"] is None) is not quick
+        # the study keeps its jobs (arms, grids, seeds, draws, heads); quick trains fewer steps on fewer items
+        study, paper_study = config["study"], load_config([ROOT / "configs/paper.yaml"], root=ROOT)["study"]
+        for key in ("arms", "lr_grid", "seeds", "random_draws", "heads", "train_format"):
+            assert study[key] == paper_study[key]
+        assert (study["train"]["max_steps"] == 20) is quick and paper_study["train"]["max_steps"] == 60
+        assert study["format_choice"]["items"] <= study["splits"]["validation"]
 
 
 def test_peak_keeps_the_full_runs_largest_batches(tmp_path, hub):

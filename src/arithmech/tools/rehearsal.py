@@ -14,7 +14,8 @@ What a random model cannot do is switched off, and `OVERLAY` says why: it answer
 `prompts.keep_only_correct` is off and `study.base_band` is [0, 1] (else no study format qualifies and the
 study's training jobs never run). With `size: full` every other data size is the paper configuration's
 (all of GSM8K train for 2 epochs at 128 a step, all of GSM8K test, SVAMP, MMLU, ...): hours on 2 CPU cores.
-`size: quick` caps what only scales the work (`QUICK`: the fine-tuning data and the evaluation sets), for a
+`size: quick` caps what only scales the work (`QUICK`: the fine-tuning data, the evaluation sets, the study's
+training steps and scored items), for a
 pass that still runs every job of the DAG. `size: peak` (`peak_overlay`) keeps, where a batch grows with the
 data sizes, the full run's largest batch and only that: one fine-tuning step over the longest GSM8K training
 examples that fit in its max_length, one batch of the longest GSM8K and SVAMP questions at their full answer
@@ -74,7 +75,10 @@ OVERLAY = {
 # size quick: only what scales the work, not the shape. What costs most at this shape is attention over long
 # prompts (32 heads at every layer, a byte-level tokenizer that makes GSM8K about twice as many tokens as
 # LLaMA2's): fine-tuning on GSM8K is capped to 128 examples of at most 256 tokens (2 epochs of 128 a step took
-# 168 s a step at 512 tokens on 2 cores), the evaluation sets to a few dozen items with shorter answers.
+# 168 s a step at 512 tokens on 2 cores), the evaluation sets to a few dozen items with shorter answers. The study
+# keeps its jobs (arms, lr grids, seeds, random draws, 32 heads) but trains 20 steps instead of 60 and scores fewer
+# items: at the paper's sizes a training job took 225 s on average (8 of 18 ran in the stopped rehearsal of
+# 2026-11-26), which puts the study at about 1.5 h of the whole rehearsal.
 QUICK = {
     "finetune": {"data": {"n": 128}, "train": {"max_length": 256}},
     "evaluation": {"gsm8k": {"n": 16, "max_new_tokens": 32}, "svamp": {"n": 16, "max_new_tokens": 32},
@@ -82,7 +86,9 @@ QUICK = {
                    "commonsense_qa": {"n": 32}, "wikitext": {"max_tokens": 2048}},
     "transfer": {"svamp": {"n": 32}, "non_math": {"n": 32}},
     "study": {"off_target": {"gsm8k_n": 8, "svamp_n": 16, "social_iqa_n": 16, "strategyqa_n": 16,
-                             "qa_wikidata_n": 16, "wikitext": {"max_tokens": 2048, "window": 1024}}},
+                             "qa_wikidata_n": 16, "wikitext": {"max_tokens": 2048, "window": 1024}},
+              "train": {"max_steps": 20, "checkpoint_every": 10}, "curve": {"every": 10, "test_items": 32},
+              "splits": {"validation": 64, "test": 128}, "transfer_test": 64, "format_choice": {"items": 64}},
 }
 # The generated blocks of docs/rehearsal.md (`--docs`): the last rehearsal's summary, never typed; size peak
 # (a few jobs at the full run's largest batches) has a block of its own.
