@@ -22,3 +22,13 @@ def test_no_module_spells_the_ablation_kinds_itself():
     files += sorted((ROOT / "workflow/scripts").glob("*.py"))
     found = [str(p.relative_to(ROOT)) for p in files if spelled.search(p.read_text())]
     assert not found, f"the ablation kinds spelled outside arithmech.interp.protocol: {found}"
+
+
+def test_the_transfers_sets_are_each_operator_then_each_format_then_svamp_and_non_math():
+    """One list for rule transfer (tests/stages/test_stages.py checks its table's targets follow it) and the plan."""
+    from arithmech.data.arithmetic import FORMATS
+
+    sets = protocol.transfer_sets(["addition", "division"])
+    assert sets[:2] == [("operator", "addition"), ("operator", "division")]
+    assert sets[2:-2] == [(fmt, task) for fmt in FORMATS for task in ("addition", "division")]
+    assert sets[-2:] == [("svamp", None), ("non_math", None)]

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from arithmech.interp.protocol import transfer_sets
 from arithmech.model.tiny import FAMILIES
 from arithmech.tools.plan import PlanError, load_config, main, plan
 from arithmech.tools.plan.costmodel import (
@@ -483,7 +484,9 @@ def test_a_rule_without_entry_is_warned_about_not_counted():
 def test_transfer_memory_follows_its_longest_prompt_and_copies_per_forward():
     setting, model = llama_setting(PAPER, 32)
     job = Job("transfer", (("model", "llama2-7b"),))
-    svamp = transfer_targets(setting, model)[-2]  # the prompts the job builds: the longest sets the memory
+    targets = transfer_targets(setting, model)
+    assert len(targets) == len(transfer_sets(setting.config["run"]["tasks"]))  # the job's own list of sets
+    svamp = targets[-2]  # the prompts the job builds: the longest sets the memory
     assert svamp["longest"] > svamp["prompt"] and svamp["texts"] == setting.config["transfer"]["svamp"]["n"]
     peak = cost_of(setting, job).gpu_bytes
     assert peak >= model.weight_bytes + set_bytes(model, batch=32, prompt=svamp["longest"], tail=1,

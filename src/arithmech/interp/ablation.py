@@ -419,39 +419,46 @@ def transfer_targets(
     import pandas as pd
 
     from arithmech.data.answers import answer_tokens
-    from arithmech.data.arithmetic import FORMATS, format_prompts, split_pairs
+    from arithmech.data.arithmetic import format_prompts, split_pairs
     from arithmech.data.datasets import subsample
     from arithmech.data.formatting import non_math_prompts, svamp_prompts
     from arithmech.interp.effects import operand_pairs
+    from arithmech.interp.protocol import transfer_sets
 
+    pairs_of = dict(zip(tasks, pairs_paths, strict=True))
     targets = []
-    for task, path in zip(tasks, pairs_paths, strict=True):
-        pairs = subsample(split_pairs(pd.read_parquet(path), "validation", str(path)), transfer["max_samples"], seed)
-        targets.append({
-            "name": task, "kind": "operator", "texts": list(pairs["prompt"]), "golds": list(pairs["answer"]),
-            "answer_ids": torch.tensor(pairs["answer_token_id"].to_numpy()),
-            "max_new_tokens": answer_tokens(lm.tokenizer, pairs["answer"]),
-            "clusters": list(operand_pairs(pairs)),
-        })
-    fmt_cfg = transfer["formats"]
-    for fmt in FORMATS:
-        for task in tasks:
-            df = format_prompts(task, fmt, fmt_cfg[fmt], prompts_cfg, n=fmt_cfg["n"], seed=seed)
+    for kind, task in transfer_sets(tasks):
+        if kind == "operator":
+            path = pairs_of[task]
+            pairs = split_pairs(pd.read_parquet(path), "validation", str(path))
+            pairs = subsample(pairs, transfer["max_samples"], seed)
             targets.append({
-                "name": f"{task} {fmt.replace('_', '-')}", "kind": fmt, "texts": list(df["prompt"]),
+                "name": task, "kind": kind, "texts": list(pairs["prompt"]), "golds": list(pairs["answer"]),
+                "answer_ids": torch.tensor(pairs["answer_token_id"].to_numpy()),
+                "max_new_tokens": answer_tokens(lm.tokenizer, pairs["answer"]),
+                "clusters": list(operand_pairs(pairs)),
+            })
+        elif kind == "svamp":
+            keep, texts = svamp_prompts(svamp_path, transfer["svamp"], seed)
+            targets.append({
+                "name": "SVAMP", "kind": kind, "golds": list(keep["gold"]), "answer_ids": None, "texts": texts,
+                "max_new_tokens": answer_tokens(lm.tokenizer, keep["answer"]),
+                "clusters": [str(i) for i in keep["index"]],
+            })
+        elif kind == "non_math":
+            keep, texts = non_math_prompts(non_math_path, transfer["non_math"], seed)
+            targets.append({
+                "name": Path(non_math_path).parent.name, "kind": kind, "texts": texts,
+                "golds": list(keep["targets"]), "answer_ids": None,
+                "max_new_tokens": transfer["non_math"]["max_new_tokens"], "clusters": [str(i) for i in keep["index"]],
+            })
+        else:  # a number format
+            fmt_cfg = transfer["formats"]
+            df = format_prompts(task, kind, fmt_cfg[kind], prompts_cfg, n=fmt_cfg["n"], seed=seed)
+            targets.append({
+                "name": f"{task} {kind.replace('_', '-')}", "kind": kind, "texts": list(df["prompt"]),
                 "golds": list(df["gold"]), "answer_ids": None,
                 "max_new_tokens": answer_tokens(lm.tokenizer, df["answer"]),
                 "clusters": list(operand_pairs(df)),
             })
-    keep, texts = svamp_prompts(svamp_path, transfer["svamp"], seed)
-    targets.append({
-        "name": "SVAMP", "kind": "svamp", "golds": list(keep["gold"]), "answer_ids": None, "texts": texts,
-        "max_new_tokens": answer_tokens(lm.tokenizer, keep["answer"]), "clusters": [str(i) for i in keep["index"]],
-    })
-    keep, texts = non_math_prompts(non_math_path, transfer["non_math"], seed)
-    targets.append({
-        "name": Path(non_math_path).parent.name, "kind": "non_math", "texts": texts, "golds": list(keep["targets"]),
-        "answer_ids": None, "max_new_tokens": transfer["non_math"]["max_new_tokens"],
-        "clusters": [str(i) for i in keep["index"]],
-    })
     return targets

@@ -156,25 +156,28 @@ def transfer_targets(s: Setting, m: Model) -> list[dict]:
     """The transfer's target sets (`interp.ablation.transfer_targets`): texts, mean prompt tokens (and the
     longest where prompts differ in length beyond their operands) and greedy steps of each operator's
     validation pairs, both number formats of every operator, SVAMP and the non-math control."""
-    from arithmech.data.arithmetic import FORMATS, format_extremes, render
+    from arithmech.data.arithmetic import format_extremes, render
+    from arithmech.interp.protocol import transfer_sets
 
     cfg, prompts, tokens = s.config["transfer"], s.config["prompts"], m.tokens
     targets = []
-    for task in s.config["run"]["tasks"]:
-        p = s.prompts(m, task)
-        targets.append({"texts": min(cfg["max_samples"], p.validation), "prompt": p.ref_tokens,
-                        "steps": p.answer_steps})
-    for fmt in FORMATS:
-        for task in s.config["run"]["tasks"]:
-            first, second, answer = format_extremes(task, fmt, cfg["formats"][fmt])
+    for kind, task in transfer_sets(s.config["run"]["tasks"]):
+        if kind == "operator":
+            p = s.prompts(m, task)
+            targets.append({"texts": min(cfg["max_samples"], p.validation), "prompt": p.ref_tokens,
+                            "steps": p.answer_steps})
+        elif kind == "svamp":
+            targets.append(_svamp_target(s, m))
+        elif kind == "non_math":
+            targets.append(_non_math_target(s, m))
+        else:  # a number format, at its longest operands and answer
+            first, second, answer = format_extremes(task, kind, cfg["formats"][kind])
             lines = [render(t, a=first, op=longest_text(prompts["operators"][task]), b=second).text
                      for t in prompts["templates"]]
             shot = max(lines, key=len) + answer + prompts["shot_separator"]
             counts = tokens.counts([shot * prompts["n_shots"] + line for line in lines])
             targets.append({"texts": cfg["formats"]["n"], "prompt": sum(counts) / len(counts), "longest": max(counts),
                             "steps": 1 + tokens.count(" " + answer, special=False)})
-    targets.append(_svamp_target(s, m))
-    targets.append(_non_math_target(s, m))
     return targets
 
 
