@@ -123,7 +123,7 @@ onstart:
         ),
         lambda: model_access.check_models(config),
         # slurm.requests names a file `make plan --requests` wrote for this configuration
-        lambda: cluster.load_requests(config) and [],
+        check_planned_requests,
     ]
     if FINETUNE_METHODS:
         checks += [

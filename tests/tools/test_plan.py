@@ -271,6 +271,15 @@ def test_a_run_asks_for_the_plans_requests_and_refuses_them_for_another_configur
     assert f"note: slurm.requests={requests} was planned for another configuration" in log
     tiny = load_config([str(TINY)], root=ROOT)["models"]["tiny"]["resources"]
     assert (int(stale["mem_mb"]), int(stale["runtime"])) == (tiny["mem_mb"], tiny["runtime"])
+    # a run (not a dry run) with the stale file stops in its onstart check, before any job
+    work = tmp_path / "work"
+    cmd = [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "--directory", str(work), "--cores",
+           "1", "--configfile", str(TINY), str(work / "mine.yaml")]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=work, timeout=300)
+    log = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "Stopped before any job was queued" in log, log[-3000:]
+    assert f"slurm.requests={requests} was planned for another configuration" in log.split("Stopped before", 1)[1]
+    assert not (work / "results").exists()
 
 
 SMALL = Shape(n_layers=2, n_heads=2, n_kv_heads=1, head_dim=4, d_model=8, d_ff=16, vocab=10)

@@ -35,11 +35,18 @@ wildcard_constraints:
 # ceiling; {} without it. A file it cannot use is noted here (a dry run, make plan's own among them, goes on with
 # models.<name>.resources) and stops a run before any job is queued (the Snakefile's onstart checks).
 try:
-    PLANNED = cluster.load_requests(config)
+    PLANNED, PLANNED_ERROR = cluster.load_requests(config), None
 except cluster.ClusterSettingError as err:
     if workflow.is_main_process:
         print(f"note: {err}", file=sys.stderr)
-    PLANNED = {}
+    PLANNED, PLANNED_ERROR = {}, err
+
+
+def check_planned_requests():
+    """The onstart check of slurm.requests: the error its one read above found, if any."""
+    if PLANNED_ERROR is not None:
+        raise PLANNED_ERROR
+    return []
 
 
 def model_job_resources(name, wildcards, attempt):
