@@ -78,6 +78,7 @@ class SlurmCluster:
     other_account: str  # an account the user may not use: sbatch refuses it
     partition: str  # the default partition (GPUs)
     cpu_partition: str
+    capped_qos: str  # a QOS the user may use, one job of theirs at a time: sbatch refuses a second submission
     state: Path = STATE
 
     @classmethod
@@ -86,7 +87,8 @@ class SlurmCluster:
         return cls(env={**os.environ, **names}, account=names["ARITHMECH_SLURM_ACCOUNT"],
                    other_account=names["ARITHMECH_SLURM_OTHER_ACCOUNT"],
                    partition=names["ARITHMECH_SLURM_PARTITION"],
-                   cpu_partition=names["ARITHMECH_SLURM_CPU_PARTITION"], state=state)
+                   cpu_partition=names["ARITHMECH_SLURM_CPU_PARTITION"],
+                   capped_qos=names["ARITHMECH_SLURM_CAPPED_QOS"], state=state)
 
     def run(self, *args: str, check: bool = True, timeout: float = 60, **kwargs) -> subprocess.CompletedProcess:
         """A Slurm client command against this cluster; with `check`, a non-zero exit raises with its output."""

@@ -25,6 +25,7 @@ DAEMONS=(munged mariadbd slurmdbd slurmctld slurmd) # in start order
 NODE=localhost
 ACCOUNT=proj42
 OTHER_ACCOUNT=other
+CAPPED_QOS=submit1 # a QOS that holds one job of a user at a time: sbatch refuses the second
 MAX_REAL_MEMORY_MB=8000 # jobs get room, and leave the rest of the machine alone
 export SLURM_CONF="$STATE/etc/slurm.conf"
 
@@ -261,10 +262,16 @@ add_records() {
     add_record cluster arithmech
     add_record account "$ACCOUNT" cluster=arithmech description=arithmech-tests organization=arithmech
     add_record account "$OTHER_ACCOUNT" cluster=arithmech description=nobody-may-use-it organization=arithmech
+    add_record qos "$CAPPED_QOS" MaxSubmitJobsPerUser=1
     for user in root ${SUDO_USER:-}; do
         if [ -z "$(sacctmgr -n -P show assoc cluster=arithmech account="$ACCOUNT" user="$user" format=user)" ]; then
             sacctmgr -i -Q add user "$user" cluster=arithmech account="$ACCOUNT" defaultaccount="$ACCOUNT" >/dev/null
         fi
+        case ",$(sacctmgr -n -P show assoc cluster=arithmech account="$ACCOUNT" user="$user" format=qos)," in
+            *",$CAPPED_QOS,"*) ;;
+            *) sacctmgr -i -Q modify user "$user" where cluster=arithmech account="$ACCOUNT" \
+                set qos+="$CAPPED_QOS" >/dev/null ;;
+        esac
     done
 }
 
@@ -310,7 +317,11 @@ cancel_ghost_jobs() { # cancel_ghost_jobs SINCE
 }
 
 cmd_start() {
-    if all_running && node_ready; then say "already up ($STATE)"; return; fi
+    if all_running && node_ready; then # as root, a cluster started by an earlier version gets this one's records
+        if [ "$(id -u)" = 0 ]; then add_records; fi
+        say "already up ($STATE)"
+        return
+    fi
     need_root start "starts munged, mariadbd, slurmdbd, slurmctld and slurmd as root"
     installed || die "Slurm is not installed; run: sudo bash tests/slurm/cluster.sh up"
     stop_legacy # its daemons hold the ports this cluster's need
@@ -418,7 +429,8 @@ cmd_status() {
 cmd_env() {
     all_running || die "the test cluster is not up ($STATE); start it: sudo bash tests/slurm/cluster.sh up"
     printf 'export %s=%q\n' SLURM_CONF "$SLURM_CONF" ARITHMECH_SLURM_ACCOUNT "$ACCOUNT" \
-        ARITHMECH_SLURM_OTHER_ACCOUNT "$OTHER_ACCOUNT" ARITHMECH_SLURM_PARTITION gpu ARITHMECH_SLURM_CPU_PARTITION cpu
+        ARITHMECH_SLURM_OTHER_ACCOUNT "$OTHER_ACCOUNT" ARITHMECH_SLURM_PARTITION gpu ARITHMECH_SLURM_CPU_PARTITION cpu \
+        ARITHMECH_SLURM_CAPPED_QOS "$CAPPED_QOS"
 }
 
 case "${1:-}" in
