@@ -60,6 +60,7 @@ def test_overlay_passes_the_schema_over_the_paper_config(tmp_path, hub):
         config = load_config([ROOT / "configs/paper.yaml", path], root=ROOT)
         assert config["run"]["models"] == ["rehearsal"]
         assert config["prompts"]["keep_only_correct"] is False
+        assert config["circuit"]["discover"]["sanity"] == "warn"  # the random model gets nothing right
         # the paper's shape stays: its templates, operator words, caps, threshold and fine-tuned components
         assert len(config["prompts"]["templates"]) == 12
         assert all(len(words) == 3 for words in config["prompts"]["operators"].values())

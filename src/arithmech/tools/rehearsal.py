@@ -11,9 +11,10 @@ and operator word, the 1,000-pair caps, the -5% threshold, 32 key heads with K/V
 laid out as the Hub serves them (`hub_layout`; generated questions of the real sizes: no network here).
 
 What a random model cannot do is switched off, and `OVERLAY` says why: it answers nothing correctly, so
-`prompts.keep_only_correct` is off and `study.base_band` is [0, 1] (else no study format qualifies and the
-study's training jobs never run). With `size: full` every other data size is the paper configuration's
-(all of GSM8K train for 2 epochs at 128 a step, all of GSM8K test, SVAMP, MMLU, ...): hours on 2 CPU cores.
+`prompts.keep_only_correct` is off, `study.base_band` is [0, 1] (else no study format qualifies and the
+study's training jobs never run) and a failed teacher-forced sanity check warns (`circuit.discover.sanity`).
+With `size: full` every other data size is the paper configuration's (all of GSM8K train for 2 epochs at 128 a
+step, all of GSM8K test, SVAMP, MMLU, ...): hours on 2 CPU cores.
 `size: quick` caps what only scales the work (`QUICK`: the fine-tuning data, the evaluation sets, the study's
 training steps and scored items), for a
 pass that still runs every job of the DAG. `size: peak` (`peak_overlay`) keeps, where a batch grows with the
@@ -71,6 +72,8 @@ MMLU_ROWS, COMMONSENSE_QA_ROWS = REGISTRY["mmlu"].hub_rows, REGISTRY["commonsens
 OVERLAY = {
     "prompts": {"keep_only_correct": False},  # it answers nothing correctly: every prompt would be dropped
     "study": {"base_band": [0.0, 1.0]},  # its exact match is 0 on every format: none would lie inside the band
+    # the teacher-forced sanity checks need items the full model gets right: recorded as failed, not stopping discover
+    "circuit": {"discover": {"sanity": "warn"}},
 }
 # size quick: only what scales the work, not the shape. What costs most at this shape is attention over long
 # prompts (32 heads at every layer, a byte-level tokenizer that makes GSM8K about twice as many tokens as
