@@ -35,7 +35,7 @@ if workflow.is_main_process:
     # `--profile slurm` here is the workflow's SLURM profile (./slurm); a user's own limits still win over it.
     try:
         for note in profiles.fold_in_user_profiles(
-            workflow.resource_settings,
+            workflow,
             profiles.snakemake_argv(sys.argv),
             Path.cwd(),
             Path(workflow.basedir),
@@ -108,6 +108,10 @@ onstart:
                 config["compute"]["device"],
             )
             if on_slurm
+            and any(
+                cluster.asks_for_gpus(config["models"][m]["resources"])
+                for m in MODELS
+            )
             else []
         ),
         lambda: (

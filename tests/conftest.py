@@ -21,7 +21,7 @@ from helpers import PROMPT_CFG, ROOT, prepare_tiny
 # The test modules that use the real one-node Slurm (`slurm_cluster`): under pytest-xdist they are one unit of work,
 # run one after the other on one worker, so no worker idles on their lock (below) while another holds it.
 SLURM_MODULES = ("test_slurm.py", "test_slurm_cluster.py", "test_slurm_gpus.py", "test_slurm_groups.py",
-                 "test_slurm_qos.py", "test_rehearsal.py")
+                 "test_slurm_qos.py", "test_slurm_limits.py", "test_rehearsal.py")
 # The longest units first (the Slurm modules, then the whole tiny workflow), so the two never queue behind short ones.
 FIRST = (*SLURM_MODULES, "test_workflow.py", "test_distributed_workflow.py")
 

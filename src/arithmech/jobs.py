@@ -18,6 +18,9 @@ from pathlib import Path
 
 # Written into the log when a job runs out of GPU memory; the retry's resources read it (arithmech.tools.cluster).
 GPU_OOM_MARK = "arithmech: GPU out of memory"
+# Written into the log when the job's Python runs out of host memory (MemoryError: an allocation refused, as under a
+# virtual-memory limit; a job killed by the kernel for memory cannot write it, sacct says OUT_OF_MEMORY then).
+HOST_OOM_MARK = "arithmech: host out of memory"
 # CPUs a job with several GPUs asks for per GPU (arithmech.tools.cluster), i.e. per training process: also the
 # most a process over several nodes asks its Slurm task for (arithmech.sft.distributed)
 CPUS_PER_GPU = 2
@@ -82,13 +85,28 @@ class NoGpuError(RuntimeError):
     """A cluster job that asked for GPUs sees none; the message names the likely causes."""
 
 
+def in_slurm_job() -> bool:
+    return bool(os.environ.get("SLURM_JOB_ID") or os.environ.get("SLURM_JOBID"))
+
+
+def hide_gpus_not_asked_for(smk) -> bool:
+    """A cluster job that asked for no GPU (resource `gpu` 0: `models.<name>.resources.gpus: 0`) computes on the CPU:
+    CUDA_VISIBLE_DEVICES is emptied before torch first looks for a GPU (it reads it then), so that `compute.device:
+    auto` takes the CPU on a node whose GPUs Slurm does not hide from jobs. Whether it hid them."""
+    resources = getattr(smk, "resources", {})
+    if resources.get("gpu") is None or asked_for_gpus(smk) or not in_slurm_job():  # no model job, or GPUs asked
+        return False
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    return True
+
+
 def asked_for_gpus(smk) -> bool:
     """Whether the job asked a cluster for GPUs: its resources give some (`gpu`, or a GPU `gres` over several
     nodes: arithmech.tools.cluster.rule_resources) and it runs in a Slurm job. A local run ignores the resources:
     there `compute.device: auto` takes the CPU when no GPU is visible."""
     resources = getattr(smk, "resources", {})
     gpus = int(resources.get("gpu", 0) or 0) > 0 or str(resources.get("gres", "") or "").startswith("gpu")
-    return gpus and bool(os.environ.get("SLURM_JOB_ID") or os.environ.get("SLURM_JOBID"))
+    return gpus and in_slurm_job()
 
 
 def no_gpu_causes(torch_version: str, torch_cuda: str | None, visible: str | None) -> list[str]:
@@ -190,6 +208,8 @@ def job(smk):
                 print(f"retry after running out of GPU memory: {change}", file=sys.stderr)
         start, ok = time.perf_counter(), False
         try:
+            if hide_gpus_not_asked_for(smk):
+                print("a cluster job without a GPU: it computes on the CPU", file=sys.stderr)
             check_gpus_visible(smk)
             yield
             ok = True
@@ -197,6 +217,8 @@ def job(smk):
             traceback.print_exc(file=sys.stderr)
             if is_gpu_oom(err):
                 print(gpu_oom_advice(smk), file=sys.stderr)
+            elif isinstance(err, MemoryError):
+                print(f"{HOST_OOM_MARK} in rule {smk.rule}: a retry asks for more host memory", file=sys.stderr)
             raise
         finally:
             write_usage(smk, time.perf_counter() - start, ok, split)

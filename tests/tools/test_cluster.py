@@ -67,21 +67,80 @@ def test_a_job_that_completed_in_a_failed_group_keeps_its_memory():
 def test_after_a_submission_sbatch_refused_the_retry_asks_for_what_it_asked(monkeypatch, tmp_path):
     """sbatch refused attempt 2 (a QOS submit limit: the plugin reports it as the job's failure, and Snakemake
     retries it; arithmech.tools.slurm_plugin records it): attempt 3 asks for what attempt 2 asked for, not for three
-    times the memory. Attempt 1 failed for host memory (its log, no usage record)."""
-    monkeypatch.setattr(cluster, "SBATCH_REFUSED", set())
-    log = tmp_path / "knockout.log"
-    log.write_text("started, then killed\n")
+    times the memory. Attempt 1 was killed for host memory."""
+    monkeypatch.setattr(cluster, "FAILURES", {})
+    log = str(tmp_path / "knockout.log")
     first = cluster.job_resources(MODEL, "knockout")
+    cluster.FAILURES[(log, 1)] = cluster.HOST_OOM
+    cluster.FAILURES[(log, 2)] = cluster.REFUSED
+    assert cluster.attempt_resources(first, log, 3) == cluster.attempt_resources(first, log, 2)
+    assert cluster.attempt_resources(first, log, 2)["mem_mb"] == 2 * first["mem_mb"]
+    cluster.FAILURES[(log, 1)] = cluster.REFUSED  # refused from the start: the first request, however many times
+    assert cluster.attempt_resources(first, log, 3) == cluster.attempt_resources(first, log, 1) == first | {
+        "batch_split": 1}
 
-    def asked(attempt):
-        attempt = cluster.resource_attempt(log, attempt)
-        return cluster.retry_resources(first, attempt, cluster.previous_attempt(log) if attempt > 1 else None)
 
-    assert asked(3)["mem_mb"] == 3 * first["mem_mb"]
-    cluster.SBATCH_REFUSED.add((str(log), 2))
-    assert asked(3) == asked(2) and asked(2)["mem_mb"] == 2 * first["mem_mb"]
-    cluster.SBATCH_REFUSED.add((str(log), 1))  # refused from the start: the first request, however many times
-    assert asked(3) == asked(1) == first | {"batch_split": 1}
+@pytest.mark.parametrize("causes, mem, runtime, split", [
+    ([cluster.CANCELLED], 1, 1, 1),  # cancelled or preempted: the same again
+    ([cluster.CANCELLED, cluster.CANCELLED], 1, 1, 1),
+    ([cluster.HOST_OOM], 2, 1, 1),  # killed for host memory: more memory only
+    ([cluster.TIMEOUT], 1, 2, 1),  # out of time: more time only
+    ([cluster.GPU_OOM], 1, 2, 2),  # out of GPU memory: a split batch (which takes longer)
+    ([cluster.ERROR], 1, 1, 1),  # an error of the job's own: more would not help
+    ([cluster.COMPLETED], 1, 1, 1),  # completed in a group that failed for another job
+    ([cluster.FAILED], 2, 2, 1),  # no word why: more of both, to be safe
+    ([cluster.HOST_OOM, cluster.CANCELLED, cluster.TIMEOUT], 2, 2, 1),  # what the earlier attempts needed, kept
+    ([cluster.GPU_OOM, cluster.CANCELLED, cluster.GPU_OOM], 1, 3, 4),
+])
+def test_a_retry_asks_for_more_only_where_more_helps(monkeypatch, causes, mem, runtime, split):
+    monkeypatch.setattr(cluster, "FAILURES", {})
+    first = cluster.job_resources(MODEL, "knockout")
+    for attempt, cause in enumerate(causes, start=1):
+        cluster.FAILURES[("job.log", attempt)] = cause
+    asked = cluster.attempt_resources(first, "job.log", len(causes) + 1)
+    assert asked == first | {"mem_mb": mem * first["mem_mb"], "runtime": runtime * first["runtime"],
+                             "batch_split": split}
+
+
+def test_without_a_recorded_cause_the_retry_goes_by_the_last_attempts_files(monkeypatch, tmp_path):
+    """A local run or a cluster job's own Snakemake (which caps every value at what its submission asked for) has no
+    record: what the files say (retry_resources), as for a job killed before it opened its log."""
+    monkeypatch.setattr(cluster, "FAILURES", {("job.log", 1): cluster.CANCELLED})
+    first = cluster.job_resources(MODEL, "knockout")
+    log = tmp_path / "knockout.log"
+    assert cluster.attempt_resources(first, log, 2) == cluster.retry_resources(first, 2, cluster.FAILED)
+    # a cause recorded for attempt 1 only: attempt 3 goes by the files too
+    assert cluster.attempt_resources(first, "job.log", 3) == cluster.retry_resources(first, 3, cluster.FAILED)
+
+
+@pytest.mark.parametrize("states, cause", [
+    (["CANCELLED by 0", "CANCELLED", "CANCELLED"], cluster.CANCELLED),
+    (["PREEMPTED", "CANCELLED"], cluster.CANCELLED),
+    (["NODE_FAIL"], cluster.CANCELLED),
+    (["TIMEOUT", "CANCELLED", "COMPLETED"], cluster.TIMEOUT),
+    (["FAILED", "OUT_OF_MEMORY", "OUT_OF_MEMORY"], cluster.HOST_OOM),  # a step killed for memory, the job FAILED
+    (["OUT_OF_MEMORY"], cluster.HOST_OOM),
+    (["FAILED", "FAILED", "COMPLETED"], cluster.ERROR),
+    ([], None),  # sacct did not answer
+])
+def test_slurms_word_on_a_failed_job(states, cause):
+    assert cluster.slurm_cause(states) == cause
+
+
+@pytest.mark.parametrize("slurm, files, cause", [
+    (cluster.CANCELLED, cluster.FAILED, cluster.CANCELLED),
+    (cluster.TIMEOUT, cluster.COMPLETED, cluster.TIMEOUT),  # a group's time is the sum of its jobs'
+    (cluster.HOST_OOM, cluster.COMPLETED, cluster.COMPLETED),  # another job of its group was killed for memory
+    (cluster.HOST_OOM, cluster.FAILED, cluster.HOST_OOM),
+    (cluster.ERROR, cluster.HOST_OOM, cluster.HOST_OOM),  # the job's own mark: Python's MemoryError
+    (None, cluster.HOST_OOM, cluster.HOST_OOM),
+    (cluster.CANCELLED, cluster.GPU_OOM, cluster.GPU_OOM),
+    (cluster.ERROR, cluster.FAILED, cluster.ERROR),  # Slurm saw an exit with an error, nothing killed it
+    (None, cluster.FAILED, cluster.FAILED),
+    (cluster.REFUSED, cluster.FAILED, cluster.REFUSED),
+])
+def test_a_failures_cause_from_slurm_and_the_jobs_files(slurm, files, cause):
+    assert cluster.failure_cause(slurm, files) == cause
 
 
 def _attempt(tmp_path, body=None, *, raises=None, batch_split=1):
@@ -103,6 +162,7 @@ def test_the_previous_attempt_is_read_from_the_jobs_own_files(tmp_path):
     assert cluster.previous_attempt(_attempt(tmp_path, raises=ValueError("bad"))) == cluster.FAILED
     oom = OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
     assert cluster.previous_attempt(_attempt(tmp_path, raises=oom)) == cluster.GPU_OOM
+    assert cluster.previous_attempt(_attempt(tmp_path, raises=MemoryError())) == cluster.HOST_OOM
     # killed for host memory or time: its log is written again, its usage record is an earlier run's
     log = _attempt(tmp_path)
     record = jobs.usage_path(log)
@@ -591,3 +651,31 @@ def test_a_cluster_run_asking_for_gpus_with_a_cpu_torch_stops_before_any_job(mon
     software.check_gpu_build([Method(name="CONDA")], "auto")  # the jobs' torch is the conda env's
     monkeypatch.setattr(software, "torch_build", lambda: {"__version__": "2.13.0", "cuda": "12.8", "hip": None})
     software.check_gpu_build([], "auto")
+
+
+def test_a_model_without_gpus_asks_for_none_and_computes_on_the_cpu(tmp_path, monkeypatch):
+    """`gpus: 0` (the model's own or a block's) passes the configuration check; the job asks the plugin for no GPU
+    (gpu 0: no --gpus, --cpus-per-task) and, in a Slurm job, hides the node's GPUs from torch so that `compute.device:
+    auto` takes the CPU; a local run and a job that asked for GPUs are left alone."""
+    from arithmech.config import validate_config
+
+    config = yaml.safe_load((ROOT / "config.yaml").read_text())
+    config["models"]["smollm2-135m"]["resources"] |= {"gpus": 0, "finetune": {"gpus": 0}, "evaluate": {"gpus": 0}}
+    validate_config(config, ROOT / "workflow/schemas/config.schema.yaml")
+    on_cpu = {"gpus": 0, "mem_mb": 3000, "runtime": 30}
+    assert not cluster.asks_for_gpus(on_cpu) and not cluster.asks_for_gpus(on_cpu | {"finetune": {"gpus": 0}})
+    assert cluster.asks_for_gpus(on_cpu | {"finetune": {"gpus": 2}}) and cluster.asks_for_gpus(MODEL)
+    asked = cluster.rule_resources(cluster.job_resources(on_cpu, "knockout"))
+    assert (asked["gpu"], asked["cpus_per_gpu"], asked["nodes"]) == (0, None, 1)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    monkeypatch.delenv("SLURM_JOBID", raising=False)
+    assert not jobs.hide_gpus_not_asked_for(_gpu_job(tmp_path / "local", gpu=0)[0])
+    monkeypatch.setenv("SLURM_JOB_ID", "42")
+    assert not jobs.hide_gpus_not_asked_for(_gpu_job(tmp_path / "gpu", gpu=1)[0])
+    assert not jobs.hide_gpus_not_asked_for(_gpu_job(tmp_path / "cpu-rule", gpu=None)[0])  # no model: no torch
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "0,1"
+    smk, log = _gpu_job(tmp_path / "cpu", gpu=0)
+    with jobs.job(smk):
+        assert os.environ["CUDA_VISIBLE_DEVICES"] == ""
+    assert "a cluster job without a GPU: it computes on the CPU" in log.read_text()

@@ -763,3 +763,27 @@ def test_the_transfers_number_formats_are_planned_at_the_longest_the_stage_draws
             drawn = format_prompts(task, fmt, cfg["transfer"]["formats"][fmt], cfg["prompts"], n=400, seed=0)
             longest = [len(text) for text in format_extremes(task, fmt, cfg["transfer"]["formats"][fmt])]
             assert [drawn[c].str.len().max() for c in ("a", "b", "answer")] == longest, (fmt, task)
+
+
+def test_a_model_without_gpus_is_planned_in_cpu_hours(tmp_path, capsys):
+    """`gpus: 0` (the default model on CPU nodes): its jobs are planned at the CPU node's throughput, in CPU hours,
+    and no GPU hours; the same jobs as on a GPU, each longer."""
+    cpu = tmp_path / "cpu.yaml"
+    cpu.write_text("models:\n  smollm2-135m:\n    resources: {gpus: 0, mem_mb: 3000, runtime: 30}\n")
+    assert main([str(cpu), "--root", str(ROOT), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert main(["--root", str(ROOT), "--json"]) == 0
+    on_gpu = {row["rule"]: row for row in json.loads(capsys.readouterr().out)["rules"]}
+    model_rows = [row for row in report["rules"] if row["kind"] == "gpu"]
+    assert model_rows and all(row["on_cpu"] and row["gpu_hours"] == 0 for row in model_rows)
+    for row in model_rows:
+        assert row["jobs"] == on_gpu[row["rule"]]["jobs"] and row["cpu_hours"] > on_gpu[row["rule"]]["gpu_hours"]
+    total = report["totals"]
+    assert (total["gpu_jobs"], total["gpu_hours"]) == (0, 0)
+    assert total["cpu_hours"] == pytest.approx(sum(row["cpu_hours"] for row in model_rows))
+    assert main([str(cpu), "--root", str(ROOT)]) == 0
+    out = capsys.readouterr().out
+    on_cpu = f"{total['cpu_model_jobs']} model jobs on a CPU node (gpus: 0), {total['cpu_hours']:.2f} CPU job hours"
+    assert on_cpu in out
+    assert re.search(r"^knockout\s+\d+\s+\d+\s+[\d.]+ CPU\s+[\d.]+ CPU", out, flags=re.M), out
+    assert "resources per job: CPU, 3000 MB, 30 min" in out

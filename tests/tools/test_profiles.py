@@ -106,19 +106,49 @@ class Settings:
     nodes, default_resources = 100, None
 
 
+class Workflow:
+    """What fold_in_user_profiles reads of Snakemake's workflow (9.27): its resource settings, and the copy of the
+    job limit that `Workflow.__post_init__` made before the parse, which the scheduler and `nodes` read."""
+
+    def __init__(self):
+        self.resource_settings, self.global_resources = Settings(), Resources()
+        self.global_resources["_nodes"] = self.resource_settings.nodes
+
+    @property
+    def nodes(self):
+        return self.global_resources["_nodes"].value
+
+
 def test_fold_in_sets_the_users_limits(tmp_path, monkeypatch):
     checkout = fresh_checkout(tmp_path / "co")
     user_profile(tmp_path / "home", "executor: slurm\njobs: 4\ndefault-resources: [slurm_account=root]\n")
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "home"))
-    settings = Settings()
-    notes = profiles.fold_in_user_profiles(settings, ["--profile", "slurm"], checkout, checkout)
-    assert len(notes) == 1 and settings.nodes == 4
+    workflow = Workflow()
+    notes = profiles.fold_in_user_profiles(workflow, ["--profile", "slurm"], checkout, checkout)
+    assert len(notes) == 1 and "jobs 4" in notes[0]
+    # the limit the scheduler reads, not only the settings the workflow object was made from
+    assert workflow.nodes == 4 and workflow.resource_settings.nodes == 4
+    settings = workflow.resource_settings
     assert "slurm_account" in settings.default_resources.keys()  # an expression, evaluated per job (as "root")
     assert settings.default_resources["mem_mb"]  # Snakemake's cluster defaults kept beside them
     # from another directory `--profile slurm` is the user's own: nothing is folded in
-    elsewhere = Settings()
+    elsewhere = Workflow()
     assert profiles.fold_in_user_profiles(elsewhere, ["--profile", "slurm"], tmp_path, checkout) == []
     assert elsewhere.nodes == 100
+
+
+def test_a_job_limit_that_does_not_hold_stops_the_run(tmp_path, monkeypatch):
+    """A Snakemake whose scheduler reads its limit from elsewhere (here: a `nodes` that ignores the copy) would
+    leave the user's `jobs` unapplied: the run stops saying so, rather than noting a limit it does not keep."""
+    checkout = fresh_checkout(tmp_path / "co")
+    user_profile(tmp_path / "home", "executor: slurm\njobs: 3\n")
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "home"))
+
+    class Elsewhere(Workflow):
+        nodes = 100
+
+    with pytest.raises(profiles.ProfileError, match=r"jobs 3 could not be applied .*limit stays 100.*--jobs 3"):
+        profiles.fold_in_user_profiles(Elsewhere(), ["--profile", "slurm"], checkout, checkout)
 
 
 def test_a_per_cpu_memory_default_is_refused_naming_both():

@@ -1,10 +1,12 @@
 """arithmech.tools.slurm_plugin: the pinned SLURM plugin's job states, read so that a cancelled or preempted job
-counts as failed (the real-Slurm test of a cancelled job is in tests/workflow/test_slurm.py)."""
+counts as failed, and the cause of each failure recorded for the retry (the real-Slurm tests of a cancelled job and
+of the retries are in tests/workflow/test_slurm.py and tests/workflow/test_slurm_limits.py)."""
 
 import asyncio
 import importlib.metadata
 import inspect
 import logging
+import os
 import shlex
 from types import SimpleNamespace
 
@@ -12,6 +14,7 @@ import pytest
 import snakemake_executor_plugin_slurm as plugin
 from snakemake_executor_plugin_slurm import job_status_query
 
+from arithmech.jobs import usage_path
 from arithmech.tools import cluster, slurm_plugin
 from helpers import ROOT
 
@@ -73,23 +76,53 @@ def test_the_pinned_plugin_reports_a_refused_sbatch_as_the_jobs_error():
     with this message, and Snakemake retries the job. When this fails the plugin changed: check the message."""
     source = inspect.getsource(plugin.Executor.run_job)
     assert f'"{slurm_plugin.SBATCH_REFUSED_MESSAGE} "' in source and "_report_job_error_threadsafe" in source
+    # both paths end in report_job_error, which install() wraps
+    assert "self.report_job_error(" in inspect.getsource(plugin.Executor._report_job_error_threadsafe)
+    assert "self.report_job_error(j, msg=msg" in inspect.getsource(plugin.Executor.check_active_jobs)
 
 
-def test_a_refused_submission_is_recorded_for_the_retry_and_reported_as_before(monkeypatch):
-    monkeypatch.setattr(plugin.Executor, "_report_job_error_threadsafe", plugin.Executor._report_job_error_threadsafe)
-    monkeypatch.setattr(cluster, "SBATCH_REFUSED", set())
-    assert slurm_plugin.install() is None
-    assert plugin.Executor._report_job_error_threadsafe.arithmech_refusals
+def test_a_failures_cause_is_recorded_for_the_retry_and_reported_as_before(monkeypatch, tmp_path):
+    """The plugin's error report, wrapped: a refused submission is recorded as REFUSED, another failure by what
+    sacct says of the job and its steps (here a stand-in sacct on PATH: a step killed for memory) with the job's
+    files; the report itself goes on to the plugin as before."""
     reported = []
-    executor = SimpleNamespace(_main_event_loop=None, report_job_error=lambda info, msg: reported.append(msg))
+    monkeypatch.setattr(plugin.Executor, "report_job_error", lambda self, info, msg=None, **kw: reported.append(msg))
+    monkeypatch.setattr(cluster, "FAILURES", {})
+    sacct = tmp_path / "bin/sacct"
+    sacct.parent.mkdir()
+    sacct.write_text("#!/bin/sh\nprintf '7.batch|OUT_OF_MEMORY\\n7|FAILED\\n7.extern|COMPLETED\\n'\n")
+    sacct.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{sacct.parent}:{os.environ['PATH']}")
+    assert slurm_plugin.sacct_states("7") == ["FAILED", "OUT_OF_MEMORY", "COMPLETED"]
+    assert slurm_plugin.install() is None
+    assert plugin.Executor.report_job_error.arithmech_failures
+    executor = SimpleNamespace(_main_event_loop=None)  # the plugin's own report_job_error, wrapped
+    executor.report_job_error = lambda info, msg=None: plugin.Executor.report_job_error(executor, info, msg=msg)
     job = SimpleNamespace(is_group=lambda: False, log=["results/m/logs/knockout/addition.log"], attempt=2)
     refusal = (f"{slurm_plugin.SBATCH_REFUSED_MESSAGE} The error message was 'sbatch: error: "
                "QOSMaxSubmitJobPerUserLimit'.")
     plugin.Executor._report_job_error_threadsafe(executor, plugin.SubmittedJobInfo(job), refusal)
     other = SimpleNamespace(is_group=lambda: False, log=["results/m/logs/knockout/division.log"], attempt=1)
-    plugin.Executor._report_job_error_threadsafe(executor, plugin.SubmittedJobInfo(other), "Job failed, going on")
-    assert reported == [refusal, "Job failed, going on"]
-    assert cluster.SBATCH_REFUSED == {("results/m/logs/knockout/addition.log", 2)}
-    group = SimpleNamespace(is_group=lambda: True, jobs=[job, other], attempt=1)
-    slurm_plugin.record_refusal(group, refusal)
-    assert ("results/m/logs/knockout/division.log", 1) in cluster.SBATCH_REFUSED
+    plugin.Executor.report_job_error(executor, plugin.SubmittedJobInfo(other, external_jobid="7"),
+                                     msg="SLURM-job '7' failed")  # as check_active_jobs reports a failed job
+    assert reported == [refusal, "SLURM-job '7' failed"]
+    assert cluster.FAILURES == {("results/m/logs/knockout/addition.log", 2): cluster.REFUSED,
+                                ("results/m/logs/knockout/division.log", 1): cluster.HOST_OOM}
+
+
+def test_every_job_of_a_failed_group_gets_its_own_cause(monkeypatch, tmp_path):
+    """A group cancelled: every job of it asks for the same again; a group out of time: every job more time, a
+    completed one too (the group's time is the sum); killed for memory: a completed job keeps its memory."""
+    monkeypatch.setattr(cluster, "FAILURES", {})
+    done, killed = tmp_path / "done.log", tmp_path / "killed.log"
+    done.write_text("ok\n")
+    usage_path(done).write_text('{"ok": true}')
+    killed.write_text("started\n")
+    group = SimpleNamespace(is_group=lambda: True, attempt=1,
+                            jobs=[SimpleNamespace(log=[str(done)]), SimpleNamespace(log=[str(killed)])])
+    for states, causes in ((["CANCELLED by 0"], (cluster.CANCELLED, cluster.CANCELLED)),
+                           (["TIMEOUT", "CANCELLED"], (cluster.TIMEOUT, cluster.TIMEOUT)),
+                           (["FAILED", "OUT_OF_MEMORY"], (cluster.COMPLETED, cluster.HOST_OOM)),
+                           ([], (cluster.COMPLETED, cluster.FAILED))):
+        slurm_plugin.record_failure(group, "9", "failed", states=lambda job_id, states=states: states)
+        assert (cluster.FAILURES[(str(done), 1)], cluster.FAILURES[(str(killed), 1)]) == causes, states

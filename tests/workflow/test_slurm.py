@@ -2,7 +2,7 @@
 as `--workflow-profile`) on the test suite's real one-node Slurm (tests/slurm, the `slurm_cluster` fixture), read
 back from what Slurm recorded (`sacct`): each job's account, partition, GPUs, memory and time limit; a job over
 its memory (OUT_OF_MEMORY) and one past its time limit (TIMEOUT) resubmitted with what
-arithmech.tools.cluster.retry_resources gives; a slurmd restart and a cancelled job in the middle of a run, then
+arithmech.tools.cluster.attempt_resources gives; a slurmd restart and a cancelled job in the middle of a run, then
 the same command again; account and partition settings refused before any job is queued.
 
 The workflow runs three times through Slurm (module fixtures): the whole DAG with a CPU partition (its `finetune`
@@ -222,8 +222,8 @@ def test_cpu_jobs_go_to_the_cpu_partition_without_a_gpu(full_run, slurm_cluster)
 
 def test_a_job_over_its_memory_is_resubmitted_with_twice_the_memory(full_run):
     """The `finetune` block's memory is too small for the first attempt: Slurm kills the job step (OUT_OF_MEMORY;
-    the job then FAILED), and the retry asks for memory x 2 and runtime x 2 (retry_resources after a failure that
-    is not a GPU OOM)."""
+    the job then FAILED), and the retry asks for memory x 2 and the same runtime (attempt_resources after a kill for
+    host memory)."""
     _, _, jobs = full_run
     for rule in ("finetune", "study_train"):
         by_wildcards: dict[str, list] = {}
@@ -233,7 +233,7 @@ def test_a_job_over_its_memory_is_resubmitted_with_twice_the_memory(full_run):
             assert "OUT_OF_MEMORY" in [first["State"], *first["steps"]], (rule, wildcards, first)
             assert (first["ReqMem"], first["Timelimit"]) == (f"{FINETUNE_MB}M", f"00:{RUNTIME:02d}:00")
             assert (retry["State"], retry["ReqMem"], retry["Timelimit"]) == (
-                "COMPLETED", f"{2 * FINETUNE_MB}M", f"00:{2 * RUNTIME:02d}:00"), (rule, wildcards)
+                "COMPLETED", f"{2 * FINETUNE_MB}M", f"00:{RUNTIME:02d}:00"), (rule, wildcards)
             assert "gres/gpu=1" in retry["AllocTRES"] and retry["Partition"] == "gpu"
 
 
@@ -346,11 +346,12 @@ def test_a_slurmd_restart_leaves_the_running_job_to_complete(troubled_run, slurm
 
 
 def test_a_job_past_its_time_limit_is_resubmitted_with_twice_the_time(troubled_run, slurm_cluster):
+    """Twice the time and the same memory (attempt_resources after TIMEOUT)."""
     _, (_, log), _, events = troubled_run
     jobs = recorded(slurm_cluster, log)["cache_activations"]
     assert jobs[0]["JobID"] == events["cache_activations"]
     assert [(j["State"], j["Timelimit"], j["ReqMem"]) for j in jobs] == [
-        ("TIMEOUT", "00:01:00", f"{MEM_MB}M"), ("COMPLETED", "00:02:00", f"{2 * MEM_MB}M")]
+        ("TIMEOUT", "00:01:00", f"{MEM_MB}M"), ("COMPLETED", "00:02:00", f"{MEM_MB}M")]
 
 
 def test_a_cancelled_job_is_noticed_and_retried(troubled_run, slurm_cluster):
@@ -365,6 +366,8 @@ def test_a_cancelled_job_is_noticed_and_retried(troubled_run, slurm_cluster):
     assert "SLURM status is: 'CANCELLED'" in log, log[-4000:]
     assert first == 0, log[-4000:]
     assert [j["State"] for j in jobs] == ["CANCELLED", "COMPLETED"], jobs
+    # the same request again: a cancelled job needs no more memory or time
+    assert len({(j["ReqMem"], j["Timelimit"]) for j in jobs}) == 1, jobs
 
 
 def test_after_a_cancelled_job_the_same_command_finishes_with_nothing_half_written(troubled_run, slurm_cluster):
@@ -425,14 +428,14 @@ def test_the_check_runs_slurms_clients_in_the_submitting_environment(slurm_clust
 def test_profile_slurm_as_typed_submits_with_the_workflows_settings(slurm_cluster, model_dir, tmp_path, own_profile):
     """`snakemake --profile slurm` run in a fresh clone (its config.yaml the tiny model's; no SLURM_* settings)
     submits a job of the identify stage (build_pairs: one job says what every job is given) with the workflow's
-    resources and keeps the job's Slurm log. With a profile of the
-    user's own named `slurm` (executor and account only), the same command also takes the user's account (here
-    `root`, where the user's default account is proj42)."""
+    resources and keeps the job's Slurm log. With a profile of the user's own named `slurm` (executor, a job limit
+    and an account), the same command also takes the user's account (here `root`, where the user's default account
+    is proj42) and job limit (Snakemake's own line says it)."""
     checkout = fresh_checkout(tmp_path / "arithmech")
     write_config(checkout, model_dir)  # no `slurm` block: account and partition from the profile or defaults
     env = workflow_env(slurm_cluster, XDG_CONFIG_HOME=str(tmp_path / "home"))
     if own_profile:
-        user_profile(tmp_path / "home", "executor: slurm\ndefault-resources:\n  slurm_account: root\n")
+        user_profile(tmp_path / "home", "executor: slurm\njobs: 3\ndefault-resources:\n  slurm_account: root\n")
     cmd = [sys.executable, "-m", "snakemake", "--profile", "slurm", "--slurm-init-seconds-before-status-checks", "1",
            "--seconds-between-status-checks", "1", "results/tiny/pairs/addition.parquet"]
     proc = subprocess.run(cmd, cwd=checkout, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, env=env)
@@ -448,5 +451,6 @@ def test_profile_slurm_as_typed_submits_with_the_workflows_settings(slurm_cluste
         assert job["Timelimit"] == f"00:{RUNTIME:02d}:00" and "gres/gpu=1" in job["AllocTRES"], (rule, job)
     kept = sorted((checkout / "logs/slurm").rglob("*.log"))
     assert len(kept) == 1, kept  # the plugin deletes a COMPLETED job's log unless told to keep it
+    assert f"Provided remote nodes: {3 if own_profile else 100}\n" in log, log[-4000:]
     if own_profile:
-        assert f"note: profile {tmp_path / 'home/snakemake/slurm/config.yaml'}: default-resources" in log
+        assert f"note: profile {tmp_path / 'home/snakemake/slurm/config.yaml'}: jobs 3, default-resources" in log

@@ -1,7 +1,7 @@
 """A submission that sbatch refuses under a real QOS limit (the test cluster's `capped_qos`: one job of a user at a
 time, `MaxSubmitJobsPerUser=1`) through the real SLURM executor plugin: the retries ask for what the refused
 submission asked for, not for the memory an out-of-memory retry would add (arithmech.tools.slurm_plugin records the
-refusal, arithmech.tools.cluster.resource_attempt reads it), and the same command run again finishes the job.
+refusal, arithmech.tools.cluster.attempt_resources reads it), and the same command run again finishes the job.
 
 The small workflow of tests/workflow/test_slurm_groups.py (the model rules' resources, `arithmech.jobs.job` around
 the script), two independent jobs and `--jobs 2`: the first is queued, sbatch refuses the second at each of its
@@ -19,7 +19,7 @@ from helpers import ROOT
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_slurm import JOB_WAIT_S, workflow_env  # noqa: E402
-from test_slurm_groups import MEM_MB, RUNTIME, SNAKEFILE  # noqa: E402
+from test_slurm_groups import INSTALL, MEM_MB, RUNTIME, SNAKEFILE  # noqa: E402
 
 pytestmark = pytest.mark.slow  # real jobs on a real scheduler
 
@@ -32,13 +32,6 @@ from arithmech import jobs
 with jobs.job(snakemake):
     time.sleep(5)
     Path(snakemake.output[0]).write_text("done")
-"""
-
-
-INSTALL = """from arithmech.tools import cluster, slurm_plugin
-
-if workflow.is_main_process:
-    slurm_plugin.install()
 """
 
 

@@ -51,21 +51,18 @@ def check_planned_requests():
 
 def model_job_resources(name, wildcards, attempt):
     """A model job's resources at `attempt` (arithmech.tools.cluster): `models.<model>.resources` with the
-    block of rule `name` over it, lowered to the plan's request where slurm.requests gives one; a retry after a
-    submission sbatch refused asks for what that one asked for, otherwise for what the last attempt's files say
-    helps (cluster.previous_attempt: completed in a failed group: the same memory; out of GPU memory: the batch
-    split; otherwise more host memory), with more time. Under the SLURM plugin's names (cluster.rule_resources: a
-    job over several nodes is the plugin's MPI job)."""
+    block of rule `name` over it, lowered to the plan's request where slurm.requests gives one; a retry asks for
+    more only where more helps, by why each attempt before it failed (cluster.attempt_resources: cancelled or
+    refused, the same; killed for host memory, more memory; out of time, more time; out of GPU memory, the batch
+    split). Under the SLURM plugin's names (cluster.rule_resources: a job over several nodes is the plugin's MPI
+    job; one with no GPU asks for none)."""
     first = cluster.job_resources(
         config["models"][wildcards.model]["resources"],
         name,
         PLANNED.get(wildcards.model, {}).get(name),
     )
     log = getattr(rules, name).log[0].format(**dict(wildcards.items()))
-    # a submission sbatch refused did not run: the retry asks for what it asked for
-    attempt = cluster.resource_attempt(log, attempt)
-    previous = cluster.previous_attempt(log) if attempt > 1 else None
-    return cluster.rule_resources(cluster.retry_resources(first, attempt, previous))
+    return cluster.rule_resources(cluster.attempt_resources(first, log, attempt))
 
 
 def gpu_resources(name):

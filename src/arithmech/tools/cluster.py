@@ -10,11 +10,10 @@ Read by the Snakefile while it parses (so standard library only) and by `make pl
   plugin reads (a multi-node job as the plugin's MPI job, see `MULTI_NODE`);
 - `load_requests(config)`, `planned_request(...)`: a job's host memory and runtime from the plan (`make plan
   --requests FILE`, config `slurm.requests`) with headroom (`HEADROOM`, `FLOOR`), capped by the config's block;
-- `resource_attempt(...)`, `previous_attempt(log)`, `retry_resources(...)`: what a retry asks for: after a
-  submission sbatch refused (a QOS submit limit) what that one asked for; otherwise, from what the last attempt
-  left, more time always, more host memory after a failure (not when the job completed in a group that failed for
-  another job), a smaller batch instead after the job ran out of GPU memory (its log says so; `batch_split`,
-  applied by `arithmech.jobs`);
+- `attempt_resources(first, log, attempt)`: what a retry asks for, by why each attempt before it failed
+  (`failure_cause`: Slurm's state, `slurm_cause`, and the job's own files, `previous_attempt`): cancelled,
+  preempted or refused by sbatch, the same again; killed for host memory, more memory; out of time, more time; out
+  of GPU memory, a smaller batch (`batch_split`, applied by `arithmech.jobs`) and more time;
 - `slurm_settings(settings)`: account and partitions (config block `slurm`), passed only when set;
 - `check_slurm(settings, environ)`: the account and partitions exist for this user, before any job is queued;
 - `check_node_gpus(models, partition, environ)`: every job's GPUs a node fit on the partition's nodes (`sinfo`),
@@ -32,7 +31,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from arithmech.jobs import CPUS_PER_GPU, GPU_OOM_MARK, usage_path
+from arithmech.jobs import CPUS_PER_GPU, GPU_OOM_MARK, HOST_OOM_MARK, usage_path
 
 # Per-rule blocks of `models.<name>.resources`: a block's keys override the model's own for these rules; every
 # other model rule takes the model's own values.
@@ -97,6 +96,13 @@ def job_resources(resources: dict, rule: str, planned: dict | None = None) -> di
     return out
 
 
+def asks_for_gpus(resources: dict) -> bool:
+    """Whether any job of a model with these `resources` (`models.<name>.resources`) asks for a GPU: its own `gpus`
+    or a block's (0: on the CPU)."""
+    own = resources.get("gpus", 1)
+    return own > 0 or any((resources.get(group) or {}).get("gpus", own) > 0 for group in RESOURCE_GROUPS)
+
+
 def rule_resources(first: dict) -> dict:
     """A job's resources (`job_resources`, `retry_resources`) under the names the rules give the SLURM plugin
     (workflow/rules/common.smk): one node: `gpu` (-> --gpus), `gpu_model`, `cpus_per_gpu`, `nodes` 1; several nodes: the
@@ -154,31 +160,32 @@ def gpu_oom_logged(log_path: str | Path) -> bool:
         return False
 
 
-# What the last attempt of a job left behind (`previous_attempt`), which decides what its retry asks for.
+# Why an attempt of a job ended without its outputs (`failure_cause`), which decides what the next one asks for
+# (`attempt_resources`): more only where more helps.
+REFUSED = "refused"  # sbatch refused the submission (a QOS submit limit): it never ran; the same again
+CANCELLED = "cancelled"  # ended from outside (scancel, preempted, its node failed): the same again
+HOST_OOM = "host oom"  # killed for host memory (sacct OUT_OF_MEMORY, or its log's HOST_OOM_MARK): more memory
+TIMEOUT = "timeout"  # past its time limit (sacct TIMEOUT): more time, for every job of a group (their sum)
+GPU_OOM = "gpu oom"  # its log carries the GPU out-of-memory mark (any rank's): a split batch, and more time
 COMPLETED = "completed"  # its usage record says ok, written after its log: its group failed for another job
-GPU_OOM = "gpu oom"  # its log carries the GPU out-of-memory mark (any rank's, arithmech.sft.distributed)
-FAILED = "failed"  # anything else: killed for host memory or time (perhaps before its log was opened), an error
+ERROR = "error"  # Slurm saw it exit with an error (sacct FAILED) and nothing above: more would not help
+FAILED = "failed"  # no word from Slurm and not one of the above: more memory and more time, to be safe
+# The causes after which a resource grows by its first value (attempt_resources).
+GROWS = {"mem_mb": {HOST_OOM, FAILED}, "runtime": {TIMEOUT, GPU_OOM, FAILED}}
+# Slurm's states of a job that ended from outside, not by what it asked for (sacct's first word).
+ENDED_FROM_OUTSIDE = {"CANCELLED", "PREEMPTED", "NODE_FAIL", "BOOT_FAIL", "DEADLINE"}
 
-# Submissions sbatch refused (a QOS submit limit such as QOSMaxSubmitJobPerUserLimit, an invalid request): the SLURM
-# plugin reports them as the job's failure and Snakemake retries the job. Recorded in the submitting Snakemake by
-# arithmech.tools.slurm_plugin as (the job's rule log, attempt); `resource_attempt` reads them.
-SBATCH_REFUSED: set[tuple[str, int]] = set()
-
-
-def resource_attempt(log_path: str | Path, attempt: int) -> int:
-    """The attempt whose resources attempt `attempt` of the job whose rule log is `log_path` asks for: a refused
-    submission never ran and says nothing about what the job needs, so the attempt after it asks for what it asked
-    for (`SBATCH_REFUSED`), not for twice the memory."""
-    while attempt > 1 and (str(log_path), attempt - 1) in SBATCH_REFUSED:
-        attempt -= 1
-    return attempt
+# The cause of each failed attempt, recorded in the submitting Snakemake by arithmech.tools.slurm_plugin (the SLURM
+# plugin's failure report, before Snakemake plans the retry) under (the job's rule log, attempt).
+FAILURES: dict[tuple[str, int], str] = {}
 
 
 def previous_attempt(log_path: str | Path) -> str:
     """What the job whose rule log is `log_path` did the last time it ran, from its files (`arithmech.jobs.job`
-    opens the log when it starts and writes its usage record, `ok` or not, last): `COMPLETED`, `GPU_OOM` or
-    `FAILED`. A record older than the log is an earlier run's: the last attempt was killed before it could write
-    one (host memory, time limit); no log at all is a job killed before it opened it: both FAILED."""
+    opens the log when it starts and writes its usage record, `ok` or not, last): `COMPLETED`, `GPU_OOM`, `HOST_OOM`
+    (its own mark: Python ran out of memory) or `FAILED`. A record older than the log is an earlier run's: the last
+    attempt was killed before it could write one (host memory, time limit, cancelled); no log at all is a job killed
+    before it opened it (or one that did not get its turn in its group): both FAILED."""
     log = Path(log_path)
     try:
         text, log_mtime = log.read_text(errors="replace"), log.stat().st_mtime
@@ -186,6 +193,8 @@ def previous_attempt(log_path: str | Path) -> str:
         return FAILED
     if GPU_OOM_MARK in text:
         return GPU_OOM
+    if HOST_OOM_MARK in text:
+        return HOST_OOM
     record = usage_path(log)
     try:
         ok = json.loads(record.read_text()).get("ok") is True and record.stat().st_mtime >= log_mtime
@@ -194,14 +203,43 @@ def previous_attempt(log_path: str | Path) -> str:
     return COMPLETED if ok else FAILED
 
 
+def slurm_cause(states: list[str]) -> str | None:
+    """Why Slurm ended a job, from sacct's State of the job (first) and of its steps: `HOST_OOM` where one was killed
+    for memory (a step OUT_OF_MEMORY, the job then FAILED), `TIMEOUT`, `CANCELLED` (`ENDED_FROM_OUTSIDE`), `ERROR`
+    for any other end; None without states (sacct did not answer)."""
+    words = [state.strip().split(" ", 1)[0] for state in states if state.strip()]
+    if not words:
+        return None
+    if "OUT_OF_MEMORY" in words:
+        return HOST_OOM
+    if words[0] == "TIMEOUT":
+        return TIMEOUT
+    return CANCELLED if words[0] in ENDED_FROM_OUTSIDE else ERROR
+
+
+def failure_cause(slurm: str | None, files: str) -> str:
+    """The cause of one job's failed attempt from Slurm's word on its allocation (`slurm_cause`, `REFUSED`; None:
+    none) and the job's own files (`previous_attempt`). A GPU out-of-memory mark is the job's own; an allocation
+    cancelled, refused or out of time is every job's of it; a job that completed in a group killed for another job's
+    memory keeps its request."""
+    if files == GPU_OOM:
+        return GPU_OOM
+    if slurm in (REFUSED, CANCELLED, TIMEOUT):
+        return slurm
+    if files == COMPLETED:
+        return COMPLETED
+    if HOST_OOM in (slurm, files):
+        return HOST_OOM
+    return FAILED if slurm is None else ERROR
+
+
 def retry_resources(first: dict, attempt: int, previous: str | None) -> dict:
-    """What attempt `attempt` (1, 2, ...; `resource_attempt`: not counting submissions sbatch refused) asks for,
-    after the last attempt did `previous` (`previous_attempt`; ignored on attempt 1). Runtime grows with the attempt
-    whatever happened (a group that ran out of time needs more for every job of it, smaller batches take longer).
-    Host memory grows with the attempt after a failure (`FAILED`: killed for host memory, or another error); a job
-    that completed inside a group that failed for another job (`COMPLETED`) keeps its memory; after running out of
-    GPU memory (`GPU_OOM`) more host memory would not help: the batch is split into 2^(attempt-1) parts (examples
-    per optimizer step unchanged)."""
+    """What attempt `attempt` (1, 2, ...) asks for when only the last attempt's files tell what happened
+    (`previous_attempt`; ignored on attempt 1): a local run, a cluster job's own Snakemake (which caps every value at
+    what its submission asked for), a failure the SLURM plugin did not report. Runtime grows with the attempt
+    whatever happened; host memory too after a failure (`FAILED`, `HOST_OOM`), not for a job that completed in a
+    group (`COMPLETED`); after running out of GPU memory (`GPU_OOM`) the batch is split into 2^(attempt-1) parts
+    instead (examples per optimizer step unchanged)."""
     out = dict(first) | {"batch_split": 1}
     if attempt == 1:
         return out
@@ -210,6 +248,23 @@ def retry_resources(first: dict, attempt: int, previous: str | None) -> dict:
         out["batch_split"] = 2 ** (attempt - 1)
     elif previous != COMPLETED:
         out["mem_mb"] = first["mem_mb"] * attempt
+    return out
+
+
+def attempt_resources(first: dict, log_path: str | Path, attempt: int) -> dict:
+    """What attempt `attempt` of the job whose rule log is `log_path` asks for, its first attempt asking for `first`
+    (`job_resources`): by the recorded cause of every attempt before it (`FAILURES`), each resource grows by its
+    first value once for each cause after which more of it helps (`GROWS`), the batch split doubles after each
+    GPU out-of-memory; the same request again after a cancelled or refused attempt, an error or a completed job in a
+    failed group. Where a cause was not recorded, what the last attempt's files say (`retry_resources`)."""
+    if attempt == 1:
+        return retry_resources(first, 1, None)
+    causes = [FAILURES.get((str(log_path), n)) for n in range(1, attempt)]
+    if None in causes:
+        return retry_resources(first, attempt, previous_attempt(log_path))
+    out = dict(first) | {"batch_split": 2 ** causes.count(GPU_OOM)}
+    for key, grows in GROWS.items():
+        out[key] = first[key] * (1 + sum(cause in grows for cause in causes))
     return out
 
 

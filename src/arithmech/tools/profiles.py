@@ -7,7 +7,9 @@ profile of the user's or the site's that is also named `slurm`, and a user's `--
 workflow profile (`--workflow-profile`) loses its `jobs` to the workflow's. Where a user's profile and the
 workflow's meet, the user's limits win: `fold_in_user_profiles` (called by the Snakefile while it parses, in the
 submitting process) applies their `jobs` and, for a hidden profile, their `default-resources` (account, partition,
-QOS, ...), and says which of their other keys it could not apply.
+QOS, ...), and says which of their other keys it could not apply. Snakemake copies its job limit into the workflow's
+global resources (`_nodes`, which the scheduler and the line "Provided remote nodes: N" read) when the workflow object
+is made, before the Snakefile parses: the limit is set there too, and the note says "jobs N" only once it holds.
 
 Read by the Snakefile while it parses: standard library and Snakemake only.
 """
@@ -127,12 +129,21 @@ def read_profile(path: Path) -> dict:
     return settings
 
 
-def fold_in_user_profiles(resource_settings, argv: list[str], cwd: Path, checkout: Path) -> list[str]:
-    """Apply the user's limits over the workflow profile's (see the module's docstring) to Snakemake's
-    `resource_settings` (the workflow's, while it parses); returns one note per profile saying what was applied
-    and what was not. Raises `ProfileError` for a profile that names another executor."""
+def set_job_limit(workflow, jobs: int) -> bool:
+    """Make `jobs` Snakemake's limit of jobs queued at once, while the Snakefile parses: in its resource settings and
+    in the copy the scheduler reads (`global_resources["_nodes"]`, made before the parse). Whether it holds."""
+    workflow.resource_settings.nodes = jobs
+    workflow.global_resources["_nodes"] = jobs
+    return workflow.nodes == jobs
+
+
+def fold_in_user_profiles(workflow, argv: list[str], cwd: Path, checkout: Path) -> list[str]:
+    """Apply the user's limits over the workflow profile's (see the module's docstring) to Snakemake's `workflow`
+    (while it parses): its job limit (`set_job_limit`) and its `resource_settings`; returns one note per profile
+    saying what was applied and what was not. Raises `ProfileError` for a profile that names another executor."""
     from snakemake.resources import Resources
 
+    resource_settings = workflow.resource_settings
     ours = read_profile(checkout / WORKFLOW_PROFILE / "config.yaml")
     notes = []
     for path, hidden in user_profiles(argv, cwd, checkout):
@@ -144,8 +155,12 @@ def fold_in_user_profiles(resource_settings, argv: list[str], cwd: Path, checkou
                                "otherwise, or give its path to --profile")
         applied = []
         if "jobs" in theirs:
-            resource_settings.nodes = int(theirs["jobs"])
-            applied.append(f"jobs {theirs['jobs']}")
+            jobs = int(theirs["jobs"])
+            if set_job_limit(workflow, jobs):
+                applied.append(f"jobs {jobs}")
+            else:
+                raise ProfileError(f"{path}: jobs {jobs} could not be applied (Snakemake's limit stays "
+                                   f"{workflow.nodes}): give --jobs {jobs} on the command line")
         if hidden and theirs.get("default-resources"):
             exprs = resource_exprs(theirs["default-resources"], path)
             if resource_settings.default_resources is None:

@@ -11,11 +11,12 @@ The upstream fix is one line in `job_status_query.query_job_status` (docs/cluste
 word, `status = row[1].strip().split(" ", 1)[0]`. tests/tools/test_slurm_plugin.py fails when the pinned version
 changes, so that this module is dropped once the fix is released.
 
-When sbatch refuses a submission (a QOS limit such as QOSMaxSubmitJobPerUserLimit), the plugin reports it as the
-job's failure, and Snakemake retries the job, whose resources would grow as after an out-of-memory kill.
-`install()` also wraps the plugin's error report so that such a refusal is recorded (`record_refusal`, into
-`arithmech.tools.cluster.SBATCH_REFUSED`): the retry then asks for what the refused submission asked for
-(`cluster.resource_attempt`).
+A retry asks for more only where more helps (`arithmech.tools.cluster.attempt_resources`), by why the attempt
+failed: `install()` also wraps the plugin's error report (`report_job_error`, which hands the job to Snakemake's
+retry), so that the cause of each failure is recorded first (`record_failure`, into `cluster.FAILURES`): a
+submission sbatch refused (a QOS limit such as QOSMaxSubmitJobPerUserLimit, which the plugin reports as the job's
+failure), or what sacct says of the job and its steps (OUT_OF_MEMORY, TIMEOUT, CANCELLED, ...: the state the plugin
+read is mapped above, and a step killed for memory leaves the job itself FAILED), with each job's own files.
 
 Read by the Snakefile while it parses: standard library only (and the plugin, when it is installed).
 """
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import importlib.metadata
+import subprocess
 
 PLUGIN = "snakemake_executor_plugin_slurm"
 PLUGIN_VERSION = "2.8.0"
@@ -55,16 +57,33 @@ def job_states(states: dict[str, str] | None, logger=None) -> dict[str, str] | N
 SBATCH_REFUSED_MESSAGE = "SLURM sbatch failed."
 
 
-def record_refusal(job, msg: str | None) -> None:
-    """When `msg` (the plugin's error report) says sbatch refused `job` (a job or a group job, Snakemake's), record
-    each of its jobs' rule log with the attempt in `cluster.SBATCH_REFUSED`."""
-    if not (msg or "").startswith(SBATCH_REFUSED_MESSAGE):
-        return
+def sacct_states(job_id: str) -> list[str]:
+    """sacct's State of a Slurm job and of its steps, the job's first ([] when sacct does not answer)."""
+    try:
+        proc = subprocess.run(["sacct", "-n", "-P", "-j", str(job_id), "-o", "JobIDRaw,State"], capture_output=True,
+                              text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    rows = [line.split("|", 1) for line in proc.stdout.splitlines() if "|" in line] if proc.returncode == 0 else []
+    return [state for _, state in sorted(rows, key=lambda row: row[0] != str(job_id))]
+
+
+def record_failure(job, job_id: str | None, msg: str | None, states=sacct_states) -> None:
+    """Record why `job` (a job or a group job, Snakemake's; `job_id` its Slurm job, None when never queued) failed,
+    for each of its jobs' rule logs with the attempt, in `cluster.FAILURES`: `cluster.REFUSED` when `msg` (the
+    plugin's error report) says sbatch refused it, otherwise `cluster.failure_cause` of sacct's states (`states`)
+    and the job's own files."""
     from arithmech.tools import cluster
 
+    if (msg or "").startswith(SBATCH_REFUSED_MESSAGE):
+        slurm = cluster.REFUSED
+    else:
+        slurm = cluster.slurm_cause(states(job_id)) if job_id else None
     for one in (job.jobs if job.is_group() else [job]):
         if one.log:
-            cluster.SBATCH_REFUSED.add((str(one.log[0]), job.attempt))
+            log = str(one.log[0])
+            cause = slurm if slurm == cluster.REFUSED else cluster.failure_cause(slurm, cluster.previous_attempt(log))
+            cluster.FAILURES[(log, job.attempt)] = cause
 
 
 def installed_version() -> str | None:
@@ -76,8 +95,9 @@ def installed_version() -> str | None:
 
 def install() -> str | None:
     """Wrap the plugin's state query (`query_job_status`, which `check_active_jobs` calls by its module-level name)
-    with `job_states`. Returns a note when the plugin is missing or is not the pinned version (then nothing is
-    changed: a newer plugin may read states its own way); None when installed. Calling it twice wraps once."""
+    with `job_states`, and its error report with `record_failure`. Returns a note when the plugin is missing or is
+    not the pinned version (then nothing is changed: a newer plugin may read states its own way); None when
+    installed. Calling it twice wraps once."""
     version = installed_version()
     if version is None:
         return None  # no SLURM plugin, no SLURM run
@@ -97,14 +117,16 @@ def install() -> str | None:
         query_job_status.arithmech_states = True
         plugin.query_job_status = query_job_status
 
-    report = plugin.Executor._report_job_error_threadsafe
-    if not getattr(report, "arithmech_refusals", False):
+    # every failure the plugin reports, a refused submission's (through _report_job_error_threadsafe) and a failed
+    # job's (check_active_jobs), goes through report_job_error, which hands the job to Snakemake's retry
+    report = plugin.Executor.report_job_error
+    if not getattr(report, "arithmech_failures", False):
 
         @functools.wraps(report)
-        def report_job_error(self, job_info, msg):
-            record_refusal(job_info.job, msg)  # before Snakemake handles the error and plans the retry
-            return report(self, job_info, msg)
+        def report_job_error(self, job_info, msg=None, **kwargs):
+            record_failure(job_info.job, job_info.external_jobid, msg)  # before Snakemake plans the retry
+            return report(self, job_info, msg=msg, **kwargs)
 
-        report_job_error.arithmech_refusals = True
-        plugin.Executor._report_job_error_threadsafe = report_job_error
+        report_job_error.arithmech_failures = True
+        plugin.Executor.report_job_error = report_job_error
     return None

@@ -29,7 +29,8 @@ def _hours(value: float) -> str:
 def _resources_text(res: dict) -> str:
     """A model's resources as the plan shows them: its own, then each per-rule block's overrides."""
     def text(r):
-        parts = [f"{r['gpus']} GPU" if "gpus" in r else "", f"{r['mem_mb']} MB" if "mem_mb" in r else "",
+        parts = [("CPU" if r["gpus"] == 0 else f"{r['gpus']} GPU") if "gpus" in r else "",
+                 f"{r['mem_mb']} MB" if "mem_mb" in r else "",
                  f"{r['runtime']} min" if "runtime" in r else ""]
         return ", ".join(p for p in parts if p)
     blocks = [f"{group}: {text(res[group])}" for group in RESOURCE_GROUPS if res.get(group)]
@@ -62,7 +63,10 @@ def render_text(report: dict) -> str:
     if shared:
         lines += ["", "no model", header] + [_text_row(row) for row in shared]
     total = report["totals"]
-    lines += ["", f"total: {total['jobs']} jobs, {total['gpu_jobs']} on a GPU, {total['gpu_hours']:.2f} GPU hours; "
+    on_cpu = (f", {total['cpu_model_jobs']} model jobs on a CPU node (gpus: 0), {total['cpu_hours']:.2f} CPU job hours "
+              f"at {t['cpu_tflops']:g} TFLOP/s and {t['cpu_bandwidth']:g} TB/s") if total["cpu_model_jobs"] else ""
+    lines += ["", f"total: {total['jobs']} jobs, {total['gpu_jobs']} on a GPU, {total['gpu_hours']:.2f} GPU hours"
+                  f"{on_cpu}; "
                   f"largest job {total['gpu_gb']:.1f} GB of GPU memory, {total['host_gb']:.1f} GB of host memory",
               f"Slurm: {total['allocations']} allocations for the {total['submitted']} jobs sbatch runs (the SLURM "
               f"profile's groups; {total['submitted']} without them), {total['queue_hours']:.1f} h in the queue at "
@@ -84,6 +88,9 @@ def _text_row(row: dict) -> str:
         return (f"{row['rule']:<26}{row['jobs']:>5}{allocs:>7}{label:>11}{'-':>9}{'-':>8}{'-':>9}{'-':>14}  "
                 f"{row['note']}")
     request = f"{row['request']['mem_mb'] / 1000:.0f} GB {row['request']['runtime']} m" if row["request"] else "-"
+    if row["on_cpu"]:  # a model's job with gpus: 0, its hours a CPU node's
+        return (f"{row['rule']:<26}{row['jobs']:>5}{allocs:>7}{_hours(row['cpu_hours_per_job']) + ' CPU':>11}"
+                f"{_hours(row['cpu_hours']) + ' CPU':>9}{'-':>8}{row['host_gb']:>9.1f}{request:>14}  {row['note']}")
     return (f"{row['rule']:<26}{row['jobs']:>5}{allocs:>7}{_hours(row['gpu_hours_per_job']):>11}"
             f"{_hours(row['gpu_hours']):>9}{row['gpu_gb']:>8.1f}{row['host_gb']:>9.1f}{request:>14}  {row['note']}")
 
@@ -157,6 +164,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--fs-gbs", type=float, default=Throughput.fs_gbs,
                         help="GB/s a job reads the weights at from the shared file system (default: 1, a 10 GbE "
                              "client)")
+    parser.add_argument("--cpu-tflops", type=float, default=Throughput.cpu_tflops,
+                        help="effective float32 TFLOP/s of a CPU node, for a model's jobs with gpus: 0 (default: "
+                             "0.1, about half a 2-core AVX2 node's peak)")
+    parser.add_argument("--cpu-bandwidth", type=float, default=Throughput.cpu_bandwidth,
+                        help="effective TB/s of a CPU node's memory (default: 0.01)")
     parser.add_argument("--queue-wait-min", type=float, default=Throughput.queue_wait_min,
                         help="minutes each Slurm allocation waits in the queue (default: 5, an assumption)")
     parser.add_argument("--requests", type=Path, default=None, metavar="FILE",
@@ -171,7 +183,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     root = (args.root or Path.cwd()).resolve()
     throughput = Throughput(tflops=args.tflops, bandwidth=args.bandwidth, startup_s=args.startup_s,
-                            gpu_memory_gb=args.gpu_memory_gb, fs_gbs=args.fs_gbs, queue_wait_min=args.queue_wait_min)
+                            gpu_memory_gb=args.gpu_memory_gb, fs_gbs=args.fs_gbs, queue_wait_min=args.queue_wait_min,
+                            cpu_tflops=args.cpu_tflops, cpu_bandwidth=args.cpu_bandwidth)
     try:
         measured = measure(args.compare) if args.compare is not None else None  # first: a bad file fails fast
         report = plan(args.configs, root=root, throughput=throughput)

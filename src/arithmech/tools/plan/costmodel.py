@@ -26,7 +26,7 @@ class Throughput:
     GPU memory, the floor of memory-bound forwards), `startup_s` (seconds a GPU job spends starting and
     loading its model), `gpu_memory_gb` (GB of memory per GPU); and the cluster around it: `fs_gbs` (GB/s one
     job reads the weights at from the shared file system), `queue_wait_min` (minutes an allocation waits in the
-    queue)."""
+    queue); a CPU node's `cpu_tflops` and `cpu_bandwidth`, for a model's jobs with `gpus: 0`."""
 
     tflops: float = 100.0
     bandwidth: float = 1.5
@@ -34,6 +34,10 @@ class Throughput:
     gpu_memory_gb: float = 80.0
     fs_gbs: float = 1.0  # a 10 GbE client's ~1.25 GB/s line rate; Whamcloud's "Why Use Lustre": over 1 GB/s end to end
     queue_wait_min: float = 5.0  # an assumption, not a measurement: your site's sacct (Start - Submit) says
+    # A model job with `gpus: 0` on a CPU node (float32): a 2-core AVX2 node's peak is 2 x 32 FLOP/cycle x 3 GHz
+    # = 0.19 TFLOP/s, about half of it effective; memory ~10 GB/s. Assumptions: `--compare` on a run says more.
+    cpu_tflops: float = 0.1
+    cpu_bandwidth: float = 0.01
 
 
 DTYPE_BYTES = {"auto": 2, "bfloat16": 2, "float16": 2, "float32": 4}  # auto: bfloat16 on a GPU

@@ -169,7 +169,11 @@ def _row(key: tuple[str, str], plan_row: dict | None, m: Measured | None, models
     m = m or Measured()
     gpu = plan_row is not None and plan_row["kind"] == "gpu"
     gpus = job_resources(models[model]["resources"], rule)["gpus"] if gpu else 0
-    planned_wall = plan_row["gpu_hours_per_job"] * 3600 / gpus if gpu else None
+    on_cpu = gpu and plan_row["on_cpu"]  # a model's job with gpus: 0
+    if gpu:
+        planned_wall = plan_row["cpu_hours_per_job"] * 3600 if on_cpu else plan_row["gpu_hours_per_job"] * 3600 / gpus
+    else:
+        planned_wall = None
     walls = list(m.walls.values())
     longest = max(m.walls, key=m.walls.get) if walls else None
     on = "cuda" if m.cuda else ("cpu" if m.records > m.failed else None)
@@ -186,7 +190,7 @@ def _row(key: tuple[str, str], plan_row: dict | None, m: Measured | None, models
         "planned_gpu_gb": plan_row["gpu_gb"] if gpu else None, "gpu_gb": measured_gpu,
         "planned_host_gb": plan_row["host_gb"] if gpu else None, "host_gb": host,
     }
-    row["wall_ratio"] = _ratio(row["longest_s"], planned_wall) if on == "cuda" else None
+    row["wall_ratio"] = _ratio(row["longest_s"], planned_wall) if on == ("cpu" if on_cpu else "cuda") else None
     row["gpu_ratio"] = _ratio(measured_gpu, row["planned_gpu_gb"])
     row["host_ratio"] = _ratio(host, row["planned_host_gb"])
     return row

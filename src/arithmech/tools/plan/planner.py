@@ -84,12 +84,14 @@ RULE_COSTS: dict[str, Callable[[Setting, Model | None, Job], Cost]] = {
 }
 
 
-def job_seconds(cost: Cost, *, throughput: Throughput) -> float:
+def job_seconds(cost: Cost, *, throughput: Throughput, on_cpu: bool = False) -> float:
     """Seconds one GPU job holds its GPUs: its FLOPs at the throughput, or its memory reads at the bandwidth
     where those take longer (memory-bound decoding), divided over its ranks (a training job's processes, one per
-    GPU; a spread model's job: one), plus the start-up."""
-    compute = cost.work.flops / (throughput.tflops * 1e12)
-    reads = cost.work.reads / (throughput.bandwidth * 1e12)
+    GPU; a spread model's job: one), plus the start-up. `on_cpu`: a model's job with `gpus: 0`, at the CPU's."""
+    tflops, bandwidth = (throughput.cpu_tflops, throughput.cpu_bandwidth) if on_cpu else (throughput.tflops,
+                                                                                            throughput.bandwidth)
+    compute = cost.work.flops / (tflops * 1e12)
+    reads = cost.work.reads / (bandwidth * 1e12)
     return max(compute, reads) / cost.ranks + throughput.startup_s
 
 
@@ -185,7 +187,8 @@ def rule_row(key: tuple[str, str], cost: Cost, group: str = "") -> dict:
     warnings = [f"rule '{key[1]}' has no cost entry in RULE_COSTS (src/arithmech/tools/plan/planner.py): its jobs "
                 f"are not in the totals"] if cost.unknown else []
     return {"model": key[0], "rule": key[1], "kind": kind, "jobs": 0, "added_jobs": 0, "gpu_hours": 0.0,
-            "gpu_hours_per_job": 0.0, "gpu_gb": 0.0, "host_gb": 0.0, "note": cost.note, "costliest": None,
+            "gpu_hours_per_job": 0.0, "cpu_hours": 0.0, "cpu_hours_per_job": 0.0, "on_cpu": False, "gpu_gb": 0.0,
+            "host_gb": 0.0, "note": cost.note, "costliest": None,
             "warnings": warnings, "group": group, "submitted": 0, "allocations": 0, "weight_loads": 0,
             "host_bytes": 0.0, "seconds": 0.0, "request": None}
 
@@ -198,17 +201,19 @@ def add_job(row: dict, *, job: Job, cost: Cost, model: Model | None, throughput:
     if not cost.gpu or model is None:
         return
     gpus = job_resources(model.resources, job.rule)["gpus"]
-    seconds = job_seconds(cost, throughput=throughput)
-    hours = seconds * gpus / 3600  # it holds all its GPUs for its wall time
-    row["gpu_hours"] += hours
+    row["on_cpu"] = on_cpu = gpus == 0  # `gpus: 0`: a CPU node's hours
+    seconds = job_seconds(cost, throughput=throughput, on_cpu=on_cpu)
+    hours = seconds * max(gpus, 1) / 3600  # it holds all its GPUs (or its CPUs) for its wall time
+    device = "cpu" if on_cpu else "gpu"
+    row[f"{device}_hours"] += hours
     row["gpu_gb"] = max(row["gpu_gb"], cost.gpu_bytes / 1e9)
     row["host_gb"] = max(row["host_gb"], cost.host_bytes / 1e9)
     row["host_bytes"] = max(row["host_bytes"], cost.host_bytes)
     row["seconds"] = max(row["seconds"], seconds)
     row["weight_loads"] += cost.weight_loads
-    if row["costliest"] is None or hours > row["gpu_hours_per_job"]:
-        row |= {"gpu_hours_per_job": hours, "costliest": job.label, "note": cost.note}
-    row["warnings"] += _warnings(job, cost, model, throughput, hours / gpus)
+    if row["costliest"] is None or hours > row[f"{device}_hours_per_job"]:
+        row |= {f"{device}_hours_per_job": hours, "costliest": job.label, "note": cost.note}
+    row["warnings"] += _warnings(job, cost, model, throughput, hours / max(gpus, 1))
 
 
 def _warnings(job: Job, cost: Cost, model: Model, throughput: Throughput, hours: float) -> list[str]:
@@ -219,7 +224,7 @@ def _warnings(job: Job, cost: Cost, model: Model, throughput: Throughput, hours:
     found = []
     # one rank per GPU: each rank's peak must fit one GPU; a spread model's whole peak all of them
     share = 1 if cost.ranks > 1 else res["gpus"]
-    if cost.gpu_bytes / 1e9 > share * throughput.gpu_memory_gb:
+    if res["gpus"] and cost.gpu_bytes / 1e9 > share * throughput.gpu_memory_gb:  # gpus 0: on the CPU
         per = f"a rank's peak GPU memory (of {cost.ranks})" if cost.ranks > 1 else "peak GPU memory"
         found.append(f"{where}: {per} {cost.gpu_bytes / 1e9:.0f} GB exceeds {share} x "
                      f"{throughput.gpu_memory_gb:g} GB (--gpu-memory-gb)")
@@ -248,8 +253,11 @@ def _finish(row: dict, models: dict[str, Model], throughput: Throughput) -> dict
 def _totals(table: list[dict], throughput: Throughput) -> dict:
     gpu = [row for row in table if row["kind"] == "gpu"]
     allocations = sum(row["allocations"] for row in table)
-    return {"jobs": sum(row["jobs"] for row in table), "gpu_jobs": sum(row["jobs"] for row in gpu),
+    return {"jobs": sum(row["jobs"] for row in table),
+            "gpu_jobs": sum(row["jobs"] for row in gpu if not row["on_cpu"]),
             "gpu_hours": sum(row["gpu_hours"] for row in gpu),
+            "cpu_model_jobs": sum(row["jobs"] for row in gpu if row["on_cpu"]),
+            "cpu_hours": sum(row["cpu_hours"] for row in gpu),
             "gpu_gb": max((row["gpu_gb"] for row in gpu), default=0.0),
             "host_gb": max((row["host_gb"] for row in gpu), default=0.0),
             "submitted": sum(row["submitted"] for row in table), "allocations": allocations,

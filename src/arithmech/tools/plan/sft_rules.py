@@ -93,8 +93,9 @@ def finetune(s: Setting, m: Model, job: Job) -> Cost:
 
 
 def training_ranks(m: Model, job: Job) -> int:
-    """The processes a training job runs: one per GPU of its rule's resources (`sft.distributed`)."""
-    return int(job_resources(m.resources, job.rule).get("gpus", 1))
+    """The processes a training job runs: one per GPU of its rule's resources (`sft.distributed`); one on the CPU
+    (`gpus: 0`)."""
+    return max(1, int(job_resources(m.resources, job.rule).get("gpus", 1)))
 
 
 def parallel_note(full: bool, ranks: int) -> str:
