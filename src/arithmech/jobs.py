@@ -1,6 +1,7 @@
-"""What every rule script does around its entry point: log, seeds, threads, a traceback in the log, the
-batch split a cluster retry asks for, a stop when a cluster job that asked for GPUs sees none, and the job's usage
-(wall time, peak host and GPU memory) next to its log.
+"""What every rule script does around its entry point: log, seeds, threads, a traceback in the log (with a mark
+when it ran out of GPU or host memory), the batch split a cluster retry asks for, a stop when a cluster job that
+asked for GPUs sees none, the CPU for one that asked for none, and the job's usage (wall time, peak host and GPU
+memory) next to its log.
 
 Standard library only at import (the cluster resources read GPU_OOM_MARK while Snakemake parses the
 workflow), and torch-free, so that jobs which only read tables and draw figures never import it."""

@@ -137,7 +137,6 @@ def test_slurms_word_on_a_failed_job(states, cause):
     (cluster.CANCELLED, cluster.GPU_OOM, cluster.GPU_OOM),
     (cluster.ERROR, cluster.FAILED, cluster.ERROR),  # Slurm saw an exit with an error, nothing killed it
     (None, cluster.FAILED, cluster.FAILED),
-    (cluster.REFUSED, cluster.FAILED, cluster.REFUSED),
 ])
 def test_a_failures_cause_from_slurm_and_the_jobs_files(slurm, files, cause):
     assert cluster.failure_cause(slurm, files) == cause

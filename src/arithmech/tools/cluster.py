@@ -218,13 +218,13 @@ def slurm_cause(states: list[str]) -> str | None:
 
 
 def failure_cause(slurm: str | None, files: str) -> str:
-    """The cause of one job's failed attempt from Slurm's word on its allocation (`slurm_cause`, `REFUSED`; None:
-    none) and the job's own files (`previous_attempt`). A GPU out-of-memory mark is the job's own; an allocation
-    cancelled, refused or out of time is every job's of it; a job that completed in a group killed for another job's
-    memory keeps its request."""
+    """The cause of one job's failed attempt from Slurm's word on its allocation (`slurm_cause`; None: none) and the
+    job's own files (`previous_attempt`). A GPU out-of-memory mark is the job's own; an allocation cancelled or out
+    of time is every job's of it; a job that completed in a group killed for another job's memory keeps its
+    request."""
     if files == GPU_OOM:
         return GPU_OOM
-    if slurm in (REFUSED, CANCELLED, TIMEOUT):
+    if slurm in (CANCELLED, TIMEOUT):
         return slurm
     if files == COMPLETED:
         return COMPLETED

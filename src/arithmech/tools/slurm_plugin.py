@@ -75,14 +75,12 @@ def record_failure(job, job_id: str | None, msg: str | None, states=sacct_states
     and the job's own files."""
     from arithmech.tools import cluster
 
-    if (msg or "").startswith(SBATCH_REFUSED_MESSAGE):
-        slurm = cluster.REFUSED
-    else:
-        slurm = cluster.slurm_cause(states(job_id)) if job_id else None
+    refused = (msg or "").startswith(SBATCH_REFUSED_MESSAGE)  # it never ran: its files are an earlier attempt's
+    slurm = cluster.slurm_cause(states(job_id)) if job_id and not refused else None
     for one in (job.jobs if job.is_group() else [job]):
         if one.log:
             log = str(one.log[0])
-            cause = slurm if slurm == cluster.REFUSED else cluster.failure_cause(slurm, cluster.previous_attempt(log))
+            cause = cluster.REFUSED if refused else cluster.failure_cause(slurm, cluster.previous_attempt(log))
             cluster.FAILURES[(log, job.attempt)] = cause
 
 
