@@ -131,6 +131,11 @@ def test_fold_in_sets_the_users_limits(tmp_path, monkeypatch):
     settings = workflow.resource_settings
     assert "slurm_account" in settings.default_resources.keys()  # an expression, evaluated per job (as "root")
     assert settings.default_resources["mem_mb"]  # Snakemake's cluster defaults kept beside them
+    # a job limit on the command line wins over the profile's, as Snakemake's own order has it
+    for given in (["--jobs", "9"], ["-j", "9"], ["-j9"], ["--jobs=9"]):
+        workflow = Workflow()
+        notes = profiles.fold_in_user_profiles(workflow, ["--profile", "slurm", *given], checkout, checkout)
+        assert workflow.nodes == 100 and "not jobs 4 (the command line's --jobs wins)" in notes[0], given
     # from another directory `--profile slurm` is the user's own: nothing is folded in
     elsewhere = Workflow()
     assert profiles.fold_in_user_profiles(elsewhere, ["--profile", "slurm"], tmp_path, checkout) == []

@@ -16,6 +16,7 @@ Read by the Snakefile while it parses: standard library and Snakemake only.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import yaml
@@ -129,6 +130,12 @@ def read_profile(path: Path) -> dict:
     return settings
 
 
+def jobs_given(argv: list[str]) -> bool:
+    """Whether a Snakemake command line gives the job limit itself (`--jobs N`, `-j N`, `-jN`), which wins over any
+    profile's."""
+    return any(arg in ("--jobs", "-j") or arg.startswith("--jobs=") or re.fullmatch(r"-j\d+", arg) for arg in argv)
+
+
 def set_job_limit(workflow, jobs: int) -> bool:
     """Make `jobs` Snakemake's limit of jobs queued at once, while the Snakefile parses: in its resource settings and
     in the copy the scheduler reads (`global_resources["_nodes"]`, made before the parse). Whether it holds."""
@@ -154,7 +161,9 @@ def fold_in_user_profiles(workflow, argv: list[str], cwd: Path, checkout: Path) 
                                f"runs the workflow's SLURM profile ({WORKFLOW_PROFILE}); name your profile "
                                "otherwise, or give its path to --profile")
         applied = []
-        if "jobs" in theirs:
+        if "jobs" in theirs and jobs_given(argv):
+            applied.append(f"not jobs {theirs['jobs']} (the command line's --jobs wins)")
+        elif "jobs" in theirs:
             jobs = int(theirs["jobs"])
             if set_job_limit(workflow, jobs):
                 applied.append(f"jobs {jobs}")
