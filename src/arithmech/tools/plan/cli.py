@@ -64,7 +64,7 @@ def render_text(report: dict) -> str:
         lines += ["", "no model", header] + [_text_row(row) for row in shared]
     total = report["totals"]
     on_cpu = (f", {total['cpu_model_jobs']} model jobs on a CPU node (gpus: 0), {total['cpu_hours']:.2f} CPU job hours "
-              f"at {t['cpu_tflops']:g} TFLOP/s and {t['cpu_bandwidth']:g} TB/s") if total["cpu_model_jobs"] else ""
+              f"at {t['cpu_tflops']:g} TFLOP/s and {t['cpu_bandwidth']:g} TB/s") if total.get("cpu_model_jobs") else ""
     lines += ["", f"total: {total['jobs']} jobs, {total['gpu_jobs']} on a GPU, {total['gpu_hours']:.2f} GPU hours"
                   f"{on_cpu}; "
                   f"largest job {total['gpu_gb']:.1f} GB of GPU memory, {total['host_gb']:.1f} GB of host memory",
@@ -88,7 +88,7 @@ def _text_row(row: dict) -> str:
         return (f"{row['rule']:<26}{row['jobs']:>5}{allocs:>7}{label:>11}{'-':>9}{'-':>8}{'-':>9}{'-':>14}  "
                 f"{row['note']}")
     request = f"{row['request']['mem_mb'] / 1000:.0f} GB {row['request']['runtime']} m" if row["request"] else "-"
-    if row["on_cpu"]:  # a model's job with gpus: 0, its hours a CPU node's
+    if row.get("on_cpu"):  # a model's job with gpus: 0, its hours a CPU node's (a plan without them: none)
         return (f"{row['rule']:<26}{row['jobs']:>5}{allocs:>7}{_hours(row['cpu_hours_per_job']) + ' CPU':>11}"
                 f"{_hours(row['cpu_hours']) + ' CPU':>9}{'-':>8}{row['host_gb']:>9.1f}{request:>14}  {row['note']}")
     return (f"{row['rule']:<26}{row['jobs']:>5}{allocs:>7}{_hours(row['gpu_hours_per_job']):>11}"

@@ -169,7 +169,7 @@ def _row(key: tuple[str, str], plan_row: dict | None, m: Measured | None, models
     m = m or Measured()
     gpu = plan_row is not None and plan_row["kind"] == "gpu"
     gpus = job_resources(models[model]["resources"], rule)["gpus"] if gpu else 0
-    on_cpu = gpu and plan_row["on_cpu"]  # a model's job with gpus: 0
+    on_cpu = gpu and plan_row.get("on_cpu")  # a model's job with gpus: 0
     if gpu:
         planned_wall = plan_row["cpu_hours_per_job"] * 3600 if on_cpu else plan_row["gpu_hours_per_job"] * 3600 / gpus
     else:
