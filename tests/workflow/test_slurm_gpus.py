@@ -41,8 +41,7 @@ def resources(name):
     def get(key):
         def value(wildcards, attempt):
             first = cluster.job_resources(MODEL, "finetune" if name == "train" else "knockout")
-            previous = cluster.previous_attempt(f"logs/{{name}}.log") if attempt > 1 else None
-            out = cluster.rule_resources(cluster.retry_resources(first, attempt, previous))
+            out = cluster.rule_resources(cluster.attempt_resources(first, f"logs/{{name}}.log", attempt))
             return {{**out, "cpus_per_gpu": 1 if out.get("cpus_per_gpu") else None}}.get(key)
         return value
     keys = ("gpu", "mem_mb", "runtime", "batch_split", "cpus_per_gpu", "nodes")
