@@ -49,6 +49,7 @@ import torch
 from arithmech.data.answers import answer_correct
 from arithmech.data.arithmetic import continuation_ids
 from arithmech.interp.discovery import MLP, all_nodes, faithfulness
+from arithmech.interp.nodes import node_label
 from arithmech.interp.protocol import KINDS, POSITIONS, PRUNE_MEASURES, TAIL_MEASURES
 from arithmech.intervention.batching import COPIES_PER_FORWARD
 from arithmech.intervention.generation import pad_left
@@ -632,20 +633,35 @@ def check_everything_ablated(trials: TailTrials, margin: float = 0.05) -> dict:
 
 
 def check_one_node(trials: TailTrials, *, draws: int = 20, seed: int = 0, share: float = 0.95) -> dict:
-    """One random node ablated (`draws` seeded draws): the mean teacher-forced correctness over the draws, as a
-    share of the full model's own (`TailTrials.model_correct`), at least `share`. Returns the values;
-    ValueError naming the check."""
+    """One random node ablated (`draws` seeded draws): the MEDIAN draw's teacher-forced correctness, as a share of
+    the full model's own (`TailTrials.model_correct`), at least `share`. Returns the values (the mean and median
+    share over the draws; one_node_failing, the drawn nodes that keep less than `share`, worst first: "L0MLP 0.10,
+    L7H2 0.90"); ValueError naming the check.
+
+    Why the median, not the mean: a correct ablation of most single nodes leaves the answers alone, but a few nodes
+    legitimately matter (a key MLP; under resample ablation a donor's value of a node that carries the answer moves
+    it to the donor's), and a draw that hits one pulls the mean of 20 draws below 0.95 by chance (docs/circuit.md).
+    A broken ablation (values scaled or sign-flipped: the group's sum for its mean, say) moves the answers whichever
+    node it ablates, so its median draw fails."""
     n = len(trials.nodes)
     picks = np.random.default_rng([seed, 4303]).choice(n, size=draws, replace=draws > n)
     masks = np.ones((draws, n), dtype=bool)
     masks[np.arange(draws), picks] = False
-    acc, own = float(trials.scores(masks)["correct"].mean()), float(trials.model_correct.mean())
+    own = float(trials.model_correct.mean())
     if own == 0:
         raise ValueError("sanity check 'one node ablated' cannot run: the full model gets no item right")
-    if acc / own < share:
-        raise ValueError(f"sanity check 'one node ablated' failed: mean teacher-forced accuracy {acc:.3f} over "
-                         f"{draws} draws is {acc / own:.3f} of the model's {own:.3f} (needs {share})")
-    return {"one_node_correct": acc, "one_node_share": acc / own}
+    per_draw = trials.scores(masks)["correct"].mean(1) / own
+    median = float(np.median(per_draw))
+    worst = np.argsort(per_draw, kind="stable")
+    failing = ", ".join(f"{node_label(*trials.nodes[picks[j]])} {per_draw[j]:.2f}" for j in worst
+                        if per_draw[j] < share)
+    values = {"one_node_correct": float(per_draw.mean() * own), "one_node_share": float(per_draw.mean()),
+              "one_node_median_share": median, "one_node_failing": failing}
+    if median < share:
+        raise ValueError(f"sanity check 'one node ablated' failed: the median of {draws} single-node draws keeps "
+                         f"{median:.3f} of the model's teacher-forced accuracy {own:.3f} (needs {share}); drawn nodes "
+                         f"below it: {failing}")
+    return values
 
 
 def check_position_alignment(trials: TailTrials, tol: float = 1e-4) -> dict:
