@@ -632,17 +632,18 @@ def check_everything_ablated(trials: TailTrials, margin: float = 0.05) -> dict:
     return {"empty_correct": acc, "constant_correct": const}
 
 
-def check_one_node(trials: TailTrials, *, draws: int = 20, seed: int = 0, share: float = 0.95) -> dict:
-    """One random node ablated (`draws` seeded draws): the MEDIAN draw's teacher-forced correctness, as a share of
-    the full model's own (`TailTrials.model_correct`), at least `share`. Returns the values (the mean and median
-    share over the draws; one_node_failing, the drawn nodes that keep less than `share`, worst first: "L0MLP 0.10,
-    L7H2 0.90"); ValueError naming the check.
+def check_one_node(trials: TailTrials, *, draws: int = 20, seed: int = 0, share: float = 0.95,
+                   most: float = 0.75) -> dict:
+    """One random node ablated (`draws` seeded draws): at least `most` of the draws keep at least `share` of the
+    full model's own teacher-forced correctness (`TailTrials.model_correct`). Returns the values (one_node_kept: the
+    share of draws that keep it; one_node_share: the mean share over the draws; one_node_failing: the drawn nodes
+    that keep less, worst first: "L24MLP 0.31, L20H8 0.35"); ValueError naming the check.
 
-    Why the median, not the mean: a correct ablation of most single nodes leaves the answers alone, but a few nodes
-    legitimately matter (a key MLP; under resample ablation a donor's value of a node that carries the answer moves
-    it to the donor's), and a draw that hits one pulls the mean of 20 draws below 0.95 by chance (docs/circuit.md).
-    A broken ablation (values scaled or sign-flipped: the group's sum for its mean, say) moves the answers whichever
-    node it ablates, so its median draw fails."""
+    Why most draws, not their mean: a correct ablation of most single nodes leaves the answers alone, but a few
+    nodes legitimately matter (the late MLPs and heads that write the answer; under resample ablation a donor's value
+    of such a node moves the answer to the donor's), and a draw that hits one or two of them pulls the mean of 20
+    draws below 0.95 by chance. A broken ablation (values tripled, as a sum for a mean, or sign-flipped) moves the
+    answers whichever node it ablates: half its draws or more keep less (docs/circuit.md has the measurement)."""
     n = len(trials.nodes)
     picks = np.random.default_rng([seed, 4303]).choice(n, size=draws, replace=draws > n)
     masks = np.ones((draws, n), dtype=bool)
@@ -651,17 +652,15 @@ def check_one_node(trials: TailTrials, *, draws: int = 20, seed: int = 0, share:
     if own == 0:
         raise ValueError("sanity check 'one node ablated' cannot run: the full model gets no item right")
     per_draw = trials.scores(masks)["correct"].mean(1) / own
-    median = float(np.median(per_draw))
-    worst = np.argsort(per_draw, kind="stable")
-    failing = ", ".join(f"{node_label(*trials.nodes[picks[j]])} {per_draw[j]:.2f}" for j in worst
-                        if per_draw[j] < share)
-    values = {"one_node_correct": float(per_draw.mean() * own), "one_node_share": float(per_draw.mean()),
-              "one_node_median_share": median, "one_node_failing": failing}
-    if median < share:
-        raise ValueError(f"sanity check 'one node ablated' failed: the median of {draws} single-node draws keeps "
-                         f"{median:.3f} of the model's teacher-forced accuracy {own:.3f} (needs {share}); drawn nodes "
-                         f"below it: {failing}")
-    return values
+    kept = float(np.mean(per_draw >= share))
+    failing = ", ".join(f"{node_label(*trials.nodes[picks[j]])} {per_draw[j]:.2f}"
+                        for j in np.argsort(per_draw, kind="stable") if per_draw[j] < share)
+    if kept < most:
+        raise ValueError(f"sanity check 'one node ablated' failed: {kept:.0%} of {draws} single-node draws keep "
+                         f"{share} of the model's teacher-forced accuracy {own:.3f} (needs {most:.0%}); the others: "
+                         f"{failing}")
+    return {"one_node_correct": float(per_draw.mean() * own), "one_node_share": float(per_draw.mean()),
+            "one_node_kept": kept, "one_node_failing": failing}
 
 
 def check_position_alignment(trials: TailTrials, tol: float = 1e-4) -> dict:
