@@ -2,10 +2,11 @@
 every verdict decided by a rule written in its row, thresholds from the config's `claims` section. Torch-free.
 
 Verdicts: `holds`, `partly`, `does not hold`, `inconclusive` (the interval includes 0 and also a difference that
-would matter: too little power; the row gives the difference the test could detect) and `not measured` (the data
-is absent: the study did not run, the rule selected no head, ...; the row says why). A claim never says `does
-not hold` from an underpowered test: that takes an interval on the wrong side of 0, or one that excludes every
-difference that would matter (`claims.min_difference`, `claims.min_cosine`).
+would matter: too little power; the row gives the difference the test could detect; or a failed sanity check of the
+ablation the row reads, named) and `not measured` (the data is absent: the study did not run, the rule selected no
+head, ...; or a paired comparison's arms answered every item alike, `IDENTICAL`; the row says why). A claim never
+says `does not hold` from an underpowered test: that takes an interval on the wrong side of 0, or one that excludes
+every difference that would matter (`claims.min_difference`, `claims.min_cosine`).
 """
 
 from __future__ import annotations
