@@ -301,3 +301,12 @@ def test_edges_stage_paths_equal_the_hooked_references(prepared, tmp_path):  # n
     with pytest.raises(ValueError, match="patching.metric"):  # the aggregation alone refuses, naming the key
         sufficiency.summarize_edges(pd.read_parquet(tmp_path / "xs.parquet"), pd.Series(dtype=str), ["L1H3"], n_boot=10,
                            seed=0, confidence=0.95)
+
+
+def test_sanity_stop_stops_on_every_ablation_the_verdicts_read():
+    """`circuit.discover.sanity: stop`: a failed check of either ablation stops the rule (the verdicts read both);
+    `warn`: none stops, the failures are recorded and the verdicts say inconclusive."""
+    from arithmech.interp import protocol
+
+    assert sufficiency.strict_kinds("stop") == list(protocol.KINDS) == ["resample", "mean"]
+    assert sufficiency.strict_kinds("warn") == []

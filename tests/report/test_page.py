@@ -243,6 +243,14 @@ def test_the_page_says_what_the_models_own_circuit_is(tmp_path):
             "MLPs' 5% and 15%, +50 and +60 points above random circuits of its size. On the old protocol") in text
     assert "On the old protocol (greedy answers, END means at every generated position) it is 80% [70%, 85%]" in text
     assert "Per operator (teacher-forced, resample / mean ablation), addition: 35 heads + 19 MLPs at 60% / 70%." in text
+    assert "sanity check" not in text
+    # a failed sanity check (circuit.discover.sanity: warn) is said on the page, naming the check and the operators
+    failed = "sanity check 'one node ablated' failed: the median draw keeps 0.5 of the model's accuracy"
+    warned = summary.assign(**tf, tf_resample_sanity_failed=[failed, failed, failed, "addition: " + failed],
+                            tf_mean_sanity_failed="")
+    assert circuit_sentences(warned).endswith(
+        " The resample ablation failed its sanity check 'one node ablated' on addition, union: every row of the "
+        "scorecard read from it is inconclusive.")
     study, comp = study_tables()
     root = tmp_path / "results/m"
     root.mkdir(parents=True)

@@ -421,7 +421,9 @@ def test_circuit_sufficient():
     assert "keeps 95% [88, 100] of full-answer" in note and "24 with all MLPs" in note
     assert "key - random +85 [+73, +95];" in note
     assert by["division"]["verdict"] == "partly"  # beats random circuits, keeps far less than 80%
-    assert by["subtraction"]["verdict"] == "does not hold"  # keeps nothing, no better than random
+    # keeps nothing, as its random circuits: the two answered identically on every item, so nothing was compared
+    assert by["subtraction"]["verdict"] == "not measured" and verdicts.IDENTICAL in by["subtraction"]["note"]
+    assert "detects about" not in by["subtraction"]["note"]
     assert by["multiplication"]["verdict"] == "not measured"
     assert by["all"]["verdict"] == "partly" and rows[0]["claim"] == "circuit_sufficient"
     none = circuit_items(0.0, 0.0)
@@ -462,7 +464,12 @@ def test_circuit_sufficient_on_the_teacher_forced_protocol():
     assert verdict(tf_circuit_items(0.95, 0.8))["verdict"] == "does not hold"  # no better than random by 0.3
     assert verdict(tf_circuit_items(0.95, 0.1, resample_key=0.3))["verdict"] == "inconclusive"  # ablations disagree
     failed = verdict(tf_circuit_items(0.95, 0.1, failed="one random node"))
-    assert failed["verdict"] == "inconclusive" and "sanity check failed (one random node)" in failed["note"]
+    assert failed["verdict"] == "inconclusive"
+    assert failed["note"].startswith("inconclusive: the resample ablation failed a sanity check, so its numbers cannot "
+                                     "decide (one random node)")
+    # a failed check decides the row whatever the other ablation says: here both would not hold
+    both_fail = verdict(tf_circuit_items(0.3, 0.1, failed="one random node"))
+    assert both_fail["verdict"] == "inconclusive" and "one random node" in both_fail["note"]
 
 
 def edges_rows(via: float, direct: float, spread: float = 0.001) -> pd.DataFrame:
@@ -559,7 +566,9 @@ def test_a_small_faithful_circuit_on_the_teacher_forced_protocol():
     assert by["straddles 80%"]["verdict"] == "inconclusive"
     assert by["random as good"]["verdict"] == "does not hold"
     assert by["ablations disagree"]["verdict"] == "inconclusive"
-    assert by["sanity failed"]["verdict"] == "inconclusive" and "a sanity check failed" in by["sanity failed"]["note"]
+    assert by["sanity failed"]["verdict"] == "inconclusive"
+    assert by["sanity failed"]["note"].startswith("inconclusive: the resample ablation failed a sanity check")
+    assert "one node ablated: 0.94 < 0.95" in by["sanity failed"]["note"]
     assert by["too large"]["verdict"] == "does not hold"
     assert "the older protocol" in by["holds"]["note"] and rows[0]["verdict"] == "partly"
 
@@ -690,3 +699,141 @@ def test_the_paper_column_says_where_a_number_is_not_available():
         assert "not available here" in verdicts.CLAIMS[claim].paper
     assert "no time is given" in verdicts.CLAIMS["sft_speed"].paper
     assert "Table 1: not available here" in verdicts.CLAIMS["sft_vs_full"].paper
+
+
+# ------------------------------------------------------------------------------------------------ degenerate
+def test_a_zero_width_interval_at_0_is_not_measured_never_a_power_statement():
+    """Arms that answer identically on every item give every resample the same 0: no verdict, no power statement."""
+    assert verdicts.directional(0.0, 0.0, direction=+1, min_effect=0.05) == "not measured"
+    assert verdicts.directional(-0.2, -0.2, direction=-1, min_effect=0.05) == "holds"  # every item lost: measured
+    assert verdicts._non_inferior(pd.Series({"ci_low": 0.0, "ci_high": 0.0}), 0.05) == "not measured"
+    for verdict in verdicts.VERDICTS:
+        assert verdicts._interval_note(0.0, 0.0, verdict) == verdicts.IDENTICAL
+
+
+def test_every_paired_comparison_names_identical_arms():
+    """Knockout, transfer, the circuit rows and the study's rows: identical arms read "not measured: the arms
+    answered identically", and no row anywhere says "detects about 0.0"."""
+    rows = []
+    # knockout: the top K and the random heads right on the same items
+    same = knockout_items("addition", 1.0, 1.0)
+    ko = verdicts.knockout_collapse({"addition": same}, CFG, seed=0)
+    assert ko[1]["verdict"] == "not measured" and verdicts.IDENTICAL in ko[1]["note"]
+    rows += ko
+    # transfer: key and random heads keep every item
+    tr = {r["scope"]: r for r in verdicts.transfer(
+        transfer_items({"operator": 1.0, "svamp": 1.0, "non_math": 1.0},
+                       {"operator": 1.0, "svamp": 1.0, "non_math": 1.0}), CFG, seed=0)}
+    for scope in ("other operators", "SVAMP", "non-math control"):
+        assert tr[scope]["verdict"] == "not measured" and verdicts.IDENTICAL in tr[scope]["note"]
+    rows += list(tr.values())
+    # the study: Gemma's circuit - precise 0.0 [0.0, 0.0]
+    study = pd.concat([study_table(0.5, 0.2), study_table(0.5, 0.2).iloc[:1].assign(arm="circuit")])
+    circuit = _circuit_row(study, [("circuit", "precise", "accuracy", 0.0, 0.0, 0.0)])
+    assert circuit["verdict"] == "not measured" and circuit["note"].startswith(verdicts.IDENTICAL)
+    sft = verdicts.sft_claims(study_table(0.5, 0.2), comparisons([
+        ("precise", "full", "accuracy", 0.0, 0.0, 0.0), ("precise", "random_heads", "accuracy", 0.0, 0.0, 0.0),
+        ("precise", "full", "social_iqa", 0.0, 0.0, 0.0)]), "add2", CFG)
+    for r in sft:
+        if r["claim"] in ("sft_vs_full", "sft_vs_random") or r["scope"] == "social_iqa":
+            assert r["verdict"] == "not measured" and verdicts.IDENTICAL in r["note"], r
+    rows += [circuit, *sft]
+    # the discovered circuit (older protocol) against random circuits that score exactly as it does
+    flat = {"diff_vs_random_full": 0.0, "diff_vs_random_full_ci_low": 0.0, "diff_vs_random_full_ci_high": 0.0}
+    old = verdicts.circuit_faithful(discover_summary("addition", [flat]), CFG)[1]
+    assert old["verdict"] == "partly" and "circuit - random: " + verdicts.IDENTICAL in old["note"]
+    # teacher-forced: circuit - random exactly 0 on every item is no evidence either way
+    tf = verdicts.circuit_faithful(discover_summary("addition", [tf_columns(random_diff=(0.0, 0.0, 0.0))]), CFG)[1]
+    assert tf["verdict"] == "inconclusive" and "circuit - random " + verdicts.IDENTICAL in tf["note"]
+    rows += [old, tf]
+    assert not any("detects about 0.0 " in r["note"] or "detects about 0 " in r["note"] for r in rows)
+
+
+# ------------------------------------------------------------------------------------------------ sanity
+FAILED = "sanity check 'one node ablated' failed: the median draw keeps 0.500 of the model's accuracy (needs 0.95)"
+
+
+def test_a_failed_sanity_check_makes_every_row_on_that_ablation_inconclusive():
+    """Every row read from an ablation whose check failed (circuit.discover.sanity: warn) is inconclusive and names
+    the check: the discovered circuits (per operator and their union, even one that would not hold on its size),
+    the key circuit, and the key heads' path cuts; the headline says which rows."""
+    failed = {"tf_resample_sanity_failed": FAILED, "tf_mean_sanity_failed": ""}
+    summary = pd.concat([discover_summary("addition", [tf_columns(**failed)]),
+                         discover_summary("subtraction", [tf_columns(**failed) | {"share": 0.4}]),
+                         discover_summary("multiplication", [tf_columns(tf_resample_sanity_failed="",
+                                                                        tf_mean_sanity_failed="")]),
+                         discover_summary("union", [tf_columns(tf_resample_sanity_failed="addition: " + FAILED,
+                                                               tf_mean_sanity_failed="") | {"target": math.nan}])],
+                        ignore_index=True)
+    rows = verdicts.circuit_faithful(summary, CFG)
+    by = {r["scope"]: r for r in rows}
+    for scope in ("addition", "subtraction", "union of the operators"):
+        assert by[scope]["verdict"] == "inconclusive", scope
+        assert by[scope]["note"].startswith("inconclusive: the resample ablation failed a sanity check"), scope
+        assert "'one node ablated'" in by[scope]["note"]
+    assert by["multiplication"]["verdict"] == "holds"
+    assert ("the resample ablation failed a sanity check on addition, subtraction, union of the operators"
+            in by["all"]["note"])
+    # the key circuit, from the discover rule's per-item table
+    items = tf_circuit_items(0.95, 0.1, failed=FAILED)
+    key = verdicts.circuit_sufficient({"addition": None}, CFG, seed=0, teacher_forced={"addition": items})
+    assert key[1]["verdict"] == "inconclusive" and "'one node ablated'" in key[1]["note"]
+    assert "the resample ablation failed a sanity check on addition" in key[0]["note"]
+    # the key heads' edges, cut under the same ablations: the discover rule's checks decide them too
+    cuts = {"addition": path_cuts(0.5, 0.1, 0.6), "subtraction": path_cuts(0.5, 0.1, 0.6)}
+    clean = verdicts.heads_via_mlps(cuts, {}, CFG, seed=0)
+    assert {r["scope"]: r["verdict"] for r in clean}["addition"] == "holds"
+    paths = verdicts.heads_via_mlps(cuts, {}, CFG, seed=0, sanity={"addition": {"mean": FAILED}, "subtraction": {}})
+    by = {r["scope"]: r for r in paths}
+    assert by["addition"]["verdict"] == "inconclusive" and by["addition"]["note"].startswith(
+        "inconclusive: the mean ablation failed a sanity check")
+    assert by["subtraction"]["verdict"] == "holds"
+    assert verdicts.failed_checks(items, ("resample", "mean")) == {"resample": FAILED}
+    assert verdicts.failed_checks(None, ("resample", "mean")) == {}
+
+
+def test_the_scorecard_carries_the_discover_rules_checks_to_the_path_cuts():
+    """`scorecard` reads the failed checks of the discover rule's per-item tables into heads_via_mlps."""
+    items = tf_circuit_items(0.95, 0.1, failed=FAILED)
+    rows = verdicts.heads_via_mlps({"addition": path_cuts(0.5, 0.1, 0.6)}, {}, CFG, seed=0,
+                                   sanity={"addition": verdicts.failed_checks(items, ("resample", "mean"))})
+    assert rows[1]["verdict"] == "inconclusive" and "resample ablation" in rows[1]["note"]
+    import inspect
+
+    assert "failed_checks(i, protocol.KINDS)" in inspect.getsource(verdicts.scorecard)
+
+
+# ------------------------------------------------------------------------------------------------ fit gap
+def test_a_circuit_fitted_to_its_pruning_pairs_is_inconclusive_naming_the_gap():
+    """tf_<kind>_gap (identification minus validation full-answer faithfulness) above claims.max_fit_gap: the row is
+    inconclusive, naming both numbers; within it, or without the columns (older tables), as before."""
+    def gap_columns(ident_resample, ident_mean):
+        return tf_columns(tf_resample_correct_identification=ident_resample, tf_resample_gap=ident_resample - 0.9,
+                          tf_mean_correct_identification=ident_mean, tf_mean_gap=ident_mean - 0.9)
+
+    summary = pd.concat([discover_summary("addition", [gap_columns(1.0, 0.95)]),
+                         discover_summary("subtraction", [gap_columns(0.95, 0.92)]),
+                         discover_summary("division", [tf_columns()])], ignore_index=True)
+    by = {r["scope"]: r for r in verdicts.circuit_faithful(summary, CFG)}
+    assert by["addition"]["verdict"] == "holds" and "fitted" not in by["addition"]["note"]  # 0.1 is not above 0.1
+    summary.loc[0, "tf_resample_correct_identification"], summary.loc[0, "tf_resample_gap"] = 1.0, 0.25
+    by = {r["scope"]: r for r in verdicts.circuit_faithful(summary, CFG)}
+    assert by["addition"]["verdict"] == "inconclusive"
+    assert by["addition"]["note"].startswith("inconclusive: resample: fitted 100% on identification, 90% on "
+                                             "validation: gap 25 points above 10; prune on more pairs")
+    assert by["subtraction"]["verdict"] == "holds" and "fitted" not in by["subtraction"]["note"]
+    assert by["division"]["verdict"] == "holds"
+    assert "more than 10 points" in by["addition"]["rule"]
+    # a stricter setting makes the subtraction circuit's gap of 5 points too large
+    strict = {r["scope"]: r for r in verdicts.circuit_faithful(summary, CFG | {"max_fit_gap": 0.02})}
+    assert strict["subtraction"]["verdict"] == "inconclusive"
+    assert "gap 5 points above 2" in strict["subtraction"]["note"]
+
+
+def test_the_pruning_orders_flag_is_a_note_on_the_circuit_rows():
+    flag = "the union (36 nodes, f 0.76 [0.69, 0.83]) lies above the order's curve at 20% of the nodes (0.28)"
+    summary = pd.concat([discover_summary("addition", [tf_columns(cpr_order_flag=flag)]),
+                         discover_summary("division", [tf_columns(cpr_order_flag="")])], ignore_index=True)
+    by = {r["scope"]: r for r in verdicts.circuit_faithful(summary, CFG)}
+    assert "pruning order: " + flag in by["addition"]["note"] and by["addition"]["verdict"] == "holds"
+    assert "pruning order" not in by["division"]["note"]

@@ -27,6 +27,7 @@ import numpy as np
 import pandas as pd
 
 from arithmech import stats
+from arithmech.interp import protocol
 from arithmech.interp.nodes import Head, layer_matched_heads, nodes_text
 
 # The seed offset of the key circuit's layer-matched random draws (draw d: seed * 1000 + KEY_DRAW_OFFSET + d), shared
@@ -172,11 +173,12 @@ def kept_masks(sets: Sequence[CircuitSet], nodes: Sequence[tuple[int, int]]) -> 
                     dtype=bool).reshape(len(sets), len(nodes))
 
 
-def strict_kinds(sanity: str, pruned_ablation: str) -> list[str]:
-    """The ablations whose failed teacher-forced sanity check stops a rule (`circuit.discover.sanity: stop`): the
-    one the pruning uses (`tf_ablation`). The other is the comparison: its failed check is recorded
-    (sanity_<kind>_failed) and makes the verdicts that need it inconclusive, rather than stopping the run."""
-    return [pruned_ablation] if sanity == "stop" else []
+def strict_kinds(sanity: str) -> list[str]:
+    """The ablations whose failed teacher-forced sanity check stops a rule: with `circuit.discover.sanity: stop`
+    every one (`protocol.KINDS`: the pruning uses one, and the verdicts read both); with `warn` none: a failed check
+    is recorded (sanity_<kind>_failed) and makes every verdict row read from that ablation inconclusive, naming it
+    (`report.verdicts.failed_checks`)."""
+    return list(protocol.KINDS) if sanity == "stop" else []
 
 
 def teacher_forced_table(lm, scored: pd.DataFrame, pool, sets: Sequence[CircuitSet], *, pool_outputs=None,

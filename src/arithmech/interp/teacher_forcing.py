@@ -49,6 +49,7 @@ import torch
 from arithmech.data.answers import answer_correct
 from arithmech.data.arithmetic import continuation_ids
 from arithmech.interp.discovery import MLP, all_nodes, faithfulness
+from arithmech.interp.nodes import node_label
 from arithmech.interp.protocol import KINDS, POSITIONS, PRUNE_MEASURES, TAIL_MEASURES
 from arithmech.intervention.batching import COPIES_PER_FORWARD
 from arithmech.intervention.generation import pad_left
@@ -631,21 +632,35 @@ def check_everything_ablated(trials: TailTrials, margin: float = 0.05) -> dict:
     return {"empty_correct": acc, "constant_correct": const}
 
 
-def check_one_node(trials: TailTrials, *, draws: int = 20, seed: int = 0, share: float = 0.95) -> dict:
-    """One random node ablated (`draws` seeded draws): the mean teacher-forced correctness over the draws, as a
-    share of the full model's own (`TailTrials.model_correct`), at least `share`. Returns the values;
-    ValueError naming the check."""
+def check_one_node(trials: TailTrials, *, draws: int = 20, seed: int = 0, share: float = 0.95,
+                   most: float = 0.75) -> dict:
+    """One random node ablated (`draws` seeded draws): at least `most` of the draws keep at least `share` of the
+    full model's own teacher-forced correctness (`TailTrials.model_correct`). Returns the values (one_node_kept: the
+    share of draws that keep it; one_node_share: the mean share over the draws; one_node_failing: the drawn nodes
+    that keep less, worst first: "L24MLP 0.31, L20H8 0.35"); ValueError naming the check.
+
+    Why most draws, not their mean: a correct ablation of most single nodes leaves the answers alone, but a few
+    nodes legitimately matter (the late MLPs and heads that write the answer; under resample ablation a donor's value
+    of such a node moves the answer to the donor's), and a draw that hits one or two of them pulls the mean of 20
+    draws below 0.95 by chance. A broken ablation (values tripled, as a sum for a mean, or sign-flipped) moves the
+    answers whichever node it ablates: half its draws or more keep less (docs/circuit.md has the measurement)."""
     n = len(trials.nodes)
     picks = np.random.default_rng([seed, 4303]).choice(n, size=draws, replace=draws > n)
     masks = np.ones((draws, n), dtype=bool)
     masks[np.arange(draws), picks] = False
-    acc, own = float(trials.scores(masks)["correct"].mean()), float(trials.model_correct.mean())
+    own = float(trials.model_correct.mean())
     if own == 0:
         raise ValueError("sanity check 'one node ablated' cannot run: the full model gets no item right")
-    if acc / own < share:
-        raise ValueError(f"sanity check 'one node ablated' failed: mean teacher-forced accuracy {acc:.3f} over "
-                         f"{draws} draws is {acc / own:.3f} of the model's {own:.3f} (needs {share})")
-    return {"one_node_correct": acc, "one_node_share": acc / own}
+    per_draw = trials.scores(masks)["correct"].mean(1) / own
+    kept = float(np.mean(per_draw >= share))
+    failing = ", ".join(f"{node_label(*trials.nodes[picks[j]])} {per_draw[j]:.2f}"
+                        for j in np.argsort(per_draw, kind="stable") if per_draw[j] < share)
+    if kept < most:
+        raise ValueError(f"sanity check 'one node ablated' failed: {kept:.0%} of {draws} single-node draws keep "
+                         f"{share} of the model's teacher-forced accuracy {own:.3f} (needs {most:.0%}); the others: "
+                         f"{failing}")
+    return {"one_node_correct": float(per_draw.mean() * own), "one_node_share": float(per_draw.mean()),
+            "one_node_kept": kept, "one_node_failing": failing}
 
 
 def check_position_alignment(trials: TailTrials, tol: float = 1e-4) -> dict:

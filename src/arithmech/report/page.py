@@ -187,7 +187,27 @@ def circuit_sentences(summary: pd.DataFrame) -> str:
         per_task = [f"{task}: {int(r['n_heads'])} heads + {int(r['n_mlps'])} MLPs at " + point(r, "faithfulness_full")
                     for task, r in tasks]
         head = "Per operator, "
-    return first + (head + "; ".join(per_task) + "." if per_task else "")
+    return first + (head + "; ".join(per_task) + "." if per_task else "") + sanity_sentence(rows, kinds)
+
+
+def sanity_sentence(rows: pd.DataFrame, kinds: list[str]) -> str:
+    """" The resample ablation failed its sanity check 'one node ablated' on addition and multiplication: ..." where
+    a chosen circuit's row records a failed check of an ablation (tf_<kind>_sanity_failed; with
+    circuit.discover.sanity: warn), else ''."""
+    import re
+
+    out = []
+    for k in kinds:
+        column = f"tf_{k}_sanity_failed"
+        if column not in rows:
+            continue
+        failed = {task: msg for task, msg in rows[column].items() if not display.missing(msg) and str(msg)}
+        if failed:
+            checks = dict.fromkeys(c for msg in failed.values() for c in re.findall(r"'([^']+)' failed", str(msg)))
+            named = " and ".join(f"'{c}'" for c in checks) or "a check"
+            out.append(f" The {k} ablation failed its sanity check {named} on {', '.join(map(str, failed))}: every "
+                       f"row of the scorecard read from it is inconclusive.")
+    return "".join(out)
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -2,10 +2,11 @@
 every verdict decided by a rule written in its row, thresholds from the config's `claims` section. Torch-free.
 
 Verdicts: `holds`, `partly`, `does not hold`, `inconclusive` (the interval includes 0 and also a difference that
-would matter: too little power; the row gives the difference the test could detect) and `not measured` (the data
-is absent: the study did not run, the rule selected no head, ...; the row says why). A claim never says `does
-not hold` from an underpowered test: that takes an interval on the wrong side of 0, or one that excludes every
-difference that would matter (`claims.min_difference`, `claims.min_cosine`).
+would matter: too little power; the row gives the difference the test could detect; or a failed sanity check of the
+ablation the row reads, named) and `not measured` (the data is absent: the study did not run, the rule selected no
+head, ...; or a paired comparison's arms answered every item alike, `IDENTICAL`; the row says why). A claim never
+says `does not hold` from an underpowered test: that takes an interval on the wrong side of 0, or one that excludes
+every difference that would matter (`claims.min_difference`, `claims.min_cosine`).
 """
 
 from __future__ import annotations
@@ -100,11 +101,22 @@ def detectable(ci_low: float, ci_high: float) -> float:
     return DETECTABLE_PER_HALF_WIDTH * (ci_high - ci_low) / 2
 
 
+IDENTICAL = "not measured: the arms answered identically (a zero-width interval at 0 has no power to speak of)"
+
+
+def degenerate(ci_low: float, ci_high: float) -> bool:
+    """Whether a paired comparison's interval has zero width at 0: the arms gave the same answer on every item,
+    so every resample gives 0 and the interval understates what a difference of a few items could be. Such a
+    comparison measured nothing: never a power statement, never a verdict."""
+    return abs(float(ci_low)) <= 1e-12 and abs(float(ci_high)) <= 1e-12
+
+
 def directional(ci_low: float, ci_high: float, *, direction: int, min_effect: float) -> str:
     """Verdict of "the difference has the sign `direction` (+1 or -1)" from its interval: holds when the interval
     excludes 0 on that side; does not hold when it excludes 0 on the other side, or lies inside +-min_effect (no
-    difference that matters); inconclusive otherwise (it includes 0 and reaches a difference that matters)."""
-    if any(map(math.isnan, (ci_low, ci_high))):
+    difference that matters); inconclusive otherwise (it includes 0 and reaches a difference that matters); not
+    measured when the interval is missing or `degenerate`."""
+    if any(map(math.isnan, (ci_low, ci_high))) or degenerate(ci_low, ci_high):
         return "not measured"
     low, high = sorted((direction * ci_low, direction * ci_high))
     if low > 0:
@@ -163,6 +175,10 @@ def _not_measured(claim: str, why: str, **fields) -> list[dict]:
 
 
 def _interval_note(low: float, high: float, verdict: str, unit_scale: float = 100, unit: str = " points") -> str:
+    """What an interval says beyond its verdict: IDENTICAL for a `degenerate` one; for an inconclusive one, the
+    difference the test detects with 80% power; else nothing."""
+    if not any(map(math.isnan, (low, high))) and degenerate(low, high):
+        return IDENTICAL
     if verdict != "inconclusive":
         return ""  # two significant digits, like the interval's width it is computed from
     size = display.significant(unit_scale * detectable(low, high), 2)
@@ -344,9 +360,14 @@ def _knockout_row(task: str, positions: str, K: int, part: pd.DataFrame, answer:
             controls[name] = (float(rand.mean()), _paired(items, top.astype(float), rand.astype(float), cfg, seed))
     if "layer-matched" not in controls:
         return _row("knockout_collapse", scope, rule=rule, note=f"no random control at k = {K}")
-    verdicts = [directional(c["ci_low"], c["ci_high"], direction=-1, min_effect=cfg["min_difference"])
-                for _, c in controls.values()]
-    if all(v == "holds" for v in verdicts):
+    # a control the top K answered identically to measured nothing (`degenerate`); the row's own (layer-matched)
+    # one decides whether anything was measured
+    verdicts = [v for v in (directional(c["ci_low"], c["ci_high"], direction=-1, min_effect=cfg["min_difference"])
+                            for _, c in controls.values()) if v != "not measured"]
+    lm = controls["layer-matched"][1]
+    if degenerate(lm["ci_low"], lm["ci_high"]):
+        verdict = "not measured"
+    elif all(v == "holds" for v in verdicts):
         verdict = "holds" if drop >= cfg["collapse"] else "partly"
     elif "does not hold" in verdicts and "holds" not in verdicts:
         verdict = "does not hold"
@@ -354,7 +375,6 @@ def _knockout_row(task: str, positions: str, K: int, part: pd.DataFrame, answer:
         verdict = "partly"
     else:
         verdict = "inconclusive"
-    lm = controls["layer-matched"][1]
     note = (f"accuracy {100 * base_acc:.1f}% -> {100 * top_acc:.1f}% with the top {K} heads "
             f"({100 * drop:.0f}% lower); random: " +
             ", ".join(f"{name} {100 * acc:.1f}% (difference "
@@ -405,8 +425,7 @@ def transfer(items: pd.DataFrame | None, cfg: dict, seed: int) -> list[dict]:
         res = _paired(clusters, key.astype(float), rand.astype(float), cfg, seed)
         lo, hi = res["ci_low"], res["ci_high"]
         if kind == "non_math":
-            verdict = "holds" if lo > -min_diff else "does not hold" if hi < 0 else "inconclusive"
-            rule = keep_rule
+            verdict, rule = _non_inferior(pd.Series({"ci_low": lo, "ci_high": hi}), min_diff), keep_rule
         else:
             verdict, rule = directional(lo, hi, direction=-1, min_effect=min_diff), hurt_rule
         label = TRANSFER_LABELS[kind]
@@ -509,12 +528,13 @@ def circuit_sufficient(circuits: dict[str, pd.DataFrame | None], cfg: dict, seed
             f"{100 * level:g}% and (key - random) faithfulness lies above 0; partly if only one of the two; does not "
             f"hold if its interval lies below {100 * level:g}% and (key - random) lies below 0 or inside "
             f"+-{100 * min_diff:g} points; else inconclusive")
-    subs = []
+    subs, failed_by_task = [], {}
     for task, items in circuits.items():
         tf_items = (teacher_forced or {}).get(task)
         kinds = [k for k in protocol.KINDS if tf_items is not None and f"tf_{k}_tail_correct" in tf_items]
         if kinds:  # the teacher-forced protocol: the rule of the discovered circuit, the size aside
             subs.append(_tf_sufficient_row(task, tf_items, kinds, cfg, seed))
+            failed_by_task[task] = failed_checks(tf_items, kinds)
             continue
         if items is None:
             subs.append(_row("circuit_sufficient", task, rule=rule, note="no circuit table"))
@@ -531,7 +551,9 @@ def circuit_sufficient(circuits: dict[str, pd.DataFrame | None], cfg: dict, seed
             continue
         better = directional(res["ci_low"], res["ci_high"], direction=+1, min_effect=min_diff)
         enough = "holds" if res["key_low"] >= level else "does not hold" if res["key_high"] < level else "inconclusive"
-        if better == "holds" and enough == "holds":
+        if better == "not measured":  # the row's value: key and random circuits answered identically
+            verdict = "not measured"
+        elif better == "holds" and enough == "holds":
             verdict = "holds"
         elif "holds" in (better, enough):
             verdict = "partly"
@@ -554,7 +576,8 @@ def circuit_sufficient(circuits: dict[str, pd.DataFrame | None], cfg: dict, seed
                          unit="points", n=res["n_items"], split="validation", verdict=verdict, rule=rule,
                          note="; ".join(x for x in (note, _interval_note(res["ci_low"], res["ci_high"], verdict)) if x),
                          source=layout.FAITHFULNESS_FIGURE.format(task=task)))
-    return _headline("circuit_sufficient", subs, measure="per operator, below", split="validation")
+    return _headline("circuit_sufficient", subs, measure="per operator, below", split="validation",
+                     note=sanity_headline(failed_by_task))
 
 
 def tf_sufficient_rule(cfg: dict) -> str:
@@ -566,7 +589,8 @@ def tf_sufficient_rule(cfg: dict) -> str:
             f"(interval above 0); does not hold if its faithfulness interval lies below {100 * cfg['faithful']:g}%, "
             f"its log-probability faithfulness lies outside the band, or (key - random) lies below "
             f"{100 * TF_MIN_OVER_RANDOM:g} points; inconclusive otherwise, with fewer pairs, or where the two "
-            "ablations disagree (the discovered circuit's rule, circuit_faithful, without its size limit)")
+            f"ablations disagree (the discovered circuit's rule, circuit_faithful, without its size limit); "
+            f"{SANITY_RULE}")
 
 
 def _tf_sufficient_row(task: str, end: pd.DataFrame, kinds: list[str], cfg: dict, seed: int) -> dict:
@@ -589,17 +613,16 @@ def _tf_sufficient_row(task: str, end: pd.DataFrame, kinds: list[str], cfg: dict
         c = res["correct"]
         r |= {f"tf_{k}_random_diff": c["difference"], f"tf_{k}_random_diff_low": c["ci_low"],
               f"tf_{k}_random_diff_high": c["ci_high"]}
-        failed = end.get(f"sanity_{k}_failed")
-        r[f"tf_{k}_sanity_failed"] = "" if failed is None else str(failed.dropna().iloc[0] if failed.notna().any()
-                                                                     else "")
         n = c["n_items"]
-    r = pd.Series(r)
+    failed = failed_checks(end, kinds)
+    r = pd.Series(r | {f"tf_{k}_sanity_failed": msg for k, msg in failed.items()})
     per_kind = {k: tf_faithful_verdict(r, k, cfg) for k in kinds}
     verdict = "inconclusive" if len(set(per_kind.values())) > 1 else next(iter(per_kind.values()))
-    if verdict == "holds" and (n < TF_MIN_PAIRS or len(kinds) < 2):
+    if failed or (verdict == "holds" and (n < TF_MIN_PAIRS or len(kinds) < 2)):
         verdict = "inconclusive"
-    note = [f"{n} validation pairs" + (f", fewer than the {TF_MIN_PAIRS} the rule asks for" if n < TF_MIN_PAIRS
-                                       else "")]
+    note = [sanity_note(failed)] if failed else []
+    note.append(f"{n} validation pairs" + (f", fewer than the {TF_MIN_PAIRS} the rule asks for" if n < TF_MIN_PAIRS
+                                           else ""))
     note += _tf_kind_notes(r, per_kind, "key")
     old = key_vs_random(end, measure="full", mlps="key", **boot)
     if old is not None and not math.isnan(old["key"]):
@@ -655,12 +678,14 @@ def _cut_verdict(est: dict, min_diff: float) -> str:
 
 
 def heads_via_mlps(edge_paths: dict[str, pd.DataFrame | None], edges: dict[str, pd.DataFrame | None], cfg: dict,
-                   seed: int) -> list[dict]:
+                   seed: int, sanity: dict[str, dict[str, str]] | None = None) -> list[dict]:
     """Per operator, on the teacher-forced protocol (the edges rule's `{task}_edge_paths`: the answer's
     log-probability with the key heads' edges into every later MLP, into the logits, or both cut exactly, per
     validation item, under each ablation): the path through the MLPs must carry a share of what the key heads'
     edges carry and more than the direct path does, with the same verdict under both ablations (else
-    inconclusive). The closed-form END split of the older protocol (`edges`) is quoted in the note."""
+    inconclusive). The closed-form END split of the older protocol (`edges`) is quoted in the note. `sanity`: per
+    operator, the ablations whose sanity check failed in the discover rule (`failed_checks`; the edges rule cuts
+    under the same ablations, values from the same identification pairs): their rows are inconclusive."""
     from arithmech.interp.sufficiency import KEY_SUM
 
     min_diff = cfg["min_difference"]
@@ -668,8 +693,9 @@ def heads_via_mlps(edge_paths: dict[str, pd.DataFrame | None], edges: dict[str, 
             "holds if, under both ablations, cutting all their edges loses log-probability (interval above 0) and the "
             "edges into the MLPs carry a share of it and more than the edges into the logits (95% intervals of both "
             f"shares above 0); partly if only the first share is; does not hold if an interval lies below 0 or inside "
-            f"+-{100 * min_diff:g} points; inconclusive otherwise, or where the two ablations disagree")
-    subs = []
+            f"+-{100 * min_diff:g} points; inconclusive otherwise, or where the two ablations disagree; {SANITY_RULE} "
+            "(the discover rule's checks, on the same ablations)")
+    subs, failed_by_task = [], {}
     for task, paths in edge_paths.items():
         if paths is None or paths.empty:
             subs.append(_row("heads_via_mlps", task, rule=rule, note="no key head, or no path-cut table"))
@@ -678,9 +704,15 @@ def heads_via_mlps(edge_paths: dict[str, pd.DataFrame | None], edges: dict[str, 
         per_kind = {kind: _cut_shares(paths[paths["kind"] == kind], cfg, seed) for kind in kinds}
         verdicts = {kind: _cut_verdict(est, min_diff) for kind, est in per_kind.items()}
         verdict = next(iter(verdicts.values())) if len(set(verdicts.values())) == 1 else "inconclusive"
-        notes = []
+        failed = {k: msg for k, msg in (sanity or {}).get(task, {}).items() if k in per_kind}
+        if failed:
+            verdict, failed_by_task[task] = "inconclusive", failed
+        notes = [sanity_note(failed)] if failed else []
         for kind, est in per_kind.items():
             lo, hi = est["share_low"], est["share_high"]
+            if degenerate(est["both_low"], est["both_high"]):
+                notes.append(f"{kind}: cutting the key heads' edges: {IDENTICAL}")
+                continue
             notes.append(f"{kind}: {verdicts[kind]}; all edges cut loses {est['lost'][2]:.3f} nats "
                          f"[{est['both_low']:.3f}, {est['both_high']:.3f}], of which through the MLPs "
                          f"{_in_percent(est['share'][0], lo[0], hi[0])}, "
@@ -699,7 +731,8 @@ def heads_via_mlps(edge_paths: dict[str, pd.DataFrame | None], edges: dict[str, 
                          ci_high=100 * main["share_high"][0], unit="percent", n=int(main["n"]), split="validation",
                          verdict=verdict, rule=rule, note="; ".join(notes),
                          source=layout.EDGE_PATHS.format(task=task)))
-    return _headline("heads_via_mlps", subs, measure="per operator, below", split="validation")
+    return _headline("heads_via_mlps", subs, measure="per operator, below", split="validation",
+                     note=sanity_headline(failed_by_task))
 
 
 # ------------------------------------------------------------------------------------------------ discover
@@ -735,7 +768,7 @@ def circuit_faithful(summary: pd.DataFrame | None, cfg: dict) -> list[dict]:
     kinds = tf_kinds(summary)
     if kinds:
         rule = tf_faithful_rule(cfg)
-    subs = []
+    subs, failed_by_task = [], {}
     for task, rows in summary.groupby("task", sort=False):
         chosen = rows[rows["chosen"].astype(bool)]
         fallback = chosen.empty
@@ -743,10 +776,11 @@ def circuit_faithful(summary: pd.DataFrame | None, cfg: dict) -> list[dict]:
         fallback = fallback or fell_back(row)
         if kinds:
             subs.append(_tf_faithful_row(str(task), row, fallback, rule, kinds, cfg))
+            failed_by_task[subs[-1]["scope"]] = failed_checks(row, kinds)
         else:
             subs.append(_circuit_faithful_row(str(task), row, fallback, rule, level, min_diff, max_share))
     return _headline("circuit_faithful", subs, measure="per operator and their union, below", split="validation",
-                     source=layout.DISCOVER_SUMMARY)
+                     source=layout.DISCOVER_SUMMARY, note=sanity_headline(failed_by_task))
 
 
 # The teacher-forced verdict (docs/claims.md), fixed before the numbers: enough validation pairs for an interval of
@@ -775,22 +809,77 @@ def tf_faithful_rule(cfg: dict) -> str:
             f"0); does not hold if it is larger, its faithfulness interval lies below {100 * cfg['faithful']:g}%, its "
             f"log-probability faithfulness lies outside the band, or (circuit - random) lies below "
             f"{100 * TF_MIN_OVER_RANDOM:g} points; inconclusive otherwise, with fewer pairs, or where the two "
-            "ablations disagree")
+            f"ablations disagree; before all of these, inconclusive where the circuit's full-answer faithfulness on "
+            f"the identification pairs it was pruned on exceeds the validation pairs' by more than "
+            f"{100 * cfg['max_fit_gap']:g} points (under either ablation), and {SANITY_RULE}")
+
+
+def failed_checks(r, kinds) -> dict[str, str]:
+    """Per ablation of `kinds` whose teacher-forced sanity check failed, the failed checks' messages (each names its
+    check): from a summary row's tf_<kind>_sanity_failed, or a discover per-item table's sanity_<kind>_failed (the
+    same value on every row; None: no table). A failed check of an ablation makes every row read from it
+    inconclusive (`SANITY_RULE`)."""
+    out = {}
+    for k in kinds:
+        if isinstance(r, pd.DataFrame):
+            column = r.get(f"sanity_{k}_failed")
+            failed = column.dropna().iloc[0] if column is not None and column.notna().any() else None
+        else:
+            failed = None if r is None else r.get(f"tf_{k}_sanity_failed")
+        if not display.missing(failed) and str(failed):
+            out[k] = str(failed)
+    return out
+
+
+SANITY_RULE = "a failed sanity check of either ablation (circuit.discover.sanity: warn) makes the row inconclusive"
+
+
+def sanity_note(failed: dict[str, str]) -> str:
+    """The first words of a row that a failed sanity check made inconclusive, naming the ablation and the check."""
+    return "inconclusive: " + "; ".join(f"the {k} ablation failed a sanity check, so its numbers cannot decide "
+                                        f"({msg})" for k, msg in failed.items())
+
+
+def sanity_headline(failed_by_scope: dict[str, dict[str, str]]) -> str:
+    """A claim's headline note naming the sub-rows a failed sanity check made inconclusive ('' when none)."""
+    kinds = {k: [scope for scope, failed in failed_by_scope.items() if k in failed]
+             for k in dict.fromkeys(k for failed in failed_by_scope.values() for k in failed)}
+    return "; ".join(f"the {k} ablation failed a sanity check on {', '.join(scopes)}: those rows are inconclusive"
+                     for k, scopes in kinds.items())
+
+
+def fit_gaps(r: pd.Series, kinds, cfg: dict) -> dict[str, str]:
+    """Per ablation whose circuit fits its identification pairs more than `claims.max_fit_gap` better than the
+    validation pairs (the discover summary's tf_<kind>_gap, identification minus validation full-answer
+    faithfulness; a summary without it: none), the note saying so."""
+    out = {}
+    for k in kinds:
+        gap = r.get(f"tf_{k}_gap")
+        if not display.missing(gap) and float(gap) > cfg["max_fit_gap"]:
+            out[k] = (f"{k}: fitted {100 * r[f'tf_{k}_correct_identification']:.0f}% on identification, "
+                      f"{100 * r[f'tf_{k}_correct']:.0f}% on validation: gap {100 * float(gap):.0f} points above "
+                      f"{100 * cfg['max_fit_gap']:g}; prune on more pairs")
+    return out
 
 
 def tf_faithful_verdict(r: pd.Series, kind: str, cfg: dict) -> str:
-    """One ablation's verdict on one summary row (`tf_faithful_rule`), the pair count and size aside."""
+    """One ablation's verdict on one summary row (`tf_faithful_rule`), the pair count and size aside:
+    inconclusive where its sanity check failed or its circuit fits the identification pairs more than
+    `max_fit_gap` better than the validation pairs (`fit_gaps`)."""
     col = f"tf_{kind}_"
     if any(math.isnan(float(r[col + c])) for c in TF_FAITHFUL_COLUMNS):
         return "not measured"
-    if not display.missing(r.get(col + "sanity_failed")) and str(r[col + "sanity_failed"]):
-        return "inconclusive"  # a failed sanity check: this ablation's numbers cannot decide
+    if failed_checks(r, [kind]) or fit_gaps(r, [kind], cfg):
+        return "inconclusive"  # this ablation's numbers cannot decide
     enough = ("holds" if r[col + "correct_low"] >= cfg["faithful"] else
               "does not hold" if r[col + "correct_high"] < cfg["faithful"] else "inconclusive")
     low, high = TF_LOGPROB_BAND
     kept = "holds" if low <= r[col + "logprob"] <= high else "does not hold"
-    better = ("holds" if r[col + "random_diff"] >= TF_MIN_OVER_RANDOM and r[col + "random_diff_low"] > 0 else
-              "does not hold" if r[col + "random_diff_high"] < TF_MIN_OVER_RANDOM else "inconclusive")
+    if degenerate(r[col + "random_diff_low"], r[col + "random_diff_high"]):
+        better = "inconclusive"  # the circuit and its random circuits answered identically: nothing compared
+    else:
+        better = ("holds" if r[col + "random_diff"] >= TF_MIN_OVER_RANDOM and r[col + "random_diff_low"] > 0 else
+                  "does not hold" if r[col + "random_diff_high"] < TF_MIN_OVER_RANDOM else "inconclusive")
     parts = (enough, kept, better)
     if "does not hold" in parts:
         return "does not hold"
@@ -799,18 +888,17 @@ def tf_faithful_verdict(r: pd.Series, kind: str, cfg: dict) -> str:
 
 def _tf_kind_notes(r: pd.Series, per_kind: dict[str, str], compared: str) -> list[str]:
     """Per ablation, the note's part of a teacher-forced row (the circuit_faithful and circuit_sufficient rows):
-    its verdict, full-answer and log-probability faithfulness and (`compared` - random), and a failed sanity check."""
+    its verdict, full-answer and log-probability faithfulness and (`compared` - random)."""
     out = []
     for k, verdict in per_kind.items():
         def est(name: str, **kw) -> str:
             c = f"tf_{k}_{name}"
             return _in_percent(r[c], r[c + "_low"], r[c + "_high"], **kw)
 
+        against = (IDENTICAL if degenerate(r[f"tf_{k}_random_diff_low"], r[f"tf_{k}_random_diff_high"])
+                   else est("random_diff", sign=True, unit="") + " points")
         out.append(f"{k}: {verdict}; full answers {est('correct')}, log-probability {est('logprob')}, "
-                   f"{compared} - random {est('random_diff', sign=True, unit='')} points")
-        failed = r.get(f"tf_{k}_sanity_failed")
-        if not display.missing(failed) and str(failed):
-            out.append(f"{k}: a sanity check failed ({failed})")
+                   f"{compared} - random {against}")
     return out
 
 
@@ -819,7 +907,10 @@ def _tf_faithful_row(task: str, r: pd.Series, fallback: bool, rule: str, kinds: 
     size = f"{int(r['n_heads'])} heads + {int(r['n_mlps'])} MLPs ({100 * r['share']:.1f}% of nodes)"
     n = int(r["tf_n_items"]) if "tf_n_items" in r and not display.missing(r["tf_n_items"]) else int(r["n_items"])
     per_kind = {k: tf_faithful_verdict(r, k, cfg) for k in kinds}
-    if r["share"] > cfg["max_circuit_share"]:
+    failed, gaps = failed_checks(r, kinds), fit_gaps(r, kinds, cfg)
+    if failed or gaps:  # the circuit and its numbers rest on an ablation that failed, or on too few pairs
+        verdict = "inconclusive"
+    elif r["share"] > cfg["max_circuit_share"]:
         verdict = "does not hold"
     elif len(set(per_kind.values())) > 1:
         verdict = "inconclusive"
@@ -829,13 +920,19 @@ def _tf_faithful_row(task: str, r: pd.Series, fallback: bool, rule: str, kinds: 
             verdict = "inconclusive"
     found = ("the union of the operators' chosen circuits" if display.missing(r.get("target"))
              else f"found at target {r['target']:g} of the {r.get('pruned_on', 'pruning measure')}")
-    note = [found + (" (no target's circuit kept enough answers on the identification pairs: the largest target's is "
-                     "scored)" if fallback else ""),
-            size + ("" if r["share"] <= cfg["max_circuit_share"] else
-                    f", more than {100 * cfg['max_circuit_share']:g}%")]
+    note = [sanity_note(failed)] if failed else []
+    if gaps:
+        note.append(("" if failed else "inconclusive: ") + "; ".join(gaps.values()))
+    note += [found + (" (no target's circuit kept enough answers on the identification pairs: the largest target's "
+                      "is scored)" if fallback else ""),
+             size + ("" if r["share"] <= cfg["max_circuit_share"] else
+                     f", more than {100 * cfg['max_circuit_share']:g}%")]
     if n < TF_MIN_PAIRS:
         note.append(f"{n} validation pairs, fewer than the {TF_MIN_PAIRS} the rule asks for")
     note += _tf_kind_notes(r, per_kind, "circuit")
+    flag = r.get("cpr_order_flag")
+    if not display.missing(flag) and str(flag):
+        note.append(f"pruning order: {flag}")
     if "faithfulness_full" in r and not display.missing(r["faithfulness_full"]):
         note.append("the older protocol (greedy, END means at every generated position): full answers "
                     + _in_percent(r["faithfulness_full"], r["faithfulness_full_low"], r["faithfulness_full_high"]))
@@ -872,6 +969,7 @@ def _circuit_faithful_row(task: str, r: pd.Series, fallback: bool, rule: str, le
               "does not hold" if r["faithfulness_full_high"] < level else "inconclusive")
     better = directional(r["diff_vs_random_full_ci_low"], r["diff_vs_random_full_ci_high"], direction=+1,
                          min_effect=min_diff)
+    better = "inconclusive" if better == "not measured" else better  # identical answers: no side (note below)
     if not small:
         verdict = "does not hold"
     elif enough == better == "holds":
@@ -903,8 +1001,9 @@ def _circuit_faithful_row(task: str, r: pd.Series, fallback: bool, rule: str, le
             f"answer logit {pct('faithfulness_logit')}",
             f"first token {pct('faithfulness_first')} (a constant first token is right on "
             f"{100 * r['constant_first']:.0f}% of the items)"]
-    if verdict == "inconclusive":
-        note.append(_interval_note(r["diff_vs_random_full_ci_low"], r["diff_vs_random_full_ci_high"], verdict))
+    extra = _interval_note(r["diff_vs_random_full_ci_low"], r["diff_vs_random_full_ci_high"], verdict)
+    if extra:
+        note.append(("circuit - random: " if extra == IDENTICAL else "") + extra)
     return _row("circuit_faithful", scope, measure="the discovered circuit's faithfulness (full answer)",
                 value=100 * r["faithfulness_full"], ci_low=100 * r["faithfulness_full_low"],
                 ci_high=100 * r["faithfulness_full_high"], unit="percent", n=int(r["n_items"]), split="validation",
@@ -1060,6 +1159,10 @@ def _p(p: float) -> str:
 
 
 def _non_inferior(row: pd.Series, margin: float) -> str:
+    """Holds if the interval of the difference lies above -margin, does not hold if it lies below 0, not measured
+    if it is `degenerate`, else inconclusive."""
+    if degenerate(row["ci_low"], row["ci_high"]):
+        return "not measured"
     if row["ci_low"] > -margin:
         return "holds"
     return "does not hold" if row["ci_high"] < 0 else "inconclusive"
@@ -1068,9 +1171,9 @@ def _non_inferior(row: pd.Series, margin: float) -> str:
 def _study_row(claim: str, row: pd.Series, verdict: str, rule: str, split: str, source: str, measure: str,
                scope: str = "all", scale: float = 100, unit: str = "points") -> dict:
     note = f"p {_p(row['p_value'])} ({row['test']}), Holm-adjusted p {_p(row['p_holm'])}"
-    if verdict == "inconclusive":
-        note += "; " + _interval_note(row["ci_low"], row["ci_high"], verdict, scale,
-                                      "" if unit == "nats" else " points")
+    extra = _interval_note(row["ci_low"], row["ci_high"], verdict, scale, "" if unit == "nats" else " points")
+    if extra:
+        note = f"{extra}; {note}" if extra == IDENTICAL else f"{note}; {extra}"
     return _row(claim, scope, measure=measure, value=scale * row["difference"], ci_low=scale * row["ci_low"],
                 ci_high=scale * row["ci_high"], unit=unit, n=int(row["n_items"]), split=split, verdict=verdict,
                 rule=rule, note=note, source=source)
@@ -1100,7 +1203,9 @@ def scorecard(*, keys: dict[str, pd.DataFrame], effects: dict[str, pd.DataFrame]
         *transfer(transfer_items, cfg, seed),
         *(circuit_sufficient(circuits, cfg, seed, teacher_forced=discover_items) if circuits
           else _not_measured("circuit_sufficient", "the circuit rule did not run")),
-        *(heads_via_mlps(edge_paths, edges or {}, cfg, seed) if edge_paths
+        *(heads_via_mlps(edge_paths, edges or {}, cfg, seed,
+                         sanity={t: failed_checks(i, protocol.KINDS) for t, i in (discover_items or {}).items()})
+          if edge_paths
           else _not_measured("heads_via_mlps", "the edges rule did not run")),
         *circuit_faithful(discover, cfg),
         *sft_claims(study, comparisons, train_format, cfg, not_run=study_not_run),

@@ -107,7 +107,7 @@ def _teacher_forced_columns(lm, validation: pd.DataFrame, val: pd.DataFrame, poo
     decomposed = [i for i, s in enumerate(sets) if s.curve in ("model", "empty", "discovered")]
     scored, per_item = sufficiency.teacher_forced_table(
         lm, val, pool, sets + share_sets, pool_outputs=pool_outputs, sanity_draws=discover["sanity_draws"],
-        strict=sufficiency.strict_kinds(discover["sanity"], discover["tf_ablation"]), n_boot=discover["bootstrap"],
+        strict=sufficiency.strict_kinds(discover["sanity"]), n_boot=discover["bootstrap"],
         seed=seed,
         confidence=discover["confidence"], batch_size=batch, end_rows=decomposed, sanity=sanity,
         sanity_samples=discover["sanity_samples"])
