@@ -103,6 +103,7 @@ rule study_select:
     params:
         code=library_code("study_select"),
         lr_grid=lambda wc: STUDY["lr_grid"][wc.arm],
+        collapse=STUDY["collapse"],
         runs=lambda wc: study.grid_runs(wc.arm, STUDY),
     script:
         "../scripts/study_select.py"
