@@ -569,6 +569,9 @@ def test_items_stage_leaves_out_identify_pairs(tiny_dir, tmp_path):
     (lambda s: (s["arms"].append("low_effect"), s["lr_grid"].pop("low_effect")),
      "config key 'study.lr_grid.low_effect'"),
     (lambda s: s["seeds"].update(circuit_disjoint=0), "config key 'study.seeds.circuit_disjoint'"),
+    (lambda s: s["collapse"].update(distinct_ratio=1.5), "config key 'study.collapse.distinct_ratio'"),
+    (lambda s: s["collapse"].update(loss_spike=1.0), "config key 'study.collapse.loss_spike'"),
+    (lambda s: s["collapse"].pop("loss_spike"), "config key 'study.collapse'"),
     (lambda s: s["arms"].append("disjoint"),
      "config key 'study.arms.4': unknown method 'disjoint'; *circuit_disjoint *low_effect *the negative control"),
 ])
@@ -603,6 +606,24 @@ def test_the_powered_study_runs_the_head_set_arms_at_three_seeds():
     default = yaml.safe_load((ROOT / "config.yaml").read_text())
     default["study"]["arms"] += ["circuit_disjoint", "low_effect"]
     validate_config(default, SCHEMA)
+
+
+def test_each_model_has_its_own_grids_of_at_most_three_points():
+    """config.yaml's grids: at most 3 points per arm (the default run's time), increasing; configs/gemma3-270m.yaml
+    replaces the head arms' lists whole (Snakemake's merge: lists replace) and keeps config.yaml's for the others."""
+    from snakemake.utils import update_config
+
+    default = yaml.safe_load((ROOT / "config.yaml").read_text())["study"]
+    for arm, grid in default["lr_grid"].items():
+        assert 1 <= len(grid) <= 3 and grid == sorted(set(grid)), arm
+    merged = yaml.safe_load((ROOT / "config.yaml").read_text())
+    gemma = yaml.safe_load((ROOT / "configs/gemma3-270m.yaml").read_text())
+    update_config(merged, gemma)
+    validate_config(merged, SCHEMA)
+    grids = merged["study"]["lr_grid"]
+    for arm in ("precise", "circuit", "circuit_disjoint", "low_effect", "random_heads"):
+        assert grids[arm] == gemma["study"]["lr_grid"][arm] == [1e-5, 3e-5, 1e-4], arm
+    assert grids["full"] == default["lr_grid"]["full"] and grids["lora"] == default["lr_grid"]["lora"]
 
 
 def test_summary_carries_each_runs_head_overlap_and_says_where_the_heads_were_found(tmp_path):
