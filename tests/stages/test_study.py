@@ -665,7 +665,9 @@ def test_summary_carries_each_runs_head_overlap_and_says_where_the_heads_were_fo
         write_json(sd.select_lr(vals, [1e-3, 1e-2], losses, COLLAPSE), selections[arm])
     out = {k: tmp_path / f"{k}.{ext}" for k, ext in (("study", "parquet"), ("comparisons", "parquet"), ("md", "md"),
                                                      ("html", "html"), ("png", "png"), ("curves", "png"))}
-    study = _study() | {"arms": ["precise", "circuit", "low_effect", "full", "random_heads"], "collapse": COLLAPSE}
+    # what rule study_summary passes (its `study` params), no more
+    study = {k: _study()[k] for k in ("confidence", "bootstrap", "base_band", "splits", "n_shots")}
+    study |= {"arms": ["precise", "circuit", "low_effect", "full", "random_heads"], "collapse": COLLAPSE}
     run_study_summary(model="m", study=study, formats_path=tmp_path / "formats.parquet", items_path=items,
                       selection_paths=selections, eval_paths=evals, stats_paths=stats, seed=0, out_study=out["study"],
                       out_comparisons=out["comparisons"], out_md=out["md"], out_html=out["html"], out_png=out["png"],

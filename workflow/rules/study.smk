@@ -181,6 +181,7 @@ rule study_summary:
             "arms",
             "splits",
             "n_shots",
+            "collapse",
         ),
         operands=config["prompts"]["operands"],  # where the heads were found (study.md says)
         runs=study_summary_runs,
