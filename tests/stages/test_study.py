@@ -421,12 +421,12 @@ def test_final_runs_and_select_lr():
 COLLAPSE = {"distinct_ratio": 0.5, "loss_spike": 2.0}
 
 
-def _val(correct, nll, answers=None, base=None) -> pd.DataFrame:
-    """A grid run's val.parquet: by default every item answered differently, by the run and by the base model."""
+def _val(correct, nll, answers=None) -> pd.DataFrame:
+    """A grid run's val.parquet: by default every item answered differently, by the run and (the base model's
+    answers, which lr0 alone records in a real run) by the base model."""
     n = len(correct)
     return pd.DataFrame({"correct": correct, "nll": nll, "n_tokens": [2] * n,
-                         "answer": answers or [str(i) for i in range(n)],
-                         "base_answer": base or [str(i) for i in range(n)]})
+                         "answer": answers or [str(i) for i in range(n)], "base_answer": [str(i) for i in range(n)]})
 
 
 def test_a_collapsed_run_is_never_chosen_even_with_the_best_exact_match():

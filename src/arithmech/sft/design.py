@@ -436,8 +436,9 @@ def select_lr(val_by_run: dict[str, pd.DataFrame], grid: list[float], losses_by_
     """An arm's lr: among its grid runs that did not collapse, the highest validation exact match; ties go to the
     lower mean answer NLL. A run collapsed (`_collapse_reasons`) when its greedy validation answers (`answer`)
     take fewer than `collapse.distinct_ratio` x as many distinct values as the base model's on the same items
-    (`base_answer`), or its training loss (`losses_by_run`, one per step) rose above `collapse.loss_spike` x its
-    first step's: a run that answers everything alike, or whose training diverged, is never chosen.
+    (`base_answer`, recorded by lr0), or its training loss (`losses_by_run`, one per step) rose above
+    `collapse.loss_spike` x its first step's: a run that answers everything alike, or whose training diverged, is
+    never chosen.
 
     Returns {"run", "lr", "chosen", "edge", "note", "grid": [one row per run: run, lr, val_accuracy, val_nll,
     val_n, val_distinct, base_distinct, loss_first, loss_max, loss_max_step, collapsed, collapse_reason]}.
@@ -445,13 +446,14 @@ def select_lr(val_by_run: dict[str, pd.DataFrame], grid: list[float], losses_by_
     still trains and scores it; the study reports the arm as not measured, `note` says why). `edge`: "lower" or
     "upper" when the chosen lr is the grid's lowest or highest of several (the best may lie beyond), else ""."""
     table = []
+    base_distinct = int(val_by_run["lr0"]["base_answer"].nunique())  # the grid's first run records the base model's
     for run, frame in val_by_run.items():
         _, i = parse_run(run)
         losses = [float(x) for x in losses_by_run[run]]
         worst = int(np.argmax(losses))
         row = {"run": run, "lr": grid[i], "val_accuracy": float(frame["correct"].mean()),
                "val_nll": float(frame["nll"].sum() / frame["n_tokens"].sum()), "val_n": len(frame),
-               "val_distinct": int(frame["answer"].nunique()), "base_distinct": int(frame["base_answer"].nunique()),
+               "val_distinct": int(frame["answer"].nunique()), "base_distinct": base_distinct,
                "loss_first": losses[0], "loss_max": losses[worst], "loss_max_step": worst + 1}
         reasons = _collapse_reasons(row, collapse)
         table.append(row | {"collapsed": bool(reasons), "collapse_reason": "; ".join(reasons)})

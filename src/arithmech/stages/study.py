@@ -190,17 +190,20 @@ def run_study_train(*, model_dir, items_path, effects_paths: dict, arm: str, run
         return {"val_accuracy": float(scored["correct"].mean()), "test_accuracy": float(test["correct"].mean()),
                 "val_nll": float(scored["nll"].sum() / scored["n_tokens"].sum()), "test_items": len(test)}
 
-    # a grid run's validation answers and the base model's (before training), for the collapse check
-    base_answers = _answers(lm, val, bs) if study_config.parse_run(run)[0] == "lr" else None
+    # for the collapse check: a grid run's validation answers, and the base model's (before training) in the grid's
+    # first run alone (every grid run has the same base model and items)
+    grid_run = study_config.parse_run(run)[0] == "lr"
+    with torch.no_grad():
+        base_answers = _answers(lm, val, bs) if run == "lr0" else None
 
     def final_val(stats) -> dict[str, pd.DataFrame]:
         with torch.no_grad():
             scored = last_val.get(stats.steps)
             if scored is None:  # resumed after the last step: score again
                 scored = _score(lm, val, bs)
-            if base_answers is not None:
-                scored = scored.assign(answer=_answers(lm, val, bs), base_answer=base_answers)
-        return {VAL_FILE: scored}
+            if grid_run:
+                scored = scored.assign(answer=_answers(lm, val, bs))
+        return {VAL_FILE: scored if base_answers is None else scored.assign(base_answer=base_answers)}
 
     settings = {"spec": spec, "train": train_cfg,
                 "items": config_hash(fmt[["split", "prompt", "target"]].values.tolist()),
