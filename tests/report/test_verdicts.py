@@ -295,7 +295,12 @@ def test_mlp_answer_reads_the_key_mlps():
 
 
 # ------------------------------------------------------------------------------------------------ finetune
-def comparisons(rows: list[tuple]) -> pd.DataFrame:
+LEARNS = ("precise", "base", "accuracy", 0.3, 0.25, 0.35)  # the study's first positive control: precise learns
+
+
+def comparisons(rows: list[tuple], learns: bool = True) -> pd.DataFrame:
+    """A comparisons table of `rows`, with LEARNS unless `learns` is False."""
+    rows = rows + [LEARNS] if learns else rows
     return pd.DataFrame([{"arm_a": a, "arm_b": b, "metric": m, "difference": d, "ci_low": lo, "ci_high": hi,
                           "p_value": 0.01, "p_holm": 0.04, "test": "mcnemar_exact", "n_items": 500}
                          for a, b, m, d, lo, hi in rows])
@@ -386,6 +391,40 @@ def test_full_fine_tuning_clearly_better_does_not_hold():
     by_claim = {r["claim"]: r["verdict"] for r in rows if r["scope"] == "all"}
     assert by_claim["sft_vs_full"] == "does not hold" and by_claim["sft_speed"] == "does not hold"
     assert by_claim["sft_vs_random"] == "not measured"
+
+
+def test_precise_that_does_not_beat_the_base_model_reads_no_exact_match_verdict():
+    """The positive control of the lr choice: with precise's chosen run no better than the base model on the
+    trained format, the exact-match comparisons of precise with other arms are inconclusive, and say why."""
+    rows = [("precise", "full", "accuracy", -0.2, -0.3, -0.1),
+            ("precise", "random_heads", "accuracy", 0.08, 0.03, 0.13),
+            ("precise", "base", "accuracy", 0.01, -0.03, 0.05)]
+    by = {r["claim"]: r for r in verdicts.sft_claims(study_table(0.5, 0.2), comparisons(rows, learns=False), "add2",
+                                                     CFG) if r["scope"] == "all"}
+    for claim in ("sft_vs_full", "sft_vs_random"):
+        assert by[claim]["verdict"] == "inconclusive"
+        assert "precise does not beat the base model (the arms may not learn): precise - base +1.0" in by[claim]["note"]
+    assert by["sft_speed"]["verdict"] == "holds"  # step time needs no learning
+
+
+def test_the_lr_choice_flags_reach_the_study_rows():
+    """study.parquet's lr_note and measured (sft.design.select_lr): an arm whose every lr collapsed leaves the rows
+    that read it not measured, saying so; a chosen lr at its grid's edge is noted on the rows that read its arm."""
+    study = study_table(0.5, 0.2).assign(lr_note=["lr 0.003 at the grid's lower edge: the best may lie below", ""],
+                                         measured=[True, True])
+    comp = comparisons([("precise", "full", "accuracy", -0.01, -0.04, 0.02),
+                        ("precise", "random_heads", "accuracy", 0.08, 0.03, 0.13)])
+    by = {r["claim"]: r for r in verdicts.sft_claims(study, comp, "add2", CFG) if r["scope"] == "all"}
+    assert by["sft_vs_full"]["verdict"] == "holds"
+    assert "precise: lr 0.003 at the grid's lower edge: the best may lie below" in by["sft_vs_full"]["note"]
+    assert "precise learns: precise - base +30.0 points [+25.0, +35.0]" in by["sft_vs_full"]["note"]
+    lost = study.assign(lr_note=["", "not measured: every learning rate of the grid collapsed (...)"],
+                        measured=[True, False])
+    by = {r["claim"]: r for r in verdicts.sft_claims(lost, comp, "add2", CFG) if r["scope"] == "all"}
+    for claim in ("sft_vs_full", "sft_off_target", "sft_speed"):
+        assert by[claim]["verdict"] == "not measured"
+        assert by[claim]["note"].startswith("full: not measured: every learning rate of the grid collapsed")
+    assert by["sft_vs_random"]["verdict"] == "holds"
 
 
 def test_without_the_study_every_sft_claim_is_not_measured_and_says_why():

@@ -409,13 +409,69 @@ def test_final_runs_and_select_lr():
     assert study_config.final_runs("random_heads", study) == ["chosen", "draw1", "draw2", "draw3"]
     assert study_config.final_runs("uniform_heads", study) == ["chosen", "draw1", "draw2", "draw3"]
     assert study_config.final_runs("full", study) == ["chosen"]
-    def frame(correct, nll):
-        return pd.DataFrame({"correct": correct, "nll": nll, "n_tokens": [2] * len(correct)})
-    vals = {"lr0": frame([1, 0, 0], [1.0, 1, 1]), "lr1": frame([1, 1, 0], [9.0, 9, 9]),
-            "lr2": frame([0, 1, 1], [2.0, 2, 2])}
-    choice = sd.select_lr(vals, [1e-4, 3e-4, 1e-3])
+    vals = {"lr0": _val([1, 0, 0], [1.0, 1, 1]), "lr1": _val([1, 1, 0], [9.0, 9, 9]),
+            "lr2": _val([0, 1, 1], [2.0, 2, 2])}
+    choice = sd.select_lr(vals, [1e-4, 3e-4, 1e-3], {run: [1.0, 0.5] for run in vals}, COLLAPSE)
     assert choice["run"] == "lr2" and choice["lr"] == 1e-3  # tie on accuracy: the lower NLL
     assert [g["val_accuracy"] for g in choice["grid"]] == pytest.approx([1 / 3, 2 / 3, 2 / 3])
+    assert choice["chosen"] and choice["edge"] == "upper"
+    assert choice["note"] == "lr 0.001 at the grid's upper edge: the best may lie above"
+
+
+COLLAPSE = {"distinct_ratio": 0.5, "loss_spike": 2.0}
+
+
+def _val(correct, nll, answers=None) -> pd.DataFrame:
+    """A grid run's val.parquet: by default every item answered differently, by the run and (the base model's
+    answers, which lr0 alone records in a real run) by the base model."""
+    n = len(correct)
+    return pd.DataFrame({"correct": correct, "nll": nll, "n_tokens": [2] * n,
+                         "answer": answers or [str(i) for i in range(n)], "base_answer": [str(i) for i in range(n)]})
+
+
+def test_a_collapsed_run_is_never_chosen_even_with_the_best_exact_match():
+    """Validation answers that take fewer than half as many values as the base model's (here 1 of 4 against 4:
+    the run answers everything alike, and happens to be right on the most items), or a training loss that rose
+    above twice its first step's, make a run collapsed: the next best run is chosen, and the note says which lrs
+    collapsed. The choice is inside the grid: no edge flag."""
+    vals = {"lr0": _val([1, 0, 0, 0], [1.0] * 4), "lr1": _val([1, 1, 0, 0], [1.0] * 4),
+            "lr2": _val([1, 1, 1, 0], [1.0] * 4, answers=["7"] * 4),
+            "lr3": _val([1, 1, 1, 1], [1.0] * 4)}
+    losses = {"lr0": [1.0, 0.9], "lr1": [1.0, 0.5], "lr2": [1.0, 0.5], "lr3": [1.0, 2.5, 0.1]}
+    choice = sd.select_lr(vals, [1e-4, 3e-4, 1e-3, 3e-3], losses, COLLAPSE)
+    assert choice["chosen"] and choice["run"] == "lr1" and choice["lr"] == 3e-4 and choice["edge"] == ""
+    grid = pd.DataFrame(choice["grid"]).set_index("run")
+    assert list(grid["collapsed"]) == [False, False, True, True]
+    assert list(grid["val_distinct"]) == [4, 4, 1, 4] and set(grid["base_distinct"]) == {4}
+    assert grid.loc["lr2", "collapse_reason"] == ("1 distinct validation answers, fewer than 0.5 x the base "
+                                                  "model's 4")
+    assert grid.loc["lr3", "collapse_reason"] == "training loss 2.5 at step 2, more than 2 x its first step's 1"
+    assert choice["note"] == "collapsed, never chosen: lr 0.001, lr 0.003"
+    # exactly half the base model's distinct answers is not a collapse; a loss of exactly 2x is not a spike
+    half = sd.select_lr({"lr0": _val([1, 0, 0, 0], [1.0] * 4, answers=["1", "1", "2", "2"])}, [1e-3],
+                        {"lr0": [1.0, 2.0]}, COLLAPSE)
+    assert half["chosen"] and half["note"] == "" and half["edge"] == ""  # one grid point: no edge
+
+
+def test_every_lr_collapsed_chooses_none_and_says_so():
+    """With every grid run collapsed the arm is not chosen (`chosen` False: the study reports it as not measured,
+    study.parquet's measured False); `run` still names one run, which the workflow trains and scores on."""
+    vals = {"lr0": _val([1, 0, 0], [1.0] * 3, answers=["3"] * 3), "lr1": _val([1, 1, 0], [1.0] * 3)}
+    choice = sd.select_lr(vals, [1e-3, 1e-2], {"lr0": [1.0, 1.0], "lr1": [1.0, 9.0]}, COLLAPSE)
+    assert not choice["chosen"] and choice["edge"] == "" and choice["run"] == "lr1"
+    assert choice["note"].startswith("not measured: every learning rate of the grid collapsed (lr 0.001: 1 distinct")
+    assert "lr 0.01: training loss 9 at step 2" in choice["note"]
+    assert sd.selection_columns(choice) == {"lr_grid": "0.001, 0.01", "lr_edge": "", "lr_collapsed": "0.001, 0.01",
+                                            "lr_note": choice["note"], "measured": False}
+
+
+def test_a_choice_at_the_lower_edge_is_flagged():
+    vals = {"lr0": _val([1, 1], [1.0, 1]), "lr1": _val([1, 0], [1.0, 1])}
+    choice = sd.select_lr(vals, [1e-4, 1e-3], {"lr0": [1.0], "lr1": [1.0]}, COLLAPSE)
+    assert choice["run"] == "lr0" and choice["edge"] == "lower"
+    assert choice["note"] == "lr 0.0001 at the grid's lower edge: the best may lie below"
+    table = sd.selection_table({"precise": choice})
+    assert list(table["chosen"]) == [True, False] and list(table["edge"]) == ["lower", ""]
 
 
 def test_comparisons_pair_items_and_pick_the_test():
@@ -513,6 +569,9 @@ def test_items_stage_leaves_out_identify_pairs(tiny_dir, tmp_path):
     (lambda s: (s["arms"].append("low_effect"), s["lr_grid"].pop("low_effect")),
      "config key 'study.lr_grid.low_effect'"),
     (lambda s: s["seeds"].update(circuit_disjoint=0), "config key 'study.seeds.circuit_disjoint'"),
+    (lambda s: s["collapse"].update(distinct_ratio=1.5), "config key 'study.collapse.distinct_ratio'"),
+    (lambda s: s["collapse"].update(loss_spike=1.0), "config key 'study.collapse.loss_spike'"),
+    (lambda s: s["collapse"].pop("loss_spike"), "config key 'study.collapse'"),
     (lambda s: s["arms"].append("disjoint"),
      "config key 'study.arms.4': unknown method 'disjoint'; *circuit_disjoint *low_effect *the negative control"),
 ])
@@ -549,10 +608,29 @@ def test_the_powered_study_runs_the_head_set_arms_at_three_seeds():
     validate_config(default, SCHEMA)
 
 
+def test_each_model_has_its_own_grids_of_at_most_three_points():
+    """config.yaml's grids: at most 3 points per arm (the default run's time), increasing; configs/gemma3-270m.yaml
+    replaces the head arms' lists whole (Snakemake's merge: lists replace) and keeps config.yaml's for the others."""
+    from snakemake.utils import update_config
+
+    default = yaml.safe_load((ROOT / "config.yaml").read_text())["study"]
+    for arm, grid in default["lr_grid"].items():
+        assert 1 <= len(grid) <= 3 and grid == sorted(set(grid)), arm
+    merged = yaml.safe_load((ROOT / "config.yaml").read_text())
+    gemma = yaml.safe_load((ROOT / "configs/gemma3-270m.yaml").read_text())
+    update_config(merged, gemma)
+    validate_config(merged, SCHEMA)
+    grids = merged["study"]["lr_grid"]
+    for arm in ("precise", "circuit", "circuit_disjoint", "low_effect", "random_heads"):
+        assert grids[arm] == gemma["study"]["lr_grid"][arm] == [1e-5, 3e-5, 1e-4], arm
+    assert grids["full"] == default["lr_grid"]["full"] and grids["lora"] == default["lr_grid"]["lora"]
+
+
 def test_summary_carries_each_runs_head_overlap_and_says_where_the_heads_were_found(tmp_path):
     """study.parquet gets n_heads, overlap_precise and jaccard_precise from each run's stats.json (empty for base
     and for arms without heads); study.md shows them under "Head sets" and the operand range under its heading."""
     from arithmech.io import write_json, write_parquet
+    from arithmech.report import verdicts
 
     table, choice = sd.choose_format(_measured(("add2", 0.4)), [0.2, 0.6], "add2")
     table = table.assign(task="addition", template="{a} {op} {b} = ", operator="+", a="10-19", b="10-19", pairs=98,
@@ -565,7 +643,7 @@ def test_summary_carries_each_runs_head_overlap_and_says_where_the_heads_were_fo
     rng = np.random.default_rng(0)
     evals, stats, selections = {}, {}, {}
     overlap = {"precise": (16, 16, 1.0), "circuit": (16, 13, 13 / 19), "low_effect": (16, 0, 0.0)}
-    for arm in ("base", "precise", "circuit", "low_effect", "full"):
+    for arm in ("base", "precise", "circuit", "low_effect", "full", "random_heads"):
         run = "base" if arm == "base" else "chosen"
         path = tmp_path / f"eval_{arm}.parquet"
         pd.DataFrame({"dataset": "add2", "kind": "arithmetic", "item": pairs, "cluster": pairs,
@@ -580,10 +658,16 @@ def test_summary_carries_each_runs_head_overlap_and_says_where_the_heads_were_fo
         stats[(arm, "lr0")] = tmp_path / f"stats_{arm}.json"
         write_json(record, stats[(arm, "lr0")])
         selections[arm] = tmp_path / f"select_{arm}.json"
-        write_json({"run": "lr0", "lr": 1e-3, "grid": []}, selections[arm])
+        # random_heads: every lr collapsed; precise: the chosen lr at the grid's lower edge
+        losses = {"lr0": [1.0, 0.5], "lr1": [1.0, 5.0 if arm == "random_heads" else 0.5]}
+        vals = {"lr0": _val([1, 0, 0], [1.0] * 3, answers=["3"] * 3 if arm == "random_heads" else None),
+                "lr1": _val([0, 0, 1] if arm == "precise" else [1, 0, 0], [1.0] * 3)}
+        write_json(sd.select_lr(vals, [1e-3, 1e-2], losses, COLLAPSE), selections[arm])
     out = {k: tmp_path / f"{k}.{ext}" for k, ext in (("study", "parquet"), ("comparisons", "parquet"), ("md", "md"),
                                                      ("html", "html"), ("png", "png"), ("curves", "png"))}
-    study = _study() | {"arms": ["precise", "circuit", "low_effect", "full"]}
+    # what rule study_summary passes (its `study` params), no more
+    study = {k: _study()[k] for k in ("confidence", "bootstrap", "base_band", "splits", "n_shots")}
+    study |= {"arms": ["precise", "circuit", "low_effect", "full", "random_heads"], "collapse": COLLAPSE}
     run_study_summary(model="m", study=study, formats_path=tmp_path / "formats.parquet", items_path=items,
                       selection_paths=selections, eval_paths=evals, stats_paths=stats, seed=0, out_study=out["study"],
                       out_comparisons=out["comparisons"], out_md=out["md"], out_html=out["html"], out_png=out["png"],
@@ -600,3 +684,17 @@ def test_summary_carries_each_runs_head_overlap_and_says_where_the_heads_were_fo
     assert "## Operand range" in md and "found on operands 1-9" in md and "`add2`, a in 10-19, b in 10-19" in md
     assert "no circuit_disjoint arm" in md
     assert "found on operands 1-9" in out["html"].read_text()
+    # the lr choice: the grid and its flags per row; an arm whose every lr collapsed has one row and no number
+    assert result.loc["precise", "lr_edge"] == "lower" and result.loc["precise", "lr_grid"] == "0.001, 0.01"
+    assert bool(result.loc["circuit", "measured"]) and result.loc["circuit", "lr_collapsed"] == ""
+    lost = result.loc["random_heads"]
+    assert not lost["measured"] and np.isnan(lost["accuracy"]) and lost["lr_collapsed"] == "0.001, 0.01"
+    assert lost["lr_note"].startswith("not measured: every learning rate of the grid collapsed")
+    assert not (comp[["arm_a", "arm_b"]] == "random_heads").any().any()
+    assert "## Learning-rate grids" in md and "| random_heads | 0.01 |" in md
+    assert "yes, at the grid's lower edge" in md and "| random_heads | chosen |" not in md
+    rows = {r["claim"]: r for r in verdicts.sft_claims(pd.read_parquet(out["study"]), comp, "add2",
+                                                       tiny_config()["claims"]) if r["scope"] == "all"}
+    assert rows["sft_vs_random"]["verdict"] == "not measured"
+    assert rows["sft_vs_random"]["note"].startswith("random_heads: not measured: every learning rate")
+    assert "precise: lr 0.001 at the grid's lower edge" in rows["sft_vs_full"]["note"]

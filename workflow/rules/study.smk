@@ -103,6 +103,7 @@ rule study_select:
     params:
         code=library_code("study_select"),
         lr_grid=lambda wc: STUDY["lr_grid"][wc.arm],
+        collapse=STUDY["collapse"],
         runs=lambda wc: study.grid_runs(wc.arm, STUDY),
     script:
         "../scripts/study_select.py"
@@ -180,6 +181,7 @@ rule study_summary:
             "arms",
             "splits",
             "n_shots",
+            "collapse",
         ),
         operands=config["prompts"]["operands"],  # where the heads were found (study.md says)
         runs=study_summary_runs,

@@ -146,6 +146,24 @@ def precision_markdown(table: pd.DataFrame) -> str:
     return "## Training precision\n\n" + "\n".join(lines or ["- no arm was trained"]) + "\n"
 
 
+def selection_markdown(grid: pd.DataFrame, collapse: dict) -> str:
+    """Every arm's learning-rate grid for study.md (`design.selection_table`): each grid run's validation exact
+    match, distinct greedy answers against the base model's, training loss (first step, highest), whether it
+    collapsed (`study.collapse`) and which run was chosen, with the edge flag."""
+    cells = [[r["arm"], f"{r['lr']:g}", f"{100 * r['val_accuracy']:.1f}", f"{r['val_distinct']} / {r['base_distinct']}",
+              f"{r['loss_first']:.3g} / {r['loss_max']:.3g}", "yes" if r["collapsed"] else "",
+              ("yes" + (f", at the grid's {r['edge']} edge" if r["edge"] else "")) if r["chosen"] else "",
+              r["collapse_reason"]] for r in grid.to_dict("records")]
+    head = ["arm", "lr", "validation exact match %", "distinct answers / base's", "training loss first / highest",
+            "collapsed", "chosen", "why collapsed"]
+    return ("## Learning-rate grids\n\nEach arm's lr is chosen on the validation split: the highest exact match "
+            "among the runs that did not collapse (fewer than "
+            f"{collapse['distinct_ratio']:g} x the base model's distinct greedy answers, or a training loss above "
+            f"{collapse['loss_spike']:g} x its first step's; `study.collapse`). A chosen lr at the edge of its grid "
+            "is flagged: the best may lie beyond it. An arm whose every lr collapsed is not measured.\n\n"
+            + markdown_table(pd.DataFrame(cells, columns=head)))
+
+
 def format_display(formats: pd.DataFrame) -> pd.DataFrame:
     """The measured formats for a reader: exact match with its interval in %, band and choice flags, reason."""
     def share(r):

@@ -1031,31 +1031,66 @@ def sft_claims(study: pd.DataFrame | None, comp: pd.DataFrame | None, train_form
     rows: list[dict] = []
     source = layout.STUDY_MD
     split = f"test ({train_format})"
+    # each arm's lr choice (study.parquet's lr_note and measured, `sft.design.select_lr`): an arm whose every lr
+    # collapsed has no result, and every row that reads an arm carries its grid's flags (an edge, collapsed lrs)
+    picked = study[study["run"] == "chosen"].set_index("arm")
+    lr_notes = picked["lr_note"].fillna("").to_dict() if "lr_note" in picked else {}
+    collapsed = [a for a in picked.index if "measured" in picked and not bool(picked.loc[a, "measured"])]
+
+    def arm_notes(*arms: str) -> list[str]:
+        return [f"{a}: {lr_notes[a]}" for a in arms if lr_notes.get(a)]
+
+    def no_result(claim: str, arms: tuple[str, ...], rule: str | None = None) -> list[dict]:
+        lost = [a for a in arms if a in collapsed]
+        return _not_measured(claim, "; ".join(arm_notes(*lost)), **({"rule": rule} if rule else {})) if lost else []
+
+    # the study's first positive control: precise SFT learns (its chosen run beats the base model on the trained
+    # format); without it no exact-match comparison of precise with another arm is read as holding or not
+    learns = _comparison(comp, "precise", "base", "accuracy")
+    learned = learns is not None and bool(learns["ci_low"] > 0)
+    learn_note = ("whether precise learns is unknown: the study has no precise - base comparison" if learns is None else
+                  f"precise {'learns' if learned else 'does not beat the base model (the arms may not learn)'}: "
+                  f"precise - base {100 * learns['difference']:+.1f} points [{100 * learns['ci_low']:+.1f}, "
+                  f"{100 * learns['ci_high']:+.1f}] on the trained format")
+    learn_rule = "; inconclusive unless precise's chosen run beats the base model on the trained format"
+
+    def needs_learning(verdict: str) -> str:
+        return verdict if learned else "inconclusive"
 
     # matches or beats full fine-tuning: non-inferiority on the trained format's exact match
     ni_rule = (f"holds if the 95% interval of (precise - full) exact match lies above -{100 * margin:g} points "
                f"(non-inferior); does not hold if it lies below 0; inconclusive otherwise")
+    ni_rule += learn_rule
     row = _comparison(comp, "precise", "full", "accuracy")
-    if row is None:
+    if lost := no_result("sft_vs_full", ("precise", "full"), ni_rule):
+        rows += lost
+    elif row is None:
         rows += _not_measured("sft_vs_full", "the study has no precise and full arms", rule=ni_rule)
     else:
-        verdict = _non_inferior(row, margin)
+        verdict = needs_learning(_non_inferior(row, margin))
         rows.append(_study_row("sft_vs_full", row, verdict, ni_rule, split, source, "exact match, precise - full"))
-        rows[-1]["note"] += "; " + _precision_note(study, ("precise", "full"))
+        rows[-1]["note"] += "; " + "; ".join([learn_note, *arm_notes("precise", "full"),
+                                               _precision_note(study, ("precise", "full"))])
     row = _comparison(comp, "precise", "random_heads", "accuracy")
-    rule = directional_rule("(precise - layer-matched random heads) exact match", +1, f"{100 * min_diff:g} points")
-    if row is None:
+    rule = directional_rule("(precise - layer-matched random heads) exact match", +1,
+                            f"{100 * min_diff:g} points") + learn_rule
+    if lost := no_result("sft_vs_random", ("precise", "random_heads"), rule):
+        rows += lost
+    elif row is None:
         rows += _not_measured("sft_vs_random", "the study has no precise and random_heads arms", rule=rule)
     else:
-        verdict = directional(row["ci_low"], row["ci_high"], direction=+1, min_effect=min_diff)
+        verdict = needs_learning(directional(row["ci_low"], row["ci_high"], direction=+1, min_effect=min_diff))
         rows.append(_study_row("sft_vs_random", row, verdict, rule, split, source,
                                "exact match, precise - layer-matched random heads"))
+        rows[-1]["note"] += "; " + "; ".join([learn_note, *arm_notes("precise", "random_heads")])
 
     # the discovered circuit's heads against the key heads, at the same head count
     row = _comparison(comp, "circuit", "precise", "accuracy")
     rule = (directional_rule("(circuit - precise) exact match", +1, f"{100 * min_diff:g} points")
-            + "; " + POSITIVE_CONTROL_RULE)
-    if row is None:
+            + "; " + POSITIVE_CONTROL_RULE + learn_rule)
+    if lost := no_result("sft_circuit_vs_precise", ("circuit", "precise"), rule):
+        rows += lost
+    elif row is None:
         rows += _not_measured("sft_circuit_vs_precise",
                               "the circuit arm did not run (study.arms has no circuit, or no precise)", rule=rule)
     else:
@@ -1063,9 +1098,10 @@ def sft_claims(study: pd.DataFrame | None, comp: pd.DataFrame | None, train_form
         control, control_note = _positive_control(comp)
         if verdict == "does not hold" and not control:
             verdict = "inconclusive"  # an assay that separates no head sets cannot show these two do not differ
-        rows.append(_study_row("sft_circuit_vs_precise", row, verdict, rule, split, source,
+        rows.append(_study_row("sft_circuit_vs_precise", row, needs_learning(verdict), rule, split, source,
                                "exact match, circuit - precise (as many heads)"))
-        rows[-1]["note"] += "; " + "; ".join([control_note, *_head_set_notes(study, comp),
+        rows[-1]["note"] += "; " + "; ".join([control_note, learn_note, *arm_notes("circuit", "precise"),
+                                               *_head_set_notes(study, comp),
                                                _precision_note(study, ("circuit", "precise"))])
 
     # off target: lower KL to base, non-math accuracy not worse by more than the margin
@@ -1082,13 +1118,18 @@ def sft_claims(study: pd.DataFrame | None, comp: pd.DataFrame | None, train_form
         if row is not None:
             subs.append(_study_row("sft_off_target", row, _non_inferior(row, margin), ni_rule, "BIG-bench items",
                                    source, f"{metric} accuracy, precise - full", scope=metric))
-    rows += _headline("sft_off_target", subs, measure="per measure, below", source=source)
+    for sub in subs:
+        sub["note"] = "; ".join(filter(None, [sub["note"], *arm_notes("precise", "full")]))
+    rows += no_result("sft_off_target", ("precise", "full")) or _headline("sft_off_target", subs,
+                                                                           measure="per measure, below", source=source)
 
     # step time: full over precise, each arm's chosen run
     speed_rule = (f"holds if full's mean step time / precise's >= {cfg['min_speedup']:g}; partly if > 1; "
                   f"does not hold otherwise")
     chosen = study[study["run"] == "chosen"].set_index("arm")
-    if {"precise", "full"} <= set(chosen.index) and "mean_step_s" in chosen:
+    if lost := no_result("sft_speed", ("precise", "full"), speed_rule):
+        rows += lost
+    elif {"precise", "full"} <= set(chosen.index) and "mean_step_s" in chosen:
         ratio = float(chosen.loc["full", "mean_step_s"] / chosen.loc["precise", "mean_step_s"])
         verdict = "holds" if ratio >= cfg["min_speedup"] else "partly" if ratio > 1 else "does not hold"
         rows.append(_row("sft_speed", measure="mean step time, full / precise (chosen runs)", value=ratio,

@@ -59,6 +59,7 @@ This module is pure pandas/numpy (no torch): the summary rules import it cheaply
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -411,16 +412,91 @@ def circuit_ranking(ranked_heads: list, discovered: dict[str, pd.DataFrame], n: 
     return circuit_first(ranked_heads, union), note
 
 
-def select_lr(val_by_run: dict[str, pd.DataFrame], grid: list[float]) -> dict:
-    """The grid run with the highest validation exact match; ties go to the lower mean answer NLL. Returns
-    {"run", "lr", "grid": [{run, lr, val_accuracy, val_nll}]}."""
+def greedy_answer(text: str) -> str:
+    """The answer a greedy continuation gives: its leading integer ("68" of "68.\n12 + 5"), else its first
+    non-blank characters (what a model that stopped answering in numbers says), so two runs' answers compare."""
+    match = re.match(r"\s*(-?\d+)", text)
+    return match[1] if match else text.strip()[:8]
+
+
+def _collapse_reasons(row: dict, collapse: dict) -> list[str]:
+    """Why a grid run collapsed (empty: it did not), by `study.collapse`'s thresholds (config.yaml says why)."""
+    reasons = []
+    if row["val_distinct"] < collapse["distinct_ratio"] * row["base_distinct"]:
+        reasons.append(f"{row['val_distinct']} distinct validation answers, fewer than {collapse['distinct_ratio']:g} "
+                       f"x the base model's {row['base_distinct']}")
+    if row["loss_max"] > collapse["loss_spike"] * row["loss_first"]:
+        reasons.append(f"training loss {row['loss_max']:.3g} at step {row['loss_max_step']}, more than "
+                       f"{collapse['loss_spike']:g} x its first step's {row['loss_first']:.3g}")
+    return reasons
+
+
+def select_lr(val_by_run: dict[str, pd.DataFrame], grid: list[float], losses_by_run: dict[str, list[float]],
+              collapse: dict) -> dict:
+    """An arm's lr: among its grid runs that did not collapse, the highest validation exact match; ties go to the
+    lower mean answer NLL. A run collapsed (`_collapse_reasons`) when its greedy validation answers (`answer`)
+    take fewer than `collapse.distinct_ratio` x as many distinct values as the base model's on the same items
+    (`base_answer`, recorded by lr0), or its training loss (`losses_by_run`, one per step) rose above
+    `collapse.loss_spike` x its first step's: a run that answers everything alike, or whose training diverged, is
+    never chosen.
+
+    Returns {"run", "lr", "chosen", "edge", "note", "grid": [one row per run: run, lr, val_accuracy, val_nll,
+    val_n, val_distinct, base_distinct, loss_first, loss_max, loss_max_step, collapsed, collapse_reason]}.
+    Every run collapsed: `chosen` is False, and `run`/`lr` name the best run by the same order (the workflow
+    still trains and scores it; the study reports the arm as not measured, `note` says why). `edge`: "lower" or
+    "upper" when the chosen lr is the grid's lowest or highest of several (the best may lie beyond), else ""."""
     table = []
+    base_distinct = int(val_by_run["lr0"]["base_answer"].nunique())  # the grid's first run records the base model's
     for run, frame in val_by_run.items():
         _, i = parse_run(run)
-        table.append({"run": run, "lr": grid[i], "val_accuracy": float(frame["correct"].mean()),
-                      "val_nll": float(frame["nll"].sum() / frame["n_tokens"].sum()), "val_n": len(frame)})
-    best = sorted(table, key=lambda r: (-r["val_accuracy"], r["val_nll"]))[0]
-    return {"run": best["run"], "lr": best["lr"], "grid": table}
+        losses = [float(x) for x in losses_by_run[run]]
+        worst = int(np.argmax(losses))
+        row = {"run": run, "lr": grid[i], "val_accuracy": float(frame["correct"].mean()),
+               "val_nll": float(frame["nll"].sum() / frame["n_tokens"].sum()), "val_n": len(frame),
+               "val_distinct": int(frame["answer"].nunique()), "base_distinct": base_distinct,
+               "loss_first": losses[0], "loss_max": losses[worst], "loss_max_step": worst + 1}
+        reasons = _collapse_reasons(row, collapse)
+        table.append(row | {"collapsed": bool(reasons), "collapse_reason": "; ".join(reasons)})
+    order = sorted(table, key=lambda r: (r["collapsed"], -r["val_accuracy"], r["val_nll"]))
+    best, chosen = order[0], not order[0]["collapsed"]
+    edge, note = "", ""
+    if not chosen:
+        runs = "; ".join(f"lr {r['lr']:g}: {r['collapse_reason']}" for r in table)
+        note = f"not measured: every learning rate of the grid collapsed ({runs})"
+    elif len(set(grid)) > 1 and best["lr"] in (min(grid), max(grid)):
+        edge = "lower" if best["lr"] == min(grid) else "upper"
+        side = "below" if edge == "lower" else "above"
+        note = f"lr {best['lr']:g} at the grid's {edge} edge: the best may lie {side}"
+    collapsed = [r for r in table if r["collapsed"]]
+    if chosen and collapsed:
+        note = "; ".join(filter(None, [note, "collapsed, never chosen: "
+                                       + ", ".join(f"lr {r['lr']:g}" for r in collapsed)]))
+    return {"run": best["run"], "lr": best["lr"], "chosen": chosen, "edge": edge, "note": note, "grid": table}
+
+
+SELECTION_COLUMNS = ("lr_grid", "lr_edge", "lr_collapsed", "lr_note", "measured")  # study.parquet, per arm
+
+
+def selection_columns(selection: dict | None, grid: list[float] | None = None) -> dict:
+    """What study.parquet says per row about its arm's lr choice (`select_lr`'s record; None: the base model):
+    lr_grid (the grid's lrs), lr_edge ("lower"/"upper": the chosen lr is at that edge of the grid), lr_collapsed
+    (the lrs whose runs collapsed), lr_note (`select_lr`'s note) and measured (False: every lr collapsed, the arm
+    has no result)."""
+    if selection is None:
+        return {"lr_grid": "", "lr_edge": "", "lr_collapsed": "", "lr_note": "", "measured": True}
+    rows = selection["grid"]
+    return {"lr_grid": ", ".join(f"{r['lr']:g}" for r in rows), "lr_edge": selection["edge"],
+            "lr_collapsed": ", ".join(f"{r['lr']:g}" for r in rows if r["collapsed"]), "lr_note": selection["note"],
+            "measured": bool(selection["chosen"])}
+
+
+def selection_table(selections: dict[str, dict]) -> pd.DataFrame:
+    """Every grid run of every arm (`select_lr`'s records by arm): its validation scores, collapse check, and
+    whether it is the arm's chosen run."""
+    rows = [{"arm": arm, **r, "chosen": sel["chosen"] and r["run"] == sel["run"],
+             "edge": sel["edge"] if sel["chosen"] and r["run"] == sel["run"] else ""}
+            for arm, sel in selections.items() for r in sel["grid"]]
+    return pd.DataFrame(rows)
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ from arithmech.report.tables import (
     format_markdown,
     head_sets_markdown,
     precision_markdown,
+    selection_markdown,
     study_markdown,
 )
 from arithmech.sft import design as sd
@@ -118,6 +119,16 @@ def _score(lm, items: pd.DataFrame, batch_size: int, progress=None) -> pd.DataFr
                          "n_tokens": scores["n_tokens"].to_numpy()})
 
 
+def _answers(lm, items: pd.DataFrame, batch_size: int) -> np.ndarray:
+    """Each item's greedy answer (`design.greedy_answer` of a continuation as many tokens long as the longest
+    target), for the collapse check of the lr choice (`design.select_lr`)."""
+    from arithmech.intervention.generation import generate_texts
+
+    n = max(len(lm.tokenizer(t, add_special_tokens=False)["input_ids"]) for t in items["target"])
+    texts = generate_texts(lm, items["prompt"].tolist(), n, batch_size, progress=None)
+    return np.array([sd.greedy_answer(t) for t in texts], dtype=object)
+
+
 def run_lr(run: str, study: dict, arm: str, selection_path) -> float:
     kind, index = study_config.parse_run(run)
     if kind == "lr":
@@ -179,12 +190,20 @@ def run_study_train(*, model_dir, items_path, effects_paths: dict, arm: str, run
         return {"val_accuracy": float(scored["correct"].mean()), "test_accuracy": float(test["correct"].mean()),
                 "val_nll": float(scored["nll"].sum() / scored["n_tokens"].sum()), "test_items": len(test)}
 
+    # for the collapse check: a grid run's validation answers, and the base model's (before training) in the grid's
+    # first run alone (every grid run has the same base model and items)
+    grid_run = study_config.parse_run(run)[0] == "lr"
+    with torch.no_grad():
+        base_answers = _answers(lm, val, bs) if run == "lr0" else None
+
     def final_val(stats) -> dict[str, pd.DataFrame]:
-        scored = last_val.get(stats.steps)
-        if scored is None:  # resumed after the last step: score again
-            with torch.no_grad():
+        with torch.no_grad():
+            scored = last_val.get(stats.steps)
+            if scored is None:  # resumed after the last step: score again
                 scored = _score(lm, val, bs)
-        return {VAL_FILE: scored}
+            if grid_run:
+                scored = scored.assign(answer=_answers(lm, val, bs))
+        return {VAL_FILE: scored if base_answers is None else scored.assign(base_answer=base_answers)}
 
     settings = {"spec": spec, "train": train_cfg,
                 "items": config_hash(fmt[["split", "prompt", "target"]].values.tolist()),
@@ -203,13 +222,22 @@ def run_study_train(*, model_dir, items_path, effects_paths: dict, arm: str, run
 
 
 def run_study_select(*, arm: str, study: dict, run_dirs: dict, out_path) -> None:
-    """Choose `arm`'s lr: the grid run with the best validation exact match (`design.select_lr`)."""
+    """Choose `arm`'s lr: the grid run with the best validation exact match among those that did not collapse
+    (`design.select_lr`, by `study.collapse`)."""
+    from arithmech.sft.runs import STATS_FILE
+
     vals = {run: pd.read_parquet(Path(d) / VAL_FILE) for run, d in run_dirs.items()}
-    choice = sd.select_lr(vals, list(study["lr_grid"][arm]))
-    choice |= {"arm": arm, "criterion": "validation exact match, ties to the lower answer NLL",
+    losses = {run: sd.read_json(Path(d) / STATS_FILE)["losses"] for run, d in run_dirs.items()}
+    choice = sd.select_lr(vals, list(study["lr_grid"][arm]), losses, study["collapse"])
+    choice |= {"arm": arm, "criterion": "validation exact match, ties to the lower answer NLL, among the runs that "
+                                        "did not collapse",
                "provenance": provenance(stage="study_select", arm=arm)}
     write_json(choice, out_path)
-    print(f"{arm}: chose {choice['run']} (lr {choice['lr']:g}); grid {choice['grid']}")
+    print(pd.DataFrame(choice["grid"]).to_string(index=False))
+    print(f"{arm}: " + (f"chose {choice['run']} (lr {choice['lr']:g})" if choice["chosen"] else "chose no lr")
+          + (f"; {choice['note']}" if choice["note"] else ""))
+    if choice["note"]:
+        warnings.warn(f"study arm {arm}: {choice['note']}", stacklevel=2)
 
 
 def chosen_dir(selection_path, grid_dirs: dict) -> Path:
@@ -264,10 +292,12 @@ def run_study_summary(*, model: str, study: dict, formats_path, items_path, sele
                       out_comparisons=out_comparisons, out_md=out_md, out_html=out_html, out_png=out_png,
                       out_curves=out_curves)
         return
-    rows = sd.per_item({key: pd.read_parquet(p) for key, p in eval_paths.items()})
+    selections = {arm: sd.read_json(p) for arm, p in selection_paths.items()}
+    # an arm whose every lr collapsed has no result: its scored models are left out of every table and comparison
+    unmeasured = [arm for arm, sel in selections.items() if not sel["chosen"]]
+    rows = sd.per_item({key: pd.read_parquet(p) for key, p in eval_paths.items() if key[0] not in unmeasured})
     fmt = sd.trained_format(pd.read_parquet(items_path, columns=["format", "split"]))
     table = sd.model_rows(rows, fmt, study["confidence"], study["bootstrap"], seed)
-    selections = {arm: sd.read_json(p) for arm, p in selection_paths.items()}
     # the scored models' training records: `chosen` is the grid run its arm's selection names
     records = {(arm, run): sd.read_json(p) for (arm, run), p in stats_paths.items()}
     records |= {(arm, "chosen"): records[(arm, sel["run"])] for arm, sel in selections.items()}
@@ -287,9 +317,15 @@ def run_study_summary(*, model: str, study: dict, formats_path, items_path, sele
                       "artifact_mb": rec["artifact_bytes"] / 2**20 if rec else np.nan,
                       "final_loss": rec["losses"][-1] if rec else np.nan,
                       "model_dtype": rec.get("model_dtype", ""), "master_dtype": rec.get("master_dtype", ""),
-                      **{k: rec.get(k, np.nan) for k in HEAD_SET_COLUMNS}})
+                      **{k: rec.get(k, np.nan) for k in HEAD_SET_COLUMNS},
+                      **sd.selection_columns(selections.get(arm))})
     table = pd.concat([table, pd.DataFrame(extra)], axis=1)
+    # the arms with no result keep one row that says why (`lr_note`), with no number
+    table = pd.concat([table, pd.DataFrame([{"arm": arm, "run": "chosen", **sd.selection_columns(selections[arm])}
+                                            for arm in unmeasured])], ignore_index=True) if unmeasured else table
+    measured = table[table["measured"]]
     comp = sd.comparisons(rows, fmt, study["confidence"], study["bootstrap"], seed)
+    grid = sd.selection_table(selections)
     curves = sd.curves(records)
     base_acc = (float(table.loc[table["arm"] == "base", "accuracy"].iloc[0]) if (table["arm"] == "base").any()
                 else np.nan)
@@ -300,21 +336,24 @@ def run_study_summary(*, model: str, study: dict, formats_path, items_path, sele
               f"study.base_band [{low}, {high}]: choose another study.train_format")
     meta = provenance(stage="study_summary", model=model, ran=True, train_format=fmt, base_accuracy=base_acc,
                       base_in_band=in_band, format_choice=choice,
-                      selections={a: {k: s[k] for k in ("run", "lr", "grid")} for a, s in selections.items()})
+                      selections={a: {k: s[k] for k in ("run", "lr", "chosen", "edge", "note", "grid")}
+                                  for a, s in selections.items()})
     write_parquet(table, out_study, meta)
     write_parquet(comp, out_comparisons, meta)
     range_note = sd.operand_range_note(sd.trained_format_row(formats, fmt), operands, study) if operands else ""
     with atomic_path(out_md) as tmp:
-        Path(tmp).write_text(study_markdown(model, table, comp, fmt, study["confidence"]) + "\n"
-                             + head_sets_markdown(table, study) + "\n"
+        Path(tmp).write_text(study_markdown(model, measured, comp, fmt, study["confidence"]) + "\n"
+                             + selection_markdown(grid, study["collapse"]) + "\n"
+                             + head_sets_markdown(measured, study) + "\n"
                              + (f"## Operand range\n\n{range_note}\n\n" if range_note else "")
-                             + precision_markdown(table) + "\n"
+                             + precision_markdown(measured) + "\n"
                              + format_markdown(format_display(formats), choice,
                                                auto=choice["train_format"] == study_config.AUTO))
     write_html_page([("Scored models", table, range_note),
+                     ("Learning-rate grids", grid, "collapsed runs are never chosen (study.collapse)"),
                      ("The trained format", format_display(formats), choice["reason"])],
                     out_html, f"{model}: precise-SFT study (trained on {fmt})")
-    plots.study_accuracy(table, fmt, f"{model}: exact match after training on {fmt}", out_png)
+    plots.study_accuracy(measured, fmt, f"{model}: exact match after training on {fmt}", out_png)
     plots.study_curves(curves, f"{model}: learning curves on {fmt}", out_curves)
 
 
