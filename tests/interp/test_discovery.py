@@ -195,7 +195,8 @@ def test_ranking_recomputes_attribution_as_nodes_drop(setup, monkeypatch):
 # ------------------------------------------------------------------------------------------------ the stages
 DISCOVER = {"protocol": "end", "tf_measure": "logprob", "tf_ablation": "mean", "sanity_draws": 4,
             "sanity_samples": None, "sanity": "warn",
-            "measure": "logit_diff", "targets": [0.8, 0.95], "min_full_share": 0.8, "max_samples": 6,
+            "measure": "logit_diff", "targets": [0.8, 0.95], "min_full_share": 0.8,
+            "selection_samples": 2, "max_samples": 6,
             "validation_samples": 6, "random_draws": 2, "max_trials": 1000, "max_passes": 3, "ig_steps": 4,
             "bootstrap": 50, "confidence": 0.95}
 
@@ -250,6 +251,8 @@ def test_discover_stages_write_their_tables(prepared, tmp_path):  # noqa: F811
     assert (table["faithfulness"] >= table["target"]).all() and table["minimal"].all()
     assert (table["n_nodes"] == table["nodes"].str.split().str.len()).all()
     assert (table["share"] == table["n_nodes"] / 10).all()
+    # every identification pair (6) is pruned on: none is left to choose on, the pruning pairs are (with a warning)
+    assert (table["selected_on"] == "pruning pairs").all() and (table["n_selection"] == 6).all()
     path = pd.read_parquet(out["_path"])
     # the highest target's trials also count the bisection over the ranking's prefixes
     tried = path.groupby("target")["tried"].sum()
@@ -428,3 +431,18 @@ def test_order_flag_names_a_circuit_above_the_curve():
     below = _curve_and_circuits(0.2)
     assert order_flag("addition", below, *_circuits_of(below)) == ""
     assert order_flag("addition", below[below["curve"] != "share"], *_circuits_of(below)) == ""
+
+
+def test_selection_pairs_hold_other_operands(prepared):  # noqa: F811
+    """The target is chosen on identification pairs whose operands the pruning draw does not hold (a seeded draw of at
+    most `selection_samples`), or on none (None) when the draw holds every operand pair."""
+    from arithmech.data.datasets import subsample
+    from arithmech.stages.discover import _selection_pairs
+
+    pairs = pd.read_parquet(prepared / "pairs.parquet")
+    ident = split_pairs(pairs, "identification")
+    pruned_on = subsample(ident, 2, 0)
+    chosen_on = _selection_pairs(pairs, pruned_on, 3, 0, "pairs")
+    assert 0 < len(chosen_on) <= 3 and (chosen_on["split"] == "identification").all()
+    assert not set(zip(chosen_on["a"], chosen_on["b"])) & set(zip(pruned_on["a"], pruned_on["b"]))
+    assert _selection_pairs(pairs, ident, 3, 0, "pairs") is None

@@ -30,6 +30,17 @@ def _scored_pairs(pairs: pd.DataFrame, discover: dict, seed: int, where: str) ->
     return ident, val
 
 
+def _selection_pairs(pairs: pd.DataFrame, ident: pd.DataFrame, n: int, seed: int, where: str) -> pd.DataFrame | None:
+    """What the target is chosen on: a seeded draw of at most `n` identification pairs whose operands (a, b) the
+    pruning draw `ident` does not hold; None when every identification pair shares its operands with it."""
+    from arithmech.data.datasets import subsample
+
+    rest = split_pairs(pairs, "identification", where)
+    used = set(zip(ident["a"], ident["b"]))
+    rest = rest[[pair not in used for pair in zip(rest["a"], rest["b"])]]
+    return subsample(rest, n, seed) if len(rest) else None
+
+
 def _random_sets(curve_heads, mlps, *, n_layers, n_heads, draws, seed, label, offset: int = 900
                  ) -> list[sufficiency.CircuitSet]:
     """`draws` layer-matched random head sets of the circuit's size, disjoint from it, with its MLPs (mlps label
@@ -204,7 +215,7 @@ def _circuits_of(validation: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
 
 def choose_target(table: pd.DataFrame, min_full_share: float) -> tuple[float, bool]:
     """(target, whether one reached the share): the smallest target whose circuit keeps at least `min_full_share`
-    of the full model's full-answer accuracy on the identification pairs (`full_share`), else the largest."""
+    of the full model's full-answer accuracy on the selection pairs (`full_share`), else the largest."""
     ok = table[table["full_share"] >= min_full_share]
     if len(ok):
         return float(ok["target"].min()), True
@@ -214,12 +225,13 @@ def choose_target(table: pd.DataFrame, min_full_share: float) -> tuple[float, bo
 def run_discover(*, model: str, task: str, model_dir, pairs_path, cache_path, effects_path, key_path, discover: dict,
                  compute: dict, seed: int, out_table, out_path, out_validation, out_items, out_added) -> None:
     """Discover one operator's circuit at every `discover["targets"]` on a seeded draw of its identification pairs
-    (`discovery.prune` along `discovery.node_ranking`), choose the target (`choose_target`, on those
-    pairs), and score every target's circuit on a seeded draw of its validation pairs against the key circuit (key
-    heads, key MLPs), `random_draws` layer-matched random head sets of its size (its MLPs) and its size's top heads
-    by effect (its MLPs), with cluster-bootstrap intervals. Writes the circuits (`out_table`), the pruning path
-    (`out_path`), the validation faithfulness (`out_validation`) with its per-item values (`out_items`), and the added
-    heads' direct effects and END attention by token role (`out_added`)."""
+    (`discovery.prune` along `discovery.node_ranking`), choose the target (`choose_target`, on a seeded draw of
+    `selection_samples` identification pairs with other operands: `_selection_pairs`), and score every target's circuit
+    on a seeded draw of its validation pairs against the key circuit (key heads, key MLPs), `random_draws` layer-matched
+    random head sets of its size (its MLPs) and its size's top heads by effect (its MLPs), with cluster-bootstrap
+    intervals. Writes the circuits (`out_table`), the pruning path (`out_path`), the validation faithfulness
+    (`out_validation`) with its per-item values (`out_items`), and the added heads' direct effects and END attention by
+    token role (`out_added`)."""
     from safetensors.torch import load_file
 
     from arithmech.interp import teacher_forcing as tf
@@ -257,7 +269,12 @@ def run_discover(*, model: str, task: str, model_dir, pairs_path, cache_path, ef
                          max_passes=discover["max_passes"], two_sided=teacher_forced)
     seconds = time.perf_counter() - start
 
-    # full-answer accuracy kept on the identification pairs: what the target is chosen on
+    # full-answer accuracy kept on held-out identification pairs: what the target is chosen on
+    select = _selection_pairs(pairs, ident, discover["selection_samples"], seed, str(pairs_path))
+    if select is None:
+        warnings.warn(f"{task}: every identification pair shares its operands with the {len(ident)} pruned on: the "
+                      "target is chosen on the pruning pairs (circuit.discover.max_samples, selection_samples)",
+                      stacklevel=2)
     every = tuple((l, h) for l, h in nodes if h != MLP)
     found = [sufficiency.CircuitSet("discovered", "discovered", len(p.heads(nodes)), -1, tuple(p.heads(nodes)),
                                     tuple(p.mlps(nodes))) for p in pruned]
@@ -265,12 +282,17 @@ def run_discover(*, model: str, task: str, model_dir, pairs_path, cache_path, ef
             sufficiency.CircuitSet("empty", "none", 0, -1, (), ())]
     fitted = {}  # the circuits' full-answer faithfulness on the pairs they were pruned on, per ablation
     if teacher_forced:  # teacher-forced correctness: greedy full answers under the same per-position values
-        correct = _correct_by_kind(lm, prune_items, pool, pool_outputs, sufficiency.kept_masks(base + found, nodes),
-                                   seed=seed, batch=batch, trials=trials)
+        masks = sufficiency.kept_masks(base + found, nodes)
+        correct = _correct_by_kind(lm, prune_items, pool, pool_outputs, masks, seed=seed, batch=batch, trials=trials)
         on_ident, fitted = correct[discover["tf_ablation"]].mean(1), _fitted(correct)
+        if select is not None:
+            select_items = tf.build_items(lm, select, batch_size=batch)
+            on_ident = tf.TailTrials(lm, select_items, tf.ablation_values(
+                lm, select_items, pool, discover["tf_ablation"], seed=seed, batch_size=batch,
+                pool_outputs=pool_outputs), batch_size=batch).scores(masks)["correct"].mean(1)
     else:
-        on_ident = sufficiency.score_sets(lm, ident, base + found, means=means, positions="end",
-                                          batch_size=batch)["full"].mean(1)
+        on_ident = sufficiency.score_sets(lm, ident if select is None else select, base + found, means=means,
+                                          positions="end", batch_size=batch)["full"].mean(1)
     table = pd.DataFrame({
         # measure: the END protocol's (its faithfulness_measure columns); pruned_on: what `faithfulness` is of
         "task": task, "target": targets, "measure": discover["measure"], "protocol": discover["protocol"],
@@ -282,7 +304,8 @@ def run_discover(*, model: str, task: str, model_dir, pairs_path, cache_path, ef
         "full_accuracy": on_ident[2:], "model_full_accuracy": on_ident[0],
         "full_share": on_ident[2:] / on_ident[0] if on_ident[0] > 0 else np.nan,
         "minimal": [p.minimal for p in pruned], "trials": [p.trials for p in pruned], "seconds": seconds,
-        "n_identification": len(ident),
+        "n_identification": len(ident), "n_selection": len(ident if select is None else select),
+        "selected_on": "pruning pairs" if select is None else "held-out identification pairs",
         **{f"tf_{kind}_correct_identification": f for kind, f in fitted.items()},
     })
     chosen, reached = choose_target(table, discover["min_full_share"])
@@ -290,8 +313,8 @@ def run_discover(*, model: str, task: str, model_dir, pairs_path, cache_path, ef
         why = (" (the full model answers none of them in full)" if on_ident[0] == 0 else
                f" (the circuits keep {', '.join(f'{x:.0%}' for x in table['full_share'])})")
         warnings.warn(f"{task}: no target's circuit keeps {discover['min_full_share']:.0%} of the full model's "
-                      f"full-answer accuracy on the identification pairs{why} (circuit.discover.min_full_share); "
-                      f"taking the largest target, {chosen}", stacklevel=2)
+                      f"full-answer accuracy on the {table['selected_on'].iloc[0]}{why} "
+                      f"(circuit.discover.min_full_share); taking the largest target, {chosen}", stacklevel=2)
     table["chosen"] = table["target"] == chosen
     table["share_reached"] = reached
 
