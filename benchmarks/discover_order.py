@@ -5,10 +5,11 @@ discover rule prunes), the curve scored on a seeded draw of validation pairs und
     PYTHONPATH=src .venv/bin/python benchmarks/discover_order.py MODEL_DIR PAIRS.parquet [--samples 16]
         [--validation 48] [--steps 8]
 
-Orders: `recomputed` (`discovery.node_ranking`, the rule's), `signed recomputed` (the same by signed attribution),
-`whole-model IG` (the older order: the top nodes by the whole model's attribution) and `|whole-model IG|`. Prints
-each order's seconds, its curve (faithfulness of full answers and of the log-probability at each node share) and
-the greedy pruning's circuits along the rule's ranking (nodes, trials, seconds)."""
+Orders: `|whole-model IG|` (`discovery.node_ranking`, the rule's), `whole-model IG` (the older order: the top nodes
+by the whole model's signed attribution), and attribution recomputed on the circuit left as nodes drop (a quarter of
+the nodes per round, `TailTrials.attribution(kept=...)`), by |attribution| (`recomputed`) or signed. Prints each
+order's seconds, its curve (faithfulness of full answers and of the log-probability at each node share) and the
+greedy pruning's circuits along the rule's ranking (nodes, trials, seconds)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,20 @@ from arithmech.data.datasets import subsample
 from arithmech.interp import discovery as dc
 from arithmech.interp import teacher_forcing as tf
 from arithmech.model.loading import load_model
+
+
+def recomputed(trials, steps: int, *, signed: bool, drop: float = 0.25) -> np.ndarray:
+    """Every node index, most important first: the quarter of the circuit left with the least (|)attribution(|),
+    recomputed on that circuit, leaves it per round; the ranking is the reverse order of leaving."""
+    kept, left = np.ones(len(trials.nodes), dtype=bool), []
+    while kept.any():
+        a = trials.attribution(steps, kept=kept)
+        inside = np.flatnonzero(kept)
+        worth = a[inside] if signed else np.abs(a[inside])
+        out = inside[np.argsort(worth, kind="stable")[: max(1, int(np.ceil(drop * len(inside))))]]
+        left += out.tolist()
+        kept[out] = False
+    return np.array(left[::-1], dtype=int)
 
 
 def main() -> None:
@@ -46,14 +61,13 @@ def main() -> None:
     scored = tf.TailTrials(lm, val, tf.ablation_values(lm, val, pool, "mean", pool_outputs=outputs))
     orders = {}
     t0 = time.perf_counter()
-    attribution = trials.attribution(args.steps)
+    ranking, attribution = dc.node_ranking(trials, args.steps)
     t1 = time.perf_counter()
+    orders["|whole-model IG|"] = (ranking, t1 - t0)
     orders["whole-model IG"] = (np.argsort(-attribution, kind="stable"), t1 - t0)
-    orders["|whole-model IG|"] = (np.argsort(-np.abs(attribution), kind="stable"), t1 - t0)
     for name, signed in (("recomputed", False), ("signed recomputed", True)):
         t0 = time.perf_counter()
-        ranking, _ = dc.node_ranking(trials, args.steps, signed=signed)
-        orders[name] = (ranking, time.perf_counter() - t0)
+        orders[name] = (recomputed(trials, args.steps, signed=signed), time.perf_counter() - t0)
     print(f"{len(ident)} identification items, {len(val)} validation items, {len(trials.nodes)} nodes")
     for name, (ranking, seconds) in orders.items():
         curve = tf.cpr_cmd(scored, ranking)
@@ -61,7 +75,7 @@ def main() -> None:
                          zip(curve["share"], curve["f_correct"], curve["f_logprob"]))
         print(f"{name:>18} ({seconds:.0f} s)  share: f correct / f logprob  {cells}")
     t0 = time.perf_counter()
-    pruned, _ = dc.prune(trials, args.targets, ranking=orders["recomputed"][0], attribution=attribution,
+    pruned, _ = dc.prune(trials, args.targets, ranking=ranking, attribution=attribution,
                          two_sided=True)
     seconds = time.perf_counter() - t0
     for p in pruned:

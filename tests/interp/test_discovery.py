@@ -170,26 +170,19 @@ def test_bounded_trials_leave_the_bottom_of_the_ranking_at_once(setup):
     assert pruned[0].faithfulness >= 0.8 and pruned[0].trials > 1 + path["tried"].sum()
 
 
-def test_ranking_recomputes_attribution_as_nodes_drop(setup, monkeypatch):
-    """`node_ranking`: every node once; the first round is the whole model's attribution; each round takes the
-    quarter of least |attribution| on the circuit left (recomputed there) out, so the last node left comes first."""
+def test_ranking_by_absolute_attribution_and_attribution_on_a_circuit(setup):
+    """`node_ranking`: every node by |attribution| on the whole model, largest first. On a circuit the attribution's
+    path runs from the empty circuit to it: 0 outside it, its nodes' summing to m(circuit) - m(empty)."""
     trials = _trials(setup, "logit_diff")
     n = len(trials.nodes)
-    calls = []
-    real = trials.attribution
-
-    def spy(steps, kept=None):
-        calls.append(np.array(kept))
-        return real(steps, kept=kept)
-
-    monkeypatch.setattr(trials, "attribution", spy)
-    ranking, first = dc.node_ranking(trials, 4)
+    ranking, attribution = dc.node_ranking(trials, 4)
+    np.testing.assert_allclose(attribution, trials.attribution(4))
     assert sorted(ranking.tolist()) == list(range(n))
-    np.testing.assert_allclose(first, real(4))
-    assert calls[0].all() and [int(c.sum()) for c in calls] == [10, 7, 5, 3, 2, 1]
-    assert calls[-1][ranking[0]] and calls[-1].sum() == 1
-    left = real(4, kept=calls[1])
-    assert (left[~calls[1]] == 0).all()
+    assert (np.diff(np.abs(attribution[ranking])) <= 0).all()
+    kept = _random_masks(n, 3, seed=4)[2]
+    on = trials.attribution(16, kept=kept)
+    full, empty, circuit = trials.mean(np.vstack([np.ones(n, dtype=bool), np.zeros(n, dtype=bool), kept]))
+    assert (on[~kept] == 0).all() and on.sum() == pytest.approx(circuit - empty, rel=0.05, abs=1e-3)
 
 
 # ------------------------------------------------------------------------------------------------ the stages

@@ -28,16 +28,13 @@ the batch in one forward. A pruning trial differs from the current circuit in on
 from layer l on, from the current circuit's END residual entering l (`EndTrials.try_drop`), so a trial costs
 the layers from its node's on. `reference_measure` is the slow reference: whole prompts under `mean_ablate`.
 
-The order (`node_ranking`): attribution recomputed as nodes drop. Integrated gradients of the measure on the
-current circuit (`EndTrials.attribution(kept=...)`, the path from the empty circuit to it) rank its nodes by
-|attribution|; the quarter of least |attribution| (`RANK_DROP`, at least one node) leaves the circuit and the
-attribution is recomputed on what is left, until no node is left. The ranking is the reverse of the order of
-leaving: the nodes that stayed longest come first. Why recomputed: a node's attribution on the whole model
-says little about its worth in a small circuit where its partners are gone (on SmolLM2-135M every head without
-an MLP, or every MLP without a head, keeps about nothing), and a single ranking by the whole model's
-attribution put the circuits the pruning found far above its own curve. Why |attribution|: a node that pushes
-against the answer is part of the behaviour too (two-sided acceptance counts overshoot as unfaithful).
-docs/circuit.md gives the curves of the orders measured.
+The order (`node_ranking`): the nodes by |attribution| on the whole model, largest first. Not by signed attribution:
+a node that pushes against the answer is part of the behaviour too (two-sided acceptance counts overshoot as
+unfaithful), and ranked last it is missing from every small circuit of the ranking. On SmolLM2-135M's addition
+(teacher-forced, mean ablation) the top nodes by signed attribution kept 0.55-0.62 of full answers at 5-50% of the
+nodes, by |attribution| 0.81-0.88; attribution recomputed on the circuit left as nodes drop
+(`EndTrials.attribution(kept=...)`, rounds of a quarter of the nodes) did no better at 19 times the gradients
+(`benchmarks/discover_order.py`; docs/circuit.md).
 
 The pruning (`prune`) takes the ranking. First the smallest prefix of it (the top k nodes) that keeps the highest
 target is found by bisection over k (about log2(nodes) trials); the nodes below it leave together in that one
@@ -308,27 +305,11 @@ def ig_path(steps: int, kept, n: int) -> tuple[torch.Tensor, torch.Tensor]:
     return (torch.arange(steps, dtype=torch.float32) + 0.5) / steps, kept
 
 
-RANK_DROP = 0.25  # the share of the circuit's nodes (at least one) that leaves it per round of `node_ranking`
-
-
-def node_ranking(trials, steps: int = 8, *, drop: float = RANK_DROP, signed: bool = False
-                 ) -> tuple[np.ndarray, np.ndarray]:
-    """(ranking, attribution): every node index, most important first, by attribution recomputed as nodes drop
-    (module docstring), and the whole model's attribution [nodes] (the first round's). trials: `EndTrials` or
-    `teacher_forcing.TailTrials`. signed: rank by attribution rather than |attribution| (a comparison)."""
-    if not 0 < drop < 1:
-        raise ValueError(f"the ranking's drop share must be in (0, 1); got {drop}")
-    n = len(trials.nodes)
-    kept, left, first = np.ones(n, dtype=bool), [], None
-    while kept.any():
-        a = trials.attribution(steps, kept=kept)
-        first = a if first is None else first
-        inside = np.flatnonzero(kept)
-        worth = a[inside] if signed else np.abs(a[inside])
-        out = inside[np.argsort(worth, kind="stable")[: max(1, int(np.ceil(drop * len(inside))))]]
-        left += out.tolist()
-        kept[out] = False
-    return np.array(left[::-1], dtype=int), first
+def node_ranking(trials, steps: int = 8) -> tuple[np.ndarray, np.ndarray]:
+    """(ranking, attribution): every node index by |attribution| (`attribution(steps)` of `trials`, an `EndTrials` or
+    a `teacher_forcing.TailTrials`), largest first, ties by index; and the attribution [nodes] (module docstring)."""
+    attribution = trials.attribution(steps)
+    return np.argsort(-np.abs(attribution), kind="stable"), attribution
 
 
 @torch.no_grad()

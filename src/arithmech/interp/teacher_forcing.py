@@ -509,7 +509,8 @@ class TailTrials:
         """Integrated gradients of the pruning measure (mean over items) for every node, gates at END and every
         answer position (`tail_gated`), alpha 0 -> 1 by the midpoint rule: [nodes], summing to about
         m(M) - m(empty). On circuit `kept` (bool [nodes], default the model) the nodes outside it stay ablated
-        (gate 0, attribution 0) and the attributions sum to about m(kept) - m(empty) (`discovery.node_ranking`)."""
+        (gate 0, attribution 0) and the attributions sum to about m(kept) - m(empty) (attribution recomputed as nodes
+        drop, `benchmarks/discover_order.py`)."""
         self._resumable()
         alphas, kept = ig_path(steps, kept, len(self.nodes))
         total = torch.zeros(len(self.nodes), dtype=torch.float64)
