@@ -1,8 +1,9 @@
 """The fit gap of discovered circuits against the number of pairs pruned on (issue 57), on the teacher-forced protocol
 of one operator of a prepared model: for each --samples n, the discover rule's search (`discovery.node_ranking`,
-`discovery.prune`, two-sided, mean ablation) on a seeded draw of n identification pairs, the target chosen as the
-rule chooses it (`stages.discover.choose_target`, on those pairs), and the chosen circuit's full-answer faithfulness
-on those pairs and on a seeded draw of validation pairs under both ablations: the gap is the difference.
+`discovery.prune`, two-sided, mean ablation) on a seeded draw of n identification pairs, the target chosen on those
+pairs (`stages.discover.choose_target`; the rule chooses on held-out identification pairs), and the chosen circuit's
+full-answer faithfulness on those pairs and on a seeded draw of validation pairs under both ablations: the gap is
+the difference.
 
     PYTHONPATH=src .venv/bin/python benchmarks/discover_gap.py MODEL_DIR PAIRS.parquet --samples 16 32 64
         [--validation 120] [--steps 8]
