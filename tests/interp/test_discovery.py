@@ -132,7 +132,8 @@ def test_greedy_pruning_against_every_subset(setup, measure):
     full, empty = means[-1], means[0]
     f_all = dc.faithfulness(means, full, empty)
     targets = [0.8, 0.9, 0.95]
-    pruned, path = dc.prune(trials, targets, attribution=trials.attribution(steps=8), max_passes=5)
+    ranking, attribution = dc.node_ranking(trials, 8)
+    pruned, path = dc.prune(trials, targets, ranking=ranking, attribution=attribution, max_passes=5)
     for p in pruned:
         assert p.minimal
         f = dc.faithfulness(trials.mean(p.kept[None]), full, empty)[0]
@@ -145,7 +146,8 @@ def test_greedy_pruning_against_every_subset(setup, measure):
               f"(+{int(p.kept.sum()) - best}); {p.trials} trials")
         assert best <= p.kept.sum()
         mine = path[path["target"] == p.target]
-        assert mine["tried"].sum() == p.trials
+        # the highest target also counts the bisection over the ranking's prefixes
+        assert mine["tried"].sum() == p.trials if p.target != 0.95 else mine["tried"].sum() < p.trials
         assert mine["nodes_kept"].iloc[-1] == p.kept.sum()
     # the highest target starts from the whole model and visits every node; each lower one prunes the circuit above
     assert set(path.loc[path["target"] == 0.95, "node"]) == {node_label(*v) for v in trials.nodes}
@@ -153,23 +155,41 @@ def test_greedy_pruning_against_every_subset(setup, measure):
         assert not (lower.kept & ~higher.kept).any()
 
 
-def test_bounded_trials_drop_the_smallest_attributions_at_once(setup):
-    """With fewer trials than nodes, the nodes of smallest |attribution| are dropped together in one checked trial
-    (kept where that falls below the target); the others are tried one by one."""
+def test_bounded_trials_leave_the_bottom_of_the_ranking_at_once(setup):
+    """With fewer trials than nodes, the nodes below the top `max_trials` of the ranking (or below the smallest prefix
+    that keeps the target, if that is smaller) leave together in one checked trial; the others are tried one by one,
+    least important first."""
     trials = _trials(setup, "logit_diff")
-    attribution = trials.attribution(steps=4)
-    pruned, path = dc.prune(trials, [0.8], attribution=attribution, max_trials=6, max_passes=5)
+    ranking, attribution = dc.node_ranking(trials, 4)
+    pruned, path = dc.prune(trials, [0.8], ranking=ranking, attribution=attribution, max_trials=6, max_passes=5)
     untried = path[~path["tried"]]
-    assert len(untried) == 4 and (untried["pass"] == 0).all()
-    smallest = np.argsort(np.abs(attribution))[:4]
-    assert set(untried["node"]) == {node_label(*trials.nodes[i]) for i in smallest}
-    assert pruned[0].faithfulness >= 0.8 and pruned[0].trials == 1 + path["tried"].sum()
+    assert len(untried) >= 4 and (untried["pass"] == 0).all()
+    assert set(untried["node"]) == {node_label(*trials.nodes[i]) for i in ranking[10 - len(untried):]}
+    first = path[(path["pass"] == 1)]
+    assert first["rank"].is_monotonic_decreasing  # least important first
+    assert pruned[0].faithfulness >= 0.8 and pruned[0].trials > 1 + path["tried"].sum()
+
+
+def test_ranking_by_absolute_attribution_and_attribution_on_a_circuit(setup):
+    """`node_ranking`: every node by |attribution| on the whole model, largest first. On a circuit the attribution's
+    path runs from the empty circuit to it: 0 outside it, its nodes' summing to m(circuit) - m(empty)."""
+    trials = _trials(setup, "logit_diff")
+    n = len(trials.nodes)
+    ranking, attribution = dc.node_ranking(trials, 4)
+    np.testing.assert_allclose(attribution, trials.attribution(4))
+    assert sorted(ranking.tolist()) == list(range(n))
+    assert (np.diff(np.abs(attribution[ranking])) <= 0).all()
+    kept = _random_masks(n, 3, seed=4)[2]
+    on = trials.attribution(16, kept=kept)
+    full, empty, circuit = trials.mean(np.vstack([np.ones(n, dtype=bool), np.zeros(n, dtype=bool), kept]))
+    assert (on[~kept] == 0).all() and on.sum() == pytest.approx(circuit - empty, rel=0.05, abs=1e-3)
 
 
 # ------------------------------------------------------------------------------------------------ the stages
 DISCOVER = {"protocol": "end", "tf_measure": "logprob", "tf_ablation": "mean", "sanity_draws": 4,
             "sanity_samples": None, "sanity": "warn",
-            "measure": "logit_diff", "targets": [0.8, 0.95], "min_full_share": 0.8, "max_samples": 6,
+            "measure": "logit_diff", "targets": [0.8, 0.95], "min_full_share": 0.8,
+            "selection_samples": 2, "max_samples": 6,
             "validation_samples": 6, "random_draws": 2, "max_trials": 1000, "max_passes": 3, "ig_steps": 4,
             "bootstrap": 50, "confidence": 0.95}
 
@@ -224,9 +244,13 @@ def test_discover_stages_write_their_tables(prepared, tmp_path):  # noqa: F811
     assert (table["faithfulness"] >= table["target"]).all() and table["minimal"].all()
     assert (table["n_nodes"] == table["nodes"].str.split().str.len()).all()
     assert (table["share"] == table["n_nodes"] / 10).all()
+    # every identification pair (6) is pruned on: none is left to choose on, the pruning pairs are (with a warning)
+    assert (table["selected_on"] == "pruning pairs").all() and (table["n_selection"] == 6).all()
     path = pd.read_parquet(out["_path"])
-    assert (set(path["target"]) == {0.8, 0.95}
-            and path.groupby("target")["tried"].sum().tolist() == table["trials"].tolist())
+    # the highest target's trials also count the bisection over the ranking's prefixes
+    tried = path.groupby("target")["tried"].sum()
+    assert set(path["target"]) == {0.8, 0.95} and tried[0.8] == table["trials"].iloc[0]
+    assert tried[0.95] < table["trials"].iloc[1]
     validation = pd.read_parquet(out["_validation"])
     for target, n_heads, chosen in zip(table["target"], table["n_heads"], table["chosen"]):
         mine = validation[validation["target"] == target]
@@ -336,6 +360,13 @@ def test_discover_stage_on_the_teacher_forced_protocol(prepared, tmp_path):  # n
         # the random tiny model answers nothing, so full-answer faithfulness is undefined; log-probability is not
         assert name != "logprob" or summary[f"tf_{kind}_{name}{suffix}"].notna().all(), (kind, name, suffix)
     assert (summary["tf_n_items"] == kept).all()
+    # the gap: each circuit's full-answer faithfulness on its pruning pairs minus that on validation pairs (NaN here,
+    # where the random model answers nothing), and the order check's flag ('' or sentences) on every row
+    for kind in protocol.KINDS:
+        np.testing.assert_allclose(summary[f"tf_{kind}_gap"],
+                                   summary[f"tf_{kind}_correct_identification"] - summary[f"tf_{kind}_correct"])
+    assert f"tf_{protocol.KINDS[0]}_correct_identification" in table
+    assert summary["cpr_order_flag"].map(type).eq(str).all()
     # a single operator: the union is its chosen circuit, scored on the same items under the same values
     chosen = summary[(summary["task"] == "division") & summary["chosen"]].iloc[0]
     union = summary[summary["task"] == "union"].iloc[0]
@@ -361,3 +392,50 @@ def test_random_sets_are_disjoint_layer_matched_or_absent():
     big = [(l, h) for l in range(3) for h in range(4)][:7]
     with pytest.warns(UserWarning, match="no disjoint random circuit"):
         assert _random_sets(big, (), n_layers=3, n_heads=4, draws=3, seed=0, label="discovered") == []
+
+
+def _curve_and_circuits(low):
+    """A validation table of one operator with a CPR curve (shares of 100 nodes) and a 10-node circuit whose
+    full-answer faithfulness interval starts at `low` under resample."""
+    from arithmech.interp import teacher_forcing as tf
+
+    shares = list(tf.SHARES)
+    sizes = [int(np.ceil(s * 100)) for s in shares]
+    rows = [{"curve": "share", "node_share": s, "n_heads": n, "n_mlps": 0, "target": np.nan,
+             **{f"faithfulness_tf_{k}_tail_correct{x}": min(1.0, n / 40) for k in protocol.KINDS
+                for x in ("", "_low", "_high")}} for s, n in zip(shares, sizes)]
+    rows.append({"curve": "discovered", "node_share": np.nan, "n_heads": 8, "n_mlps": 2, "target": 0.9,
+                 "faithfulness_tf_resample_tail_correct": low + 0.1, "faithfulness_tf_resample_tail_correct_low": low,
+                 "faithfulness_tf_resample_tail_correct_high": low + 0.2,
+                 "faithfulness_tf_mean_tail_correct": 0.2, "faithfulness_tf_mean_tail_correct_low": 0.1,
+                 "faithfulness_tf_mean_tail_correct_high": 0.3})
+    return pd.DataFrame(rows)
+
+
+def test_order_flag_names_a_circuit_above_the_curve():
+    """A 10-node circuit is compared with the curve at the next share holding 10 nodes (10%: 0.25 here): an interval
+    starting above it flags the order with the numbers; one starting below it does not."""
+    from arithmech.stages.discover import _circuits_of, order_flag
+
+    above = _curve_and_circuits(0.5)
+    flag = order_flag("addition", above, *_circuits_of(above))
+    assert flag == ("addition: the circuit at target 0.9 (10 nodes) keeps 0.60 [0.50, 0.70] of full answers "
+                    "(resample), above the ranking's top 10% (10 nodes) at 0.25")
+    below = _curve_and_circuits(0.2)
+    assert order_flag("addition", below, *_circuits_of(below)) == ""
+    assert order_flag("addition", below[below["curve"] != "share"], *_circuits_of(below)) == ""
+
+
+def test_selection_pairs_hold_other_operands(prepared):  # noqa: F811
+    """The target is chosen on identification pairs whose operands the pruning draw does not hold (a seeded draw of at
+    most `selection_samples`), or on none (None) when the draw holds every operand pair."""
+    from arithmech.data.datasets import subsample
+    from arithmech.stages.discover import _selection_pairs
+
+    pairs = pd.read_parquet(prepared / "pairs.parquet")
+    ident = split_pairs(pairs, "identification")
+    pruned_on = subsample(ident, 2, 0)
+    chosen_on = _selection_pairs(pairs, pruned_on, 3, 0, "pairs")
+    assert 0 < len(chosen_on) <= 3 and (chosen_on["split"] == "identification").all()
+    assert not set(zip(chosen_on["a"], chosen_on["b"])) & set(zip(pruned_on["a"], pruned_on["b"]))
+    assert _selection_pairs(pairs, ident, 3, 0, "pairs") is None

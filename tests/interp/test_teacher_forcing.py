@@ -335,6 +335,11 @@ def test_attribution_sums_to_the_span(lm, setup):
     rho = dc.rank_correlation(attribution, full - trials.mean(single))
     print(f"tail attribution vs single-node effects: Spearman {rho:.3f}")
     assert rho > 0.5
+    # on a circuit: the path from the empty circuit to it, its nodes' attributions summing to m(C) - m(empty)
+    kept = _masks(n, 3, seed=3)[2]
+    on = trials.attribution(steps=16, kept=kept)
+    assert (on[~kept] == 0).all()
+    assert on.sum() == pytest.approx(trials.mean(kept[None])[0] - empty, rel=0.05, abs=1e-3)
 
 
 @pytest.mark.parametrize("measure", protocol.PRUNE_MEASURES)
@@ -346,8 +351,7 @@ def test_two_sided_pruning_against_every_subset(lm, setup, measure):
     subsets = np.array(list(itertools.product([False, True], repeat=n)))
     means = trials.mean(subsets)
     f_all = dc.faithfulness(means, means[-1], means[0])
-    pruned, path = dc.prune(trials, [0.7, 0.9], attribution=trials.attribution(steps=4), max_passes=5,
-                            two_sided=True)
+    pruned, path = dc.prune(trials, [0.7, 0.9], ranking=dc.node_ranking(trials, 4)[0], max_passes=5, two_sided=True)
     for p in pruned:
         assert p.minimal and abs(1 - p.faithfulness) <= 1 - p.target
         f = dc.faithfulness(trials.mean(p.kept[None]), means[-1], means[0])[0]
@@ -376,8 +380,8 @@ def test_two_sided_acceptance_refuses_overshoot():
             trial[node] = False
             return float(self.mean(trial[None])[0]), None
 
-    one, _ = dc.prune(Fake(), [0.9], attribution=np.array([0.0, 1.0]))
-    two, _ = dc.prune(Fake(), [0.9], attribution=np.array([0.0, 1.0]), two_sided=True)
+    one, _ = dc.prune(Fake(), [0.9], ranking=[1, 0])
+    two, _ = dc.prune(Fake(), [0.9], ranking=[1, 0], two_sided=True)
     assert one[0].kept.tolist() == [False, True] and two[0].kept.tolist() == [True, True]
 
 
@@ -487,13 +491,13 @@ def test_one_node_check_passes_a_correct_ablation_and_fails_a_broken_one(quiet, 
 
 def test_cpr_cmd_curve(lm, setup):
     trials = _trials(lm, setup, "mean")
-    attribution = trials.attribution(steps=4)
-    curve = tf.cpr_cmd(trials, attribution)
+    ranking, _ = dc.node_ranking(trials, 4)
+    curve = tf.cpr_cmd(trials, ranking)
     assert curve["share"].tolist() == list(tf.SHARES)
     assert curve["n_nodes"].tolist() == [1, 1, 1, 1, 2, 5, 10]
     assert curve["f_logprob"].iloc[-1] == pytest.approx(1, abs=1e-5) and curve["dev_logprob"].iloc[-1] < 1e-5
-    masks = tf.share_circuits(attribution, [0.5])
-    assert set(np.flatnonzero(masks[0])) == set(np.argsort(-attribution)[:5])
+    masks = tf.share_circuits(ranking, [0.5])
+    assert set(np.flatnonzero(masks[0])) == set(ranking[:5].tolist())
 
 
 def test_sanity_checks_run_every_check_and_name_the_failed(lm, setup, monkeypatch):

@@ -693,6 +693,10 @@ def test_discover_outputs_and_the_circuit_arm(run):
     res = run / "results/tiny"
     summary = pd.read_parquet(res / "discover/summary.parquet")
     assert set(summary["task"]) == {*TASKS, "union"}
+    # the order check and the fit gap (report.verdicts and report.page read these names)
+    for column in ("cpr_order_flag", *(f"tf_{k}_{m}" for k in ("mean", "resample")
+                                       for m in ("correct_identification", "gap"))):
+        assert column in summary, column
     union: set = set()
     for task in TASKS:
         table = pd.read_parquet(res / f"discover/{task}.parquet").sort_values("target")

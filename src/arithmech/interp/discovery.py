@@ -28,19 +28,31 @@ the batch in one forward. A pruning trial differs from the current circuit in on
 from layer l on, from the current circuit's END residual entering l (`EndTrials.try_drop`), so a trial costs
 the layers from its node's on. `reference_measure` is the slow reference: whole prompts under `mean_ablate`.
 
-The pruning (`prune`): nodes are visited from the last layer to the first, within a layer in order of their
-attribution (least useful first); a node is dropped when the circuit without it keeps at least the target
-faithfulness. Sweeps repeat over the nodes still kept until one drops nothing, so the result is minimal:
-dropping any one of its nodes falls below the target (`Pruned.minimal` says whether that was reached within
-`max_passes`). The targets run from the highest down, each starting from the circuit of the one above: the
-circuits nest, and a lower target costs a sweep over the few nodes still kept rather than over the model.
+The order (`node_ranking`): the nodes by |attribution| on the whole model, largest first. Not by signed attribution:
+a node that pushes against the answer is part of the behaviour too (two-sided acceptance counts overshoot as
+unfaithful), and ranked last it is missing from every small circuit of the ranking. On SmolLM2-135M's addition
+(teacher-forced, mean ablation) the top nodes by signed attribution kept 0.55-0.62 of full answers at 5-50% of the
+nodes, by |attribution| 0.81-0.88; attribution recomputed on the circuit left as nodes drop
+(`EndTrials.attribution(kept=...)`, rounds of a quarter of the nodes) did no better at 19 times the gradients
+(`benchmarks/discover_order.py`; docs/circuit.md).
+
+The pruning (`prune`) takes the ranking. First the smallest prefix of it (the top k nodes) that keeps the highest
+target is found by bisection over k (about log2(nodes) trials); the nodes below it leave together in that one
+checked trial. Then nodes are visited least important first (the ranking reversed); a node is dropped when the
+circuit without it keeps the target faithfulness. Sweeps repeat over the nodes still kept until one drops nothing,
+so the result is minimal: dropping any one of its nodes falls below the target (`Pruned.minimal` says whether
+that was reached within `max_passes`). The targets run from the highest down, each starting from the circuit of
+the one above: the circuits nest, and a lower target costs a sweep over the few nodes still kept rather than over
+the model. The prefix makes the search cheaper (a sweep over the prefix, not the model) and ties the circuits to
+the ranking whose prefixes are the CPR curve (`teacher_forcing.cpr_cmd`).
 
 Attribution (`EndTrials.attribution`): integrated gradients of the measure along each node's path from its
 mean to its reference value. Every node's END output is gated, mean + g (output - mean), so g = 1 everywhere
 is the model and g = 0 the empty circuit; the attribution of node v is the integral of dm/dg_v along
-g = alpha (all nodes together), alpha 0 -> 1 (midpoint rule). They sum to m(M) - m(empty). They order the
-visits and, on models with more than `max_trials` nodes, choose the nodes that get a trial (the rest, the
-smallest |attribution|, are dropped together in one checked trial).
+g = alpha (all nodes together), alpha 0 -> 1 (midpoint rule). They sum to m(M) - m(empty). On a circuit C
+(`kept`) the gates of the nodes outside it stay 0, the path runs from the empty circuit to C, and C's nodes'
+attributions sum to m(C) - m(empty). On models with more than `max_trials` nodes only the top `max_trials` of
+the ranking get a trial of their own (the rest leave together in one checked trial).
 """
 
 from __future__ import annotations
@@ -261,15 +273,15 @@ class EndTrials:
         """The measure of every circuit, averaged over the prompts: [c]."""
         return self.per_item(kept).mean(1)
 
-    def attribution(self, steps: int = 8) -> np.ndarray:
-        """Integrated gradients of the measure (mean over prompts) for every node, [nodes] (module docstring)."""
-        if steps < 1:
-            raise ValueError(f"circuit.discover.ig_steps must be >= 1; got {steps}")
-        alphas = (torch.arange(steps, dtype=torch.float32) + 0.5) / steps
+    def attribution(self, steps: int = 8, kept=None) -> np.ndarray:
+        """Integrated gradients of the measure (mean over prompts) for every node, [nodes] (module docstring); on
+        circuit `kept` (bool [nodes], default the model) the path runs from the empty circuit to it and the nodes
+        outside it get 0."""
+        alphas, kept = ig_path(steps, kept, len(self.nodes))
         total = torch.zeros(len(self.nodes), dtype=torch.float64)
         for enc, prefix, answers, _, reference in self.batches:
             b = enc["input_ids"].shape[0]
-            gates = alphas[:, None].repeat(1, len(self.nodes)).to(self.lm.device).requires_grad_()
+            gates = (alphas[:, None] * kept[None]).to(self.lm.device).requires_grad_()
             with torch.enable_grad():
                 inputs = end_copies(enc, prefix.prefix, steps, room=0)  # a fresh cache that autograd may keep
                 with gated(self.lm, gates.repeat(b, 1), self.means):
@@ -279,7 +291,25 @@ class EndTrials:
                                  reference=ref)
                 (grad,) = torch.autograd.grad(m.sum(), gates)
             total += grad.sum(0).double().cpu()
-        return (total / steps / self.n_items).numpy()
+        return (total * kept.double() / steps / self.n_items).numpy()
+
+
+def ig_path(steps: int, kept, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The midpoint alphas [steps] of an integrated-gradients path and the circuit's gates at alpha 1, float [n]
+    (`kept`; None: every node)."""
+    if steps < 1:
+        raise ValueError(f"circuit.discover.ig_steps must be >= 1; got {steps}")
+    kept = torch.ones(n) if kept is None else torch.as_tensor(np.asarray(kept, dtype=bool)).float()
+    if kept.shape != (n,):
+        raise ValueError(f"a kept mask must have {n} entries; got {tuple(kept.shape)}")
+    return (torch.arange(steps, dtype=torch.float32) + 0.5) / steps, kept
+
+
+def node_ranking(trials, steps: int = 8) -> tuple[np.ndarray, np.ndarray]:
+    """(ranking, attribution): every node index by |attribution| (`attribution(steps)` of `trials`, an `EndTrials` or
+    a `teacher_forcing.TailTrials`), largest first, ties by index; and the attribution [nodes] (module docstring)."""
+    attribution = trials.attribution(steps)
+    return np.argsort(-np.abs(attribution), kind="stable"), attribution
 
 
 @torch.no_grad()
@@ -325,56 +355,65 @@ class Pruned:
         return [n[0] for n, k in zip(nodes, self.kept) if k and n[1] == MLP]
 
 
-def order_key(nodes: Sequence[Node], attribution: np.ndarray):
-    """The visit order's sort key of a node index: from the last layer to the first; within a layer, lowest
-    attribution (least useful) first."""
-    return lambda i: (-nodes[i][0], float(attribution[i]), i)
-
-
-def visit_order(nodes: Sequence[Node], attribution: np.ndarray) -> list[int]:
-    """Every node index in visit order (`order_key`)."""
-    return sorted(range(len(nodes)), key=order_key(nodes, attribution))
-
-
-def prune(trials: EndTrials, targets: Sequence[float], *, attribution: np.ndarray, max_trials: int | None = None,
-          max_passes: int = 3, candidates: Sequence[int] | None = None, two_sided: bool = False,
-          ) -> tuple[list[Pruned], pd.DataFrame]:
-    """Greedy node pruning (module docstring) at every target, the highest first from the whole model, each lower
-    one from the circuit of the one above (so the circuits nest, and a lower target costs only a sweep over the
-    nodes still kept). At each target sweeps repeat until one drops nothing or `max_passes` sweeps ran.
+def prune(trials: EndTrials, targets: Sequence[float], *, ranking: Sequence[int],
+          attribution: np.ndarray | None = None, max_trials: int | None = None, max_passes: int = 3,
+          candidates: Sequence[int] | None = None, two_sided: bool = False) -> tuple[list[Pruned], pd.DataFrame]:
+    """Greedy node pruning (module docstring) at every target, the highest first from the smallest prefix of
+    `ranking` (node indices, most important first: `node_ranking`) that keeps it, each lower one from the circuit
+    of the one above (so the circuits nest, and a lower target costs only a sweep over the nodes still kept). Visits
+    run least important first; at each target sweeps repeat until one drops nothing or `max_passes` sweeps ran.
     candidates: the node indices that may be dropped (default: all; the others stay). max_trials: at most this
-    many candidates get a trial of their own, those of largest |attribution|; the rest are dropped together in
-    one trial at the first target, or all kept where that falls below it. two_sided: a circuit is accepted when
-    |1 - f| <= 1 - target (overshoot is not free, as MIB reports |1 - f|); else when f >= target.
+    many candidates (the top of the ranking) get a trial of their own. two_sided: a circuit is accepted when
+    |1 - f| <= 1 - target (overshoot is not free, as MIB reports |1 - f|); else when f >= target. attribution:
+    recorded in the path (NaN without it).
 
-    Returns the pruned circuits (in the order of `targets`) and the path: one row per visit (target, pass, visit,
-    node, layer, head, attribution, tried, dropped, faithfulness after the visit, nodes_kept)."""
+    Returns the pruned circuits (in the order of `targets`; `Pruned.trials` counts the prefix's bisection too) and
+    the path: one row per visit (target, pass, visit, node, layer, head, rank (0: the top of the ranking),
+    attribution, tried, dropped, faithfulness after the visit, nodes_kept)."""
     nodes = trials.nodes
     n = len(nodes)
+    if sorted(int(i) for i in ranking) != list(range(n)):
+        raise ValueError(f"the ranking must hold every node index 0..{n - 1} once")
     ends = trials.mean(np.array([[True] * n, [False] * n]))
     m_full, m_empty = float(ends[0]), float(ends[1])
     if m_full == m_empty:
         raise ValueError("the full model and the empty circuit have the same measure: faithfulness is undefined")
     cand = set(range(n)) if candidates is None else {int(i) for i in candidates}
+    rank = np.empty(n, dtype=int)
+    rank[np.asarray(ranking, dtype=int)] = np.arange(n)
+    attribution = np.full(n, np.nan) if attribution is None else np.asarray(attribution, dtype=float)
 
     def accepted(f: float, target: float) -> bool:
         return abs(1 - f) <= 1 - target if two_sided else f >= target
 
-    order = [i for i in visit_order(nodes, attribution) if i in cand]
+    def with_prefix(k: int) -> np.ndarray:
+        keep = np.ones(n, dtype=bool)
+        keep[ranked[k:]] = False
+        return keep
+
+    ranked = [int(i) for i in ranking if int(i) in cand]
+    top = max(float(t) for t in targets)
+    lo, hi, searched = -1, len(ranked), 0  # bisection: the prefix of hi nodes keeps the target (all of them: f = 1)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        searched += 1
+        if accepted(float(faithfulness(trials.mean(with_prefix(mid)[None]), m_full, m_empty)[0]), top):
+            hi = mid
+        else:
+            lo = mid
+    size = hi if max_trials is None else min(hi, max_trials)
+    untried = ranked[size:]  # checked together in one trial at the first target
+    order = ranked[:size][::-1]
     kept, current, rows = np.ones(n, dtype=bool), 1.0, []
-    untried: list[int] = []
-    if max_trials is not None and len(order) > max_trials:
-        by_size = sorted(order, key=lambda i: -abs(float(attribution[i])))
-        untried = sorted(by_size[max_trials:], key=order_key(nodes, attribution))
-        order = [i for i in order if i not in set(untried)]
     results = {}
     for target in sorted({float(t) for t in targets}, reverse=True):
-        visit, trial_count = 0, 0
+        visit, trial_count = 0, searched if target == top else 0
 
         def record(p, i, tried, dropped):
             nonlocal visit
             rows.append({"target": target, "pass": p, "visit": visit, "node": node_label(*nodes[i]),
-                         "layer": nodes[i][0], "head": nodes[i][1], "attribution": float(attribution[i]),
+                         "layer": nodes[i][0], "head": nodes[i][1], "rank": int(rank[i]),
+                         "attribution": float(attribution[i]),
                          "tried": tried, "dropped": bool(dropped), "faithfulness": float(current),
                          "nodes_kept": int(kept.sum())})
             visit += 1

@@ -48,7 +48,7 @@ import torch
 
 from arithmech.data.answers import answer_correct
 from arithmech.data.arithmetic import continuation_ids
-from arithmech.interp.discovery import MLP, all_nodes, faithfulness
+from arithmech.interp.discovery import MLP, all_nodes, faithfulness, ig_path
 from arithmech.interp.nodes import node_label
 from arithmech.interp.protocol import KINDS, POSITIONS, PRUNE_MEASURES, TAIL_MEASURES
 from arithmech.intervention.batching import COPIES_PER_FORWARD
@@ -506,18 +506,18 @@ class TailTrials:
         if self.positions != "tail":
             raise ValueError("layer-resumed trials (pruning) run on positions 'tail' only")
 
-    def attribution(self, steps: int = 8) -> np.ndarray:
+    def attribution(self, steps: int = 8, kept=None) -> np.ndarray:
         """Integrated gradients of the pruning measure (mean over items) for every node, gates at END and every
         answer position (`tail_gated`), alpha 0 -> 1 by the midpoint rule: [nodes], summing to about
-        m(M) - m(empty)."""
+        m(M) - m(empty). On circuit `kept` (bool [nodes], default the model) the nodes outside it stay ablated
+        (gate 0, attribution 0) and the attributions sum to about m(kept) - m(empty) (attribution recomputed as nodes
+        drop, `benchmarks/discover_order.py`)."""
         self._resumable()
-        if steps < 1:
-            raise ValueError(f"circuit.discover.ig_steps must be >= 1; got {steps}")
-        alphas = (torch.arange(steps, dtype=torch.float32) + 0.5) / steps
+        alphas, kept = ig_path(steps, kept, len(self.nodes))
         total = torch.zeros(len(self.nodes), dtype=torch.float64)
         for batch, prefix, _, reference in self.batches:
             b = len(batch.rows)
-            gates = alphas[:, None].repeat(1, len(self.nodes)).to(self.lm.device).requires_grad_()
+            gates = (alphas[:, None] * kept[None]).to(self.lm.device).requires_grad_()
             with torch.enable_grad():
                 inputs = end_copies(batch.enc, prefix.prefix, steps, tail=batch.T, room=0)
                 with tail_gated(self.lm, gates.repeat(b, 1), _repeat(self.values.rows(batch.rows, batch.T), steps),
@@ -527,7 +527,7 @@ class TailTrials:
                                   reference.repeat_interleave(steps, 0))[self.measure]
                 (grad,) = torch.autograd.grad(m.sum(), gates)
             total += grad.sum(0).double().cpu()
-        return (total / steps / self.n_items).numpy()
+        return (total * kept.double() / steps / self.n_items).numpy()
 
 
 # --------------------------------------------------------------------------------------------------- references
@@ -708,23 +708,24 @@ def sanity_checks(trials: TailTrials, *, draws: int = 20, seed: int = 0, strict:
 
 
 # --------------------------------------------------------------------------------------------------- CPR / CMD
-def share_circuits(attribution: np.ndarray, shares: Sequence[float] = SHARES) -> np.ndarray:
-    """Kept masks [len(shares), nodes]: the top ceil(share * nodes) nodes by attribution (ties by index)."""
-    n = len(attribution)
-    order = np.argsort(-np.asarray(attribution, dtype=float), kind="stable")
+def share_circuits(ranking: Sequence[int], shares: Sequence[float] = SHARES) -> np.ndarray:
+    """Kept masks [len(shares), nodes]: the top ceil(share * nodes) nodes of `ranking` (node indices, most
+    important first: `discovery.node_ranking`)."""
+    ranking = np.asarray(ranking, dtype=int)
+    n = len(ranking)
     masks = np.zeros((len(shares), n), dtype=bool)
     for i, s in enumerate(shares):
         if not 0 < s <= 1:
             raise ValueError(f"node shares must be in (0, 1]; got {s}")
-        masks[i, order[: int(np.ceil(s * n - 1e-9))]] = True
+        masks[i, ranking[: int(np.ceil(s * n - 1e-9))]] = True
     return masks
 
 
-def cpr_cmd(trials: TailTrials, attribution: np.ndarray, shares: Sequence[float] = SHARES) -> pd.DataFrame:
+def cpr_cmd(trials: TailTrials, ranking: Sequence[int], shares: Sequence[float] = SHARES) -> pd.DataFrame:
     """Faithfulness f of the pruning measure (and of each measure) and |1 - f| at each node share (MIB's CPR and
-    CMD curves: circuits of the top nodes by attribution): one row per share (share, n_nodes, f_<measure>,
+    CMD curves: circuits of the top nodes of `ranking`): one row per share (share, n_nodes, f_<measure>,
     dev_<measure>)."""
-    masks = share_circuits(attribution, shares)
+    masks = share_circuits(ranking, shares)
     n = len(trials.nodes)
     s = trials.scores(np.vstack([np.ones(n, dtype=bool), np.zeros(n, dtype=bool), masks]))
     rows = {"share": list(shares), "n_nodes": masks.sum(1).tolist()}

@@ -30,6 +30,17 @@ def _scored_pairs(pairs: pd.DataFrame, discover: dict, seed: int, where: str) ->
     return ident, val
 
 
+def _selection_pairs(pairs: pd.DataFrame, ident: pd.DataFrame, n: int, seed: int, where: str) -> pd.DataFrame | None:
+    """What the target is chosen on: a seeded draw of at most `n` identification pairs whose operands (a, b) the
+    pruning draw `ident` does not hold; None when every identification pair shares its operands with it."""
+    from arithmech.data.datasets import subsample
+
+    rest = split_pairs(pairs, "identification", where)
+    used = set(zip(ident["a"], ident["b"]))
+    rest = rest[[pair not in used for pair in zip(rest["a"], rest["b"])]]
+    return subsample(rest, n, seed) if len(rest) else None
+
+
 def _random_sets(curve_heads, mlps, *, n_layers, n_heads, draws, seed, label, offset: int = 900
                  ) -> list[sufficiency.CircuitSet]:
     """`draws` layer-matched random head sets of the circuit's size, disjoint from it, with its MLPs (mlps label
@@ -86,19 +97,20 @@ def _score(lm, scored, sets, targets, means, measure, batch_size, *, n_boot, see
 FLAG_GAP = 0.15  # the ablations' (and the old protocol's) full-answer faithfulness differing by more is flagged
 
 
-def _teacher_forced_columns(lm, validation: pd.DataFrame, val: pd.DataFrame, pool: tuple, sets, attribution, nodes,
+def _teacher_forced_columns(lm, validation: pd.DataFrame, val: pd.DataFrame, pool: tuple, sets, ranking, nodes,
                             discover: dict, seed: int, batch: int, sanity: bool = True
                             ) -> tuple[pd.DataFrame, pd.DataFrame | None, pd.DataFrame]:
-    """(the validation table with the teacher-forced protocol beside the old one, the CPR/CMD rows (None without an
-    attribution), the per-item values of `sets`); pool: (the identification items, their `tail_outputs`). Added
+    """(the validation table with the teacher-forced protocol beside the old one, the CPR/CMD rows (None without a
+    ranking), the per-item values of `sets`); pool: (the identification items, their `tail_outputs`). Added
     per set (`sufficiency.teacher_forced_table`): for each ablation, position set and measure the mean and the
     faithfulness with intervals, the sanity checks' values; and `tf_flag`: the two ablations' and the old
     protocol's full-answer faithfulness differ by more than FLAG_GAP. The CPR/CMD rows: one per node share
-    (curve 'share', node_share; the top nodes by the pruning's attribution), the teacher-forced columns only.
+    (curve 'share', node_share; the top nodes of the pruning's ranking, `discovery.node_ranking`), the
+    teacher-forced columns only.
     sanity: False skips the sanity checks (the union: `run_discover` ran them on the same pairs and pool)."""
     from arithmech.interp import teacher_forcing as tf
 
-    shares = tf.share_circuits(attribution) if attribution is not None else np.zeros((0, len(nodes)), dtype=bool)
+    shares = tf.share_circuits(ranking) if ranking is not None else np.zeros((0, len(nodes)), dtype=bool)
     share_sets = [sufficiency.CircuitSet("share", "share", int(m.sum()), -1,
                                          tuple(n for n, k in zip(nodes, m) if k and n[1] >= 0),
                                          tuple(n[0] for n, k in zip(nodes, m) if k and n[1] < 0)) for m in shares]
@@ -117,16 +129,93 @@ def _teacher_forced_columns(lm, validation: pd.DataFrame, val: pd.DataFrame, poo
                                     "faithfulness_full")], axis=1)
     out["tf_flag"] = (f.max(axis=1) - f.min(axis=1)) > FLAG_GAP
     rows = None
-    if attribution is not None:
+    if ranking is not None:
         rows = scored.iloc[len(sets):].reset_index(drop=True).assign(node_share=list(tf.SHARES),
                                                                       n=int(scored["tf_n_items"].iloc[0]),
                                                                       split="validation")
     return out, rows, per_item[per_item["set_index"] < len(sets)]
 
 
+def _correct_by_kind(lm, items, pool, pool_outputs, masks, *, seed: int, batch: int, trials=None) -> dict:
+    """Teacher-forced correctness of circuits `masks` (bool [c, nodes]) on `items` under each ablation kind:
+    {kind: [c, n_items]}, values from the identification `pool`. trials: a `TailTrials` on these items whose prefix
+    caches (and its own kind's values) are reused. Items drawn from the pool itself may lack a resample donor (a
+    pool with no other prompt of their template and length): that kind's values are then NaN, with a warning."""
+    from arithmech.interp import teacher_forcing as tf
+
+    out = {}
+    for kind in protocol.KINDS:
+        if trials is not None and trials.values.kind == kind:
+            on = trials
+        else:
+            try:
+                values = tf.ablation_values(lm, items, pool, kind, seed=seed, batch_size=batch,
+                                            pool_outputs=pool_outputs)
+            except ValueError as err:
+                warnings.warn(f"no {kind} ablation on the identification pairs pruned on ({err}): their "
+                              f"tf_{kind}_correct_identification is NaN", stacklevel=2)
+                out[kind] = np.full((len(masks), len(items)), np.nan)
+                continue
+            on = trials.with_values(values) if trials is not None else tf.TailTrials(lm, items, values,
+                                                                                     batch_size=batch)
+            trials = trials if trials is not None else on
+        out[kind] = on.scores(masks)["correct"]
+    return out
+
+
+def _fitted(correct: dict) -> dict:
+    """Full-answer faithfulness {kind: [c - 2]} of every circuit after the model and the empty circuit (the first
+    two rows of each [c, n_items] of `correct`), NaN where the two agree."""
+    from arithmech.interp.discovery import faithfulness
+
+    out = {}
+    for kind, values in correct.items():
+        acc = values.mean(1)
+        out[kind] = faithfulness(acc[2:], acc[0], acc[1]) if acc[0] != acc[1] else np.full(len(acc) - 2, np.nan)
+    return out
+
+
+ORDER_FLAG_COLUMNS = {kind: f"faithfulness_tf_{kind}_tail_correct" for kind in protocol.KINDS}
+
+
+def order_flag(task: str, validation: pd.DataFrame, circuits: pd.DataFrame, names: list[str]) -> str:
+    """The run-time check of the ranking (`discovery.node_ranking`): '' when no scored circuit beats its CPR
+    curve; else one sentence per circuit (rows of `circuits`, named `names`) whose full-answer faithfulness
+    interval lies above the curve (`validation`'s rows with curve 'share') at the next share holding at least its
+    nodes, under either ablation, with the numbers. Such a circuit is a better answer at that size than the
+    ranking's own prefix: the ranking misses it."""
+    curve = validation[validation["curve"] == "share"]
+    if not len(curve):
+        return ""
+    curve = curve.assign(size=curve["n_heads"] + curve["n_mlps"]).sort_values("size", kind="stable")
+    flags = []
+    for name, (_, row) in zip(names, circuits.iterrows()):
+        size = int(row["n_heads"] + row["n_mlps"])
+        point = curve[curve["size"] >= size]
+        if not len(point):
+            continue
+        point = point.iloc[0]
+        for kind, column in ORDER_FLAG_COLUMNS.items():
+            low, value = row.get(f"{column}_low", np.nan), point.get(column, np.nan)
+            if pd.notna(low) and pd.notna(value) and low > value:
+                flags.append(f"{task}: the {name} ({size} nodes) keeps {row[column]:.2f} [{low:.2f}, "
+                             f"{row[column + '_high']:.2f}] of full answers ({kind}), above the ranking's top "
+                             f"{point['node_share']:.0%} ({int(point['size'])} nodes) at {value:.2f}")
+    return "; ".join(flags)
+
+
+def _circuits_of(validation: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
+    """The circuits of one operator's validation table that its order check reads: every target's discovered
+    circuit and the key circuit, with their names."""
+    rows = validation[(validation["curve"] == "discovered") | (validation["curve"] == "key")]
+    names = [f"circuit at target {t:g}" if c == "discovered" else "key circuit"
+             for c, t in zip(rows["curve"], rows["target"])]
+    return rows, names
+
+
 def choose_target(table: pd.DataFrame, min_full_share: float) -> tuple[float, bool]:
     """(target, whether one reached the share): the smallest target whose circuit keeps at least `min_full_share`
-    of the full model's full-answer accuracy on the identification pairs (`full_share`), else the largest."""
+    of the full model's full-answer accuracy on the selection pairs (`full_share`), else the largest."""
     ok = table[table["full_share"] >= min_full_share]
     if len(ok):
         return float(ok["target"].min()), True
@@ -136,17 +225,18 @@ def choose_target(table: pd.DataFrame, min_full_share: float) -> tuple[float, bo
 def run_discover(*, model: str, task: str, model_dir, pairs_path, cache_path, effects_path, key_path, discover: dict,
                  compute: dict, seed: int, out_table, out_path, out_validation, out_items, out_added) -> None:
     """Discover one operator's circuit at every `discover["targets"]` on a seeded draw of its identification pairs
-    (`discovery.prune`, visits ordered by `EndTrials.attribution`), choose the target (`choose_target`, on those
-    pairs), and score every target's circuit on a seeded draw of its validation pairs against the key circuit (key
-    heads, key MLPs), `random_draws` layer-matched random head sets of its size (its MLPs) and its size's top heads
-    by effect (its MLPs), with cluster-bootstrap intervals. Writes the circuits (`out_table`), the pruning path
-    (`out_path`), the validation faithfulness (`out_validation`) with its per-item values (`out_items`), and the added
-    heads' direct effects and END attention by token role (`out_added`)."""
+    (`discovery.prune` along `discovery.node_ranking`), choose the target (`choose_target`, on a seeded draw of
+    `selection_samples` identification pairs with other operands: `_selection_pairs`), and score every target's circuit
+    on a seeded draw of its validation pairs against the key circuit (key heads, key MLPs), `random_draws` layer-matched
+    random head sets of its size (its MLPs) and its size's top heads by effect (its MLPs), with cluster-bootstrap
+    intervals. Writes the circuits (`out_table`), the pruning path (`out_path`), the validation faithfulness
+    (`out_validation`) with its per-item values (`out_items`), and the added heads' direct effects and END attention by
+    token role (`out_added`)."""
     from safetensors.torch import load_file
 
     from arithmech.interp import teacher_forcing as tf
     from arithmech.interp.activations import cache_means
-    from arithmech.interp.discovery import MLP, EndTrials, all_nodes, prune
+    from arithmech.interp.discovery import MLP, EndTrials, all_nodes, node_ranking, prune
     from arithmech.model.loading import load_stage_model, stage_meta
 
     lm = load_stage_model(model_dir, compute)
@@ -173,23 +263,36 @@ def run_discover(*, model: str, task: str, model_dir, pairs_path, cache_path, ef
     else:  # the old reference: the first answer token at END, the END mean of the counterfactuals
         trials = EndTrials(lm, list(ident["prompt"]), ident["answer_token_id"].to_numpy(), means, measure=measure,
                            batch_size=max(batch, len(ident)))
-    attribution = trials.attribution(discover["ig_steps"])
+    ranking, attribution = node_ranking(trials, discover["ig_steps"])
     max_trials = discover["max_trials"] if lm.n_layers * lm.n_heads >= discover["max_trials"] else None
-    pruned, path = prune(trials, targets, attribution=attribution, max_trials=max_trials,
+    pruned, path = prune(trials, targets, ranking=ranking, attribution=attribution, max_trials=max_trials,
                          max_passes=discover["max_passes"], two_sided=teacher_forced)
     seconds = time.perf_counter() - start
 
-    # full-answer accuracy kept on the identification pairs: what the target is chosen on
+    # full-answer accuracy kept on held-out identification pairs: what the target is chosen on
+    select = _selection_pairs(pairs, ident, discover["selection_samples"], seed, str(pairs_path))
+    if select is None:
+        warnings.warn(f"{task}: every identification pair shares its operands with the {len(ident)} pruned on: the "
+                      "target is chosen on the pruning pairs (circuit.discover.max_samples, selection_samples)",
+                      stacklevel=2)
     every = tuple((l, h) for l, h in nodes if h != MLP)
     found = [sufficiency.CircuitSet("discovered", "discovered", len(p.heads(nodes)), -1, tuple(p.heads(nodes)),
                                     tuple(p.mlps(nodes))) for p in pruned]
     base = [sufficiency.CircuitSet("model", "all", len(every), -1, every, tuple(range(lm.n_layers))),
             sufficiency.CircuitSet("empty", "none", 0, -1, (), ())]
+    fitted = {}  # the circuits' full-answer faithfulness on the pairs they were pruned on, per ablation
     if teacher_forced:  # teacher-forced correctness: greedy full answers under the same per-position values
-        on_ident = trials.scores(sufficiency.kept_masks(base + found, nodes))["correct"].mean(1)
+        masks = sufficiency.kept_masks(base + found, nodes)
+        correct = _correct_by_kind(lm, prune_items, pool, pool_outputs, masks, seed=seed, batch=batch, trials=trials)
+        on_ident, fitted = correct[discover["tf_ablation"]].mean(1), _fitted(correct)
+        if select is not None:
+            select_items = tf.build_items(lm, select, batch_size=batch)
+            on_ident = tf.TailTrials(lm, select_items, tf.ablation_values(
+                lm, select_items, pool, discover["tf_ablation"], seed=seed, batch_size=batch,
+                pool_outputs=pool_outputs), batch_size=batch).scores(masks)["correct"].mean(1)
     else:
-        on_ident = sufficiency.score_sets(lm, ident, base + found, means=means, positions="end",
-                                          batch_size=batch)["full"].mean(1)
+        on_ident = sufficiency.score_sets(lm, ident if select is None else select, base + found, means=means,
+                                          positions="end", batch_size=batch)["full"].mean(1)
     table = pd.DataFrame({
         # measure: the END protocol's (its faithfulness_measure columns); pruned_on: what `faithfulness` is of
         "task": task, "target": targets, "measure": discover["measure"], "protocol": discover["protocol"],
@@ -201,15 +304,17 @@ def run_discover(*, model: str, task: str, model_dir, pairs_path, cache_path, ef
         "full_accuracy": on_ident[2:], "model_full_accuracy": on_ident[0],
         "full_share": on_ident[2:] / on_ident[0] if on_ident[0] > 0 else np.nan,
         "minimal": [p.minimal for p in pruned], "trials": [p.trials for p in pruned], "seconds": seconds,
-        "n_identification": len(ident),
+        "n_identification": len(ident), "n_selection": len(ident if select is None else select),
+        "selected_on": "pruning pairs" if select is None else "held-out identification pairs",
+        **{f"tf_{kind}_correct_identification": f for kind, f in fitted.items()},
     })
     chosen, reached = choose_target(table, discover["min_full_share"])
     if not reached:
         why = (" (the full model answers none of them in full)" if on_ident[0] == 0 else
                f" (the circuits keep {', '.join(f'{x:.0%}' for x in table['full_share'])})")
         warnings.warn(f"{task}: no target's circuit keeps {discover['min_full_share']:.0%} of the full model's "
-                      f"full-answer accuracy on the identification pairs{why} (circuit.discover.min_full_share); "
-                      f"taking the largest target, {chosen}", stacklevel=2)
+                      f"full-answer accuracy on the {table['selected_on'].iloc[0]}{why} "
+                      f"(circuit.discover.min_full_share); taking the largest target, {chosen}", stacklevel=2)
     table["chosen"] = table["target"] == chosen
     table["share_reached"] = reached
 
@@ -237,7 +342,7 @@ def run_discover(*, model: str, task: str, model_dir, pairs_path, cache_path, ef
     share_rows = None
     if teacher_forced:
         validation, share_rows, tf_items = _teacher_forced_columns(lm, validation, val, (pool, pool_outputs), sets,
-                                                                   attribution, nodes, discover, seed, batch)
+                                                                   ranking, nodes, discover, seed, batch)
         items = sufficiency.with_set_columns(items, len(sets), tf_items)
         for kind in protocol.KINDS:  # what a verdict reading the items needs beside them: the failed sanity checks
             items[f"sanity_{kind}_failed"] = validation[f"sanity_{kind}_failed"].iloc[0]
@@ -254,6 +359,9 @@ def run_discover(*, model: str, task: str, model_dir, pairs_path, cache_path, ef
     validation["chosen"] = validation["target"] == chosen
     if share_rows is not None:
         validation = pd.concat([validation, share_rows.assign(task=task, chosen=False)], ignore_index=True)
+        flag = order_flag(task, validation, *_circuits_of(validation))
+        if flag:
+            warnings.warn(f"the CPR curve's ranking is beaten by a scored circuit: {flag}", stacklevel=2)
     added = _added_heads(lm, val, table, key_set, effects, batch)
 
     meta = stage_meta(model_dir, "discover", task=task, discover=discover, seed=seed, key_heads=len(key_heads),
@@ -353,20 +461,34 @@ def _tf_summary(items: pd.DataFrame, boot: dict, sanity: dict | None = None) -> 
     return row
 
 
+def _gap(row: dict, fitted: dict) -> dict:
+    """tf_<kind>_correct_identification (`fitted`: the circuit's full-answer faithfulness on the pairs it was
+    pruned on) and tf_<kind>_gap: that minus its validation faithfulness (tf_<kind>_correct); NaN where either is
+    missing (the END protocol)."""
+    out = {}
+    for kind in protocol.KINDS:
+        fit = float(fitted.get(kind, np.nan))
+        out[f"tf_{kind}_correct_identification"] = fit
+        out[f"tf_{kind}_gap"] = fit - float(row.get(f"tf_{kind}_correct", np.nan))
+    return out
+
+
 def task_summary(task: str, table: pd.DataFrame, validation: pd.DataFrame, items: pd.DataFrame, *, n_nodes: int,
                  discover: dict, seed: int) -> list[dict]:
     """The summary rows of one operator, one per target (`run_discover`'s tables)."""
     rows = []
     key = validation[validation["curve"] == "key"]
     model_full = float(validation.loc[validation["curve"] == "model", "full"].iloc[0])
+    flag = order_flag(task, validation, *_circuits_of(validation))
     for _, circuit in table.iterrows():
         target = circuit["target"]
         scored = validation[(validation["curve"] == "discovered") & (validation["target"] == target)].iloc[0]
         mine = items[items["curve"].isin(["model", "empty"]) | (items["target"] == target)]
-        rows.append(_summary_row(task, target, bool(circuit["chosen"]), scored, key.iloc[0] if len(key) else None,
-                                 mine, n_nodes, circuit["measure"], discover, seed, model_full)
+        row = _summary_row(task, target, bool(circuit["chosen"]), scored, key.iloc[0] if len(key) else None, mine,
+                           n_nodes, circuit["measure"], discover, seed, model_full)
+        rows.append(row | _gap(row, {k: circuit.get(f"tf_{k}_correct_identification", np.nan) for k in protocol.KINDS})
                     # False: no target kept min_full_share on the identification pairs, the largest was chosen
-                    | {"share_reached": bool(circuit.get("share_reached", True))})
+                    | {"share_reached": bool(circuit.get("share_reached", True)), "cpr_order_flag": flag})
     # reported, never chosen on: the smallest target whose circuit keeps min_full_share on validation pairs
     keeps = [r["target"] for r in rows if r["full_share"] >= discover["min_full_share"]]
     for r in rows:
@@ -412,18 +534,27 @@ def run_discover_union(*, model: str, model_dir, tasks: list[str], pairs_paths, 
                           draws=discover["random_draws"], seed=seed, label="discovered")]
     targets = np.full(len(sets), np.nan)
     boot = {"n_boot": discover["bootstrap"], "seed": seed, "confidence": discover["confidence"]}
-    blocks, all_items, constants = [], [], []
+    blocks, all_items, constants, fitted, flags = [], [], [], [], []
+    nodes, batch = all_nodes(lm.n_layers, lm.n_heads), compute["batch_size"]
     for task, pairs_path, cache_path, val_path in zip(tasks, pairs_paths, cache_paths, validation_paths, strict=True):
         pairs = pd.read_parquet(pairs_path)
-        _, val = _scored_pairs(pairs, discover, seed, str(pairs_path))
+        ident, val = _scored_pairs(pairs, discover, seed, str(pairs_path))
         means = cache_means(load_file(str(cache_path)), "end")
-        table, items = _score(lm, val, sets, targets, means, measure, compute["batch_size"], **boot)
+        table, items = _score(lm, val, sets, targets, means, measure, batch, **boot)
         if discover["protocol"] == "teacher_forced":  # the union on the protocol its parts were pruned on
-            pool = tf.build_items(lm, split_pairs(pairs, "identification", str(pairs_path)),
-                                  batch_size=compute["batch_size"], outputs=True)
-            table, _, tf_items = _teacher_forced_columns(
-                lm, table, val, (pool, tf.tail_outputs(lm, pool, compute["batch_size"])), sets, None,
-                all_nodes(lm.n_layers, lm.n_heads), discover, seed, compute["batch_size"], sanity=False)
+            pool = tf.build_items(lm, split_pairs(pairs, "identification", str(pairs_path)), batch_size=batch,
+                                  outputs=True)
+            pool_outputs = tf.tail_outputs(lm, pool, batch)
+            table, _, tf_items = _teacher_forced_columns(lm, table, val, (pool, pool_outputs), sets, None, nodes,
+                                                         discover, seed, batch, sanity=False)
+            # the union on the pairs its parts were pruned on (the gap's identification side): model, empty, union
+            fitted.append(_correct_by_kind(lm, tf.build_items(lm, ident, batch_size=batch), pool, pool_outputs,
+                                           sufficiency.kept_masks(sets[:2] + [union], nodes), seed=seed,
+                                           batch=batch))
+            mine = table[table["curve"].isin(["discovered", "key"])]
+            flags.append(order_flag(task, pd.read_parquet(val_path), mine,
+                                    ["union" if c == "discovered" else "union of the key circuits"
+                                     for c in mine["curve"]]))
             items = sufficiency.with_set_columns(items, len(sets), tf_items)
             # the sanity checks depend on the pairs, the pool and the seed only, the same as run_discover's: its
             # values, not a second run of them
@@ -462,8 +593,13 @@ def run_discover_union(*, model: str, model_dir, tasks: list[str], pairs_paths, 
                                                       if column in b and str(b[column].iloc[0])))
     key_row = pooled[pooled["curve"] == "key"].iloc[0]
     model_full = float(pooled.loc[pooled["curve"] == "model", "full"].iloc[0])
-    rows.append(_summary_row("union", np.nan, True, circuit_row, key_row, items, n_nodes, measure, discover, seed,
-                             model_full) | {"smallest_target_validation": np.nan, "share_reached": np.nan})
+    row = _summary_row("union", np.nan, True, circuit_row, key_row, items, n_nodes, measure, discover, seed,
+                       model_full)
+    # pooled over operators: each operator's pruning pairs, per-item correctness side by side
+    pooled_fit = _fitted({k: np.concatenate([f[k] for f in fitted], 1) for k in protocol.KINDS}) if fitted else {}
+    rows.append(row | _gap(row, {k: v[0] for k, v in pooled_fit.items()})
+                | {"smallest_target_validation": np.nan, "share_reached": np.nan,
+                   "cpr_order_flag": "; ".join(f for f in flags if f)})
     meta = stage_meta(model_dir, "discover_union", tasks=tasks, discover=discover, seed=seed)
     write_parquet(validation, out_validation, meta)
     write_parquet(pd.DataFrame(rows), out_summary, meta)
