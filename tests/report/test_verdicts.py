@@ -831,6 +831,25 @@ def test_a_failed_sanity_check_makes_every_row_on_that_ablation_inconclusive():
     assert verdicts.failed_checks(None, ("resample", "mean")) == {}
 
 
+def test_a_failed_check_on_a_model_that_answers_nothing_leaves_the_row_not_measured():
+    """Nothing to read (the full model gets no item right: every faithfulness 0/0) stays "not measured" when a check
+    failed too (the tiny workflow's random model); the note still names the check. Measured, it is inconclusive."""
+    items = tf_circuit_items(0.95, 0.1, failed=FAILED)
+    for kind in ("resample", "mean"):
+        items[f"tf_{kind}_tail_correct"] = 0.0
+    row = verdicts.circuit_sufficient({"addition": None}, CFG, seed=0, teacher_forced={"addition": items})[1]
+    assert row["verdict"] == "not measured" and "'one node ablated'" in row["note"]
+    measured = verdicts.circuit_sufficient({"addition": None}, CFG, seed=0,
+                                           teacher_forced={"addition": tf_circuit_items(0.95, 0.1, failed=FAILED)})
+    assert measured[1]["verdict"] == "inconclusive"
+    nan = {c: math.nan for c in tf_columns() if c.startswith("tf_") and not c.endswith("sanity_failed")
+           and c != "tf_n_items"}
+    summary = discover_summary("addition", [tf_columns(tf_resample_sanity_failed=FAILED, tf_mean_sanity_failed="")
+                                            | nan])
+    faithful = {r["scope"]: r for r in verdicts.circuit_faithful(summary, CFG)}["addition"]
+    assert faithful["verdict"] == "not measured" and "'one node ablated'" in faithful["note"]
+
+
 def test_the_scorecard_carries_the_discover_rules_checks_to_the_path_cuts():
     """`scorecard` reads the failed checks of the discover rule's per-item tables into heads_via_mlps."""
     items = tf_circuit_items(0.95, 0.1, failed=FAILED)

@@ -618,7 +618,9 @@ def _tf_sufficient_row(task: str, end: pd.DataFrame, kinds: list[str], cfg: dict
     r = pd.Series(r | {f"tf_{k}_sanity_failed": msg for k, msg in failed.items()})
     per_kind = {k: tf_faithful_verdict(r, k, cfg) for k in kinds}
     verdict = "inconclusive" if len(set(per_kind.values())) > 1 else next(iter(per_kind.values()))
-    if failed or (verdict == "holds" and (n < TF_MIN_PAIRS or len(kinds) < 2)):
+    # a failed check makes a measured row inconclusive; a row with nothing measured (e.g. a model that answers no
+    # item right) stays "not measured", its note naming the check
+    if (failed and verdict != "not measured") or (verdict == "holds" and (n < TF_MIN_PAIRS or len(kinds) < 2)):
         verdict = "inconclusive"
     note = [sanity_note(failed)] if failed else []
     note.append(f"{n} validation pairs" + (f", fewer than the {TF_MIN_PAIRS} the rule asks for" if n < TF_MIN_PAIRS
@@ -908,7 +910,9 @@ def _tf_faithful_row(task: str, r: pd.Series, fallback: bool, rule: str, kinds: 
     n = int(r["tf_n_items"]) if "tf_n_items" in r and not display.missing(r["tf_n_items"]) else int(r["n_items"])
     per_kind = {k: tf_faithful_verdict(r, k, cfg) for k in kinds}
     failed, gaps = failed_checks(r, kinds), fit_gaps(r, kinds, cfg)
-    if failed or gaps:  # the circuit and its numbers rest on an ablation that failed, or on too few pairs
+    if set(per_kind.values()) == {"not measured"}:  # nothing to read, whatever the checks said (the note names them)
+        verdict = "not measured"
+    elif failed or gaps:  # the circuit and its numbers rest on an ablation that failed, or on too few pairs
         verdict = "inconclusive"
     elif r["share"] > cfg["max_circuit_share"]:
         verdict = "does not hold"
