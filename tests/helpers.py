@@ -1,8 +1,9 @@
-"""What test modules of several folders share and that is not a fixture (the fixtures are in conftest.py): the
-repository root, the smoke configuration and a Snakemake runner on a copy of the project, a fresh checkout and a
-user's own profile, a prepared model's folder, the stage tests' tiny prompts and model preparation, the findings
-tests' example tables, the prompt config, a hook counter, the distributed tests' ranks and what `make docs` must do
-on a results tree. Test modules import it as `helpers` (pytest puts tests/ on the path: pyproject.toml)."""
+"""What test modules share and that is not a fixture (the fixtures are in conftest.py): the repository root, the
+smoke configuration and a Snakemake runner on a copy of the project, a fresh checkout and a user's own profile, a
+prepared model's folder, a tiny GGUF file, the stage tests' tiny prompts and model preparation, the findings tests'
+example tables, the prompt config, a hook counter, the distributed tests' ranks and what `make docs` must do on a
+results tree. Test modules import it as `helpers` (pytest puts tests/ on the path: pyproject.toml); no test module
+imports another (tests/project/test_test_imports.py)."""
 
 from __future__ import annotations
 
@@ -99,6 +100,25 @@ def prepared_model_dir(tiny_dir, tmp_path):
     model_dir.mkdir()
     (model_dir / "source.json").write_text(json.dumps({"source": {"path": str(tiny_dir)}, "load_from": str(tiny_dir)}))
     return model_dir
+
+
+def tiny_gguf(path, arch: str, shapes=((8, 4), (4,))):
+    """A GGUF file written with the gguf package's writer: architecture `arch`, a vocabulary (an array of strings
+    and one of floats, as a real file has), float32 tensors of `shapes`."""
+    import gguf
+    import numpy as np
+
+    writer = gguf.GGUFWriter(str(path), arch=arch)
+    writer.add_block_count(1)
+    writer.add_token_list([f"t{i}" for i in range(300)])
+    writer.add_token_scores([0.5] * 300)
+    for i, shape in enumerate(shapes):
+        writer.add_tensor(f"blk.0.w{i}.weight", np.ones(shape, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
 
 
 # The stage tests' prompts and compute settings (prepare_tiny; tests/stages, tests/interp)

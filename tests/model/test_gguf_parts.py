@@ -19,7 +19,7 @@ from arithmech.config import validate_config
 from arithmech.model import loading
 from arithmech.model.loading import ModelSourceError, assemble_parts, prepare_model
 from arithmech.model.tiny import build_tiny_model
-from helpers import ROOT
+from helpers import ROOT, tiny_gguf
 
 GEMMA_CONFIG = ROOT / "configs/gemma3-270m.yaml"
 
@@ -47,8 +47,6 @@ def install_parts(site: Path, data: bytes, n: int, name: str = "fake-gguf") -> l
 @pytest.fixture
 def gguf_parts(tmp_path, monkeypatch):
     """(parts, the whole file's bytes, its sha256, site): a small llama GGUF in three installed packages."""
-    from test_loading import tiny_gguf
-
     whole = tiny_gguf(tmp_path / "whole.gguf", "llama").read_bytes()
     site = tmp_path / "site"
     site.mkdir()
@@ -119,8 +117,6 @@ def test_a_missing_part_or_a_wrong_whole_is_refused(tmp_path, monkeypatch, gguf_
 def test_a_gemma3_gguf_passes_the_header_check_and_others_are_named(tmp_path):
     """The header check asks the architecture table: a "gemma3" GGUF (loaded by transformers as gemma3_text) and a
     "qwen2" one pass; a "gpt2" one is refused, naming the supported GGUF architectures."""
-    from test_loading import tiny_gguf
-
     loading.check_gguf(tiny_gguf(tmp_path / "g.gguf", "gemma3"))
     loading.check_gguf(tiny_gguf(tmp_path / "q.gguf", "qwen2"))
     with pytest.raises(ModelSourceError, match="GGUF architecture 'gpt2' is not supported; supported: llama, qwen2"):

@@ -30,6 +30,7 @@ from arithmech.model.loading import (
     resolve_dtype,
 )
 from arithmech.model.tiny import build_tiny_tokenizer
+from helpers import tiny_gguf
 
 # ---------------------------------------------------------------------------------------------------
 # load_model and the adapter
@@ -264,25 +265,6 @@ def test_prepare_package_wrong_sha256_fails_before_loading(tmp_path, monkeypatch
     assert "00" * 32 in str(err.value)
     assert loaded == []
     assert list(tmp_path.iterdir()) == []
-
-
-def tiny_gguf(path, arch: str, shapes=((8, 4), (4,))):
-    """A GGUF file written with the gguf package's writer: architecture `arch`, a vocabulary (an array of strings
-    and one of floats, as a real file has), float32 tensors of `shapes`."""
-    import gguf
-    import numpy as np
-
-    writer = gguf.GGUFWriter(str(path), arch=arch)
-    writer.add_block_count(1)
-    writer.add_token_list([f"t{i}" for i in range(300)])
-    writer.add_token_scores([0.5] * 300)
-    for i, shape in enumerate(shapes):
-        writer.add_tensor(f"blk.0.w{i}.weight", np.ones(shape, dtype=np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
 
 
 def test_gguf_header_is_read_without_its_tensors(tmp_path):

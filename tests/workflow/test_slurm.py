@@ -23,21 +23,29 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 
 from arithmech.model.tiny import build_tiny_model
 from arithmech.tools.cluster import CPU_JOB
-from arithmech.tools.rehearsal import hub_layout, submissions
-from helpers import ROOT, fresh_checkout, tiny_config, user_profile
+from arithmech.tools.rehearsal import submissions
+from helpers import fresh_checkout, user_profile
 from slurm import cluster
+from slurm.runs import (
+    JOB_WAIT_S,
+    MEM_MB,
+    RUN_TIMEOUT_S,
+    RUNTIME,
+    snakemake_cmd,
+    where_jobs_go,
+    workflow_env,
+    write_config,
+)
 
 pytestmark = pytest.mark.slow  # real jobs on a real scheduler: make test-fast leaves these out
 
-# What the model's jobs ask for. The `finetune` block (rules finetune and study_train) asks for less than its jobs
-# need at the first attempt, and twice that (the retry after OUT_OF_MEMORY) is enough: measured here, sacct's
-# MaxRSS of a finetune job was 482 MB in its step (its snakemake and the job's Python with torch) and 132 MB in the
-# batch step (bash and srun), about 615 MB together in the job's memory cgroup.
-MEM_MB, RUNTIME = 3000, 10
+# The `finetune` block (rules finetune and study_train) asks for less than its jobs need at the first attempt, and
+# twice that (the retry after OUT_OF_MEMORY) is enough: measured here, sacct's MaxRSS of a finetune job was 482 MB in
+# its step (its snakemake and the job's Python with torch) and 132 MB in the batch step (bash and srun), about 615 MB
+# together in the job's memory cgroup. The model's other jobs ask for slurm.runs' MEM_MB and RUNTIME.
 FINETUNE_MB = 450
 # The GPU jobs as Slurm sees them: a rule's own jobs, or the SLURM profile's group jobs (workflow/profiles/slurm:
 # `groups`), each of these once in the run of one operator, its jobs one after the other (runtime: their sum).
@@ -54,60 +62,11 @@ CPU_RULES = {"aggregate_effects", "plot_effects", "summarize_key_components", "p
              "plot_analysis", "plot_circuit", "plot_discover", "summarize_eval", "study_items", "study_select",
              "study_summary", "claims", "findings", "plot_edge_curve"}
 LOCAL_RULES = {"prepare_model", "fetch_dataset"}  # downloads stay on the submitting host
-# A job's wait for a scheduler that also runs other work (make rehearsal shares this node), and a run's: guards
-# against a hang only (the whole DAG takes 13 min here beside a second pytest worker; CI's machine can be slower).
-JOB_WAIT_S, RUN_TIMEOUT_S = 900, 3600
 # An exported Hugging Face token in the submitting shell (arithmech.tools.hub_token keeps it from the jobs).
 MARKER = "hf_arithmechMarkerNotARealToken0123"
 # How long the run may take to notice a cancelled job: the plugin checks 1 s after the last job that finished, then
 # 10 s longer each time (1, 12, 33, 64 s), so by 90 s it has read sacct four times.
 CANCEL_NOTICED_S = 90
-
-
-def snakemake_cmd(work: Path, *args: str) -> list[str]:
-    return [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "--directory", str(work),
-            "--workflow-profile", str(ROOT / "workflow/profiles/slurm"),
-            "--slurm-init-seconds-before-status-checks", "1", "--seconds-between-status-checks", "1", *args]
-
-
-def workflow_env(slurm, **variables: str) -> dict[str, str]:
-    """The cluster's client environment with this Python first on PATH (the jobs' own snakemake); `variables`
-    added."""
-    env = {name: value for name, value in slurm.env.items()
-           if not (name.startswith("SLURM_") and name != "SLURM_CONF")}  # nothing of an enclosing job
-    env.update(PATH=f"{Path(sys.executable).parent}:{env['PATH']}", PYTHONHASHSEED="0", HF_HUB_OFFLINE="1",
-               HF_DATASETS_OFFLINE="1", **variables)
-    return env
-
-
-def where_jobs_go(slurm, *, cpu_partition: bool, **settings) -> dict:
-    """The configuration's `slurm` block: the test cluster's account and GPU partition, its CPU partition only with
-    `cpu_partition`; `settings` override."""
-    out = {"account": slurm.account, "partition": slurm.partition}
-    if cpu_partition:
-        out["cpu_partition"] = slurm.cpu_partition
-    return out | settings
-
-
-def write_config(work: Path, model_dir: Path, slurm: dict | None = None, **resources) -> dict:
-    """The tiny model's configuration in `work/config.yaml`, with `slurm` as its `slurm` block (None: none) and
-    `resources` over the model's."""
-    config = tiny_config(model_dir)
-    if slurm is not None:
-        config["slurm"] = slurm
-    config["run"]["tasks"] = ["addition"]
-    config["finetune"]["methods"] = ["precise"]  # base and precise
-    config["evaluation"]["datasets"] = ["gsm8k", "mmlu"]  # a vendored set and one fetched (fetch_dataset)
-    config["evaluation"]["mmlu"] = {"hub": hub_layout(work / "hub")["mmlu"], "n": 3}
-    config["study"].update(arms=["precise", "full"], seeds={}, random_draws=1)  # every study rule, few jobs
-    config["study"]["lr_grid"]["precise"] = [1e-3]
-    config["models"]["tiny"]["resources"] = {"gpus": 1, "mem_mb": MEM_MB, "runtime": RUNTIME, **resources}
-    # the test Slurm's GPUs are names (/dev/null): its GPU jobs compute on the CPU, asked for (`device: auto` stops a
-    # job that asked for GPUs and sees none)
-    config["compute"]["device"] = "cpu"
-    work.mkdir(parents=True, exist_ok=True)
-    (work / "config.yaml").write_text(yaml.safe_dump(config))
-    return config
 
 
 def recorded(slurm, log: str) -> dict[str, list[dict[str, str]]]:

@@ -13,7 +13,6 @@ matters). Its 2-GPU job asks for 1 CPU a GPU: the test node has 2 CPUs."""
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import yaml
@@ -22,9 +21,7 @@ from arithmech.model.tiny import build_tiny_model
 from arithmech.tools import cluster
 from arithmech.tools.rehearsal import slurm_seconds, submissions
 from helpers import ROOT
-
-sys.path.insert(0, str(Path(__file__).parent))
-from test_slurm import JOB_WAIT_S, snakemake_cmd, where_jobs_go, workflow_env, write_config  # noqa: E402
+from slurm.runs import JOB_WAIT_S, snakemake_cmd, where_jobs_go, workflow_env, write_config
 
 pytestmark = pytest.mark.slow  # real jobs on a real scheduler
 

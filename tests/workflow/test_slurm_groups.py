@@ -3,64 +3,22 @@ through the real SLURM executor plugin on the test suite's real one-node Slurm: 
 with the largest memory and the summed runtime of its jobs, which run in it one at a time; when one of them fails,
 the whole group runs again, each job asking for what helps it (arithmech.tools.cluster.attempt_resources).
 
-A small workflow of its own (`SNAKEFILE`): three independent jobs made of the pieces the workflow's model rules are
-made of (their resources from `arithmech.tools.cluster` as workflow/rules/common.smk gives them, `arithmech.jobs.job`
-around the script), grouped as the profile groups the knockout's jobs (`--groups step=steps --group-components
-steps=3 --set-resources step:gpu_slot=1`)."""
+A small workflow (slurm.runs.steps_snakefile): three independent jobs made of the pieces the workflow's model rules
+are made of (their resources from `arithmech.tools.cluster` as workflow/rules/common.smk gives them,
+`arithmech.jobs.job` around the script), grouped as the profile groups the knockout's jobs (`--groups step=steps
+--group-components steps=3 --set-resources step:gpu_slot=1`)."""
 
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from arithmech.tools.rehearsal import submissions
 from helpers import ROOT
-
-sys.path.insert(0, str(Path(__file__).parent))
-from test_slurm import JOB_WAIT_S, workflow_env  # noqa: E402
+from slurm.runs import JOB_WAIT_S, STEP_MEM_MB, STEP_RUNTIME, steps_snakefile, workflow_env
 
 pytestmark = pytest.mark.slow  # real jobs on a real scheduler
-
-MEM_MB, RUNTIME = 500, 5
-
-SNAKEFILE = """
-import sys
-sys.path.insert(0, {src!r})  # the checkout's package, as the workflow's Snakefile does
-
-from arithmech.tools import cluster
-
-MODEL = {{"gpus": 1, "mem_mb": {mem_mb}, "runtime": {runtime}}}
-
-
-def value(key):
-    def get(wildcards, attempt):  # as workflow/rules/common.smk's model_job_resources
-        log = f"logs/step_{{wildcards.i}}.log"
-        first = cluster.job_resources(MODEL, "knockout")
-        return cluster.rule_resources(cluster.attempt_resources(first, log, attempt)).get(key)
-    return get
-
-
-rule all:
-    input: expand("out/{{i}}.json", i=range(3))
-
-
-rule step:
-    output: "out/{{i}}.json"
-    log: "logs/step_{{i}}.log"
-    params: seed=0, compute={{"device": "cpu"}}
-    threads: 1
-    resources: **{{key: value(key) for key in ("gpu", "mem_mb", "runtime", "batch_split", "nodes")}}
-    script: "step.py"
-"""
-
-# The SLURM plugin's wrap, as the workflow's Snakefile installs it: each failure's cause recorded for the retry.
-INSTALL = """from arithmech.tools import cluster, slurm_plugin
-
-if workflow.is_main_process:
-    slurm_plugin.install()
-"""
 
 SCRIPT = """
 import json
@@ -83,8 +41,7 @@ with jobs.job(snakemake):
 
 
 def test_a_group_is_one_allocation_its_jobs_one_at_a_time_and_a_failure_runs_it_again(slurm_cluster, tmp_path):
-    snakefile = SNAKEFILE.format(src=str(ROOT / "src"), mem_mb=MEM_MB, runtime=RUNTIME)
-    (tmp_path / "Snakefile").write_text(snakefile.replace("from arithmech.tools import cluster\n", INSTALL))
+    (tmp_path / "Snakefile").write_text(steps_snakefile(3, recorded=True))
     (tmp_path / "step.py").write_text(SCRIPT)
     cmd = [sys.executable, "-m", "snakemake", "-s", str(tmp_path / "Snakefile"), "--directory", str(tmp_path),
            "--workflow-profile", str(ROOT / "workflow/profiles/slurm"), "--groups", "step=steps",
@@ -103,7 +60,7 @@ def test_a_group_is_one_allocation_its_jobs_one_at_a_time_and_a_failure_runs_it_
     # the largest memory of its jobs, the sum of their runtimes; the retry the same: job 1 failed with an error of its
     # own (sacct FAILED, its traceback in its log), which more memory or time would not help, the others completed
     # or did not get their turn
-    assert (first["ReqMem"], first["Timelimit"]) == (f"{MEM_MB}M", f"00:{3 * RUNTIME:02d}:00"), first
+    assert (first["ReqMem"], first["Timelimit"]) == (f"{STEP_MEM_MB}M", f"00:{3 * STEP_RUNTIME:02d}:00"), first
     assert (retry["ReqMem"], retry["Timelimit"]) == (first["ReqMem"], first["Timelimit"]), retry
     # one at a time in the allocation (its CPUs: one job's thread)
     spans = sorted(tuple(json.loads((tmp_path / f"out/{i}.json").read_text()).values()) for i in range(3))

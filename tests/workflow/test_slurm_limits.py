@@ -21,9 +21,7 @@ import yaml
 from arithmech.model.tiny import build_tiny_model
 from arithmech.tools.rehearsal import submissions
 from helpers import ROOT, user_profile
-
-sys.path.insert(0, str(Path(__file__).parent))
-from test_slurm import JOB_WAIT_S, RUN_TIMEOUT_S, snakemake_cmd, where_jobs_go, workflow_env, write_config  # noqa: E402
+from slurm.runs import JOB_WAIT_S, RUN_TIMEOUT_S, snakemake_cmd, where_jobs_go, workflow_env, write_config
 
 pytestmark = pytest.mark.slow  # real jobs on a real scheduler
 

@@ -3,9 +3,9 @@ time, `MaxSubmitJobsPerUser=1`) through the real SLURM executor plugin: the retr
 submission asked for, not for the memory an out-of-memory retry would add (arithmech.tools.slurm_plugin records the
 refusal, arithmech.tools.cluster.attempt_resources reads it), and the same command run again finishes the job.
 
-The small workflow of tests/workflow/test_slurm_groups.py (the model rules' resources, `arithmech.jobs.job` around
-the script), two independent jobs and `--jobs 2`: the first is queued, sbatch refuses the second at each of its
-three attempts (the profile's `retries: 2`) while the first still waits or runs."""
+The small workflow of tests/workflow/test_slurm_groups.py (slurm.runs.steps_snakefile: the model rules' resources,
+`arithmech.jobs.job` around the script), two independent jobs and `--jobs 2`: the first is queued, sbatch refuses the
+second at each of its three attempts (the profile's `retries: 2`) while the first still waits or runs."""
 
 import re
 import subprocess
@@ -16,10 +16,7 @@ import pytest
 
 from arithmech.tools.rehearsal import submissions
 from helpers import ROOT
-
-sys.path.insert(0, str(Path(__file__).parent))
-from test_slurm import JOB_WAIT_S, workflow_env  # noqa: E402
-from test_slurm_groups import INSTALL, MEM_MB, RUNTIME, SNAKEFILE  # noqa: E402
+from slurm.runs import JOB_WAIT_S, STEP_MEM_MB, steps_snakefile, workflow_env
 
 pytestmark = pytest.mark.slow  # real jobs on a real scheduler
 
@@ -45,11 +42,8 @@ def asked_memory(log: str, wildcard: str) -> list[int]:
 def refused_run(slurm, work: Path, *, recorded: bool) -> tuple[subprocess.CompletedProcess, list[str]]:
     """The two-job workflow in `work`, the plugin's error report wrapped (`recorded`) as the workflow's Snakefile
     does or not; returns the run and its command."""
-    snakefile = SNAKEFILE.format(src=str(ROOT / "src"), mem_mb=MEM_MB, runtime=RUNTIME).replace("range(3)", "range(2)")
-    if recorded:
-        snakefile = snakefile.replace("from arithmech.tools import cluster\n", INSTALL)
     work.mkdir(parents=True, exist_ok=True)
-    (work / "Snakefile").write_text(snakefile)
+    (work / "Snakefile").write_text(steps_snakefile(2, recorded=recorded))
     (work / "step.py").write_text(SCRIPT)
     cmd = [sys.executable, "-m", "snakemake", "-s", str(work / "Snakefile"), "--directory", str(work),
            "--workflow-profile", str(ROOT / "workflow/profiles/slurm"), "--jobs", "2",
@@ -63,7 +57,7 @@ def test_a_submission_refused_by_a_qos_limit_is_retried_with_what_it_asked_for(s
     proc, _ = refused_run(slurm_cluster, tmp_path / "control", recorded=False)
     log = proc.stdout + proc.stderr
     (job, _, queued), = submissions(log, [])
-    assert asked_memory(log, "1" if queued == "0" else "0") == [MEM_MB, 2 * MEM_MB, 3 * MEM_MB], log[-6000:]
+    assert asked_memory(log, "1" if queued == "0" else "0") == [k * STEP_MEM_MB for k in (1, 2, 3)], log[-6000:]
     slurm_cluster.wait(str(job), timeout=JOB_WAIT_S)  # the control's queued job out of the QOS's way
 
     proc, cmd = refused_run(slurm_cluster, tmp_path / "work", recorded=True)
@@ -75,7 +69,7 @@ def test_a_submission_refused_by_a_qos_limit_is_retried_with_what_it_asked_for(s
     assert len(queued) == 1, log[-6000:]
     refused = "1" if queued[0][2] == "0" else "0"
     # each attempt of the refused job asks for the first attempt's memory
-    assert asked_memory(log, refused) == [MEM_MB] * 3, log[-6000:]
+    assert asked_memory(log, refused) == [STEP_MEM_MB] * 3, log[-6000:]
     assert slurm_cluster.wait(str(queued[0][0]), timeout=JOB_WAIT_S)["State"] == "COMPLETED"
     # the same command again: the refused job alone, queued and finished
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=JOB_WAIT_S, env=workflow_env(slurm_cluster))
@@ -83,4 +77,4 @@ def test_a_submission_refused_by_a_qos_limit_is_retried_with_what_it_asked_for(s
     assert proc.returncode == 0, log[-6000:]
     (job, _, wildcards), = submissions(log, [])
     assert wildcards == refused and (tmp_path / f"work/out/{refused}.json").read_text() == "done"
-    assert slurm_cluster.wait(str(job), timeout=JOB_WAIT_S)["ReqMem"] == f"{MEM_MB}M"
+    assert slurm_cluster.wait(str(job), timeout=JOB_WAIT_S)["ReqMem"] == f"{STEP_MEM_MB}M"
