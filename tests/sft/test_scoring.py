@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 import torch
 
-from arithmech.data.answers import extract_answer, extract_number, normalize_answer, qa_correct
+from arithmech.data.answers import answer_sentence, extract_answer, extract_number, normalize_answer, qa_correct
 from arithmech.data.arithmetic import continuation_ids
 from arithmech.data.formatting import choice_prompt
 from arithmech.intervention.generation import SharedPrefix, _batches, generate_texts, greedy_answers, greedy_generate
@@ -66,6 +66,13 @@ from helpers import ROOT
 )
 def test_extract_answer(text, expected):
     assert extract_answer(text) == expected
+
+
+def test_the_answer_sentence_is_read_back():
+    """The sentence fine-tuning teaches a solution to end with is what extract_answer reads, after a reasoning line
+    with other numbers in it."""
+    for gold in (8, 1000.5, -3):
+        assert extract_answer(f"2 + 3 = 5, then 4 more.\n{answer_sentence(f'{gold:g}')}") == gold
 
 
 def test_extract_number_still_reads_the_first_number():

@@ -1,6 +1,7 @@
 """Reading a model's answers, torch-free: the first number of a greedy answer and whether it is the gold
-one, when a growing answer's score is decided, the final answer of a generated math solution, and short
-text answers (BIG-bench qa_wikidata) against their targets."""
+one, when a growing answer's score is decided, the final answer of a generated math solution (and the
+sentence a solution ends with, `answer_sentence`), and short text answers (BIG-bench qa_wikidata) against
+their targets."""
 
 from __future__ import annotations
 
@@ -143,6 +144,12 @@ def full_answer_accuracy(texts: list[str], golds) -> float:
 MATH_STOP_STRINGS = ("\nQuestion:",)
 _FINAL_MARK = re.compile(r"####")
 _ANSWER_MARK = re.compile(r"answer\s*(?:is\b|:)", re.IGNORECASE)
+
+
+def answer_sentence(answer) -> str:
+    """The sentence a math solution ends with, which fine-tuning teaches (GSM8K's solutions end with it,
+    `datasets.gsm8k_solution`) and `extract_answer` reads back: answer_sentence(8) == "The answer is 8."."""
+    return f"The answer is {answer}."
 
 
 def cut_at(text: str, stop_strings: Sequence[str]) -> str:

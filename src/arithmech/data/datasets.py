@@ -22,7 +22,7 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-from arithmech.data.formatting import answer_sentence
+from arithmech.data.answers import answer_sentence
 
 DATA_DIR = Path(__file__).resolve().parents[3] / "resources" / "data"
 

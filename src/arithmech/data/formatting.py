@@ -31,12 +31,6 @@ STYLES = ("plain", "chat")
 QUESTION_PREFIX, ANSWER_PREFIX, SEPARATOR = "Question: ", "\nAnswer:", "\n\n"
 
 
-def answer_sentence(answer) -> str:
-    """The sentence a math solution ends with, which fine-tuning teaches and `answers` reads back:
-    answer_sentence(8) == "The answer is 8."."""
-    return f"The answer is {answer}."
-
-
 def qa_prompt(
     question: str, shots: Sequence[tuple[str, str]] = (), question_prefix: str = QUESTION_PREFIX,
     answer_prefix: str = ANSWER_PREFIX, separator: str = SEPARATOR,

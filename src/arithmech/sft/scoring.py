@@ -422,7 +422,8 @@ def off_target_rows(lm: LoadedModel, base: LoadedModel | None, cfg: dict, data_p
     qa_wikidata's short answers (kind choice: correct), and WikiText-2's windows' KL from `base` (kind divergence;
     `divergence_windows`). Columns dataset, kind, item, cluster and the kind's measures."""
     from arithmech.data import datasets
-    from arithmech.data.formatting import answer_sentence, math_prompts
+    from arithmech.data.answers import answer_sentence
+    from arithmech.data.formatting import math_prompts
 
     frames = []
     style = cfg["style"]

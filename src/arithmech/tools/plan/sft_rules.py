@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import math
 
+from arithmech.data.answers import answer_sentence
 from arithmech.data.eval_sets import REGISTRY
-from arithmech.data.formatting import answer_sentence, math_example, qa_prompt
+from arithmech.data.formatting import math_example, qa_prompt
 from arithmech.intervention.batching import SHARED_PREFIX_MIN_TOKENS
 from arithmech.tools.cluster import job_resources
 from arithmech.tools.plan.costmodel import (

@@ -11,7 +11,7 @@ import math
 from pathlib import Path
 from typing import NamedTuple, Sequence
 
-from arithmech.data.formatting import answer_sentence
+from arithmech.data.answers import answer_sentence
 
 CHARS_PER_TOKEN = 3.5  # characters per token of English text other than digits (the estimate without a tokenizer)
 CHAT_TOKENS_PER_MESSAGE = 5  # a chat template's role header and end of turn, per message (the estimate without one)
