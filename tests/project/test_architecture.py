@@ -1,6 +1,6 @@
 """The import rule of the package (docs/development.md#the-import-rule): its direction, checked by import-linter
-against the contracts in pyproject.toml (strict layers), and no private name used outside its module and no
-re-exported name, checked here with `ast`."""
+against the contracts in pyproject.toml (strict layers), and no import cycle (within a subpackage too), no private
+name used outside its module and no re-exported name, checked here with `ast`."""
 
 import ast
 import os
@@ -123,3 +123,58 @@ def test_no_module_re_exports_a_package_name():
                 if any("noqa: F401" in line for line in lines[node.lineno - 1: node.end_lineno]):
                     found.append(f"{module_name(path)} (l.{node.lineno})")
     assert not found, f"package names re-exported: {found}"
+
+
+def imported_modules(path: Path, modules: set[str]) -> set[str]:
+    """The package modules that `path` imports (module-level or inside a function): for `from m import x`, the
+    module m.x where it is one, else m."""
+    module = module_name(path)
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            source = imported_module(node, module, path.name == "__init__.py")
+            names = [f"{source}.{a.name}" if f"{source}.{a.name}" in modules else source for a in node.names]
+        else:
+            continue
+        found |= {name for name in names if name in modules and name != module}
+    return found
+
+
+def import_cycle(graph: dict[str, set[str]]) -> list[str]:
+    """One cycle of imports in `graph` (module -> the modules it imports), as the modules along it with the first
+    again at the end; [] when there is none."""
+    done, path = set(), []
+
+    def visit(module: str) -> list[str]:
+        if module in path:
+            return path[path.index(module):] + [module]
+        if module in done:
+            return []
+        path.append(module)
+        for imported in sorted(graph[module]):
+            if cycle := visit(imported):
+                return cycle
+        path.pop()
+        done.add(module)
+        return []
+
+    return next((cycle for module in sorted(graph) if (cycle := visit(module))), [])
+
+
+def test_no_modules_import_each_other_in_a_cycle():
+    """Within a subpackage too, imports go one way (`a` imports `b` imports `a` is a cycle even where the layers
+    allow both): a helper two modules need from each other has one home that both import."""
+    files = sorted(PACKAGE.rglob("*.py"))
+    modules = {module_name(path) for path in files}
+    graph = {module_name(path): imported_modules(path, modules) for path in files}
+    cycle = import_cycle(graph)
+    assert not cycle, "modules that import each other: " + " -> ".join(cycle)
+
+
+def test_an_import_cycle_is_found():
+    """The cycle check's positive control: a cycle of three modules beside a module with no cycle."""
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set()}
+    assert import_cycle(graph) == ["a", "b", "c", "a"]
+    assert import_cycle({"a": {"b"}, "b": {"c"}, "c": set()}) == []
