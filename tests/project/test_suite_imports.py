@@ -1,6 +1,6 @@
 """The test suite's own import rule (docs/development.md#tests): no test module imports another, so that none is a
-library for others; what test modules share lives in a helper module (tests/helpers.py, tests/slurm/runs.py, ...)
-or in a conftest.py fixture. Checked on the syntax trees of every Python file under tests/, helpers included: an
+library for others; what test modules share lives in a helper module (tests/helpers.py, tests/slurm/workflow_runs.py,
+...) or in a conftest.py fixture. Checked on the syntax trees of every Python file under tests/, helpers included: an
 import inside a function counts like one at the top."""
 
 import ast
@@ -46,7 +46,7 @@ def test_an_import_of_a_test_module_is_found():
     """The check's positive control: each form of import of a test module is found, a helper module's is not."""
     source = """
 from helpers import ROOT
-from slurm.runs import JOB_WAIT_S
+from slurm.workflow_runs import JOB_WAIT_S
 from test_slurm import workflow_env
 
 

@@ -29,7 +29,7 @@ from arithmech.tools.cluster import CPU_JOB
 from arithmech.tools.rehearsal import submissions
 from helpers import fresh_checkout, user_profile
 from slurm import cluster
-from slurm.runs import (
+from slurm.workflow_runs import (
     JOB_WAIT_S,
     MEM_MB,
     RUN_TIMEOUT_S,
@@ -45,7 +45,7 @@ pytestmark = pytest.mark.slow  # real jobs on a real scheduler: make test-fast l
 # The `finetune` block (rules finetune and study_train) asks for less than its jobs need at the first attempt, and
 # twice that (the retry after OUT_OF_MEMORY) is enough: measured here, sacct's MaxRSS of a finetune job was 482 MB in
 # its step (its snakemake and the job's Python with torch) and 132 MB in the batch step (bash and srun), about 615 MB
-# together in the job's memory cgroup. The model's other jobs ask for slurm.runs' MEM_MB and RUNTIME.
+# together in the job's memory cgroup. The model's other jobs ask for slurm.workflow_runs' MEM_MB and RUNTIME.
 FINETUNE_MB = 450
 # The GPU jobs as Slurm sees them: a rule's own jobs, or the SLURM profile's group jobs (workflow/profiles/slurm:
 # `groups`), each of these once in the run of one operator, its jobs one after the other (runtime: their sum).

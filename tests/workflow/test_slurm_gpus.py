@@ -21,7 +21,7 @@ from arithmech.model.tiny import build_tiny_model
 from arithmech.tools import cluster
 from arithmech.tools.rehearsal import slurm_seconds, submissions
 from helpers import ROOT
-from slurm.runs import JOB_WAIT_S, snakemake_cmd, where_jobs_go, workflow_env, write_config
+from slurm.workflow_runs import JOB_WAIT_S, snakemake_cmd, where_jobs_go, workflow_env, write_config
 
 pytestmark = pytest.mark.slow  # real jobs on a real scheduler
 

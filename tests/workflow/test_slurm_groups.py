@@ -3,8 +3,8 @@ through the real SLURM executor plugin on the test suite's real one-node Slurm: 
 with the largest memory and the summed runtime of its jobs, which run in it one at a time; when one of them fails,
 the whole group runs again, each job asking for what helps it (arithmech.tools.cluster.attempt_resources).
 
-A small workflow (slurm.runs.steps_snakefile): three independent jobs made of the pieces the workflow's model rules
-are made of (their resources from `arithmech.tools.cluster` as workflow/rules/common.smk gives them,
+A small workflow (slurm.workflow_runs.steps_snakefile): three independent jobs made of the pieces the workflow's
+model rules are made of (their resources from `arithmech.tools.cluster` as workflow/rules/common.smk gives them,
 `arithmech.jobs.job` around the script), grouped as the profile groups the knockout's jobs (`--groups step=steps
 --group-components steps=3 --set-resources step:gpu_slot=1`)."""
 
@@ -16,7 +16,7 @@ import pytest
 
 from arithmech.tools.rehearsal import submissions
 from helpers import ROOT
-from slurm.runs import JOB_WAIT_S, STEP_MEM_MB, STEP_RUNTIME, steps_snakefile, workflow_env
+from slurm.workflow_runs import JOB_WAIT_S, STEP_MEM_MB, STEP_RUNTIME, steps_snakefile, workflow_env
 
 pytestmark = pytest.mark.slow  # real jobs on a real scheduler
 

@@ -3,9 +3,9 @@ time, `MaxSubmitJobsPerUser=1`) through the real SLURM executor plugin: the retr
 submission asked for, not for the memory an out-of-memory retry would add (arithmech.tools.slurm_plugin records the
 refusal, arithmech.tools.cluster.attempt_resources reads it), and the same command run again finishes the job.
 
-The small workflow of tests/workflow/test_slurm_groups.py (slurm.runs.steps_snakefile: the model rules' resources,
-`arithmech.jobs.job` around the script), two independent jobs and `--jobs 2`: the first is queued, sbatch refuses the
-second at each of its three attempts (the profile's `retries: 2`) while the first still waits or runs."""
+The small workflow of tests/workflow/test_slurm_groups.py (slurm.workflow_runs.steps_snakefile: the model rules'
+resources, `arithmech.jobs.job` around the script), two independent jobs and `--jobs 2`: the first is queued, sbatch
+refuses the second at each of its three attempts (the profile's `retries: 2`) while the first still waits or runs."""
 
 import re
 import subprocess
@@ -16,7 +16,7 @@ import pytest
 
 from arithmech.tools.rehearsal import submissions
 from helpers import ROOT
-from slurm.runs import JOB_WAIT_S, STEP_MEM_MB, steps_snakefile, workflow_env
+from slurm.workflow_runs import JOB_WAIT_S, STEP_MEM_MB, steps_snakefile, workflow_env
 
 pytestmark = pytest.mark.slow  # real jobs on a real scheduler
 

@@ -1,7 +1,7 @@
 """Runs through the test suite's real one-node Slurm (cluster.py) that the Slurm test modules of tests/workflow/
 share: the snakemake command with the workflow's SLURM profile, the client environment, the tiny model's
-configuration and its `slurm` block, and a small workflow of independent steps made of the pieces the model rules
-are made of. Tests import this module as `slurm.runs` (tests/ is on sys.path)."""
+configuration and its `slurm` block, and a small workflow of independent steps made of the pieces the model rules are
+made of. Tests import this module as `slurm.workflow_runs` (tests/ is on sys.path)."""
 
 from __future__ import annotations
 
