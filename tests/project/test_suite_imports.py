@@ -38,8 +38,8 @@ def test_no_test_module_imports_another():
     names = collected_names(TESTS)
     found = [f"{path.relative_to(ROOT)} {use}" for path in sorted(TESTS.rglob("*.py"))
              for use in imports_of(names, path.read_text())]
-    assert not found, "test modules imported (move what they share to a helper module or a fixture):\n" + "\n".join(
-        found)
+    why = "test modules imported (move what they share to a helper module or a fixture)"
+    assert not found, why + ":\n" + "\n".join(found)
 
 
 def test_an_import_of_a_test_module_is_found():
