@@ -3,9 +3,10 @@ on the default model, one thread, as `make run` runs its jobs.
 
 First the unembedding alone (F.linear of the kept positions of [rows, seq, d_model]), then rule entry points with the
 hook removed ("before") and installed ("after"), alternating in one process, CPU time and wall time, and whether the
-two wrote equal tables (`DataFrame.equals`). Rules: build_pairs (addition), knockout (addition), off_target (the base
+two wrote equal tables (`DataFrame.equals`). Rules: build_pairs (addition), knockout (addition), transfer (tasks
+[addition]: its key heads on its pairs and number formats, SVAMP and the non-math control), off_target (the base
 model's off-target rows, most of a `study_evaluate` job). Inputs from RESULTS (default results/smollm2-135m).
-Usage: python benchmarks/unembedding_speed.py [rounds] [build_pairs,knockout,off_target] [RESULTS] [OUT]"""
+Usage: python benchmarks/unembedding_speed.py [rounds] [build_pairs,knockout,transfer,off_target] [RESULTS] [OUT]"""
 import os
 import sys
 import time
@@ -21,7 +22,7 @@ from arithmech.stages.validate import run_knockout
 
 torch.set_num_threads(1)
 rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 1
-rules = sys.argv[2].split(",") if len(sys.argv) > 2 else ["build_pairs", "knockout", "off_target"]
+rules = sys.argv[2].split(",") if len(sys.argv) > 2 else ["build_pairs", "knockout", "transfer", "off_target"]
 results = Path(sys.argv[3] if len(sys.argv) > 3 else "results/smollm2-135m")
 out = Path(sys.argv[4] if len(sys.argv) > 4 else "/tmp/unembedding_speed")
 out.mkdir(parents=True, exist_ok=True)
@@ -78,6 +79,20 @@ def knockout(tag):
                  ablation=cfg["ablation"], compute=cfg["compute"], seed=cfg["seed"],
                  out_table=out / f"knockout_{tag}.parquet", out_items=out / f"knockout_items_{tag}.parquet")
     return ["knockout", "knockout_items"]
+
+
+def transfer(tag):
+    from arithmech.stages.validate import run_transfer
+
+    transfer = cfg["transfer"]
+    run_transfer(model="smollm2-135m", model_dir=model_dir, tasks=["addition"],
+                 pairs_paths=[results / "pairs/addition.parquet"],
+                 cache_paths=[results / "activations/addition.safetensors"],
+                 key_paths=[results / "key_components/addition.parquet"], svamp_path=transfer["svamp"]["file"],
+                 non_math_path=transfer["non_math"]["file"], transfer=transfer, prompts_cfg=cfg["prompts"],
+                 compute=cfg["compute"], seed=cfg["seed"], out_table=out / f"transfer_{tag}.parquet",
+                 out_items=out / f"transfer_items_{tag}.parquet")
+    return ["transfer", "transfer_items"]
 
 
 def off_target(tag):
