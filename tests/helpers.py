@@ -211,9 +211,10 @@ PROMPT_CFG = {
 def n_hooks(model: torch.nn.Module) -> int:
     """Hooks on the model (to check that a context manager removed its own), not counting the
     output-capturing hooks transformers installs on first use of output_hidden_states / output_attentions
-    (once, for good)."""
+    (once, for good) and `load_model`'s `contiguous_unembedding_input` (for good too)."""
+    permanent = ("output_capturing_hook", "contiguous_unembedding_input")
     return sum(1 for m in model.modules() for d in (m._forward_hooks, m._forward_pre_hooks) for fn in d.values()
-               if "output_capturing_hook" not in getattr(fn, "__qualname__", ""))
+               if not any(name in getattr(fn, "__qualname__", "") for name in permanent))
 
 
 # The distributed tests' ranks (tests/sft/test_distributed.py, and in a real Slurm job tests/workflow/

@@ -10,6 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+from arithmech.data.arithmetic import encode
 from arithmech.intervention.hooks import hooks
 from arithmech.io import (
     atomic_path,
@@ -29,7 +30,7 @@ from arithmech.model.loading import (
     resolve_device,
     resolve_dtype,
 )
-from arithmech.model.tiny import build_tiny_tokenizer
+from arithmech.model.tiny import FAMILIES, build_tiny_tokenizer
 from helpers import tiny_gguf
 
 # ---------------------------------------------------------------------------------------------------
@@ -82,6 +83,31 @@ def test_adapter_names_gemma3s_modules(tiny_family):
     assert lm.unembed.weight is hf.model.embed_tokens.weight
     assert lm.d_model != lm.n_heads * lm.head_dim
     assert lm.describe()["model_type"] == "gemma3_text"
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_last_positions_logits_equal_every_positions(tiny_family, family):
+    """`load_model` hands the unembedding a contiguous copy of the kept positions (`contiguous_unembedding_input`,
+    the fast path of `logits_to_keep`): on a left-padded batch, the logits of the last 1 and 3 positions equal
+    those of the forward that keeps every position (the obvious reference), up to float rounding, and what
+    reaches the unembedding is contiguous. The training path's gradients still flow through it."""
+    lm = tiny_family(family)[1]
+    enc = encode(lm.tokenizer, ["1 plus 2 is", "3 plus 4 plus 5 is equal to", "9"], lm.device)
+    seen = []
+    handle = lm.unembed.register_forward_pre_hook(lambda m, args: seen.append(args[0].is_contiguous()))
+    try:
+        with torch.no_grad():
+            every = lm.model(**enc).logits
+            for keep in (1, 3):
+                kept = lm.model(**enc, logits_to_keep=keep).logits
+                torch.testing.assert_close(kept, every[:, -keep:], rtol=1e-5, atol=1e-5)
+    finally:
+        handle.remove()
+    assert seen == [True, True, True]
+    grads = torch.zeros(1, requires_grad=True)  # a trainable scale in front of the unembedding
+    hidden = lm.model.model(**enc).last_hidden_state[:, -2:] * grads
+    lm.unembed(hidden).sum().backward()
+    assert grads.grad is not None and torch.isfinite(grads.grad).all()
 
 
 @pytest.mark.parametrize("model_type", architectures.SUPPORTED)

@@ -12,7 +12,7 @@ Only the deltas require gradients, so autograd computes no gradient for any base
 holds state for the deltas only. Biases (Qwen2's q/k/v) are not trained.
 
 Saved artifacts (`save_trained`): for the head methods (precise, random_heads, ...) one safetensors file of
-deltas, which `apply_trained` adds to a base model in place (a plain HF model afterwards, no hooks); keys
+deltas, which `apply_trained` adds to a base model in place (a plain HF model afterwards, no training hooks); keys
 name the module and head:
   model.layers.{l}.self_attn.q_proj.weight.head.{h}       [hd, d_model]   rows h*hd:(h+1)*hd
   model.layers.{l}.self_attn.o_proj.weight.head.{h}       [d_model, hd]   columns h*hd:(h+1)*hd
@@ -251,7 +251,7 @@ def apply_trained(model: LoadedModel | nn.Module, path: str | Path) -> nn.Module
     """Add what `save_trained` saved at `path` (a deltas file or a LoRA adapter directory) to `model`'s weights
     IN PLACE and return the (HF) model.
 
-    The result is a plain model without hooks (the same as `FineTune.merged_model` after training). Updates
+    The result is a plain model without training hooks (the same as `FineTune.merged_model` after training). Updates
     are cast to the weight's dtype. A full fine-tune is a whole model directory: load it with load_model."""
     module = model.model if isinstance(model, LoadedModel) else model
     path = Path(path)

@@ -90,7 +90,7 @@ def _tree_bytes(path: Path) -> int:
 
 
 def load_finetuned(model_dir, finetune_dir, compute: dict) -> LoadedModel:
-    """The base model (finetune_dir None) or a fine-tuned one, ready for evaluation (no hooks)."""
+    """The base model (finetune_dir None) or a fine-tuned one, ready for evaluation (no training hooks)."""
     from arithmech.sft.deltas import load_trained
 
     if finetune_dir is None:

@@ -356,12 +356,10 @@ def score_targets(
             mask[r, shared : shared + len(seq)] = 1
         kwargs = {"past_key_values": repeated_cache(prefix.cache, len(rows), room=width)} if shared else {}
         # Only positions from the shortest context's last token on predict a target token: the vocabulary
-        # projection skips the rest (most of a GSM8K question). Positions as a tensor, not a count: HF then
-        # gathers them into a contiguous copy, where a count slices a view that torch's CPU linear runs 3x slower.
+        # projection skips the rest (most of a GSM8K question).
         first = min(len(pairs[i][0]) - shared for i in rows) - 1
-        keep = torch.arange(first, width, device=lm.device)
         logits = lm.model(input_ids=ids.to(lm.device), attention_mask=mask.to(lm.device),
-                          logits_to_keep=keep, **kwargs).logits  # [rows, width - first, vocab]
+                          logits_to_keep=width - first, **kwargs).logits  # [rows, width - first, vocab]
         logp = logits.float().log_softmax(-1)
         for r, i in enumerate(rows):
             n_ctx, cont = len(pairs[i][0]) - shared - first, torch.tensor(pairs[i][1], device=logp.device)
