@@ -496,7 +496,7 @@ def test_circuit_sufficient_on_the_teacher_forced_protocol():
 
     holds = verdict(tf_circuit_items(0.95, 0.1))
     assert holds["verdict"] == "holds" and holds["value"] == pytest.approx(95.0) and holds["n"] == 120
-    assert "resample: holds" in holds["note"] and "older protocol" in holds["note"]
+    assert "resample: holds" in holds["note"] and "older protocol" not in holds["note"]
     assert verdict(tf_circuit_items(0.95, 0.1, n=40))["verdict"] == "inconclusive"  # fewer than 96 pairs
     assert verdict(tf_circuit_items(0.95, 0.1, logprob_f=1.5))["verdict"] == "does not hold"  # overshoot
     assert verdict(tf_circuit_items(0.3, 0.1))["verdict"] == "does not hold"  # keeps far less than 80%

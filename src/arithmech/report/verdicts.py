@@ -596,8 +596,7 @@ def tf_sufficient_rule(cfg: dict) -> str:
 def _tf_sufficient_row(task: str, end: pd.DataFrame, kinds: list[str], cfg: dict, seed: int) -> dict:
     """One operator's circuit_sufficient row on the teacher-forced protocol: the key circuit (key heads, key MLPs)
     against its layer-matched random circuits, per ablation (`tf_faithful_verdict` on the same columns as the
-    discover summary's), from the discover rule's per-item table (`end`; its full_correct column: the older
-    protocol's greedy answers, in the note)."""
+    discover summary's), from the discover rule's per-item table (`end`)."""
     from arithmech.interp.sufficiency import key_vs_random
 
     boot = {"n_boot": cfg["bootstrap"], "seed": seed, "confidence": cfg["confidence"]}
@@ -626,10 +625,6 @@ def _tf_sufficient_row(task: str, end: pd.DataFrame, kinds: list[str], cfg: dict
     note.append(f"{n} validation pairs" + (f", fewer than the {TF_MIN_PAIRS} the rule asks for" if n < TF_MIN_PAIRS
                                            else ""))
     note += _tf_kind_notes(r, per_kind, "key")
-    old = key_vs_random(end, measure="full", mlps="key", **boot)
-    if old is not None and not math.isnan(old["key"]):
-        note.append("the older protocol (greedy, END means at every generated position): full answers "
-                    + _in_percent(old["key"], old["key_low"], old["key_high"]))
     main = f"tf_{kinds[0]}_correct"  # as circuit_faithful's headline
     return _row("circuit_sufficient", task,
                 measure=f"the key circuit's teacher-forced full-answer faithfulness ({kinds[0]} ablation)",
