@@ -46,8 +46,8 @@ estimates it to first order for every edge at once:
 dm/dx_r is the gradient with respect to the receiver's input alone (a zero tensor added to its norm's input, not
 the residual stream, whose gradient also holds the skip connection), averaged over `steps` points alpha =
 (k + 0.5) / steps (midpoint rule) of a path:
-  path="nodes"  the path of the ranking's integrated gradients (`teacher_forcing.tail_gated`), the whole tail: every head's
-                and MLP's tail output is ablated + alpha (output - ablated). The gradient is the model's own at
+  path="nodes"  the path of the ranking's integrated gradients (`teacher_forcing.tail_gated`), over the whole
+                tail: every head's and MLP's tail output is ablated + alpha (output - ablated). The gradient is the model's own at
                 that point: the interpolation is a constant offset on each node's output (alpha is not
                 differentiated), so near alpha = 1 it is the full model's gradient, and where the ablated values
                 are close to the outputs the score tends to the exact edge effect.
