@@ -47,8 +47,8 @@ dm/dx_r is the gradient with respect to the receiver's input alone (a zero tenso
 the residual stream, whose gradient also holds the skip connection), averaged over `steps` points alpha =
 (k + 0.5) / steps (midpoint rule) of a path:
   path="nodes"  the path of the ranking's integrated gradients (`teacher_forcing.tail_gated`), over the whole
-                tail: every head's and MLP's tail output is ablated + alpha (output - ablated). The gradient is the model's own at
-                that point: the interpolation is a constant offset on each node's output (alpha is not
+                tail: every head's and MLP's tail output is ablated + alpha (output - ablated). The gradient is the
+                model's own at that point: the interpolation is a constant offset on each node's output (alpha is not
                 differentiated), so near alpha = 1 it is the full model's gradient, and where the ablated values
                 are close to the outputs the score tends to the exact edge effect.
   path="model"  no path: the gradient of the model itself (alpha = 1; EAP, Syed et al. 2023), one forward and
