@@ -190,7 +190,8 @@ def choose_target(table: pd.DataFrame, min_full_share: float) -> tuple[float, bo
 def run_discover(*, model: str, task: str, model_dir, pairs_path, effects_path, key_path, discover: dict,
                  compute: dict, seed: int, out_table, out_path, out_validation, out_items, out_added) -> None:
     """Discover one operator's circuit at every `discover["targets"]` on a seeded draw of its identification pairs
-    (`discovery.prune` along `discovery.node_ranking`), choose the target (`choose_target`, on a seeded draw of
+    (`discovery.prune` along `discovery.node_ranking`, two-sided, on `teacher_forcing.TailTrials` with the
+    `tf_ablation` values and the `tf_measure`), choose the target (`choose_target`, on a seeded draw of
     `selection_samples` identification pairs with other operands: `_selection_pairs`), and score every target's circuit
     on a seeded draw of its validation pairs against the key circuit (key heads, key MLPs), `random_draws` layer-matched
     random head sets of its size (its MLPs) and its size's top heads by effect (its MLPs), with cluster-bootstrap
