@@ -109,7 +109,7 @@ test-fast: $(STAMP)
 gpu-check: $(STAMP)
 	$(BIN)/python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'gpu-check: no CUDA device')"
 	$(BIN)/python -m pytest -m gpu -v tests/test_devices.py tests/sft/test_master_weights.py tests/tools/test_cluster_gpu.py \
-		tests/intervention/test_device_spread.py tests/interp/test_discovery.py tests/sft/test_shared_prefix_training.py \
+		tests/intervention/test_device_spread.py tests/sft/test_shared_prefix_training.py \
 		tests/interp/test_teacher_forcing.py
 	$(BIN)/python benchmarks/patching_speed.py --device cuda --dtype bfloat16
 

@@ -39,6 +39,23 @@ def test_unknown_key_is_a_typo(config, check_fails):
     check_fails(config, "config key 'patching'", "'mdoe' was unexpected")
 
 
+def test_retired_discover_keys_are_named_as_retired(config):
+    """circuit.discover.protocol and measure went with the old END-mean protocol: a config that still sets them is
+    refused, each key named and said to be retired (not an unknown-key error on its parent), beside other problems."""
+    from arithmech.config import ConfigError
+
+    config["circuit"]["discover"] |= {"protocol": "end", "measure": "logit_diff"}
+    config["compute"]["batch_size"] = "big"
+    with pytest.raises(ConfigError) as err:
+        validate_config(config, SCHEMA)
+    message = str(err.value)
+    for fragment in ("config key 'circuit.discover.protocol': retired with the old END-mean protocol",
+                     "config key 'circuit.discover.measure': retired", "circuit.discover.tf_measure",
+                     "config key 'compute.batch_size'"):
+        assert fragment in message
+    assert "config key 'circuit.discover':" not in message
+
+
 def test_bad_enum_and_rule_parameters(config, check_fails):
     config["patching"]["mode"] = "sideways"
     config["key_components"]["heads"] = {"rule": "threshold"}

@@ -15,6 +15,37 @@ class ConfigError(ValueError):
     pass
 
 
+# Keys a configuration may no longer set, with what replaced them: the schema refuses them as unknown keys, and the
+# message says they were retired rather than misspelt.
+RETIRED_KEYS = {
+    ("circuit", "discover", "protocol"): "retired with the old END-mean protocol: discovery is always teacher-forced "
+                                         "(docs/circuit.md); remove the key",
+    ("circuit", "discover", "measure"): "retired with the old END-mean protocol: the pruning measure is "
+                                        "circuit.discover.tf_measure (logprob or kl); remove the key",
+}
+
+
+def _retired(config: dict) -> list[str]:
+    """A problem for every retired key (`RETIRED_KEYS`) the configuration sets."""
+    out = []
+    for path, why in RETIRED_KEYS.items():
+        node = config
+        for part in path[:-1]:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict) and path[-1] in node:
+            out.append(f"config key '{_key(path)}': {why}")
+    return out
+
+
+def _only_retired(error) -> bool:
+    """Whether a schema error is an unknown-key error for retired keys alone (`_retired` names them)."""
+    if error.validator != "additionalProperties" or not isinstance(error.instance, dict):
+        return False
+    path = tuple(map(str, error.absolute_path))
+    unknown = set(error.instance) - set(error.schema.get("properties", {}))
+    return all(path + (key,) in RETIRED_KEYS for key in unknown)
+
+
 def _key(path) -> str:
     return ".".join(str(p) for p in path) or "<top level>"
 
@@ -27,7 +58,7 @@ def validate_config(config: dict, schema_path: str | Path) -> None:
     schema = yaml.safe_load(Path(schema_path).read_text())
     _fill_model_defaults(config, schema)
     errors = sorted(Draft202012Validator(schema).iter_errors(config), key=lambda e: list(map(str, e.absolute_path)))
-    problems = [f"config key '{_key(e.absolute_path)}': {_message(e, schema)}" for e in errors]
+    problems = [f"config key '{_key(e.absolute_path)}': {_message(e, schema)}" for e in errors if not _only_retired(e)]
     if not problems:
         for i, name in enumerate(config["run"]["models"]):
             if name not in config["models"]:
@@ -62,6 +93,7 @@ def validate_config(config: dict, schema_path: str | Path) -> None:
         if config["prompts"]["n_shots"] >= pairs // 2:
             problems.append(f"config key 'prompts.n_shots': {config['prompts']['n_shots']} is too many for the "
                             "operand range")
+    problems = _retired(config) + problems
     if problems:
         raise ConfigError("invalid configuration:\n  " + "\n  ".join(problems))
 

@@ -1,6 +1,8 @@
-"""Circuit discovery (`arithmech.interp.discovery`) on the tiny model: the prefix-cache trials against whole hooked
-forwards, the attribution against the exact single-node effects, the greedy pruning against a brute-force search over
-every subset, and the discover stages writing their tables."""
+"""Circuit discovery (`arithmech.interp.discovery`) on the tiny model, on the teacher-forced trials the discover rule
+prunes on (`teacher_forcing.TailTrials`): the ranking by |attribution|, the greedy pruning's path (nested targets,
+bounded trials), and the discover stages writing their tables. The trials against whole hooked forwards, the
+attribution's completeness and the pruning against every subset are in tests/interp/test_teacher_forcing.py; the
+search on a planted circuit in tests/interp/test_planted_circuit.py."""
 
 from __future__ import annotations
 
@@ -9,186 +11,76 @@ import itertools
 import numpy as np
 import pandas as pd
 import pytest
-import torch
 import yaml
-from safetensors.torch import load_file
 
 from arithmech.data.arithmetic import split_pairs
 from arithmech.interp import discovery as dc
 from arithmech.interp import protocol
-from arithmech.interp.activations import cache_means
+from arithmech.interp import teacher_forcing as tf
 from arithmech.interp.nodes import node_label
 from arithmech.model.loading import load_model
-from arithmech.model.tiny import FAMILIES
-from helpers import COMPUTE, prepare_tiny
+from helpers import COMPUTE
 
 
 @pytest.fixture(scope="module")
-def setup(prepared):  # noqa: F811
-    return _setup_of(prepared)
-
-
-@pytest.fixture(scope="module")
-def family_setup(setup, tmp_path_factory):
-    """family_setup(family) -> `setup` on the 2-layer tiny model of `family` (its pairs and activations from the
-    identify stage's rules), made once per family."""
-    made = {"llama": setup}
-
-    def get(family):
-        if family not in made:
-            made[family] = _setup_of(prepare_tiny(tmp_path_factory.mktemp(f"stages-{family}"), family))
-        return made[family]
-
-    return get
-
-
-def _setup_of(prepared):  # noqa: F811
+def trials(prepared):  # noqa: F811
+    """Teacher-forced trials (mean ablation, logprob) on the tiny model's identification pairs, values from them."""
     lm = load_model(prepared / "model", device="cpu")
     pairs = split_pairs(pd.read_parquet(prepared / "pairs.parquet"), "identification")
-    means = cache_means(load_file(str(prepared / "cache.safetensors")), "end")
-    return lm, pairs, means
+    items = tf.build_items(lm, pairs, batch_size=4)
+    return tf.TailTrials(lm, items, tf.ablation_values(lm, items, items, "mean", batch_size=4), batch_size=4)
 
 
-def _trials(setup, measure):
-    lm, pairs, means = setup
-    return dc.EndTrials(lm, list(pairs["prompt"]), pairs["answer_token_id"].to_numpy(), means, measure=measure,
-                        batch_size=4)
-
-
-def _random_masks(n_nodes, count, seed=0):
-    rng = np.random.default_rng(seed)
-    masks = rng.random((count, n_nodes)) < 0.5
-    masks[0], masks[1] = True, False  # the model and the empty circuit
-    return masks
-
-
-@pytest.mark.parametrize("family", FAMILIES)
-@pytest.mark.parametrize("measure", dc.MEASURES)
-def test_trials_equal_whole_hooked_forwards(family_setup, family, measure):
-    """The END-token trials on the shared prefix cache (several circuits as copies, prompts in two batches) give what
-    whole prompts under `mean_ablate` give, one prompt and one circuit at a time; on every family."""
-    setup = family_setup(family)
-    lm, pairs, means = setup
-    trials = _trials(setup, measure)
-    masks = _random_masks(len(trials.nodes), 6)
-    fast = trials.per_item(masks)
-    slow = dc.reference_measure(lm, list(pairs["prompt"]), pairs["answer_token_id"].to_numpy(), means, masks,
-                                measure=measure)
-    np.testing.assert_allclose(fast, slow, atol=1e-4, rtol=1e-4)
-    assert np.abs(fast[0] - fast[1]).max() > 1e-3  # the ablation does something
-    if measure == "kl":
-        np.testing.assert_allclose(fast[0], 0, atol=1e-5)  # the model against itself
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("measure", dc.MEASURES)
-def test_trials_equal_whole_hooked_forwards_on_cuda(prepared, measure, dtype):  # noqa: F811
-    """The same on a GPU: float32 within the CPU's tolerance; bfloat16 (the cache and the whole forwards round
-    differently) within 5% of the measure's spread over the circuits."""
-    pairs = split_pairs(pd.read_parquet(prepared / "pairs.parquet"), "identification")
-    lm = load_model(prepared / "model", device="cuda", dtype=dtype)
-    means = cache_means(load_file(str(prepared / "cache.safetensors")), "end")
-    texts, answers = list(pairs["prompt"]), pairs["answer_token_id"].to_numpy()
-    trials = dc.EndTrials(lm, texts, answers, means, measure=measure, batch_size=4)
-    masks = _random_masks(len(trials.nodes), 6)
-    fast = trials.per_item(masks)
-    slow = dc.reference_measure(lm, texts, answers, means, masks, measure=measure)
-    spread = np.ptp(slow)
-    print(f"{measure} {dtype} on cuda: largest |trial - hooked forward| {np.abs(fast - slow).max():.2e}, "
-          f"spread {spread:.3f}")
-    assert spread > 1e-3
-    if dtype == "float32":
-        np.testing.assert_allclose(fast, slow, atol=1e-4, rtol=1e-4)
-    else:
-        assert np.abs(fast - slow).max() < 0.05 * spread
-
-
-def test_attribution_sums_to_the_span_and_ranks_single_node_effects(setup):
-    """Integrated gradients add up to m(model) - m(empty) (completeness) and rank the nodes like the exact effect of
-    ablating each node alone (Spearman's rank correlation, printed)."""
-    trials = _trials(setup, "logit_diff")
+def test_greedy_pruning_path_and_nested_targets(trials):
+    """Each target's circuit (two-sided, as the rule prunes) is what its path records: the trials it counts (the
+    highest target's also the bisection over the ranking's prefixes), its final size; the highest target starts from
+    the whole model and visits every node, each lower one prunes the circuit above."""
+    targets = [0.7, 0.8, 0.9]
+    ranking, attribution = dc.node_ranking(trials, 4)
+    pruned, path = dc.prune(trials, targets, ranking=ranking, attribution=attribution, max_passes=5, two_sided=True)
     n = len(trials.nodes)
-    attribution = trials.attribution(steps=16)
     full, empty = trials.mean(np.array([[True] * n, [False] * n]))
-    assert attribution.sum() == pytest.approx(full - empty, rel=0.05, abs=1e-3)
-    single = np.ones((n, n), dtype=bool) & ~np.eye(n, dtype=bool)  # row v: every node but v
-    effects = full - trials.mean(single)
-    rho = dc.rank_correlation(attribution, effects)
-    print(f"attribution vs single-node effects: Spearman {rho:.3f} over {n} nodes")
-    assert rho > 0.6
-
-
-@pytest.mark.parametrize("measure", ["logit_diff", "kl"])
-def test_greedy_pruning_against_every_subset(setup, measure):
-    """On the tiny model's 10 nodes, every subset enumerated: each target's greedy circuit is faithful (its measure,
-    recomputed, reaches the target) and minimal (dropping any one of its nodes falls below the target); how much
-    larger it is than the smallest faithful subset is printed."""
-    trials = _trials(setup, measure)
-    n = len(trials.nodes)
-    subsets = np.array(list(itertools.product([False, True], repeat=n)))  # [2^n, n]
-    means = trials.mean(subsets)
-    full, empty = means[-1], means[0]
-    f_all = dc.faithfulness(means, full, empty)
-    targets = [0.8, 0.9, 0.95]
-    ranking, attribution = dc.node_ranking(trials, 8)
-    pruned, path = dc.prune(trials, targets, ranking=ranking, attribution=attribution, max_passes=5)
     for p in pruned:
-        assert p.minimal
         f = dc.faithfulness(trials.mean(p.kept[None]), full, empty)[0]
-        assert f == pytest.approx(p.faithfulness, abs=1e-5) and f >= p.target
-        smaller = np.repeat(p.kept[None], p.kept.sum(), 0)
-        smaller[np.arange(p.kept.sum()), np.flatnonzero(p.kept)] = False  # row j: the circuit without its j-th node
-        assert (dc.faithfulness(trials.mean(smaller), full, empty) < p.target).all()
-        best = int(subsets[f_all >= p.target].sum(1).min())
-        print(f"{measure} target {p.target}: greedy {int(p.kept.sum())} nodes, smallest faithful subset {best} "
-              f"(+{int(p.kept.sum()) - best}); {p.trials} trials")
-        assert best <= p.kept.sum()
+        assert f == pytest.approx(p.faithfulness, abs=1e-5) and abs(1 - f) <= 1 - p.target and p.minimal
         mine = path[path["target"] == p.target]
-        # the highest target also counts the bisection over the ranking's prefixes
-        assert mine["tried"].sum() == p.trials if p.target != 0.95 else mine["tried"].sum() < p.trials
+        assert mine["tried"].sum() == p.trials if p.target != 0.9 else mine["tried"].sum() < p.trials
         assert mine["nodes_kept"].iloc[-1] == p.kept.sum()
-    # the highest target starts from the whole model and visits every node; each lower one prunes the circuit above
-    assert set(path.loc[path["target"] == 0.95, "node"]) == {node_label(*v) for v in trials.nodes}
+        np.testing.assert_allclose(mine["attribution"], attribution[[trials.nodes.index((l, h))
+                                                                     for l, h in zip(mine["layer"], mine["head"])]])
+    assert set(path.loc[path["target"] == 0.9, "node"]) == {node_label(*v) for v in trials.nodes}
     for higher, lower in zip(pruned[::-1], pruned[::-1][1:]):
         assert not (lower.kept & ~higher.kept).any()
 
 
-def test_bounded_trials_leave_the_bottom_of_the_ranking_at_once(setup):
+def test_bounded_trials_leave_the_bottom_of_the_ranking_at_once(trials):
     """With fewer trials than nodes, the nodes below the top `max_trials` of the ranking (or below the smallest prefix
     that keeps the target, if that is smaller) leave together in one checked trial; the others are tried one by one,
     least important first."""
-    trials = _trials(setup, "logit_diff")
     ranking, attribution = dc.node_ranking(trials, 4)
-    pruned, path = dc.prune(trials, [0.8], ranking=ranking, attribution=attribution, max_trials=6, max_passes=5)
+    pruned, path = dc.prune(trials, [0.8], ranking=ranking, attribution=attribution, max_trials=6, max_passes=5,
+                            two_sided=True)
     untried = path[~path["tried"]]
     assert len(untried) >= 4 and (untried["pass"] == 0).all()
     assert set(untried["node"]) == {node_label(*trials.nodes[i]) for i in ranking[10 - len(untried):]}
     first = path[(path["pass"] == 1)]
     assert first["rank"].is_monotonic_decreasing  # least important first
-    assert pruned[0].faithfulness >= 0.8 and pruned[0].trials > 1 + path["tried"].sum()
+    assert abs(1 - pruned[0].faithfulness) <= 0.2 and pruned[0].trials > 1 + path["tried"].sum()
 
 
-def test_ranking_by_absolute_attribution_and_attribution_on_a_circuit(setup):
-    """`node_ranking`: every node by |attribution| on the whole model, largest first. On a circuit the attribution's
-    path runs from the empty circuit to it: 0 outside it, its nodes' summing to m(circuit) - m(empty)."""
-    trials = _trials(setup, "logit_diff")
+def test_ranking_by_absolute_attribution(trials):
+    """`node_ranking`: every node by |attribution| on the whole model, largest first (ties by index), with the
+    attribution it ranked by."""
     n = len(trials.nodes)
     ranking, attribution = dc.node_ranking(trials, 4)
     np.testing.assert_allclose(attribution, trials.attribution(4))
     assert sorted(ranking.tolist()) == list(range(n))
     assert (np.diff(np.abs(attribution[ranking])) <= 0).all()
-    kept = _random_masks(n, 3, seed=4)[2]
-    on = trials.attribution(16, kept=kept)
-    full, empty, circuit = trials.mean(np.vstack([np.ones(n, dtype=bool), np.zeros(n, dtype=bool), kept]))
-    assert (on[~kept] == 0).all() and on.sum() == pytest.approx(circuit - empty, rel=0.05, abs=1e-3)
 
 
 # ------------------------------------------------------------------------------------------------ the stages
-DISCOVER = {"protocol": "end", "tf_measure": "logprob", "tf_ablation": "mean", "sanity_draws": 4,
-            "sanity_samples": None, "sanity": "warn",
-            "measure": "logit_diff", "targets": [0.8, 0.95], "min_full_share": 0.8,
+DISCOVER = {"tf_measure": "logprob", "tf_ablation": "mean", "sanity_draws": 4, "sanity_samples": None,
+            "sanity": "warn", "targets": [0.3, 0.5], "min_full_share": 0.8,  # small circuits: random draws exist
             "selection_samples": 2, "max_samples": 6,
             "validation_samples": 6, "random_draws": 2, "max_trials": 1000, "max_passes": 3, "ig_steps": 4,
             "bootstrap": 50, "confidence": 0.95}
@@ -212,7 +104,7 @@ def _run_discover(root, tmp_path, out: dict, discover: dict) -> None:
     from arithmech.stages.discover import run_discover
 
     run_discover(model="tiny", task="division", model_dir=root / "model", pairs_path=root / "pairs.parquet",
-                 cache_path=root / "cache.safetensors", effects_path=tmp_path / "effects.parquet",
+                 effects_path=tmp_path / "effects.parquet",
                  key_path=tmp_path / "key.parquet", discover=discover, compute=COMPUTE, seed=0,
                  out_table=out[""], out_path=out["_path"], out_validation=out["_validation"],
                  out_items=out["_items"], out_added=out["_added"])
@@ -223,7 +115,7 @@ def _run_union(root, tmp_path, out: dict, discover: dict) -> None:
     from arithmech.stages.discover import run_discover_union
 
     run_discover_union(model="tiny", model_dir=root / "model", tasks=["division"],
-                       pairs_paths=[root / "pairs.parquet"], cache_paths=[root / "cache.safetensors"],
+                       pairs_paths=[root / "pairs.parquet"],
                        key_paths=[tmp_path / "key.parquet"], table_paths=[out[""]],
                        validation_paths=[out["_validation"]], items_paths=[out["_items"]], discover=discover,
                        compute=COMPUTE, seed=0, out_validation=tmp_path / "union.parquet",
@@ -231,6 +123,9 @@ def _run_union(root, tmp_path, out: dict, discover: dict) -> None:
 
 
 def test_discover_stages_write_their_tables(prepared, tmp_path):  # noqa: F811
+    """The discover rule on the teacher-forced protocol: two-sided pruning, the validation table with both ablations
+    (END + answer positions), the sanity checks' values (the random tiny model fails some: sanity 'warn' records
+    them) and the CPR/CMD rows; the union and the summary's teacher-forced columns; nothing of the old END protocol."""
     from arithmech.stages.discover import run_plot_discover
 
     lm = load_model(prepared / "model", device="cpu")
@@ -240,20 +135,23 @@ def test_discover_stages_write_their_tables(prepared, tmp_path):  # noqa: F811
     with pytest.warns(UserWarning, match="min_full_share"):
         _run_discover(prepared, tmp_path, out, DISCOVER)
     table = pd.read_parquet(out[""])
-    assert table["target"].tolist() == [0.8, 0.95] and table["chosen"].tolist() == [False, True]
-    assert (table["faithfulness"] >= table["target"]).all() and table["minimal"].all()
+    assert table["target"].tolist() == [0.3, 0.5] and table["chosen"].tolist() == [False, True]
+    assert (abs(1 - table["faithfulness"]) <= 1 - table["target"] + 1e-9).all()
+    assert (table["pruned_on"] == "tf_mean_logprob").all() and not {"measure", "protocol"} & set(table)
     assert (table["n_nodes"] == table["nodes"].str.split().str.len()).all()
     assert (table["share"] == table["n_nodes"] / 10).all()
+    assert f"tf_{protocol.KINDS[0]}_correct_identification" in table
     # every identification pair (6) is pruned on: none is left to choose on, the pruning pairs are (with a warning)
     assert (table["selected_on"] == "pruning pairs").all() and (table["n_selection"] == 6).all()
     path = pd.read_parquet(out["_path"])
     # the highest target's trials also count the bisection over the ranking's prefixes
     tried = path.groupby("target")["tried"].sum()
-    assert set(path["target"]) == {0.8, 0.95} and tried[0.8] == table["trials"].iloc[0]
-    assert tried[0.95] < table["trials"].iloc[1]
+    assert set(path["target"]) == {0.3, 0.5} and tried[0.3] == table["trials"].iloc[0]
+    assert tried[0.5] < table["trials"].iloc[1]
     validation = pd.read_parquet(out["_validation"])
+    circuits = validation[validation["curve"] != "share"]
     for target, n_heads, chosen in zip(table["target"], table["n_heads"], table["chosen"]):
-        mine = validation[validation["target"] == target]
+        mine = circuits[circuits["target"] == target]
         # the controls for the chosen target's circuit only
         assert sorted(mine["curve"]) == (["discovered", "random", "random", "top"] if chosen else ["discovered"])
         assert (mine["n_heads"] == n_heads).all()
@@ -261,62 +159,19 @@ def test_discover_stages_write_their_tables(prepared, tmp_path):  # noqa: F811
         assert found["nodes"] == table.loc[table["target"] == target, "nodes"].iloc[0]
         kept, added = found["key_kept"].split(), found["added"].split()
         assert sorted(kept + added) == sorted(n for n in found["nodes"].split() if not n.endswith("MLP"))
-    # the pruning measure on validation pairs: the model's own is 1, the empty circuit's 0
-    model = validation[validation["curve"] == "model"].iloc[0]
-    assert model["faithfulness_measure"] == 1 and model["n"] == 6
     # the key circuit and its layer-matched random circuits (the circuit rule's draws), disjoint from it
-    key_random = validation[(validation["curve"] == "random") & (validation["mlps"] == "key")]
+    key_random = circuits[(circuits["curve"] == "random") & (circuits["mlps"] == "key")]
     assert len(key_random) == 2 and (key_random["n_heads"] == 2).all() and key_random["target"].isna().all()
     for nodes in key_random["nodes"]:
         assert not {"L1H3", "L1H2"} & set(nodes.split()) and nodes.split()[-1] == "L0MLP"  # the key MLP
-    items = pd.read_parquet(out["_items"])
-    assert len(items) == len(validation) * 6  # the old protocol: no CPR rows
-    _run_union(prepared, tmp_path, out, DISCOVER)
-    summary = pd.read_parquet(tmp_path / "summary.parquet")
-    assert summary["task"].tolist() == ["division", "division", "union"]
-    for column in ("task", "target", "chosen", "n_heads", "n_mlps", "share", "faithfulness_full",
-                   "faithfulness_full_low", "faithfulness_full_high", "faithfulness_logit", "faithfulness_first",
-                   "key_faithfulness_full", "random_faithfulness_full", "diff_vs_random_full", "ci_low", "ci_high",
-                   "diff_vs_random_measure", "constant_first", "n_items", "n_clusters", "draws"):
-        assert column in summary, column
-    assert summary["draws"].tolist() == [0, 2, 2] and (summary["n_items"] == 6).all()  # no controls for 0.8
-    # a single operator: the union is its chosen circuit, scored on the same pairs
-    chosen = summary[(summary["task"] == "division") & summary["chosen"]].iloc[0]
-    union = summary[summary["task"] == "union"].iloc[0]
-    for column in ("faithfulness_logit", "faithfulness_measure", "faithfulness_first"):
-        assert union[column] == pytest.approx(chosen[column], nan_ok=True)
-    assert union["n_heads"] == chosen["n_heads"]
-    run_plot_discover(model="tiny", task="division", path_path=out["_path"], validation_path=out["_validation"],
-                      key_path=tmp_path / "key.parquet", out_path_png=tmp_path / "p.png",
-                      out_grid_png=tmp_path / "g.png")
-    for name in ("p.png", "g.png"):
-        assert (tmp_path / name).read_bytes()[:4] == b"\x89PNG"
-
-
-def test_discover_stage_on_the_teacher_forced_protocol(prepared, tmp_path):  # noqa: F811
-    """protocol teacher_forced: the pruning's faithfulness is two-sided, and the validation table carries both
-    ablations at both position sets beside the old protocol's columns, the sanity checks' values (the random tiny
-    model fails some: sanity 'warn' records them) and the CPR/CMD rows."""
-    from arithmech.interp import teacher_forcing as tf
-
-    lm = load_model(prepared / "model", device="cpu")
-    _effects_and_key(lm, tmp_path)
-    out = {name: tmp_path / f"division{name}.parquet" for name in ("", "_path", "_validation", "_items", "_added")}
-    discover = DISCOVER | {"protocol": "teacher_forced", "targets": [0.3, 0.5]}  # small circuits: random draws exist
-    with pytest.warns(UserWarning):
-        _run_discover(prepared, tmp_path, out, discover)
-    table = pd.read_parquet(out[""])
-    assert (abs(1 - table["faithfulness"]) <= 1 - table["target"] + 1e-9).all()
-    assert (table["pruned_on"] == "tf_mean_logprob").all() and (table["measure"] == "logit_diff").all()
-    validation = pd.read_parquet(out["_validation"])
-    for kind, positions, m in itertools.product(protocol.KINDS, protocol.POSITIONS, protocol.TAIL_MEASURES):
-        for column in (f"tf_{kind}_{positions}_{m}", f"faithfulness_tf_{kind}_{positions}_{m}"):
+    # both ablations at END + answer positions, every measure; no END-only decomposition, no old-protocol column
+    for kind, m in itertools.product(protocol.KINDS, protocol.TAIL_MEASURES):
+        for column in (f"tf_{kind}_tail_{m}", f"faithfulness_tf_{kind}_tail_{m}"):
             assert column in validation, column
-    circuits = validation[validation["curve"] != "share"]
-    # the old protocol beside it
-    assert circuits["tf_flag"].isin([True, False]).all() and "faithfulness_full" in circuits
+    assert not [c for c in validation if "_end_" in c or c.startswith(("faithfulness_full", "faithfulness_first"))]
+    assert circuits["tf_flag"].isin([True, False]).all()
     model = circuits[circuits["curve"] == "model"].iloc[0]
-    assert model["faithfulness_tf_mean_tail_logprob"] == pytest.approx(1)
+    assert model["faithfulness_tf_mean_tail_logprob"] == pytest.approx(1) and model["n"] == 6
     assert model["tf_mean_tail_kl"] == pytest.approx(0, abs=1e-5)
     shares = validation[validation["curve"] == "share"]
     assert shares["node_share"].tolist() == list(tf.SHARES)
@@ -324,17 +179,13 @@ def test_discover_stage_on_the_teacher_forced_protocol(prepared, tmp_path):  # n
     for kind in protocol.KINDS:
         assert validation[f"sanity_{kind}_nothing_kl"].abs().max() < 1e-4
         assert f"sanity_{kind}_failed" in validation
-    # per-item teacher-forced values beside the old ones, and the summary's teacher-forced columns (the verdict's)
-
+    # per-item teacher-forced values, every set on every drawn pair (NaN for a pair the protocol leaves out)
     items = pd.read_parquet(out["_items"])
     kept = int(model["tf_n_items"])  # pairs whose terminator continues the number are dropped (NaN here)
     assert len(items) == len(circuits) * 6 and items["tf_mean_tail_logprob"].notna().sum() == len(circuits) * kept
+    assert not {"full_correct", "first_correct", "answer_logit", "measure_value"} & set(items)
     model_items = items[items["curve"] == "model"]
     assert model_items["tf_mean_tail_logprob"].mean() == pytest.approx(model["tf_mean_tail_logprob"])
-    # the END-only decomposition of the discovered circuits (with the model and the empty circuit) only
-    decomposed = circuits["curve"].isin(["model", "empty", "discovered"])
-    assert circuits.loc[decomposed, "tf_mean_end_logprob"].notna().all()
-    assert circuits.loc[~decomposed, "tf_mean_end_logprob"].isna().all()
     # the circuit_sufficient verdict reads the key circuit against its random draws from these items
     from arithmech.report import verdicts
 
@@ -343,33 +194,28 @@ def test_discover_stage_on_the_teacher_forced_protocol(prepared, tmp_path):  # n
     row = verdicts.circuit_sufficient({"division": None}, claims_cfg, seed=0, teacher_forced={"division": items})[1]
     assert row["n"] == kept and row["source"] == "discover/division_items.parquet" and "mean:" in row["note"]
     # the union does not run the sanity checks again (no warning): the operator's values, same pairs and pool
-    _run_union(prepared, tmp_path, out, discover)
+    _run_union(prepared, tmp_path, out, DISCOVER)
     union_validation = pd.read_parquet(tmp_path / "union.parquet")
-    # the union's END-only decomposition, pooled: the discovered circuit's, the same as the one operator's here (to
-    # float32 rounding: the union batches other circuits beside it)
-    pooled = union_validation[(union_validation["task"] == "union") & (union_validation["curve"] == "discovered")]
-    own = validation[(validation["curve"] == "discovered") & validation["chosen"]]
-    assert pooled["faithfulness_tf_mean_end_logprob"].iloc[0] == pytest.approx(
-        own["faithfulness_tf_mean_end_logprob"].iloc[0], rel=1e-4)
     for column in (c for c in validation if c.startswith("sanity_")):
         assert union_validation[column].iloc[0] == validation[column].iloc[0], column
+    assert not [c for c in union_validation if "_end_" in c or c.startswith("faithfulness_full")]
     summary = pd.read_parquet(tmp_path / "summary.parquet")
-    names, suffixes = ("correct", "logprob", "random_diff"), ("", "_low", "_high")
-    for kind, name, suffix in itertools.product(protocol.KINDS, names, suffixes):
-        assert f"tf_{kind}_{name}{suffix}" in summary, (kind, name, suffix)
-        # the random tiny model answers nothing, so full-answer faithfulness is undefined; log-probability is not
-        assert name != "logprob" or summary[f"tf_{kind}_{name}{suffix}"].notna().all(), (kind, name, suffix)
-    assert (summary["tf_n_items"] == kept).all()
-    # the gap: each circuit's full-answer faithfulness on its pruning pairs minus that on validation pairs (NaN here,
-    # where the random model answers nothing), and the order check's flag ('' or sentences) on every row
+    assert summary["task"].tolist() == ["division", "division", "union"]
+    assert summary["draws"].tolist() == [0, 2, 2]  # no controls for 0.3
+    assert (summary["pruned_on"] == "tf_mean_logprob").all() and "faithfulness_full" not in summary
+    assert set(verdicts.DISCOVER_COLUMNS) <= set(summary)
     for kind in protocol.KINDS:
+        # the random tiny model answers nothing, so full-answer faithfulness is undefined; log-probability is not
+        assert summary[[f"tf_{kind}_logprob{x}" for x in ("", "_low", "_high")]].notna().all().all()
+        # the gap: each circuit's full-answer faithfulness on its pruning pairs minus that on validation pairs
         np.testing.assert_allclose(summary[f"tf_{kind}_gap"],
                                    summary[f"tf_{kind}_correct_identification"] - summary[f"tf_{kind}_correct"])
-    assert f"tf_{protocol.KINDS[0]}_correct_identification" in table
+    assert (summary["tf_n_items"] == kept).all()
     assert summary["cpr_order_flag"].map(type).eq(str).all()
     # a single operator: the union is its chosen circuit, scored on the same items under the same values
     chosen = summary[(summary["task"] == "division") & summary["chosen"]].iloc[0]
     union = summary[summary["task"] == "union"].iloc[0]
+    assert union["n_heads"] == chosen["n_heads"]
     for kind in protocol.KINDS:
         assert union[f"tf_{kind}_logprob"] == pytest.approx(chosen[f"tf_{kind}_logprob"])
         # the key circuit's teacher-forced faithfulness (the README's sentence), per operator and pooled for the union
@@ -377,6 +223,11 @@ def test_discover_stage_on_the_teacher_forced_protocol(prepared, tmp_path):  # n
         for suffix in ("", "_low", "_high"):
             np.testing.assert_allclose(union[f"tf_{kind}_key_correct{suffix}"],
                                        chosen[f"tf_{kind}_key_correct{suffix}"], equal_nan=True)
+    run_plot_discover(model="tiny", task="division", path_path=out["_path"], validation_path=out["_validation"],
+                      key_path=tmp_path / "key.parquet", out_path_png=tmp_path / "p.png",
+                      out_grid_png=tmp_path / "g.png")
+    for name in ("p.png", "g.png"):
+        assert (tmp_path / name).read_bytes()[:4] == b"\x89PNG"
 
 
 def test_random_sets_are_disjoint_layer_matched_or_absent():

@@ -19,7 +19,8 @@ import torch.nn.functional as F
 
 from arithmech.data.arithmetic import build_prompts
 from arithmech.interp import edges as E
-from arithmech.interp.discovery import MLP, all_nodes, gated, rank_correlation
+from arithmech.interp.discovery import MLP, all_nodes, rank_correlation
+from arithmech.interp.teacher_forcing import tail_gated
 from arithmech.intervention.hooks import capture, hooks
 from arithmech.intervention.means import AlignedMean
 from arithmech.model.tiny import FAMILIES
@@ -267,9 +268,10 @@ def test_edge_circuit_measure_against_slow_reference(tf_of, family):
     assert n_hooks(lm.model) == 0
 
 
-def test_node_path_is_discoverys_gated_path(tiny_lm, tf):
-    """Path "nodes" moves every node along discovery's integrated-gradients path (`discovery.gated`): with a tail
-    of END alone and the same END values for every row, its forward at alpha is gated's at g = alpha."""
+def test_node_path_is_the_attributions_gated_path(tiny_lm, tf):
+    """Path "nodes" moves every node along the discover rule's integrated-gradients path
+    (`teacher_forcing.tail_gated`): with a tail of END alone and the same END values for every row, its forward at
+    alpha is tail_gated's at g = alpha."""
     lm = tiny_lm
     T1 = tf["targets"][:, :1]
     seqs = [s[:-2] for s in tf["seqs"]]  # the prompts alone: END is the last position
@@ -282,7 +284,7 @@ def test_node_path_is_discoverys_gated_path(tiny_lm, tf):
     with torch.no_grad(), hooks(pre, post):
         ours = lm.model(**tail.enc).logits[:, -1]
     gates = torch.full((n, len(all_nodes(lm.n_layers, lm.n_heads))), alpha)
-    with torch.no_grad(), gated(lm, gates, means):
+    with torch.no_grad(), tail_gated(lm, gates, per_row, 1):
         theirs = lm.model(**tail.enc).logits[:, -1]
     torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=0)
     with torch.no_grad():

@@ -216,37 +216,34 @@ def test_markdown_gives_each_rule_once_per_claim():
 def test_the_page_says_what_the_models_own_circuit_is(tmp_path):
     from arithmech.report.page import circuit_sentences
 
-    def row(task, target, chosen, heads, mlps, full):
-        return {"task": task, "target": target, "chosen": chosen, "n_heads": heads, "n_mlps": mlps,
-                "share": (heads + mlps) / 300, "faithfulness_full": full, "faithfulness_full_low": full - 0.1,
-                "faithfulness_full_high": full + 0.05, "key_faithfulness_full": 0.0, "key_faithfulness_full_low": 0.0,
-                "key_faithfulness_full_high": 0.01, "random_faithfulness_full": 0.02}
+    values = {"correct": {"resample": 0.6, "mean": 0.7}, "key_correct": {"resample": 0.05, "mean": 0.15},
+              "random_diff": {"resample": 0.5, "mean": 0.6}}
 
-    summary = pd.DataFrame([row("addition", 0.8, False, 30, 10, 0.5), row("addition", 0.9, True, 35, 19, 0.85),
-                            row("addition", 0.95, True, 50, 20, 0.9), row("union", 0.9, True, 60, 24, 0.8)])
+    def row(task, target, chosen, heads, mlps, shift):
+        return {"task": task, "target": target, "chosen": chosen, "n_heads": heads, "n_mlps": mlps,
+                "share": (heads + mlps) / 300,
+                **{f"tf_{k}_{m}{x}": v + shift + d for m, by_kind in values.items() for k, v in by_kind.items()
+                   for x, d in (("", 0.0), ("_low", -0.05), ("_high", 0.05))}}
+
+    summary = pd.DataFrame([row("addition", 0.8, False, 30, 10, -0.3), row("addition", 0.9, True, 35, 19, 0.1),
+                            row("addition", 0.95, True, 50, 20, 0.2), row("union", 0.9, True, 60, 24, 0.0)])
     text = circuit_sentences(summary)
     assert text.startswith("Over all operators, the circuit that pruning finds on the identification pairs has 60 "
                            "heads and 24 MLPs (28")
-    assert "addition: 35 heads + 19 MLPs at" in text  # the smallest chosen target's circuit
-    # faithfulness at its resampled interval's precision
-    assert "those with every node ablated) is 80% [70%, 85%]," in text and "MLPs' 0.0% [0.0%, 1.0%]" in text
     assert "50 heads" not in text and "30 heads" not in text
     assert "no circuit" in circuit_sentences(summary.assign(chosen=False))
-    # with the teacher-forced protocol (what pruning and the verdicts read) its faithfulness under each ablation leads,
-    # the key circuit's and the margin over random circuits beside it; the old protocol's follows as the reference
-    values = {"correct": {"resample": 0.6, "mean": 0.7}, "key_correct": {"resample": 0.05, "mean": 0.15},
-              "random_diff": {"resample": 0.5, "mean": 0.6}}
-    tf = {f"tf_{k}_{m}{x}": v + d for m, by_kind in values.items() for k, v in by_kind.items()
-          for x, d in (("", 0.0), ("_low", -0.05), ("_high", 0.05))}
-    text = circuit_sentences(summary.assign(**tf))
+    # teacher-forced (what pruning and the verdicts read): its faithfulness under each ablation, at its resampled
+    # interval's precision, the key circuit's and the margin over random circuits beside it; nothing of the old
+    # END-mean protocol
     assert ("is 60% [55%, 65%] under resample ablation and 70% [65%, 75%] under mean ablation, the key heads and key "
-            "MLPs' 5% and 15%, +50 and +60 points above random circuits of its size. On the old protocol") in text
-    assert "On the old protocol (greedy answers, END means at every generated position) it is 80% [70%, 85%]" in text
-    assert "Per operator (teacher-forced, resample / mean ablation), addition: 35 heads + 19 MLPs at 60% / 70%." in text
+            "MLPs' 5% and 15%, +50 and +60 points above random circuits of its size. ") in text
+    assert "old protocol" not in text
+    # the smallest chosen target's circuit per operator
+    assert "Per operator (teacher-forced, resample / mean ablation), addition: 35 heads + 19 MLPs at 70% / 80%." in text
     assert "sanity check" not in text
     # a failed sanity check (circuit.discover.sanity: warn) is said on the page, naming the check and the operators
     failed = "sanity check 'one node ablated' failed: the median draw keeps 0.5 of the model's accuracy"
-    warned = summary.assign(**tf, tf_resample_sanity_failed=[failed, failed, failed, "addition: " + failed],
+    warned = summary.assign(tf_resample_sanity_failed=[failed, failed, failed, "addition: " + failed],
                             tf_mean_sanity_failed="")
     assert circuit_sentences(warned).endswith(
         " The resample ablation failed its sanity check 'one node ablated' on addition, union: every row of the "

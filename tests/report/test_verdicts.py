@@ -496,7 +496,7 @@ def test_circuit_sufficient_on_the_teacher_forced_protocol():
 
     holds = verdict(tf_circuit_items(0.95, 0.1))
     assert holds["verdict"] == "holds" and holds["value"] == pytest.approx(95.0) and holds["n"] == 120
-    assert "resample: holds" in holds["note"] and "older protocol" in holds["note"]
+    assert "resample: holds" in holds["note"] and "older protocol" not in holds["note"]
     assert verdict(tf_circuit_items(0.95, 0.1, n=40))["verdict"] == "inconclusive"  # fewer than 96 pairs
     assert verdict(tf_circuit_items(0.95, 0.1, logprob_f=1.5))["verdict"] == "does not hold"  # overshoot
     assert verdict(tf_circuit_items(0.3, 0.1))["verdict"] == "does not hold"  # keeps far less than 80%
@@ -558,15 +558,9 @@ def test_heads_via_mlps_reads_the_key_heads_cut_paths_under_both_ablations():
 
 def discover_summary(task: str, rows: list[dict]) -> pd.DataFrame:
     """The discover rule's summary (one row per task and target) with the columns the claim reads; each dict
-    overrides a faithful, small circuit that beats random ones (chosen at target 0.8)."""
+    overrides a faithful, small circuit that beats random ones under both ablations (chosen at target 0.8)."""
     base = {"task": task, "target": 0.8, "chosen": True, "n_heads": 20, "n_mlps": 10, "share": 0.1,
-            "faithfulness_full": 0.9, "faithfulness_full_low": 0.85, "faithfulness_full_high": 0.95,
-            "faithfulness_logit": 0.8, "faithfulness_logit_low": 0.7, "faithfulness_logit_high": 0.9,
-            "faithfulness_first": 0.9, "faithfulness_first_low": 0.8, "faithfulness_first_high": 1.0,
-            "key_faithfulness_full": 0.05, "key_faithfulness_full_low": 0.0, "key_faithfulness_full_high": 0.1,
-            "random_faithfulness_full": 0.1, "diff_vs_random_full": 0.8, "diff_vs_random_full_ci_low": 0.7,
-            "diff_vs_random_full_ci_high": 0.9, "constant_first": 0.55, "n_items": 120, "n_clusters": 40,
-            "draws": 5}
+            "pruned_on": "tf_mean_logprob", "draws": 5, **tf_columns()}
     return pd.DataFrame([base | r for r in rows])
 
 
@@ -609,71 +603,62 @@ def test_a_small_faithful_circuit_on_the_teacher_forced_protocol():
     assert by["sanity failed"]["note"].startswith("inconclusive: the resample ablation failed a sanity check")
     assert "one node ablated: 0.94 < 0.95" in by["sanity failed"]["note"]
     assert by["too large"]["verdict"] == "does not hold"
-    assert "the older protocol" in by["holds"]["note"] and rows[0]["verdict"] == "partly"
+    assert "older protocol" not in by["holds"]["note"] and rows[0]["verdict"] == "partly"
 
 
-def test_a_small_faithful_circuit():
+def test_the_chosen_targets_circuit_and_its_size():
+    """Per operator the chosen target's row (the smallest chosen), or the largest target's where none was chosen, said
+    in the note; a circuit above max_circuit_share does not hold, however faithful."""
     summary = pd.concat([
         discover_summary("addition", [{}]),
         # too large: a quarter of the nodes is the most a small circuit may have
         discover_summary("subtraction", [{"share": 0.4, "n_heads": 100, "n_mlps": 20}]),
-        # faithful, but random circuits of its size are as faithful
-        discover_summary("multiplication", [{"diff_vs_random_full": 0.0, "diff_vs_random_full_ci_low": -0.02,
-                                             "diff_vs_random_full_ci_high": 0.02}]),
         # no target kept 80% of the full answers: the largest target's circuit is scored, and falls short
-        discover_summary("division", [{"target": 0.8, "chosen": False, "faithfulness_full": 0.3,
-                                       "faithfulness_full_low": 0.2, "faithfulness_full_high": 0.4},
-                                      {"target": 0.95, "chosen": False, "faithfulness_full": 0.6,
-                                       "faithfulness_full_low": 0.5, "faithfulness_full_high": 0.7,
-                                       "diff_vs_random_full_ci_low": -0.01, "diff_vs_random_full_ci_high": 0.03}]),
+        discover_summary("division", [tf_columns(target=0.8, chosen=False),
+                                      tf_columns(correct=(0.6, 0.5, 0.7), target=0.95, chosen=False)]),
         # the chosen target's row, not the others
-        discover_summary("union", [{"target": 0.8, "chosen": False, "faithfulness_full_high": 0.7},
+        discover_summary("union", [tf_columns(correct=(0.6, 0.5, 0.7), target=0.8, chosen=False),
                                    {"target": 0.9, "chosen": True}, {"target": 0.95, "chosen": True}]),
     ], ignore_index=True)
     rows = verdicts.circuit_faithful(summary, CFG)
     by = {r["scope"]: r for r in rows}
-    assert list(by) == ["all", "addition", "subtraction", "multiplication", "division", "union of the operators"]
+    assert list(by) == ["all", "addition", "subtraction", "division", "union of the operators"]
     assert by["addition"]["verdict"] == "holds" and by["addition"]["value"] == pytest.approx(90.0)
     assert by["addition"]["ci_low"] == pytest.approx(85.0) and by["addition"]["n"] == 120
     assert "20 heads + 10 MLPs (10.0% of nodes)" in by["addition"]["note"]
-    assert "circuit - random +80 [+70, +90] points" in by["addition"]["note"]
-    assert "key circuit 5% [0, 10]" in by["addition"]["note"] and "answer logit 80% [70, 90]" in by["addition"]["note"]
+    assert "resample: holds; full answers 90% [85, 95]" in by["addition"]["note"]
+    assert "circuit - random +60 [+50, +70] points" in by["addition"]["note"]
     assert by["subtraction"]["verdict"] == "does not hold" and "more than 25%" in by["subtraction"]["note"]
-    assert by["multiplication"]["verdict"] == "partly"
     assert by["division"]["verdict"] == "does not hold" and "target 0.95" in by["division"]["note"]
     assert "the largest target's is scored" in by["division"]["note"]
     assert (by["union of the operators"]["verdict"] == "holds"
-            and "found at target 0.9;" in by["union of the operators"]["note"])
+            and "found at target 0.9 " in by["union of the operators"]["note"])
     assert rows[0]["verdict"] == "partly" and rows[0]["claim"] == "circuit_faithful"
     # no more than max_circuit_share: the same circuit is too large under a stricter setting
     strict = verdicts.circuit_faithful(discover_summary("addition", [{}]), CFG | {"max_circuit_share": 0.05})
     assert strict[1]["verdict"] == "does not hold"
-    # an interval that straddles the level and a random difference that reaches 5 points: inconclusive
-    wide = discover_summary("addition", [{"faithfulness_full_low": 0.7, "diff_vs_random_full_ci_low": -0.1,
-                                          "diff_vs_random_full_ci_high": 0.3}])
-    assert verdicts.circuit_faithful(wide, CFG)[1]["verdict"] == "inconclusive"
 
 
 def test_a_circuit_without_its_discovery_is_not_run():
     rows = verdicts.circuit_faithful(None, CFG)
     assert len(rows) == 1 and rows[0]["verdict"] == "not measured" and "did not run" in rows[0]["note"]
-    undefined = verdicts.circuit_faithful(discover_summary("addition", [{"faithfulness_full": math.nan}]), CFG)
-    assert undefined[1]["verdict"] == "not measured" and "undefined" in undefined[1]["note"]
+    # the model answers nothing in full: faithfulness is undefined under both ablations
+    nan = {f"tf_{k}_correct{x}": math.nan for k in ("resample", "mean") for x in ("", "_low", "_high")}
+    undefined = verdicts.circuit_faithful(discover_summary("addition", [nan]), CFG)
+    assert undefined[1]["verdict"] == "not measured" and undefined[1]["value"] == pytest.approx(10.0)
     # a summary without a column the claim reads fails naming it, rather than scoring something else
-    renamed = discover_summary("addition", [{}]).rename(columns={"diff_vs_random_full_ci_low": "ci_low"})
-    with pytest.raises(ValueError, match="diff_vs_random_full_ci_low"):
+    renamed = discover_summary("addition", [{}]).rename(columns={"tf_mean_random_diff_low": "ci_low"})
+    with pytest.raises(ValueError, match="tf_mean_random_diff_low"):
         verdicts.circuit_faithful(renamed, CFG)
-    named = verdicts.circuit_faithful(discover_summary("addition", [{"measure": "logprob"}]), CFG)
-    assert "found at target 0.8 of the logprob;" in named[1]["note"]
+    named = verdicts.circuit_faithful(discover_summary("addition", [{"pruned_on": "tf_mean_kl"}]), CFG)
+    assert "found at target 0.8 of the tf_mean_kl;" in named[1]["note"]
     # as the discover rule writes them: a chosen target that reached no share, and the union without a target
-    written = pd.concat([discover_summary("addition", [{"target": 0.95, "measure": "logit_diff",
-                                                        "share_reached": False}]),
-                         discover_summary("union", [{"target": math.nan, "measure": "logit_diff",
-                                                     "share_reached": math.nan}])], ignore_index=True)
+    written = pd.concat([discover_summary("addition", [{"target": 0.95, "share_reached": False}]),
+                         discover_summary("union", [{"target": math.nan, "share_reached": math.nan}])],
+                        ignore_index=True)
     notes = {r["scope"]: r["note"] for r in verdicts.circuit_faithful(written, CFG)}
-    assert notes["addition"].startswith("found at target 0.95 of the logit_diff (no target's circuit kept enough")
-    assert (notes["union of the operators"].startswith("the union of the operators' chosen circuits, each pruned "
-                                                       "on the logit_diff;")
+    assert notes["addition"].startswith("found at target 0.95 of the tf_mean_logprob (no target's circuit kept enough")
+    assert (notes["union of the operators"].startswith("the union of the operators' chosen circuits;")
             and "nan" not in notes["union of the operators"])
 
 
@@ -777,14 +762,10 @@ def test_every_paired_comparison_names_identical_arms():
         if r["claim"] in ("sft_vs_full", "sft_vs_random") or r["scope"] == "social_iqa":
             assert r["verdict"] == "not measured" and verdicts.IDENTICAL in r["note"], r
     rows += [circuit, *sft]
-    # the discovered circuit (older protocol) against random circuits that score exactly as it does
-    flat = {"diff_vs_random_full": 0.0, "diff_vs_random_full_ci_low": 0.0, "diff_vs_random_full_ci_high": 0.0}
-    old = verdicts.circuit_faithful(discover_summary("addition", [flat]), CFG)[1]
-    assert old["verdict"] == "partly" and "circuit - random: " + verdicts.IDENTICAL in old["note"]
-    # teacher-forced: circuit - random exactly 0 on every item is no evidence either way
+    # the discovered circuit against random circuits that score exactly as it does: no evidence either way
     tf = verdicts.circuit_faithful(discover_summary("addition", [tf_columns(random_diff=(0.0, 0.0, 0.0))]), CFG)[1]
     assert tf["verdict"] == "inconclusive" and "circuit - random " + verdicts.IDENTICAL in tf["note"]
-    rows += [old, tf]
+    rows += [tf]
     assert not any("detects about 0.0 " in r["note"] or "detects about 0 " in r["note"] for r in rows)
 
 

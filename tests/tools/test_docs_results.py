@@ -252,6 +252,14 @@ def test_the_circuit_section_and_summary(tmp_path):
     assert "circuit_addition_faithfulness.png" in {p.name for p in figures.iterdir()}
 
 
+def _tf(kind, correct, logprob=(1.234, 1.1, 1.4), key_correct=(0.0, 0.0, 0.0), random_diff=(0.8312, 0.6911, 0.9333)
+        ) -> dict:
+    """One ablation's teacher-forced columns of a discover summary row: (value, low, high) per measure."""
+    return {f"tf_{kind}_{name}{x}": v for name, values in (("correct", correct), ("logprob", logprob),
+                                                           ("key_correct", key_correct), ("random_diff", random_diff))
+            for x, v in zip(("", "_low", "_high"), values)}
+
+
 def _discover_tables(model) -> None:
     """discover/: each operator's validation table (the discover rule's sets: model, empty, key, the discovered
     circuit), the union's, and summary.parquet with the columns discover_union writes, plus the two figures."""
@@ -268,7 +276,7 @@ def _discover_tables(model) -> None:
                 sufficiency.CircuitSet("empty", "none", 0, -1, (), ()),
                 key, sufficiency.CircuitSet("discovered", "discovered", len(heads), -1, heads, (1,))]
         values = {m: np.array([[1.0] * n, [0.0] * n, [0.2] * n, [0.9] * n]) + (np.arange(n) % 2) * 0.05
-                  for m in ("full", "logit", "first")}
+                  for m in ("tf_resample_tail_correct", "tf_mean_tail_correct")}
         table = sufficiency.faithfulness_table(sets, values, np.arange(n) // 2, n_boot=50, seed=0, confidence=0.95)
         table = table.assign(task=task, target=0.8, chosen=True)
         write_parquet(table, model / f"discover/{task}_validation.parquet")
@@ -276,21 +284,14 @@ def _discover_tables(model) -> None:
     for task, heads in circuits.items():
         for target in ([0.8, 0.9] if task != "union" else [np.nan]):
             chosen = task == "union" or target == 0.8
-            rows.append({"task": task, "target": target, "chosen": chosen, "measure": "logprob",
+            rows.append({"task": task, "target": target, "chosen": chosen, "pruned_on": "tf_mean_logprob",
                          "n_heads": len(heads) + (target == 0.9), "n_mlps": 1, "share": (len(heads) + 1) / 15,
-                         "faithfulness_full": 0.8712, "faithfulness_full_low": 0.7311, "faithfulness_full_high": 0.9644,
-                         "faithfulness_logit": 1.234, "faithfulness_logit_low": 1.1, "faithfulness_logit_high": 1.4,
-                         "faithfulness_first": 0.5, "faithfulness_first_low": 0.3, "faithfulness_first_high": 0.7,
-                         "key_faithfulness_full": 0.0, "key_faithfulness_full_low": 0.0,
-                         "key_faithfulness_full_high": 0.0, "random_faithfulness_full": 0.04,
-                         "diff_vs_random_full": 0.8312, "diff_vs_random_full_ci_low": 0.6911,
-                         "diff_vs_random_full_ci_high": 0.9333, "constant_first": 0.575, "first": 0.6,
-                         "full_share": 0.87, "n_items": 20 if task == "union" else n, "n_clusters": 5, "draws": 5,
+                         **_tf("resample", correct=(0.8712, 0.7311, 0.9644)), **_tf("mean", correct=(0.9, 0.8, 0.95)),
+                         "full_share": 0.87, "tf_n_items": 20 if task == "union" else n, "draws": 5,
                          "smallest_target_validation": np.nan if task == "union" else 0.9,
                          "share_reached": np.nan if task == "union" else task != "division"})
             if task == "division":  # random circuits as faithful as it, on every resample: a zero-width interval
-                rows[-1] |= {"diff_vs_random_full": 0.0, "diff_vs_random_full_ci_low": 0.0,
-                             "diff_vs_random_full_ci_high": 0.0}
+                rows[-1] |= {f"tf_{k}_random_diff{x}": 0.0 for k in ("resample", "mean") for x in ("", "_low", "_high")}
     write_parquet(pd.DataFrame(rows), model / "discover/summary.parquet")
     for task in TASKS:
         write_figure(model / f"discover/{task}_path.png")
@@ -303,27 +304,27 @@ def test_the_discover_section_and_readme_sentences(tmp_path):
     readme, out, figures = _docs(tmp_path, tmp_path / "results")
     page, block = out.read_text(), readme.read_text().split(BEGIN)[1].split(END)[0]
     section = page.split("## The model's own circuit (discover)")[1].split("\n## ")[0]
-    # per operator at its chosen target, and the union last: size, faithfulness at the interval's precision, the
-    # key circuit, random circuits and the paired difference, the key heads kept
-    assert ("| addition | 0.80 | 10 | 2 heads + 1 MLPs (20.0%) | 87% [73%, 96%] | 123% [110%, 140%] | "
-            "50% [30%, 70%] (60.0%; 57.5%) | 0.0% [0.0%, 0.0%] | 4.0% (5 draws) | +83 points [+69, +93] | "
-            "1 of 2 key heads (L0H1); 1 added |") in section
+    # per operator at its chosen target, and the union last: size, teacher-forced faithfulness under each ablation at
+    # the interval's precision, the key circuit, the paired difference from random circuits, the key heads kept
+    assert ("| addition | 0.80 | 10 | 2 heads + 1 MLPs (20.0%) | 87% [73%, 96%] | 90% [80%, 95%] | 123% [110%, 140%] | "
+            "123% [110%, 140%] | 0.0% [0.0%, 0.0%] | 0.0% [0.0%, 0.0%] | +83 points [+69, +93] | "
+            "+83 points [+69, +93] | 1 of 2 key heads (L0H1); 1 added |") in section
     assert "| division | 0.80 | 10 | 3 heads + 1 MLPs" in section and "1 of 2 key heads (L1H2); 2 added |" in section
     assert "| all (union) | each operator's | 20 | 4 heads + 1 MLPs (33.3%)" in section
     assert "2 of 2 key heads (L0H1, L1H2); 2 added |" in section
     assert section.index("| addition |") < section.index("| all (union) |")
-    assert "| addition | 0.90 | 3 heads + 1 MLPs (20.0%) | 87% [73%, 96%] |  | 0.90 |" in section  # every target
+    assert "| addition | 0.90 | 3 heads + 1 MLPs (20.0%) | 87% [73%, 96%] | 90% [80%, 95%] |  | 0.90 |" in section
     # division's chosen target is the largest (none kept the share of full answers): said; its zero-width
     # difference from random circuits reads with its unit once
-    assert ("| division | 0.80 | 3 heads + 1 MLPs (26.7%) | 87% [73%, 96%] | yes (the largest: none kept enough) |"
-            in section)
+    assert ("| division | 0.80 | 3 heads + 1 MLPs (26.7%) | 87% [73%, 96%] | 90% [80%, 95%] | "
+            "yes (the largest: none kept enough) |" in section)
     assert "| 0.0 points [0.0, 0.0] |" in section and "points points" not in section
-    assert "`logprob`" in section
+    assert "`tf_mean_logprob`" in section and "old protocol" not in section
     # the findings page's two sentences, in both places, with the figures of the first operator
     from arithmech.report.page import circuit_sentences
     sentences = circuit_sentences(pd.read_parquet(model / "discover/summary.parquet"))
     assert sentences.startswith("Over all operators") and sentences in section and sentences in block
-    assert "addition: 2 heads + 1 MLPs at 87%;" in sentences  # at the interval's precision, not "87.1%"
+    assert "addition: 2 heads + 1 MLPs at 87% / 90%;" in sentences  # at the interval's precision, not "87.1%"
     assert "(figures/discover_addition_path.png)" in section and "(figures/discover_addition_circuit.png)" in section
     assert ("[the pruning path](docs/figures/discover_addition_path.png), [the circuit over the key heads]"
             "(docs/figures/discover_addition_circuit.png), [the study](docs/figures/finetune_study.png)") in block
@@ -530,25 +531,3 @@ def test_claims_across_models_keep_every_models_column(tmp_path):
     again = claims_across_models(kept, "a")
     assert again.splitlines()[0] == "| Claim | Paper (LLaMA2-7B) | `a` | `b` |"
     assert cells("Key heads sit in the middle layers.")[2] in again  # b's cell, as kept
-
-
-def test_decomposition_table_says_where_the_answers_are_lost():
-    """Per operator, the chosen circuit at END only, at END + answer positions (each ablation) and on the old
-    protocol, each with its interval; nothing for an END-protocol run (no END-only columns)."""
-    from arithmech.tools.docs_results import decomposition_table
-
-    def cols(name, value):
-        return {name: value, f"{name}_low": value - 0.1, f"{name}_high": value + 0.1}
-
-    chosen = {"task": "addition", "curve": "discovered", "chosen": True, **cols("faithfulness_full", 0.0)}
-    for kind, end, tail in (("resample", 0.1, 0.2), ("mean", 0.3, 0.5)):
-        chosen |= cols(f"faithfulness_tf_{kind}_end_correct", end) | cols(f"faithfulness_tf_{kind}_tail_correct", tail)
-    other = chosen | {"chosen": False, "faithfulness_tf_mean_tail_correct": 0.9}
-    union = chosen | {"task": "union"}
-    table = decomposition_table(pd.DataFrame([other, chosen, union]), ["addition", "division"])
-    assert table.to_dict("records") == [{
-        "operator": name, "resample, END only": "10% [0%, 20%]", "resample, END + answers": "20% [10%, 30%]",
-        "mean, END only": "30% [20%, 40%]", "mean, END + answers": "50% [40%, 60%]", "old protocol": "0% [-10%, 10%]"}
-        for name in ("addition", "all (union)")]
-    assert decomposition_table(pd.DataFrame([{k: v for k, v in chosen.items() if "_end_" not in k}]),
-                               ["addition"]).empty

@@ -1,6 +1,7 @@
 # Circuit discovery (docs/circuit.md): the smallest set of heads and MLPs that keeps a target share of a measure on
-# the identification pairs (greedy node pruning, every other node mean-ablated at END as in rule circuit), scored on
-# the validation pairs against the key circuit, random circuits of its size and the top heads by effect.
+# the identification pairs (greedy node pruning, teacher-forced: every other node ablated at END and every answer
+# position), scored on the validation pairs against the key circuit, random circuits of its size and the top heads by
+# effect.
 
 
 # What the discover rules read: the circuit.discover block, with the circuit stage's intervals.
@@ -15,7 +16,6 @@ rule discover:
     input:
         model=layout.under(layout.MODEL),
         pairs=layout.under(layout.PAIRS),
-        cache=layout.under(layout.ACTIVATIONS),
         effects=layout.under(layout.EFFECTS),
         key=layout.under(layout.KEY),
     output:
@@ -51,7 +51,6 @@ rule discover_union:
     input:
         model=layout.under(layout.MODEL),
         pairs=each_task(layout.PAIRS),
-        caches=each_task(layout.ACTIVATIONS),
         key_tables=each_task(layout.KEY),
         tables=each_task(layout.DISCOVER),
         validation=each_task(layout.DISCOVER_VALIDATION),

@@ -7,7 +7,6 @@ with job(snakemake):
         task=snakemake.wildcards.task,
         model_dir=snakemake.input.model,
         pairs_path=snakemake.input.pairs,
-        cache_path=snakemake.input.cache,
         effects_path=snakemake.input.effects,
         key_path=snakemake.input.key,
         discover=snakemake.params.discover,

@@ -7,7 +7,6 @@ with job(snakemake):
         model_dir=snakemake.input.model,
         tasks=snakemake.params.tasks,
         pairs_paths=snakemake.input.pairs,
-        cache_paths=snakemake.input.caches,
         key_paths=snakemake.input.key_tables,
         table_paths=snakemake.input.tables,
         validation_paths=snakemake.input.validation,

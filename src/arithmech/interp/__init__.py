@@ -7,8 +7,8 @@ ablation.mean_ablate and knockout mean-ablate heads and MLPs; set_answers scores
 analysis.token_roles, attention_rows and mlp_probes explain the key heads' attention and the MLPs.
 sufficiency.circuit_sets and faithfulness_table test circuits for sufficiency; edges.edge_logits patches
 head -> MLP edges.
-discovery.prune finds the smallest circuit that keeps a target share of a measure (greedy node pruning, exact
-END-token trials on a prefix cache), ordered by EndTrials.attribution (integrated gradients).
+discovery.prune finds the smallest circuit that keeps a target share of a measure (greedy node pruning on
+teacher_forcing.TailTrials), along discovery.node_ranking (|integrated gradients|).
 teacher_forcing.TailTrials scores circuits teacher-forced on the prompt, gold answer and terminator, every node outside
 them ablated at END and every answer position with position-matched values (resample or mean), and prunes on it.
 

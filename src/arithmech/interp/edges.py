@@ -46,9 +46,9 @@ estimates it to first order for every edge at once:
 dm/dx_r is the gradient with respect to the receiver's input alone (a zero tensor added to its norm's input, not
 the residual stream, whose gradient also holds the skip connection), averaged over `steps` points alpha =
 (k + 0.5) / steps (midpoint rule) of a path:
-  path="nodes"  the path of discovery's integrated gradients (`discovery.gated`), over the whole tail: every head's
-                and MLP's tail output is ablated + alpha (output - ablated). The gradient is the model's own at
-                that point: the interpolation is a constant offset on each node's output (alpha is not
+  path="nodes"  the path of the ranking's integrated gradients (`teacher_forcing.tail_gated`), over the whole
+                tail: every head's and MLP's tail output is ablated + alpha (output - ablated). The gradient is the
+                model's own at that point: the interpolation is a constant offset on each node's output (alpha is not
                 differentiated), so near alpha = 1 it is the full model's gradient, and where the ablated values
                 are close to the outputs the score tends to the exact edge effect.
   path="model"  no path: the gradient of the model itself (alpha = 1; EAP, Syed et al. 2023), one forward and
@@ -621,7 +621,7 @@ def node_ranked_edges(node_scores, senders: Sequence[Head], receivers: Sequence[
                       k: int, *, absolute: bool = True) -> np.ndarray:
     """The k head -> MLP edges that a node circuit growing by node score takes in first, bool [n_senders,
     n_receivers]: nodes ranked by score (|score| with `absolute`; node_scores [nodes], columns
-    `discovery.all_nodes(n_layers, n_heads)`, e.g. `EndTrials.attribution`), an edge entering when its later
+    `discovery.all_nodes(n_layers, n_heads)`, e.g. `TailTrials.attribution`), an edge entering when its later
     endpoint does (ties: the earlier endpoint's rank, then sender, then receiver). Where the top-n node circuit
     holds exactly k such edges, this is that circuit's edge set, so it compares with `top_edges` at equal size."""
     from arithmech.interp.discovery import all_nodes

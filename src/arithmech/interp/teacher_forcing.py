@@ -29,7 +29,7 @@ Faithfulness f = (m(C) - m(empty)) / (m(M) - m(empty)) (`discovery.faithfulness`
 Position sets (`POSITIONS`): "tail" ablates at END and every answer position (the protocol); "end" at END
 only, the answer positions running clean on top of it: the decomposition that shows where answers are lost.
 
-Fast and exact (`TailTrials`, as `discovery.EndTrials`): the ablation changes nothing before END, so the
+Fast and exact (`TailTrials`): the ablation changes nothing before END, so the
 prompt minus END runs once per batch with a KV cache and every circuit is a T-token forward on copies of it
 (positions "end": END, then the T - 1 answer tokens, on the same copy). `reference_scores` is the slow
 reference: one item at a time, whole sequences, `patch_tail` with per-row values.

@@ -130,22 +130,21 @@ def study_rows(study: pd.DataFrame, comparisons: pd.DataFrame) -> tuple[pd.DataF
 
 def circuit_sentences(summary: pd.DataFrame) -> str:
     """Two sentences on the model's own circuit (the discover rule's summary, chosen targets): the union over
-    operators against the paper's key circuit and random circuits of its size, then each operator's size. Where the
-    summary carries the teacher-forced protocol (tf_<kind>_correct: what pruning and the verdicts read), its
-    full-answer faithfulness under each ablation leads and the old protocol's (greedy answers, END means at every
-    generated position) follows as the reference. One home for these sentences: the findings page and `make docs`
-    (docs/results.md, README's block) both print them, every faithfulness at its resampled interval's precision so
-    that a re-run on another CPU prints the same text."""
+    operators, teacher-forced (tf_<kind>_correct: what pruning and the verdicts read), its full-answer faithfulness
+    under each ablation against the paper's key circuit and random circuits of its size, then each operator's size and
+    faithfulness. One home for these sentences: the findings page and `make docs` (docs/results.md, README's block)
+    both print them, every faithfulness at its resampled interval's precision so that a re-run on another CPU prints
+    the same text."""
     chosen = summary[summary["chosen"].astype(bool)].sort_values("target").drop_duplicates("task")
     if chosen.empty:
         return "The discover rule chose no circuit: no target's circuit kept enough full answers."
     rows = chosen.set_index("task")
-    kinds = [k for k in protocol.KINDS if f"tf_{k}_correct" in rows and rows[f"tf_{k}_correct"].notna().any()]
+    kinds = list(protocol.KINDS)
 
     def size(r) -> str:
         return f"{int(r['n_heads'])} heads and {int(r['n_mlps'])} MLPs ({display.share(r['share'])} of the nodes)"
 
-    def kept(r, name="faithfulness_full") -> str:  # at its resampled interval's precision
+    def kept(r, name) -> str:  # at its resampled interval's precision
         low, high = r.get(name + "_low"), r.get(name + "_high")
         return (display.estimate(r.get(name), low, high, scale=100, suffix="%", fallback=display.share) + " "
                 + display.bounds(low, high, scale=100, suffix="%", fallback=display.share)).strip()
@@ -162,31 +161,18 @@ def circuit_sentences(summary: pd.DataFrame) -> str:
     first = ""
     if "union" in rows.index:
         u = rows.loc["union"]
-        first = f"Over all operators, the circuit that pruning finds on the identification pairs has {size(u)}; "
-        if kinds:
-            key = [point(u, f"tf_{k}_key_correct") for k in kinds]
-            key = f"the key heads and key MLPs' {' and '.join(key)}, " if all(key) else ""
-            diffs = " and ".join(display.estimate(u[f"tf_{k}_random_diff"], u[f"tf_{k}_random_diff_low"],
-                                                  u[f"tf_{k}_random_diff_high"], scale=100, sign=True)
-                                 for k in kinds)
-            first += (f"teacher-forced on the validation pairs (END and every answer position ablated; "
-                      f"docs/circuit.md), its full-answer faithfulness {scale} is {per_kind(u, 'tf_{}_correct')}, "
-                      f"{key}{diffs} points above random circuits of its size. On the old protocol (greedy answers, "
-                      f"END means at every generated position) it is {kept(u)}, the key circuit's "
-                      f"{kept(u, 'key_faithfulness_full')}. ")
-        else:
-            first += (f"its full-answer faithfulness on the validation pairs {scale} is {kept(u)}, the key heads and "
-                      f"key MLPs' {kept(u, 'key_faithfulness_full')}, random circuits of its size "
-                      f"{display.share(u['random_faithfulness_full'])}. ")
-    tasks = [(task, r) for task, r in rows.iterrows() if task != "union"]
-    if kinds:
-        per_task = [f"{task}: {int(r['n_heads'])} heads + {int(r['n_mlps'])} MLPs at "
-                    + " / ".join(point(r, f"tf_{k}_correct") for k in kinds) for task, r in tasks]
-        head = f"Per operator (teacher-forced, {' / '.join(kinds)} ablation), "
-    else:
-        per_task = [f"{task}: {int(r['n_heads'])} heads + {int(r['n_mlps'])} MLPs at " + point(r, "faithfulness_full")
-                    for task, r in tasks]
-        head = "Per operator, "
+        key = [point(u, f"tf_{k}_key_correct") for k in kinds]
+        key = f"the key heads and key MLPs' {' and '.join(key)}, " if all(key) else ""
+        diffs = " and ".join(display.estimate(u[f"tf_{k}_random_diff"], u[f"tf_{k}_random_diff_low"],
+                                              u[f"tf_{k}_random_diff_high"], scale=100, sign=True) for k in kinds)
+        first = (f"Over all operators, the circuit that pruning finds on the identification pairs has {size(u)}; "
+                 f"teacher-forced on the validation pairs (END and every answer position ablated; docs/circuit.md), "
+                 f"its full-answer faithfulness {scale} is {per_kind(u, 'tf_{}_correct')}, {key}{diffs} points above "
+                 f"random circuits of its size. ")
+    per_task = [f"{task}: {int(r['n_heads'])} heads + {int(r['n_mlps'])} MLPs at "
+                + " / ".join(point(r, f"tf_{k}_correct") for k in kinds) for task, r in rows.iterrows()
+                if task != "union"]
+    head = f"Per operator (teacher-forced, {' / '.join(kinds)} ablation), "
     return first + (head + "; ".join(per_task) + "." if per_task else "") + sanity_sentence(rows, kinds)
 
 

@@ -596,8 +596,7 @@ def tf_sufficient_rule(cfg: dict) -> str:
 def _tf_sufficient_row(task: str, end: pd.DataFrame, kinds: list[str], cfg: dict, seed: int) -> dict:
     """One operator's circuit_sufficient row on the teacher-forced protocol: the key circuit (key heads, key MLPs)
     against its layer-matched random circuits, per ablation (`tf_faithful_verdict` on the same columns as the
-    discover summary's), from the discover rule's per-item table (`end`; its full_correct column: the older
-    protocol's greedy answers, in the note)."""
+    discover summary's), from the discover rule's per-item table (`end`)."""
     from arithmech.interp.sufficiency import key_vs_random
 
     boot = {"n_boot": cfg["bootstrap"], "seed": seed, "confidence": cfg["confidence"]}
@@ -626,10 +625,6 @@ def _tf_sufficient_row(task: str, end: pd.DataFrame, kinds: list[str], cfg: dict
     note.append(f"{n} validation pairs" + (f", fewer than the {TF_MIN_PAIRS} the rule asks for" if n < TF_MIN_PAIRS
                                            else ""))
     note += _tf_kind_notes(r, per_kind, "key")
-    old = key_vs_random(end, measure="full", mlps="key", **boot)
-    if old is not None and not math.isnan(old["key"]):
-        note.append("the older protocol (greedy, END means at every generated position): full answers "
-                    + _in_percent(old["key"], old["key_low"], old["key_high"]))
     main = f"tf_{kinds[0]}_correct"  # as circuit_faithful's headline
     return _row("circuit_sufficient", task,
                 measure=f"the key circuit's teacher-forced full-answer faithfulness ({kinds[0]} ablation)",
@@ -739,48 +734,30 @@ def heads_via_mlps(edge_paths: dict[str, pd.DataFrame | None], edges: dict[str, 
 
 # ------------------------------------------------------------------------------------------------ discover
 DISCOVER_OFF = f"the discover rule did not run (no {layout.DISCOVER_SUMMARY})"
-DISCOVER_COLUMNS = ["task", "target", "chosen", "n_heads", "n_mlps", "share", "n_items", "draws", "constant_first",
-                    "random_faithfulness_full", "diff_vs_random_full", "diff_vs_random_full_ci_low",
-                    "diff_vs_random_full_ci_high"] + [
-    f"{name}{suffix}" for name in ("faithfulness_full", "faithfulness_logit", "faithfulness_first",
-                                   "key_faithfulness_full") for suffix in ("", "_low", "_high")]
 
 
 def circuit_faithful(summary: pd.DataFrame | None, cfg: dict) -> list[dict]:
-    """Per operator and for the union over operators (the discover rule's summary, one row per task and
-    target, columns DISCOVER_COLUMNS): the chosen target's circuit must be small (at most `max_circuit_share`
-    of all heads and MLPs), keep at least `faithful` of the full-answer accuracy on validation pairs (interval
-    at or above it) and beat random circuits of its size (paired interval above 0). The discover rule chooses
-    the smallest target whose circuit keeps enough full answers on the identification pairs; where it chose
+    """Per operator and for the union over operators (the discover rule's summary, one row per task and target, with
+    the teacher-forced columns DISCOVER_COLUMNS): the chosen target's circuit, by `tf_faithful_rule`. The discover
+    rule chooses the smallest target whose circuit keeps enough full answers on the selection pairs; where it chose
     none, the largest target's circuit is scored and the row says so."""
     if summary is None:
         return _not_measured("circuit_faithful", DISCOVER_OFF)
     missing = [c for c in DISCOVER_COLUMNS if c not in summary.columns]
     if missing:
         raise ValueError(f"the discover summary ({layout.DISCOVER_SUMMARY}) lacks the columns {missing}")
-    level, min_diff, max_share = cfg["faithful"], cfg["min_difference"], cfg["max_circuit_share"]
-    rule = (f"holds if the circuit has at most {100 * max_share:g}% of the heads and MLPs, its faithfulness (full "
-            f"answer, validation pairs) has its 95% interval at or above {100 * level:g}% and (circuit - random "
-            f"circuits of its size) lies above 0; partly if it is that small and only one of the two holds; does not "
-            f"hold if it is larger, or if its interval lies below {100 * level:g}% and (circuit - random) lies below "
-            f"0 or inside +-{100 * min_diff:g} points; else inconclusive")
+    rule = tf_faithful_rule(cfg)
     if summary.empty:
         return _not_measured("circuit_faithful", "the discover rule found no circuit (its summary is empty)",
                              rule=rule)
-    kinds = tf_kinds(summary)
-    if kinds:
-        rule = tf_faithful_rule(cfg)
+    kinds = list(protocol.KINDS)
     subs, failed_by_task = [], {}
     for task, rows in summary.groupby("task", sort=False):
         chosen = rows[rows["chosen"].astype(bool)]
         fallback = chosen.empty
         row = (rows.sort_values("target").iloc[-1] if fallback else chosen.sort_values("target").iloc[0])
-        fallback = fallback or fell_back(row)
-        if kinds:
-            subs.append(_tf_faithful_row(str(task), row, fallback, rule, kinds, cfg))
-            failed_by_task[subs[-1]["scope"]] = failed_checks(row, kinds)
-        else:
-            subs.append(_circuit_faithful_row(str(task), row, fallback, rule, level, min_diff, max_share))
+        subs.append(_tf_faithful_row(str(task), row, fallback or fell_back(row), rule, kinds, cfg))
+        failed_by_task[subs[-1]["scope"]] = failed_checks(row, kinds)
     return _headline("circuit_faithful", subs, measure="per operator and their union, below", split="validation",
                      source=layout.DISCOVER_SUMMARY, note=sanity_headline(failed_by_task))
 
@@ -793,12 +770,8 @@ TF_MIN_PAIRS = 96
 TF_LOGPROB_BAND = (0.8, 1.2)
 TF_MIN_OVER_RANDOM = 0.3
 TF_FAITHFUL_COLUMNS = ("correct", "logprob", "random_diff")
-
-
-def tf_kinds(summary: pd.DataFrame) -> list[str]:
-    """The ablations whose teacher-forced columns (tf_<kind>_correct, ...) the discover summary carries, in order."""
-    return [k for k in protocol.KINDS if all(f"tf_{k}_{c}{x}" in summary.columns for c in TF_FAITHFUL_COLUMNS
-                                                   for x in ("", "_low", "_high"))]
+DISCOVER_COLUMNS = ["task", "target", "chosen", "n_heads", "n_mlps", "share", "tf_n_items"] + [
+    f"tf_{k}_{c}{x}" for k in protocol.KINDS for c in TF_FAITHFUL_COLUMNS for x in ("", "_low", "_high")]
 
 
 def tf_faithful_rule(cfg: dict) -> str:
@@ -907,7 +880,7 @@ def _tf_kind_notes(r: pd.Series, per_kind: dict[str, str], compared: str) -> lis
 def _tf_faithful_row(task: str, r: pd.Series, fallback: bool, rule: str, kinds: list[str], cfg: dict) -> dict:
     scope = "union of the operators" if task == "union" else task
     size = f"{int(r['n_heads'])} heads + {int(r['n_mlps'])} MLPs ({100 * r['share']:.1f}% of nodes)"
-    n = int(r["tf_n_items"]) if "tf_n_items" in r and not display.missing(r["tf_n_items"]) else int(r["n_items"])
+    n = int(r["tf_n_items"])
     per_kind = {k: tf_faithful_verdict(r, k, cfg) for k in kinds}
     failed, gaps = failed_checks(r, kinds), fit_gaps(r, kinds, cfg)
     if set(per_kind.values()) == {"not measured"}:  # nothing to read, whatever the checks said (the note names them)
@@ -937,9 +910,6 @@ def _tf_faithful_row(task: str, r: pd.Series, fallback: bool, rule: str, kinds: 
     flag = r.get("cpr_order_flag")
     if not display.missing(flag) and str(flag):
         note.append(f"pruning order: {flag}")
-    if "faithfulness_full" in r and not display.missing(r["faithfulness_full"]):
-        note.append("the older protocol (greedy, END means at every generated position): full answers "
-                    + _in_percent(r["faithfulness_full"], r["faithfulness_full_low"], r["faithfulness_full_high"]))
     main = f"tf_{kinds[0]}_correct"
     if display.missing(r[main]):  # faithfulness undefined (the model answers nothing): the size is what decides
         return _row("circuit_faithful", scope, measure="the discovered circuit's share of all heads and MLPs",
@@ -957,61 +927,6 @@ def fell_back(row) -> bool:
     answers on the identification pairs (a summary row's `share_reached`; rows without it: no)."""
     reached = row.get("share_reached")
     return not display.missing(reached) and not bool(reached)
-
-
-def _circuit_faithful_row(task: str, r: pd.Series, fallback: bool, rule: str, level: float, min_diff: float,
-                          max_share: float) -> dict:
-    scope = "union of the operators" if task == "union" else task
-    size = f"{int(r['n_heads'])} heads + {int(r['n_mlps'])} MLPs ({100 * r['share']:.1f}% of nodes)"
-    source = layout.DISCOVER_SUMMARY
-    if math.isnan(r["faithfulness_full"]):
-        return _row("circuit_faithful", scope, rule=rule, n=int(r["n_items"]), split="validation", source=source,
-                    note=f"{size}: the model and the empty circuit score alike on full answers, so faithfulness is "
-                         "undefined")
-    small = r["share"] <= max_share
-    enough = ("holds" if r["faithfulness_full_low"] >= level else
-              "does not hold" if r["faithfulness_full_high"] < level else "inconclusive")
-    better = directional(r["diff_vs_random_full_ci_low"], r["diff_vs_random_full_ci_high"], direction=+1,
-                         min_effect=min_diff)
-    better = "inconclusive" if better == "not measured" else better  # identical answers: no side (note below)
-    if not small:
-        verdict = "does not hold"
-    elif enough == better == "holds":
-        verdict = "holds"
-    elif "holds" in (enough, better):
-        verdict = "partly"
-    elif enough == better == "does not hold":
-        verdict = "does not hold"
-    else:
-        verdict = "inconclusive"
-
-    def pct(name: str) -> str:
-        return _in_percent(r[name], r[name + "_low"], r[name + "_high"])
-
-    random = "no random circuit drawn"
-    if int(r["draws"]):
-        random = (f"random circuits of its size {100 * r['random_faithfulness_full']:.1f}% ({int(r['draws'])} draws), "
-                  "circuit - random " + _in_percent(r["diff_vs_random_full"], r["diff_vs_random_full_ci_low"],
-                                                    r["diff_vs_random_full_ci_high"], sign=True, unit="")
-                  + " points")
-    pruned = "" if display.missing(r.get("measure")) else f" of the {r['measure']}"  # the pruning's measure
-    # the union over operators has no target of its own: it joins each operator's chosen circuit
-    found = (f"the union of the operators' chosen circuits, each pruned on the {r['measure']}"
-             if display.missing(r.get("target")) else f"found at target {r['target']:g}{pruned}")
-    note = [found + (" (no target's circuit kept enough full answers on the identification pairs: the largest "
-                     "target's is scored)" if fallback else ""),
-            f"{size}" + ("" if small else f", more than {100 * max_share:g}%"),
-            f"key circuit {pct('key_faithfulness_full')}", random,
-            f"answer logit {pct('faithfulness_logit')}",
-            f"first token {pct('faithfulness_first')} (a constant first token is right on "
-            f"{100 * r['constant_first']:.0f}% of the items)"]
-    extra = _interval_note(r["diff_vs_random_full_ci_low"], r["diff_vs_random_full_ci_high"], verdict)
-    if extra:
-        note.append(("circuit - random: " if extra == IDENTICAL else "") + extra)
-    return _row("circuit_faithful", scope, measure="the discovered circuit's faithfulness (full answer)",
-                value=100 * r["faithfulness_full"], ci_low=100 * r["faithfulness_full_low"],
-                ci_high=100 * r["faithfulness_full_high"], unit="percent", n=int(r["n_items"]), split="validation",
-                verdict=verdict, rule=rule, note="; ".join(note), source=source)
 
 
 # ------------------------------------------------------------------------------------------------ finetune

@@ -1,6 +1,7 @@
-"""Circuit discovery (`arithmech.interp.discovery`): rule entry points. `run_discover` prunes one operator's circuit on
-its IDENTIFICATION pairs (the pairs that chose the key heads and the ablation means) and scores it on its VALIDATION
-pairs against the key circuit, layer-matched random circuits of its size and the top heads by effect;
+"""Circuit discovery (`arithmech.interp.discovery`) on the teacher-forced protocol
+(`arithmech.interp.teacher_forcing`): rule entry points. `run_discover` prunes one operator's circuit on its
+IDENTIFICATION pairs (the pairs that chose the key heads and the ablation values) and scores it on its VALIDATION pairs
+against the key circuit, layer-matched random circuits of its size and the top heads by effect;
 `run_discover_union` scores the union of every operator's chosen circuit and writes the summary table;
 `run_plot_discover` draws the pruning path and the circuit over the key heads."""
 
@@ -17,8 +18,6 @@ from arithmech.interp import protocol, sufficiency
 from arithmech.interp.effects import pair_labels
 from arithmech.interp.nodes import layer_matched_heads, node_label, parse_nodes, ranked_heads
 from arithmech.io import write_parquet
-
-MEASURE_COLUMN = "measure_value"  # the per-item column of the pruning measure in the items tables
 
 
 def _scored_pairs(pairs: pd.DataFrame, discover: dict, seed: int, where: str) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -57,57 +56,21 @@ def _random_sets(curve_heads, mlps, *, n_layers, n_heads, draws, seed, label, of
                                    if curve_heads else (), tuple(mlps)) for d in range(draws)]
 
 
-def _measure_values(lm, scored, sets, means, measure, batch_size) -> np.ndarray:
-    """The pruning measure of every set on every scored pair, [n_sets, n] (END forwards on the prefix cache)."""
-    from arithmech.interp.discovery import EndTrials, all_nodes
-
-    trials = EndTrials(lm, list(scored["prompt"]), scored["answer_token_id"].to_numpy(), means, measure=measure,
-                       batch_size=batch_size)
-    nodes = all_nodes(lm.n_layers, lm.n_heads)
-    masks = np.array([[(l, h) in set(s.heads) if h >= 0 else l in set(s.mlp_layers) for l, h in nodes] for s in sets])
-    return trials.per_item(masks)
+FLAG_GAP = 0.15  # the two ablations' full-answer faithfulness differing by more is flagged (tf_flag)
 
 
-def _score(lm, scored, sets, targets, means, measure, batch_size, *, n_boot, seed, confidence, extra=None):
-    """(faithfulness table, per-item table) of `sets` (one 'model', one 'empty') on `scored`: full-answer accuracy,
-    answer logit and first-token accuracy (`sufficiency.score_sets`) and the pruning measure (as 'measure')."""
-    from arithmech.intervention.kvcache import shared_prefixes
-
-    with shared_prefixes():  # the same prompts in the same batches: each batch's prefix runs once for both
-        values = sufficiency.score_sets(lm, scored, sets, means=means, positions="end", batch_size=batch_size)
-        values["measure"] = _measure_values(lm, scored, sets, means, measure, batch_size)
-    clusters = pair_labels(scored).to_numpy()
-    table = sufficiency.faithfulness_table(sets, values, clusters, n_boot=n_boot, seed=seed, confidence=confidence)
-    table = table.assign(target=targets, measure_name=measure, n=len(scored), split="validation",
-                         constant_first=sufficiency.constant_accuracy(scored["answer_token_id"]),
-                         constant_full=sufficiency.constant_accuracy(scored["answer"]), **(extra or {}))
-    n = len(scored)
-    items = pd.DataFrame({
-        "curve": np.repeat([s.curve for s in sets], n), "mlps": np.repeat([s.mlps for s in sets], n),
-        "k": np.repeat([s.k for s in sets], n), "seed": np.repeat([s.seed for s in sets], n),
-        "target": np.repeat(targets, n), "sample_id": np.tile(scored["sample_id"].to_numpy(), len(sets)),
-        "cluster": np.tile(clusters, len(sets)),
-        **{sufficiency.MEASURES[m]: values[m].reshape(-1) for m in sufficiency.MEASURES},
-        MEASURE_COLUMN: values["measure"].reshape(-1),
-        **{k: v for k, v in (extra or {}).items()},
-    })
-    return table, items
-
-
-FLAG_GAP = 0.15  # the ablations' (and the old protocol's) full-answer faithfulness differing by more is flagged
-
-
-def _teacher_forced_columns(lm, validation: pd.DataFrame, val: pd.DataFrame, pool: tuple, sets, ranking, nodes,
-                            discover: dict, seed: int, batch: int, sanity: bool = True
-                            ) -> tuple[pd.DataFrame, pd.DataFrame | None, pd.DataFrame]:
-    """(the validation table with the teacher-forced protocol beside the old one, the CPR/CMD rows (None without a
-    ranking), the per-item values of `sets`); pool: (the identification items, their `tail_outputs`). Added
-    per set (`sufficiency.teacher_forced_table`): for each ablation, position set and measure the mean and the
-    faithfulness with intervals, the sanity checks' values; and `tf_flag`: the two ablations' and the old
-    protocol's full-answer faithfulness differ by more than FLAG_GAP. The CPR/CMD rows: one per node share
-    (curve 'share', node_share; the top nodes of the pruning's ranking, `discovery.node_ranking`), the
-    teacher-forced columns only.
-    sanity: False skips the sanity checks (the union: `run_discover` ran them on the same pairs and pool)."""
+def _scored(lm, val: pd.DataFrame, pool: tuple, sets, targets, ranking, nodes, discover: dict, seed: int, batch: int,
+            sanity: bool = True) -> tuple[pd.DataFrame, pd.DataFrame | None, pd.DataFrame]:
+    """(the validation table, the CPR/CMD rows (None without a ranking), the per-item table) of `sets` (one 'model',
+    one 'empty'; `targets`: each set's target, NaN for none) on the validation pairs `val`, teacher-forced with
+    values from the identification items; pool: (those items, their `tail_outputs`). Per set
+    (`sufficiency.teacher_forced_table` at END + answer positions): for each ablation and measure the mean and the
+    faithfulness with intervals, the sanity checks' values, and `tf_flag`: the two ablations' full-answer
+    faithfulness differ by more than FLAG_GAP. The CPR/CMD rows: one per node share (curve 'share', node_share; the
+    top nodes of the pruning's ranking, `discovery.node_ranking`). The per-item table: one row per set and
+    validation pair (curve, mlps, k, seed, target, sample_id, cluster, the tf_... values; NaN for a pair the protocol
+    leaves out). sanity: False skips the sanity checks (the union: `run_discover` ran them on the same pairs and
+    pool)."""
     from arithmech.interp import teacher_forcing as tf
 
     shares = tf.share_circuits(ranking) if ranking is not None else np.zeros((0, len(nodes)), dtype=bool)
@@ -115,25 +78,27 @@ def _teacher_forced_columns(lm, validation: pd.DataFrame, val: pd.DataFrame, poo
                                          tuple(n for n, k in zip(nodes, m) if k and n[1] >= 0),
                                          tuple(n[0] for n, k in zip(nodes, m) if k and n[1] < 0)) for m in shares]
     pool, pool_outputs = pool
-    # the END-only decomposition for what it explains: the discovered circuits (with the model and the empty set)
-    decomposed = [i for i, s in enumerate(sets) if s.curve in ("model", "empty", "discovered")]
     scored, per_item = sufficiency.teacher_forced_table(
         lm, val, pool, sets + share_sets, pool_outputs=pool_outputs, sanity_draws=discover["sanity_draws"],
-        strict=sufficiency.strict_kinds(discover["sanity"]), n_boot=discover["bootstrap"],
-        seed=seed,
-        confidence=discover["confidence"], batch_size=batch, end_rows=decomposed, sanity=sanity,
+        strict=sufficiency.strict_kinds(discover["sanity"]), n_boot=discover["bootstrap"], seed=seed,
+        confidence=discover["confidence"], batch_size=batch, positions_sets=("tail",), sanity=sanity,
         sanity_samples=discover["sanity_samples"])
-    own = [c for c in scored if c.startswith(sufficiency.TF_COLUMNS)]
-    out = pd.concat([validation.reset_index(drop=True), scored[own].iloc[: len(sets)].reset_index(drop=True)], axis=1)
-    f = pd.concat([out[c] for c in ("faithfulness_tf_resample_tail_correct", "faithfulness_tf_mean_tail_correct",
-                                    "faithfulness_full")], axis=1)
-    out["tf_flag"] = (f.max(axis=1) - f.min(axis=1)) > FLAG_GAP
+    table = scored.iloc[: len(sets)].reset_index(drop=True).assign(target=targets, n=len(val), split="validation")
+    f = table[[f"faithfulness_tf_{kind}_tail_correct" for kind in protocol.KINDS]]
+    table["tf_flag"] = (f.max(axis=1) - f.min(axis=1)) > FLAG_GAP
     rows = None
     if ranking is not None:
-        rows = scored.iloc[len(sets):].reset_index(drop=True).assign(node_share=list(tf.SHARES),
-                                                                      n=int(scored["tf_n_items"].iloc[0]),
-                                                                      split="validation")
-    return out, rows, per_item[per_item["set_index"] < len(sets)]
+        rows = scored.iloc[len(sets) :].reset_index(drop=True).assign(node_share=list(tf.SHARES),
+                                                                       n=int(scored["tf_n_items"].iloc[0]),
+                                                                       split="validation")
+    n = len(val)
+    items = pd.DataFrame({
+        "curve": np.repeat([s.curve for s in sets], n), "mlps": np.repeat([s.mlps for s in sets], n),
+        "k": np.repeat([s.k for s in sets], n), "seed": np.repeat([s.seed for s in sets], n),
+        "target": np.repeat(targets, n), "sample_id": np.tile(val["sample_id"].to_numpy(), len(sets)),
+        "cluster": np.tile(pair_labels(val).to_numpy(), len(sets))})
+    items = sufficiency.with_set_columns(items, len(sets), per_item[per_item["set_index"] < len(sets)])
+    return table, rows, items
 
 
 def _correct_by_kind(lm, items, pool, pool_outputs, masks, *, seed: int, batch: int, trials=None) -> dict:
@@ -222,51 +187,44 @@ def choose_target(table: pd.DataFrame, min_full_share: float) -> tuple[float, bo
     return float(table["target"].max()), False
 
 
-def run_discover(*, model: str, task: str, model_dir, pairs_path, cache_path, effects_path, key_path, discover: dict,
+def run_discover(*, model: str, task: str, model_dir, pairs_path, effects_path, key_path, discover: dict,
                  compute: dict, seed: int, out_table, out_path, out_validation, out_items, out_added) -> None:
     """Discover one operator's circuit at every `discover["targets"]` on a seeded draw of its identification pairs
-    (`discovery.prune` along `discovery.node_ranking`), choose the target (`choose_target`, on a seeded draw of
+    (`discovery.prune` along `discovery.node_ranking`, two-sided, on `teacher_forcing.TailTrials` with the
+    `tf_ablation` values and the `tf_measure`), choose the target (`choose_target`, on a seeded draw of
     `selection_samples` identification pairs with other operands: `_selection_pairs`), and score every target's circuit
     on a seeded draw of its validation pairs against the key circuit (key heads, key MLPs), `random_draws` layer-matched
     random head sets of its size (its MLPs) and its size's top heads by effect (its MLPs), with cluster-bootstrap
     intervals. Writes the circuits (`out_table`), the pruning path (`out_path`), the validation faithfulness
     (`out_validation`) with its per-item values (`out_items`), and the added heads' direct effects and END attention by
     token role (`out_added`)."""
-    from safetensors.torch import load_file
-
     from arithmech.interp import teacher_forcing as tf
-    from arithmech.interp.activations import cache_means
-    from arithmech.interp.discovery import MLP, EndTrials, all_nodes, node_ranking, prune
+    from arithmech.interp.discovery import MLP, all_nodes, node_ranking, prune
     from arithmech.model.loading import load_stage_model, stage_meta
 
     lm = load_stage_model(model_dir, compute)
     pairs = pd.read_parquet(pairs_path)
     ident, val = _scored_pairs(pairs, discover, seed, str(pairs_path))
-    means = cache_means(load_file(str(cache_path)), "end")
     effects = pd.read_parquet(effects_path)
     key_heads, key_mlps = sufficiency.key_nodes(pd.read_parquet(key_path))
     nodes = all_nodes(lm.n_layers, lm.n_heads)
-    measure, targets, batch = discover["measure"], [float(t) for t in discover["targets"]], compute["batch_size"]
+    targets, batch, ablation = [float(t) for t in discover["targets"]], compute["batch_size"], discover["tf_ablation"]
+    measure = f"tf_{ablation}_{discover['tf_measure']}"  # what the pruning's faithfulness is of
 
     start = time.perf_counter()
-    teacher_forced = discover["protocol"] == "teacher_forced"
-    if teacher_forced:  # END and every answer position, position-matched values from the identification pairs
-        pool = tf.build_items(lm, split_pairs(pairs, "identification", str(pairs_path)), batch_size=batch,
-                              outputs=True)  # one forward over the pool for its terminators and every ablation
-        pool_outputs = tf.tail_outputs(lm, pool, batch)
-        prune_items = tf.build_items(lm, ident, batch_size=batch)
-        tail_values = tf.ablation_values(lm, prune_items, pool, discover["tf_ablation"], seed=seed, batch_size=batch,
-                                         pool_outputs=pool_outputs)
-        trials = tf.TailTrials(lm, prune_items, tail_values, measure=discover["tf_measure"],
-                               batch_size=max(batch, len(prune_items)))
-        measure = f"tf_{discover['tf_ablation']}_{discover['tf_measure']}"
-    else:  # the old reference: the first answer token at END, the END mean of the counterfactuals
-        trials = EndTrials(lm, list(ident["prompt"]), ident["answer_token_id"].to_numpy(), means, measure=measure,
-                           batch_size=max(batch, len(ident)))
+    # END and every answer position, position-matched values from the identification pairs
+    pool = tf.build_items(lm, split_pairs(pairs, "identification", str(pairs_path)), batch_size=batch,
+                          outputs=True)  # one forward over the pool for its terminators and every ablation
+    pool_outputs = tf.tail_outputs(lm, pool, batch)
+    prune_items = tf.build_items(lm, ident, batch_size=batch)
+    tail_values = tf.ablation_values(lm, prune_items, pool, ablation, seed=seed, batch_size=batch,
+                                     pool_outputs=pool_outputs)
+    trials = tf.TailTrials(lm, prune_items, tail_values, measure=discover["tf_measure"],
+                           batch_size=max(batch, len(prune_items)))
     ranking, attribution = node_ranking(trials, discover["ig_steps"])
     max_trials = discover["max_trials"] if lm.n_layers * lm.n_heads >= discover["max_trials"] else None
     pruned, path = prune(trials, targets, ranking=ranking, attribution=attribution, max_trials=max_trials,
-                         max_passes=discover["max_passes"], two_sided=teacher_forced)
+                         max_passes=discover["max_passes"], two_sided=True)
     seconds = time.perf_counter() - start
 
     # full-answer accuracy kept on held-out identification pairs: what the target is chosen on
@@ -280,23 +238,18 @@ def run_discover(*, model: str, task: str, model_dir, pairs_path, cache_path, ef
                                     tuple(p.mlps(nodes))) for p in pruned]
     base = [sufficiency.CircuitSet("model", "all", len(every), -1, every, tuple(range(lm.n_layers))),
             sufficiency.CircuitSet("empty", "none", 0, -1, (), ())]
-    fitted = {}  # the circuits' full-answer faithfulness on the pairs they were pruned on, per ablation
-    if teacher_forced:  # teacher-forced correctness: greedy full answers under the same per-position values
-        masks = sufficiency.kept_masks(base + found, nodes)
-        correct = _correct_by_kind(lm, prune_items, pool, pool_outputs, masks, seed=seed, batch=batch, trials=trials)
-        on_ident, fitted = correct[discover["tf_ablation"]].mean(1), _fitted(correct)
-        if select is not None:
-            select_items = tf.build_items(lm, select, batch_size=batch)
-            on_ident = tf.TailTrials(lm, select_items, tf.ablation_values(
-                lm, select_items, pool, discover["tf_ablation"], seed=seed, batch_size=batch,
-                pool_outputs=pool_outputs), batch_size=batch).scores(masks)["correct"].mean(1)
-    else:
-        on_ident = sufficiency.score_sets(lm, ident if select is None else select, base + found, means=means,
-                                          positions="end", batch_size=batch)["full"].mean(1)
+    # teacher-forced correctness: greedy full answers under the same per-position values; `fitted`: the circuits'
+    # full-answer faithfulness on the pairs they were pruned on, per ablation
+    masks = sufficiency.kept_masks(base + found, nodes)
+    correct = _correct_by_kind(lm, prune_items, pool, pool_outputs, masks, seed=seed, batch=batch, trials=trials)
+    on_ident, fitted = correct[ablation].mean(1), _fitted(correct)
+    if select is not None:
+        select_items = tf.build_items(lm, select, batch_size=batch)
+        on_ident = tf.TailTrials(lm, select_items, tf.ablation_values(
+            lm, select_items, pool, ablation, seed=seed, batch_size=batch,
+            pool_outputs=pool_outputs), batch_size=batch).scores(masks)["correct"].mean(1)
     table = pd.DataFrame({
-        # measure: the END protocol's (its faithfulness_measure columns); pruned_on: what `faithfulness` is of
-        "task": task, "target": targets, "measure": discover["measure"], "protocol": discover["protocol"],
-        "pruned_on": measure,
+        "task": task, "target": targets, "pruned_on": measure,  # pruned_on: what `faithfulness` is of
         "n_heads": [len(s.heads) for s in found], "n_mlps": [len(s.mlp_layers) for s in found],
         "n_nodes": [len(s.heads) + len(s.mlp_layers) for s in found],
         "share": [(len(s.heads) + len(s.mlp_layers)) / len(nodes) for s in found],
@@ -337,15 +290,10 @@ def run_discover(*, model: str, task: str, model_dir, pairs_path, cache_path, ef
             sufficiency.CircuitSet("top", "discovered", len(s.heads), -1, tuple(ranked[: len(s.heads)]), s.mlp_layers)]
         sets += mine
         set_targets += [p.target] * len(mine)
-    validation, items = _score(lm, val, sets, np.array(set_targets), means, discover["measure"], batch,
-                               n_boot=discover["bootstrap"], seed=seed, confidence=discover["confidence"])
-    share_rows = None
-    if teacher_forced:
-        validation, share_rows, tf_items = _teacher_forced_columns(lm, validation, val, (pool, pool_outputs), sets,
-                                                                   ranking, nodes, discover, seed, batch)
-        items = sufficiency.with_set_columns(items, len(sets), tf_items)
-        for kind in protocol.KINDS:  # what a verdict reading the items needs beside them: the failed sanity checks
-            items[f"sanity_{kind}_failed"] = validation[f"sanity_{kind}_failed"].iloc[0]
+    validation, share_rows, items = _scored(lm, val, (pool, pool_outputs), sets, np.array(set_targets), ranking,
+                                            nodes, discover, seed, batch)
+    for kind in protocol.KINDS:  # what a verdict reading the items needs beside them: the failed sanity checks
+        items[f"sanity_{kind}_failed"] = validation[f"sanity_{kind}_failed"].iloc[0]
     key_set = set(key_heads)
     discovered = validation["curve"] == "discovered"
     heads_of = [s.heads for s in sets]
@@ -357,11 +305,11 @@ def run_discover(*, model: str, task: str, model_dir, pairs_path, cache_path, ef
                               for hs, d in zip(heads_of, discovered)]
     validation.insert(0, "task", task)
     validation["chosen"] = validation["target"] == chosen
-    if share_rows is not None:
-        validation = pd.concat([validation, share_rows.assign(task=task, chosen=False)], ignore_index=True)
-        flag = order_flag(task, validation, *_circuits_of(validation))
-        if flag:
-            warnings.warn(f"the CPR curve's ranking is beaten by a scored circuit: {flag}", stacklevel=2)
+    validation["measure_name"] = measure
+    validation = pd.concat([validation, share_rows.assign(task=task, chosen=False)], ignore_index=True)
+    flag = order_flag(task, validation, *_circuits_of(validation))
+    if flag:
+        warnings.warn(f"the CPR curve's ranking is beaten by a scored circuit: {flag}", stacklevel=2)
     added = _added_heads(lm, val, table, key_set, effects, batch)
 
     meta = stage_meta(model_dir, "discover", task=task, discover=discover, seed=seed, key_heads=len(key_heads),
@@ -401,36 +349,20 @@ def _added_heads(lm, scored: pd.DataFrame, table: pd.DataFrame, key_set: set, ef
 
 
 def _summary_row(task, target, chosen, circuit_row: pd.Series, key_row: pd.Series | None, items: pd.DataFrame,
-                 n_nodes: int, measure: str, discover: dict, seed: int, model_full: float) -> dict:
-    """One summary row: the circuit's validation faithfulness, the key circuit's, and the paired difference from
-    its layer-matched random circuits (full answers, and the pruning measure); full_share: its full-answer
-    accuracy over the model's (`model_full`)."""
+                 n_nodes: int, pruned_on: str, discover: dict, seed: int, model_correct: float) -> dict:
+    """One summary row: the circuit's size, its teacher-forced validation faithfulness and its paired difference from
+    its layer-matched random circuits (`_tf_summary`), the key circuit's faithfulness; full_share: its full-answer
+    accuracy under the pruning's ablation over the model's (`model_correct`)."""
     boot = {"n_boot": discover["bootstrap"], "seed": seed, "confidence": discover["confidence"]}
-    full = sufficiency.key_vs_random(items, measure="full", mlps="discovered", curve="discovered", **boot)
-    by_measure = sufficiency.key_vs_random(items, measure="full", mlps="discovered", curve="discovered",
-                                           column=MEASURE_COLUMN, **boot)
-    row = {"task": task, "target": target, "chosen": chosen, "measure": measure,
+    row = {"task": task, "target": target, "chosen": chosen, "pruned_on": pruned_on,
            "n_heads": int(circuit_row["n_heads"]), "n_mlps": int(circuit_row["n_mlps"]),
            "share": (circuit_row["n_heads"] + circuit_row["n_mlps"]) / n_nodes}
-    for m in ("full", "logit", "first", "measure"):
-        for suffix in ("", "_low", "_high"):
-            row[f"faithfulness_{m}{suffix}"] = float(circuit_row[f"faithfulness_{m}{suffix}"])
-    for suffix in ("", "_low", "_high"):
-        row[f"key_faithfulness_full{suffix}"] = (np.nan if key_row is None
-                                                 else float(key_row[f"faithfulness_full{suffix}"]))
-    for kind in protocol.KINDS:  # the key circuit on the teacher-forced protocol, where it was scored on it
+    for kind in protocol.KINDS:  # the key circuit, scored beside it
         column = f"faithfulness_tf_{kind}_tail_correct"
-        if key_row is not None and column in key_row:
-            row |= {f"tf_{kind}_key_correct{suffix}": float(key_row[column + suffix])
-                    for suffix in ("", "_low", "_high")}
-    row |= {"random_faithfulness_full": full["random"], "diff_vs_random_full": full["difference"],
-            "ci_low": full["ci_low"], "ci_high": full["ci_high"],
-            "diff_vs_random_full_ci_low": full["ci_low"], "diff_vs_random_full_ci_high": full["ci_high"],
-            "random_faithfulness_measure": by_measure["random"], "diff_vs_random_measure": by_measure["difference"],
-            "diff_vs_random_measure_low": by_measure["ci_low"], "diff_vs_random_measure_high": by_measure["ci_high"],
-            "constant_first": float(circuit_row["constant_first"]), "first": float(circuit_row["first"]),
-            "full_share": float(circuit_row["full"]) / model_full if model_full > 0 else np.nan,
-            "n_items": full["n_items"], "n_clusters": full["n_clusters"], "draws": full["draws"]}
+        row |= {f"tf_{kind}_key_correct{suffix}": np.nan if key_row is None else float(key_row[column + suffix])
+                for suffix in ("", "_low", "_high")}
+    correct = float(circuit_row[f"tf_{discover['tf_ablation']}_tail_correct"])
+    row["full_share"] = correct / model_correct if model_correct > 0 else np.nan
     sanity = {k: v for k, v in circuit_row.items() if str(k).startswith("sanity_") and str(k).endswith("_failed")}
     return row | _tf_summary(items, boot, {k: ("" if pd.isna(v) else str(v)) for k, v in sanity.items()})
 
@@ -439,7 +371,8 @@ def _tf_summary(items: pd.DataFrame, boot: dict, sanity: dict | None = None) -> 
     """The teacher-forced columns of a summary row (what `report.verdicts.circuit_faithful` reads), where the items
     carry them: per ablation kind, the circuit's full-answer (tf_<kind>_correct) and log-probability
     (tf_<kind>_logprob) faithfulness with intervals, and (circuit - its layer-matched random circuits) on full
-    answers (tf_<kind>_random_diff), paired; tf_n_items: the pairs scored; tf_<kind>_sanity_failed: the failed
+    answers (tf_<kind>_random_diff), paired; tf_n_items: the pairs scored; draws: the random circuits (0: none, the
+    difference NaN); tf_<kind>_sanity_failed: the failed
     sanity checks of that ablation ('' when none; `sanity`: the validation row's sanity_* values)."""
     row = {}
     for kind in protocol.KINDS:
@@ -457,14 +390,15 @@ def _tf_summary(items: pd.DataFrame, boot: dict, sanity: dict | None = None) -> 
                     f"tf_{kind}_{measure}_high": res["key_high"]}
             if measure == "correct":
                 row |= {f"tf_{kind}_random_diff": res["difference"], f"tf_{kind}_random_diff_low": res["ci_low"],
-                        f"tf_{kind}_random_diff_high": res["ci_high"], "tf_n_items": res["n_items"]}
+                        f"tf_{kind}_random_diff_high": res["ci_high"], "tf_n_items": res["n_items"],
+                        "draws": res["draws"]}
     return row
 
 
 def _gap(row: dict, fitted: dict) -> dict:
     """tf_<kind>_correct_identification (`fitted`: the circuit's full-answer faithfulness on the pairs it was
     pruned on) and tf_<kind>_gap: that minus its validation faithfulness (tf_<kind>_correct); NaN where either is
-    missing (the END protocol)."""
+    undefined (the model and the empty circuit answer alike)."""
     out = {}
     for kind in protocol.KINDS:
         fit = float(fitted.get(kind, np.nan))
@@ -478,14 +412,15 @@ def task_summary(task: str, table: pd.DataFrame, validation: pd.DataFrame, items
     """The summary rows of one operator, one per target (`run_discover`'s tables)."""
     rows = []
     key = validation[validation["curve"] == "key"]
-    model_full = float(validation.loc[validation["curve"] == "model", "full"].iloc[0])
+    model_correct = float(validation.loc[validation["curve"] == "model",
+                                         f"tf_{discover['tf_ablation']}_tail_correct"].iloc[0])
     flag = order_flag(task, validation, *_circuits_of(validation))
     for _, circuit in table.iterrows():
         target = circuit["target"]
         scored = validation[(validation["curve"] == "discovered") & (validation["target"] == target)].iloc[0]
         mine = items[items["curve"].isin(["model", "empty"]) | (items["target"] == target)]
         row = _summary_row(task, target, bool(circuit["chosen"]), scored, key.iloc[0] if len(key) else None, mine,
-                           n_nodes, circuit["measure"], discover, seed, model_full)
+                           n_nodes, circuit["pruned_on"], discover, seed, model_correct)
         rows.append(row | _gap(row, {k: circuit.get(f"tf_{k}_correct_identification", np.nan) for k in protocol.KINDS})
                     # False: no target kept min_full_share on the identification pairs, the largest was chosen
                     | {"share_reached": bool(circuit.get("share_reached", True)), "cpr_order_flag": flag})
@@ -496,7 +431,7 @@ def task_summary(task: str, table: pd.DataFrame, validation: pd.DataFrame, items
     return rows
 
 
-def run_discover_union(*, model: str, model_dir, tasks: list[str], pairs_paths, cache_paths, key_paths, table_paths,
+def run_discover_union(*, model: str, model_dir, tasks: list[str], pairs_paths, key_paths, table_paths,
                        validation_paths, items_paths, discover: dict, compute: dict, seed: int, out_validation,
                        out_summary) -> None:
     """The union of every operator's chosen circuit (and, beside it, the union of the key circuits), scored on each
@@ -504,17 +439,14 @@ def run_discover_union(*, model: str, model_dir, tasks: list[str], pairs_paths, 
     sets of its size with its MLPs (`out_validation`, one block of rows per operator and one pooled over operators,
     task 'union'); and the summary (`out_summary`): one row per operator and target from `run_discover`'s tables,
     and one for the union (pooled; target NaN)."""
-    from safetensors.torch import load_file
-
     from arithmech.interp import teacher_forcing as tf
-    from arithmech.interp.activations import cache_means
     from arithmech.interp.discovery import all_nodes
     from arithmech.model.loading import load_stage_model, stage_meta
 
     lm = load_stage_model(model_dir, compute)
     n_nodes = len(all_nodes(lm.n_layers, lm.n_heads))
     tables = {t: pd.read_parquet(p) for t, p in zip(tasks, table_paths, strict=True)}
-    measure = discover["measure"]
+    pruned_on = f"tf_{discover['tf_ablation']}_{discover['tf_measure']}"  # each operator's circuit's
     heads, mlps, key_h, key_m = set(), set(), set(), set()
     for task, key_path in zip(tasks, key_paths, strict=True):
         chosen = tables[task][tables[task]["chosen"]].iloc[0]
@@ -534,51 +466,41 @@ def run_discover_union(*, model: str, model_dir, tasks: list[str], pairs_paths, 
                           draws=discover["random_draws"], seed=seed, label="discovered")]
     targets = np.full(len(sets), np.nan)
     boot = {"n_boot": discover["bootstrap"], "seed": seed, "confidence": discover["confidence"]}
-    blocks, all_items, constants, fitted, flags = [], [], [], [], []
+    blocks, all_items, fitted, flags = [], [], [], []
     nodes, batch = all_nodes(lm.n_layers, lm.n_heads), compute["batch_size"]
-    for task, pairs_path, cache_path, val_path in zip(tasks, pairs_paths, cache_paths, validation_paths, strict=True):
+    for task, pairs_path, val_path in zip(tasks, pairs_paths, validation_paths, strict=True):
         pairs = pd.read_parquet(pairs_path)
         ident, val = _scored_pairs(pairs, discover, seed, str(pairs_path))
-        means = cache_means(load_file(str(cache_path)), "end")
-        table, items = _score(lm, val, sets, targets, means, measure, batch, **boot)
-        if discover["protocol"] == "teacher_forced":  # the union on the protocol its parts were pruned on
-            pool = tf.build_items(lm, split_pairs(pairs, "identification", str(pairs_path)), batch_size=batch,
-                                  outputs=True)
-            pool_outputs = tf.tail_outputs(lm, pool, batch)
-            table, _, tf_items = _teacher_forced_columns(lm, table, val, (pool, pool_outputs), sets, None, nodes,
-                                                         discover, seed, batch, sanity=False)
-            # the union on the pairs its parts were pruned on (the gap's identification side): model, empty, union
-            fitted.append(_correct_by_kind(lm, tf.build_items(lm, ident, batch_size=batch), pool, pool_outputs,
-                                           sufficiency.kept_masks(sets[:2] + [union], nodes), seed=seed,
-                                           batch=batch))
-            mine = table[table["curve"].isin(["discovered", "key"])]
-            flags.append(order_flag(task, pd.read_parquet(val_path), mine,
-                                    ["union" if c == "discovered" else "union of the key circuits"
-                                     for c in mine["curve"]]))
-            items = sufficiency.with_set_columns(items, len(sets), tf_items)
-            # the sanity checks depend on the pairs, the pool and the seed only, the same as run_discover's: its
-            # values, not a second run of them
-            own = pd.read_parquet(val_path)
-            table = table.assign(**{c: own[c].iloc[0] for c in own if c.startswith("sanity_")})
+        pool = tf.build_items(lm, split_pairs(pairs, "identification", str(pairs_path)), batch_size=batch,
+                              outputs=True)
+        pool_outputs = tf.tail_outputs(lm, pool, batch)
+        table, _, items = _scored(lm, val, (pool, pool_outputs), sets, targets, None, nodes, discover, seed, batch,
+                                  sanity=False)
+        # the union on the pairs its parts were pruned on (the gap's identification side): model, empty, union
+        fitted.append(_correct_by_kind(lm, tf.build_items(lm, ident, batch_size=batch), pool, pool_outputs,
+                                       sufficiency.kept_masks(sets[:2] + [union], nodes), seed=seed,
+                                       batch=batch))
+        mine = table[table["curve"].isin(["discovered", "key"])]
+        flags.append(order_flag(task, pd.read_parquet(val_path), mine,
+                                ["union" if c == "discovered" else "union of the key circuits"
+                                 for c in mine["curve"]]))
+        # the sanity checks depend on the pairs, the pool and the seed only, the same as run_discover's: its
+        # values, not a second run of them
+        own = pd.read_parquet(val_path)
+        table = table.assign(**{c: own[c].iloc[0] for c in own if c.startswith("sanity_")})
         blocks.append(table.assign(task=task))
         all_items.append(items.assign(task=task, sample_id=task + ":" + items["sample_id"].astype(str),
                                       cluster=task + ":" + items["cluster"]))
-        constants.append(table["constant_first"].iloc[0] * len(val))
     items = pd.concat(all_items, ignore_index=True)
-    # pooled over operators (each scored on its own number of pairs): every set's values side by side
-    wide, pooled_clusters = sufficiency.pooled_values(items, len(sets),
-                                                      sufficiency.MEASURES | {"measure": MEASURE_COLUMN}, groups=tasks)
-    pooled = sufficiency.faithfulness_table(sets, wide, pooled_clusters, **boot)
-    tf_columns = {c: c for c in items if c.startswith("tf_") and ("_tail_" in c or "_end_" in c)}
-    if tf_columns:  # the teacher-forced measures too (the key circuit's, the decomposition), on the pairs it kept
-        tf_wide, _ = sufficiency.pooled_values(items, len(sets), tf_columns, groups=tasks)
-        kept = ~np.isnan(np.stack(list(tf_wide.values()))).all((0, 1))
-        tf_table = sufficiency.faithfulness_table(sets, {k: v[:, kept] for k, v in tf_wide.items()},
-                                                  pooled_clusters[kept], **boot)
-        pooled = pd.concat([pooled, tf_table[[c for c in tf_table if c not in pooled]]], axis=1)
-    n_items = len(pooled_clusters)
-    pooled = pooled.assign(task="union", target=targets, measure_name=measure, n=n_items, split="validation",
-                           constant_first=sum(constants) / n_items, constant_full=np.nan)
+    # pooled over operators (each scored on its own number of pairs): every set's values side by side, on the pairs
+    # the protocol kept
+    wide, pooled_clusters = sufficiency.pooled_values(
+        items, len(sets), {c: c for c in items if c.startswith("tf_") and "_tail_" in c}, groups=tasks)
+    kept = ~np.isnan(np.stack(list(wide.values()))).all((0, 1))
+    pooled = sufficiency.faithfulness_table(sets, {k: v[:, kept] for k, v in wide.items()}, pooled_clusters[kept],
+                                            **boot)
+    pooled = pooled.assign(task="union", target=targets, n=len(pooled_clusters), tf_n_items=int(kept.sum()),
+                           split="validation")
     validation = pd.concat([*blocks, pooled], ignore_index=True)
     validation["chosen"] = True
 
@@ -592,9 +514,9 @@ def run_discover_union(*, model: str, model_dir, tasks: list[str], pairs_paths, 
         circuit_row[column] = "; ".join(dict.fromkeys(f"{t}: {b[column].iloc[0]}" for t, b in zip(tasks, blocks)
                                                       if column in b and str(b[column].iloc[0])))
     key_row = pooled[pooled["curve"] == "key"].iloc[0]
-    model_full = float(pooled.loc[pooled["curve"] == "model", "full"].iloc[0])
-    row = _summary_row("union", np.nan, True, circuit_row, key_row, items, n_nodes, measure, discover, seed,
-                       model_full)
+    model_correct = float(pooled.loc[pooled["curve"] == "model", f"tf_{discover['tf_ablation']}_tail_correct"].iloc[0])
+    row = _summary_row("union", np.nan, True, circuit_row, key_row, items, n_nodes, pruned_on, discover, seed,
+                       model_correct)
     # pooled over operators: each operator's pruning pairs, per-item correctness side by side
     pooled_fit = _fitted({k: np.concatenate([f[k] for f in fitted], 1) for k in protocol.KINDS}) if fitted else {}
     rows.append(row | _gap(row, {k: v[0] for k, v in pooled_fit.items()})
@@ -618,8 +540,8 @@ def run_plot_discover(*, model: str, task: str, path_path, validation_path, key_
     measure = validation["measure_name"].iloc[0]
     plots.pruning_path(path, f"{model}, {task}: greedy pruning on identification pairs ({measure})", out_path_png)
     chosen = validation[(validation["curve"] == "discovered") & validation["chosen"]].iloc[0]
-    f, lo, hi = (chosen[f"faithfulness_full{s}"] for s in ("", "_low", "_high"))
+    kept = ", ".join(f"{kind} {chosen[c]:.2f} [{chosen[c + '_low']:.2f}, {chosen[c + '_high']:.2f}]"
+                     for kind, c in ORDER_FLAG_COLUMNS.items())
     plots.circuit_grid(chosen["nodes"], key_heads, n_layers, n_heads,
                        f"{model}, {task}: discovered circuit (target {chosen['target']:g}) over the key heads\n"
-                       f"validation: full-answer faithfulness {f:.2f} [{lo:.2f}, {hi:.2f}], first-token accuracy "
-                       f"{chosen['first']:.2f} (constant {chosen['constant_first']:.2f})", out_grid_png)
+                       f"validation, teacher-forced full-answer faithfulness: {kept}", out_grid_png)

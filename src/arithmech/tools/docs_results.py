@@ -408,49 +408,44 @@ def key_overlap(validation: pd.DataFrame | None, task: str) -> str:
 
 def discover_table(summary: pd.DataFrame, validation: pd.DataFrame | None) -> pd.DataFrame:
     """Per operator (its chosen target) and the union over operators: the discovered circuit's size and its
-    validation faithfulness (full answers, answer logit, first token with the constant predictor's accuracy),
-    against the key circuit and layer-matched random circuits of its size (the paired difference), with 95%
-    intervals at their precision, and its overlap with the key heads."""
+    teacher-forced validation faithfulness under each ablation (full answers, log-probability), against the key
+    circuit and layer-matched random circuits of its size (the paired difference in full-answer faithfulness), with
+    95% intervals at their precision, and its overlap with the key heads."""
     chosen = summary[summary["chosen"].astype(bool)].sort_values("target").drop_duplicates("task")
     order = [t for t in chosen["task"] if t != "union"] + [t for t in chosen["task"] if t == "union"]
     rows = []
     for task in order:
         r = chosen[chosen["task"] == task].iloc[0]
-        rows.append({
-            "operator": "all (union)" if task == "union" else task,
-            "target": "each operator's" if task == "union" else display.significant(r["target"], 2),
-            "pairs": display.count(r["n_items"]),
-            "size": f"{int(r['n_heads'])} heads + {int(r['n_mlps'])} MLPs ({display.share(r['share'])})",
-            "full answer": _faithful(r["faithfulness_full"], r["faithfulness_full_low"], r["faithfulness_full_high"]),
-            "answer logit": _faithful(r["faithfulness_logit"], r["faithfulness_logit_low"],
-                                      r["faithfulness_logit_high"]),
-            "first token (accuracy; constant)": (
-                _faithful(r["faithfulness_first"], r["faithfulness_first_low"], r["faithfulness_first_high"])
-                + f" ({display.share(r['first'])}; {display.share(r['constant_first'])})"),
-            "key circuit, full answer": _faithful(r["key_faithfulness_full"], r["key_faithfulness_full_low"],
-                                                  r["key_faithfulness_full_high"]),
-            "random circuits, full answer": f"{display.share(r['random_faithfulness_full'])} ({int(r['draws'])} draws)",
-            "circuit - random": (
-                display.estimate(r["diff_vs_random_full"], r["diff_vs_random_full_ci_low"],
-                                 r["diff_vs_random_full_ci_high"], scale=100, sign=True,
+        row = {"operator": "all (union)" if task == "union" else task,
+               "target": "each operator's" if task == "union" else display.significant(r["target"], 2),
+               "pairs": display.count(r["tf_n_items"]),
+               "size": f"{int(r['n_heads'])} heads + {int(r['n_mlps'])} MLPs ({display.share(r['share'])})"}
+        for name, column in (("full answer", "correct"), ("log-probability", "logprob"),
+                             ("key circuit, full answer", "key_correct")):
+            for kind in protocol.KINDS:
+                c = f"tf_{kind}_{column}"
+                row[f"{name} ({kind})"] = _faithful(r[c], r[f"{c}_low"], r[f"{c}_high"])
+        for kind in protocol.KINDS:
+            c = f"tf_{kind}_random_diff"
+            row[f"circuit - random ({kind})"] = (
+                display.estimate(r[c], r[f"{c}_low"], r[f"{c}_high"], scale=100, sign=True,
                                  fallback=lambda v: display.number(v, 1, sign=True))  # the unit follows once
-                + " points " + display.bounds(r["diff_vs_random_full_ci_low"], r["diff_vs_random_full_ci_high"],
-                                              scale=100, sign=True)).strip(),
-            "key heads kept": key_overlap(validation, task),
-        })
+                + " points " + display.bounds(r[f"{c}_low"], r[f"{c}_high"], scale=100, sign=True)).strip()
+        row["key heads kept"] = key_overlap(validation, task)
+        rows.append(row)
     return pd.DataFrame(rows)
 
 
 def discover_targets_table(summary: pd.DataFrame) -> pd.DataFrame:
-    """Per operator and target: the circuit's size, the full-answer faithfulness it keeps on the validation pairs,
-    and which target the rule chose (on the identification pairs) and which it would choose on the validation
-    pairs (reported only)."""
+    """Per operator and target: the circuit's size, the teacher-forced full-answer faithfulness it keeps on the
+    validation pairs under each ablation, and which target the rule chose (on the selection pairs) and which it would
+    choose on the validation pairs (reported only)."""
     rows = []
     for r in summary[summary["task"] != "union"].sort_values(["task", "target"], kind="stable").to_dict("records"):
         rows.append({"operator": r["task"], "target": display.significant(r["target"], 2),
                      "size": f"{int(r['n_heads'])} heads + {int(r['n_mlps'])} MLPs ({display.share(r['share'])})",
-                     "full answer": _faithful(r["faithfulness_full"], r["faithfulness_full_low"],
-                                              r["faithfulness_full_high"]),
+                     **{f"full answer ({k})": _faithful(r[f"tf_{k}_correct"], r[f"tf_{k}_correct_low"],
+                                                        r[f"tf_{k}_correct_high"]) for k in protocol.KINDS},
                      "chosen": ("" if not r["chosen"] else "yes (the largest: none kept enough)" if fell_back(r)
                                 else "yes"),
                      "smallest keeping the share on validation": (
@@ -468,55 +463,23 @@ def discover_section(root: Path, tasks: list[str], figure) -> list[str]:
         return out + [f"The discover rule has not run on these results (no `{layout.DISCOVER_SUMMARY}`): run the "
                       "workflow again (`make run`) to find the model's own circuit.\n"]
     summary, validation = found
-    measure = summary["measure"].dropna()
+    measure = summary["pruned_on"].dropna()
     out += [circuit_sentences(summary) + "\n",
             "Per operator, the smallest set of heads and MLPs that keeps the target share of "
             + (f"the pruning measure (`{measure.iloc[0]}`)" if len(measure) else "the pruning measure")
-            + " at END with every other node mean-ablated, found by greedy pruning on the identification pairs; "
-            "the target is the smallest whose circuit keeps enough of the full answers there (none doing so, the "
-            "largest). Scored on the validation pairs (the union over operators: pooled), faithfulness as in the "
-            "sufficiency table above, "
-            "95% intervals resampling operand pairs; first token: faithfulness, then the circuit's first-token "
-            "accuracy and the constant predictor's; the key circuit: the key heads and key MLPs; random circuits: "
-            "layer-matched heads of the circuit's size with its MLPs (mean over draws), and the paired difference "
-            "in full-answer faithfulness.\n", markdown_table(discover_table(summary, validation)),
+            + ", teacher-forced with every other node ablated at END and every answer position, found by greedy "
+            "pruning on the identification pairs; the target is the smallest whose circuit keeps enough of the full "
+            "answers on held-out identification pairs (none doing so, the largest). Scored teacher-forced on the "
+            "validation pairs under both ablations (the union over operators: pooled), full-answer and "
+            "log-probability faithfulness, 95% intervals resampling operand pairs; the key circuit: the key heads "
+            "and key MLPs; circuit - random: the paired difference in full-answer faithfulness from layer-matched "
+            "random heads of the circuit's size with its MLPs (mean over draws).\n",
+            markdown_table(discover_table(summary, validation)),
             "Every target's circuit:\n", markdown_table(discover_targets_table(summary))]
-    where = decomposition_table(validation, tasks)
-    if len(where):
-        out += ["Where the answers are lost: the chosen circuit's full-answer faithfulness with every other node "
-                "ablated at END only (the answer positions clean), at END and every answer position (the "
-                "teacher-forced protocol, what pruning and the verdicts read), each under both ablations, and on the "
-                "old protocol (greedy answers, END means at every generated position); validation pairs, 95% "
-                "intervals.\n", markdown_table(where)]
     if tasks:
         out += figure(layout.DISCOVER_PATH_FIGURE.format(task=tasks[0]))
         out += figure(layout.DISCOVER_CIRCUIT_FIGURE.format(task=tasks[0]))
     return out
-
-
-def decomposition_table(validation: pd.DataFrame | None, tasks: list[str]) -> pd.DataFrame:
-    """Per operator and for the union over operators, the chosen circuit's full-answer faithfulness teacher-forced
-    with the other nodes ablated at END only and at END + answer positions (each ablation kind the discover rule
-    scored), and on the old protocol: where the answers are lost. Empty without teacher-forced END-only columns (an
-    END-protocol run)."""
-    if validation is None:
-        return pd.DataFrame()
-    kinds = [k for k in protocol.KINDS if f"faithfulness_tf_{k}_end_correct" in validation]
-    rows = []
-    for task in [*tasks, "union"]:
-        found = validation[(validation["task"] == task) & (validation["curve"] == "discovered")
-                           & validation["chosen"].astype(bool)]
-        if not kinds or not len(found) or found[f"faithfulness_tf_{kinds[0]}_end_correct"].isna().all():
-            continue
-        r = found.iloc[0]
-        row = {"operator": "all (union)" if task == "union" else task}
-        for kind in kinds:
-            for positions, name in (("end", "END only"), ("tail", "END + answers")):
-                col = f"faithfulness_tf_{kind}_{positions}_correct"
-                row[f"{kind}, {name}"] = _faithful(r[col], r[f"{col}_low"], r[f"{col}_high"])
-        row["old protocol"] = _faithful(r["faithfulness_full"], r["faithfulness_full_low"], r["faithfulness_full_high"])
-        rows.append(row)
-    return pd.DataFrame(rows)
 
 
 def read_claims(root: Path, model: str) -> pd.DataFrame:
