@@ -15,6 +15,16 @@ class ConfigError(ValueError):
     pass
 
 
+# Keys that the workflow no longer reads, with why: a configuration still setting one gets an error naming it (the
+# schema alone would only say that the section holds an unexpected key).
+RETIRED_KEYS = {
+    **{f"circuit.{key}": "the circuit rule and its END curves are retired: the key circuit is scored on the "
+                         "teacher-forced protocol by the discover rule (docs/circuit.md)"
+       for key in ("max_samples", "positions", "all_positions_samples", "grid", "random_draws", "band_draws",
+                   "contrast_means")},
+}
+
+
 def _key(path) -> str:
     return ".".join(str(p) for p in path) or "<top level>"
 
@@ -26,8 +36,10 @@ def validate_config(config: dict, schema_path: str | Path) -> None:
 
     schema = yaml.safe_load(Path(schema_path).read_text())
     _fill_model_defaults(config, schema)
-    errors = sorted(Draft202012Validator(schema).iter_errors(config), key=lambda e: list(map(str, e.absolute_path)))
-    problems = [f"config key '{_key(e.absolute_path)}': {_message(e, schema)}" for e in errors]
+    retired = _retired_problems(config)
+    checked = _without_retired(config) if retired else config
+    errors = sorted(Draft202012Validator(schema).iter_errors(checked), key=lambda e: list(map(str, e.absolute_path)))
+    problems = retired + [f"config key '{_key(e.absolute_path)}': {_message(e, schema)}" for e in errors]
     if not problems:
         for i, name in enumerate(config["run"]["models"]):
             if name not in config["models"]:
@@ -64,6 +76,33 @@ def validate_config(config: dict, schema_path: str | Path) -> None:
                             "operand range")
     if problems:
         raise ConfigError("invalid configuration:\n  " + "\n  ".join(problems))
+
+
+def _retired_problems(config: dict) -> list[str]:
+    """One problem per key of RETIRED_KEYS that the configuration sets."""
+    return [f"config key '{key}': retired ({why}); remove it" for key, why in RETIRED_KEYS.items()
+            if _has_key(config, key.split("."))]
+
+
+def _has_key(config, path: list[str]) -> bool:
+    for part in path:
+        if not isinstance(config, dict) or part not in config:
+            return False
+        config = config[part]
+    return True
+
+
+def _without_retired(config: dict) -> dict:
+    """A copy of the configuration without its retired keys: the schema then checks the rest."""
+    config = copy.deepcopy(config)
+    for key in RETIRED_KEYS:
+        *parents, last = key.split(".")
+        if _has_key(config, key.split(".")):
+            section = config
+            for part in parents:
+                section = section[part]
+            del section[last]
+    return config
 
 
 def _message(error, schema: dict) -> str:
