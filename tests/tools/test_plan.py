@@ -233,7 +233,7 @@ def test_without_the_profiles_groups_every_job_is_its_own_allocation(tmp_path):
         settings.pop(key)
     profile.write_text(yaml.safe_dump(settings))
     report = plan([str(ROOT / f) for f in PAPER], root=root, workdir=ROOT / "tests")
-    assert report["totals"]["allocations"] == report["totals"]["submitted"] == 102
+    assert report["totals"]["allocations"] == report["totals"]["submitted"] == 98
     assert all(row["group"] == "" for row in report["rules"])
 
 
