@@ -543,16 +543,16 @@ def tf_sufficient_rule(cfg: dict) -> str:
             f"{SANITY_RULE}")
 
 
-def _tf_sufficient_row(task: str, end: pd.DataFrame, kinds: list[str], cfg: dict, seed: int) -> dict:
+def _tf_sufficient_row(task: str, items: pd.DataFrame, kinds: list[str], cfg: dict, seed: int) -> dict:
     """One operator's circuit_sufficient row on the teacher-forced protocol: the key circuit (key heads, key MLPs)
     against its layer-matched random circuits, per ablation (`tf_faithful_verdict` on the same columns as the
-    discover summary's), from the discover rule's per-item table (`end`)."""
+    discover summary's), from the discover rule's per-item table (`items`)."""
     from arithmech.interp.sufficiency import key_vs_random
 
     boot = {"n_boot": cfg["bootstrap"], "seed": seed, "confidence": cfg["confidence"]}
     r, n = {}, 0
     for k in kinds:
-        res = {m: key_vs_random(end, measure="full", mlps="key", column=f"tf_{k}_tail_{m}", **boot)
+        res = {m: key_vs_random(items, measure="full", mlps="key", column=f"tf_{k}_tail_{m}", **boot)
                for m in ("correct", "logprob")}
         if res["correct"] is None:
             return _row("circuit_sufficient", task, rule=tf_sufficient_rule(cfg),
@@ -563,7 +563,7 @@ def _tf_sufficient_row(task: str, end: pd.DataFrame, kinds: list[str], cfg: dict
         r |= {f"tf_{k}_random_diff": c["difference"], f"tf_{k}_random_diff_low": c["ci_low"],
               f"tf_{k}_random_diff_high": c["ci_high"]}
         n = c["n_items"]
-    failed = failed_checks(end, kinds)
+    failed = failed_checks(items, kinds)
     r = pd.Series(r | {f"tf_{k}_sanity_failed": msg for k, msg in failed.items()})
     per_kind = {k: tf_faithful_verdict(r, k, cfg) for k in kinds}
     verdict = "inconclusive" if len(set(per_kind.values())) > 1 else next(iter(per_kind.values()))
