@@ -5,7 +5,7 @@ import copy
 import pytest
 import yaml
 
-from arithmech.config import validate_config
+from arithmech.config import ConfigError, validate_config
 from helpers import ROOT
 
 SCHEMA = ROOT / "workflow/schemas/config.schema.yaml"
@@ -42,18 +42,32 @@ def test_unknown_key_is_a_typo(config, check_fails):
 def test_retired_discover_keys_are_named_as_retired(config):
     """circuit.discover.protocol and measure went with the old END-mean protocol: a config that still sets them is
     refused, each key named and said to be retired (not an unknown-key error on its parent), beside other problems."""
-    from arithmech.config import ConfigError
 
     config["circuit"]["discover"] |= {"protocol": "end", "measure": "logit_diff"}
     config["compute"]["batch_size"] = "big"
     with pytest.raises(ConfigError) as err:
         validate_config(config, SCHEMA)
     message = str(err.value)
-    for fragment in ("config key 'circuit.discover.protocol': retired with the old END-mean protocol",
+    for fragment in ("config key 'circuit.discover.protocol': retired (the old END-mean protocol is retired",
                      "config key 'circuit.discover.measure': retired", "circuit.discover.tf_measure",
                      "config key 'compute.batch_size'"):
         assert fragment in message
     assert "config key 'circuit.discover':" not in message
+
+
+def test_a_retired_key_is_named_with_why(config, check_fails):
+    """A user config that still sets a key of the retired circuit rule gets an error naming it and why, and only
+    that: the schema checks the rest."""
+    config["circuit"]["grid"] = [4, 8]
+    config["circuit"]["contrast_means"] = None  # set to null counts too
+    with pytest.raises(ConfigError) as err:
+        validate_config(config, SCHEMA)
+    message = str(err.value)
+    assert "config key 'circuit.grid': retired (the circuit rule and its END curves are retired" in message
+    assert "config key 'circuit.contrast_means': retired" in message and "remove it" in message
+    assert "unexpected" not in message and "config key 'circuit.max_samples'" not in message
+    config["circuit"]["bootstrap"] = 0  # a problem of a key still read is still named beside it
+    check_fails(config, "config key 'circuit.grid'", "config key 'circuit.bootstrap'")
 
 
 def test_bad_enum_and_rule_parameters(config, check_fails):

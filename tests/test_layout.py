@@ -31,7 +31,7 @@ def test_match_reads_the_wildcards_of_an_instance_and_refuses_others():
     assert layout.match(layout.PATCHING_LAYER, "patching/division/layer12.parquet") == {"task": "division",
                                                                                          "layer": "12"}
     assert layout.match(layout.SHARED_FIGURE, "key_components/shared.png") == {}
-    assert layout.match(layout.FAITHFULNESS_FIGURE, "circuit/addition_graph.png") is None
+    assert layout.match(layout.DISCOVER_PATH_FIGURE, "discover/addition_circuit.png") is None
     assert layout.match(layout.EFFECTS_FIGURE, "effects/a/b.png") is None  # a wildcard stays in one component
     assert layout.match(layout.EFFECTS_FIGURE, "effects/addition.png.bak") is None
 

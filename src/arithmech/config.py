@@ -15,35 +15,14 @@ class ConfigError(ValueError):
     pass
 
 
-# Keys a configuration may no longer set, with what replaced them: the schema refuses them as unknown keys, and the
-# message says they were retired rather than misspelt.
+# Keys that the workflow no longer reads, with why: a configuration still setting one gets an error naming it (the
+# schema alone would only say that the section holds an unexpected key).
 RETIRED_KEYS = {
-    ("circuit", "discover", "protocol"): "retired with the old END-mean protocol: discovery is always teacher-forced "
-                                         "(docs/circuit.md); remove the key",
-    ("circuit", "discover", "measure"): "retired with the old END-mean protocol: the pruning measure is "
-                                        "circuit.discover.tf_measure (logprob or kl); remove the key",
+    **{f"circuit.{key}": "the circuit rule and its END curves are retired: the key circuit is scored on the "
+                         "teacher-forced protocol by the discover rule (docs/circuit.md)"
+       for key in ("max_samples", "positions", "all_positions_samples", "grid", "random_draws", "band_draws",
+                   "contrast_means")},
 }
-
-
-def _retired(config: dict) -> list[str]:
-    """A problem for every retired key (`RETIRED_KEYS`) the configuration sets."""
-    out = []
-    for path, why in RETIRED_KEYS.items():
-        node = config
-        for part in path[:-1]:
-            node = node.get(part) if isinstance(node, dict) else None
-        if isinstance(node, dict) and path[-1] in node:
-            out.append(f"config key '{_key(path)}': {why}")
-    return out
-
-
-def _only_retired(error) -> bool:
-    """Whether a schema error is an unknown-key error for retired keys alone (`_retired` names them)."""
-    if error.validator != "additionalProperties" or not isinstance(error.instance, dict):
-        return False
-    path = tuple(map(str, error.absolute_path))
-    unknown = set(error.instance) - set(error.schema.get("properties", {}))
-    return all(path + (key,) in RETIRED_KEYS for key in unknown)
 
 
 def _key(path) -> str:
@@ -57,8 +36,10 @@ def validate_config(config: dict, schema_path: str | Path) -> None:
 
     schema = yaml.safe_load(Path(schema_path).read_text())
     _fill_model_defaults(config, schema)
-    errors = sorted(Draft202012Validator(schema).iter_errors(config), key=lambda e: list(map(str, e.absolute_path)))
-    problems = [f"config key '{_key(e.absolute_path)}': {_message(e, schema)}" for e in errors if not _only_retired(e)]
+    retired = _retired_problems(config)
+    checked = _without_retired(config) if retired else config
+    errors = sorted(Draft202012Validator(schema).iter_errors(checked), key=lambda e: list(map(str, e.absolute_path)))
+    problems = retired + [f"config key '{_key(e.absolute_path)}': {_message(e, schema)}" for e in errors]
     if not problems:
         for i, name in enumerate(config["run"]["models"]):
             if name not in config["models"]:
@@ -93,9 +74,35 @@ def validate_config(config: dict, schema_path: str | Path) -> None:
         if config["prompts"]["n_shots"] >= pairs // 2:
             problems.append(f"config key 'prompts.n_shots': {config['prompts']['n_shots']} is too many for the "
                             "operand range")
-    problems = _retired(config) + problems
     if problems:
         raise ConfigError("invalid configuration:\n  " + "\n  ".join(problems))
+
+
+def _retired_problems(config: dict) -> list[str]:
+    """One problem per key of RETIRED_KEYS that the configuration sets."""
+    return [f"config key '{key}': retired ({why}); remove it" for key, why in RETIRED_KEYS.items()
+            if _has_key(config, key.split("."))]
+
+
+def _has_key(config, path: list[str]) -> bool:
+    for part in path:
+        if not isinstance(config, dict) or part not in config:
+            return False
+        config = config[part]
+    return True
+
+
+def _without_retired(config: dict) -> dict:
+    """A copy of the configuration without its retired keys: the schema then checks the rest."""
+    config = copy.deepcopy(config)
+    for key in RETIRED_KEYS:
+        *parents, last = key.split(".")
+        if _has_key(config, key.split(".")):
+            section = config
+            for part in parents:
+                section = section[part]
+            del section[last]
+    return config
 
 
 def _message(error, schema: dict) -> str:

@@ -56,17 +56,10 @@ ROLES_FIGURE = "analysis/{task}_roles.png"
 EXAMPLE_FIGURE = "analysis/{task}_example.png"
 PROBES_FIGURE = "analysis/{task}_probes.png"
 
-# Circuit: sufficiency of the key components, head -> MLP edges, the edge curve
-CIRCUIT = "circuit/{task}.parquet"
-CIRCUIT_ITEMS = "circuit/{task}_items.parquet"
-EDGES = "circuit/{task}_edges.parquet"
-EDGE_SAMPLES = "circuit/{task}_edge_samples.parquet"
+# Circuit: the key heads' edges cut, the edge curve
 EDGE_PATHS = "circuit/{task}_edge_paths.parquet"
 EDGE_CURVE = "circuit/{task}_edge_curve.parquet"
 EDGE_CURVE_FIGURE = "circuit/edge_curve.png"
-FAITHFULNESS_FIGURE = "circuit/{task}_faithfulness.png"
-GRAPH_FIGURE = "circuit/{task}_graph.png"
-EDGES_FIGURE = "circuit/{task}_edges.png"
 
 # Discover: circuits chosen by pruning, scored on held-out pairs
 DISCOVER = "discover/{task}.parquet"

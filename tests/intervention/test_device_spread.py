@@ -156,11 +156,10 @@ def test_greedy_decoding_on_a_split_model_matches_the_unsplit_one(model_dir, ref
 def test_captures_are_stacked_on_the_input_device_in_layer_order(model_dir, kind):
     lm = model(kind, model_dir)
     enc = encode(lm.tokenizer, TEXTS, lm.device)
-    with capture(lm, end_only=False, mlp_inputs=True) as cap:
+    with capture(lm, end_only=False) as cap:
         lm.model(**enc)
     assert cap.device == lm.device and cap.resid_final.device == lm.device
-    for stacked, per_layer, axis in [(cap.stacked_heads(), cap.heads, -3), (cap.stacked_mlps(), cap.mlps, -2),
-                                     (cap.stacked_mlp_inputs(), cap.mlp_in, -2)]:
+    for stacked, per_layer, axis in [(cap.stacked_heads(), cap.heads, -3), (cap.stacked_mlps(), cap.mlps, -2)]:
         assert stacked.device == lm.device and stacked.shape[axis] == lm.n_layers
         for layer in range(lm.n_layers):
             assert torch.equal(stacked.select(axis, layer), per_layer[layer].to(lm.device)), layer
@@ -170,13 +169,13 @@ def test_captures_are_stacked_on_the_input_device_in_layer_order(model_dir, kind
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_patching_captures_on_a_split_model_match_the_unsplit_one(model_dir, reference, kind):
-    """`collect` (END captures, per-group means over every position, MLP inputs) and a patch at END of the
+    """`collect` (END captures, per-group means over every position) and a patch at END of the
     last layer's heads and MLP with the values captured on other prompts."""
     answers = torch.arange(len(TEXTS)) + 5
     groups = [0, 1, 0, 1, 0]
 
     def run(lm):
-        state, means = collect(lm, TEXTS, answers, batch_size=3, groups=groups, mlp_inputs=True)
+        state, means = collect(lm, TEXTS, answers, batch_size=3, groups=groups)
         cf, _ = collect(lm, TEXTS[::-1], answers, batch_size=5)
         last, n = lm.n_layers - 1, len(TEXTS)
         heads = {last: (torch.ones(n, lm.n_heads, dtype=torch.bool), cf.heads[:, last])}
@@ -187,7 +186,7 @@ def test_patching_captures_on_a_split_model_match_the_unsplit_one(model_dir, ref
         return state, means, patched
 
     got, want = run(model(kind, model_dir)), run(reference)
-    for name in ("heads", "mlps", "resid", "mlp_in", "logits", "logprobs"):
+    for name in ("heads", "mlps", "resid", "logits", "logprobs"):
         torch.testing.assert_close(getattr(got[0], name), getattr(want[0], name), atol=1e-5, rtol=1e-4)
     assert torch.equal(got[0].predicted, want[0].predicted)
     torch.testing.assert_close(got[1].heads, want[1].heads, atol=1e-5, rtol=1e-4)

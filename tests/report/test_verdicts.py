@@ -435,8 +435,9 @@ def test_without_the_study_every_sft_claim_is_not_measured_and_says_why():
 
 
 def circuit_items(key_full: float, random_full: float, n: int = 40) -> pd.DataFrame:
-    """A circuit rule's per-item table (END, counterfactual means): the model right on every item, the empty
-    circuit on none, the key circuit on a share key_full of them, two random draws on random_full."""
+    """A per-item table of the key circuit's sets (the discover rule's layout, before its teacher-forced columns):
+    the model right on every item, the empty circuit on none, the key circuit on a share key_full of them, two
+    random draws on random_full."""
     rows = []
     for curve, mlps, k, seed, share in [("model", "all", 24, -1, 1.0), ("empty", "none", 0, -1, 0.0),
                                         ("key", "key", 3, -1, key_full), ("random", "key", 3, 0, random_full),
@@ -444,30 +445,18 @@ def circuit_items(key_full: float, random_full: float, n: int = 40) -> pd.DataFr
                                         ("top", "all", 24, -1, 1.0)]:
         for i in range(n):
             right = float(i < round(share * n))
-            rows.append({"positions": "end", "means": "counterfactual", "curve": curve, "mlps": mlps, "k": k,
-                         "seed": seed, "sample_id": i, "cluster": str(i), "first_correct": right, "full_correct": right,
-                         "answer_logit": 20 + 10 * right})
+            rows.append({"curve": curve, "mlps": mlps, "k": k, "seed": seed, "sample_id": i, "cluster": str(i),
+                         "first_correct": right, "full_correct": right, "answer_logit": 20 + 10 * right})
     return pd.DataFrame(rows)
 
 
-def test_circuit_sufficient():
-    rows = verdicts.circuit_sufficient({"addition": circuit_items(0.95, 0.1), "division": circuit_items(0.3, 0.05),
-                                      "subtraction": circuit_items(0.0, 0.0), "multiplication": None}, CFG, seed=0)
+def test_circuit_sufficient_without_teacher_forced_scores_is_not_measured():
+    """An operator whose discover items lack the teacher-forced columns, or has none, is not measured; the scorecard
+    without the discover rule's items says the rule did not run."""
+    rows = verdicts.circuit_sufficient({"addition": circuit_items(0.95, 0.1), "division": None}, CFG, seed=0)
     by = {r["scope"]: r for r in rows}
-    assert by["addition"]["verdict"] == "holds" and by["addition"]["value"] == pytest.approx(85.0)
-    # at the interval's precision (two significant digits of its width or larger end)
-    note = by["addition"]["note"]
-    assert "keeps 95% [88, 100] of full-answer" in note and "24 with all MLPs" in note
-    assert "key - random +85 [+73, +95];" in note
-    assert by["division"]["verdict"] == "partly"  # beats random circuits, keeps far less than 80%
-    # keeps nothing, as its random circuits: the two answered identically on every item, so nothing was compared
-    assert by["subtraction"]["verdict"] == "not measured" and verdicts.IDENTICAL in by["subtraction"]["note"]
-    assert "detects about" not in by["subtraction"]["note"]
-    assert by["multiplication"]["verdict"] == "not measured"
-    assert by["all"]["verdict"] == "partly" and rows[0]["claim"] == "circuit_sufficient"
-    none = circuit_items(0.0, 0.0)
-    flat = none.assign(full_correct=0.0)  # the model itself answers nothing: faithfulness undefined
-    assert "undefined" in verdicts.circuit_sufficient({"addition": flat}, CFG, seed=0)[1]["note"]
+    assert by["addition"]["verdict"] == by["division"]["verdict"] == "not measured"
+    assert "no teacher-forced scores" in by["division"]["note"] and rows[0]["claim"] == "circuit_sufficient"
 
 
 def tf_circuit_items(key: float, random: float, n: int = 120, logprob_f: float = 1.0, resample_key: float | None = None,
@@ -490,9 +479,9 @@ def tf_circuit_items(key: float, random: float, n: int = 120, logprob_f: float =
 
 def test_circuit_sufficient_on_the_teacher_forced_protocol():
     """The key circuit read on the teacher-forced columns with the discovered circuit's rule (size aside): every
-    outcome the rule names, from the same per-item table layout the circuit rule writes."""
-    def verdict(items):  # the discover rule's items carry them; the circuit rule's older ones are not read then
-        return verdicts.circuit_sufficient({"addition": None}, CFG, seed=0, teacher_forced={"addition": items})[1]
+    outcome the rule names, from the discover rule's per-item table layout."""
+    def verdict(items):
+        return verdicts.circuit_sufficient({"addition": items}, CFG, seed=0)[1]
 
     holds = verdict(tf_circuit_items(0.95, 0.1))
     assert holds["verdict"] == "holds" and holds["value"] == pytest.approx(95.0) and holds["n"] == 120
@@ -509,18 +498,6 @@ def test_circuit_sufficient_on_the_teacher_forced_protocol():
     # a failed check decides the row whatever the other ablation says: here both would not hold
     both_fail = verdict(tf_circuit_items(0.3, 0.1, failed="one random node"))
     assert both_fail["verdict"] == "inconclusive" and "one random node" in both_fail["note"]
-
-
-def edges_rows(via: float, direct: float, spread: float = 0.001) -> pd.DataFrame:
-    from arithmech.interp.sufficiency import KEY_SUM
-
-    rows = [{"sender": KEY_SUM, "path": p, "receiver": -1, "mean_effect": v, "ci_low": v - spread,
-             "ci_high": v + spread, "n": 60} for p, v in [("total", via + direct), ("direct", direct),
-                                                         ("via_mlps", via), ("rest", 0.0),
-                                                         ("via_minus_direct", via - direct)]]
-    rows.append({"sender": KEY_SUM, "path": "mlp", "receiver": 20, "mean_effect": via, "ci_low": via - spread,
-                 "ci_high": via + spread, "n": 60})
-    return pd.DataFrame(rows)
 
 
 def path_cuts(via: float, direct: float, both: float, *, kinds=("resample", "mean"), n: int = 60,
@@ -543,16 +520,16 @@ def test_heads_via_mlps_reads_the_key_heads_cut_paths_under_both_ablations():
     unequal = pd.concat([path_cuts(0.5, 0.1, 0.6, kinds=("resample",)), path_cuts(0.02, 0.5, 0.6, kinds=("mean",))])
     rows = verdicts.heads_via_mlps({"addition": split, "subtraction": path_cuts(0.3, 0.5, 0.8),
                                   "multiplication": path_cuts(0.0, 0.5, 0.5), "division": unequal,
-                                  "none": None}, {"addition": edges_rows(-0.05, -0.01)}, CFG, seed=0)
+                                  "none": None}, CFG, seed=0)
     by = {r["scope"]: r for r in rows}
     assert by["addition"]["verdict"] == "holds" and by["addition"]["value"] == pytest.approx(100 * 0.5 / 0.6, abs=2)
-    assert "older END closed form" in by["addition"]["note"] and "resample: holds" in by["addition"]["note"]
+    assert "resample: holds" in by["addition"]["note"]
     assert by["subtraction"]["verdict"] == "partly"  # through the MLPs, but less than directly
     assert by["multiplication"]["verdict"] == "does not hold"  # nothing through the MLPs
     assert by["division"]["verdict"] == "inconclusive"  # the two ablations disagree
     assert by["none"]["verdict"] == "not measured"
     # edges that carry nothing: no share to read
-    nothing = verdicts.heads_via_mlps({"addition": path_cuts(0.0, 0.0, 0.0, noise=0.2)}, {}, CFG, seed=0)
+    nothing = verdicts.heads_via_mlps({"addition": path_cuts(0.0, 0.0, 0.0, noise=0.2)}, CFG, seed=0)
     assert nothing[1]["verdict"] in ("inconclusive", "does not hold")
 
 
@@ -674,6 +651,8 @@ def test_the_scorecard_without_discovery_or_circuit_arm_says_not_run():
     assert list(head.index) == list(verdicts.CLAIMS)  # every claim once, in order
     assert head.loc["circuit_faithful", "verdict"] == "not measured"
     assert "discover rule did not run" in head.loc["circuit_faithful", "note"]
+    assert head.loc["circuit_sufficient", "verdict"] == "not measured"
+    assert "discover rule did not run" in head.loc["circuit_sufficient", "note"]
     assert head.loc["sft_circuit_vs_precise", "verdict"] == "not measured"
     with_discovery = verdicts.scorecard(
         keys={"addition": key_table(eff, ["L2H1"], ["L3MLP"])}, effects={"addition": eff},
@@ -796,14 +775,14 @@ def test_a_failed_sanity_check_makes_every_row_on_that_ablation_inconclusive():
             in by["all"]["note"])
     # the key circuit, from the discover rule's per-item table
     items = tf_circuit_items(0.95, 0.1, failed=FAILED)
-    key = verdicts.circuit_sufficient({"addition": None}, CFG, seed=0, teacher_forced={"addition": items})
+    key = verdicts.circuit_sufficient({"addition": items}, CFG, seed=0)
     assert key[1]["verdict"] == "inconclusive" and "'one node ablated'" in key[1]["note"]
     assert "the resample ablation failed a sanity check on addition" in key[0]["note"]
     # the key heads' edges, cut under the same ablations: the discover rule's checks decide them too
     cuts = {"addition": path_cuts(0.5, 0.1, 0.6), "subtraction": path_cuts(0.5, 0.1, 0.6)}
-    clean = verdicts.heads_via_mlps(cuts, {}, CFG, seed=0)
+    clean = verdicts.heads_via_mlps(cuts, CFG, seed=0)
     assert {r["scope"]: r["verdict"] for r in clean}["addition"] == "holds"
-    paths = verdicts.heads_via_mlps(cuts, {}, CFG, seed=0, sanity={"addition": {"mean": FAILED}, "subtraction": {}})
+    paths = verdicts.heads_via_mlps(cuts, CFG, seed=0, sanity={"addition": {"mean": FAILED}, "subtraction": {}})
     by = {r["scope"]: r for r in paths}
     assert by["addition"]["verdict"] == "inconclusive" and by["addition"]["note"].startswith(
         "inconclusive: the mean ablation failed a sanity check")
@@ -818,10 +797,9 @@ def test_a_failed_check_on_a_model_that_answers_nothing_leaves_the_row_not_measu
     items = tf_circuit_items(0.95, 0.1, failed=FAILED)
     for kind in ("resample", "mean"):
         items[f"tf_{kind}_tail_correct"] = 0.0
-    row = verdicts.circuit_sufficient({"addition": None}, CFG, seed=0, teacher_forced={"addition": items})[1]
+    row = verdicts.circuit_sufficient({"addition": items}, CFG, seed=0)[1]
     assert row["verdict"] == "not measured" and "'one node ablated'" in row["note"]
-    measured = verdicts.circuit_sufficient({"addition": None}, CFG, seed=0,
-                                           teacher_forced={"addition": tf_circuit_items(0.95, 0.1, failed=FAILED)})
+    measured = verdicts.circuit_sufficient({"addition": tf_circuit_items(0.95, 0.1, failed=FAILED)}, CFG, seed=0)
     assert measured[1]["verdict"] == "inconclusive"
     nan = {c: math.nan for c in tf_columns() if c.startswith("tf_") and not c.endswith("sanity_failed")
            and c != "tf_n_items"}
@@ -834,7 +812,7 @@ def test_a_failed_check_on_a_model_that_answers_nothing_leaves_the_row_not_measu
 def test_the_scorecard_carries_the_discover_rules_checks_to_the_path_cuts():
     """`scorecard` reads the failed checks of the discover rule's per-item tables into heads_via_mlps."""
     items = tf_circuit_items(0.95, 0.1, failed=FAILED)
-    rows = verdicts.heads_via_mlps({"addition": path_cuts(0.5, 0.1, 0.6)}, {}, CFG, seed=0,
+    rows = verdicts.heads_via_mlps({"addition": path_cuts(0.5, 0.1, 0.6)}, CFG, seed=0,
                                    sanity={"addition": verdicts.failed_checks(items, ("resample", "mean"))})
     assert rows[1]["verdict"] == "inconclusive" and "resample ablation" in rows[1]["note"]
     import inspect

@@ -204,52 +204,14 @@ def test_a_timing_is_left_out_of_the_docs(tmp_path):
         assert "3.29" not in text and "results/m/claims.md of your run" in text
 
 
-def _circuit_tables(model, task: str, key_logit: float) -> None:
-    """circuit/{task}.parquet and {task}_edges.parquet as the circuit and edges rules write them."""
-    from arithmech.interp import sufficiency
-    ranked = [(l, h) for l in range(3) for h in range(4)]
-    sets = sufficiency.circuit_sets(ranked_heads=ranked, key_heads=ranked[:2], key_mlps=[2], n_layers=3, n_heads=4,
-                                    grid=[4], draws=2, band_draws=1, seed=0)
-    n = 10
-    rows = np.zeros((len(sets), n))
-    for i, s in enumerate(sets):
-        rows[i] = {"model": 30.0, "empty": 20.0, "key": 20 + 10 * key_logit}.get(s.curve, 21.0) + np.arange(n) % 2
-    full = np.array([[1.0 if s.curve == "model" else 0.0] * n for s in sets])
-    table = sufficiency.faithfulness_table(sets, {"full": full, "logit": rows}, np.arange(n) // 2, n_boot=50, seed=0,
-                                  confidence=0.95)
-    table = table.assign(positions="end", means="counterfactual", n=n, split="validation", constant_first=0.5,
-                         constant_full=0.2)
-    (model / "circuit").mkdir(exist_ok=True)
-    write_parquet(table, model / f"circuit/{task}.parquet")
-    samples = pd.DataFrame([{"sample_id": i, "sender": s, "path": p, "receiver": r, "logit_o": 10.0, "change": v,
-                             "rel_effect": v / 10} for i in range(n) for s in ("L0H0", "L1H1")
-                            for p, r, v in (("total", -1, -0.5), ("direct", -1, -0.3), ("mlp", 1, -0.15 - 0.01 * i),
-                                            ("mlp", 2, 0.05))])
-    edges = sufficiency.summarize_edges(samples, pd.Series(np.arange(n) // 2), ["L0H0", "L1H1"], n_boot=50, seed=0,
-                               confidence=0.95)
-    write_parquet(edges, model / f"circuit/{task}_edges.parquet")
-    write_figure(model / f"circuit/{task}_faithfulness.png")
-
-
-def test_the_circuit_section_and_summary(tmp_path):
+def test_a_retired_rules_figures_are_left_out(tmp_path):
+    """A results tree from before the circuit rule was retired: its faithfulness curve is neither shown nor copied."""
     model = results_tree(tmp_path / "results")
-    for i, task in enumerate(TASKS):
-        _circuit_tables(model, task, key_logit=0.25 + 0.5 * i)
+    (model / "circuit").mkdir(exist_ok=True)
+    write_figure(model / "circuit/addition_faithfulness.png")
     readme, out, figures = _docs(tmp_path, tmp_path / "results")
-    page, block = out.read_text(), readme.read_text().split(BEGIN)[1].split(END)[0]
-    assert "## From key components to a circuit (validate)" in page
-    assert "(figures/circuit_addition_faithfulness.png)" in page
-    # the generated sentence, in README's block and on the page: key circuit 25% of the logit, random 10%
-    line = next(l for l in block.splitlines() if l.startswith("- **addition**"))
-    assert "faithfulness of 0.0% [0.0%, 0.0%] on full answers and 25.0%" in line
-    assert "in the same layers: 0.0% and 10.0%." in line
-    assert "-6.00% directly, -2.90% through the MLPs (most negative: L1 -3.90%, L2 +1.00%)" in line
-    assert line in page and "75.0%" in block.split("- **division**")[1]
-    assert "| addition | full answer | 12 | none | only" not in page and "| addition | answer logit | 12 |" in page
-    # the edges table: each path's estimate at its interval's precision; a zero-width interval at two digits
-    assert ("| addition | 10 | -10% [-10, -10] | -6.0% [-6.0, -6.0] | -2.9% [-3.4, -2.5] | -1.1% [-1.5, -0.6] | "
-            "L1 -3.9%, L2 +1.00% |") in page
-    assert "circuit_addition_faithfulness.png" in {p.name for p in figures.iterdir()}
+    assert "faithfulness.png" not in out.read_text() + readme.read_text()
+    assert not [p for p in figures.iterdir() if "faithfulness" in p.name]
 
 
 def _tf(kind, correct, logprob=(1.234, 1.1, 1.4), key_correct=(0.0, 0.0, 0.0), random_diff=(0.8312, 0.6911, 0.9333)

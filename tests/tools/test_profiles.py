@@ -61,8 +61,8 @@ def test_the_profile_groups_the_short_gpu_jobs_of_a_stage(checkout):
                    if line.startswith("    rule ")}
         groups.setdefault(name, set()).update(members)
     assert groups == {"identify": {"build_pairs", "cache_activations", "patch_all_layers"},
-                      "discover": {"discover", "discover_union"}, "knockout": {"knockout"}, "analyze": {"analyze"},
-                      "circuit": {"circuit"}}, log[-3000:]
+                      "discover": {"discover", "discover_union"}, "knockout": {"knockout"},
+                      "analyze": {"analyze"}}, log[-3000:]
     assert log.count("Group job identify") == 1 and log.count("Group job knockout") == 1  # one allocation each
 
 

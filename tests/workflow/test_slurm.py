@@ -52,14 +52,14 @@ FINETUNE_MB = 450
 GROUPED = {
     "identify": ("build_pairs", "cache_activations", "patch_all_layers"),
     "discover": ("discover", "discover_union"),
-    "knockout": ("knockout",), "analyze": ("analyze",), "circuit": ("circuit",),
+    "knockout": ("knockout",), "analyze": ("analyze",),
 }
 GPU_RULES = {*GROUPED, "transfer", "edges", "edge_curve", "finetune", "evaluate", "study_format", "study_train",
              "study_evaluate"}
 # The troubled run's events are single jobs': there the profile's groups are replaced by one that no job of it runs.
 UNGROUPED = ("--groups", "findings=ungrouped")
 CPU_RULES = {"aggregate_effects", "plot_effects", "summarize_key_components", "plot_knockout", "plot_transfer",
-             "plot_analysis", "plot_circuit", "plot_discover", "summarize_eval", "study_items", "study_select",
+             "plot_analysis", "plot_discover", "summarize_eval", "study_items", "study_select",
              "study_summary", "claims", "findings", "plot_edge_curve"}
 LOCAL_RULES = {"prepare_model", "fetch_dataset"}  # downloads stay on the submitting host
 # An exported Hugging Face token in the submitting shell (arithmech.tools.hub_token keeps it from the jobs).
@@ -113,7 +113,7 @@ def test_every_rule_went_through_sbatch_and_finished(full_run):
         "summarize_key_components": 1, "knockout": 1, "plot_knockout": 1, "transfer": 1, "plot_transfer": 1,
         "analyze": 1, "plot_analysis": 1, "finetune": 1, "evaluate": 4, "summarize_eval": 1, "study_format": 1,
         "study_items": 1, "study_train": 2, "study_select": 2, "study_evaluate": 3,
-        "study_summary": 1, "circuit": 1, "edges": 1, "edge_curve": 1, "plot_edge_curve": 1, "plot_circuit": 1,
+        "study_summary": 1, "edges": 1, "edge_curve": 1, "plot_edge_curve": 1,
         "discover": 1, "plot_discover": 1, "claims": 1, "findings": 1,
     }
     # every job of a group ran in its one allocation

@@ -293,8 +293,8 @@ STUDY_ALL = {"study_format": 1, "study_items": 1, "study_train": 10, "study_sele
 # What new patching effects re-run: aggregation, and everything that reads the effects or key components.
 FROM_EFFECTS = {
     "aggregate_effects": 2, "plot_effects": 2, "summarize_key_components": 1, "knockout": 2, "plot_knockout": 2,
-    "analyze": 2, "plot_analysis": 2, "transfer": 1, "plot_transfer": 1, "circuit": 2, "edges": 1, "plot_circuit": 2,
-    "edge_curve": 1, "plot_edge_curve": 1,
+    "analyze": 2, "plot_analysis": 2, "transfer": 1, "plot_transfer": 1, "edges": 1, "edge_curve": 1,
+    "plot_edge_curve": 1,
     "discover": 2, "discover_union": 1, "plot_discover": 2, **HEAD_SFT, "claims": 1, "findings": 1, "all": 1,
 }
 
@@ -354,11 +354,12 @@ def test_ablation_change_reruns_only_knockout(run):
 
 
 def test_circuit_changes_rerun_only_their_rule(run):
-    """Sufficiency and edges are separate rules: a change of one re-runs it, its figures and what reads them."""
-    downstream = {"plot_circuit": 2, "claims": 1, "findings": 1, "all": 1}
-    assert planned_rules(dry_run(run, lambda c: c["circuit"].update(random_draws=3))) == {"circuit": 2, **downstream}
+    """The edges and the edge curve are separate rules: a change of a setting re-runs the rules that read it, their
+    figures and what reads them."""
+    assert planned_rules(dry_run(run, lambda c: c["circuit"]["edges"].update(max_samples=5))) == {
+        "edges": 1, "edge_curve": 1, "plot_edge_curve": 1, "claims": 1, "findings": 1, "all": 1}
     assert planned_rules(dry_run(run, lambda c: c["circuit"]["edges"].update(senders=1))) == {
-        "edges": 1, "edge_curve": 1, "plot_edge_curve": 1, **downstream}
+        "edge_curve": 1, "plot_edge_curve": 1, "all": 1}
     # the edge curve is its own rule: turning it off re-runs nothing of the edges
     assert not {"edges", "edge_curve", "plot_edge_curve"} & set(planned_rules(dry_run(
         run, lambda c: c["circuit"]["edges"].update(curve=False))))
@@ -529,11 +530,11 @@ def test_transfer_change_reruns_only_transfer(run):
         "transfer": 1, "plot_transfer": 1, "claims": 1, "findings": 1, "all": 1}
 
 
-GPU_RULES = ("build_pairs", "cache_activations", "patch_all_layers", "knockout", "analyze", "transfer", "circuit",
-             "edges", "edge_curve", "finetune", "evaluate", "study_format", "study_train", "study_evaluate")
+GPU_RULES = ("build_pairs", "cache_activations", "patch_all_layers", "knockout", "analyze", "transfer", "edges",
+             "edge_curve", "finetune", "evaluate", "study_format", "study_train", "study_evaluate")
 CPU_RULES = ("aggregate_effects", "plot_effects", "plot_knockout", "plot_transfer", "plot_analysis",
              "summarize_key_components", "summarize_eval", "study_items", "study_select", "study_summary",
-             "plot_circuit", "plot_edge_curve", "claims", "findings")
+             "plot_edge_curve", "claims", "findings")
 
 
 def slurm_dry_run(run, slurm):
@@ -596,7 +597,6 @@ def test_report_contains_every_figure_and_table(run, tmp_path):
         assert f"effects/{task}.png" in html and f"key_components/{task}.html" in html
         assert f"knockout/{task}.png" in html
         assert all(f"analysis/{task}_{name}.png" in html for name in ("roles", "example", "probes"))
-        assert all(f"circuit/{task}_{name}.png" in html for name in ("faithfulness", "graph", "edges"))
     assert "key_components/shared.png" in html and "key_components/shared.html" in html
     assert "knockout/transfer.png" in html and "eval/summary.png" in html and "eval/summary.html" in html
     assert "finetune/study.png" in html and "finetune/study_curves.png" in html and "finetune/study.html" in html
@@ -604,34 +604,18 @@ def test_report_contains_every_figure_and_table(run, tmp_path):
     assert "findings.html" in html and "0. Findings" in html
 
 
-def test_circuit_outputs(run):
-    """The circuit and edges rules on every operator: the model keeps all of itself and the empty circuit none;
-    every ablation variant has its random draws; the per-item table adds up to the table; the edges split each
-    sender's total into its paths."""
-    from arithmech.interp.sufficiency import KEY_SUM
+def test_edges_outputs(run):
+    """The edges rule on every operator: per scored validation pair and ablation, the answer's teacher-forced
+    log-probability with the key heads' edges kept and cut; the retired circuit rule writes nothing."""
+    from arithmech.stages.circuit import PATH_CUT_COLUMNS
 
     res = run / "results/tiny"
     for task in TASKS:
-        table, items = (pd.read_parquet(res / f"circuit/{task}.parquet"),
-                        pd.read_parquet(res / f"circuit/{task}_items.parquet"))
-        assert set(map(tuple, table[["positions", "means"]].drop_duplicates().to_numpy())) == {
-            ("end", "counterfactual"), ("all", "counterfactual"), ("end", "blank")}  # tiny: 1 shot, zero-shot means
-        logit = table.set_index("curve")["faithfulness_logit"]
-        assert (logit["model"] == 1).all() and (logit["empty"] == 0).all()
-        assert (table.groupby(["positions", "means"])["curve"].apply(lambda c: (c == "random").sum()) >= 5).all()
-        means = items.groupby(["positions", "means", "curve", "mlps", "k", "seed"], sort=False)["answer_logit"].mean()
-        np.testing.assert_allclose(means.to_numpy(), table["logit"].to_numpy())
-        edges = pd.read_parquet(res / f"circuit/{task}_edges.parquet")
-        assert set(edges["value"]) == {"change"}  # the tiny config's metric is logit_diff
-        wide = edges.set_index(["sender", "path", "receiver"])["mean_effect"]
-        for sender in set(edges["sender"]):
-            mlps = edges[(edges["sender"] == sender) & (edges["path"] == "mlp")]["mean_effect"].sum()
-            assert wide[(sender, "via_mlps", -1)] == pytest.approx(mlps, abs=1e-9)
-            assert wide[(sender, "total", -1)] == pytest.approx(
-                wide[(sender, "direct", -1)] + mlps + wide[(sender, "rest", -1)], abs=1e-9)
-        assert KEY_SUM in set(edges["sender"])
-        for name in ("faithfulness", "graph", "edges"):
-            assert (res / f"circuit/{task}_{name}.png").read_bytes()[:4] == b"\x89PNG"
+        cuts = pd.read_parquet(res / f"circuit/{task}_edge_paths.parquet")
+        assert list(cuts.columns) == PATH_CUT_COLUMNS and set(cuts["kind"]) == {"resample", "mean"}
+        by_kind = {k: part.reset_index(drop=True) for k, part in cuts.groupby("kind")}
+        pd.testing.assert_series_equal(by_kind["mean"]["model"], by_kind["resample"]["model"])
+        assert not (res / f"circuit/{task}.parquet").exists()
 
 
 def test_analysis_outputs(run):
@@ -717,7 +701,7 @@ def test_discover_outputs_and_the_circuit_arm(run):
     assert (claims.loc[claims["claim"] == "sft_circuit_vs_precise", "verdict"] != "not measured").all()
     planned = planned_rules(dry_run(run, lambda c: c["circuit"]["discover"].update(random_draws=6)))
     assert {"discover", "discover_union", "study_train", "claims", "findings"} <= set(planned)
-    assert not {"circuit", "edges", "knockout", "patch_all_layers"} & set(planned)
+    assert not {"edges", "knockout", "patch_all_layers"} & set(planned)
 
 
 def test_claims_scorecard(run):
@@ -788,7 +772,7 @@ def test_library_edits_rerun_exactly_the_rules_that_run_the_edited_code(run, tmp
     assert planned_after("report/plots.py", "def _save(fig, path: str | Path) -> None:\n",
                          "def _save(fig, path: str | Path) -> None:\n    fig.set_dpi(fig.get_dpi())\n") == {
         "plot_effects": 2, "plot_knockout": 2, "plot_transfer": 1, "summarize_key_components": 1, "plot_analysis": 2,
-        "plot_circuit": 2, "plot_discover": 2, "plot_edge_curve": 1, "summarize_eval": 1, "study_summary": 1,
+        "plot_discover": 2, "plot_edge_curve": 1, "summarize_eval": 1, "study_summary": 1,
         "claims": 1, "findings": 1, "all": 1,
     }  # the summaries re-draw beside their tables and rewrite them: the scorecard and the findings page re-read
     assert planned_after("interp/patching.py", "@torch.no_grad()\ndef direct_logits(",

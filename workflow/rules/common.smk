@@ -186,9 +186,6 @@ def identify_targets():
             layout.under(layout.ROLES_FIGURE),
             layout.under(layout.EXAMPLE_FIGURE),
             layout.under(layout.PROBES_FIGURE),
-            layout.under(layout.FAITHFULNESS_FIGURE),
-            layout.under(layout.GRAPH_FIGURE),
-            layout.under(layout.EDGES_FIGURE),
         ],
         model=MODELS,
         task=TASKS,
@@ -488,14 +485,13 @@ def study_summary_runs(wildcards):
 
 def findings_inputs(wildcards):
     """The claims scorecard, the tables the page repeats, and the figures it embeds: the first task's
-    heatmap, knockout curve, faithfulness curve, pruning path and discovered circuit, and the study's figure
+    heatmap, knockout curve, pruning path and discovered circuit, and the study's figure
     when the study runs.
     """
     model, first = wildcards.model, TASKS[0]
     figures = [
         layout.EFFECTS_FIGURE,
         layout.KNOCKOUT_FIGURE,
-        layout.FAITHFULNESS_FIGURE,
         layout.DISCOVER_PATH_FIGURE,
         layout.DISCOVER_CIRCUIT_FIGURE,
     ] + ([layout.STUDY_FIGURE] if STUDY_ARMS else [])
@@ -517,8 +513,8 @@ def findings_inputs(wildcards):
 
 def claims_inputs(wildcards):
     """Every table the scorecard reads: per operator its key components, effects, knockout items, attention of
-    every head by role, MLP probes, circuit items, edges, the key heads' cut paths and the discover rule's items (the key
-    circuit on the teacher-forced protocol); the transfer items; the discovered circuits' summary; the study's tables
+    every head by role, MLP probes, the key heads' cut paths and the discover rule's items (the key circuit on the
+    teacher-forced protocol); the transfer items; the discovered circuits' summary; the study's tables
     when the study runs.
     """
     model = wildcards.model
@@ -532,8 +528,6 @@ def claims_inputs(wildcards):
         "knockout": layout.KNOCKOUT_ITEMS,
         "roles": layout.ROLES_ALL,
         "probes": layout.PROBES,
-        "circuit": layout.CIRCUIT_ITEMS,
-        "edges": layout.EDGES,
         "edge_paths": layout.EDGE_PATHS,
         "discover_items": layout.DISCOVER_ITEMS,
     }

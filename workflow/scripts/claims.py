@@ -20,8 +20,6 @@ with job(snakemake):
         out_table=snakemake.output.table,
         out_md=snakemake.output.markdown,
         out_html=snakemake.output.html,
-        circuit_item_paths={t: inputs[f"circuit_{t}"] for t in tasks},
-        edges_paths={t: inputs[f"edges_{t}"] for t in tasks},
         edge_path_paths={t: inputs[f"edge_paths_{t}"] for t in tasks},
         discover_path=inputs.discover,
         discover_item_paths={t: inputs[f"discover_items_{t}"] for t in tasks},

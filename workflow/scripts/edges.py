@@ -7,13 +7,9 @@ with job(snakemake):
         model_dir=snakemake.input.model,
         tasks=snakemake.params.tasks,
         pairs_paths=list(snakemake.input.pairs),
-        effects_paths=list(snakemake.input.effects),
         key_paths=list(snakemake.input.key_tables),
         edges=snakemake.params.edges,
-        metric=snakemake.params.metric,
         compute=snakemake.params.compute,
         seed=snakemake.params.seed,
-        out_tables=list(snakemake.output.tables),
-        out_samples=list(snakemake.output.samples),
         out_paths=list(snakemake.output.paths),
     )

@@ -5,8 +5,8 @@ effects.aggregate and key_components turn per-sample patching into per-node effe
 nodes.ranked_heads, random_heads and layer_matched_heads give the head sets compared (Head is (layer, head)).
 ablation.mean_ablate and knockout mean-ablate heads and MLPs; set_answers scores many head sets at once.
 analysis.token_roles, attention_rows and mlp_probes explain the key heads' attention and the MLPs.
-sufficiency.circuit_sets and faithfulness_table test circuits for sufficiency; edges.edge_logits patches
-head -> MLP edges.
+sufficiency.faithfulness_table and teacher_forced_table score circuits for sufficiency; edges.path_cuts cuts
+head -> MLP edges, edges.eap_ig_edges scores them.
 discovery.prune finds the smallest circuit that keeps a target share of a measure (greedy node pruning on
 teacher_forcing.TailTrials), along discovery.node_ranking (|integrated gradients|).
 teacher_forcing.TailTrials scores circuits teacher-forced on the prompt, gold answer and terminator, every node outside

@@ -391,23 +391,6 @@ def answers_correct(tokenizer, tokens: torch.Tensor, golds, judge=None) -> np.nd
     return np.array(flat, dtype=bool).reshape(tokens.shape[:2])
 
 
-def contrast_end_mean(lm: LoadedModel, *, task: str, pairs, prompts: dict, cf_shots: str, seed: int,
-                      batch_size: int) -> AlignedMean:
-    """The END mean over the identification pairs' counterfactuals rebuilt with `counterfactual_shots: cf_shots`
-    (the same shots and null words: `arithmetic.build_prompts` draws them per sample id): the circuit rule's
-    contrast to the default means."""
-    from arithmech.data.arithmetic import build_prompts, split_pairs
-    from arithmech.interp.patching import collect
-
-    ident = split_pairs(pairs, "identification", "pairs")
-    rebuilt = build_prompts(lm.tokenizer, task, {**prompts, "counterfactual_shots": cf_shots}, seed)
-    rebuilt = rebuilt.set_index("sample_id").loc[ident["sample_id"]]
-    answers = torch.tensor(ident["answer_token_id"].to_numpy())
-    state, _ = collect(lm, list(rebuilt["cf_prompt"]), answers, batch_size, desc=f"{cf_shots} means")
-    # float64 sums, as `means.GroupedMean.end` takes the default means
-    return AlignedMean(state.heads.double().mean(0)[None].float(), state.mlps.double().mean(0)[None].float())
-
-
 def transfer_targets(
     lm: LoadedModel, *, tasks, pairs_paths, svamp_path, non_math_path, transfer: dict, prompts_cfg: dict, seed: int
 ) -> list[dict]:

@@ -1,30 +1,5 @@
-"""Path patching of head -> MLP edges at END: how much of a head's effect reaches the answer through each MLP.
-
-An edge (sender head s of layer l_s, receiver MLP of layer r >= l_s) is patched in the sense of Wang et al.: the
-sender's counterfactual change at END, delta = W_O[:, s] (z_cf - z_ref), enters ONLY the receiver MLP's input
-(the residual stream entering its block, before its norm), and every node after that MLP keeps its reference
-value. The change then reaches the logits only along sender -> MLP -> residual stream -> final norm ->
-unembedding, so the patched final residual is the reference one plus the MLP's output change
-
-    d_mlp = MLP(norm(x + delta)) - MLP(norm(x)),   x = the reference residual entering the MLP block at END,
-
-and an MLP reads only its own position. Where the architecture puts a norm between o_proj and the residual
-stream, or between the MLP and it (`arithmech.model.architectures`), delta and d_mlp are taken through those
-norms (`patching.head_deltas`, `patching.mlp_deltas`), which keeps both implementations exact there. Two
-implementations of the same quantity:
-
-- `edge_logits`: the closed form above, for all senders, receivers and samples at once, from the captured
-  reference and counterfactual END states (`patching.collect(mlp_inputs=True)`): one batched call of each
-  receiver's norm and MLP per batch, in float32 whatever the model dtype (like `patching.direct_logits`, whose
-  unpatched logit it shares).
-- `reference_edge_logits`: one explicit hooked forward of the whole prompt per edge: a pre-hook adds delta to
-  the input of the receiver's norm at END only, and every head and MLP of the later layers is overwritten at
-  END with its reference value (`hooks.patch_end`). Slow and obviously correct; the closed form is tested
-  against it.
-
-An MLP in the sender's own layer counts: it reads the residual after that layer's attention block.
-
-EAP-IG on teacher-forced sequences (Hanna et al. 2024, as MIB scores edges). Every row is a prompt (END last)
+"""Head -> MLP edges on the teacher-forced protocol: how much of a head's effect reaches the answer through each
+MLP, and edge circuits. EAP-IG as Hanna et al. 2024 (and MIB) score edges. Every row is a prompt (END last)
 followed by its gold answer tokens, left-padded, all of one tail length T = 1 + n_answer_tokens (END and each
 answer token); the tail's next-token predictions are read against targets [n, T] (the answer tokens, then a
 terminator). A node outside a circuit is ablated at every tail position with per-row values (`AlignedMean` with a
@@ -63,12 +38,15 @@ the residual stream, whose gradient also holds the skip connection), averaged ov
 Where the architecture puts a norm between o_proj and the residual stream (Gemma 3), delta_s is the attention
 block's output minus its output with s alone ablated, and an edge circuit's receiver reads the residual minus, per
 sender layer, that output minus the output with all its dropped senders of the layer ablated together: the same
-definitions, exact through the norm.
+definitions, exact through the norm. An MLP in the sender's own layer counts: it reads the residual after that layer's
+attention block.
 
 `edge_circuit_measure` scores sets of kept edges exactly (every other edge among the senders and receivers ablated
 at once, each receiver seeing the ablated value of every sender whose edge to it is not kept; nodes and all other
 paths as in the model). `top_edges` and `node_ranked_edges` give edge sets of a given size by EAP-IG or by node
 scores, and `edge_size_curve` scores both at the same sizes: the edge circuit against the node circuit.
+`path_cuts` cuts a set of senders' edges into the MLPs, into the logits or both: the edges rule's test of "the key
+heads act through the MLPs".
 """
 
 from __future__ import annotations
@@ -79,30 +57,13 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 import pandas as pd
 import torch
-from tqdm.auto import tqdm
 
-from arithmech.data.arithmetic import encode
 from arithmech.interp.nodes import Head
-from arithmech.interp.patching import EndState, float_copy, float_norm, head_deltas, mlp_deltas, unembed_scores
-from arithmech.intervention.hooks import capture, hooks, patch_end
+from arithmech.interp.patching import float_copy, head_deltas
+from arithmech.intervention.hooks import capture, hooks
 from arithmech.intervention.kvcache import end_copies, prefix_cache
 from arithmech.intervention.means import AlignedMean
 from arithmech.model.loading import LoadedModel
-
-
-@dataclass
-class EdgeLogits:
-    """Answer logits, float32. logit_o: [n] unpatched; logit_p: [n, n_senders, n_receivers] with the edge
-    sender -> receiver patched, NaN where the receiver MLP lies before the sender's layer."""
-
-    logit_o: torch.Tensor
-    logit_p: torch.Tensor
-
-
-def _check(lm: LoadedModel, state: EndState, senders: Sequence[Head], receivers: Sequence[int]) -> None:
-    if state.mlp_in is None:
-        raise ValueError("edges need the residual entering each MLP block: collect(..., mlp_inputs=True)")
-    _check_ranges(lm, senders, receivers)
 
 
 def _check_ranges(lm: LoadedModel, senders: Sequence[Head], receivers: Sequence[int]) -> None:
@@ -115,93 +76,6 @@ def _check_ranges(lm: LoadedModel, senders: Sequence[Head], receivers: Sequence[
             raise ValueError(f"receiver MLP layer {layer} out of range for {lm.n_layers} layers")
 
 
-def sender_deltas(lm: LoadedModel, ref: EndState, cf: EndState, senders: Sequence[Head], rows) -> torch.Tensor:
-    """Each sender's residual-stream change at END, W_O[:, s] (z_cf - z_ref) in the Llama block (through the
-    norm after o_proj where the architecture has one, the other heads at their reference values:
-    `patching.head_deltas`), float32 [len(rows), n_senders, d_model] (rows: the samples' indices)."""
-    out = [head_deltas(lm, layer, ref.heads[rows, layer], cf.heads[rows, layer], [head])[:, 0]
-           for layer, head in senders]
-    dev = out[0].device
-    return torch.stack([delta.to(dev) for delta in out], 1)
-
-
-@torch.no_grad()
-def edge_logits(lm: LoadedModel, ref: EndState, cf: EndState, answer_ids: torch.Tensor, senders: Sequence[Head],
-                receivers: Sequence[int], *, batch_size: int = 64) -> EdgeLogits:
-    """The closed form (module docstring) for every sender x receiver pair with receiver layer >= sender layer.
-    ref, cf: END states of the same prompts' reference and counterfactual (ref with `mlp_in`)."""
-    senders, receivers = [(int(l), int(h)) for l, h in senders], [int(r) for r in receivers]
-    _check(lm, ref, senders, receivers)
-    n = len(answer_ids)
-    norm = float_norm(lm)
-    dev = lm.final_norm.weight.device
-    batches = [torch.arange(s, min(s + batch_size, n)) for s in range(0, n, batch_size)]
-    logit_o = torch.empty(n)
-    for rows in batches:  # the same closed form at zero change (`patching.direct_logits`' logit_o)
-        base, _ = unembed_scores(lm, norm(ref.resid[rows].to(dev, torch.float32)[:, None]), answer_ids[rows], None)
-        logit_o[rows] = base[:, 0].cpu()
-    logit_p = torch.full((n, len(senders), len(receivers)), float("nan"))
-    for j, r in enumerate(receivers):
-        live = [i for i, (l, _) in enumerate(senders) if l <= r]
-        if not live:
-            continue
-        mlp_norm, mlp = float_copy(lm.mlp_norm(r)), float_copy(lm.mlp(r))  # one receiver's copy at a time
-        for rows in batches:
-            deltas = sender_deltas(lm, ref, cf, [senders[i] for i in live], rows).to(dev)  # [b, S_live, d]
-            x = ref.mlp_in[rows, r].to(dev, torch.float32)[:, None]  # [b, 1, d]
-            inputs = torch.cat([x, x + deltas], 1)  # [b, 1 + S_live, d]; column 0 unpatched
-            out = mlp(mlp_norm(inputs))
-            d_mlp = mlp_deltas(lm, r, out[:, :1], out[:, 1:])  # what reaches the residual stream
-            changed = ref.resid[rows].to(dev, torch.float32)[:, None] + d_mlp.to(dev)  # [b, S_live, d]
-            scores, _ = unembed_scores(lm, norm(changed), answer_ids[rows], None)
-            logit_p[rows[:, None], torch.tensor(live)[None], j] = scores.cpu()
-        del mlp_norm, mlp
-    return EdgeLogits(logit_o, logit_p)
-
-
-@torch.no_grad()
-def reference_edge_logits(lm: LoadedModel, texts: list[str], answer_ids: torch.Tensor, ref: EndState, cf: EndState,
-                          senders: Sequence[Head], receivers: Sequence[int], *, batch_size: int = 16) -> EdgeLogits:
-    """One hooked forward of the whole prompt per edge and batch (module docstring): the definition, for testing
-    and benchmarking `edge_logits`. logit_o is the unhooked forward's answer logit."""
-    senders, receivers = [(int(l), int(h)) for l, h in senders], [int(r) for r in receivers]
-    _check(lm, ref, senders, receivers)
-    n = len(texts)
-    logit_o = torch.empty(n)
-    logit_p = torch.full((n, len(senders), len(receivers)), float("nan"))
-    for start in tqdm(range(0, n, batch_size), desc="reference edges", leave=False):
-        enc = encode(lm.tokenizer, texts[start : start + batch_size], lm.device)
-        rows = torch.arange(start, start + enc["input_ids"].shape[0])
-        answers = answer_ids[rows].to(lm.device)
-
-        def answer_logit() -> torch.Tensor:
-            logits = lm.model(**enc, logits_to_keep=1).logits[:, -1].float()
-            return logits.gather(1, answers[:, None])[:, 0].cpu()
-
-        logit_o[rows] = answer_logit()
-        deltas = sender_deltas(lm, ref, cf, senders, rows)  # [b, S, d]
-        for j, r in enumerate(receivers):
-            # every node of the later layers frozen at END to its reference value
-            later = range(r + 1, lm.n_layers)
-            all_heads = torch.ones(len(rows), lm.n_heads, dtype=torch.bool)
-            frozen_heads = {l: (all_heads, ref.heads[rows, l]) for l in later}
-            frozen_mlps = {l: (torch.ones(len(rows), dtype=torch.bool), ref.mlps[rows, l]) for l in later}
-            for i, (layer, _) in enumerate(senders):
-                if layer > r:
-                    continue
-
-                def add_delta(module, args, delta=deltas[:, i]):
-                    x = args[0].clone()
-                    x[:, -1] += delta.to(x.device, x.dtype)
-                    return (x, *args[1:])
-
-                with hooks(pre=[(lm.mlp_norm(r), add_delta)]), patch_end(lm, frozen_heads, frozen_mlps):
-                    logit_p[rows, i, j] = answer_logit()
-    return EdgeLogits(logit_o, logit_p)
-
-
-# ---------------------------------------------------------------------------------------------------
-# EAP-IG on teacher-forced sequences (module docstring, second part)
 
 TAIL_MEASURES = ("logprob", "kl")
 PATHS = ("nodes", "model", "edge")
@@ -749,16 +623,3 @@ def edge_senders(effects: pd.DataFrame, keys: Mapping[str, pd.DataFrame], n_top:
 
     union = {h for key in keys.values() for h in key_nodes(key)[0]}
     return [h for i, h in enumerate(ranked_heads(effects)) if i < n_top or h in union]
-
-
-def edge_rows(pairs: pd.DataFrame, labels: list[str], path: str, receiver: int, change: torch.Tensor,
-              logit_o: torch.Tensor) -> pd.DataFrame:
-    """Long rows (sample, sender) of one path of the senders' effects (what `sufficiency.summarize_edges` reads):
-    change [n, len(labels)] of the answer logit, logit_o [n] the unpatched one; rel_effect = change / logit_o;
-    receiver -1 for the paths that end at the logits (total, direct)."""
-    n, s = change.shape
-    return pd.DataFrame({
-        "sample_id": np.repeat(pairs["sample_id"].to_numpy(), s), "sender": labels * n, "path": path,
-        "receiver": receiver, "logit_o": np.repeat(logit_o.numpy(), s), "change": change.reshape(-1).numpy(),
-        "rel_effect": (change / logit_o[:, None]).reshape(-1).numpy(),
-    })

@@ -47,7 +47,6 @@ class EndState:
     logits: [n]                                logit of the answer token
     logprobs: [n]                              log-probability of the answer token
     predicted: [n]                             argmax token id
-    mlp_in: [n, n_layers, d_model] or None     residual entering each MLP block (`collect(mlp_inputs=True)`)
     """
 
     heads: torch.Tensor
@@ -56,7 +55,6 @@ class EndState:
     logits: torch.Tensor
     logprobs: torch.Tensor
     predicted: torch.Tensor
-    mlp_in: torch.Tensor | None = None
 
 
 def nodes_of(lm: LoadedModel, layers: list[int]) -> list[tuple[int, int | None]]:
@@ -73,24 +71,17 @@ def collect(
     *,
     desc: str = "forward",
     groups: list[int] | None = None,
-    mlp_inputs: bool = False,
 ) -> tuple[EndState, GroupedMean | None]:
     """Run `texts` in left-padded batches and capture every node at END; and, with `groups` (one group id
-    0..G-1 per text), each group's mean at every position its prompts reach (`GroupedMean`); with
-    `mlp_inputs`, also the residual entering every MLP block at END (`EndState.mlp_in`, what the head -> MLP
-    edges of `edges` start from)."""
-    fields = [k for k in EndState.__dataclass_fields__ if k != "mlp_in" or mlp_inputs]
-    parts: dict[str, list[torch.Tensor]] = {k: [] for k in fields}
+    0..G-1 per text), each group's mean at every position its prompts reach (`GroupedMean`)."""
+    parts: dict[str, list[torch.Tensor]] = {k: [] for k in EndState.__dataclass_fields__}
     grouped = None  # per group: [heads sum [P, L, H, D], mlps sum [P, L, d], counts [P]], P growing
     for start in tqdm(range(0, len(texts), batch_size), desc=desc, leave=False):
         enc = encode(lm.tokenizer, texts[start : start + batch_size], lm.device)
         answers = answer_ids[start : start + batch_size].to(lm.device)
-        with capture(lm, end_only=groups is None, mlp_inputs=mlp_inputs) as cap:
+        with capture(lm, end_only=groups is None) as cap:
             logits = lm.model(**enc, logits_to_keep=1).logits[:, -1].float()
         heads, mlps, resid = cap.stacked_heads(), cap.stacked_mlps(), cap.resid_final
-        if mlp_inputs:
-            mlp_in = cap.stacked_mlp_inputs()
-            parts["mlp_in"].append((mlp_in if groups is None else mlp_in[:, -1]).cpu())
         if groups is not None:
             grouped = _add_group_sums(grouped, heads, mlps, enc["attention_mask"], groups[start : start + batch_size])
             heads, mlps, resid = heads[:, -1], mlps[:, -1], resid[:, -1]

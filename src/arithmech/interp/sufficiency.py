@@ -1,21 +1,15 @@
-"""From key components to a circuit: are they sufficient, and do the key heads act through the MLPs? Torch-free at
-import (the node sets and the statistics; `score_sets` runs the model, `edges` holds the edge closed form).
+"""From key components to a circuit: how much of the model's behaviour a circuit keeps. Torch-free at import (the
+node sets and the statistics; `score_sets` and `teacher_forced_table` run the model).
 
-Sufficiency (Wang et al.'s faithfulness). A circuit C is a set of heads and MLPs that is KEPT; every other head
-and MLP is mean-ablated (the knockout, inverted: `ablation`). A measure m (full-answer accuracy, the answer's
-first-token logit at END, first-token accuracy) is taken for the full model M (nothing ablated), the empty
-circuit (everything ablated) and each C, on the same validation items, and
+Faithfulness (Wang et al.). A circuit C is a set of heads and MLPs that is KEPT; every other head and MLP is
+ablated. A measure m is taken for the full model M (nothing ablated), the empty circuit (everything ablated) and
+each C, on the same validation items, and
 
     faithfulness(C) = (m(C) - m(empty)) / (m(M) - m(empty)):
 
 1 when C keeps all of the behaviour, 0 when it keeps none. Intervals resample operand pairs (every set on the
-same draw, so the ratio stays paired). With every node ablated at END every prompt gets the same first token,
-so first-token accuracy has a floor: the share of items whose answer starts with the most common first token
-(`constant_accuracy`); full-answer accuracy and the logit are the measures to lead with.
-
-Edges. `summarize_edges` aggregates `edges.edge_logits` per sample into each sender head's split: its total
-effect (downstream recomputed), its direct path to the logits, its path through each receiver MLP, and the
-rest (total - direct - the sum over MLPs: paths through later heads and interactions between paths).
+same draw, so the ratio stays paired). The verdicts read the teacher-forced protocol (`teacher_forced_table`,
+`arithmech.interp.teacher_forcing`); `score_sets` scores greedy answers with END means, for the discover rule.
 """
 
 from __future__ import annotations
@@ -28,16 +22,14 @@ import pandas as pd
 
 from arithmech import stats
 from arithmech.interp import protocol
-from arithmech.interp.nodes import Head, layer_matched_heads, nodes_text
+from arithmech.interp.nodes import Head, nodes_text
 
-# The seed offset of the key circuit's layer-matched random draws (draw d: seed * 1000 + KEY_DRAW_OFFSET + d), shared
-# by the circuit rule's curves and the discover rule's teacher-forced scoring, so both score the same draws.
+# The seed offset of the key circuit's layer-matched random draws in the discover rule's scoring (draw d:
+# seed * 1000 + KEY_DRAW_OFFSET + d), apart from the discovered circuits' draws.
 KEY_DRAW_OFFSET = 700
 
 # measure -> the per-item column it averages
 MEASURES = {"full": "full_correct", "logit": "answer_logit", "first": "first_correct"}
-MEASURE_LABELS = {"full": "full-answer accuracy", "logit": "answer logit", "first": "first-token accuracy"}
-MLP_CHOICES = ("key", "all")
 
 
 @dataclass(frozen=True)
@@ -68,37 +60,6 @@ def key_nodes(key: pd.DataFrame) -> tuple[list[Head], list[int]]:
     heads = key[key["component"] == "head"]
     return ([(int(l), int(h)) for l, h in zip(heads["layer"], heads["head"])],
             [int(l) for l in key.loc[key["component"] == "mlp", "layer"]])
-
-
-def circuit_sets(*, ranked_heads: Sequence[Head], key_heads: Sequence[Head], key_mlps: Sequence[int], n_layers: int,
-                 n_heads: int, grid: Sequence[int], draws: int, band_draws: int, seed: int,
-                 curves: bool = True) -> list[CircuitSet]:
-    """The circuits of one operator: the model, the empty circuit, the key heads with the key MLPs and with every
-    MLP, and `draws` layer-matched random head sets of the key heads' size (with the key MLPs and with every MLP);
-    with `curves`, also the top k heads by effect for k in 0, `grid` and all heads (with either MLP choice) and,
-    at every other grid k up to half the heads, `band_draws` random head sets in the layers of the top k (with
-    the key MLPs: the band of the faithfulness curve).
-    ranked_heads: every head, strongest effect first."""
-    ranked = [(int(l), int(h)) for l, h in ranked_heads]
-    key = [(int(l), int(h)) for l, h in key_heads]
-    mlp_sets = {"key": tuple(sorted(int(m) for m in key_mlps)), "all": tuple(range(n_layers)), "none": ()}
-    total = n_layers * n_heads
-    sets = [CircuitSet("model", "all", total, -1, tuple(ranked), mlp_sets["all"]),
-            CircuitSet("empty", "none", 0, -1, (), ())]
-    sets += [CircuitSet("key", m, len(key), -1, tuple(key), mlp_sets[m]) for m in MLP_CHOICES]
-    for d in range(draws):
-        drawn = tuple(layer_matched_heads(key, n_heads, seed=seed * 1000 + KEY_DRAW_OFFSET + d,
-                                          n_layers=n_layers)) if key else ()
-        sets += [CircuitSet("random", m, len(key), d, drawn, mlp_sets[m]) for m in MLP_CHOICES]
-    if not curves:
-        return sets
-    ks = sorted({0, total, *(min(int(k), total) for k in grid)})
-    sets += [CircuitSet("top", m, k, -1, tuple(ranked[:k]), mlp_sets[m]) for m in MLP_CHOICES for k in ks]
-    for k in (k for k in ks if 0 < k <= total // 2 and k != len(key)):
-        for d in range(band_draws):
-            drawn = layer_matched_heads(ranked[:k], n_heads, seed=seed * 1000 + 800 + k * 10 + d, n_layers=n_layers)
-            sets.append(CircuitSet("random", "key", k, d, tuple(drawn), mlp_sets["key"]))
-    return sets
 
 
 def score_sets(lm, scored: pd.DataFrame, sets: list[CircuitSet], *, means, positions: str, batch_size: int
@@ -259,8 +220,9 @@ def key_vs_random(items: pd.DataFrame, *, measure: str, mlps: str, n_boot: int, 
                   confidence: float, curve: str = "key", column: str | None = None) -> dict | None:
     """Faithfulness of the key circuit (or the one circuit of `curve`, e.g. a discovered one) minus the mean
     faithfulness of the layer-matched random circuits of its size (same MLPs), paired on the same items and
-    cluster draws. `items`: one variant's per-item table (`stages.circuit`: curve, mlps, k, seed, sample_id,
-    cluster and the MEASURES columns; `column` names another per-item column to use instead of measure's). None
+    cluster draws. `items`: a per-item table (the discover rule's: curve, mlps, k, seed, sample_id, cluster and
+    the MEASURES columns; `column` names another per-item column to use instead of measure's, e.g. a teacher-forced
+    one). None
     when the circuit is missing; without random draws (a circuit of more than half the heads has no disjoint random
     circuit of its size) the circuit's own numbers, with NaN for random and the difference and draws 0.
     Returns {difference, ci_low, ci_high, key, key_low, key_high, random, n_items, n_clusters, draws}."""
@@ -288,68 +250,3 @@ def key_vs_random(items: pd.DataFrame, *, measure: str, mlps: str, n_boot: int, 
     low, high = stats.percentile_interval(diff(f_boot)[:, None], confidence)
     return out | {"difference": float(diff(f_point)[0]), "ci_low": float(low[0]), "ci_high": float(high[0]),
                   "random": float(f_point[0, 3:].mean())}
-
-
-def smallest_k(table: pd.DataFrame, *, measure: str, mlps: str, level: float) -> int | None:
-    """The fewest top heads (by effect) whose circuit, with `mlps` MLPs, reaches `level` faithfulness on `measure`
-    (point estimate along the grid of `circuit_sets`); None if no grid point does."""
-    top = table[(table["curve"] == "top") & (table["mlps"] == mlps)].sort_values("k")
-    reached = top[top[f"faithfulness_{measure}"] >= level]
-    return int(reached["k"].iloc[0]) if len(reached) else None
-
-
-# ------------------------------------------------------------------------------------------------ edges
-KEY_SUM = "key heads"  # the pseudo-sender: every key head's effect summed per sample
-PATHS = ("total", "direct", "mlp", "via_mlps", "rest", "via_minus_direct")
-
-
-def summarize_edges(samples: pd.DataFrame, clusters: pd.Series, key_senders: Sequence[str], *, n_boot: int, seed: int,
-                    confidence: float, value: str = "rel_effect") -> pd.DataFrame:
-    """Per sender and path, the mean effect over samples with a cluster-bootstrap interval, and its share of the
-    sender's total effect (with an interval from the same draws).
-
-    samples: one row per (sample_id, sender, path, receiver) with rel_effect (the relative change of the answer
-        logit) and change (the logit difference); path total, direct or mlp (receiver = the MLP's layer; -1
-        otherwise). `value` names the column aggregated; for rel_effect the samples with logit_o <= 0 are left
-        out (the relative effect means nothing there).
-        Derived per sample: via_mlps (the sum over receivers), rest (total - direct - via_mlps),
-        via_minus_direct, and the pseudo-sender KEY_SUM summing `key_senders` (if any are among the senders).
-    clusters: sample_id -> operand pair.
-    Returns sender, path, receiver, mean_effect, ci_low, ci_high, share, share_low, share_high, n, key (sender is
-    a key head), value."""
-    usable = samples[samples["logit_o"] > 0] if value == "rel_effect" else samples
-    if not len(usable):
-        raise ValueError("no sample has a positive unpatched answer logit, so relative effects mean nothing here; "
-                         "set patching.metric to logit_diff")
-    wide = usable.pivot_table(index="sample_id", columns=["sender", "path", "receiver"], values=value,
-                              aggfunc="first")
-    senders = list(dict.fromkeys(samples["sender"]))
-    cols: dict[tuple, pd.Series] = {}
-    for s in senders:
-        part = wide[s]
-        mlp = part["mlp"] if "mlp" in part.columns.get_level_values(0) else pd.DataFrame(index=part.index)
-        cols[(s, "total", -1)], cols[(s, "direct", -1)] = part[("total", -1)], part[("direct", -1)]
-        for r in mlp.columns:
-            cols[(s, "mlp", int(r))] = mlp[r]
-        cols[(s, "via_mlps", -1)] = mlp.sum(axis=1) if mlp.shape[1] else part[("total", -1)] * 0
-        cols[(s, "rest", -1)] = part[("total", -1)] - part[("direct", -1)] - cols[(s, "via_mlps", -1)]
-        cols[(s, "via_minus_direct", -1)] = cols[(s, "via_mlps", -1)] - part[("direct", -1)]
-    keys = [s for s in senders if s in set(key_senders)]
-    paths = list(dict.fromkeys((path, r) for s, path, r in cols if s in set(keys)))
-    for path, r in paths:  # a key head whose layer lies after MLP r has no such path: it adds 0
-        cols[(KEY_SUM, path, r)] = sum(cols.get((k, path, r), 0) for k in keys)
-    frame = pd.DataFrame(cols).dropna()
-    point, boot = stats.cluster_resampled_means(frame.to_numpy(float), clusters.loc[frame.index].to_numpy(),
-                                                n_boot=n_boot, seed=seed)
-    index = list(frame.columns)
-    total_at = {s: index.index((s, "total", -1)) for s, _, _ in index}
-    low, high = stats.percentile_interval(boot, confidence)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        shares = boot / boot[:, [total_at[s] for s, _, _ in index]]
-        share_point = point / point[[total_at[s] for s, _, _ in index]]
-    share_low, share_high = stats.percentile_interval(shares, confidence)
-    out = pd.DataFrame(index, columns=["sender", "path", "receiver"])
-    out = out.assign(mean_effect=point, ci_low=low, ci_high=high, share=share_point, share_low=share_low,
-                     share_high=share_high, n=len(frame), key=out["sender"].isin(set(key_senders) | {KEY_SUM}),
-                     value=value)
-    return out

@@ -36,8 +36,6 @@ class Captured:
 
     heads[layer]: [batch, (seq,) n_heads, head_dim]   input of o_proj, split per query head
     mlps[layer]:  [batch, (seq,) d_model]             output of the MLP module
-    mlp_in[layer]: [batch, (seq,) d_model]            input of the norm in front of the MLP (the residual
-                                                      stream entering the MLP block; with `mlp_inputs` only)
     resid_final:  [batch, (seq,) d_model]             input of the final norm (the residual stream)
 
     Each layer's entries are on that layer's device; `resid_final` and the stacked tensors are on `device`
@@ -46,7 +44,6 @@ class Captured:
 
     heads: dict[int, torch.Tensor] = field(default_factory=dict)
     mlps: dict[int, torch.Tensor] = field(default_factory=dict)
-    mlp_in: dict[int, torch.Tensor] = field(default_factory=dict)
     resid_final: torch.Tensor | None = None
     device: torch.device | None = None
 
@@ -63,16 +60,10 @@ class Captured:
         """[batch, (seq,) n_layers, d_model] in layer order."""
         return self._stacked(self.mlps, dim=-2)
 
-    def stacked_mlp_inputs(self) -> torch.Tensor:
-        """[batch, (seq,) n_layers, d_model] in layer order."""
-        return self._stacked(self.mlp_in, dim=-2)
-
 
 @contextmanager
-def capture(lm: LoadedModel, layers: Iterable[int] | None = None, end_only: bool = True,
-            mlp_inputs: bool = False) -> Iterator[Captured]:
-    """Record head outputs, MLP outputs and the final residual of `layers` (default: all) during forwards;
-    with `mlp_inputs`, also the residual stream entering each MLP block (the input of `lm.mlp_norm`)."""
+def capture(lm: LoadedModel, layers: Iterable[int] | None = None, end_only: bool = True) -> Iterator[Captured]:
+    """Record head outputs, MLP outputs and the final residual of `layers` (default: all) during forwards."""
     out = Captured(device=lm.device)
     layers = range(lm.n_layers) if layers is None else list(layers)
     pick = (lambda x: x[:, -1]) if end_only else (lambda x: x)
@@ -90,18 +81,10 @@ def capture(lm: LoadedModel, layers: Iterable[int] | None = None, end_only: bool
 
         return fn
 
-    def mlp_in_hook(layer):
-        def fn(module, args):
-            out.mlp_in[layer] = pick(args[0]).detach()
-
-        return fn
-
     def resid_hook(module, args):
         out.resid_final = pick(args[0]).detach().to(out.device)  # from the last layer's device, if spread
 
     pre = [(lm.o_proj(l), head_hook(l)) for l in layers] + [(lm.final_norm, resid_hook)]
-    if mlp_inputs:
-        pre += [(lm.mlp_norm(l), mlp_in_hook(l)) for l in layers]
     post = [(lm.mlp(l), mlp_hook(l)) for l in layers]
     with hooks(pre, post):
         yield out

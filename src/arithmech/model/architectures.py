@@ -18,7 +18,7 @@ and the residual stream (`attn_out_norm`, `mlp_out_norm`) decides the closed for
 head's contribution to the residual is W_O[:, head] z_head, linear in its slice (`head_linear`), and an MLP's
 output is written to the residual unchanged (`mlp_direct`). With one (Gemma 3's post-norms) the contribution is
 the norm of the sum of all heads' outputs, and only computations through the real modules are exact: every
-method built on the closed form (`patching.direct_logits`, `edges.edge_logits`, the EAP-IG edge scores and edge
+method built on the closed form (`patching.direct_logits`, the EAP-IG edge scores and edge
 circuits of `edges`) asks `head_linear` / `mlp_direct` and, where they are false, takes the node's change through
 those norms (float32 copies of o_proj and the norm, with the other heads at their values), so that it stays
 exact; the hooked paths (capture, patching, ablation, discovery, the teacher-forced trials) hook the same modules

@@ -224,10 +224,6 @@ FIGURE_CAPTIONS = [
     (layout.KNOCKOUT_FIGURE, "Accuracy as the top k heads are knocked out (mean-ablated), against as many random "
                              "heads, {task} (validate). The paper: accuracy collapses with the key heads, not with "
                              "random ones."),
-    (layout.FAITHFULNESS_FIGURE, "How much of the model's behaviour a circuit keeps when every other head and MLP is "
-                                 "mean-ablated, {task}: 1 = all of it, 0 = none; the top k heads by effect against as "
-                                 "many random heads in the same layers, the key circuits starred (sufficiency, "
-                                 "validate)."),
     (layout.DISCOVER_PATH_FIGURE, "Pruning path, {task}: faithfulness against the number of nodes kept as the pruning "
                                   "drops heads and MLPs on the identification pairs, one line per target (discover)."),
     (layout.DISCOVER_CIRCUIT_FIGURE, "The discovered circuit, {task}, on the layer x head grid over the paper's key "

@@ -61,7 +61,7 @@ CLAIMS = {c.id: c for c in (
           "\"These heads particularly attend to the operands and operators\" (introduction)"),
     Claim("mlp_answer", "analyze", "The MLPs' outputs carry the answer more than the operands.",
           "\"the subsequent MLPs gradually deduce the correct answers\" (introduction)"),
-    Claim("circuit_sufficient", "circuit",
+    Claim("circuit_sufficient", "discover",
           "The key heads and key MLPs suffice: with every other head and MLP ablated they keep most of the "
           "model's arithmetic, more than as many random heads in the same layers.",
           "the paper's hypothesis (heads find the operands, MLPs work out the answers); it tests necessity only "
@@ -513,69 +513,19 @@ def mlp_answer(probes: dict[str, pd.DataFrame], keys: dict[str, pd.DataFrame], c
 
 
 # ------------------------------------------------------------------------------------------------ circuit
-def circuit_sufficient(circuits: dict[str, pd.DataFrame | None], cfg: dict, seed: int,
-                       teacher_forced: dict[str, pd.DataFrame | None] | None = None) -> list[dict]:
-    """Per operator: the key circuit's (key heads + key MLPs) faithfulness on full-answer accuracy against the
-    layer-matched random circuits of its size (paired on the same validation items and cluster draws,
-    `sufficiency.key_vs_random`). On the teacher-forced protocol where `teacher_forced` (per operator the discover
-    rule's per-item table, which scores the key circuit and its random draws there) has its columns
-    (`_tf_sufficient_row`); else on the older protocol (END, the identification counterfactuals' means) from
-    `circuits`: per operator its per-item circuit table, or None."""
-    from arithmech.interp.sufficiency import key_vs_random, smallest_k
-
-    level, min_diff = cfg["faithful"], cfg["min_difference"]
-    rule = (f"holds if the key circuit's faithfulness (full-answer accuracy) has its 95% interval at or above "
-            f"{100 * level:g}% and (key - random) faithfulness lies above 0; partly if only one of the two; does not "
-            f"hold if its interval lies below {100 * level:g}% and (key - random) lies below 0 or inside "
-            f"+-{100 * min_diff:g} points; else inconclusive")
+def circuit_sufficient(teacher_forced: dict[str, pd.DataFrame | None], cfg: dict, seed: int) -> list[dict]:
+    """Per operator, on the teacher-forced protocol: the key circuit (key heads + key MLPs) against the
+    layer-matched random circuits of its size (`_tf_sufficient_row`), from `teacher_forced`: per operator the
+    discover rule's per-item table, which scores the key circuit and its random draws, or None."""
     subs, failed_by_task = [], {}
-    for task, items in circuits.items():
-        tf_items = (teacher_forced or {}).get(task)
-        kinds = [k for k in protocol.KINDS if tf_items is not None and f"tf_{k}_tail_correct" in tf_items]
-        if kinds:  # the teacher-forced protocol: the rule of the discovered circuit, the size aside
-            subs.append(_tf_sufficient_row(task, tf_items, kinds, cfg, seed))
-            failed_by_task[task] = failed_checks(tf_items, kinds)
+    for task, items in teacher_forced.items():
+        kinds = [k for k in protocol.KINDS if items is not None and f"tf_{k}_tail_correct" in items]
+        if not kinds:
+            subs.append(_row("circuit_sufficient", task, rule=tf_sufficient_rule(cfg),
+                             note="no teacher-forced scores of the key circuit in the discover rule's items"))
             continue
-        if items is None:
-            subs.append(_row("circuit_sufficient", task, rule=rule, note="no circuit table"))
-            continue
-        end = items[(items["positions"] == "end") & (items["means"] == "counterfactual")]
-        res = key_vs_random(end, measure="full", mlps="key", n_boot=cfg["bootstrap"], seed=seed,
-                            confidence=cfg["confidence"])
-        if res is None or not res["draws"]:
-            subs.append(_row("circuit_sufficient", task, rule=rule, note="the key-head rule selected no head"))
-            continue
-        if math.isnan(res["key"]):
-            subs.append(_row("circuit_sufficient", task, rule=rule, n=res["n_items"], split="validation",
-                             note="the model and the empty circuit score alike: faithfulness is undefined"))
-            continue
-        better = directional(res["ci_low"], res["ci_high"], direction=+1, min_effect=min_diff)
-        enough = "holds" if res["key_low"] >= level else "does not hold" if res["key_high"] < level else "inconclusive"
-        if better == "not measured":  # the row's value: key and random circuits answered identically
-            verdict = "not measured"
-        elif better == "holds" and enough == "holds":
-            verdict = "holds"
-        elif "holds" in (better, enough):
-            verdict = "partly"
-        elif better == "does not hold" and enough == "does not hold":
-            verdict = "does not hold"
-        else:
-            verdict = "inconclusive"
-        logit = key_vs_random(end, measure="logit", mlps="key", n_boot=cfg["bootstrap"], seed=seed,
-                              confidence=cfg["confidence"])
-        table = _circuit_summary(items)
-        reach = {m: smallest_k(table, measure="full", mlps=m, level=level) for m in ("key", "all")}
-        note = (f"key circuit keeps {_in_percent(res['key'], res['key_low'], res['key_high'])} "
-                f"of full-answer accuracy, random circuits {100 * res['random']:.1f}% ({res['draws']} draws); answer "
-                f"logit: key {_in_percent(logit['key'], logit['key_low'], logit['key_high'])}, "
-                f"key - random {_in_percent(logit['difference'], logit['ci_low'], logit['ci_high'], True, '')}; "
-                f"fewest top heads reaching {100 * level:g}%: "
-                + ", ".join(f"{'none on the grid' if k is None else k} with {m} MLPs" for m, k in reach.items()))
-        subs.append(_row("circuit_sufficient", task, measure="faithfulness (full answer), key - layer-matched random",
-                         value=100 * res["difference"], ci_low=100 * res["ci_low"], ci_high=100 * res["ci_high"],
-                         unit="points", n=res["n_items"], split="validation", verdict=verdict, rule=rule,
-                         note="; ".join(x for x in (note, _interval_note(res["ci_low"], res["ci_high"], verdict)) if x),
-                         source=layout.FAITHFULNESS_FIGURE.format(task=task)))
+        subs.append(_tf_sufficient_row(task, items, kinds, cfg, seed))
+        failed_by_task[task] = failed_checks(items, kinds)
     return _headline("circuit_sufficient", subs, measure="per operator, below", split="validation",
                      note=sanity_headline(failed_by_task))
 
@@ -593,16 +543,16 @@ def tf_sufficient_rule(cfg: dict) -> str:
             f"{SANITY_RULE}")
 
 
-def _tf_sufficient_row(task: str, end: pd.DataFrame, kinds: list[str], cfg: dict, seed: int) -> dict:
+def _tf_sufficient_row(task: str, items: pd.DataFrame, kinds: list[str], cfg: dict, seed: int) -> dict:
     """One operator's circuit_sufficient row on the teacher-forced protocol: the key circuit (key heads, key MLPs)
     against its layer-matched random circuits, per ablation (`tf_faithful_verdict` on the same columns as the
-    discover summary's), from the discover rule's per-item table (`end`)."""
+    discover summary's), from the discover rule's per-item table (`items`)."""
     from arithmech.interp.sufficiency import key_vs_random
 
     boot = {"n_boot": cfg["bootstrap"], "seed": seed, "confidence": cfg["confidence"]}
     r, n = {}, 0
     for k in kinds:
-        res = {m: key_vs_random(end, measure="full", mlps="key", column=f"tf_{k}_tail_{m}", **boot)
+        res = {m: key_vs_random(items, measure="full", mlps="key", column=f"tf_{k}_tail_{m}", **boot)
                for m in ("correct", "logprob")}
         if res["correct"] is None:
             return _row("circuit_sufficient", task, rule=tf_sufficient_rule(cfg),
@@ -613,7 +563,7 @@ def _tf_sufficient_row(task: str, end: pd.DataFrame, kinds: list[str], cfg: dict
         r |= {f"tf_{k}_random_diff": c["difference"], f"tf_{k}_random_diff_low": c["ci_low"],
               f"tf_{k}_random_diff_high": c["ci_high"]}
         n = c["n_items"]
-    failed = failed_checks(end, kinds)
+    failed = failed_checks(items, kinds)
     r = pd.Series(r | {f"tf_{k}_sanity_failed": msg for k, msg in failed.items()})
     per_kind = {k: tf_faithful_verdict(r, k, cfg) for k in kinds}
     verdict = "inconclusive" if len(set(per_kind.values())) > 1 else next(iter(per_kind.values()))
@@ -631,20 +581,6 @@ def _tf_sufficient_row(task: str, end: pd.DataFrame, kinds: list[str], cfg: dict
                 value=100 * r[main], ci_low=100 * r[main + "_low"], ci_high=100 * r[main + "_high"], unit="percent",
                 n=n, split="validation", verdict=verdict, rule=tf_sufficient_rule(cfg), note="; ".join(note),
                 source=layout.DISCOVER_ITEMS.format(task=task))
-
-
-def _circuit_summary(items: pd.DataFrame) -> pd.DataFrame:
-    """The END curves' point faithfulness per set from the per-item table (what `smallest_k` reads)."""
-    from arithmech.interp.sufficiency import MEASURES, faithfulness
-
-    end = items[(items["positions"] == "end") & (items["means"] == "counterfactual")]
-    means = end.groupby(["curve", "mlps", "k", "seed"], sort=False)[list(MEASURES.values())].mean().reset_index()
-    model = means.index[means["curve"] == "model"][0]
-    empty = means.index[means["curve"] == "empty"][0]
-    for measure, column in MEASURES.items():
-        values = means[column].to_numpy(float)[None]
-        means[f"faithfulness_{measure}"] = faithfulness(values, model, empty)[0]
-    return means
 
 
 def _cut_shares(rows: pd.DataFrame, cfg: dict, seed: int) -> dict:
@@ -674,17 +610,15 @@ def _cut_verdict(est: dict, min_diff: float) -> str:
     return "holds" if via == more == "holds" else "partly" if via == "holds" else via
 
 
-def heads_via_mlps(edge_paths: dict[str, pd.DataFrame | None], edges: dict[str, pd.DataFrame | None], cfg: dict,
-                   seed: int, sanity: dict[str, dict[str, str]] | None = None) -> list[dict]:
+def heads_via_mlps(edge_paths: dict[str, pd.DataFrame | None], cfg: dict, seed: int,
+                   sanity: dict[str, dict[str, str]] | None = None) -> list[dict]:
     """Per operator, on the teacher-forced protocol (the edges rule's `{task}_edge_paths`: the answer's
     log-probability with the key heads' edges into every later MLP, into the logits, or both cut exactly, per
     validation item, under each ablation): the path through the MLPs must carry a share of what the key heads'
     edges carry and more than the direct path does, with the same verdict under both ablations (else
-    inconclusive). The closed-form END split of the older protocol (`edges`) is quoted in the note. `sanity`: per
+    inconclusive). `sanity`: per
     operator, the ablations whose sanity check failed in the discover rule (`failed_checks`; the edges rule cuts
     under the same ablations, values from the same identification pairs): their rows are inconclusive."""
-    from arithmech.interp.sufficiency import KEY_SUM
-
     min_diff = cfg["min_difference"]
     rule = ("teacher-forced (answer and terminator), log-probability lost when the key heads' edges are cut exactly: "
             "holds if, under both ablations, cutting all their edges loses log-probability (interval above 0) and the "
@@ -714,13 +648,6 @@ def heads_via_mlps(edge_paths: dict[str, pd.DataFrame | None], edges: dict[str, 
                          f"[{est['both_low']:.3f}, {est['both_high']:.3f}], of which through the MLPs "
                          f"{_in_percent(est['share'][0], lo[0], hi[0])}, "
                          f"direct {_in_percent(est['share'][1], lo[1], hi[1])}")
-        old = None if edges.get(task) is None else edges[task]
-        if old is not None:
-            rows = old[(old["sender"] == KEY_SUM) & (old["path"] == "via_mlps")]
-            if len(rows):
-                r = rows.iloc[0]
-                notes.append("the older END closed form (relative answer-logit change, counterfactual prompts): "
-                             f"through the MLPs {_in_percent(r['mean_effect'], r['ci_low'], r['ci_high'], sign=True)}")
         main = per_kind[kinds[0]]
         subs.append(_row("heads_via_mlps", task,
                          measure=f"share of the key heads' edge effect through the MLPs ({kinds[0]} ablation)",
@@ -1144,8 +1071,6 @@ def scorecard(*, keys: dict[str, pd.DataFrame], effects: dict[str, pd.DataFrame]
               knockout_items: dict[str, pd.DataFrame | None], transfer_items: pd.DataFrame | None,
               roles_all: dict[str, pd.DataFrame], probes: dict[str, pd.DataFrame], study: pd.DataFrame | None,
               comparisons: pd.DataFrame | None, train_format: str | None, cfg: dict, seed: int,
-              circuits: dict[str, pd.DataFrame | None] | None = None,
-              edges: dict[str, pd.DataFrame | None] | None = None,
               edge_paths: dict[str, pd.DataFrame | None] | None = None, study_not_run: str | None = None,
               discover: pd.DataFrame | None = None,
               discover_items: dict[str, pd.DataFrame | None] | None = None) -> pd.DataFrame:
@@ -1161,9 +1086,9 @@ def scorecard(*, keys: dict[str, pd.DataFrame], effects: dict[str, pd.DataFrame]
         *key_attention(roles_all, cfg, seed),
         *mlp_answer(probes, keys, cfg),
         *transfer(transfer_items, cfg, seed),
-        *(circuit_sufficient(circuits, cfg, seed, teacher_forced=discover_items) if circuits
-          else _not_measured("circuit_sufficient", "the circuit rule did not run")),
-        *(heads_via_mlps(edge_paths, edges or {}, cfg, seed,
+        *(circuit_sufficient(discover_items, cfg, seed) if discover_items
+          else _not_measured("circuit_sufficient", DISCOVER_OFF)),
+        *(heads_via_mlps(edge_paths, cfg, seed,
                          sanity={t: failed_checks(i, protocol.KINDS) for t, i in (discover_items or {}).items()})
           if edge_paths
           else _not_measured("heads_via_mlps", "the edges rule did not run")),

@@ -12,9 +12,8 @@ from arithmech.report.verdicts import read_knockout_items, scorecard
 
 def run_claims(*, model: str, key_paths: dict, effects_paths: dict, knockout_item_paths: dict, transfer_items_path,
                roles_all_paths: dict, probes_paths: dict, study_path=None, comparisons_path=None,
-               claims_cfg: dict, seed: int, out_table, out_md, out_html, circuit_item_paths: dict | None = None,
-               edges_paths: dict | None = None, edge_path_paths: dict | None = None, discover_path=None,
-               discover_item_paths: dict | None = None) -> None:
+               claims_cfg: dict, seed: int, out_table, out_md, out_html, edge_path_paths: dict | None = None,
+               discover_path=None, discover_item_paths: dict | None = None) -> None:
     """The scorecard of one model: claims.parquet (COLUMNS), and the same as Markdown and HTML
     (arithmech.report.scorecard).
     The path dicts map operator -> table; the study's tables are None when the study is off, `discover_path`
@@ -31,7 +30,6 @@ def run_claims(*, model: str, key_paths: dict, effects_paths: dict, knockout_ite
         study=pd.read_parquet(study_path) if study_path else None,
         comparisons=pd.read_parquet(comparisons_path) if comparisons_path else None,
         train_format=study_meta.get("train_format"), cfg=claims_cfg, seed=seed,
-        circuits=read(circuit_item_paths or {}), edges=read(edges_paths or {}),
         edge_paths=read(edge_path_paths or {}),
         study_not_run=study_meta.get("reason") if study_meta.get("ran") is False else None,
         discover=pd.read_parquet(discover_path) if discover_path else None,

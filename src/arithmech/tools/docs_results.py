@@ -109,8 +109,6 @@ def figure_sources(root: Path, tasks: list[str]) -> list[str]:
     first_task = lambda *patterns: [p.format(task=tasks[0]) for p in patterns] if tasks else []  # noqa: E731
     wanted = per_task(layout.EFFECTS_FIGURE) + [layout.SHARED_FIGURE]
     wanted += per_task(layout.KNOCKOUT_FIGURE) + [layout.TRANSFER_FIGURE]
-    wanted += per_task(layout.FAITHFULNESS_FIGURE)
-    wanted += first_task(layout.GRAPH_FIGURE, layout.EDGES_FIGURE)
     wanted += first_task(layout.DISCOVER_PATH_FIGURE, layout.DISCOVER_CIRCUIT_FIGURE)
     wanted += per_task(layout.ROLES_FIGURE, layout.PROBES_FIGURE)
     wanted += [layout.STUDY_FIGURE, layout.STUDY_CURVES_FIGURE, layout.EVAL_SUMMARY_FIGURE]
@@ -209,14 +207,8 @@ def knockout_long(wide: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-# The findings page's captions, and those of the circuit figures only the docs show
-CAPTIONS = FIGURE_CAPTIONS + [
-    (layout.GRAPH_FIGURE, "The key heads of {task} as a circuit: each arrow an edge from a key head to an MLP or "
-                          "straight to the answer logit whose 95% interval excludes 0; width = size, red lowers the "
-                          "answer logit (edges)."),
-    (layout.EDGES_FIGURE, "Each sender head's effect on {task} split by path: direct, through each later MLP, the "
-                          "rest, and its total; dots: 95% interval excludes 0 (edges)."),
-]
+# The findings page's captions
+CAPTIONS = FIGURE_CAPTIONS
 
 
 def caption(source: str, tasks: list[str]) -> str:
@@ -227,150 +219,10 @@ def image(source: str, tasks: list[str], prefix: str) -> str:
     return f"![{source}]({prefix}{figure_name(source)})\n\n*{caption(source, tasks)}*\n"
 
 
-SUFFICIENCY_ROWS = [  # (label, curve, mlps, k: None = any) of the sufficiency table
-    ("key heads + key MLPs", "key", "key"), ("key heads + every MLP", "key", "all"),
-    ("random heads (key size) + key MLPs", "random", "key"), ("random heads (key size) + every MLP", "random", "all"),
-]
-
-
-def sufficiency_table(tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
-    """Per operator and ablation (positions, means): faithfulness of the key circuits and of their layer-matched
-    random draws (mean [min, max] over the draws), full-answer accuracy and answer logit, with 95% intervals."""
-    rows = []
-    for task, table in tables.items():
-        for (positions, means), part in table.groupby(["positions", "means"], sort=False):
-            n_key = part.loc[part["curve"] == "key", "k"]
-            for label, curve, mlps in SUFFICIENCY_ROWS:
-                sel = part[(part["curve"] == curve) & (part["mlps"] == mlps)]
-                if curve == "random" and len(n_key):
-                    sel = sel[sel["k"] == n_key.iloc[0]]
-                if not len(sel):
-                    continue
-                row = {"operator": task, "ablation": f"{positions}, {means} means",
-                       "n": display.count(part["n"].iloc[0]),
-                       "circuit": label, "heads": display.count(sel["n_heads"].iloc[0])}
-                for measure, name in (("full", "full answer"), ("logit", "answer logit")):
-                    col = f"faithfulness_{measure}"
-                    if curve == "random":
-                        row[name] = (f"{display.share(sel[col].mean())} [{display.share(sel[col].min())}, "
-                                     f"{display.share(sel[col].max())}] ({len(sel)} draws)")
-                    else:
-                        r = sel.iloc[0]
-                        row[name] = _faithful(r[col], r[f"{col}_low"], r[f"{col}_high"])
-                rows.append(row)
-    return pd.DataFrame(rows)
-
-
 def _faithful(value, low, high) -> str:
     """A faithfulness (a fraction) with its resampled interval, in percent at the interval's precision."""
     return (display.estimate(value, low, high, scale=100, suffix="%", fallback=display.share) + " "
             + display.bounds(low, high, scale=100, suffix="%", fallback=display.share)).strip()
-
-
-def circuit_summary(root: Path, tasks: list[str]) -> str:
-    """Per operator, one generated sentence on sufficiency and one on the edges (END, the identification
-    counterfactuals' means; full-answer accuracy and answer logit), or "" when the circuit rules did not run."""
-    from arithmech.interp.sufficiency import KEY_SUM, smallest_k
-
-    paths = {t: (root / layout.CIRCUIT.format(task=t), root / layout.EDGES.format(task=t)) for t in tasks}
-    if not all(a.is_file() and b.is_file() for a, b in paths.values()):
-        return ""
-    pct = lambda v: display.share(v)  # noqa: E731
-    lines = []
-    for task, (table_path, edges_path) in paths.items():
-        table, edges = pd.read_parquet(table_path), pd.read_parquet(edges_path)
-        end = table[(table["positions"] == "end") & (table["means"] == "counterfactual")]
-        key = end[(end["curve"] == "key") & (end["mlps"] == "key")]
-        if not len(key) or not int(key["n_heads"].iloc[0]):
-            lines.append(f"- **{task}**: the key-head rule selected no head, so there is no key circuit.")
-            continue
-        k = key.iloc[0]
-        rand = end[(end["curve"] == "random") & (end["mlps"] == "key") & (end["k"] == k["k"])]
-        total = int(end.loc[end["curve"] == "model", "k"].iloc[0])
-        reach = smallest_k(end, measure="full", mlps="all", level=0.8)
-        full = _faithful(k["faithfulness_full"], k["faithfulness_full_low"], k["faithfulness_full_high"])
-        logit = _faithful(k["faithfulness_logit"], k["faithfulness_logit_low"], k["faithfulness_logit_high"])
-        # faithfulness, not a share kept: (circuit - every node ablated) / (model - every node ablated) can be < 0
-        text = (f"- **{task}**: the key circuit ({int(k['n_heads'])} heads + {int(k['n_mlps'])} MLPs, every other node "
-                f"mean-ablated) has a faithfulness of {full} on full answers and {logit} on the answer logit (100%: "
-                f"as the whole model, 0%: as with every node ablated); {len(rand)} random circuits of its size in the "
-                f"same layers: {pct(rand['faithfulness_full'].mean())} and {pct(rand['faithfulness_logit'].mean())}. "
-                f"The fewest top heads that keep 80% of the full answers with every MLP: {_reach(reach, total)}.")
-        summed = edges[edges["sender"] == KEY_SUM].set_index(["path", "receiver"])["mean_effect"]
-        if len(summed):
-            mlps = summed.xs("mlp", level="path").sort_values().head(2)
-            text += (" The key heads' summed effect on the answer logit: "
-                     f"{100 * summed[('direct', -1)]:+.2f}% directly, "
-                     f"{100 * summed[('via_mlps', -1)]:+.2f}% through the MLPs (most negative: "
-                     + ", ".join(f"L{int(r)} {100 * v:+.2f}%" for r, v in mlps.items())
-                     + f"), {100 * summed[('rest', -1)]:+.2f}% by other paths; "
-                       f"{100 * summed[('total', -1)]:+.2f}% in total")
-            if summed[("direct", -1)] < 0 < summed[("via_mlps", -1)]:
-                text += ": the MLPs push the answer logit back up, against the heads' direct effect."
-            else:
-                text += "."
-        lines.append(text)
-    claims_path = root / layout.CLAIMS
-    if claims_path.is_file():
-        head = pd.read_parquet(claims_path).query("scope == 'all'").set_index("claim")["verdict"]
-        said = [f"the key components suffice: **{head['circuit_sufficient']}**" if "circuit_sufficient" in head else "",
-                f"the key heads act through the MLPs: **{head['heads_via_mlps']}**" if "heads_via_mlps" in head else ""]
-        if any(said):
-            lines.append("\nOn this model, " + "; ".join(s for s in said if s) + " (scorecard above).")
-    return "\n".join(lines) + "\n"
-
-
-def _reach(k: int | None, total: int) -> str:
-    if k is None:
-        return "none of the grid"
-    return f"only all {total} (the whole model)" if k == total else f"{k} of {total}"
-
-
-def smallest_k_table(tables: dict[str, pd.DataFrame], levels=(0.8, 0.9)) -> pd.DataFrame:
-    """Per operator: the fewest top heads (by effect) whose circuit reaches each faithfulness level, with the key
-    MLPs or every MLP (END, the identification counterfactuals' means); "none" when no grid point does."""
-    from arithmech.interp.sufficiency import smallest_k
-
-    rows = []
-    for task, table in tables.items():
-        end = table[(table["positions"] == "end") & (table["means"] == "counterfactual")]
-        total = int(end.loc[end["curve"] == "model", "k"].iloc[0])
-        for measure, name in (("full", "full answer"), ("logit", "answer logit")):
-            row = {"operator": task, "measure": name, "heads in the model": display.count(total)}
-            for level in levels:
-                for mlps in ("key", "all"):
-                    k = smallest_k(end, measure=measure, mlps=mlps, level=level)
-                    row[f"{100 * level:.0f}%, {mlps} MLPs"] = "none" if k is None else str(k)
-            rows.append(row)
-    return pd.DataFrame(rows)
-
-
-def edges_table(edges: dict[str, pd.DataFrame]) -> pd.DataFrame:
-    """Per operator: the key heads' effects summed per sample, split by path (relative change of the answer
-    logit, 95% intervals), and the three MLPs with the most negative path from them."""
-    from arithmech.interp.sufficiency import KEY_SUM
-
-    rows = []
-    for task, table in edges.items():
-        key = table[table["sender"] == KEY_SUM]
-        if not len(key):
-            continue
-        paths = key.set_index("path")
-        row = {"operator": task, "n": display.count(paths["n"].iloc[0])}
-        for path, name in (("total", "total"), ("direct", "direct"), ("via_mlps", "through the MLPs"),
-                           ("rest", "rest")):
-            r = paths.loc[path]
-            if isinstance(r, pd.DataFrame):
-                r = r.iloc[0]
-            row[name] = (display.estimate(r["mean_effect"], r["ci_low"], r["ci_high"], scale=100, sign=True, suffix="%")
-                         + " " + display.bounds(r["ci_low"], r["ci_high"], scale=100, sign=True))
-        mlps = key[key["path"] == "mlp"].sort_values("mean_effect").head(3)
-        row["most negative MLP paths"] = ", ".join(
-            f"L{int(m['receiver'])} "
-            + display.estimate(m["mean_effect"], m["ci_low"], m["ci_high"], scale=100, sign=True, suffix="%")
-            for _, m in mlps.iterrows())
-        rows.append(row)
-    return pd.DataFrame(rows)
 
 
 def read_discover(root: Path, tasks: list[str]) -> tuple[pd.DataFrame, pd.DataFrame] | None:
@@ -542,29 +394,6 @@ def results_markdown(root: Path, model: str, tasks: list[str], figures: list[str
                 markdown_table(transfer_table(pd.read_parquet(transfer_path), tasks))]
         out += figure(layout.TRANSFER_FIGURE)
 
-    circuits = {t: root / layout.CIRCUIT.format(task=t) for t in tasks}
-    edges = {t: root / layout.EDGES.format(task=t) for t in tasks}
-    if all(p.is_file() for p in circuits.values()):
-        tables = {t: pd.read_parquet(p) for t, p in circuits.items()}
-        out += ["## From key components to a circuit (validate)\n", circuit_summary(root, tasks),
-                "Sufficiency: a circuit is kept and every other head and MLP mean-ablated (the knockout, inverted); "
-                "faithfulness = (m(circuit) - m(nothing kept)) / (m(model) - m(nothing kept)), 1 = all of the "
-                "model's behaviour kept, on each operator's validation pairs, 95% intervals resampling operand pairs. "
-                "Ablations: `end` (END and generated positions) or `all` (every position, per-template means), with "
-                "the means of the identification counterfactuals or of counterfactuals that keep the few-shot lines "
-                "(`blank`).\n", markdown_table(sufficiency_table(tables)),
-                "The fewest top heads by effect whose circuit keeps 80% or 90% of the behaviour (END, grid "
-                "`circuit.grid` plus every head):\n", markdown_table(smallest_k_table(tables))]
-        for task in tasks:
-            out += figure(layout.FAITHFULNESS_FIGURE.format(task=task))
-        if all(p.is_file() for p in edges.values()):
-            out += ["Edges: the key heads' counterfactual change at END sent into one MLP only (every later node "
-                    "frozen), or straight to the logits (direct), or with everything downstream recomputed (total); "
-                    "the key heads' relative changes of the answer logit summed per sample, 95% intervals. The rest "
-                    "is total - direct - through the MLPs: paths through later heads and the final norm's "
-                    "interactions.\n", markdown_table(edges_table({t: pd.read_parquet(p) for t, p in edges.items()}))]
-            out += figure(layout.GRAPH_FIGURE.format(task=tasks[0])) + figure(layout.EDGES_FIGURE.format(task=tasks[0]))
-
     out += discover_section(root, tasks, figure)
 
     analysis = [(t, root / layout.ROLES.format(task=t), root / layout.PROBES.format(task=t)) for t in tasks]
@@ -612,14 +441,9 @@ def scorecard_block(root: Path, model: str, tasks: list[str], figures: list[str]
         return f"{prefix}{figure_name(source)}" if source in shown else None
 
     origin = provenance_text(root / layout.KNOCKOUT.format(task=tasks[0]))
-    circuit = circuit_summary(root, tasks)
     return (claims_markdown(claims, sub_rows=False, link=link)
             + f"\n{verdict_counts(claims)} Model `{model}` ({origin}); generated by `make docs` from "
               f"`results/{model}/`.\n"
-            + ("\nFrom key components to a circuit, per operator, on the old protocol (greedy answers, every other "
-               "node ablated with its END mean at END and every generated position; validation pairs; 95% intervals; "
-               f"the teacher-forced protocol's numbers follow):\n\n{circuit}"
-               if circuit else "")
             + own_circuit_block(root, tasks, link))
 
 

@@ -236,73 +236,28 @@ def analyze(s: Setting, m: Model, job: Job) -> Cost:
     return gpu_cost(m, work=work, activations=act, note=f"2 x {n} forwards")
 
 
-# The key heads the circuit rules keep or send from, before any run knows them: the paper's "fewer than 5%".
-ASSUMED_KEY_SHARE = 0.05
-
-
-def circuit_set_counts(circuit: dict, shape: Shape) -> tuple[int, int, int]:
-    """(distinct ablations with the curves, without them, assumed key heads) of `sufficiency.circuit_sets`, for a
-    model of `shape` whose key heads are ASSUMED_KEY_SHARE of its heads."""
-    from arithmech.interp.sufficiency import circuit_sets
-
-    ranked = [(l, h) for l in range(shape.n_layers) for h in range(shape.n_heads)]
-    n_key = max(1, round(ASSUMED_KEY_SHARE * len(ranked)))
-    common = {"ranked_heads": ranked, "key_heads": ranked[:n_key], "key_mlps": [0], "n_layers": shape.n_layers,
-              "n_heads": shape.n_heads, "grid": circuit["grid"], "draws": circuit["random_draws"],
-              "band_draws": circuit["band_draws"], "seed": 0}
-    distinct = lambda sets: len({(c.heads, c.mlp_layers) for c in sets})  # noqa: E731
-    return distinct(circuit_sets(**common)), distinct(circuit_sets(**common, curves=False)), n_key
-
-
-def circuit(s: Setting, m: Model, job: Job) -> Cost:
-    """Greedy answers of the validation pairs with everything outside each circuit mean-ablated (`stages.circuit`):
-    every circuit at END on the prefix cache; the key circuits at every position (per template) on a draw of the
-    pairs; and, with contrast means, the key circuits again after two forwards' worth of identification
-    counterfactuals for their means."""
-    p, bs, cfg = s.prompts(m, job.get("task")), s.batch(), s.config["circuit"]
-    full, short, n_key = circuit_set_counts(cfg, m.shape)
-    common = {"prompt": p.ref_tokens, "steps": p.answer_steps, "batch": bs}
-    end_n = min(cfg["max_samples"], p.validation)
-    work, parts = Work(), []
-    if "end" in cfg["positions"]:
-        work += set_generation(m, texts=end_n, sets=full, tail=1, **common)
-        parts.append(f"{full} circuits x {end_n} pairs")
-    if "all" in cfg["positions"]:
-        drawn = min(cfg["all_positions_samples"], p.validation)
-        work += set_generation(m, texts=drawn, sets=short, tail=p.cf_longest, groups=p.templates, **common)
-        parts.append(f"{short} x {drawn} at every position")
-    prompts = s.config["prompts"]
-    if cfg["contrast_means"] and cfg["contrast_means"] != prompts["counterfactual_shots"] and prompts["n_shots"] > 0:
-        work += Work(p.identification * forward_flops(m.shape, new=p.ref_tokens)) + forwards(
-            m, math.ceil(p.identification / bs))
-        work += set_generation(m, texts=end_n, sets=short, tail=1, **common)
-        parts.append(f"{short} x {end_n} with {cfg['contrast_means']} means")
-    act = set_bytes(m, batch=bs, prompt=p.ref_tokens, tail=p.cf_longest, steps=p.answer_steps)
-    return gpu_cost(m, work=work, activations=act, loaded=cache_bytes(m.shape, p, dtype_bytes=m.dtype_bytes),
-                    note="; ".join(parts) + f", {p.answer_steps} steps; {n_key} key heads assumed")
-
-
 def edges(s: Setting, m: Model, job: Job) -> Cost:
-    """Per operator (one job for all): two forwards per scored validation pair capturing the MLP inputs; each
-    sender's total effect (its END token through the layers from its own, for every pair: counted as the whole
-    model); the closed form, one MLP per sender, receiver and pair."""
+    """`stages.circuit.run_edges` (one job for all operators): per operator the teacher-forced items of
+    `edges.max_samples` validation pairs and the ablation values' pool of every identification pair (one forward
+    each), then, under each ablation (`protocol.KINDS`), the key heads' path cuts (`edges.PATH_CUTS`), one whole
+    forward per item each."""
+    from arithmech.interp.edges import PATH_CUTS
+    from arithmech.interp.protocol import KINDS
+
     sh, bs, cfg = m.shape, s.batch(), s.config["circuit"]["edges"]
-    senders = cfg["senders"] + max(1, round(ASSUMED_KEY_SHARE * sh.n_layers * sh.n_heads))
+    cuts = len(PATH_CUTS) * len(KINDS)
     work, pairs = Work(), 0
     for task in s.config["run"]["tasks"]:
         p = s.prompts(m, task)
+        seq = p.ref_tokens + p.answer_steps
         n = min(cfg["max_samples"], p.validation)
         pairs += n
-        work += Work(n * (forward_flops(sh, new=p.ref_tokens) + forward_flops(sh, new=p.cf_tokens)))
-        work += forwards(m, 2 * math.ceil(n / bs))
-        work += Work(n * senders * forward_flops(sh, new=1, past=p.ref_tokens, logits=0))
-        work += Work(n * senders * sh.n_layers / 2 * 6 * sh.d_model * sh.d_ff)
-    captured = bs * s.prompts(m, s.config["run"]["tasks"][0]).ref_tokens * sh.n_layers * 2 * sh.d_model * m.dtype_bytes
-    act = captured + inference_bytes(sh, rows=bs, seq=s.prompts(m, s.config["run"]["tasks"][0]).ref_tokens,
-                                     kv=s.prompts(m, s.config["run"]["tasks"][0]).ref_tokens, logits=bs,
-                                     dtype_bytes=m.dtype_bytes)
-    return gpu_cost(m, work=work, activations=act,
-                    note=f"{pairs} pairs x 2 forwards, {senders} senders (key heads assumed 5%)")
+        work += Work((p.identification + (1 + cuts) * n) * forward_flops(sh, new=seq))
+        work += forwards(m, math.ceil(p.identification / bs) + (1 + cuts) * math.ceil(n / bs))
+    p = s.prompts(m, s.config["run"]["tasks"][0])
+    seq = p.ref_tokens + p.answer_steps
+    act = inference_bytes(sh, rows=bs, seq=seq, kv=seq, logits=bs * p.answer_steps, dtype_bytes=m.dtype_bytes)
+    return gpu_cost(m, work=work, activations=act, note=f"{pairs} pairs x {cuts} path cuts")
 
 
 # The share of the nodes a discovered circuit keeps, before any run knows it (what the later sweeps revisit).
