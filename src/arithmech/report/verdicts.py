@@ -747,8 +747,8 @@ DISCOVER_COLUMNS = ["task", "target", "chosen", "n_heads", "n_mlps", "share", "n
 
 
 def circuit_faithful(summary: pd.DataFrame | None, cfg: dict) -> list[dict]:
-    """Per operator and for the union over operators (the discover rule's summary, one row per task and
-    target, columns DISCOVER_COLUMNS): the chosen target's circuit must be small (at most `max_circuit_share`
+    """Per operator, for the union over operators and for the shared circuit (pruned on every operator's pairs
+    together; task 'shared') (the discover rule's summary, one row per task and target, columns DISCOVER_COLUMNS): the chosen target's circuit must be small (at most `max_circuit_share`
     of all heads and MLPs), keep at least `faithful` of the full-answer accuracy on validation pairs (interval
     at or above it) and beat random circuits of its size (paired interval above 0). The discover rule chooses
     the smallest target whose circuit keeps enough full answers on the identification pairs; where it chose
@@ -781,7 +781,7 @@ def circuit_faithful(summary: pd.DataFrame | None, cfg: dict) -> list[dict]:
             failed_by_task[subs[-1]["scope"]] = failed_checks(row, kinds)
         else:
             subs.append(_circuit_faithful_row(str(task), row, fallback, rule, level, min_diff, max_share))
-    return _headline("circuit_faithful", subs, measure="per operator and their union, below", split="validation",
+    return _headline("circuit_faithful", subs, measure="per operator, their union and their shared circuit, below", split="validation",
                      source=layout.DISCOVER_SUMMARY, note=sanity_headline(failed_by_task))
 
 
@@ -904,8 +904,11 @@ def _tf_kind_notes(r: pd.Series, per_kind: dict[str, str], compared: str) -> lis
     return out
 
 
+SCOPES = {"union": "union of the operators", "shared": "shared circuit of the operators"}  # the summary's pooled rows
+
+
 def _tf_faithful_row(task: str, r: pd.Series, fallback: bool, rule: str, kinds: list[str], cfg: dict) -> dict:
-    scope = "union of the operators" if task == "union" else task
+    scope = SCOPES.get(task, task)
     size = f"{int(r['n_heads'])} heads + {int(r['n_mlps'])} MLPs ({100 * r['share']:.1f}% of nodes)"
     n = int(r["tf_n_items"]) if "tf_n_items" in r and not display.missing(r["tf_n_items"]) else int(r["n_items"])
     per_kind = {k: tf_faithful_verdict(r, k, cfg) for k in kinds}
@@ -923,7 +926,8 @@ def _tf_faithful_row(task: str, r: pd.Series, fallback: bool, rule: str, kinds: 
         if verdict == "holds" and n < TF_MIN_PAIRS:
             verdict = "inconclusive"
     found = ("the union of the operators' chosen circuits" if display.missing(r.get("target"))
-             else f"found at target {r['target']:g} of the {r.get('pruned_on', 'pruning measure')}")
+             else f"found at target {r['target']:g} of the {r.get('pruned_on', 'pruning measure')}"
+             + (" on every operator's identification pairs together" if task == "shared" else ""))
     note = [sanity_note(failed)] if failed else []
     if gaps:
         note.append(("" if failed else "inconclusive: ") + "; ".join(gaps.values()))
