@@ -291,6 +291,10 @@ def _discover_tables(model) -> None:
             if task == "division":  # random circuits as faithful as it, on every resample: a zero-width interval
                 rows[-1] |= {"diff_vs_random_full": 0.0, "diff_vs_random_full_ci_low": 0.0,
                              "diff_vs_random_full_ci_high": 0.0}
+    # the shared circuit's row, as discover_union appends it: teacher-forced columns only (none here), the old
+    # protocol's empty
+    rows.append({"task": "shared", "target": 0.8, "chosen": True, "n_heads": 2, "n_mlps": 1, "share": 3 / 15,
+                 "n_items": 20, "draws": 5, "smallest_target_validation": np.nan, "share_reached": True})
     write_parquet(pd.DataFrame(rows), model / "discover/summary.parquet")
     for task in TASKS:
         write_figure(model / f"discover/{task}_path.png")
@@ -312,6 +316,7 @@ def test_the_discover_section_and_readme_sentences(tmp_path):
     assert "| all (union) | each operator's | 20 | 4 heads + 1 MLPs (33.3%)" in section
     assert "2 of 2 key heads (L0H1, L1H2); 2 added |" in section
     assert section.index("| addition |") < section.index("| all (union) |")
+    assert "| shared |" not in section  # the shared circuit has no old-protocol numbers: its sentence gives it
     assert "| addition | 0.90 | 3 heads + 1 MLPs (20.0%) | 87% [73%, 96%] |  | 0.90 |" in section  # every target
     # division's chosen target is the largest (none kept the share of full answers): said; its zero-width
     # difference from random circuits reads with its unit once

@@ -129,8 +129,9 @@ def study_rows(study: pd.DataFrame, comparisons: pd.DataFrame) -> tuple[pd.DataF
 
 
 def circuit_sentences(summary: pd.DataFrame) -> str:
-    """Two sentences on the model's own circuit (the discover rule's summary, chosen targets): the union over
-    operators against the paper's key circuit and random circuits of its size, then each operator's size. Where the
+    """Sentences on the model's own circuit (the discover rule's summary, chosen targets): the union over
+    operators against the paper's key circuit and random circuits of its size, the shared circuit (pruned on every
+    operator's pairs together) beside it, then each operator's size. Where the
     summary carries the teacher-forced protocol (tf_<kind>_correct: what pruning and the verdicts read), its
     full-answer faithfulness under each ablation leads and the old protocol's (greedy answers, END means at every
     generated position) follows as the reference. One home for these sentences: the findings page and `make docs`
@@ -178,7 +179,13 @@ def circuit_sentences(summary: pd.DataFrame) -> str:
             first += (f"its full-answer faithfulness on the validation pairs {scale} is {kept(u)}, the key heads and "
                       f"key MLPs' {kept(u, 'key_faithfulness_full')}, random circuits of its size "
                       f"{display.share(u['random_faithfulness_full'])}. ")
-    tasks = [(task, r) for task, r in rows.iterrows() if task != "union"]
+    if "shared" in rows.index and kinds:
+        sh = rows.loc["shared"]
+        diffs = " and ".join(display.estimate(sh[f"tf_{k}_random_diff"], sh[f"tf_{k}_random_diff_low"],
+                                              sh[f"tf_{k}_random_diff_high"], scale=100, sign=True) for k in kinds)
+        first += (f"Pruned on every operator's identification pairs together, the shared circuit has {size(sh)}: "
+                  f"{per_kind(sh, 'tf_{}_correct')}, {diffs} points above random circuits of its size. ")
+    tasks = [(task, r) for task, r in rows.iterrows() if task not in ("union", "shared")]
     if kinds:
         per_task = [f"{task}: {int(r['n_heads'])} heads + {int(r['n_mlps'])} MLPs at "
                     + " / ".join(point(r, f"tf_{k}_correct") for k in kinds) for task, r in tasks]

@@ -410,9 +410,10 @@ def discover_table(summary: pd.DataFrame, validation: pd.DataFrame | None) -> pd
     """Per operator (its chosen target) and the union over operators: the discovered circuit's size and its
     validation faithfulness (full answers, answer logit, first token with the constant predictor's accuracy),
     against the key circuit and layer-matched random circuits of its size (the paired difference), with 95%
-    intervals at their precision, and its overlap with the key heads."""
+    intervals at their precision, and its overlap with the key heads. On the old protocol: the shared circuit (task
+    'shared', teacher-forced only) is in `circuit_sentences`, not here."""
     chosen = summary[summary["chosen"].astype(bool)].sort_values("target").drop_duplicates("task")
-    order = [t for t in chosen["task"] if t != "union"] + [t for t in chosen["task"] if t == "union"]
+    order = [t for t in chosen["task"] if t not in ("union", "shared")] + [t for t in chosen["task"] if t == "union"]
     rows = []
     for task in order:
         r = chosen[chosen["task"] == task].iloc[0]
@@ -446,7 +447,8 @@ def discover_targets_table(summary: pd.DataFrame) -> pd.DataFrame:
     and which target the rule chose (on the identification pairs) and which it would choose on the validation
     pairs (reported only)."""
     rows = []
-    for r in summary[summary["task"] != "union"].sort_values(["task", "target"], kind="stable").to_dict("records"):
+    operators = summary[~summary["task"].isin(["union", "shared"])]
+    for r in operators.sort_values(["task", "target"], kind="stable").to_dict("records"):
         rows.append({"operator": r["task"], "target": display.significant(r["target"], 2),
                      "size": f"{int(r['n_heads'])} heads + {int(r['n_mlps'])} MLPs ({display.share(r['share'])})",
                      "full answer": _faithful(r["faithfulness_full"], r["faithfulness_full_low"],
