@@ -748,8 +748,9 @@ DISCOVER_COLUMNS = ["task", "target", "chosen", "n_heads", "n_mlps", "share", "n
 
 def circuit_faithful(summary: pd.DataFrame | None, cfg: dict) -> list[dict]:
     """Per operator, for the union over operators and for the shared circuit (pruned on every operator's pairs
-    together; task 'shared') (the discover rule's summary, one row per task and target, columns DISCOVER_COLUMNS): the chosen target's circuit must be small (at most `max_circuit_share`
-    of all heads and MLPs), keep at least `faithful` of the full-answer accuracy on validation pairs (interval
+    together; task 'shared'), from the discover rule's summary (one row per task and target, columns
+    DISCOVER_COLUMNS): the chosen target's circuit must be small (at most `max_circuit_share` of all heads and
+    MLPs), keep at least `faithful` of the full-answer accuracy on validation pairs (interval
     at or above it) and beat random circuits of its size (paired interval above 0). The discover rule chooses
     the smallest target whose circuit keeps enough full answers on the identification pairs; where it chose
     none, the largest target's circuit is scored and the row says so."""
@@ -781,8 +782,8 @@ def circuit_faithful(summary: pd.DataFrame | None, cfg: dict) -> list[dict]:
             failed_by_task[subs[-1]["scope"]] = failed_checks(row, kinds)
         else:
             subs.append(_circuit_faithful_row(str(task), row, fallback, rule, level, min_diff, max_share))
-    return _headline("circuit_faithful", subs, measure="per operator, their union and their shared circuit, below", split="validation",
-                     source=layout.DISCOVER_SUMMARY, note=sanity_headline(failed_by_task))
+    return _headline("circuit_faithful", subs, measure="per operator, their union and their shared circuit, below",
+                     split="validation", source=layout.DISCOVER_SUMMARY, note=sanity_headline(failed_by_task))
 
 
 # The teacher-forced verdict (docs/claims.md), fixed before the numbers: enough validation pairs for an interval of
