@@ -70,6 +70,10 @@ DISCOVER_ADDED = "discover/{task}_added.parquet"
 DISCOVER_PATH_FIGURE = "discover/{task}_path.png"
 DISCOVER_CIRCUIT_FIGURE = "discover/{task}_circuit.png"
 UNION_VALIDATION = "discover/union_validation.parquet"
+SHARED_CIRCUITS = "discover/shared.parquet"  # the shared circuit: pruned on every operator's pairs together
+SHARED_VALIDATION = "discover/shared_validation.parquet"
+SHARED_ITEMS = "discover/shared_items.parquet"
+SHARED_SUMMARY = "discover/shared_summary.parquet"
 DISCOVER_SUMMARY = "discover/summary.parquet"
 
 # Fine-tuning and evaluation

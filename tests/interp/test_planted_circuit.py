@@ -5,6 +5,8 @@ discover rule runs them on the teacher-forced protocol with the mean ablation) m
 and the CPR curve of its ranking must keep f >= 0.9 at the planted set's size on held-out items; orders that are
 known to be wrong (the ranking reversed, a random one) and the older order (the top nodes by the whole model's
 signed attribution, which ranks a planted MLP that opposes the answer on its own below the idle nodes) do not.
+Pruned on two operators' items together (`teacher_forcing.PooledTrials`, each operator's items ablated with its own
+pool's values, as the discover_shared rule prunes the shared circuit), the search returns the planted set too.
 
 The tiny model is random: the items' gold answers are the planted model's OWN greedy tokens, so it is right on every
 item by construction (as tests/interp/test_teacher_forcing.py does)."""
@@ -44,6 +46,16 @@ def planted(tmp_path_factory):
     fit = tf.TailTrials(lm, pool, tf.ablation_values(lm, pool, pool, "mean"), batch_size=16)
     scored = tf.TailTrials(lm, held_out, tf.ablation_values(lm, held_out, pool, "mean"), batch_size=16)
     return fit, scored, np.array([n in PLANTED for n in fit.nodes])
+
+
+@pytest.fixture(scope="module")
+def second_operator(planted):
+    """The planted model's identification items of a second operator (multiplication), with their own pool."""
+    lm = planted[0].lm
+    pairs = build_prompts(lm.tokenizer, "multiplication", PROMPT_CFG, seed=1)
+    pairs["split"] = split_operands(pairs, 0.5, seed=1)
+    pool = _own_items(lm, pairs[pairs["split"] == "identification"])
+    return tf.TailTrials(lm, pool, tf.ablation_values(lm, pool, pool, "mean"), batch_size=16)
 
 
 @torch.no_grad()
@@ -108,3 +120,39 @@ def test_wrong_orders_fail_the_planted_curve(planted):
         f = _f_at(scored, order, len(PLANTED))
         print(f"{name} at {len(PLANTED)} nodes: {f}")
         assert min(f.values()) < TARGET, name
+
+
+def test_pooled_trials_are_the_mean_over_every_operators_items(planted, second_operator):
+    """`PooledTrials` of two operators: its measure is the mean over both operators' items (each scored with its own
+    values), a layer-resumed drop equals the dropped circuit measured whole, and its attribution is the parts'
+    weighted by their items."""
+    fit, _, mask = planted
+    pooled = tf.PooledTrials([fit, second_operator])
+    assert pooled.n_items == fit.n_items + second_operator.n_items
+    masks = np.vstack([np.ones_like(mask), mask, ~mask])
+    both = np.concatenate([fit.per_item(masks), second_operator.per_item(masks)], 1)
+    np.testing.assert_allclose(pooled.mean(masks), both.mean(1))
+    node = int(np.flatnonzero(mask)[0])
+    dropped, _ = pooled.try_drop(mask, node, pooled.start_circuit(mask))
+    less = mask.copy()
+    less[node] = False
+    assert dropped == pytest.approx(float(pooled.mean(less[None])[0]), rel=1e-5)
+    expected = (fit.attribution(4) * fit.n_items + second_operator.attribution(4) * second_operator.n_items)
+    np.testing.assert_allclose(pooled.attribution(4), expected / pooled.n_items)
+
+
+def test_two_operators_pruned_together_give_back_the_planted_circuit(planted, second_operator):
+    """The shared circuit on a planted case: two operators whose answers the same planted nodes carry, pruned
+    together at target 0.9 (two-sided), give back exactly the planted set, which on the pooled items keeps the
+    target and loses it without any one of its nodes (so another set could have come back)."""
+    fit, _, mask = planted
+    pooled = tf.PooledTrials([fit, second_operator])
+    ranking, attribution = dc.node_ranking(pooled, 8)
+    pruned, _ = dc.prune(pooled, [TARGET], ranking=ranking, attribution=attribution, two_sided=True)
+    found = {pooled.nodes[i] for i in np.flatnonzero(pruned[0].kept)}
+    assert found == set(PLANTED) and pruned[0].minimal
+    less = np.repeat(mask[None], mask.sum(), 0)
+    less[np.arange(mask.sum()), np.flatnonzero(mask)] = False
+    full, empty, kept, *dropped = pooled.mean(np.vstack([np.ones_like(mask), np.zeros_like(mask), mask, less]))
+    assert abs(1 - dc.faithfulness(kept, full, empty)) <= 1 - TARGET
+    assert (np.abs(1 - dc.faithfulness(np.array(dropped), full, empty)) > 1 - TARGET).all()

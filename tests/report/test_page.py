@@ -241,6 +241,12 @@ def test_the_page_says_what_the_models_own_circuit_is(tmp_path):
     # the smallest chosen target's circuit per operator
     assert "Per operator (teacher-forced, resample / mean ablation), addition: 35 heads + 19 MLPs at 70% / 80%." in text
     assert "sanity check" not in text
+    # the shared circuit (pruned on every operator's pairs together) beside the union, not among the operators
+    shared = pd.concat([summary, pd.DataFrame([row("shared", 0.9, True, 20, 8, 0.0)])])
+    text = circuit_sentences(shared)
+    assert ("Pruned on every operator's identification pairs together, the shared circuit has 20 heads and 8 MLPs"
+            in text and "ablation, +50 and +60 points above random circuits of its size. Per operator" in text)
+    assert "shared: " not in text
     # a failed sanity check (circuit.discover.sanity: warn) is said on the page, naming the check and the operators
     failed = "sanity check 'one node ablated' failed: the median draw keeps 0.5 of the model's accuracy"
     warned = summary.assign(tf_resample_sanity_failed=[failed, failed, failed, "addition: " + failed],

@@ -583,6 +583,26 @@ def test_a_small_faithful_circuit_on_the_teacher_forced_protocol():
     assert "older protocol" not in by["holds"]["note"] and rows[0]["verdict"] == "partly"
 
 
+def test_the_shared_circuit_is_its_own_sub_row():
+    """The shared circuit (task 'shared': pruned on every operator's pairs together) is a sub-row of its own after
+    the union, judged by the same rule, its note saying what it was pruned on; a fit gap above max_fit_gap makes it
+    inconclusive as it does an operator's row."""
+    summary = pd.concat([discover_summary("addition", [tf_columns()]),
+                         discover_summary("union", [tf_columns() | {"target": math.nan}]),
+                         discover_summary("shared", [tf_columns() | {"target": 0.9}])], ignore_index=True)
+    rows = verdicts.circuit_faithful(summary, CFG)
+    by = {r["scope"]: r for r in rows[1:]}
+    assert list(by) == ["addition", "union of the operators", "shared circuit of the operators"]
+    shared = by["shared circuit of the operators"]
+    assert shared["verdict"] == "holds" and shared["value"] == pytest.approx(90.0)
+    assert "found at target 0.9 of the pruning measure on every operator's identification pairs together" in (
+        shared["note"])
+    gap = CFG["max_fit_gap"] + 0.05  # fitted that much better on its pruning pairs than on validation (0.9)
+    fitted = summary.assign(tf_mean_correct_identification=[math.nan, math.nan, 0.9 + gap],
+                            tf_mean_gap=[math.nan, math.nan, gap])
+    assert verdicts.circuit_faithful(fitted, CFG)[-1]["verdict"] == "inconclusive"
+
+
 def test_the_chosen_targets_circuit_and_its_size():
     """Per operator the chosen target's row (the smallest chosen), or the largest target's where none was chosen, said
     in the note; a circuit above max_circuit_share does not hold, however faithful."""

@@ -254,6 +254,10 @@ def _discover_tables(model) -> None:
                          "share_reached": np.nan if task == "union" else task != "division"})
             if task == "division":  # random circuits as faithful as it, on every resample: a zero-width interval
                 rows[-1] |= {f"tf_{k}_random_diff{x}": 0.0 for k in ("resample", "mean") for x in ("", "_low", "_high")}
+    # the shared circuit's row, as discover_union appends it: teacher-forced columns only (none here), the old
+    # protocol's empty
+    rows.append({"task": "shared", "target": 0.8, "chosen": True, "n_heads": 2, "n_mlps": 1, "share": 3 / 15,
+                 "n_items": 20, "draws": 5, "smallest_target_validation": np.nan, "share_reached": True})
     write_parquet(pd.DataFrame(rows), model / "discover/summary.parquet")
     for task in TASKS:
         write_figure(model / f"discover/{task}_path.png")

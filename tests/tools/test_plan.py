@@ -199,19 +199,21 @@ def test_total_mode_adds_one_patch_layer_job_per_layer():
 
 def test_groups_lower_the_allocations_and_weight_loads_follow_the_model_jobs(reports):
     """The paper's plan for LLaMA2-7B: every GPU job goes through sbatch (the CPU jobs run on the login node);
-    the SLURM profile's groups put the identify stage (4 + 4 + 1 jobs) in one allocation, the discovery (4 + 1)
+    the SLURM profile's groups put the identify stage (4 + 4 + 1 jobs) in one allocation, the discovery (4 + 1 + 1)
     in one, the knockout and analysis jobs (4 each) in one each; every process of a job loads the
     weights once (3 ranks for fine-tuning, the base model beside a study model)."""
     report = reports["paper"]
     rows = {row["rule"]: row for row in report["rules"] if row["model"] == "llama2-7b"}
     total = report["totals"]
-    assert total["submitted"] == total["gpu_jobs"] == 98
+    assert total["submitted"] == total["gpu_jobs"] == 99
     allocations = {rule: rows[rule]["allocations"] for rule in ("build_pairs", "cache_activations",
-                                                                 "patch_all_layers", "discover", "discover_union",
-                                                                 "knockout", "analyze", "evaluate")}
+                                                                 "patch_all_layers", "discover", "discover_shared",
+                                                                 "discover_union", "knockout", "analyze",
+                                                                 "evaluate")}
     assert allocations == {"build_pairs": 1, "cache_activations": 0, "patch_all_layers": 0, "discover": 1,
-                           "discover_union": 0, "knockout": 1, "analyze": 1, "evaluate": 40}
-    assert total["allocations"] == 98 - (9 - 1) - (5 - 1) - 2 * (4 - 1) == 80
+                           "discover_shared": 0, "discover_union": 0, "knockout": 1, "analyze": 1,
+                           "evaluate": 40}
+    assert total["allocations"] == 99 - (9 - 1) - (6 - 1) - 2 * (4 - 1) == 80
     assert total["queue_hours"] == pytest.approx(80 * Throughput().queue_wait_min / 60)
     loads = {rule: rows[rule]["weight_loads"] for rule in ("build_pairs", "evaluate", "finetune", "study_train",
                                                            "study_evaluate")}
@@ -233,7 +235,7 @@ def test_without_the_profiles_groups_every_job_is_its_own_allocation(tmp_path):
         settings.pop(key)
     profile.write_text(yaml.safe_dump(settings))
     report = plan([str(ROOT / f) for f in PAPER], root=root, workdir=ROOT / "tests")
-    assert report["totals"]["allocations"] == report["totals"]["submitted"] == 98
+    assert report["totals"]["allocations"] == report["totals"]["submitted"] == 99
     assert all(row["group"] == "" for row in report["rules"])
 
 

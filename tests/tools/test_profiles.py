@@ -46,8 +46,8 @@ def test_profile_slurm_as_typed_in_a_fresh_clone(checkout):
 
 def test_the_profile_groups_the_short_gpu_jobs_of_a_stage(checkout):
     """`--profile slurm` puts each model's identify stage (build_pairs, cache_activations, patch_all_layers) in one
-    group job, the discovery (discover, discover_union) in one, and each of knockout, analyze and circuit in one;
-    every other job is its own (Snakemake's listing: the group's jobs indented under it)."""
+    group job, the discovery (discover, discover_shared, discover_union) in one, and each of knockout, analyze and
+    circuit in one; every other job is its own (Snakemake's listing: the group's jobs indented under it)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     env["XDG_CONFIG_HOME"] = str(checkout.parent / "no-config-home")
     proc = subprocess.run([sys.executable, "-m", "snakemake", "--profile", "slurm", "-n"], cwd=checkout, env=env,
@@ -61,7 +61,7 @@ def test_the_profile_groups_the_short_gpu_jobs_of_a_stage(checkout):
                    if line.startswith("    rule ")}
         groups.setdefault(name, set()).update(members)
     assert groups == {"identify": {"build_pairs", "cache_activations", "patch_all_layers"},
-                      "discover": {"discover", "discover_union"}, "knockout": {"knockout"},
+                      "discover": {"discover", "discover_shared", "discover_union"}, "knockout": {"knockout"},
                       "analyze": {"analyze"}}, log[-3000:]
     assert log.count("Group job identify") == 1 and log.count("Group job knockout") == 1  # one allocation each
 

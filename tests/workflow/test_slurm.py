@@ -51,7 +51,7 @@ FINETUNE_MB = 450
 # `groups`), each of these once in the run of one operator, its jobs one after the other (runtime: their sum).
 GROUPED = {
     "identify": ("build_pairs", "cache_activations", "patch_all_layers"),
-    "discover": ("discover", "discover_union"),
+    "discover": ("discover", "discover_shared", "discover_union"),
     "knockout": ("knockout",), "analyze": ("analyze",),
 }
 GPU_RULES = {*GROUPED, "transfer", "edges", "edge_curve", "finetune", "evaluate", "study_format", "study_train",

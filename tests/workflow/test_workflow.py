@@ -345,7 +345,7 @@ def test_key_rule_change_reruns_only_aggregation(run):
 def test_prompt_change_reruns_from_pairs(run):
     proc = dry_run(run, lambda c: c["prompts"].update(n_shots=2))
     assert planned_rules(proc) == {"build_pairs": 2, "cache_activations": 2, "patch_all_layers": 1, **FROM_EFFECTS,
-                                   **STUDY_ALL}
+                                   "discover_shared": 1, **STUDY_ALL}
 
 
 def test_ablation_change_reruns_only_knockout(run):
@@ -666,8 +666,9 @@ def test_per_item_tables_add_up_to_the_tables(run):
 
 
 def test_discover_outputs_and_the_circuit_arm(run):
-    """Discovery on every operator and their union: one chosen circuit per operator, nested across targets and
-    scored on validation pairs; the study's circuit arm trains that union's strongest heads; the scorecard's two
+    """Discovery on every operator, their union and their shared circuit: one chosen circuit per operator, nested
+    across targets and scored on validation pairs; the shared circuit pruned on every operator's pairs, its row in
+    the summary and the scorecard; the study's circuit arm trains that union's strongest heads; the scorecard's two
     new rows are there; a discover setting re-runs discovery, the circuit arm and what reads them, nothing else."""
     import json
 
@@ -676,7 +677,14 @@ def test_discover_outputs_and_the_circuit_arm(run):
 
     res = run / "results/tiny"
     summary = pd.read_parquet(res / "discover/summary.parquet")
-    assert set(summary["task"]) == {*TASKS, "union"}
+    assert set(summary["task"]) == {*TASKS, "union", "shared"}
+    shared = pd.read_parquet(res / "discover/shared.parquet")
+    assert shared["chosen"].sum() == 1 and (shared["task"] == "shared").all()
+    row = summary[summary["task"] == "shared"].iloc[0]
+    assert row["target"] == shared.loc[shared["chosen"], "target"].iloc[0]
+    assert row["n_heads"] == shared.loc[shared["chosen"], "n_heads"].iloc[0]
+    shared_validation = pd.read_parquet(res / "discover/shared_validation.parquet")
+    assert set(shared_validation["task"]) == {*TASKS, "shared"}
     # the order check and the fit gap (report.verdicts and report.page read these names)
     for column in ("cpr_order_flag", *(f"tf_{k}_{m}" for k in ("mean", "resample")
                                        for m in ("correct_identification", "gap"))):
@@ -698,9 +706,10 @@ def test_discover_outputs_and_the_circuit_arm(run):
     for claim in ("circuit_faithful", "sft_circuit_vs_precise"):
         rows = claims[claims["claim"] == claim]
         assert len(rows) and rows["verdict"].isin(VERDICTS).all()
+    assert "shared circuit of the operators" in set(claims.loc[claims["claim"] == "circuit_faithful", "scope"])
     assert (claims.loc[claims["claim"] == "sft_circuit_vs_precise", "verdict"] != "not measured").all()
     planned = planned_rules(dry_run(run, lambda c: c["circuit"]["discover"].update(random_draws=6)))
-    assert {"discover", "discover_union", "study_train", "claims", "findings"} <= set(planned)
+    assert {"discover", "discover_shared", "discover_union", "study_train", "claims", "findings"} <= set(planned)
     assert not {"edges", "knockout", "patch_all_layers"} & set(planned)
 
 

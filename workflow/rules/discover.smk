@@ -45,8 +45,40 @@ rule discover:
         "../scripts/discover.py"
 
 
+# The shared circuit (docs/circuit.md): one circuit pruned on every operator's identification pairs together, its own
+# job beside the per-operator ones (it reads their pairs, not their tables), scored as each operator's circuit is.
+rule discover_shared:
+    input:
+        model=layout.under(layout.MODEL),
+        pairs=each_task(layout.PAIRS),
+    output:
+        table=layout.under(layout.SHARED_CIRCUITS),
+        validation=layout.under(layout.SHARED_VALIDATION),
+        per_item=layout.under(layout.SHARED_ITEMS),
+        summary=layout.under(layout.SHARED_SUMMARY),
+    log:
+        "results/{model}/logs/discover_shared.log",
+    benchmark:
+        "results/{model}/benchmarks/discover_shared.tsv"
+    # discover_shared -> discover_union: as the per-operator discover jobs
+    priority: 2
+    conda:
+        "../../envs/arithmech.yaml"
+    threads: 2
+    resources:
+        **gpu_resources("discover_shared"),
+    params:
+        code=library_code("discover_shared"),
+        tasks=TASKS,
+        discover=DISCOVER_PARAMS,
+        compute=config["compute"],
+        seed=config["seed"],
+    script:
+        "../scripts/discover_shared.py"
+
+
 # One job for every operator: the union of their chosen circuits on each operator's validation pairs, and the
-# summary table of every operator's circuits.
+# summary table of every operator's circuits, the union and the shared circuit.
 rule discover_union:
     input:
         model=layout.under(layout.MODEL),
@@ -55,6 +87,7 @@ rule discover_union:
         tables=each_task(layout.DISCOVER),
         validation=each_task(layout.DISCOVER_VALIDATION),
         per_item=each_task(layout.DISCOVER_ITEMS),
+        shared=layout.under(layout.SHARED_SUMMARY),
     output:
         validation=layout.under(layout.UNION_VALIDATION),
         summary=layout.under(layout.DISCOVER_SUMMARY),

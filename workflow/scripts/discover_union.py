@@ -11,6 +11,7 @@ with job(snakemake):
         table_paths=snakemake.input.tables,
         validation_paths=snakemake.input.validation,
         items_paths=snakemake.input.per_item,
+        shared_path=snakemake.input.shared,
         discover=snakemake.params.discover,
         compute=snakemake.params.compute,
         seed=snakemake.params.seed,

@@ -530,6 +530,43 @@ class TailTrials:
         return (total * kept.double() / steps / self.n_items).numpy()
 
 
+class PooledTrials:
+    """Several `TailTrials` pruned as one (the shared circuit across operators): each part's items keep their own
+    ablation values (an operator's items get its own pool's means or donors), and the pruning measure is the mean
+    over every part's items together, so a part weighs as many items as it holds. Offers what `discovery.prune`
+    and `discovery.node_ranking` need (`nodes`, `mean`, `start_circuit`, `try_drop`, `attribution`)."""
+
+    def __init__(self, parts: Sequence[TailTrials]):
+        if not parts:
+            raise ValueError("pooled trials need at least one part")
+        if any(p.nodes != parts[0].nodes for p in parts):
+            raise ValueError("pooled trials must share one model's nodes")
+        self.parts, self.nodes = list(parts), parts[0].nodes
+        self.n_items = sum(p.n_items for p in self.parts)
+
+    def per_item(self, kept) -> np.ndarray:
+        """The pruning measure of every circuit on every item, [c, n_items], the parts' items one after another."""
+        return np.concatenate([p.per_item(kept) for p in self.parts], 1)
+
+    def mean(self, kept) -> np.ndarray:
+        return self.per_item(kept).mean(1)
+
+    def start_circuit(self, kept: np.ndarray) -> list:
+        return [p.start_circuit(kept) for p in self.parts]
+
+    def try_drop(self, kept: np.ndarray, node: int, bases: list) -> tuple[float, list]:
+        total, new = 0.0, []
+        for part, base in zip(self.parts, bases):
+            m, states = part.try_drop(kept, node, base)
+            total += m * part.n_items
+            new.append(states)
+        return total / self.n_items, new
+
+    def attribution(self, steps: int = 8, kept=None) -> np.ndarray:
+        """The parts' attributions weighted by their items: the attribution of the pooled mean."""
+        return sum(p.attribution(steps, kept) * p.n_items for p in self.parts) / self.n_items
+
+
 # --------------------------------------------------------------------------------------------------- references
 def _ablated_patches(lm: LoadedModel, mask, values: AlignedMean):
     """`patch_tail` arguments ablating the nodes where `mask` (bool [nodes]) is False with per-row values

@@ -129,9 +129,10 @@ def study_rows(study: pd.DataFrame, comparisons: pd.DataFrame) -> tuple[pd.DataF
 
 
 def circuit_sentences(summary: pd.DataFrame) -> str:
-    """Two sentences on the model's own circuit (the discover rule's summary, chosen targets): the union over
-    operators, teacher-forced (tf_<kind>_correct: what pruning and the verdicts read), its full-answer faithfulness
-    under each ablation against the paper's key circuit and random circuits of its size, then each operator's size and
+    """Sentences on the model's own circuit (the discover rule's summary, chosen targets): the union over operators,
+    teacher-forced (tf_<kind>_correct: what pruning and the verdicts read), its full-answer faithfulness under each
+    ablation against the paper's key circuit and random circuits of its size, the shared circuit (pruned on every
+    operator's pairs together) beside it, then each operator's size and
     faithfulness. One home for these sentences: the findings page and `make docs` (docs/results.md, README's block)
     both print them, every faithfulness at its resampled interval's precision so that a re-run on another CPU prints
     the same text."""
@@ -169,9 +170,15 @@ def circuit_sentences(summary: pd.DataFrame) -> str:
                  f"teacher-forced on the validation pairs (END and every answer position ablated; docs/circuit.md), "
                  f"its full-answer faithfulness {scale} is {per_kind(u, 'tf_{}_correct')}, {key}{diffs} points above "
                  f"random circuits of its size. ")
+    if "shared" in rows.index:
+        sh = rows.loc["shared"]
+        diffs = " and ".join(display.estimate(sh[f"tf_{k}_random_diff"], sh[f"tf_{k}_random_diff_low"],
+                                              sh[f"tf_{k}_random_diff_high"], scale=100, sign=True) for k in kinds)
+        first += (f"Pruned on every operator's identification pairs together, the shared circuit has {size(sh)}: "
+                  f"{per_kind(sh, 'tf_{}_correct')}, {diffs} points above random circuits of its size. ")
     per_task = [f"{task}: {int(r['n_heads'])} heads + {int(r['n_mlps'])} MLPs at "
                 + " / ".join(point(r, f"tf_{k}_correct") for k in kinds) for task, r in rows.iterrows()
-                if task != "union"]
+                if task not in ("union", "shared")]
     head = f"Per operator (teacher-forced, {' / '.join(kinds)} ablation), "
     return first + (head + "; ".join(per_task) + "." if per_task else "") + sanity_sentence(rows, kinds)
 

@@ -664,7 +664,8 @@ DISCOVER_OFF = f"the discover rule did not run (no {layout.DISCOVER_SUMMARY})"
 
 
 def circuit_faithful(summary: pd.DataFrame | None, cfg: dict) -> list[dict]:
-    """Per operator and for the union over operators (the discover rule's summary, one row per task and target, with
+    """Per operator, for the union over operators and for the shared circuit (pruned on every operator's
+    pairs together; task 'shared') (the discover rule's summary, one row per task and target, with
     the teacher-forced columns DISCOVER_COLUMNS): the chosen target's circuit, by `tf_faithful_rule`. The discover
     rule chooses the smallest target whose circuit keeps enough full answers on the selection pairs; where it chose
     none, the largest target's circuit is scored and the row says so."""
@@ -685,8 +686,8 @@ def circuit_faithful(summary: pd.DataFrame | None, cfg: dict) -> list[dict]:
         row = (rows.sort_values("target").iloc[-1] if fallback else chosen.sort_values("target").iloc[0])
         subs.append(_tf_faithful_row(str(task), row, fallback or fell_back(row), rule, kinds, cfg))
         failed_by_task[subs[-1]["scope"]] = failed_checks(row, kinds)
-    return _headline("circuit_faithful", subs, measure="per operator and their union, below", split="validation",
-                     source=layout.DISCOVER_SUMMARY, note=sanity_headline(failed_by_task))
+    return _headline("circuit_faithful", subs, measure="per operator, their union and their shared circuit, below",
+                     split="validation", source=layout.DISCOVER_SUMMARY, note=sanity_headline(failed_by_task))
 
 
 # The teacher-forced verdict (docs/claims.md), fixed before the numbers: enough validation pairs for an interval of
@@ -804,8 +805,11 @@ def _tf_kind_notes(r: pd.Series, per_kind: dict[str, str], compared: str) -> lis
     return out
 
 
+SCOPES = {"union": "union of the operators", "shared": "shared circuit of the operators"}  # the summary's pooled rows
+
+
 def _tf_faithful_row(task: str, r: pd.Series, fallback: bool, rule: str, kinds: list[str], cfg: dict) -> dict:
-    scope = "union of the operators" if task == "union" else task
+    scope = SCOPES.get(task, task)
     size = f"{int(r['n_heads'])} heads + {int(r['n_mlps'])} MLPs ({100 * r['share']:.1f}% of nodes)"
     n = int(r["tf_n_items"])
     per_kind = {k: tf_faithful_verdict(r, k, cfg) for k in kinds}
@@ -823,7 +827,8 @@ def _tf_faithful_row(task: str, r: pd.Series, fallback: bool, rule: str, kinds: 
         if verdict == "holds" and n < TF_MIN_PAIRS:
             verdict = "inconclusive"
     found = ("the union of the operators' chosen circuits" if display.missing(r.get("target"))
-             else f"found at target {r['target']:g} of the {r.get('pruned_on', 'pruning measure')}")
+             else f"found at target {r['target']:g} of the {r.get('pruned_on', 'pruning measure')}"
+             + (" on every operator's identification pairs together" if task == "shared" else ""))
     note = [sanity_note(failed)] if failed else []
     if gaps:
         note.append(("" if failed else "inconclusive: ") + "; ".join(gaps.values()))

@@ -433,12 +433,13 @@ def task_summary(task: str, table: pd.DataFrame, validation: pd.DataFrame, items
 
 def run_discover_union(*, model: str, model_dir, tasks: list[str], pairs_paths, key_paths, table_paths,
                        validation_paths, items_paths, discover: dict, compute: dict, seed: int, out_validation,
-                       out_summary) -> None:
+                       out_summary, shared_path=None) -> None:
     """The union of every operator's chosen circuit (and, beside it, the union of the key circuits), scored on each
     operator's validation pairs (the draw `run_discover` scored) against `random_draws` layer-matched random head
     sets of its size with its MLPs (`out_validation`, one block of rows per operator and one pooled over operators,
     task 'union'); and the summary (`out_summary`): one row per operator and target from `run_discover`'s tables,
-    and one for the union (pooled; target NaN)."""
+    and one for the union (pooled; target NaN), then the shared circuit's (`shared_path`: `run_discover_shared`'s
+    summary row, with the union's sanity checks: the same pairs, pools and seed)."""
     from arithmech.interp import teacher_forcing as tf
     from arithmech.interp.discovery import all_nodes
     from arithmech.model.loading import load_stage_model, stage_meta
@@ -522,6 +523,9 @@ def run_discover_union(*, model: str, model_dir, tasks: list[str], pairs_paths, 
     rows.append(row | _gap(row, {k: v[0] for k, v in pooled_fit.items()})
                 | {"smallest_target_validation": np.nan, "share_reached": np.nan,
                    "cpr_order_flag": "; ".join(f for f in flags if f)})
+    if shared_path is not None:
+        rows.append(pd.read_parquet(shared_path).iloc[0].to_dict()
+                    | {k: v for k, v in rows[-1].items() if k.endswith("_sanity_failed")})
     meta = stage_meta(model_dir, "discover_union", tasks=tasks, discover=discover, seed=seed)
     write_parquet(validation, out_validation, meta)
     write_parquet(pd.DataFrame(rows), out_summary, meta)
@@ -545,3 +549,148 @@ def run_plot_discover(*, model: str, task: str, path_path, validation_path, key_
     plots.circuit_grid(chosen["nodes"], key_heads, n_layers, n_heads,
                        f"{model}, {task}: discovered circuit (target {chosen['target']:g}) over the key heads\n"
                        f"validation, teacher-forced full-answer faithfulness: {kept}", out_grid_png)
+
+
+SHARED = "shared"  # the shared circuit's task name in the summary and its tables' pooled rows
+
+
+def _shared_items(per_item: pd.DataFrame, sets, targets, clusters: pd.Series, task: str) -> pd.DataFrame:
+    """`teacher_forced_table`'s per-item values of `sets` on one operator's pairs with what `key_vs_random` and
+    `pooled_values` read beside them: each set's curve, mlps, k, seed and target, the item's cluster, and sample ids
+    and clusters named by the operator (unique over operators)."""
+    at = per_item["set_index"].to_numpy()
+    return per_item.drop(columns="set_index").assign(
+        curve=[sets[i].curve for i in at], mlps=[sets[i].mlps for i in at], k=[sets[i].k for i in at],
+        seed=[sets[i].seed for i in at], target=np.asarray(targets)[at], task=task,
+        cluster=task + ":" + clusters.loc[per_item["sample_id"]].to_numpy(),
+        sample_id=task + ":" + per_item["sample_id"].astype(str))
+
+
+def run_discover_shared(*, model: str, model_dir, tasks: list[str], pairs_paths, discover: dict, compute: dict,
+                        seed: int, out_table, out_validation, out_items, out_summary) -> None:
+    """The shared circuit: ONE circuit pruned on every operator's identification pairs together (the draws
+    `run_discover` prunes on, `teacher_forcing.PooledTrials`: each operator's items ablated with values from its own
+    identification pool, the pruning measure their mean), at every target, the target chosen on the operators'
+    selection pairs pooled (`choose_target`), and scored as an operator's chosen circuit is: teacher-forced on each
+    operator's validation pairs and pooled over them (task SHARED) under both ablations, every target's circuit,
+    `random_draws` layer-matched random circuits of the chosen one's size and the CPR rows of the pooled ranking.
+    Writes the circuits (`out_table`), the validation faithfulness (`out_validation`) with its per-item values
+    (`out_items`), and the chosen circuit's summary row (`out_summary`: `_tf_summary`'s columns, the
+    identification-validation gap and the order check; its sanity checks are `run_discover`'s, on the same pairs
+    and pools: `run_discover_union` adds them)."""
+    from arithmech.interp import teacher_forcing as tf
+    from arithmech.interp.discovery import MLP, all_nodes, node_ranking, prune
+    from arithmech.model.loading import load_stage_model, stage_meta
+
+    lm = load_stage_model(model_dir, compute)
+    nodes, batch = all_nodes(lm.n_layers, lm.n_heads), compute["batch_size"]
+    targets, kind = [float(t) for t in discover["targets"]], discover["tf_ablation"]
+    start = time.perf_counter()
+    ops = []  # per operator: (task, pairs, pruning draw, validation draw, pool, pool outputs, pruning items, trials)
+    for task, pairs_path in zip(tasks, pairs_paths, strict=True):
+        pairs = pd.read_parquet(pairs_path)
+        ident, val = _scored_pairs(pairs, discover, seed, str(pairs_path))
+        pool = tf.build_items(lm, split_pairs(pairs, "identification", str(pairs_path)), batch_size=batch,
+                              outputs=True)
+        pool_outputs = tf.tail_outputs(lm, pool, batch)
+        items = tf.build_items(lm, ident, batch_size=batch)
+        trials = tf.TailTrials(lm, items, tf.ablation_values(lm, items, pool, kind, seed=seed, batch_size=batch,
+                                                             pool_outputs=pool_outputs),
+                               measure=discover["tf_measure"], batch_size=max(batch, len(items)))
+        ops.append((task, pairs, ident, val, pool, pool_outputs, items, trials))
+    pooled = tf.PooledTrials([op[-1] for op in ops])
+    ranking, attribution = node_ranking(pooled, discover["ig_steps"])
+    max_trials = discover["max_trials"] if lm.n_layers * lm.n_heads >= discover["max_trials"] else None
+    pruned, _ = prune(pooled, targets, ranking=ranking, attribution=attribution, max_trials=max_trials,
+                      max_passes=discover["max_passes"], two_sided=True)
+    seconds = time.perf_counter() - start
+
+    every = tuple((l, h) for l, h in nodes if h != MLP)
+    base = [sufficiency.CircuitSet("model", "all", len(every), -1, every, tuple(range(lm.n_layers))),
+            sufficiency.CircuitSet("empty", "none", 0, -1, (), ())]
+    found = [sufficiency.CircuitSet("discovered", "discovered", len(p.heads(nodes)), -1, tuple(p.heads(nodes)),
+                                    tuple(p.mlps(nodes))) for p in pruned]
+    masks = sufficiency.kept_masks(base + found, nodes)
+    correct, on_select, selected = [], [], []  # per operator: on its pruning pairs (each ablation), its selection
+    for task, pairs, ident, _, pool, pool_outputs, items, trials in ops:
+        correct.append(_correct_by_kind(lm, items, pool, pool_outputs, masks, seed=seed, batch=batch, trials=trials))
+        select = _selection_pairs(pairs, ident, discover["selection_samples"], seed, task)
+        if select is None:
+            warnings.warn(f"{task}: every identification pair shares its operands with the {len(ident)} pruned on: "
+                          "the shared target is chosen on its pruning pairs (circuit.discover.max_samples, "
+                          "selection_samples)", stacklevel=2)
+            on_select.append(correct[-1][kind])
+        else:
+            select_items = tf.build_items(lm, select, batch_size=batch)
+            on_select.append(tf.TailTrials(lm, select_items, tf.ablation_values(
+                lm, select_items, pool, kind, seed=seed, batch_size=batch, pool_outputs=pool_outputs),
+                batch_size=batch).scores(masks)["correct"])
+        selected.append(len(ident if select is None else select))
+    on_ident = np.concatenate(on_select, 1).mean(1)  # teacher-forced full answers on every operator's selection
+    fitted = _fitted({k: np.concatenate([c[k] for c in correct], 1) for k in protocol.KINDS})
+    table = pd.DataFrame({
+        "task": SHARED, "target": targets, "pruned_on": f"tf_{kind}_{discover['tf_measure']}",
+        "n_heads": [len(s.heads) for s in found], "n_mlps": [len(s.mlp_layers) for s in found],
+        "n_nodes": [len(s.heads) + len(s.mlp_layers) for s in found],
+        "share": [(len(s.heads) + len(s.mlp_layers)) / len(nodes) for s in found],
+        "nodes": [s.nodes() for s in found], "faithfulness": [p.faithfulness for p in pruned],
+        "full_accuracy": on_ident[2:], "model_full_accuracy": on_ident[0],
+        "full_share": on_ident[2:] / on_ident[0] if on_ident[0] > 0 else np.nan,
+        "minimal": [p.minimal for p in pruned], "trials": [p.trials for p in pruned], "seconds": seconds,
+        "n_identification": pooled.n_items, "n_selection": sum(selected),
+        **{f"tf_{k}_correct_identification": f for k, f in fitted.items()},
+    })
+    chosen, reached = choose_target(table, discover["min_full_share"])
+    if not reached:
+        warnings.warn(f"no target's shared circuit keeps {discover['min_full_share']:.0%} of the full model's "
+                      f"full-answer accuracy on the operators' selection pairs (circuit.discover.min_full_share): "
+                      f"taking the largest target, {chosen}", stacklevel=2)
+    table["chosen"] = table["target"] == chosen
+    table["share_reached"] = reached
+
+    # validation: every target's circuit, the chosen one's random circuits and the CPR rows, per operator and pooled
+    best = found[targets.index(chosen)]
+    sets = base + found + _random_sets(list(best.heads), best.mlp_layers, n_layers=lm.n_layers, n_heads=lm.n_heads,
+                                       draws=discover["random_draws"], seed=seed, label="discovered")
+    set_targets = [np.nan, np.nan, *targets] + [chosen] * (len(sets) - len(base) - len(found))
+    shares = tf.share_circuits(ranking)
+    sets += [sufficiency.CircuitSet("share", "share", int(m.sum()), -1,
+                                    tuple(n for n, k in zip(nodes, m) if k and n[1] != MLP),
+                                    tuple(n[0] for n, k in zip(nodes, m) if k and n[1] == MLP)) for m in shares]
+    set_targets += [np.nan] * len(shares)
+    boot = {"n_boot": discover["bootstrap"], "seed": seed, "confidence": discover["confidence"]}
+    blocks, all_items = [], []
+    for task, _, _, val, pool, pool_outputs, _, _ in ops:
+        scored, per_item = sufficiency.teacher_forced_table(
+            lm, val, pool, sets, pool_outputs=pool_outputs, sanity_draws=discover["sanity_draws"], strict=False,
+            batch_size=batch, positions_sets=("tail",), sanity=False, **boot)
+        blocks.append(scored.assign(task=task))
+        all_items.append(_shared_items(per_item, sets, set_targets, pair_labels(val), task))
+    items = pd.concat(all_items, ignore_index=True)
+    columns = [c for c in items if c.startswith("tf_")]
+    wide, clusters = sufficiency.pooled_values(items, len(sets), {c: c for c in columns}, groups=tasks)
+    blocks.append(sufficiency.faithfulness_table(sets, wide, clusters, **boot).assign(
+        task=SHARED, tf_n_items=len(clusters)))
+    validation = pd.concat(blocks, ignore_index=True).assign(
+        target=np.tile(set_targets, len(blocks)), chosen=lambda v: v["target"] == chosen,
+        node_share=np.tile([np.nan] * (len(sets) - len(shares)) + list(tf.SHARES), len(blocks)))
+
+    mine = validation[validation["task"] == SHARED]
+    circuit = mine[(mine["curve"] == "discovered") & mine["chosen"]]
+    flag = order_flag(SHARED, mine, circuit, [f"shared circuit at target {chosen:g}"])
+    if flag:
+        warnings.warn(f"the CPR curve's ranking is beaten by a scored circuit: {flag}", stacklevel=2)
+    scored_items = items[items["curve"].isin(["model", "empty", "random"])
+                         | ((items["curve"] == "discovered") & (items["target"] == chosen))]
+    row = {"task": SHARED, "target": chosen, "chosen": True, "n_heads": len(best.heads), "n_mlps": len(best.mlp_layers),
+           "share": (len(best.heads) + len(best.mlp_layers)) / len(nodes), "n_items": len(clusters),
+           "draws": len(sets) - len(base) - len(found) - len(shares)} | _tf_summary(scored_items, boot)
+    row |= _gap(row, {k: v[targets.index(chosen)] for k, v in fitted.items()}) | {
+        "smallest_target_validation": np.nan, "share_reached": reached, "cpr_order_flag": flag}
+
+    meta = stage_meta(model_dir, "discover_shared", tasks=tasks, discover=discover, seed=seed, chosen=chosen,
+                      seconds=seconds)
+    write_parquet(table, out_table, meta)
+    write_parquet(validation, out_validation, meta)
+    write_parquet(items, out_items, meta)
+    write_parquet(pd.DataFrame([row]), out_summary, meta)

@@ -264,7 +264,7 @@ def discover_table(summary: pd.DataFrame, validation: pd.DataFrame | None) -> pd
     circuit and layer-matched random circuits of its size (the paired difference in full-answer faithfulness), with
     95% intervals at their precision, and its overlap with the key heads."""
     chosen = summary[summary["chosen"].astype(bool)].sort_values("target").drop_duplicates("task")
-    order = [t for t in chosen["task"] if t != "union"] + [t for t in chosen["task"] if t == "union"]
+    order = [t for t in chosen["task"] if t not in ("union", "shared")] + [t for t in chosen["task"] if t == "union"]
     rows = []
     for task in order:
         r = chosen[chosen["task"] == task].iloc[0]
@@ -293,7 +293,8 @@ def discover_targets_table(summary: pd.DataFrame) -> pd.DataFrame:
     validation pairs under each ablation, and which target the rule chose (on the selection pairs) and which it would
     choose on the validation pairs (reported only)."""
     rows = []
-    for r in summary[summary["task"] != "union"].sort_values(["task", "target"], kind="stable").to_dict("records"):
+    operators = summary[~summary["task"].isin(["union", "shared"])]
+    for r in operators.sort_values(["task", "target"], kind="stable").to_dict("records"):
         rows.append({"operator": r["task"], "target": display.significant(r["target"], 2),
                      "size": f"{int(r['n_heads'])} heads + {int(r['n_mlps'])} MLPs ({display.share(r['share'])})",
                      **{f"full answer ({k})": _faithful(r[f"tf_{k}_correct"], r[f"tf_{k}_correct_low"],

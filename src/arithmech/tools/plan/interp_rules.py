@@ -310,6 +310,43 @@ def discover(s: Setting, m: Model, job: Job) -> Cost:
                          f"{n_val} validation pairs")
 
 
+def discover_shared(s: Setting, m: Model, job: Job) -> Cost:
+    """`stages.discover.run_discover_shared`: per operator one forward over its identification pool (the ablation
+    values) and its pruning draw's prefix; on every operator's pruning draw together the attribution's
+    integrated-gradient steps (about 3 forwards each) and the pruning's trials (`discover_trials`), each a forward of
+    END and the answer positions on the prefix cache, half the model on average; the model, the empty circuit and
+    every target's circuit on the pruning draws (both ablations) and on the selection draws; on each operator's
+    validation draw, under both ablations, the model, the empty circuit, every target's circuit, the chosen one's
+    random draws and the CPR rows (`teacher_forcing.SHARES`), one forward of END and the answer positions each."""
+    from arithmech.interp.teacher_forcing import SHARES
+
+    bs, sh, cfg = s.batch(), m.shape, s.config["circuit"]["discover"]
+    targets = len(cfg["targets"])
+    first, later = discover_trials(cfg, sh)
+    sweeps = (cfg["max_passes"] - 1) + (targets - 1) * cfg["max_passes"]
+    scored = 2 + targets + cfg["random_draws"] + len(SHARES)
+    work, n_pruned, pairs = Work(), 0, 0
+    for task in s.config["run"]["tasks"]:
+        p = s.prompts(m, task)
+        seq, tail = p.ref_tokens + p.answer_steps, 1 + p.answer_steps
+        n_id, n_val = min(cfg["max_samples"], p.identification), min(cfg["validation_samples"], p.validation)
+        n_sel = min(cfg["selection_samples"], max(0, p.identification - n_id))
+        n_pruned, pairs = n_pruned + n_id, pairs + n_val
+        trial = forward_flops(sh, new=tail, past=p.ref_tokens - 1, logits=tail)
+        work += Work((p.identification + n_id + n_sel + n_val) * forward_flops(sh, new=seq, logits=0))
+        work += Work(3 * n_id * cfg["ig_steps"] * trial + n_id * (first * trial / 2 + sweeps * later * trial))
+        work += Work((2 * n_id + n_sel) * (2 + targets) * trial + 2 * n_val * scored * trial)
+        work += forwards(m, 3 * cfg["ig_steps"] * math.ceil(n_id / bs) + first + sweeps * later
+                         + 2 * scored * math.ceil(n_val / bs))
+    p = s.prompts(m, s.config["run"]["tasks"][0])
+    rows = min(cfg["max_samples"], p.identification) * cfg["ig_steps"]  # one operator's draw at a time
+    act = 3 * inference_bytes(sh, rows=rows, seq=1 + p.answer_steps, kv=p.ref_tokens + p.answer_steps,
+                              logits=rows * (1 + p.answer_steps), dtype_bytes=m.dtype_bytes)
+    return gpu_cost(m, work=work, activations=act,
+                    note=f"{n_pruned} pairs x ({first} + up to {sweeps} x {later}) trials; {scored} circuits x "
+                         f"{pairs} validation pairs x 2 ablations")
+
+
 def discover_union(s: Setting, m: Model, job: Job) -> Cost:
     """`stages.discover.run_discover_union`: per operator, greedy answers and one END forward per circuit (the model,
     the empty circuit, the union of the key circuits, the union of the discovered ones and its random draws) on
