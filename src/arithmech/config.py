@@ -22,6 +22,10 @@ RETIRED_KEYS = {
                          "teacher-forced protocol by the discover rule (docs/circuit.md)"
        for key in ("max_samples", "positions", "all_positions_samples", "grid", "random_draws", "band_draws",
                    "contrast_means")},
+    "circuit.discover.protocol": "the old END-mean protocol is retired: discovery is always teacher-forced "
+                                 "(docs/circuit.md)",
+    "circuit.discover.measure": "the old END-mean protocol is retired: the pruning measure is "
+                                "circuit.discover.tf_measure (logprob or kl)",
 }
 
 

@@ -191,7 +191,7 @@ def test_discover_stages_write_their_tables(prepared, tmp_path):  # noqa: F811
 
     assert (items["sanity_mean_failed"] == validation["sanity_mean_failed"].iloc[0]).all()
     claims_cfg = yaml.safe_load(open("config.yaml"))["claims"] | {"bootstrap": 50}
-    row = verdicts.circuit_sufficient({"division": None}, claims_cfg, seed=0, teacher_forced={"division": items})[1]
+    row = verdicts.circuit_sufficient({"division": items}, claims_cfg, seed=0)[1]
     assert row["n"] == kept and row["source"] == "discover/division_items.parquet" and "mean:" in row["note"]
     # the union does not run the sanity checks again (no warning): the operator's values, same pairs and pool
     _run_union(prepared, tmp_path, out, DISCOVER)

@@ -595,7 +595,7 @@ def test_the_shared_circuit_is_its_own_sub_row():
     assert list(by) == ["addition", "union of the operators", "shared circuit of the operators"]
     shared = by["shared circuit of the operators"]
     assert shared["verdict"] == "holds" and shared["value"] == pytest.approx(90.0)
-    assert "found at target 0.9 of the pruning measure on every operator's identification pairs together" in (
+    assert "found at target 0.9 of the tf_mean_logprob on every operator's identification pairs together" in (
         shared["note"])
     gap = CFG["max_fit_gap"] + 0.05  # fitted that much better on its pruning pairs than on validation (0.9)
     fitted = summary.assign(tf_mean_correct_identification=[math.nan, math.nan, 0.9 + gap],

@@ -682,7 +682,8 @@ def run_discover_shared(*, model: str, model_dir, tasks: list[str], pairs_paths,
         warnings.warn(f"the CPR curve's ranking is beaten by a scored circuit: {flag}", stacklevel=2)
     scored_items = items[items["curve"].isin(["model", "empty", "random"])
                          | ((items["curve"] == "discovered") & (items["target"] == chosen))]
-    row = {"task": SHARED, "target": chosen, "chosen": True, "n_heads": len(best.heads), "n_mlps": len(best.mlp_layers),
+    row = {"task": SHARED, "target": chosen, "chosen": True, "pruned_on": table["pruned_on"].iloc[0],
+           "n_heads": len(best.heads), "n_mlps": len(best.mlp_layers),
            "share": (len(best.heads) + len(best.mlp_layers)) / len(nodes), "n_items": len(clusters),
            "draws": len(sets) - len(base) - len(found) - len(shares)} | _tf_summary(scored_items, boot)
     row |= _gap(row, {k: v[targets.index(chosen)] for k, v in fitted.items()}) | {
