@@ -90,7 +90,6 @@ def test_key_vs_random():
     alone = sufficiency.key_vs_random(_items(0.9, []), measure="full", mlps="key", n_boot=50, seed=0, confidence=0.95)
     assert alone["key"] == pytest.approx(0.9) and alone["draws"] == 0  # no random draw: its own numbers, NaN diff
     assert np.isnan(alone["difference"]) and np.isnan(alone["ci_low"]) and np.isnan(alone["random"])
-    assert sufficiency.constant_accuracy([1, 1, 2, 3]) == 0.5
 
 
 def test_pooled_values_keep_each_set_on_its_own_items_when_groups_differ_in_size():

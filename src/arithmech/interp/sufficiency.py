@@ -62,40 +62,6 @@ def key_nodes(key: pd.DataFrame) -> tuple[list[Head], list[int]]:
             [int(l) for l in key.loc[key["component"] == "mlp", "layer"]])
 
 
-def score_sets(lm, scored: pd.DataFrame, sets: list[CircuitSet], *, means, positions: str, batch_size: int
-                ) -> dict[str, np.ndarray]:
-    """Per-item measures of every set on the pairs `scored` (prompt, answer, answer_token_id, template_id), {measure:
-    [n_sets, n]} for `MEASURES` (full, logit, first): greedy answers with everything outside the set mean-ablated at
-    `positions` (`ablation.set_answers`), each distinct ablation run once. Runs the model (torch imported here)."""
-    import torch
-
-    from arithmech.data.answers import answer_tokens
-    from arithmech.interp.ablation import answers_correct, set_answers
-    from arithmech.intervention.batching import COPIES_PER_FORWARD
-
-    distinct = list(dict.fromkeys((s.heads, s.mlp_layers) for s in sets))
-    ablated = [CircuitSet("", "", 0, -1, h, m).ablated(lm.n_layers, lm.n_heads) for h, m in distinct]
-    answers = torch.tensor(scored["answer_token_id"].to_numpy())
-    result = set_answers(lm, list(scored["prompt"]), scored["answer"], head_sets=[a[0] for a in ablated],
-                         mlp_sets=[a[1] for a in ablated], means=means, positions=positions,
-                         template_ids=scored["template_id"], answer_ids=answers,
-                         max_new_tokens=answer_tokens(lm.tokenizer, scored["answer"]), batch_size=batch_size,
-                         copies=COPIES_PER_FORWARD)
-    per_distinct = {
-        "first": (result.first_tokens == answers[None]).numpy(),
-        "full": answers_correct(lm.tokenizer, result.tokens, scored["answer"]),
-        "logit": result.first_answer_logits.numpy(),
-    }
-    where = [distinct.index((s.heads, s.mlp_layers)) for s in sets]
-    return {m: v[where].astype(float) for m, v in per_distinct.items()}
-
-
-def constant_accuracy(values: Sequence) -> float:
-    """The accuracy of always giving the most common value (a first-token id, or a whole answer)."""
-    counts = pd.Series(list(values)).value_counts()
-    return float(counts.iloc[0] / counts.sum()) if len(counts) else float("nan")
-
-
 def faithfulness_table(sets: Sequence[CircuitSet], values: dict[str, np.ndarray], clusters: Sequence, *, n_boot: int,
                        seed: int, confidence: float) -> pd.DataFrame:
     """One row per set: each measure's mean and faithfulness with a percentile interval from resampling clusters
