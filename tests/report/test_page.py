@@ -247,6 +247,13 @@ def test_the_page_says_what_the_models_own_circuit_is(tmp_path):
     assert ("Pruned on every operator's identification pairs together, the shared circuit has 20 heads and 8 MLPs"
             in text and "ablation, +50 and +60 points above random circuits of its size. Per operator" in text)
     assert "shared: " not in text
+    # each circuit's fit gap (identification minus validation, per ablation), where the summary has it
+    assert "fit gap" not in text
+    gaps = shared.assign(tf_resample_gap=0.14, tf_mean_gap=[0.06, 0.06, 0.06, -0.02, float("nan")])
+    text = circuit_sentences(gaps)
+    assert "addition: 35 heads + 19 MLPs at 70% / 80%, fit gap +14 / +6 points." in text
+    assert "+50 and +60 points above random circuits of its size, fit gap +14 / -2 points. Pruned on" in text
+    assert "fit gap +14 / n/a points. Per operator" in text
     # a failed sanity check (circuit.discover.sanity: warn) is said on the page, naming the check and the operators
     failed = "sanity check 'one node ablated' failed: the median draw keeps 0.5 of the model's accuracy"
     warned = summary.assign(tf_resample_sanity_failed=[failed, failed, failed, "addition: " + failed],

@@ -857,7 +857,8 @@ def test_a_circuit_fitted_to_its_pruning_pairs_is_inconclusive_naming_the_gap():
     by = {r["scope"]: r for r in verdicts.circuit_faithful(summary, CFG)}
     assert by["addition"]["verdict"] == "inconclusive"
     assert by["addition"]["note"].startswith("inconclusive: resample: fitted 100% on identification, 90% on "
-                                             "validation: gap 25 points above 10; prune on more pairs")
+                                             "validation: gap 25 points above 10: the circuit is fitted to its "
+                                             "pruning pairs")
     assert by["subtraction"]["verdict"] == "holds" and "fitted" not in by["subtraction"]["note"]
     assert by["division"]["verdict"] == "holds"
     assert "more than 10 points" in by["addition"]["rule"]

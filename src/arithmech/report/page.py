@@ -132,10 +132,10 @@ def circuit_sentences(summary: pd.DataFrame) -> str:
     """Sentences on the model's own circuit (the discover rule's summary, chosen targets): the union over operators,
     teacher-forced (tf_<kind>_correct: what pruning and the verdicts read), its full-answer faithfulness under each
     ablation against the paper's key circuit and random circuits of its size, the shared circuit (pruned on every
-    operator's pairs together) beside it, then each operator's size and
-    faithfulness. One home for these sentences: the findings page and `make docs` (docs/results.md, README's block)
-    both print them, every faithfulness at its resampled interval's precision so that a re-run on another CPU prints
-    the same text."""
+    operator's pairs together) beside it, then each operator's size and faithfulness; each circuit with its fit gap
+    (tf_<kind>_gap: identification minus validation faithfulness, per ablation, in points). One home for these
+    sentences: the findings page and `make docs` (docs/results.md, README's block) both print them, every
+    faithfulness at its resampled interval's precision so that a re-run on another CPU prints the same text."""
     chosen = summary[summary["chosen"].astype(bool)].sort_values("target").drop_duplicates("task")
     if chosen.empty:
         return "The discover rule chose no circuit: no target's circuit kept enough full answers."
@@ -157,6 +157,13 @@ def circuit_sentences(summary: pd.DataFrame) -> str:
     def per_kind(r, name) -> str:  # one value per ablation: "a under resample ablation and b under mean ablation"
         return " and ".join(f"{kept(r, name.format(k))} under {k} ablation" for k in kinds)
 
+    def gap(r) -> str:  # identification minus validation full-answer faithfulness, per ablation (points)
+        values = [r.get(f"tf_{k}_gap") for k in kinds]
+        if all(display.missing(v) for v in values):
+            return ""
+        return ", fit gap " + " / ".join("n/a" if display.missing(v) else f"{100 * float(v):+.0f}" for v in values) \
+            + " points"
+
     # faithfulness, not a share kept: (circuit - every node ablated) / (model - every node ablated) can be < 0
     scale = "(100%: the whole model's full answers, 0%: those with every node ablated)"
     first = ""
@@ -169,15 +176,15 @@ def circuit_sentences(summary: pd.DataFrame) -> str:
         first = (f"Over all operators, the circuit that pruning finds on the identification pairs has {size(u)}; "
                  f"teacher-forced on the validation pairs (END and every answer position ablated; docs/circuit.md), "
                  f"its full-answer faithfulness {scale} is {per_kind(u, 'tf_{}_correct')}, {key}{diffs} points above "
-                 f"random circuits of its size. ")
+                 f"random circuits of its size{gap(u)}. ")
     if "shared" in rows.index:
         sh = rows.loc["shared"]
         diffs = " and ".join(display.estimate(sh[f"tf_{k}_random_diff"], sh[f"tf_{k}_random_diff_low"],
                                               sh[f"tf_{k}_random_diff_high"], scale=100, sign=True) for k in kinds)
         first += (f"Pruned on every operator's identification pairs together, the shared circuit has {size(sh)}: "
-                  f"{per_kind(sh, 'tf_{}_correct')}, {diffs} points above random circuits of its size. ")
+                  f"{per_kind(sh, 'tf_{}_correct')}, {diffs} points above random circuits of its size{gap(sh)}. ")
     per_task = [f"{task}: {int(r['n_heads'])} heads + {int(r['n_mlps'])} MLPs at "
-                + " / ".join(point(r, f"tf_{k}_correct") for k in kinds) for task, r in rows.iterrows()
+                + " / ".join(point(r, f"tf_{k}_correct") for k in kinds) + gap(r) for task, r in rows.iterrows()
                 if task not in ("union", "shared")]
     head = f"Per operator (teacher-forced, {' / '.join(kinds)} ablation), "
     return first + (head + "; ".join(per_task) + "." if per_task else "") + sanity_sentence(rows, kinds)

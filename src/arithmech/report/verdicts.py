@@ -761,7 +761,7 @@ def fit_gaps(r: pd.Series, kinds, cfg: dict) -> dict[str, str]:
         if not display.missing(gap) and float(gap) > cfg["max_fit_gap"]:
             out[k] = (f"{k}: fitted {100 * r[f'tf_{k}_correct_identification']:.0f}% on identification, "
                       f"{100 * r[f'tf_{k}_correct']:.0f}% on validation: gap {100 * float(gap):.0f} points above "
-                      f"{100 * cfg['max_fit_gap']:g}; prune on more pairs")
+                      f"{100 * cfg['max_fit_gap']:g}: the circuit is fitted to its pruning pairs")
     return out
 
 
