@@ -273,7 +273,7 @@ def run_discover(*, model: str, task: str, model_dir, pairs_path, effects_path, 
 
     # validation: every target's circuit against the key circuit, random circuits of its size, the top heads
     ranked = ranked_heads(effects)
-    # the key circuit with its layer-matched random circuits (the circuit rule's draws): the circuit_sufficient
+    # the key circuit with its layer-matched random circuits: the circuit_sufficient
     # verdict reads them here, on the protocol and pairs the discovered circuits are scored on
     key_sets = [sufficiency.CircuitSet("key", "key", len(key_heads), -1, tuple(key_heads), tuple(sorted(key_mlps))),
                 *(_random_sets(list(key_heads), tuple(sorted(key_mlps)), n_layers=lm.n_layers, n_heads=lm.n_heads,
