@@ -290,3 +290,20 @@ def test_selection_pairs_hold_other_operands(prepared):  # noqa: F811
     assert 0 < len(chosen_on) <= 3 and (chosen_on["split"] == "identification").all()
     assert not set(zip(chosen_on["a"], chosen_on["b"])) & set(zip(pruned_on["a"], pruned_on["b"]))
     assert _selection_pairs(pairs, ident, 3, 0, "pairs") is None
+
+
+def test_the_pruning_draw_leaves_operand_pairs_for_the_choice(prepared):  # noqa: F811
+    """Held out by operand pair before the pruning draw: with every identification prompt asked for, the pruning
+    draw still leaves operand pairs (at most a third) whose prompts the target is chosen on."""
+    from arithmech.stages.discover import SELECTION_MAX_OPERANDS, _scored_pairs, _selection_pairs
+
+    pairs = pd.read_parquet(prepared / "pairs.parquet")
+    ident = split_pairs(pairs, "identification")
+    operands = set(zip(ident["a"], ident["b"]))
+    pruned_on, _ = _scored_pairs(pairs, {"max_samples": len(ident), "selection_samples": 3,
+                                         "validation_samples": 4}, 0, "pairs")
+    chosen_on = _selection_pairs(pairs, pruned_on, 3, 0, "pairs")
+    held = set(zip(chosen_on["a"], chosen_on["b"]))
+    assert held and not held & set(zip(pruned_on["a"], pruned_on["b"]))
+    assert len(held) <= len(operands) * SELECTION_MAX_OPERANDS
+    assert len(pruned_on) + (ident[[p in held for p in zip(ident["a"], ident["b"])]]).shape[0] == len(ident)

@@ -19,14 +19,36 @@ from arithmech.interp.effects import pair_labels
 from arithmech.interp.nodes import layer_matched_heads, node_label, parse_nodes, ranked_heads
 from arithmech.io import write_parquet
 
+SELECTION_MAX_OPERANDS = 1 / 3  # at most this share of the identification operand pairs is held out for the choice
+
+
+def _held_out_operands(ident: pd.DataFrame, n: int, seed: int) -> set:
+    """The identification operand pairs (a, b) held out from the pruning for the target's choice: in a seeded order,
+    until their prompts number at least `n`, at most SELECTION_MAX_OPERANDS of them. By operand pair, not by prompt:
+    each operand pair comes in several templates, so a draw of prompts would leave no operand pair unseen."""
+    operands = list(dict.fromkeys(zip(ident["a"], ident["b"])))
+    order = np.random.default_rng(seed).permutation(len(operands))
+    counts = ident.groupby(["a", "b"]).size()
+    held, prompts = set(), 0
+    for i in order[: int(len(operands) * SELECTION_MAX_OPERANDS)]:
+        if prompts >= n:
+            break
+        held.add(operands[i])
+        prompts += int(counts[operands[i]])
+    return held
+
 
 def _scored_pairs(pairs: pd.DataFrame, discover: dict, seed: int, where: str) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(identification draw, validation draw): seeded draws of `max_samples` and `validation_samples` pairs."""
+    """(identification draw, validation draw): seeded draws of `max_samples` identification pairs whose operands are
+    not held out for the target's choice (`_held_out_operands`, `selection_samples` of them; `_selection_pairs`
+    draws those), and of `validation_samples` validation pairs."""
     from arithmech.data.datasets import subsample
 
-    ident = subsample(split_pairs(pairs, "identification", where), discover["max_samples"], seed)
+    ident = split_pairs(pairs, "identification", where)
+    held = _held_out_operands(ident, discover["selection_samples"], seed)
+    ident = ident[[pair not in held for pair in zip(ident["a"], ident["b"])]]
     val = subsample(split_pairs(pairs, "validation", where), discover["validation_samples"], seed)
-    return ident, val
+    return subsample(ident, discover["max_samples"], seed), val
 
 
 def _selection_pairs(pairs: pd.DataFrame, ident: pd.DataFrame, n: int, seed: int, where: str) -> pd.DataFrame | None:
