@@ -682,7 +682,13 @@ def run_discover_shared(*, model: str, model_dir, tasks: list[str], pairs_paths,
     set_targets += [np.nan] * len(shares)
     boot = {"n_boot": discover["bootstrap"], "seed": seed, "confidence": discover["confidence"]}
     blocks, all_items = [], []
+    from arithmech.data.datasets import subsample
+
+    # validation_samples pairs in all, an equal seeded share of each operator's draw: the verdict reads the pooled
+    # row (it asks for 96 pairs), and four operators' full draws would cost four operators' scoring
+    per_task = -(-discover["validation_samples"] // len(ops))
     for task, _, _, val, pool, pool_outputs, _, _ in ops:
+        val = subsample(val, per_task, seed)
         scored, per_item = sufficiency.teacher_forced_table(
             lm, val, pool, sets, pool_outputs=pool_outputs, sanity_draws=discover["sanity_draws"], strict=False,
             batch_size=batch, positions_sets=("tail",), sanity=False, **boot)
