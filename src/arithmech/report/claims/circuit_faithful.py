@@ -34,8 +34,6 @@ CLAIM = Claim("circuit_faithful", "discover",
               "held-out pairs, better than random circuits of their size.",
               "no circuit is searched in the paper (added here); its key heads are \"less than 5% of heads\" "
               "(introduction)")
-
-
 DISCOVER_COLUMNS = ["task", "target", "chosen", "n_heads", "n_mlps", "share", "tf_n_items"] + [
     f"tf_{k}_{c}{x}" for k in protocol.KINDS for c in TF_FAITHFUL_COLUMNS for x in ("", "_low", "_high")]
 
@@ -53,8 +51,7 @@ def score(summary: pd.DataFrame | None, cfg: dict) -> list[dict]:
         raise ValueError(f"the discover summary ({layout.DISCOVER_SUMMARY}) lacks the columns {missing}")
     rule = tf_faithful_rule(cfg)
     if summary.empty:
-        return not_measured(CLAIM, "the discover rule found no circuit (its summary is empty)",
-                            rule=rule)
+        return not_measured(CLAIM, "the discover rule found no circuit (its summary is empty)", rule=rule)
     kinds = list(protocol.KINDS)
     subs, failed_by_task = [], {}
     for task, rows in summary.groupby("task", sort=False):

@@ -245,7 +245,7 @@ def fit_gaps(r: pd.Series, kinds, cfg: dict) -> dict[str, str]:
 
 
 def tf_faithful_verdict(r: pd.Series, kind: str, cfg: dict) -> str:
-    """One ablation's verdict on one summary row (`tf_faithful_rule`), the pair count and size aside:
+    """One ablation's verdict on one summary row (`circuit_faithful.tf_faithful_rule`), the pair count and size aside:
     inconclusive where its sanity check failed or its circuit fits the identification pairs more than
     `max_fit_gap` better than the validation pairs (`fit_gaps`)."""
     col = f"tf_{kind}_"

@@ -19,8 +19,6 @@ from arithmech.report.claims.common import (
 
 CLAIM = Claim("key_attention", "analyze", "Key heads attend from END to the operands and the operator.",
               "\"These heads particularly attend to the operands and operators\" (introduction)")
-
-
 OPERAND_ROLES = ("operand_a", "operand_b", "operator")
 
 

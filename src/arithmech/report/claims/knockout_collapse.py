@@ -23,8 +23,6 @@ CLAIM = Claim("knockout_collapse", "validate",
               "Knocking out the key heads collapses accuracy; knocking out as many random heads does not.",
               "\"a decrease of around 70% in accuracy\" with the key heads/MLPs knocked out (introduction); the "
               "knockout figures: not available here")
-
-
 ANSWERS = {"full_correct": "full answer", "first_correct": "first token"}
 
 

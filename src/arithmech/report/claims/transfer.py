@@ -24,8 +24,6 @@ CLAIM = Claim("transfer", "validate",
               "The key heads transfer: knocking them out hurts other operators, formats and word problems, "
               "not a non-math task.",
               "\"the key heads/MLPs identified on one dataset are also effective for other datasets\" (introduction)")
-
-
 MATH_TARGETS = ("operator", *FORMATS, "svamp")
 
 TRANSFER_LABELS = {"operator": "other operators", "multi_digit": "multi-digit operands",
