@@ -42,14 +42,14 @@ def score(keys: dict[str, pd.DataFrame], effects: dict[str, pd.DataFrame], cfg: 
         significant = float(strongest["ci_high"]) < 0
         verdict = ("holds" if ratio >= ratio_needed and significant else "partly" if ratio > 1 else "does not hold")
         subs.append(claim_row(
-                 "mlp_late", task, measure="|strongest later MLP effect| / |strongest earlier MLP effect|", value=ratio,
-                 unit="ratio", n=int(strongest["n"]), split="identification", verdict=verdict, rule=rule,
-                 source=layout.EFFECTS_FIGURE.format(task=task),
-                 note=(f"later: {node_label(strongest['layer'])} "
-                       f"{in_percent(strongest['mean_effect'], strongest['ci_low'], strongest['ci_high'])}; earlier: "
-                       f"{node_label(early_at)} "
-                       f"{display.estimate(early_max, earliest['ci_low'], earliest['ci_high'], scale=100)}% "
-                       f"in size (first key head in layer {first})")))
+            CLAIM, task, measure="|strongest later MLP effect| / |strongest earlier MLP effect|", value=ratio,
+            unit="ratio", n=int(strongest["n"]), split="identification", verdict=verdict, rule=rule,
+            source=layout.EFFECTS_FIGURE.format(task=task),
+            note=(f"later: {node_label(strongest['layer'])} "
+                  f"{in_percent(strongest['mean_effect'], strongest['ci_low'], strongest['ci_high'])}; earlier: "
+                  f"{node_label(early_at)} "
+                  f"{display.estimate(early_max, earliest['ci_low'], earliest['ci_high'], scale=100)}% "
+                  f"in size (first key head in layer {first})")))
     return headline(CLAIM, subs, measure="per operator, below", split="identification")
 
 
