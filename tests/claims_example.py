@@ -1,7 +1,7 @@
-"""A claims table of the shape arithmech.report.verdicts writes (one row per claim and scope), with every verdict,
+"""A claims table of the shape arithmech.report.claims writes (one row per claim and scope), with every verdict,
 sub-rows, missing intervals and a claim that was not measured: what the scorecard renderers are tested on. Its
-"paper" cells are made-up placeholders, not the paper's numbers (those are verdicts.CLAIMS, checked against the
-paper's text in tests/report/test_verdicts.py)."""
+"paper" cells are made-up placeholders, not the paper's numbers (those are the claim modules' records, checked against
+the paper's text in tests/report/claims/test_registry.py)."""
 
 import numpy as np
 import pandas as pd

@@ -188,11 +188,11 @@ def test_discover_stages_write_their_tables(prepared, tmp_path):  # noqa: F811
     model_items = items[items["curve"] == "model"]
     assert model_items["tf_mean_tail_logprob"].mean() == pytest.approx(model["tf_mean_tail_logprob"])
     # the circuit_sufficient verdict reads the key circuit against its random draws from these items
-    from arithmech.report import verdicts
+    from arithmech.report.claims import circuit_faithful, circuit_sufficient
 
     assert (items["sanity_mean_failed"] == validation["sanity_mean_failed"].iloc[0]).all()
     claims_cfg = yaml.safe_load(open("config.yaml"))["claims"] | {"bootstrap": 50}
-    row = verdicts.circuit_sufficient({"division": items}, claims_cfg, seed=0)[1]
+    row = circuit_sufficient.score({"division": items}, claims_cfg, seed=0)[1]
     assert row["n"] == kept and row["source"] == "discover/division_items.parquet" and "mean:" in row["note"]
     # the union does not run the sanity checks again (no warning): the operator's values, same pairs and pool
     _run_union(prepared, tmp_path, out, DISCOVER)
@@ -204,7 +204,7 @@ def test_discover_stages_write_their_tables(prepared, tmp_path):  # noqa: F811
     assert summary["task"].tolist() == ["division", "division", "union"]
     assert summary["draws"].tolist() == [0, 2, 2]  # no controls for 0.3
     assert (summary["pruned_on"] == "tf_mean_logprob").all() and "faithfulness_full" not in summary
-    assert set(verdicts.DISCOVER_COLUMNS) <= set(summary)
+    assert set(circuit_faithful.DISCOVER_COLUMNS) <= set(summary)
     for kind in protocol.KINDS:
         # the random tiny model answers nothing, so full-answer faithfulness is undefined; log-probability is not
         assert summary[[f"tf_{kind}_logprob{x}" for x in ("", "_low", "_high")]].notna().all().all()

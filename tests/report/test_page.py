@@ -11,9 +11,9 @@ import pandas as pd  # noqa: E402
 
 from arithmech.io import write_parquet  # noqa: E402
 from arithmech.report import display  # noqa: E402
+from arithmech.report.claims.common import COMBINE_RULE  # noqa: E402
 from arithmech.report.page import key_component_rows, knockout_rows, study_rows  # noqa: E402
 from arithmech.report.scorecard import claims_html, claims_markdown, scorecard_table  # noqa: E402
-from arithmech.report.verdicts import COMBINE_RULE  # noqa: E402
 from arithmech.stages.findings import run_findings  # noqa: E402
 from claims_example import example_claims  # noqa: E402
 from helpers import knockout_table, study_tables, write_figure  # noqa: E402

@@ -284,8 +284,8 @@ def test_summary_says_when_the_study_could_not_run(tmp_path):
     """No format inside the band: empty tables whose metadata says why, pages and figures that say so, and
     the scorecard's study rows `not measured` with that reason."""
     from arithmech.io import read_parquet_meta, write_json, write_parquet
-    from arithmech.report import verdicts
     from arithmech.report.page import study_not_run
+    from claim_tables import study_claims
 
     table, choice = sd.choose_format(_measured(("add2", 0.95), ("mul2", 0.1)), [0.2, 0.6], "auto")
     table = table.assign(task="addition", template="{a} {op} {b} = ", operator="+", a="10-99", b="10-99", pairs=8100,
@@ -306,8 +306,8 @@ def test_summary_says_when_the_study_could_not_run(tmp_path):
     assert "could not run" in md and "## The trained format" in md and "| mul2 |" in md
     assert "could not run" in out["html"].read_text()
     assert all(out[k].read_bytes()[:4] == b"\x89PNG" for k in ("png", "curves"))
-    rows = verdicts.sft_claims(pd.read_parquet(out["study"]), pd.read_parquet(out["comparisons"]), None, {},
-                             not_run=meta["reason"])
+    rows = study_claims(pd.read_parquet(out["study"]), pd.read_parquet(out["comparisons"]), None, {},
+                        not_run=meta["reason"])
     assert {r["claim"] for r in rows} == {"sft_vs_full", "sft_vs_random", "sft_off_target", "sft_speed",
                                          "sft_circuit_vs_precise"}
     assert all(r["verdict"] == "not measured" and r["note"] == meta["reason"] for r in rows)
@@ -316,7 +316,7 @@ def test_summary_says_when_the_study_could_not_run(tmp_path):
 def test_training_precision_in_study_md_and_the_sft_vs_full_note():
     """study.md names the precision each arm trained in; the scorecard's sft_vs_full row says it for precise and
     full, and flags optimizers that updated different dtypes (bf16 weights updated in place lose small updates)."""
-    from arithmech.report import verdicts
+    from arithmech.report.claims import sft_vs_full
     from arithmech.report.tables import precision_markdown
 
     fair = {"model_dtype": "bfloat16", "master_dtype": "float32"}
@@ -333,7 +333,7 @@ def test_training_precision_in_study_md_and_the_sft_vs_full_note():
     cfg = {"non_inferiority": 0.05, "min_difference": 0.02, "min_speedup": 2.0}
 
     def note(study: pd.DataFrame) -> str:
-        return next(r["note"] for r in verdicts.sft_claims(study, comp, "add2", cfg) if r["claim"] == "sft_vs_full")
+        return sft_vs_full.score(study, comp, "add2", cfg)[0]["note"]
 
     assert "trained in (model / optimizer): precise bfloat16 / float32, full bfloat16 / float32" in note(table)
     assert "different dtypes" not in note(table)
@@ -630,7 +630,7 @@ def test_summary_carries_each_runs_head_overlap_and_says_where_the_heads_were_fo
     """study.parquet gets n_heads, overlap_precise and jaccard_precise from each run's stats.json (empty for base
     and for arms without heads); study.md shows them under "Head sets" and the operand range under its heading."""
     from arithmech.io import write_json, write_parquet
-    from arithmech.report import verdicts
+    from claim_tables import study_claims
 
     table, choice = sd.choose_format(_measured(("add2", 0.4)), [0.2, 0.6], "add2")
     table = table.assign(task="addition", template="{a} {op} {b} = ", operator="+", a="10-19", b="10-19", pairs=98,
@@ -693,8 +693,8 @@ def test_summary_carries_each_runs_head_overlap_and_says_where_the_heads_were_fo
     assert not (comp[["arm_a", "arm_b"]] == "random_heads").any().any()
     assert "## Learning-rate grids" in md and "| random_heads | 0.01 |" in md
     assert "yes, at the grid's lower edge" in md and "| random_heads | chosen |" not in md
-    rows = {r["claim"]: r for r in verdicts.sft_claims(pd.read_parquet(out["study"]), comp, "add2",
-                                                       tiny_config()["claims"]) if r["scope"] == "all"}
+    rows = {r["claim"]: r for r in study_claims(pd.read_parquet(out["study"]), comp, "add2", tiny_config()["claims"])
+            if r["scope"] == "all"}
     assert rows["sft_vs_random"]["verdict"] == "not measured"
     assert rows["sft_vs_random"]["note"].startswith("random_heads: not measured: every learning rate")
     assert "precise: lr 0.001 at the grid's lower edge" in rows["sft_vs_full"]["note"]

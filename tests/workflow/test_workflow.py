@@ -673,7 +673,7 @@ def test_discover_outputs_and_the_circuit_arm(run):
     import json
 
     from arithmech.interp.nodes import circuit_first, parse_nodes, ranked_nodes
-    from arithmech.report.verdicts import VERDICTS
+    from arithmech.report.claims.common import VERDICTS
 
     res = run / "results/tiny"
     summary = pd.read_parquet(res / "discover/summary.parquet")
@@ -685,7 +685,7 @@ def test_discover_outputs_and_the_circuit_arm(run):
     assert row["n_heads"] == shared.loc[shared["chosen"], "n_heads"].iloc[0]
     shared_validation = pd.read_parquet(res / "discover/shared_validation.parquet")
     assert set(shared_validation["task"]) == {*TASKS, "shared"}
-    # the order check and the fit gap (report.verdicts and report.page read these names)
+    # the order check and the fit gap (report.claims.circuit_faithful and report.page read these names)
     for column in ("cpr_order_flag", *(f"tf_{k}_{m}" for k in ("mean", "resample")
                                        for m in ("correct_identification", "gap"))):
         assert column in summary, column
@@ -716,12 +716,13 @@ def test_discover_outputs_and_the_circuit_arm(run):
 def test_claims_scorecard(run):
     """Every claim of the paper has a headline row with a verdict and its rule; rows point at files that exist;
     the Markdown and HTML name every claim."""
-    from arithmech.report.verdicts import CLAIMS, VERDICTS
+    from arithmech.report.claims.common import VERDICTS
+    from arithmech.report.claims.registry import claims
 
     res = run / "results/tiny"
     table = pd.read_parquet(res / "claims.parquet")
     headline = table[table["scope"] == "all"]
-    assert list(headline["claim"]) == list(CLAIMS)  # one headline per claim, in order
+    assert list(headline["claim"]) == list(claims())  # one headline per claim, in order
     assert table["verdict"].isin(VERDICTS).all() and (table["rule"].str.len() > 0).all()
     measured = table[table["verdict"] != "not measured"]
     # a measured row has a value, but for a headline that only combines its sub-rows
@@ -739,7 +740,7 @@ def test_claims_scorecard(run):
     for source in table["source"][table["source"].str.len() > 0]:
         assert (res / source).exists(), source
     markdown, page = (res / "claims.md").read_text(), (res / "claims.html").read_text()
-    for claim in CLAIMS.values():
+    for claim in claims().values():
         assert claim.statement[:30] in markdown and html.escape(claim.statement[:30]) in page
 
 

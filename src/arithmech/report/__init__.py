@@ -1,7 +1,8 @@
 """Reporting, torch-free: statistics, the claims' verdicts, the scorecard, the findings page, numbers, figures.
 
 stats.accuracy_interval, mcnemar_exact, cluster_bootstrap, compare and holm are the statistics.
-verdicts.scorecard decides one verdict per claim of the paper from the stages' tables.
+claims.registry.scorecard decides one verdict per claim of the paper from the stages' tables (claims/: one module
+per claim).
 scorecard.claims_markdown and claims_html write the claims table for people.
 tables.markdown_table writes every other Markdown table (the docs, the fine-tuning stages' .md files).
 page.findings_html writes one model's findings page.

@@ -215,7 +215,7 @@ def interval(low, high, fmt=number) -> str:
     return f"[{fmt(low)}, {fmt(high)}]"
 
 
-# The units of the claims table (arithmech.report.verdicts): how a value without an interval reads.
+# The units of the claims table (arithmech.report.claims): how a value without an interval reads.
 UNIT_FORMATS = {
     "percent": lambda v: percent(v),
     "points": lambda v: points(v),

@@ -1,4 +1,4 @@
-"""The claims scorecard for people: the claims table (arithmech.report.verdicts, one row per claim and scope) as a
+"""The claims scorecard for people: the claims table (arithmech.report.claims, one row per claim and scope) as a
 GitHub Markdown table and as HTML with coloured verdicts. The claims rule writes claims.md and claims.html
 with these; the findings page and `make docs` show the same table. Torch-free.
 
@@ -15,8 +15,8 @@ from typing import Callable
 import pandas as pd
 
 from arithmech.report import display
+from arithmech.report.claims.common import COMBINE_RULE, VERDICTS
 from arithmech.report.tables import markdown_cell
-from arithmech.report.verdicts import COMBINE_RULE, VERDICTS
 
 # Markdown has no colour: a coloured mark before the word does the same work on GitHub
 VERDICT_MARKS = {"holds": "🟢", "partly": "🟡", "does not hold": "🔴", "inconclusive": "⚪", "not measured": "▫️"}

@@ -40,7 +40,7 @@ whether the heads the circuit adds matter. low_effect is the negative control: a
 key heads' layers (as random_heads), each the head of its layer with the smallest patching effect on every
 operator (`weakest_heads`). "precise beats low_effect" is the study's positive control: a study that cannot
 separate the key heads from the weakest heads cannot show that the circuit's heads are no better than the key
-heads (`report.verdicts.sft_claims`). Every head arm records its heads' overlap with precise's
+heads (`report.claims.sft_circuit_vs_precise`). Every head arm records its heads' overlap with precise's
 (`head_overlap`), in its run's stats.json and in study.parquet.
 
 The operand range. The heads and the circuits were found on the identify stage's operand pairs

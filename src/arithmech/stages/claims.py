@@ -1,13 +1,16 @@
 """The claims rule's entry point: one verdict per claim of the paper on this model, read from the stages'
-tables (`arithmech.report.verdicts`), written as a table and as Markdown and HTML (`arithmech.report.scorecard`)."""
+tables (`arithmech.report.claims`: one module per claim, listed in its registry), written as a table and as
+Markdown and HTML (`arithmech.report.scorecard`)."""
 
 from __future__ import annotations
 
 import pandas as pd
 
 from arithmech.io import atomic_path, provenance, read_parquet_meta, write_parquet
+from arithmech.report.claims.common import Tables
+from arithmech.report.claims.knockout_collapse import read_knockout_items
+from arithmech.report.claims.registry import scorecard
 from arithmech.report.scorecard import claims_html, claims_markdown
-from arithmech.report.verdicts import read_knockout_items, scorecard
 
 
 def run_claims(*, model: str, key_paths: dict, effects_paths: dict, knockout_item_paths: dict, transfer_items_path,
@@ -22,19 +25,20 @@ def run_claims(*, model: str, key_paths: dict, effects_paths: dict, knockout_ite
     format, and why the study could not run where it could not, are read from the study table's metadata."""
     read = lambda paths: {task: pd.read_parquet(p) for task, p in paths.items()}  # noqa: E731
     study_meta = read_parquet_meta(study_path) if study_path else {}
-    table = scorecard(
+    tables = Tables(
         keys=read(key_paths), effects=read(effects_paths),
         knockout_items={task: read_knockout_items(p, task) for task, p in knockout_item_paths.items()},
         transfer_items=pd.read_parquet(transfer_items_path), roles_all=read(roles_all_paths),
         probes=read(probes_paths),
         study=pd.read_parquet(study_path) if study_path else None,
         comparisons=pd.read_parquet(comparisons_path) if comparisons_path else None,
-        train_format=study_meta.get("train_format"), cfg=claims_cfg, seed=seed,
+        train_format=study_meta.get("train_format"),
         edge_paths=read(edge_path_paths or {}),
         study_not_run=study_meta.get("reason") if study_meta.get("ran") is False else None,
         discover=pd.read_parquet(discover_path) if discover_path else None,
         discover_items=read(discover_item_paths or {}),
     )
+    table = scorecard(tables, claims_cfg, seed)
     write_parquet(table, out_table, provenance(stage="claims", model=model, claims=claims_cfg, seed=seed))
     with atomic_path(out_md) as tmp:
         tmp.write_text(f"# {model}: the paper's claims on this model\n\n" + claims_markdown(table))

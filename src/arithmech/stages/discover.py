@@ -390,7 +390,7 @@ def _summary_row(task, target, chosen, circuit_row: pd.Series, key_row: pd.Serie
 
 
 def _tf_summary(items: pd.DataFrame, boot: dict, sanity: dict | None = None) -> dict:
-    """The teacher-forced columns of a summary row (what `report.verdicts.circuit_faithful` reads), where the items
+    """The teacher-forced columns of a summary row (what `report.claims.circuit_faithful` reads), where the items
     carry them: per ablation kind, the circuit's full-answer (tf_<kind>_correct) and log-probability
     (tf_<kind>_logprob) faithfulness with intervals, and (circuit - its layer-matched random circuits) on full
     answers (tf_<kind>_random_diff), paired; tf_n_items: the pairs scored; draws: the random circuits (0: none, the

@@ -34,6 +34,8 @@ from arithmech import layout
 from arithmech.interp import protocol
 from arithmech.io import atomic_path
 from arithmech.report import display
+from arithmech.report.claims.circuit_faithful import fell_back
+from arithmech.report.claims.registry import claims as registered_claims
 from arithmech.report.page import (
     FIGURE_CAPTIONS,
     circuit_sentences,
@@ -47,7 +49,6 @@ from arithmech.report.page import (
 )
 from arithmech.report.scorecard import HEADLINE, VERDICT_MARKS, claims_markdown, measured_text, verdict_counts
 from arithmech.report.tables import markdown_cell, markdown_table
-from arithmech.report.verdicts import TIMING_CLAIMS, fell_back
 from arithmech.tools.run_record import RECORD, duration_text, last_complete, machine_text, read_record
 
 BEGIN = "<!-- BEGIN GENERATED: scorecard (make docs) -->"
@@ -339,7 +340,8 @@ def read_claims(root: Path, model: str) -> pd.DataFrame:
     """The scorecard as the docs show it: a timing's value, interval and note (seconds per step) differ between
     runs and machines, so they are left out here and the row points to the run's own claims.md."""
     claims = pd.read_parquet(require(root / layout.CLAIMS))
-    timed = claims["claim"].isin(TIMING_CLAIMS) & (claims["verdict"] != "not measured")
+    timing = [c.id for c in registered_claims().values() if c.timing]
+    timed = claims["claim"].isin(timing) & (claims["verdict"] != "not measured")
     claims.loc[timed, ["value", "ci_low", "ci_high"]] = float("nan")
     claims.loc[timed, "note"] = (f"a wall-clock timing, different on every run and machine: the ratio is in "
                                  f"{layout.under(layout.CLAIMS_MD, model)} of your run")
