@@ -168,6 +168,8 @@ def test_job_seconds_sums_the_benchmarks_the_run_wrote(tmp_path):
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(header + f"{seconds}\t0:01:10\t700\n")
     assert job_seconds(tmp_path, since) == 75.1
+    (tmp_path / "m" / "benchmarks" / "odd.tsv").write_text(header + "NA\tNA\tNA\n")  # no seconds: the sum unknown
+    assert job_seconds(tmp_path, since) is None
 
 
 def test_a_partial_rerun_is_flagged_and_keeps_the_complete_one(fake, tmp_path):

@@ -198,15 +198,15 @@ def configuration(command: Sequence[str]) -> str:
 def job_seconds(results: Path, since: float) -> float | None:
     """The summed wall time of the jobs whose Snakemake benchmark files under `results` were written at or after
     `since` (a time.time()): every rule has one (`benchmark:`), each a TSV whose `s` column is the job's seconds;
-    None when no such file is found."""
-    total, found = 0.0, False
+    None when no such file is found or one has no number there."""
+    seconds = []
     for path in Path(results).glob("**/benchmarks/**/*.tsv"):
-        if path.stat().st_mtime < since:
-            continue
-        rows = list(csv.DictReader(io.StringIO(path.read_text()), delimiter="\t"))
-        total += sum(float(row["s"]) for row in rows if row.get("s"))
-        found = True
-    return round(total, 1) if found else None
+        if path.stat().st_mtime >= since:
+            seconds += [row.get("s") for row in csv.DictReader(io.StringIO(path.read_text()), delimiter="\t")]
+    try:
+        return round(sum(float(s) for s in seconds), 1) if seconds else None
+    except (TypeError, ValueError):  # a row without its seconds: the sum is unknown, and the run's row still written
+        return None
 
 
 def history_row(entry: dict, job_s: float | None = None) -> dict:
