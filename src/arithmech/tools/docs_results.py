@@ -536,9 +536,9 @@ def history_table(rows: list[dict], headline: dict | None = None) -> str:
     shown = [last[c] for c in sorted(last, key=lambda c: (c != "config.yaml", c))]
     readme = None
     if headline is not None:
-        mine = history_row(headline)
+        mine = {k: str(v) for k, v in history_row(headline).items()}  # as the CSV reads
         same = ("date", "commit", "configuration", "jobs")
-        match = [row for row in rows if all(str(row[k]) == str(mine[k]) for k in same)
+        match = [row for row in rows if all(row[k] == mine[k] for k in same)
                  and float(row["wall_s"]) == float(mine["wall_s"])]
         readme = match[-1] if match else mine
         if not any(row is readme for row in shown):
