@@ -141,8 +141,9 @@ report: $(STAMP)
 # (MODEL=name for another); README's run time of `make run` from results/run_record.json (a complete run newer than
 # docs/run_record.json replaces it) and the paper plan's jobs and GPU hours (make plan's, computed here, about 20 s;
 # the whole plan in docs/plan.md).
+# docs/performance.md's table of the last complete run per configuration from docs/run_history.csv.
 # Generated, not typed: after `make run`, `make docs` leaves git status clean but for the run time, which differs on
-# every run (its block and docs/run_record.json).
+# every run (its block, docs/run_record.json, the run's row in docs/run_history.csv and the table).
 docs: $(STAMP)
 	$(BIN)/python -m arithmech.tools.docs_results $(if $(MODEL),--model $(MODEL))
 
