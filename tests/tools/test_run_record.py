@@ -1,16 +1,31 @@
 """`make run`'s record (arithmech.tools.run_record) on a stand-in Snakemake: a successful run writes its time, jobs
-and machine, complete or flagged partial; a failed run writes nothing; the record is written whole or not at all;
-the command's output passes through."""
+and machine, complete or flagged partial, and adds its row to the run history; a failed run writes nothing; the
+record and the history are written whole or not at all; the command's output passes through."""
 
+import csv
 import json
 import os
 import sys
 import textwrap
+import time
+from pathlib import Path
 
 import pytest
 
 from arithmech.tools import run_record
-from arithmech.tools.run_record import Progress, duration_text, last_complete, machine_text, main, record_run
+from arithmech.tools.run_record import (
+    HISTORY_COLUMNS,
+    Progress,
+    append_history,
+    configuration,
+    duration_text,
+    history_row,
+    job_seconds,
+    last_complete,
+    machine_text,
+    main,
+    record_run,
+)
 
 # A stand-in for snakemake: its dry run (--dry-run --forceall) prints the Job stats of WORKFLOW jobs; a run prints
 # the Job stats of AT_START jobs, then one "N of M steps" line per job (to stderr, as Snakemake logs), something on
@@ -51,9 +66,14 @@ def fake(tmp_path, monkeypatch):
     return counts
 
 
+def _history(path) -> list[dict]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
 def test_a_complete_run_is_recorded(fake, tmp_path, capfd):
-    record = tmp_path / "results" / "run_record.json"
-    assert main(["--record", str(record), "--", *fake(workflow=5, at_start=5)]) == 0
+    record, history = tmp_path / "results" / "run_record.json", tmp_path / "docs" / "run_history.csv"
+    assert main(["--record", str(record), "--history", str(history), "--", *fake(workflow=5, at_start=5)]) == 0
     got = json.loads(record.read_text())
     assert got["jobs_run"] == 5 and got["jobs_at_start"] == 5 and got["workflow_jobs"] == 5
     assert got["from_scratch"] is True and "last_complete" not in got
@@ -64,6 +84,92 @@ def test_a_complete_run_is_recorded(fake, tmp_path, capfd):
     out, err = capfd.readouterr()
     assert "job output on stdout" in out and "5 of 5 steps (100%) done" in err  # Snakemake's output passes through
     assert "every job of the workflow" in err
+    (row,) = _history(history)  # its row in the run history, the record's numbers
+    assert row["every_job"] == "true" and row["jobs"] == row["workflow_jobs"] == "5"
+    assert float(row["wall_s"]) == got["seconds"] and row["date"] == got["date"] and row["commit"] == got["commit"][:7]
+    assert row["configuration"] == "config.yaml" and row["command"] == got["command"] and row["gpus"] == "none"
+
+
+def test_each_successful_run_adds_one_row_and_a_failed_one_none(fake, tmp_path):
+    """The header once, then one row per successful run, oldest first, a partial run's flagged; a failed run
+    leaves the history's bytes as they were and no temporary file."""
+    record, history = tmp_path / "run_record.json", tmp_path / "docs" / "run_history.csv"
+    assert record_run(fake(workflow=5, at_start=5, exit=1), record, history=history) == 1
+    assert not history.exists()
+    assert record_run(fake(workflow=5, at_start=5), record, history=history) == 0
+    assert record_run(fake(workflow=5, at_start=2), record, history=history) == 0
+    text = history.read_text()
+    assert text.splitlines()[0] == ",".join(HISTORY_COLUMNS) and text.count("date,commit") == 1
+    rows = _history(history)
+    assert [(r["jobs"], r["workflow_jobs"], r["every_job"]) for r in rows] == [("5", "5", "true"), ("2", "5", "false")]
+    before = history.read_bytes()
+    assert record_run(fake(workflow=5, at_start=3, exit=3), record, history=history) == 3
+    assert history.read_bytes() == before and sorted(p.name for p in history.parent.iterdir()) == ["run_history.csv"]
+    assert record_run(fake(workflow=5, at_start=5), record) == 0 and history.read_bytes() == before  # no history given
+
+
+def test_the_history_is_written_whole_or_not_at_all(tmp_path, monkeypatch):
+    """An append that fails half-way leaves the history as it was and no temporary file (the whole file is written
+    to a temporary file, then renamed); a history without a final newline gets its row on a line of its own."""
+    history = tmp_path / "run_history.csv"
+    row = {column: "" for column in HISTORY_COLUMNS} | {"date": "2026-11-29", "every_job": "true", "wall_s": "1.0"}
+    append_history(row, history)
+    history.write_text(history.read_text().rstrip("\n"))
+    before = history.read_bytes()
+    write_text = Path.write_text
+
+    def broken(self, text, *args, **kwargs):
+        write_text(self, text[: len(text) // 2])
+        raise OSError("disk full")
+
+    monkeypatch.setattr(Path, "write_text", broken)
+    with pytest.raises(OSError, match="disk full"):
+        append_history(row, history)
+    assert history.read_bytes() == before and [p.name for p in tmp_path.iterdir()] == ["run_history.csv"]
+    monkeypatch.setattr(Path, "write_text", write_text)
+    append_history({**row, "date": "2026-11-30"}, history)
+    assert [r["date"] for r in _history(history)] == ["2026-11-29", "2026-11-30"]
+
+
+def test_a_records_row():
+    entry = {"date": "2026-11-28", "commit": "c8333a364a45109593c1efb7427bf344c5ea464f", "dirty": True,
+             "command": ".venv/bin/snakemake --cores 2 --max-threads 1 --configfile configs/gemma3-270m.yaml",
+             "machine": {"cpu": "AMD EPYC", "cores": 2, "memory_gib": 24, "system": "Linux", "gpus": ["H100", "H100"]},
+             "jobs_run": 3, "workflow_jobs": None, "from_scratch": False, "seconds": 42.5}
+    row = history_row(entry, job_s=80.25)
+    assert list(row) == HISTORY_COLUMNS
+    assert row == {"date": "2026-11-28", "commit": "c8333a3", "configuration": "configs/gemma3-270m.yaml",
+                   "command": entry["command"], "machine": "AMD EPYC", "cores": 2, "gpus": "H100; H100", "jobs": 3,
+                   "workflow_jobs": "", "every_job": "false", "wall_s": 42.5, "job_s": 80.25,
+                   "note": "the checkout had local changes"}
+    clean = history_row({**entry, "dirty": False})
+    assert clean["job_s"] == "" and clean["note"] == ""
+
+
+def test_configuration_names_the_config_files_given():
+    assert configuration([".venv/bin/snakemake", "--cores", "2"]) == "config.yaml"
+    assert configuration(["snakemake", "--configfile", "configs/a.yaml", "b.yaml", "--cores", "2"]) == (
+        "configs/a.yaml b.yaml")
+    assert configuration(["snakemake", "--configfile=x.yaml", "target"]) == "x.yaml"
+    assert configuration(["snakemake", "--configfiles", "a.yaml", "--forcerun", "r"]) == "a.yaml"
+
+
+def test_job_seconds_sums_the_benchmarks_the_run_wrote(tmp_path):
+    """Only benchmark files written since the run started count: an earlier run's stay out."""
+    header = "s\th:m:s\tmax_rss\n"
+    old = tmp_path / "m" / "benchmarks" / "build_pairs" / "addition.tsv"
+    old.parent.mkdir(parents=True)
+    old.write_text(header + "100.5\t0:01:40\t600\n")
+    os.utime(old, (time.time() - 3600, time.time() - 3600))
+    since = time.time() - 60
+    assert job_seconds(tmp_path, since) is None
+    for name, seconds in (("prepare_model.tsv", "4.86"), ("knockout/division.tsv", "70.25")):
+        path = tmp_path / "m" / "benchmarks" / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(header + f"{seconds}\t0:01:10\t700\n")
+    assert job_seconds(tmp_path, since) == 75.1
+    (tmp_path / "m" / "benchmarks" / "odd.tsv").write_text(header + "NA\tNA\tNA\n")  # no seconds: the sum unknown
+    assert job_seconds(tmp_path, since) is None
 
 
 def test_a_partial_rerun_is_flagged_and_keeps_the_complete_one(fake, tmp_path):

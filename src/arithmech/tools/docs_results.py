@@ -7,7 +7,8 @@ README's two other generated blocks: the run time of `make run` (`run_time_text`
 results/run_record.json knows, written by `make run` (arithmech.tools.run_record), kept in docs/run_record.json when
 it is newer than the one there; a timing, so it is the one block a re-run on another machine changes) and the
 paper plan's jobs and GPU hours (`plan_text`: `make plan`'s default configuration, computed from the checkout),
-whose whole output is docs/plan.md's block (`plan_output`).
+whose whole output is docs/plan.md's block (`plan_output`). docs/performance.md's block: the last complete run of
+each configuration in the run history, docs/run_history.csv, which `make run` adds a row to (`history_table`).
 
     python -m arithmech.tools.docs_results [--model NAME] [--config config.yaml] [--results results]
 
@@ -17,6 +18,7 @@ Torch-free: reads Parquet tables and copies PNGs.
 from __future__ import annotations
 
 import argparse
+import csv
 import filecmp
 import json
 import os
@@ -49,7 +51,16 @@ from arithmech.report.page import (
 )
 from arithmech.report.scorecard import HEADLINE, VERDICT_MARKS, claims_markdown, measured_text, verdict_counts
 from arithmech.report.tables import markdown_cell, markdown_table
-from arithmech.tools.run_record import RECORD, duration_text, last_complete, machine_text, read_record
+from arithmech.tools.run_record import (
+    HISTORY,
+    HISTORY_COLUMNS,
+    RECORD,
+    duration_text,
+    history_row,
+    last_complete,
+    machine_text,
+    read_record,
+)
 
 BEGIN = "<!-- BEGIN GENERATED: scorecard (make docs) -->"
 END = "<!-- END GENERATED: scorecard -->"
@@ -57,6 +68,8 @@ RUN_TIME_MARKERS = ("<!-- BEGIN GENERATED: run time (make docs) -->", "<!-- END 
 PLAN_MARKERS = ("<!-- BEGIN GENERATED: plan (make docs) -->", "<!-- END GENERATED: plan -->")
 PLAN_OUTPUT_MARKERS = ("<!-- BEGIN GENERATED: plan output (make docs) -->", "<!-- END GENERATED: plan output -->")
 KEPT_RECORD = Path("docs") / "run_record.json"  # the record README's run time comes from, committed
+PERFORMANCE_PAGE = Path("docs") / "performance.md"  # its block: the last complete run of each configuration
+HISTORY_MARKERS = ("<!-- BEGIN GENERATED: run history (make docs) -->", "<!-- END GENERATED: run history -->")
 KEPT_CLAIMS = Path("docs") / "claims"  # every model's headline claims, committed: the cross-model table's source
 MODELS_PAGE = Path("docs") / "models.md"  # the paper's claims side by side across models
 MODELS_MARKERS = ("<!-- BEGIN GENERATED: claims across models (make docs) -->",
@@ -500,6 +513,54 @@ def run_time_text(record: dict | None, kept_record: str = str(KEPT_RECORD)) -> s
         "[docs/performance.md](docs/performance.md).")
 
 
+def read_history(path: Path) -> list[dict]:
+    """The run history's rows (docs/run_history.csv, `run_record.HISTORY_COLUMNS`), oldest first; none when there
+    is no file yet. A file whose header or `every_job` values are not the history's is an error naming it."""
+    if not Path(path).is_file():
+        return []
+    with open(path, newline="") as f:
+        reader = csv.DictReader(f)
+        if reader.fieldnames != HISTORY_COLUMNS:
+            raise ValueError(f"{path}: its columns are {reader.fieldnames}, not the run history's {HISTORY_COLUMNS}")
+        rows = list(reader)
+    for number, row in enumerate(rows, start=2):
+        if row["every_job"] not in ("true", "false") or not row["wall_s"] or not row["configuration"]:
+            raise ValueError(f"{path}, line {number}: every_job must be true or false, and wall_s and configuration "
+                             "are needed")
+    return rows
+
+
+def history_table(rows: list[dict], headline: dict | None = None) -> str:
+    """docs/performance.md's block: the last complete run (`every_job`) of each configuration in `rows`
+    (`read_history`; config.yaml first, then by name), and the run README's run time comes from (`headline`, its
+    record) marked, or added as a row of its own when it is not one of them."""
+    last = {row["configuration"]: row for row in rows if row["every_job"] == "true"}
+    shown = [last[c] for c in sorted(last, key=lambda c: (c != "config.yaml", c))]
+    readme = None
+    if headline is not None:
+        mine = {k: str(v) for k, v in history_row(headline).items()}  # as the CSV reads
+        same = ("date", "commit", "configuration", "jobs")
+        match = [row for row in rows if all(row[k] == mine[k] for k in same)
+                 and float(row["wall_s"]) == float(mine["wall_s"])]
+        readme = match[-1] if match else mine
+        if not any(row is readme for row in shown):
+            shown.append(readme)
+    if not shown:
+        return "No complete run is recorded yet: `make run` adds its row when it ends.\n"
+    lines = ["| configuration | date | commit | machine | jobs | wall time | job time | note |",
+             "|---|---|---|---|---|---|---|---|"]
+    for row in shown:
+        gpus = "no GPU" if row["gpus"] in ("", "none") else row["gpus"]
+        machine = ", ".join(p for p in [row["machine"], f"{row['cores']} cores" if row["cores"] else "", gpus] if p)
+        jobs = row["jobs"] + (f" of {row['workflow_jobs']}" if row["workflow_jobs"] not in ("", row["jobs"]) else "")
+        job_time = duration_text(float(row["job_s"])) if row["job_s"] else ""
+        label = f"`{row['configuration']}`" + (" (README's run time)" if row is readme else "")
+        cells = [label, row["date"], row["commit"], machine, jobs, duration_text(float(row["wall_s"])), job_time,
+                 row["note"]]
+        lines.append("| " + " | ".join(markdown_cell(c) for c in cells) + " |")
+    return "\n".join(lines) + f"\n\nGenerated by `make docs` from `{HISTORY.as_posix()}` ({len(rows)} runs).\n"
+
+
 def plan_text(report: dict) -> str:
     """README's sentence on the paper plan: the totals of `make plan`'s report (`arithmech.tools.plan.plan`) for
     its default configuration, `PLAN_CONFIGS`."""
@@ -533,13 +594,14 @@ def relative_folder(folder, start) -> str:
 
 def make_docs(*, results_dir, model: str, tasks: list[str], readme, out_md, figures_dir, kept_record=None,
               plan_report: Callable[[], dict] | None = None, plan_page=None, kept_claims=None,
-              models_page=None) -> None:
+              models_page=None, history=None, performance_page=None) -> None:
     """Fill README's scorecard block and write docs/results.md and docs/figures/ from results/{model}/. With
     `kept_record` (docs/run_record.json): README's run-time block (`headline_run`, `run_time_text`); with
     `plan_report` (called once: `make plan`'s report of `PLAN_CONFIGS`): its plan block (`plan_text`), and with
     `plan_page` (docs/plan.md) that page's block of the whole plan (`plan_output`); with `kept_claims` (docs/claims/)
     and `models_page` (docs/models.md): every model's headline claims kept (`keep_claims`) and the page's table of
-    the claims across models (`claims_across_models`)."""
+    the claims across models (`claims_across_models`); with `history` (docs/run_history.csv) and `performance_page`
+    (docs/performance.md): that page's table of the last complete run per configuration (`history_table`)."""
     root = Path(results_dir) / model
     require(root / layout.CLAIMS)
     readme = Path(readme)
@@ -566,6 +628,12 @@ def make_docs(*, results_dir, model: str, tasks: list[str], readme, out_md, figu
         keep_claims(results_dir, kept_claims)
         models_text = replace_block(require(Path(models_page)).read_text(), claims_across_models(kept_claims, model),
                                     str(models_page), MODELS_MARKERS)
+    performance_text = None
+    if history is not None and performance_page is not None:
+        headline = record if kept_record is not None else None
+        performance_text = replace_block(require(Path(performance_page)).read_text(),
+                                         history_table(read_history(Path(history)), headline),
+                                         str(performance_page), HISTORY_MARKERS)
     # everything computed: now written, README's run time together with the record it comes from
     copy_figures(root, figures, Path(figures_dir))
     write_if_changed(Path(out_md), page)
@@ -576,6 +644,8 @@ def make_docs(*, results_dir, model: str, tasks: list[str], readme, out_md, figu
         write_if_changed(Path(plan_page), plan_page_text)
     if models_text is not None:
         write_if_changed(Path(models_page), models_text)
+    if performance_text is not None:
+        write_if_changed(Path(performance_page), performance_text)
 
 
 def keep_claims(results_dir, kept_dir) -> list[str]:
@@ -645,6 +715,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models-page", default=str(MODELS_PAGE), help="the page of the claims across models")
     parser.add_argument("--run-record", default=str(KEPT_RECORD),
                         help="the kept record of README's run time (updated from RESULTS/run_record.json)")
+    parser.add_argument("--history", default=str(HISTORY), help="the run history (make run adds a row to it)")
+    parser.add_argument("--performance-page", default=str(PERFORMANCE_PAGE),
+                        help="the page with the block of the last complete run per configuration")
     args = parser.parse_args(argv)
     config = yaml.safe_load(Path(args.config).read_text())
     model = args.model or config["run"]["models"][0]
@@ -659,13 +732,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         make_docs(results_dir=args.results, model=model, tasks=list(config["run"]["tasks"]), readme=args.readme,
                   out_md=args.out, figures_dir=args.figures, kept_record=args.run_record, plan_report=paper_plan,
-                  plan_page=args.plan_page, kept_claims=args.kept_claims, models_page=args.models_page)
+                  plan_page=args.plan_page, kept_claims=args.kept_claims, models_page=args.models_page,
+                  history=args.history, performance_page=args.performance_page)
     except (MissingResults, ValueError, PlanError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
     print(f"make docs: {args.readme} (scorecard, run time and plan blocks), {args.out} and {args.figures}/ from "
           f"{args.results}/{model}; the plan's block in {args.plan_page}; the claims across models in "
-          f"{args.models_page}")
+          f"{args.models_page}; the last complete run per configuration in {args.performance_page}")
     record = read_record(Path(args.results) / RECORD.name)
     if record is not None and not record.get("from_scratch"):
         print(f"{args.results}/{RECORD.name} is a partial run ({record['jobs_run']} jobs): README's run time is the "

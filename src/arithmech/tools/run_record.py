@@ -9,8 +9,10 @@ The record: when the run started (UTC) and its seconds, the command, how many jo
 whole workflow (the same command as a dry run with --forceall, before the run), whether the run was complete
 (`from_scratch`: it set out to run every job of the workflow), the machine (CPU model, cores, memory, the GPUs torch
 sees), the arithmech version and the git commit. Only a complete run's time is README's headline: a partial re-run
-is recorded, flagged, and keeps the last complete run's record inside its own (`last_complete`). A failed or
-interrupted run writes nothing; Snakemake's own output passes through unchanged.
+is recorded, flagged, and keeps the last complete run's record inside its own (`last_complete`). Every run that
+succeeds also adds one row to the run history, docs/run_history.csv (`HISTORY_COLUMNS`; `make docs` shows the last
+complete run of each configuration in docs/performance.md). A failed or interrupted run writes nothing; Snakemake's
+own output passes through unchanged.
 
 Standard library only, but for torch (when installed) to name the GPUs after the run.
 """
@@ -18,7 +20,9 @@ Standard library only, but for torch (when installed) to name the GPUs after the
 from __future__ import annotations
 
 import argparse
+import csv
 import datetime
+import io
 import json
 import os
 import platform
@@ -32,9 +36,16 @@ from pathlib import Path
 from typing import Sequence
 
 from arithmech import __version__
-from arithmech.io import write_json
+from arithmech.io import atomic_path, write_json
 
 RECORD = Path("results") / "run_record.json"  # beside the results it timed; `make clean-results` removes both
+HISTORY = Path("docs") / "run_history.csv"  # every recorded run, one row each, oldest first; committed
+# The history's columns: when (UTC date) and at which commit; the config files given (`configuration`); the command;
+# the machine (CPU model, its cores, "none" or the GPUs); the jobs run and the workflow's; whether that was every job
+# (true/false); the wall time and the jobs' summed time in seconds (`job_s`: their benchmark files; empty when
+# unknown); a note in words (a recorded run's says only whether the checkout had local changes).
+HISTORY_COLUMNS = ["date", "commit", "configuration", "command", "machine", "cores", "gpus", "jobs", "workflow_jobs",
+                   "every_job", "wall_s", "job_s", "note"]
 PROGRESS = re.compile(r"^\s*(\d+) of (\d+) steps \(\d+%\) done\s*$")  # Snakemake's line after each finished job
 STATS_TOTAL = re.compile(r"^total\s+(\d+)\s*$")  # the last row of the "Job stats:" table it prints before running
 
@@ -168,15 +179,76 @@ def last_complete(record: dict | None) -> dict | None:
     return record.get("last_complete")
 
 
-def record_run(command: Sequence[str], record: Path = RECORD, *, count_workflow: bool = True) -> int:
-    """Run `command`, and when it succeeds write its record to `record` (`count_workflow`: first count the
-    workflow's jobs with a dry run, else the run cannot be called complete); the command's exit status."""
+def configuration(command: Sequence[str]) -> str:
+    """The config files `command` gives Snakemake (--configfile/--configfiles, space-separated), over the
+    workflow's config.yaml; "config.yaml" when it gives none."""
+    files, taking = [], False
+    for arg in command:
+        name, _, value = arg.partition("=")
+        if name in ("--configfile", "--configfiles"):
+            taking = not value
+            files += [value] if value else []
+        elif taking and not arg.startswith("-"):
+            files.append(arg)
+        else:
+            taking = False
+    return " ".join(files) or "config.yaml"
+
+
+def job_seconds(results: Path, since: float) -> float | None:
+    """The summed wall time of the jobs whose Snakemake benchmark files under `results` were written at or after
+    `since` (a time.time()): every rule has one (`benchmark:`), each a TSV whose `s` column is the job's seconds;
+    None when no such file is found or one has no number there."""
+    seconds = []
+    for path in Path(results).glob("**/benchmarks/**/*.tsv"):
+        if path.stat().st_mtime >= since:
+            seconds += [row.get("s") for row in csv.DictReader(io.StringIO(path.read_text()), delimiter="\t")]
+    try:
+        return round(sum(float(s) for s in seconds), 1) if seconds else None
+    except (TypeError, ValueError):  # a row without its seconds: the sum is unknown, and the run's row still written
+        return None
+
+
+def history_row(entry: dict, job_s: float | None = None) -> dict:
+    """A record (`record_run`'s entry) as a row of the run history (`HISTORY_COLUMNS`)."""
+    m = entry["machine"]
+    return {"date": entry["date"], "commit": (entry["commit"] or "")[:7],
+            "configuration": configuration(shlex.split(entry["command"])), "command": entry["command"],
+            "machine": m.get("cpu") or "", "cores": m.get("cores") or "",
+            "gpus": "; ".join(m.get("gpus") or []) or "none", "jobs": entry["jobs_run"],
+            "workflow_jobs": entry["workflow_jobs"] or "", "every_job": str(bool(entry["from_scratch"])).lower(),
+            "wall_s": entry["seconds"], "job_s": "" if job_s is None else job_s,
+            "note": "the checkout had local changes" if entry.get("dirty") else ""}
+
+
+def append_history(row: dict, path: Path = HISTORY) -> None:
+    """Add `row` to the run history at `path` (its header first when the file is new): the whole file written
+    to a temporary file and renamed, so that an interrupted write leaves the history as it was."""
+    path = Path(path)
+    old = path.read_text() if path.is_file() else ""
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=HISTORY_COLUMNS, lineterminator="\n")
+    if not old:
+        writer.writeheader()
+    elif not old.endswith("\n"):
+        old += "\n"
+    writer.writerow(row)
+    with atomic_path(path) as tmp:
+        tmp.write_text(old + out.getvalue())
+
+
+def record_run(command: Sequence[str], record: Path = RECORD, *, history: Path | None = None,
+               count_workflow: bool = True) -> int:
+    """Run `command`, and when it succeeds write its record to `record` and add its row to `history` (None: no
+    history) (`count_workflow`: first count the workflow's jobs with a dry run, else the run cannot be called
+    complete); the command's exit status."""
     record = Path(record)
     commit, dirty = git_commit()
     if count_workflow:
         print("run record: counting the workflow's jobs (a dry run with --forceall)", file=sys.stderr)
     dag_jobs = workflow_jobs(command) if count_workflow else None
     started = datetime.datetime.now(datetime.timezone.utc)
+    since = time.time()
     progress = Progress()
     start = time.perf_counter()
     code = run_passing_through(command, progress)
@@ -196,10 +268,13 @@ def record_run(command: Sequence[str], record: Path = RECORD, *, count_workflow:
     if not from_scratch and (kept := last_complete(read_record(record))) is not None:
         entry["last_complete"] = kept
     write_json(entry, record)
+    if history is not None:
+        append_history(history_row(entry, job_seconds(record.parent, since)), history)
     what = ("every job of the workflow: README's run time after `make docs`" if from_scratch else
             f"a partial run ({progress.done} of the workflow's {dag_jobs if dag_jobs else 'unknown number of'} "
             "jobs): README keeps the last complete run's time")
-    print(f"run record: {progress.done} jobs in {duration_text(seconds)} ({what}); {record}", file=sys.stderr)
+    print(f"run record: {progress.done} jobs in {duration_text(seconds)} ({what}); {record}"
+          + (f", a row in {history}" if history is not None else ""), file=sys.stderr)
     return code
 
 
@@ -217,13 +292,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m arithmech.tools.run_record",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--record", type=Path, default=RECORD, help=f"where the record goes (default: {RECORD})")
+    parser.add_argument("--history", type=Path, default=HISTORY,
+                        help=f"the run history the run's row is added to (default: {HISTORY})")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="the Snakemake command, after --")
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser.error("no command: give the Snakemake command after --")
     try:
-        return record_run(command, args.record)
+        return record_run(command, args.record, history=args.history)
     except KeyboardInterrupt:  # during the dry run: nothing ran, nothing is recorded
         return 130
 
