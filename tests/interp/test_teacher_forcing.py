@@ -368,8 +368,7 @@ def test_sanity_checks_fail_on_a_broken_ablation(lm, setup, monkeypatch):
     read at reversed offsets (END gets the last answer position's) fail 'position alignment'."""
     trials = _trials(lm, setup, "mean")
     right_ablation, right_rows = tf.TailTrials._ablation, tf.TailValues.rows
-    monkeypatch.setattr(tf.TailTrials, "_ablation", lambda self, batch, kept, T_values, offset=0:
-                        right_ablation(self, batch, ~kept, T_values, offset))
+    monkeypatch.setattr(tf.TailTrials, "_ablation", lambda self, batch, kept: right_ablation(self, batch, ~kept))
     with pytest.raises(ValueError, match="'nothing ablated' failed"):
         tf.check_nothing_ablated(trials)
     with pytest.raises(ValueError, match="'everything ablated' failed"):
@@ -470,8 +469,7 @@ def test_sanity_checks_run_every_check_and_name_the_failed(lm, setup, monkeypatc
     messages in 'failed' beside the values of the checks that passed."""
     trials = _trials(lm, setup, "mean")
     right = tf.TailTrials._ablation
-    monkeypatch.setattr(tf.TailTrials, "_ablation", lambda self, batch, kept, T_values, offset=0:
-                        right(self, batch, ~kept, T_values, offset))
+    monkeypatch.setattr(tf.TailTrials, "_ablation", lambda self, batch, kept: right(self, batch, ~kept))
     checks = ["nothing ablated", "everything ablated"]
     with pytest.raises(ValueError, match="'nothing ablated' failed.*'everything ablated' failed"):
         tf.sanity_checks(trials, checks=checks)
