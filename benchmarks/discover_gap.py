@@ -1,6 +1,6 @@
 """The fit gap of discovered circuits against the number of pairs pruned on (issue 57), on the teacher-forced protocol
-of one operator of a prepared model: for each --samples n, the discover rule's search (`discovery.node_ranking`,
-`discovery.prune`, two-sided, mean ablation) on a seeded draw of n identification pairs, the target chosen on those
+of one operator of a prepared model: for each --samples n, the discover rule's search (`tf.node_ranking`,
+`tf.prune`, two-sided, mean ablation) on a seeded draw of n identification pairs, the target chosen on those
 pairs (`stages.discover.choose_target`; the rule chooses on held-out identification pairs), and the chosen circuit's
 full-answer faithfulness on those pairs and on a seeded draw of validation pairs under both ablations: the gap is
 the difference.
@@ -22,7 +22,6 @@ import pandas as pd
 
 from arithmech.data.arithmetic import split_pairs
 from arithmech.data.datasets import subsample
-from arithmech.interp import discovery as dc
 from arithmech.interp import protocol
 from arithmech.interp import teacher_forcing as tf
 from arithmech.model.loading import load_model
@@ -62,8 +61,8 @@ def main() -> None:
         start = time.perf_counter()
         trials = tf.TailTrials(lm, ident, tf.ablation_values(lm, ident, pool, "mean", pool_outputs=outputs),
                                batch_size=max(32, len(ident)))
-        ranking, _ = dc.node_ranking(trials, args.steps)
-        pruned, _ = dc.prune(trials, TARGETS, ranking=ranking, two_sided=True)
+        ranking, _ = tf.node_ranking(trials, args.steps)
+        pruned, _ = tf.prune(trials, TARGETS, ranking=ranking, two_sided=True)
         seconds = time.perf_counter() - start
         masks = np.vstack([ends, [p.kept for p in pruned]])
         acc = trials.scores(masks)["correct"].mean(1)
@@ -74,8 +73,8 @@ def main() -> None:
         fit, held = correct(lm, ident, pool, outputs, rows), correct(lm, val, pool, outputs, rows)
         cells = []
         for kind in protocol.KINDS:
-            f_fit = dc.faithfulness(fit[kind][2], fit[kind][0], fit[kind][1])
-            f_val = dc.faithfulness(held[kind][2], held[kind][0], held[kind][1])
+            f_fit = protocol.faithfulness(fit[kind][2], fit[kind][0], fit[kind][1])
+            f_val = protocol.faithfulness(held[kind][2], held[kind][0], held[kind][1])
             cells.append(f"{kind}: identification {f_fit:.2f}, validation {f_val:.2f}, gap {f_fit - f_val:+.2f}")
         print(f"{samples} pairs ({len(ident)} items): target {target}{'' if reached else ' (none reached)'}, "
               f"{int(chosen.sum())} nodes; {'; '.join(cells)}; search {seconds:.0f} s", flush=True)

@@ -5,7 +5,7 @@ discover rule prunes), the curve scored on a seeded draw of validation pairs und
     PYTHONPATH=src .venv/bin/python benchmarks/discover_order.py MODEL_DIR PAIRS.parquet [--samples 16]
         [--validation 48] [--steps 8]
 
-Orders: `|whole-model IG|` (`discovery.node_ranking`, the rule's), `whole-model IG` (the older order: the top nodes
+Orders: `|whole-model IG|` (`node_ranking`, the rule's), `whole-model IG` (the older order: the top nodes
 by the whole model's signed attribution), and attribution recomputed on the circuit left as nodes drop (a quarter of
 the nodes per round, `TailTrials.attribution(kept=...)`), by |attribution| (`recomputed`) or signed. Prints each
 order's seconds, its curve (faithfulness of full answers and of the log-probability at each node share) and the
@@ -21,7 +21,6 @@ import pandas as pd
 
 from arithmech.data.arithmetic import split_pairs
 from arithmech.data.datasets import subsample
-from arithmech.interp import discovery as dc
 from arithmech.interp import teacher_forcing as tf
 from arithmech.model.loading import load_model
 
@@ -61,7 +60,7 @@ def main() -> None:
     scored = tf.TailTrials(lm, val, tf.ablation_values(lm, val, pool, "mean", pool_outputs=outputs))
     orders = {}
     t0 = time.perf_counter()
-    ranking, attribution = dc.node_ranking(trials, args.steps)
+    ranking, attribution = tf.node_ranking(trials, args.steps)
     t1 = time.perf_counter()
     orders["|whole-model IG|"] = (ranking, t1 - t0)
     orders["whole-model IG"] = (np.argsort(-attribution, kind="stable"), t1 - t0)
@@ -75,7 +74,7 @@ def main() -> None:
                          zip(curve["share"], curve["f_correct"], curve["f_logprob"]))
         print(f"{name:>18} ({seconds:.0f} s)  share: f correct / f logprob  {cells}")
     t0 = time.perf_counter()
-    pruned, _ = dc.prune(trials, args.targets, ranking=ranking, attribution=attribution,
+    pruned, _ = tf.prune(trials, args.targets, ranking=ranking, attribution=attribution,
                          two_sided=True)
     seconds = time.perf_counter() - t0
     for p in pruned:

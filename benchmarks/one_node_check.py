@@ -23,7 +23,8 @@ from addition_prompts import CONFIG, ROOT, default_model_dir
 from arithmech.data.arithmetic import build_prompts, select_samples, split_pairs
 from arithmech.data.datasets import subsample
 from arithmech.interp import teacher_forcing as tf
-from arithmech.interp.nodes import node_label
+from arithmech.interp.nodes import all_nodes, node_label
+from arithmech.interp.protocol import KINDS
 from arithmech.intervention.generation import check_answers
 from arithmech.model.loading import load_model
 
@@ -57,7 +58,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None, help="also write the per-node table as CSV")
     args = parser.parse_args()
     lm = load_model(default_model_dir(ROOT / "results/smollm2-135m/model"), device="cpu")
-    nodes = tf.all_nodes(lm.n_layers, lm.n_heads)
+    nodes = all_nodes(lm.n_layers, lm.n_heads)
     labels = [node_label(*n) for n in nodes]
     draws = CONFIG["circuit"]["discover"]["sanity_draws"]
     picks = np.random.default_rng([CONFIG["seed"], 4303]).choice(len(nodes), size=draws, replace=draws > len(nodes))
@@ -67,7 +68,7 @@ def main() -> None:
     for task in args.tasks:
         items, pool = checked_items(lm, task)
         pool_outputs = tf.tail_outputs(lm, pool, BATCH)
-        for kind in tf.KINDS:
+        for kind in KINDS:
             v = tf.ablation_values(lm, items, pool, kind, seed=CONFIG["seed"], batch_size=BATCH,
                                    pool_outputs=pool_outputs)
             variants = {"correct": v}

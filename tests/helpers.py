@@ -16,6 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import torch
 import yaml
@@ -206,6 +207,12 @@ PROMPT_CFG = {
     },
     "null_words": ["nothing", "@"],
 }
+
+
+def rank_correlation(x, y) -> float:
+    """Spearman's rank correlation (Pearson's on average ranks)."""
+    rx, ry = (pd.Series(np.asarray(v, dtype=float)).rank().to_numpy() for v in (x, y))
+    return float(np.corrcoef(rx, ry)[0, 1])
 
 
 def n_hooks(model: torch.nn.Module) -> int:

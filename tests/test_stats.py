@@ -303,7 +303,7 @@ def test_holm_passes_nans_through_and_is_monotone():
 
 def test_importing_the_statistics_loads_no_scipy():
     """statsmodels and scipy take about a second to import: only the functions that use them import them."""
-    probe = ("import sys, arithmech.stats, arithmech.report.claims.registry, arithmech.interp.sufficiency; "
+    probe = ("import sys, arithmech.stats, arithmech.report.claims.registry, arithmech.interp.protocol; "
              "print(sorted({'scipy', 'statsmodels'} & set(sys.modules)))")
     proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
                           env={**os.environ, "PYTHONPATH": str(ROOT / "src")})

@@ -1,8 +1,8 @@
-"""Circuit discovery (`arithmech.interp.discovery`) on the tiny model, on the teacher-forced trials the discover rule
-prunes on (`teacher_forcing.TailTrials`): the ranking by |attribution|, the greedy pruning's path (nested targets,
-bounded trials), and the discover stages writing their tables. The trials against whole hooked forwards, the
-attribution's completeness and the pruning against every subset are in tests/interp/test_teacher_forcing.py; the
-search on a planted circuit in tests/interp/test_planted_circuit.py."""
+"""Circuit discovery (`teacher_forcing.node_ranking`, `prune`) on the tiny model, on the teacher-forced trials the
+discover rule prunes on (`teacher_forcing.TailTrials`): the ranking by |attribution|, the greedy pruning's path
+(nested targets, bounded trials), and the discover stages writing their tables. The trials against whole hooked
+forwards, the attribution's completeness and the pruning against every subset are in
+tests/interp/test_teacher_forcing.py; the search on a planted circuit in tests/interp/test_planted_circuit.py."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ import pytest
 import yaml
 
 from arithmech.data.arithmetic import split_pairs
-from arithmech.interp import discovery as dc
 from arithmech.interp import protocol
 from arithmech.interp import teacher_forcing as tf
 from arithmech.interp.nodes import node_label
@@ -36,12 +35,12 @@ def test_greedy_pruning_path_and_nested_targets(trials):
     highest target's also the bisection over the ranking's prefixes), its final size; the highest target starts from
     the whole model and visits every node, each lower one prunes the circuit above."""
     targets = [0.7, 0.8, 0.9]
-    ranking, attribution = dc.node_ranking(trials, 4)
-    pruned, path = dc.prune(trials, targets, ranking=ranking, attribution=attribution, max_passes=5, two_sided=True)
+    ranking, attribution = tf.node_ranking(trials, 4)
+    pruned, path = tf.prune(trials, targets, ranking=ranking, attribution=attribution, max_passes=5, two_sided=True)
     n = len(trials.nodes)
     full, empty = trials.mean(np.array([[True] * n, [False] * n]))
     for p in pruned:
-        f = dc.faithfulness(trials.mean(p.kept[None]), full, empty)[0]
+        f = protocol.faithfulness(trials.mean(p.kept[None]), full, empty)[0]
         assert f == pytest.approx(p.faithfulness, abs=1e-5) and abs(1 - f) <= 1 - p.target and p.minimal
         mine = path[path["target"] == p.target]
         assert mine["tried"].sum() == p.trials if p.target != 0.9 else mine["tried"].sum() < p.trials
@@ -57,8 +56,8 @@ def test_bounded_trials_leave_the_bottom_of_the_ranking_at_once(trials):
     """With fewer trials than nodes, the nodes below the top `max_trials` of the ranking (or below the smallest prefix
     that keeps the target, if that is smaller) leave together in one checked trial; the others are tried one by one,
     least important first."""
-    ranking, attribution = dc.node_ranking(trials, 4)
-    pruned, path = dc.prune(trials, [0.8], ranking=ranking, attribution=attribution, max_trials=6, max_passes=5,
+    ranking, attribution = tf.node_ranking(trials, 4)
+    pruned, path = tf.prune(trials, [0.8], ranking=ranking, attribution=attribution, max_trials=6, max_passes=5,
                             two_sided=True)
     untried = path[~path["tried"]]
     assert len(untried) >= 4 and (untried["pass"] == 0).all()
@@ -72,7 +71,7 @@ def test_ranking_by_absolute_attribution(trials):
     """`node_ranking`: every node by |attribution| on the whole model, largest first (ties by index), with the
     attribution it ranked by."""
     n = len(trials.nodes)
-    ranking, attribution = dc.node_ranking(trials, 4)
+    ranking, attribution = tf.node_ranking(trials, 4)
     np.testing.assert_allclose(attribution, trials.attribution(4))
     assert sorted(ranking.tolist()) == list(range(n))
     assert (np.diff(np.abs(attribution[ranking])) <= 0).all()

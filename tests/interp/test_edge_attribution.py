@@ -19,12 +19,12 @@ import torch.nn.functional as F
 
 from arithmech.data.arithmetic import build_prompts
 from arithmech.interp import edges as E
-from arithmech.interp.discovery import MLP, all_nodes, rank_correlation
+from arithmech.interp.nodes import MLP, all_nodes
 from arithmech.interp.teacher_forcing import tail_gated
 from arithmech.intervention.hooks import capture, hooks
 from arithmech.intervention.means import AlignedMean
 from arithmech.model.tiny import FAMILIES
-from helpers import n_hooks
+from helpers import n_hooks, rank_correlation
 
 ROWS = [0, 5, 11, 16, 21, 27, 30, 3]  # both templates (4 rows each), prompts of two lengths
 

@@ -1,8 +1,30 @@
-"""Node sets (`arithmech.interp.nodes`): the knockout rule's node sets at each position set."""
+"""Node sets (`arithmech.interp.nodes`): a circuit's kept and ablated nodes, and the knockout rule's node sets at each
+position set."""
 
 import pandas as pd
 
-from arithmech.interp.nodes import knockout_node_sets
+from arithmech.interp.nodes import MLP, CircuitSet, all_nodes, kept_masks, knockout_node_sets
+
+N_LAYERS, N_HEADS = 4, 6
+KEY = [(3, 5), (2, 5), (1, 5)]
+
+
+def test_circuit_set_ablates_every_node_it_does_not_keep():
+    every = tuple((l, h) for l in range(N_LAYERS) for h in range(N_HEADS))
+    model = CircuitSet("model", "all", len(every), -1, every, tuple(range(N_LAYERS)))
+    empty = CircuitSet("empty", "none", 0, -1, (), ())
+    key_key = CircuitSet("key", "key", len(KEY), -1, tuple(KEY), (2, 3))
+    assert model.ablated(N_LAYERS, N_HEADS) == ([], [])
+    heads, mlps = empty.ablated(N_LAYERS, N_HEADS)
+    assert len(heads) == N_LAYERS * N_HEADS and mlps == list(range(N_LAYERS))
+    kept_h, kept_m = key_key.ablated(N_LAYERS, N_HEADS)
+    assert set(kept_h) == {(l, h) for l in range(N_LAYERS) for h in range(N_HEADS)} - set(KEY) and kept_m == [0, 1]
+    assert key_key.nodes() == "L3H5 L2H5 L1H5 L2MLP L3MLP"
+    # its kept mask over every node (heads layer by layer, then the MLPs) keeps exactly its heads and MLPs
+    nodes = all_nodes(N_LAYERS, N_HEADS)
+    masks = kept_masks([model, empty, key_key], nodes)
+    assert masks[0].all() and not masks[1].any()
+    assert {n for n, k in zip(nodes, masks[2]) if k} == set(KEY) | {(2, MLP), (3, MLP)}
 
 
 def test_knockout_node_sets_draw_the_controls_at_the_given_k():

@@ -1,6 +1,6 @@
 """The discover search on a planted circuit (issue 57): a tiny 3-layer model whose answer is carried by a known set of
 nodes, every other node's output scaled to 2% of its own (o_proj's columns of the head, the MLP's down_proj), the
-planted nodes' to 300% (so each of them matters). The search (`discovery.node_ranking` and `discovery.prune`, as the
+planted nodes' to 300% (so each of them matters). The search (`tf.node_ranking` and `tf.prune`, as the
 discover rule runs them on the teacher-forced protocol with the mean ablation) must return exactly the planted set,
 and the CPR curve of its ranking must keep f >= 0.9 at the planted set's size on held-out items; orders that are
 known to be wrong (the ranking reversed, a random one) and the older order (the top nodes by the whole model's
@@ -18,13 +18,14 @@ import pytest
 import torch
 
 from arithmech.data.arithmetic import build_prompts, split_operands
-from arithmech.interp import discovery as dc
+from arithmech.interp import protocol
 from arithmech.interp import teacher_forcing as tf
+from arithmech.interp.nodes import MLP
 from arithmech.model.loading import load_model
 from arithmech.model.tiny import build_tiny_model
 from helpers import PROMPT_CFG
 
-PLANTED = [(1, 3), (2, 1), (1, dc.MLP), (2, dc.MLP)]  # L1H3, L2H1, L1MLP, L2MLP of 15 nodes
+PLANTED = [(1, 3), (2, 1), (1, MLP), (2, MLP)]  # L1H3, L2H1, L1MLP, L2MLP of 15 nodes
 IDLE, GAIN = 0.02, 3.0  # the other nodes' outputs scaled to ~0, the planted ones' up
 TARGET = 0.9  # the issue's threshold: the curve keeps f >= 0.9 at the planted size
 
@@ -38,7 +39,7 @@ def planted(tmp_path_factory):
             weight = lm.o_proj(layer).weight
             for head in range(lm.n_heads):
                 weight[:, head * D : (head + 1) * D] *= GAIN if (layer, head) in PLANTED else IDLE
-            lm.mlp_proj(layer, "down_proj").weight.mul_(GAIN if (layer, dc.MLP) in PLANTED else IDLE)
+            lm.mlp_proj(layer, "down_proj").weight.mul_(GAIN if (layer, MLP) in PLANTED else IDLE)
     pairs = build_prompts(lm.tokenizer, "addition", PROMPT_CFG, seed=0)
     pairs["split"] = split_operands(pairs, 0.5, seed=0)
     pool = _own_items(lm, pairs[pairs["split"] == "identification"])
@@ -87,10 +88,10 @@ def test_the_construction_plants_a_circuit(planted):
     fit, _, mask = planted
     n = len(mask)
     full, empty, kept = fit.mean(np.vstack([np.ones(n, dtype=bool), np.zeros(n, dtype=bool), mask]))
-    assert abs(1 - dc.faithfulness(kept, full, empty)) <= 1 - TARGET
+    assert abs(1 - protocol.faithfulness(kept, full, empty)) <= 1 - TARGET
     less = np.repeat(mask[None], mask.sum(), 0)
     less[np.arange(mask.sum()), np.flatnonzero(mask)] = False
-    f_less = dc.faithfulness(fit.mean(less), full, empty)
+    f_less = protocol.faithfulness(fit.mean(less), full, empty)
     print(f"planted minus one node: f {np.round(f_less, 3).tolist()}")
     assert (np.abs(1 - f_less) > 1 - TARGET).all()
 
@@ -100,8 +101,8 @@ def test_the_search_returns_the_planted_circuit(planted):
     ranking's CPR curve on the held-out items keeps f >= 0.9 at the planted size, on the log-probability and on full
     answers."""
     fit, scored, mask = planted
-    ranking, attribution = dc.node_ranking(fit, 8)
-    pruned, _ = dc.prune(fit, [TARGET], ranking=ranking, attribution=attribution, two_sided=True)
+    ranking, attribution = tf.node_ranking(fit, 8)
+    pruned, _ = tf.prune(fit, [TARGET], ranking=ranking, attribution=attribution, two_sided=True)
     found = {fit.nodes[i] for i in np.flatnonzero(pruned[0].kept)}
     assert found == set(PLANTED) and pruned[0].minimal
     f = _f_at(scored, ranking, len(PLANTED))
@@ -113,7 +114,7 @@ def test_wrong_orders_fail_the_planted_curve(planted):
     """The negative controls: the same check fails for the ranking reversed, a random order and the older order (the
     top nodes by the whole model's signed attribution), so the test above can fail."""
     fit, scored, _ = planted
-    ranking, attribution = dc.node_ranking(fit, 8)
+    ranking, attribution = tf.node_ranking(fit, 8)
     wrong = {"reversed": ranking[::-1], "random": np.random.default_rng(0).permutation(len(ranking)),
              "whole-model attribution": np.argsort(-attribution, kind="stable")}
     for name, order in wrong.items():
@@ -147,12 +148,12 @@ def test_two_operators_pruned_together_give_back_the_planted_circuit(planted, se
     target and loses it without any one of its nodes (so another set could have come back)."""
     fit, _, mask = planted
     pooled = tf.PooledTrials([fit, second_operator])
-    ranking, attribution = dc.node_ranking(pooled, 8)
-    pruned, _ = dc.prune(pooled, [TARGET], ranking=ranking, attribution=attribution, two_sided=True)
+    ranking, attribution = tf.node_ranking(pooled, 8)
+    pruned, _ = tf.prune(pooled, [TARGET], ranking=ranking, attribution=attribution, two_sided=True)
     found = {pooled.nodes[i] for i in np.flatnonzero(pruned[0].kept)}
     assert found == set(PLANTED) and pruned[0].minimal
     less = np.repeat(mask[None], mask.sum(), 0)
     less[np.arange(mask.sum()), np.flatnonzero(mask)] = False
     full, empty, kept, *dropped = pooled.mean(np.vstack([np.ones_like(mask), np.zeros_like(mask), mask, less]))
-    assert abs(1 - dc.faithfulness(kept, full, empty)) <= 1 - TARGET
-    assert (np.abs(1 - dc.faithfulness(np.array(dropped), full, empty)) > 1 - TARGET).all()
+    assert abs(1 - protocol.faithfulness(kept, full, empty)) <= 1 - TARGET
+    assert (np.abs(1 - protocol.faithfulness(np.array(dropped), full, empty)) > 1 - TARGET).all()

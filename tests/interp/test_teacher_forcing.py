@@ -18,13 +18,12 @@ import pytest
 import torch
 
 from arithmech.data.arithmetic import build_prompts, continuation_ids, split_operands
-from arithmech.interp import discovery as dc
 from arithmech.interp import protocol
 from arithmech.interp import teacher_forcing as tf
 from arithmech.interp.nodes import node_label
 from arithmech.model.loading import load_model
 from arithmech.model.tiny import FAMILIES, build_tiny_model
-from helpers import PROMPT_CFG
+from helpers import PROMPT_CFG, rank_correlation
 
 
 @pytest.fixture(scope="module")
@@ -82,9 +81,9 @@ def _setup(lm):
     return items, pool, values
 
 
-def _trials(lm, setup, kind, positions="tail", measure="logprob", **kw):
+def _trials(lm, setup, kind, measure="logprob", **kw):
     items, _, values = setup
-    return tf.TailTrials(lm, items, values[kind], measure=measure, positions=positions, batch_size=3, **kw)
+    return tf.TailTrials(lm, items, values[kind], measure=measure, batch_size=3, **kw)
 
 
 def _masks(n, count, seed=0):
@@ -154,22 +153,21 @@ def test_resample_without_donor_names_the_group(lm, setup):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-@pytest.mark.parametrize("positions", protocol.POSITIONS)
 @pytest.mark.parametrize("kind", protocol.KINDS)
-def test_trials_equal_whole_hooked_forwards(family_setup, family, kind, positions):
+def test_trials_equal_whole_hooked_forwards(family_setup, family, kind):
     """Every measure of several circuits (as copies on the prefix cache, items of two tail lengths in batches of 3)
     equals the slow reference: one item and one circuit at a time, whole sequences under `patch_tail`. On every
     family (Gemma 3: sliding-window layers, the prefix forwards skipping layers below the lowest ablated one)."""
     lm, setup = family_setup(family)
     items, _, values = setup
-    trials = _trials(lm, setup, kind, positions, copies_per_forward=7)
+    trials = _trials(lm, setup, kind, copies_per_forward=7)
     masks = _masks(len(trials.nodes), 6)
     t0 = time.perf_counter()
     fast = trials.scores(masks)
     t1 = time.perf_counter()
-    slow = tf.reference_scores(lm, items, values[kind], masks, positions=positions)
+    slow = tf.reference_scores(lm, items, values[kind], masks)
     t2 = time.perf_counter()
-    print(f"{kind} {positions}: fast {t1 - t0:.3f} s, reference {t2 - t1:.3f} s ({len(masks)} circuits x "
+    print(f"{kind}: fast {t1 - t0:.3f} s, reference {t2 - t1:.3f} s ({len(masks)} circuits x "
           f"{len(items)} items)")
     for m in protocol.TAIL_MEASURES:
         np.testing.assert_allclose(fast[m], slow[m], atol=1e-4, rtol=1e-4, err_msg=m)
@@ -178,11 +176,10 @@ def test_trials_equal_whole_hooked_forwards(family_setup, family, kind, position
     assert fast["correct"][0].all()  # the gold answers are the model's own
 
 
-@pytest.mark.parametrize("positions", protocol.POSITIONS)
-def test_the_whole_model_circuit_is_read_from_the_reference(lm, setup, positions):
+def test_the_whole_model_circuit_is_read_from_the_reference(lm, setup):
     """A circuit that keeps every node is scored from the reference log-probabilities without a forward; the hooked
     forward (`hooked=True`, what the 'nothing ablated' check runs) gives the same measures."""
-    trials = _trials(lm, setup, "resample", positions)
+    trials = _trials(lm, setup, "resample")
     kept = np.ones((2, len(trials.nodes)), dtype=bool)
     kept[1, 3] = False
     read, hooked = trials.scores(kept), trials.scores(kept, hooked=True)
@@ -195,7 +192,7 @@ def test_the_whole_model_circuit_is_read_from_the_reference(lm, setup, positions
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_trials_equal_whole_hooked_forwards_on_cuda(model_dir, setup, dtype):
-    """The same on a GPU, both ablations and both position sets through `with_values`, values re-captured there:
+    """The same on a GPU, both ablations through `with_values`, values re-captured there:
     float32 within the CPU's tolerance; bfloat16 (the prefix cache and the whole forwards round differently) with
     log-probabilities within 5% of their spread over the circuits and correctness equal on 90% of circuit x item."""
     items, pool, _ = setup
@@ -204,59 +201,35 @@ def test_trials_equal_whole_hooked_forwards_on_cuda(model_dir, setup, dtype):
     base = tf.TailTrials(gpu, items, values["mean"], batch_size=3, copies_per_forward=7)
     masks = _masks(len(base.nodes), 6)
     for kind in protocol.KINDS:
-        for positions in protocol.POSITIONS:
-            fast = base.with_values(values[kind], positions=positions).scores(masks)
-            slow = tf.reference_scores(gpu, items, values[kind], masks, positions=positions)
-            spread = np.ptp(slow["logprob"])
-            gap = np.abs(fast["logprob"] - slow["logprob"]).max()
-            same = (fast["correct"] == slow["correct"]).mean()
-            print(f"{kind} {positions} {dtype} on cuda: largest |trial - hooked forward| log-prob {gap:.2e}, "
-                  f"spread {spread:.3f}, correctness equal on {same:.0%}")
-            assert spread > 1e-2
-            if dtype == "float32":
-                for m in protocol.TAIL_MEASURES:
-                    np.testing.assert_allclose(fast[m], slow[m], atol=1e-4, rtol=1e-4, err_msg=f"{kind} {m}")
-            else:
-                assert gap < 0.05 * spread and same >= 0.9
+        fast = base.with_values(values[kind]).scores(masks)
+        slow = tf.reference_scores(gpu, items, values[kind], masks)
+        spread = np.ptp(slow["logprob"])
+        gap = np.abs(fast["logprob"] - slow["logprob"]).max()
+        same = (fast["correct"] == slow["correct"]).mean()
+        print(f"{kind} {dtype} on cuda: largest |trial - hooked forward| log-prob {gap:.2e}, "
+              f"spread {spread:.3f}, correctness equal on {same:.0%}")
+        assert spread > 1e-2
+        if dtype == "float32":
+            for m in protocol.TAIL_MEASURES:
+                np.testing.assert_allclose(fast[m], slow[m], atol=1e-4, rtol=1e-4, err_msg=f"{kind} {m}")
+        else:
+            assert gap < 0.05 * spread and same >= 0.9
 
 
 def test_shared_trials_and_padded_chunks_equal_the_reference(lm, setup):
-    """`with_values` (another ablation and position set on the same prefix caches and references) and chunks padded
+    """`with_values` (another ablation on the same prefix caches and references) and chunks padded
     to one size (5 circuits in forwards of 2 copies of a 3-row batch: 2, 2, 1 + 1 pad) give the reference's
     values; a call of no circuits gives empty arrays."""
     items, _, values = setup
-    base = _trials(lm, setup, "mean", "tail", copies_per_forward=7)
+    base = _trials(lm, setup, "mean", copies_per_forward=7)
     masks = _masks(len(base.nodes), 5, seed=3)
     for kind in protocol.KINDS:
-        for positions in protocol.POSITIONS:
-            fast = base.with_values(values[kind], positions=positions).scores(masks)
-            slow = tf.reference_scores(lm, items, values[kind], masks, positions=positions)
-            for m in protocol.TAIL_MEASURES:
-                np.testing.assert_allclose(fast[m], slow[m], atol=1e-4, rtol=1e-4, err_msg=f"{kind} {positions} {m}")
-    assert base.positions == "tail" and base.values.kind == "mean"  # the base is left as it was
+        fast = base.with_values(values[kind]).scores(masks)
+        slow = tf.reference_scores(lm, items, values[kind], masks)
+        for m in protocol.TAIL_MEASURES:
+            np.testing.assert_allclose(fast[m], slow[m], atol=1e-4, rtol=1e-4, err_msg=f"{kind} {m}")
+    assert base.values.kind == "mean"  # the base is left as it was
     assert base.scores(masks[:0])["logprob"].shape == (0, len(items))
-    with pytest.raises(ValueError, match="positions must be one of"):
-        base.with_values(values["mean"], positions="everywhere")
-
-
-def test_protocol_scores_end_rows(lm, setup):
-    """`protocol_scores(end_rows=...)`: the END-only decomposition of the chosen rows only, equal to scoring
-    every row; the others NaN; the tail values of every row."""
-    items, pool, _ = setup
-    n = len(_trials(lm, setup, "mean").nodes)
-    kept = _masks(n, 4, seed=5)
-    kw = {"batch_size": 3, "sanity_draws": 2, "strict": False, "positions_sets": protocol.POSITIONS}
-    with pytest.warns(UserWarning):
-        every, _ = tf.protocol_scores(lm, items, pool, kept, **kw)
-        some, _ = tf.protocol_scores(lm, items, pool, kept, end_rows=[0, 2], **kw)
-    # float32: scoring fewer rows batches them differently, so sums run in another order (1.04e-6 apart seen on
-    # one AMD EPYC machine); a wrong row or position is off by far more
-    for key, v in every.items():
-        if "_end_" in key:
-            np.testing.assert_allclose(some[key][[0, 2]], v[[0, 2]], atol=1e-5, err_msg=key)
-            assert np.isnan(some[key][[1, 3]]).all()
-        else:
-            np.testing.assert_allclose(some[key], v, atol=1e-5, err_msg=key)
 
 
 def test_sanity_checks_on_a_draw_of_the_items(lm, setup):
@@ -264,12 +237,13 @@ def test_sanity_checks_on_a_draw_of_the_items(lm, setup):
     with the values the checks give on those items' own trials; the circuits' values stay on every item."""
     items, pool, _ = setup
     kept = _masks(len(_trials(lm, setup, "mean").nodes), 3, seed=7)
-    kw = {"batch_size": 3, "sanity_draws": 3, "strict": False, "positions_sets": ("tail",), "seed": 2}
+    kw = {"batch_size": 3, "sanity_draws": 3, "strict": False, "seed": 2}
     with pytest.warns(UserWarning):
         every, _ = tf.protocol_scores(lm, items, pool, kept, **kw)
         some, checked = tf.protocol_scores(lm, items, pool, kept, sanity_samples=5, **kw)
+    # float32: batched differently, sums may run in another order (1e-6 apart); a wrong row is off by far more
     for key, v in every.items():
-        np.testing.assert_allclose(some[key], v, atol=1e-5, err_msg=key)  # float32 batching, as above
+        np.testing.assert_allclose(some[key], v, atol=1e-5, err_msg=key)
     rows = np.sort(np.random.default_rng([2, 4307]).choice(len(items), 5, replace=False))
     for kind in protocol.KINDS:
         assert checked[f"{kind}_n_items"] == 5
@@ -281,15 +255,6 @@ def test_sanity_checks_on_a_draw_of_the_items(lm, setup):
         for k, v in expected.items():
             assert checked[f"{kind}_{k}"] == (v if isinstance(v, str) else pytest.approx(v)), (kind, k)
         assert "of 3 single-node draws keep 0.95" in checked[f"{kind}_failed"]
-
-
-def test_end_only_differs_from_the_tail(lm, setup):
-    """The decomposition: ablating END alone leaves the answer positions clean, which changes the measure."""
-    masks = _masks(len(_trials(lm, setup, "mean").nodes), 4)
-    tail = _trials(lm, setup, "mean", "tail").scores(masks)["logprob"]
-    end = _trials(lm, setup, "mean", "end").scores(masks)["logprob"]
-    np.testing.assert_allclose(tail[0], end[0], atol=1e-5)
-    assert np.abs(tail[1:] - end[1:]).max() > 1e-2
 
 
 @pytest.mark.parametrize("kind", protocol.KINDS)
@@ -332,7 +297,7 @@ def test_attribution_sums_to_the_span(lm, setup):
     full, empty = trials.mean(np.array([[True] * n, [False] * n]))
     assert attribution.sum() == pytest.approx(full - empty, rel=0.05)
     single = ~np.eye(n, dtype=bool)
-    rho = dc.rank_correlation(attribution, full - trials.mean(single))
+    rho = rank_correlation(attribution, full - trials.mean(single))
     print(f"tail attribution vs single-node effects: Spearman {rho:.3f}")
     assert rho > 0.5
     # on a circuit: the path from the empty circuit to it, its nodes' attributions summing to m(C) - m(empty)
@@ -350,15 +315,15 @@ def test_two_sided_pruning_against_every_subset(lm, setup, measure):
     n = len(trials.nodes)
     subsets = np.array(list(itertools.product([False, True], repeat=n)))
     means = trials.mean(subsets)
-    f_all = dc.faithfulness(means, means[-1], means[0])
-    pruned, path = dc.prune(trials, [0.7, 0.9], ranking=dc.node_ranking(trials, 4)[0], max_passes=5, two_sided=True)
+    f_all = protocol.faithfulness(means, means[-1], means[0])
+    pruned, path = tf.prune(trials, [0.7, 0.9], ranking=tf.node_ranking(trials, 4)[0], max_passes=5, two_sided=True)
     for p in pruned:
         assert p.minimal and abs(1 - p.faithfulness) <= 1 - p.target
-        f = dc.faithfulness(trials.mean(p.kept[None]), means[-1], means[0])[0]
+        f = protocol.faithfulness(trials.mean(p.kept[None]), means[-1], means[0])[0]
         assert f == pytest.approx(p.faithfulness, abs=1e-5)
         smaller = np.repeat(p.kept[None], p.kept.sum(), 0)
         smaller[np.arange(p.kept.sum()), np.flatnonzero(p.kept)] = False
-        assert (np.abs(1 - dc.faithfulness(trials.mean(smaller), means[-1], means[0])) > 1 - p.target).all()
+        assert (np.abs(1 - protocol.faithfulness(trials.mean(smaller), means[-1], means[0])) > 1 - p.target).all()
         best = int(subsets[np.abs(1 - f_all) <= 1 - p.target].sum(1).min())
         print(f"{measure} target {p.target}: greedy {int(p.kept.sum())} nodes, smallest {best}")
         assert best <= p.kept.sum()
@@ -380,8 +345,8 @@ def test_two_sided_acceptance_refuses_overshoot():
             trial[node] = False
             return float(self.mean(trial[None])[0]), None
 
-    one, _ = dc.prune(Fake(), [0.9], ranking=[1, 0])
-    two, _ = dc.prune(Fake(), [0.9], ranking=[1, 0], two_sided=True)
+    one, _ = tf.prune(Fake(), [0.9], ranking=[1, 0])
+    two, _ = tf.prune(Fake(), [0.9], ranking=[1, 0], two_sided=True)
     assert one[0].kept.tolist() == [False, True] and two[0].kept.tolist() == [True, True]
 
 
@@ -403,8 +368,7 @@ def test_sanity_checks_fail_on_a_broken_ablation(lm, setup, monkeypatch):
     read at reversed offsets (END gets the last answer position's) fail 'position alignment'."""
     trials = _trials(lm, setup, "mean")
     right_ablation, right_rows = tf.TailTrials._ablation, tf.TailValues.rows
-    monkeypatch.setattr(tf.TailTrials, "_ablation", lambda self, batch, kept, T_values, offset=0:
-                        right_ablation(self, batch, ~kept, T_values, offset))
+    monkeypatch.setattr(tf.TailTrials, "_ablation", lambda self, batch, kept: right_ablation(self, batch, ~kept))
     with pytest.raises(ValueError, match="'nothing ablated' failed"):
         tf.check_nothing_ablated(trials)
     with pytest.raises(ValueError, match="'everything ablated' failed"):
@@ -491,7 +455,7 @@ def test_one_node_check_passes_a_correct_ablation_and_fails_a_broken_one(quiet, 
 
 def test_cpr_cmd_curve(lm, setup):
     trials = _trials(lm, setup, "mean")
-    ranking, _ = dc.node_ranking(trials, 4)
+    ranking, _ = tf.node_ranking(trials, 4)
     curve = tf.cpr_cmd(trials, ranking)
     assert curve["share"].tolist() == list(tf.SHARES)
     assert curve["n_nodes"].tolist() == [1, 1, 1, 1, 2, 5, 10]
@@ -505,8 +469,7 @@ def test_sanity_checks_run_every_check_and_name_the_failed(lm, setup, monkeypatc
     messages in 'failed' beside the values of the checks that passed."""
     trials = _trials(lm, setup, "mean")
     right = tf.TailTrials._ablation
-    monkeypatch.setattr(tf.TailTrials, "_ablation", lambda self, batch, kept, T_values, offset=0:
-                        right(self, batch, ~kept, T_values, offset))
+    monkeypatch.setattr(tf.TailTrials, "_ablation", lambda self, batch, kept: right(self, batch, ~kept))
     checks = ["nothing ablated", "everything ablated"]
     with pytest.raises(ValueError, match="'nothing ablated' failed.*'everything ablated' failed"):
         tf.sanity_checks(trials, checks=checks)
@@ -519,7 +482,7 @@ def test_sanity_checks_run_every_check_and_name_the_failed(lm, setup, monkeypatc
 
 def test_protocol_scores_stops_only_on_the_strict_kinds(lm, setup):
     """`protocol_scores(strict=[kind])`: a failed check of that ablation raises; the other's is recorded in its
-    'failed' value with a warning (`sufficiency.strict_kinds`: every kind with circuit.discover.sanity stop, none
+    'failed' value with a warning (`protocol.strict_kinds`: every kind with circuit.discover.sanity stop, none
     with warn). The random tiny model fails the one-node check under both ablations (its near-tied answers move with
     any node: each draw loses one to four of its eight items)."""
     items, pool, _ = setup

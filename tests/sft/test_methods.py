@@ -10,7 +10,7 @@ from helpers import prepared_model_dir, tiny_config
 
 
 def test_parse_nodes_round_trips_the_circuit_tables():
-    from arithmech.interp.sufficiency import CircuitSet
+    from arithmech.interp.nodes import CircuitSet
 
     written = CircuitSet("discovered", "all", 2, -1, ((3, 2), (0, 1)), (5, 0)).nodes()
     assert parse_nodes(written) == ([(3, 2), (0, 1)], [5, 0])

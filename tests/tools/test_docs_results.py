@@ -229,21 +229,22 @@ def _tf(kind, correct, logprob=(1.234, 1.1, 1.4), key_correct=(0.0, 0.0, 0.0), r
 def _discover_tables(model) -> None:
     """discover/: each operator's validation table (the discover rule's sets: model, empty, key, the discovered
     circuit), the union's, and summary.parquet with the columns discover_union writes, plus the two figures."""
-    from arithmech.interp import sufficiency
+    from arithmech.interp import protocol
+    from arithmech.interp.nodes import CircuitSet
 
     (model / "discover").mkdir(exist_ok=True)
     every = tuple((l, h) for l in range(3) for h in range(4))
-    key = sufficiency.CircuitSet("key", "key", 2, -1, ((0, 1), (1, 2)), (2,))
+    key = CircuitSet("key", "key", 2, -1, ((0, 1), (1, 2)), (2,))
     circuits = {"addition": ((0, 1), (2, 3)), "division": ((1, 2), (2, 0), (2, 3)),
                 "union": ((0, 1), (1, 2), (2, 0), (2, 3))}
     n = 10
     for task, heads in circuits.items():
-        sets = [sufficiency.CircuitSet("model", "all", 12, -1, every, (0, 1, 2)),
-                sufficiency.CircuitSet("empty", "none", 0, -1, (), ()),
-                key, sufficiency.CircuitSet("discovered", "discovered", len(heads), -1, heads, (1,))]
+        sets = [CircuitSet("model", "all", 12, -1, every, (0, 1, 2)),
+                CircuitSet("empty", "none", 0, -1, (), ()),
+                key, CircuitSet("discovered", "discovered", len(heads), -1, heads, (1,))]
         values = {m: np.array([[1.0] * n, [0.0] * n, [0.2] * n, [0.9] * n]) + (np.arange(n) % 2) * 0.05
                   for m in ("tf_resample_tail_correct", "tf_mean_tail_correct")}
-        table = sufficiency.faithfulness_table(sets, values, np.arange(n) // 2, n_boot=50, seed=0, confidence=0.95)
+        table = protocol.faithfulness_table(sets, values, np.arange(n) // 2, n_boot=50, seed=0, confidence=0.95)
         table = table.assign(task=task, target=0.8, chosen=True)
         write_parquet(table, model / f"discover/{task}_validation.parquet")
     rows = []

@@ -58,7 +58,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from arithmech.interp.nodes import Head
+from arithmech.interp.nodes import Head, all_nodes, key_nodes, ranked_heads
 from arithmech.interp.patching import float_copy, head_deltas
 from arithmech.intervention.hooks import capture, hooks
 from arithmech.intervention.kvcache import end_copies, prefix_cache
@@ -495,15 +495,13 @@ def node_ranked_edges(node_scores, senders: Sequence[Head], receivers: Sequence[
                       k: int, *, absolute: bool = True) -> np.ndarray:
     """The k head -> MLP edges that a node circuit growing by node score takes in first, bool [n_senders,
     n_receivers]: nodes ranked by score (|score| with `absolute`; node_scores [nodes], columns
-    `discovery.all_nodes(n_layers, n_heads)`, e.g. `TailTrials.attribution`), an edge entering when its later
+    `nodes.all_nodes(n_layers, n_heads)`, e.g. `TailTrials.attribution`), an edge entering when its later
     endpoint does (ties: the earlier endpoint's rank, then sender, then receiver). Where the top-n node circuit
     holds exactly k such edges, this is that circuit's edge set, so it compares with `top_edges` at equal size."""
-    from arithmech.interp.discovery import all_nodes
-
     nodes = all_nodes(n_layers, n_heads)
     node_scores = np.asarray(node_scores, dtype=float)
     if node_scores.shape != (len(nodes),):
-        raise ValueError(f"node scores must be [{len(nodes)}] (discovery.all_nodes); got {node_scores.shape}")
+        raise ValueError(f"node scores must be [{len(nodes)}] (nodes.all_nodes); got {node_scores.shape}")
     values = np.abs(node_scores) if absolute else node_scores
     rank = {node: r for r, node in enumerate(nodes[i] for i in np.argsort(-values, kind="stable"))}
     edges = [(max(rank[s], rank[(r, -1)]), min(rank[s], rank[(r, -1)]), i, j)
@@ -546,7 +544,7 @@ def edge_size_curve(lm: LoadedModel, sequences, targets, ablated: AlignedMean, s
                     measure: str = "logprob", batch_size: int | None = None) -> pd.DataFrame:
     """The edge circuit against the node circuit at equal size: for each k of `sizes`, the k head -> MLP edges of
     largest |EAP-IG score| (`top_edges`; edge_scores [n_senders, n_receivers], e.g. `EdgeScores.mlp.mean(0)`) and
-    the k a node circuit takes in first (`node_ranked_edges`; node_scores [nodes] as `discovery.all_nodes`), each
+    the k a node circuit takes in first (`node_ranked_edges`; node_scores [nodes] as `nodes.all_nodes`), each
     scored exactly (`edge_circuit_measure`, every other edge among senders x receivers ablated, head -> logits
     kept). One row per (ranking, k): ranking ("eap_ig" or "nodes"), edges (k), measure (mean over rows) and
     faithfulness (m - m(no edge)) / (m(every edge) - m(no edge))."""
@@ -618,8 +616,5 @@ def edge_senders(effects: pd.DataFrame, keys: Mapping[str, pd.DataFrame], n_top:
     """The sender heads of one operator: its top `n_top` heads by effect (`nodes.ranked_heads` of its effects
     table) and every operator's key heads (`keys`: operator -> key-component table), in the operator's effect
     order."""
-    from arithmech.interp.nodes import ranked_heads
-    from arithmech.interp.sufficiency import key_nodes
-
     union = {h for key in keys.values() for h in key_nodes(key)[0]}
     return [h for i, h in enumerate(ranked_heads(effects)) if i < n_top or h in union]

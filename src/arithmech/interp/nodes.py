@@ -1,8 +1,11 @@
-"""Nodes: the head type, heads and MLPs ranked by their patching effect, and the random head sets a
-knockout, a circuit or a fine-tuning arm is compared with. Torch-free (the Snakefile imports the study,
-whose arms `sft.methods.select_nodes` draws with these: its method uniform_heads draws `random_heads`, its
+"""Nodes: the head type, the node sets a circuit keeps, heads and MLPs ranked by their patching effect, and the
+random head sets a knockout, a circuit or a fine-tuning arm is compared with. Torch-free (the Snakefile imports the
+study, whose arms `sft.methods.select_nodes` draws with these: its method uniform_heads draws `random_heads`, its
 method random_heads `layer_matched_heads`).
 
+    all_nodes(n_layers, n_heads)           every node, the columns of a circuit's kept mask (MLP: the MLP's head)
+    CircuitSet                             one circuit's heads and MLPs; kept_masks(sets, nodes) their masks
+    key_nodes(key)                         the key heads and key MLPs of a key_components table
     ranked_heads(effects)                  one operator's heads, strongest (most negative) effect first
     rank_across_tasks(effects, "head")     nodes ranked by their effect averaged over operators (a table)
     ranked_nodes(effects)                  the same as (heads, MLP layers), what fine-tuning selects from
@@ -15,6 +18,7 @@ method random_heads `layer_matched_heads`).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 import numpy as np
@@ -22,9 +26,13 @@ import pandas as pd
 
 Head = tuple[int, int]  # (layer, query head)
 
+MLP = -1  # the head number of an MLP node
+
+Node = tuple[int, int]  # (layer, head), head MLP (-1) for the layer's MLP
+
 
 def node_label(layer: int, head=None) -> str:
-    """'L12H3' for a head, 'L12MLP' for an MLP (head None, NaN or negative, as `discovery.MLP`): the one spelling
+    """'L12H3' for a head, 'L12MLP' for an MLP (head None, NaN or negative, as `MLP`): the one spelling
     of a node, which `parse_nodes` reads back."""
     mlp = head is None or pd.isna(head) or int(head) < 0
     return f"L{int(layer)}MLP" if mlp else f"L{int(layer)}H{int(head)}"
@@ -37,7 +45,7 @@ def nodes_text(heads: Iterable[Head], mlp_layers: Iterable[int] = ()) -> str:
 
 def parse_nodes(text: str) -> tuple[list[Head], list[int]]:
     """(heads, MLP layers) from a space-separated node list as the circuit tables write it ("L3H2 L5MLP",
-    `sufficiency.CircuitSet.nodes`); an empty string is the empty circuit."""
+    `CircuitSet.nodes`); an empty string is the empty circuit."""
     heads, mlps = [], []
     for token in str(text).split():
         if token.endswith("MLP") and token.startswith("L"):
@@ -48,6 +56,48 @@ def parse_nodes(text: str) -> tuple[list[Head], list[int]]:
         else:
             raise ValueError(f"node {token!r}: expected L<layer>H<head> or L<layer>MLP")
     return heads, mlps
+
+
+def all_nodes(n_layers: int, n_heads: int) -> list[Node]:
+    """Every node in column order: the heads layer by layer, then the MLPs (the order `mean_ablate` takes)."""
+    return [(l, h) for l in range(n_layers) for h in range(n_heads)] + [(l, MLP) for l in range(n_layers)]
+
+
+@dataclass(frozen=True)
+class CircuitSet:
+    """One circuit: the heads and MLPs it keeps. curve: model (everything), empty (nothing), key (the key heads),
+    top (the top k heads by effect) or random (k heads drawn in the layers of the top k, or of the key heads);
+    mlps: which MLPs it keeps (all, key or none); seed: the random draw (-1 otherwise)."""
+
+    curve: str
+    mlps: str
+    k: int
+    seed: int
+    heads: tuple[Head, ...]
+    mlp_layers: tuple[int, ...]
+
+    def ablated(self, n_layers: int, n_heads: int) -> tuple[list[Head], list[int]]:
+        """The heads and MLPs outside the circuit, which mean ablation replaces."""
+        kept_h, kept_m = set(self.heads), set(self.mlp_layers)
+        heads = [(l, h) for l in range(n_layers) for h in range(n_heads) if (l, h) not in kept_h]
+        return heads, [l for l in range(n_layers) if l not in kept_m]
+
+    def nodes(self) -> str:
+        return nodes_text(self.heads, self.mlp_layers)
+
+
+def kept_masks(sets: Sequence[CircuitSet], nodes: Sequence[Node]) -> np.ndarray:
+    """Kept masks [len(sets), len(nodes)] of circuit sets over `nodes` (`all_nodes`: (layer, head), then
+    (layer, MLP) for the MLPs)."""
+    return np.array([[(l, h) in set(s.heads) if h >= 0 else l in set(s.mlp_layers) for l, h in nodes] for s in sets],
+                    dtype=bool).reshape(len(sets), len(nodes))
+
+
+def key_nodes(key: pd.DataFrame) -> tuple[list[Head], list[int]]:
+    """The key heads [(layer, head)] and key MLP layers of a key_components table."""
+    heads = key[key["component"] == "head"]
+    return ([(int(l), int(h)) for l, h in zip(heads["layer"], heads["head"])],
+            [int(l) for l in key.loc[key["component"] == "mlp", "layer"]])
 
 
 def circuit_first(ranked: Sequence[Head], circuit: Iterable[Head]) -> list[Head]:

@@ -24,15 +24,43 @@ Measures (`tail_measures`, on tail logits [rows, T, vocab] and targets [rows, T]
            for token prompt + gold + terminator exactly when this holds (`greedy_tail` checks it).
   logprob  the targets' summed log-probability: the pruning default, continuous and about the answer only.
   kl       KL(model || circuit) summed over the T positions (reported as -kl, so higher is better).
-Faithfulness f = (m(C) - m(empty)) / (m(M) - m(empty)) (`discovery.faithfulness`).
-
-Position sets (`POSITIONS`): "tail" ablates at END and every answer position (the protocol); "end" at END
-only, the answer positions running clean on top of it: the decomposition that shows where answers are lost.
+Faithfulness f = (m(C) - m(empty)) / (m(M) - m(empty)) (`protocol.faithfulness`).
 
 Fast and exact (`TailTrials`): the ablation changes nothing before END, so the
-prompt minus END runs once per batch with a KV cache and every circuit is a T-token forward on copies of it
-(positions "end": END, then the T - 1 answer tokens, on the same copy). `reference_scores` is the slow
-reference: one item at a time, whole sequences, `patch_tail` with per-row values.
+prompt minus END runs once per batch with a KV cache and every circuit is a T-token forward on copies of it.
+`reference_scores` is the slow reference: one item at a time, whole sequences, `patch_tail` with per-row values.
+
+The search: the smallest set of heads and MLPs that keeps a target share of the pruning measure, found by exact
+greedy pruning at node level (ACDC, Conmy et al. 2023, with nodes instead of edges) on `TailTrials`, along a
+ranking of the nodes. It reads the trials through `nodes`, `mean`, `start_circuit`, `try_drop` and `attribution`
+only (`PooledTrials` offers them for several operators pruned as one).
+
+The order (`node_ranking`): the nodes by |attribution| on the whole model, largest first. Not by signed attribution:
+a node that pushes against the answer is part of the behaviour too (two-sided acceptance counts overshoot as
+unfaithful), and ranked last it is missing from every small circuit of the ranking. On SmolLM2-135M's addition
+(teacher-forced, mean ablation) the top nodes by signed attribution kept 0.55-0.62 of full answers at 5-50% of the
+nodes, by |attribution| 0.81-0.88; attribution recomputed on the circuit left as nodes drop
+(`TailTrials.attribution(kept=...)`, rounds of a quarter of the nodes) did no better at 19 times the gradients
+(`benchmarks/discover_order.py`; docs/circuit.md). The attribution is integrated gradients of the measure along
+every node's path from its ablated value to its own (`ig_path`: the midpoint alphas and the circuit's gates), summing
+to m(M) - m(empty); on a circuit C (`kept`) the path runs from the empty circuit to C.
+
+The pruning (`prune`) takes the ranking. First the smallest prefix of it (the top k nodes) that keeps the highest
+target is found by bisection over k (about log2(nodes) trials); the nodes below it leave together in that one
+checked trial. Then nodes are visited least important first (the ranking reversed); a node is dropped when the
+circuit without it keeps the target faithfulness (two-sided, as the discover rule prunes: |1 - f| <= 1 - target).
+Sweeps repeat over the nodes still kept until one drops nothing, so the result is minimal: dropping any one of its
+nodes leaves the target (`Pruned.minimal` says whether that was reached within `max_passes`). The targets run from
+the highest down, each starting from the circuit of the one above: the circuits nest, and a lower target costs a
+sweep over the few nodes still kept rather than over the model. The prefix makes the search cheaper (a sweep over
+the prefix, not the model) and ties the circuits to the ranking whose prefixes are the CPR curve (`cpr_cmd`). A
+trial that drops one node of layer l runs from layer l on (`try_drop`), from the current circuit's residual
+entering l. On models with more than `max_trials` nodes only the top `max_trials` of the ranking get a trial of
+their own (the rest leave together in one checked trial).
+
+Scoring (`teacher_forced_table`): circuit sets (`nodes.CircuitSet`) under both ablations with the sanity checks,
+faithfulness with cluster-bootstrap intervals (`protocol.faithfulness_table`). The protocol's torch-free half,
+which the report reads too, is `arithmech.interp.protocol`.
 """
 
 from __future__ import annotations
@@ -48,9 +76,9 @@ import torch
 
 from arithmech.data.answers import answer_correct
 from arithmech.data.arithmetic import continuation_ids
-from arithmech.interp.discovery import MLP, all_nodes, faithfulness, ig_path
-from arithmech.interp.nodes import node_label
-from arithmech.interp.protocol import KINDS, POSITIONS, PRUNE_MEASURES, TAIL_MEASURES
+from arithmech.interp.effects import pair_labels
+from arithmech.interp.nodes import MLP, CircuitSet, Node, all_nodes, kept_masks, node_label
+from arithmech.interp.protocol import KINDS, PRUNE_MEASURES, TAIL_MEASURES, faithfulness, faithfulness_table
 from arithmech.intervention.batching import COPIES_PER_FORWARD
 from arithmech.intervention.generation import pad_left
 from arithmech.intervention.hooks import capture, hooks, patch_tail
@@ -326,11 +354,6 @@ def tail_gated(lm: LoadedModel, gates: torch.Tensor, values: AlignedMean, T: int
         yield
 
 
-def _check_positions(positions: str) -> None:
-    if positions not in POSITIONS:
-        raise ValueError(f"positions must be one of {', '.join(POSITIONS)}; got {positions!r}")
-
-
 def _repeat(values: AlignedMean, c: int) -> AlignedMean:
     return AlignedMean(values.heads.repeat_interleave(c, 0), values.mlps.repeat_interleave(c, 0))
 
@@ -341,21 +364,20 @@ class TailTrials:
     circuit j).
 
     values: `ablation_values` for these items; measure: the pruning measure (`PRUNE_MEASURES`, what `per_item`,
-    `mean`, `try_drop` and `attribution` return); positions: `POSITIONS`. Columns of every kept mask:
-    `discovery.all_nodes(lm.n_layers, lm.n_heads)`. With positions "tail" it offers what `discovery.prune`
-    needs (`nodes`, `mean`, `start_circuit`, `try_drop`)."""
+    `mean`, `try_drop` and `attribution` return). Columns of every kept mask: `nodes.all_nodes(lm.n_layers,
+    lm.n_heads)`. It offers what `prune` and `node_ranking` need (`nodes`, `mean`, `start_circuit`, `try_drop`,
+    `attribution`)."""
 
     def __init__(self, lm: LoadedModel, items: TailItems, values: TailValues, *, measure: str = "logprob",
-                 positions: str = "tail", batch_size: int = 32,
+                 batch_size: int = 32,
                  copies_per_forward: int = COPIES_PER_FORWARD):
         if measure not in PRUNE_MEASURES:
             raise ValueError(f"the teacher-forced pruning measure must be one of {', '.join(PRUNE_MEASURES)}; "
                              f"got {measure!r}")
-        _check_positions(positions)
         self.lm, self.items = lm, items
         # on the model's device once, not per forward
         self.values = values.to(lm.device)
-        self.measure, self.positions, self.copies_per_forward = measure, positions, copies_per_forward
+        self.measure, self.copies_per_forward = measure, copies_per_forward
         self.batch_size = batch_size
         self.nodes = all_nodes(lm.n_layers, lm.n_heads)
         self.heads = [n for n in self.nodes if n[1] != MLP]
@@ -372,67 +394,44 @@ class TailTrials:
         for batch, _, _, ref in self.batches:
             self.model_correct[batch.rows] = (ref.argmax(-1) == batch.targets).all(-1).double().cpu().numpy()
 
-    def with_values(self, values: TailValues, *, positions: str | None = None) -> "TailTrials":
-        """The same items' trials under other ablation values (and positions): the prefix caches and their
-        copies, the clean tail residuals and the reference log-probabilities depend on none of them, so they
-        are shared, not recomputed (one prefix forward per batch for every ablation and position set)."""
-        positions = self.positions if positions is None else positions
-        _check_positions(positions)
+    def with_values(self, values: TailValues) -> "TailTrials":
+        """The same items' trials under other ablation values: the prefix caches and their copies, the clean tail
+        residuals and the reference log-probabilities do not depend on them, so they are shared, not recomputed
+        (one prefix forward per batch for every ablation)."""
         other = copy.copy(self)
         other.values = values.to(self.lm.device)
-        other.positions = positions
         return other
 
-    def _ablation(self, batch: TailBatch, kept: torch.Tensor, T_values: int, offset: int = 0):
+    def _ablation(self, batch: TailBatch, kept: torch.Tensor):
         """`mean_ablate` of every circuit of `kept` [c, nodes] on the batch's rows repeated c times, with the
-        values at offsets offset .. offset + T_values - 1 (written from the last position back)."""
+        values at the batch's T offsets (written from the last position back)."""
         from arithmech.interp.ablation import mean_ablate
 
         b, c = len(batch.rows), kept.shape[0]
         v = self.values.rows(batch.rows, batch.T)
-        v = AlignedMean(v.heads[:, offset : offset + T_values], v.mlps[:, offset : offset + T_values])
         return mean_ablate(self.lm, self.heads, self.mlps, _repeat(v, c), positions="aligned",
                            row_masks=(~kept).repeat(b, 1))
 
     @torch.no_grad()
     def _logits(self, entry, kept: torch.Tensor, *, start: int | None = None, base=None, states: bool = False):
-        """Tail logits [b * c, T, vocab] of c circuits (kept [c, nodes]). Positions "tail": one T-token forward,
-        from the lowest layer any circuit ablates (`LoadedModel.layers_from`, the residual entering it) or from
-        `start` on residuals `base` (per layer [b, T, d]); with `states` also the residuals entering layers
-        start.. (c = 1). Positions "end": END under the ablation, then the answer tokens clean, from layer 0."""
+        """Tail logits [b * c, T, vocab] of c circuits (kept [c, nodes]): one T-token forward, from the lowest
+        layer any circuit ablates (`LoadedModel.layers_from`, the residual entering it) or from `start` on
+        residuals `base` (per layer [b, T, d]); with `states` also the residuals entering layers start.. (c = 1)."""
         batch, prefix, resid, _ = entry
         c, T = kept.shape[0], batch.T
-        if self.positions == "end":
-            return self._end_only_logits(batch, prefix, kept)
         if start is None:
             ablated = [self.nodes[i][0] for i in torch.nonzero((~kept).any(0))[:, 0].tolist()]
             start = min(ablated, default=self.lm.n_layers - 1)
         base = resid if base is None else base
         inputs = end_copies(batch.enc, prefix, c, tail=T)
         del inputs["input_ids"]
-        with self._ablation(batch, kept, T), self.lm.layers_from(start):
+        with self._ablation(batch, kept), self.lm.layers_from(start):
             out = self.lm.body(**inputs, inputs_embeds=base[start].repeat_interleave(c, 0),
                                output_hidden_states=states)
         logits = self.lm.unembed(out.last_hidden_state)
         if not states:
             return logits
         return logits, out.hidden_states[: self.lm.n_layers - start]
-
-    def _end_only_logits(self, batch: TailBatch, prefix: PrefixCopies, kept: torch.Tensor) -> torch.Tensor:
-        c, T, enc = kept.shape[0], batch.T, batch.enc
-        S = enc["input_ids"].shape[1]
-        cache = prefix.get(c)
-        rep = {k: v.repeat_interleave(c, 0) for k, v in enc.items()}
-        with self._ablation(batch, kept, 1, offset=T - 1):  # END's value (offset T - 1) on END alone
-            first = self.lm.body(input_ids=rep["input_ids"][:, S - T : S - T + 1],
-                                 attention_mask=rep["attention_mask"][:, : S - T + 1],
-                                 position_ids=rep["position_ids"][:, S - T : S - T + 1], past_key_values=cache)
-        parts = [first.last_hidden_state]
-        if T > 1:
-            rest = self.lm.body(input_ids=rep["input_ids"][:, S - T + 1 :], attention_mask=rep["attention_mask"],
-                                position_ids=rep["position_ids"][:, S - T + 1 :], past_key_values=cache)
-            parts.append(rest.last_hidden_state)
-        return self.lm.unembed(torch.cat(parts, 1))
 
     def _measures(self, entry, logits: torch.Tensor, c: int) -> dict:
         batch, _, _, reference = entry
@@ -484,14 +483,12 @@ class TailTrials:
 
     def start_circuit(self, kept: np.ndarray) -> list:
         """The tail residuals entering every layer under circuit `kept` (bool [nodes]), per batch (`try_drop`)."""
-        self._resumable()
         row = torch.as_tensor(np.asarray(kept), dtype=torch.bool)[None]
         return [list(self._logits(entry, row, start=0, states=True)[1]) for entry in self.batches]
 
     def try_drop(self, kept: np.ndarray, node: int, bases: list) -> tuple[float, list]:
         """The pruning measure (mean over items) of `kept` without `node`, run from `node`'s layer on over the
         residuals `bases` of `kept` (`start_circuit`), and the new circuit's residuals."""
-        self._resumable()
         trial = np.asarray(kept, dtype=bool).copy()
         trial[node] = False
         row = torch.as_tensor(trial)[None]
@@ -502,17 +499,12 @@ class TailTrials:
             new.append(base[:layer] + list(states))
         return total / self.n_items, new
 
-    def _resumable(self) -> None:
-        if self.positions != "tail":
-            raise ValueError("layer-resumed trials (pruning) run on positions 'tail' only")
-
     def attribution(self, steps: int = 8, kept=None) -> np.ndarray:
         """Integrated gradients of the pruning measure (mean over items) for every node, gates at END and every
         answer position (`tail_gated`), alpha 0 -> 1 by the midpoint rule: [nodes], summing to about
         m(M) - m(empty). On circuit `kept` (bool [nodes], default the model) the nodes outside it stay ablated
         (gate 0, attribution 0) and the attributions sum to about m(kept) - m(empty) (attribution recomputed as nodes
         drop, `benchmarks/discover_order.py`)."""
-        self._resumable()
         alphas, kept = ig_path(steps, kept, len(self.nodes))
         total = torch.zeros(len(self.nodes), dtype=torch.float64)
         for batch, prefix, _, reference in self.batches:
@@ -533,8 +525,8 @@ class TailTrials:
 class PooledTrials:
     """Several `TailTrials` pruned as one (the shared circuit across operators): each part's items keep their own
     ablation values (an operator's items get its own pool's means or donors), and the pruning measure is the mean
-    over every part's items together, so a part weighs as many items as it holds. Offers what `discovery.prune`
-    and `discovery.node_ranking` need (`nodes`, `mean`, `start_circuit`, `try_drop`, `attribution`)."""
+    over every part's items together, so a part weighs as many items as it holds. Offers what `prune` and
+    `node_ranking` need (`nodes`, `mean`, `start_circuit`, `try_drop`, `attribution`)."""
 
     def __init__(self, parts: Sequence[TailTrials]):
         if not parts:
@@ -567,6 +559,134 @@ class PooledTrials:
         return sum(p.attribution(steps, kept) * p.n_items for p in self.parts) / self.n_items
 
 
+# --------------------------------------------------------------------------------------------------- search
+def ig_path(steps: int, kept, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The midpoint alphas [steps] of an integrated-gradients path and the circuit's gates at alpha 1, float [n]
+    (`kept`; None: every node)."""
+    if steps < 1:
+        raise ValueError(f"circuit.discover.ig_steps must be >= 1; got {steps}")
+    kept = torch.ones(n) if kept is None else torch.as_tensor(np.asarray(kept, dtype=bool)).float()
+    if kept.shape != (n,):
+        raise ValueError(f"a kept mask must have {n} entries; got {tuple(kept.shape)}")
+    return (torch.arange(steps, dtype=torch.float32) + 0.5) / steps, kept
+
+
+def node_ranking(trials, steps: int = 8) -> tuple[np.ndarray, np.ndarray]:
+    """(ranking, attribution): every node index by |attribution| (`attribution(steps)` of `trials`, a
+    `TailTrials`), largest first, ties by index; and the attribution [nodes] (module docstring: the order)."""
+    attribution = trials.attribution(steps)
+    return np.argsort(-np.abs(attribution), kind="stable"), attribution
+
+
+@dataclass
+class Pruned:
+    """One target's pruned circuit. kept: bool [nodes] (columns `nodes.all_nodes`); faithfulness: of the measure on the
+    scored prompts; trials: circuits measured for this target; minimal: the last sweep dropped nothing (every kept
+    node was tried against the final circuit)."""
+
+    target: float
+    kept: np.ndarray
+    faithfulness: float
+    trials: int
+    minimal: bool
+
+    def heads(self, nodes: Sequence[Node]) -> list[tuple[int, int]]:
+        return [n for n, k in zip(nodes, self.kept) if k and n[1] != MLP]
+
+    def mlps(self, nodes: Sequence[Node]) -> list[int]:
+        return [n[0] for n, k in zip(nodes, self.kept) if k and n[1] == MLP]
+
+
+def prune(trials, targets: Sequence[float], *, ranking: Sequence[int],
+          attribution: np.ndarray | None = None, max_trials: int | None = None, max_passes: int = 3,
+          candidates: Sequence[int] | None = None, two_sided: bool = False) -> tuple[list[Pruned], pd.DataFrame]:
+    """Greedy node pruning (module docstring: the pruning) at every target, the highest first from the smallest
+    prefix of `ranking` (node indices, most important first: `node_ranking`) that keeps it, each lower one from the
+    circuit of the one above (so the circuits nest, and a lower target costs only a sweep over the nodes still kept).
+    Visits run least important first; at each target sweeps repeat until one drops nothing or `max_passes` sweeps ran.
+    candidates: the node indices that may be dropped (default: all; the others stay). max_trials: at most this
+    many candidates (the top of the ranking) get a trial of their own. two_sided: a circuit is accepted when
+    |1 - f| <= 1 - target (overshoot is not free, as MIB reports |1 - f|); else when f >= target. attribution:
+    recorded in the path (NaN without it).
+
+    Returns the pruned circuits (in the order of `targets`; `Pruned.trials` counts the prefix's bisection too) and
+    the path: one row per visit (target, pass, visit, node, layer, head, rank (0: the top of the ranking),
+    attribution, tried, dropped, faithfulness after the visit, nodes_kept)."""
+    nodes = trials.nodes
+    n = len(nodes)
+    if sorted(int(i) for i in ranking) != list(range(n)):
+        raise ValueError(f"the ranking must hold every node index 0..{n - 1} once")
+    ends = trials.mean(np.array([[True] * n, [False] * n]))
+    m_full, m_empty = float(ends[0]), float(ends[1])
+    if m_full == m_empty:
+        raise ValueError("the full model and the empty circuit have the same measure: faithfulness is undefined")
+    cand = set(range(n)) if candidates is None else {int(i) for i in candidates}
+    rank = np.empty(n, dtype=int)
+    rank[np.asarray(ranking, dtype=int)] = np.arange(n)
+    attribution = np.full(n, np.nan) if attribution is None else np.asarray(attribution, dtype=float)
+
+    def accepted(f: float, target: float) -> bool:
+        return abs(1 - f) <= 1 - target if two_sided else f >= target
+
+    def with_prefix(k: int) -> np.ndarray:
+        keep = np.ones(n, dtype=bool)
+        keep[ranked[k:]] = False
+        return keep
+
+    ranked = [int(i) for i in ranking if int(i) in cand]
+    top = max(float(t) for t in targets)
+    lo, hi, searched = -1, len(ranked), 0  # bisection: the prefix of hi nodes keeps the target (all of them: f = 1)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        searched += 1
+        if accepted(float(faithfulness(trials.mean(with_prefix(mid)[None]), m_full, m_empty)[0]), top):
+            hi = mid
+        else:
+            lo = mid
+    size = hi if max_trials is None else min(hi, max_trials)
+    untried = ranked[size:]  # checked together in one trial at the first target
+    order = ranked[:size][::-1]
+    kept, current, rows = np.ones(n, dtype=bool), 1.0, []
+    results = {}
+    for target in sorted({float(t) for t in targets}, reverse=True):
+        visit, trial_count = 0, searched if target == top else 0
+
+        def record(p, i, tried, dropped):
+            nonlocal visit
+            rows.append({"target": target, "pass": p, "visit": visit, "node": node_label(*nodes[i]),
+                         "layer": nodes[i][0], "head": nodes[i][1], "rank": int(rank[i]),
+                         "attribution": float(attribution[i]),
+                         "tried": tried, "dropped": bool(dropped), "faithfulness": float(current),
+                         "nodes_kept": int(kept.sum())})
+            visit += 1
+
+        if untried and kept[untried].all():  # the bounded nodes: one trial, at the first target
+            trial = kept.copy()
+            trial[untried] = False
+            f = float(faithfulness(trials.mean(trial[None]), m_full, m_empty)[0])
+            trial_count += 1
+            if accepted(f, target):
+                kept, current = trial, f
+            for i in untried:
+                record(0, i, False, accepted(f, target))
+        minimal, bases = False, trials.start_circuit(kept)
+        for p in range(1, max_passes + 1):
+            changed = False
+            for i in [i for i in order if kept[i]]:
+                m, new = trials.try_drop(kept, i, bases)
+                f = float(faithfulness(m, m_full, m_empty))
+                trial_count += 1
+                if accepted(f, target):
+                    kept, current, changed, bases = kept.copy(), f, True, new
+                    kept[i] = False
+                record(p, i, True, accepted(f, target))
+            if not changed:
+                minimal = True
+                break
+        results[target] = Pruned(target, kept.copy(), float(current), trial_count, minimal)
+    return [results[float(t)] for t in targets], pd.DataFrame(rows)
+
+
 # --------------------------------------------------------------------------------------------------- references
 def _ablated_patches(lm: LoadedModel, mask, values: AlignedMean):
     """`patch_tail` arguments ablating the nodes where `mask` (bool [nodes]) is False with per-row values
@@ -583,11 +703,9 @@ def _ablated_patches(lm: LoadedModel, mask, values: AlignedMean):
 
 
 @torch.no_grad()
-def reference_scores(lm: LoadedModel, items: TailItems, values: TailValues, kept, *, positions: str = "tail") -> dict:
-    """The slow reference of `TailTrials.scores`: {measure: [c, n_items]}, one item and one circuit at a time.
-    Positions "tail": the whole teacher-forced sequence in one forward under `patch_tail` with the item's values
-    at its T offsets. Positions "end": the whole prompt under `patch_tail` with END's value, then the answer
-    tokens on its cache with nothing patched."""
+def reference_scores(lm: LoadedModel, items: TailItems, values: TailValues, kept) -> dict:
+    """The slow reference of `TailTrials.scores`: {measure: [c, n_items]}, one item and one circuit at a time: the
+    whole teacher-forced sequence in one forward under `patch_tail` with the item's values at its T offsets."""
     out = {m: np.zeros((len(kept), len(items))) for m in TAIL_MEASURES}
     for i in range(len(items)):
         prompt, answer, T = items.prompt_ids[i], items.answer_ids[i], 1 + len(items.answer_ids[i])
@@ -596,17 +714,8 @@ def reference_scores(lm: LoadedModel, items: TailItems, values: TailValues, kept
         ref = lm.model(input_ids=seq).logits[:, -T:].float().log_softmax(-1)
         v = values.rows([i], T)
         for j, mask in enumerate(kept):
-            if positions == "tail":
-                with patch_tail(lm, *_ablated_patches(lm, mask, v)):
-                    logits = lm.model(input_ids=seq).logits[:, -T:]
-            else:
-                end_v = AlignedMean(v.heads[:, T - 1 :], v.mlps[:, T - 1 :])
-                with patch_tail(lm, *_ablated_patches(lm, mask, end_v)):
-                    first = lm.model(input_ids=seq[:, : len(prompt)], use_cache=True)
-                logits = first.logits[:, -1:]
-                if T > 1:
-                    rest = lm.model(input_ids=seq[:, len(prompt) :], past_key_values=first.past_key_values)
-                    logits = torch.cat([logits, rest.logits], 1)
+            with patch_tail(lm, *_ablated_patches(lm, mask, v)):
+                logits = lm.model(input_ids=seq).logits[:, -T:]
             for m, x in tail_measures(logits, targets, ref).items():
                 out[m][j, i] = float(x[0])
     return out
@@ -747,7 +856,7 @@ def sanity_checks(trials: TailTrials, *, draws: int = 20, seed: int = 0, strict:
 # --------------------------------------------------------------------------------------------------- CPR / CMD
 def share_circuits(ranking: Sequence[int], shares: Sequence[float] = SHARES) -> np.ndarray:
     """Kept masks [len(shares), nodes]: the top ceil(share * nodes) nodes of `ranking` (node indices, most
-    important first: `discovery.node_ranking`)."""
+    important first: `node_ranking`)."""
     ranking = np.asarray(ranking, dtype=int)
     n = len(ranking)
     masks = np.zeros((len(shares), n), dtype=bool)
@@ -768,7 +877,7 @@ def cpr_cmd(trials: TailTrials, ranking: Sequence[int], shares: Sequence[float] 
     rows = {"share": list(shares), "n_nodes": masks.sum(1).tolist()}
     for m in TAIL_MEASURES:
         means = s[m].mean(1)
-        f = faithfulness(means[2:], means[0], means[1]) if means[0] != means[1] else np.full(len(shares), np.nan)
+        f = faithfulness(means[2:], means[0], means[1])  # NaN where the model and the empty circuit agree
         rows[f"f_{m}"], rows[f"dev_{m}"] = f, np.abs(1 - f)
     return pd.DataFrame(rows)
 
@@ -780,23 +889,19 @@ def _strict(strict: bool | Sequence[str], kind: str) -> bool:
 
 def protocol_scores(lm: LoadedModel, items: TailItems, pool: TailItems, kept, *, seed: int = 0, batch_size: int = 32,
                     sanity_draws: int = 20, strict: bool | Sequence[str] = True, pool_outputs=None,
-                    positions_sets: Sequence[str] = POSITIONS, end_rows: Sequence[int] | None = None,
                     sanity: bool = True, sanity_samples: int | None = None) -> tuple[dict[str, np.ndarray], dict]:
-    """Every circuit of `kept` (bool [c, nodes]) under both ablations (`KINDS`) at each position set of
-    `positions_sets` (`POSITIONS`; "tail" always included, where the sanity checks run):
-    {f"{kind}_{positions}_{measure}": [c, n_items]} (`TAIL_MEASURES`; kl as -KL), and the sanity
-    checks of each ablation at positions "tail" ({f"{kind}_{check value}": value}; `sanity_checks` with
-    `strict`: True for every kind, or the kinds whose failed check raises; the others warn and record it in
-    their 'failed' value). pool_outputs: as `ablation_values`. end_rows: the rows of `kept` scored at positions
-    "end" (the decomposition; None: every row); the others' "end" values are NaN. sanity: False skips the checks
-    (returns {}), for a caller that ran them on the same items and pool already. sanity_samples: the checks run on
-    a seeded draw of at most this many of the items (None: all; the one-node check's 20 circuits are the costly
-    part, and its mean over draws x items needs fewer items than the circuits' intervals); {kind}_n_items says
-    how many."""
+    """Every circuit of `kept` (bool [c, nodes]) under both ablations (`KINDS`) at END and every answer position:
+    {f"{kind}_tail_{measure}": [c, n_items]} (`TAIL_MEASURES`; kl as -KL), and the sanity checks of each ablation
+    ({f"{kind}_{check value}": value}; `sanity_checks` with `strict`: True for every kind, or the kinds whose
+    failed check raises; the others warn and record it in their 'failed' value). pool_outputs: as
+    `ablation_values`. sanity: False skips the checks (returns {}), for a caller that ran them on the same items and
+    pool already. sanity_samples: the checks run on a seeded draw of at most this many of the items (None: all; the
+    one-node check's 20 circuits are the costly part, and its mean over draws x items needs fewer items than the
+    circuits' intervals); {kind}_n_items says how many."""
     values, checked = {}, {}
     kept = np.asarray(kept, dtype=bool)
     pool_outputs = pool_outputs if pool_outputs is not None else tail_outputs(lm, pool, batch_size)
-    base = None  # one TailTrials whose prefix caches and references every ablation and position set shares
+    base = None  # one TailTrials whose prefix caches and references every ablation shares
     checked_rows = np.arange(len(items))
     if sanity_samples is not None and sanity_samples < len(items):
         checked_rows = np.sort(np.random.default_rng([seed, 4307]).choice(len(items), sanity_samples, replace=False))
@@ -804,26 +909,53 @@ def protocol_scores(lm: LoadedModel, items: TailItems, pool: TailItems, kept, *,
     for kind in KINDS:
         tail_values = ablation_values(lm, items, pool, kind, seed=seed, batch_size=batch_size,
                                       pool_outputs=pool_outputs)
-        for positions in dict.fromkeys(("tail", *positions_sets)):
-            if base is None:
-                trials = base = TailTrials(lm, items, tail_values, positions=positions, batch_size=batch_size)
-            else:
-                trials = base.with_values(tail_values, positions=positions)
-            rows = np.arange(len(kept)) if positions == "tail" or end_rows is None else np.asarray(end_rows, int)
-            scored = trials.scores(kept[rows])
-            for m, v in scored.items():
-                values[f"{kind}_{positions}_{m}"] = np.full((len(kept), len(items)), np.nan)
-                values[f"{kind}_{positions}_{m}"][rows] = v
-            if positions == "tail" and sanity:  # position alignment does not depend on the kind: checked once
-                checks = [c for c in SANITY_CHECKS if c != "position alignment" or kind == KINDS[0]]
-                on = trials
-                if len(checked_rows) < len(items):
-                    drawn = tail_values.subset(checked_rows)
-                    if checked_base is None:
-                        checked_base = TailTrials(lm, items.subset(checked_rows), drawn, batch_size=batch_size)
-                    on = checked_base.with_values(drawn)
-                checked |= {f"{kind}_{k}": v for k, v in sanity_checks(on, draws=sanity_draws, seed=seed,
-                                                                           strict=_strict(strict, kind),
-                                                                           checks=checks).items()}
-                checked[f"{kind}_n_items"] = len(checked_rows)
+        if base is None:
+            trials = base = TailTrials(lm, items, tail_values, batch_size=batch_size)
+        else:
+            trials = base.with_values(tail_values)
+        values |= {f"{kind}_tail_{m}": v for m, v in trials.scores(kept).items()}
+        if sanity:  # position alignment does not depend on the kind: checked once
+            checks = [c for c in SANITY_CHECKS if c != "position alignment" or kind == KINDS[0]]
+            on = trials
+            if len(checked_rows) < len(items):
+                drawn = tail_values.subset(checked_rows)
+                if checked_base is None:
+                    checked_base = TailTrials(lm, items.subset(checked_rows), drawn, batch_size=batch_size)
+                on = checked_base.with_values(drawn)
+            checked |= {f"{kind}_{k}": v for k, v in sanity_checks(on, draws=sanity_draws, seed=seed,
+                                                                       strict=_strict(strict, kind),
+                                                                       checks=checks).items()}
+            checked[f"{kind}_n_items"] = len(checked_rows)
     return values, checked
+
+
+def teacher_forced_table(lm, scored: pd.DataFrame, pool, sets: Sequence[CircuitSet], *, pool_outputs=None,
+                         sanity_draws: int, strict, n_boot: int, seed: int, confidence: float, batch_size: int,
+                         sanity: bool = True, sanity_samples: int | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Every set on the teacher-forced protocol (`protocol_scores`: both ablations, END and every answer position,
+    every measure) on the pairs `scored`, with values from the identification items `pool`
+    (`build_items(..., outputs=True)`; pool_outputs: their `tail_outputs`, else computed). `sets` holds one 'model'
+    and one 'empty' set; sanity: False skips the sanity checks (no sanity_* columns; for a caller that ran them on
+    the same pairs and pool); sanity_samples: they run on a seeded draw of at most this many pairs
+    (`protocol_scores`). Returns (table, per_item):
+    table: one row per set (in order; `protocol.faithfulness_table`'s set columns), columns
+    tf_<kind>_tail_<measure> (means) and faithfulness_tf_... with cluster-bootstrap intervals, tf_n_items (pairs
+    scored), tf_dropped (pairs whose terminator continues the number: left out) and the sanity checks' values
+    (sanity_<kind>_<value>, the same on every row);
+    per_item: set_index, sample_id and the tf_... values of every set on every scored pair."""
+    # outputs: the items' own clean tail outputs from the same forward, for the position-alignment check
+    items = build_items(lm, scored, batch_size=batch_size, outputs=sanity)
+    masks = kept_masks(sets, all_nodes(lm.n_layers, lm.n_heads))
+    values, checks = protocol_scores(lm, items, pool, masks, seed=seed, pool_outputs=pool_outputs,
+                                     batch_size=batch_size, sanity_draws=sanity_draws, strict=strict, sanity=sanity,
+                                     sanity_samples=sanity_samples)
+    values = {f"tf_{k}": np.asarray(v, dtype=float) for k, v in values.items()}
+    scored_table = faithfulness_table(sets, values, pair_labels(items.table).to_numpy(), n_boot=n_boot, seed=seed,
+                                      confidence=confidence)
+    table = scored_table.assign(tf_n_items=len(items), tf_dropped=len(items.dropped),
+                                **{f"sanity_{k}": v for k, v in checks.items()})
+    ids = items.table["sample_id"].to_numpy()
+    per_item = pd.DataFrame({"set_index": np.repeat(np.arange(len(sets)), len(ids)),
+                             "sample_id": np.tile(ids, len(sets)),
+                             **{k: v.reshape(-1) for k, v in values.items()}})
+    return table, per_item

@@ -406,7 +406,7 @@ TARGET_COLORS = ("#1b9e77", "#d95f02", "#7570b3", "#e7298a", "#66a61e")
 
 
 def pruning_path(path: pd.DataFrame, title: str, out: str | Path) -> None:
-    """The greedy pruning path (`interp.discovery.prune`): faithfulness of the measure on the identification pairs
+    """The greedy pruning path (`interp.teacher_forcing.prune`): faithfulness of the measure on the identification pairs
     after each visit against the nodes still kept, one colour per target (the highest prunes the whole model,
     each lower one goes on from the circuit above; the chosen one thicker), its target dashed, each circuit's
     size marked."""

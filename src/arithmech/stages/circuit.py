@@ -7,8 +7,9 @@ from __future__ import annotations
 import pandas as pd
 
 from arithmech.data.arithmetic import split_pairs
-from arithmech.interp import protocol, sufficiency
+from arithmech.interp import protocol
 from arithmech.interp.effects import operand_pairs
+from arithmech.interp.nodes import key_nodes
 from arithmech.io import write_parquet
 
 
@@ -25,7 +26,7 @@ def run_edges(*, model: str, model_dir, tasks: list[str], pairs_paths, key_paths
     for task, pairs_path, key_path, out_path in zip(tasks, pairs_paths, key_paths, out_paths, strict=True):
         pairs = subsample(split_pairs(pd.read_parquet(pairs_path), "validation", str(pairs_path)),
                           edges["max_samples"], seed)
-        key_heads = sufficiency.key_nodes(pd.read_parquet(key_path))[0]
+        key_heads = key_nodes(pd.read_parquet(key_path))[0]
         meta = stage_meta(model_dir, "edges", task=task, edges=edges, seed=seed)
         write_parquet(_path_cut_rows(lm, pairs_path, pairs, key_heads, seed=seed, batch_size=compute["batch_size"]),
                       out_path, meta)

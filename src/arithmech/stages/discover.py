@@ -1,7 +1,7 @@
-"""Circuit discovery (`arithmech.interp.discovery`) on the teacher-forced protocol
-(`arithmech.interp.teacher_forcing`): rule entry points. `run_discover` prunes one operator's circuit on its
-IDENTIFICATION pairs (the pairs that chose the key heads and the ablation values) and scores it on its VALIDATION pairs
-against the key circuit, layer-matched random circuits of its size and the top heads by effect;
+"""Circuit discovery on the teacher-forced protocol (`arithmech.interp.teacher_forcing`: the search and the
+scoring; `arithmech.interp.protocol`: its torch-free half): rule entry points. `run_discover` prunes one operator's
+circuit on its IDENTIFICATION pairs (the pairs that chose the key heads and the ablation values) and scores it on its
+VALIDATION pairs against the key circuit, layer-matched random circuits of its size and the top heads by effect;
 `run_discover_union` scores the union of every operator's chosen circuit and writes the summary table;
 `run_plot_discover` draws the pruning path and the circuit over the key heads."""
 
@@ -14,9 +14,19 @@ import numpy as np
 import pandas as pd
 
 from arithmech.data.arithmetic import split_pairs
-from arithmech.interp import protocol, sufficiency
+from arithmech.interp import protocol
 from arithmech.interp.effects import pair_labels
-from arithmech.interp.nodes import layer_matched_heads, node_label, parse_nodes, ranked_heads
+from arithmech.interp.nodes import (
+    MLP,
+    CircuitSet,
+    all_nodes,
+    kept_masks,
+    key_nodes,
+    layer_matched_heads,
+    node_label,
+    parse_nodes,
+    ranked_heads,
+)
 from arithmech.io import write_parquet
 
 SELECTION_MAX_OPERANDS = 1 / 3  # at most this share of the identification operand pairs is held out for the choice
@@ -62,20 +72,24 @@ def _selection_pairs(pairs: pd.DataFrame, ident: pd.DataFrame, n: int, seed: int
     return subsample(rest, n, seed) if len(rest) else None
 
 
-def _random_sets(curve_heads, mlps, *, n_layers, n_heads, draws, seed, label, offset: int = 900
-                 ) -> list[sufficiency.CircuitSet]:
+# The seed offset of the key circuit's layer-matched random draws (draw d: seed * 1000 + KEY_DRAW_OFFSET + d), apart
+# from the discovered circuits' draws.
+KEY_DRAW_OFFSET = 700
+
+
+def _random_sets(curve_heads, mlps, *, n_layers, n_heads, draws, seed, label, offset: int = 900) -> list[CircuitSet]:
     """`draws` layer-matched random head sets of the circuit's size, disjoint from it, with its MLPs (mlps label
-    `label`; draw d seeded seed * 1000 + offset + d: `sufficiency.KEY_DRAW_OFFSET` for the key circuit); none (and
+    `label`; draw d seeded seed * 1000 + offset + d: `KEY_DRAW_OFFSET` for the key circuit); none (and
     a warning) for a circuit of more than half the heads, which has no disjoint random circuit of its size (its
     random columns are then NaN)."""
     if len(curve_heads) > n_layers * n_heads - len(curve_heads):
         warnings.warn(f"a {label} circuit of {len(curve_heads)} of the {n_layers * n_heads} heads has no disjoint "
                       "random circuit of its size: no random control is scored for it", stacklevel=2)
         return []
-    return [sufficiency.CircuitSet("random", label, len(curve_heads), d,
-                                   tuple(layer_matched_heads(curve_heads, n_heads, seed=seed * 1000 + offset + d,
-                                                             n_layers=n_layers))
-                                   if curve_heads else (), tuple(mlps)) for d in range(draws)]
+    return [CircuitSet("random", label, len(curve_heads), d,
+                       tuple(layer_matched_heads(curve_heads, n_heads, seed=seed * 1000 + offset + d,
+                                                 n_layers=n_layers))
+                       if curve_heads else (), tuple(mlps)) for d in range(draws)]
 
 
 FLAG_GAP = 0.15  # the two ablations' full-answer faithfulness differing by more is flagged (tf_flag)
@@ -86,24 +100,24 @@ def _scored(lm, val: pd.DataFrame, pool: tuple, sets, targets, ranking, nodes, d
     """(the validation table, the CPR/CMD rows (None without a ranking), the per-item table) of `sets` (one 'model',
     one 'empty'; `targets`: each set's target, NaN for none) on the validation pairs `val`, teacher-forced with
     values from the identification items; pool: (those items, their `tail_outputs`). Per set
-    (`sufficiency.teacher_forced_table` at END + answer positions): for each ablation and measure the mean and the
+    (`teacher_forcing.teacher_forced_table` at END + answer positions): for each ablation and measure the mean and the
     faithfulness with intervals, the sanity checks' values, and `tf_flag`: the two ablations' full-answer
     faithfulness differ by more than FLAG_GAP. The CPR/CMD rows: one per node share (curve 'share', node_share; the
-    top nodes of the pruning's ranking, `discovery.node_ranking`). The per-item table: one row per set and
+    top nodes of the pruning's ranking, `teacher_forcing.node_ranking`). The per-item table: one row per set and
     validation pair (curve, mlps, k, seed, target, sample_id, cluster, the tf_... values; NaN for a pair the protocol
     leaves out). sanity: False skips the sanity checks (the union: `run_discover` ran them on the same pairs and
     pool)."""
     from arithmech.interp import teacher_forcing as tf
 
     shares = tf.share_circuits(ranking) if ranking is not None else np.zeros((0, len(nodes)), dtype=bool)
-    share_sets = [sufficiency.CircuitSet("share", "share", int(m.sum()), -1,
-                                         tuple(n for n, k in zip(nodes, m) if k and n[1] >= 0),
-                                         tuple(n[0] for n, k in zip(nodes, m) if k and n[1] < 0)) for m in shares]
+    share_sets = [CircuitSet("share", "share", int(m.sum()), -1,
+                             tuple(n for n, k in zip(nodes, m) if k and n[1] >= 0),
+                             tuple(n[0] for n, k in zip(nodes, m) if k and n[1] < 0)) for m in shares]
     pool, pool_outputs = pool
-    scored, per_item = sufficiency.teacher_forced_table(
+    scored, per_item = tf.teacher_forced_table(
         lm, val, pool, sets + share_sets, pool_outputs=pool_outputs, sanity_draws=discover["sanity_draws"],
-        strict=sufficiency.strict_kinds(discover["sanity"]), n_boot=discover["bootstrap"], seed=seed,
-        confidence=discover["confidence"], batch_size=batch, positions_sets=("tail",), sanity=sanity,
+        strict=protocol.strict_kinds(discover["sanity"]), n_boot=discover["bootstrap"], seed=seed,
+        confidence=discover["confidence"], batch_size=batch, sanity=sanity,
         sanity_samples=discover["sanity_samples"])
     table = scored.iloc[: len(sets)].reset_index(drop=True).assign(target=targets, n=len(val), split="validation")
     f = table[[f"faithfulness_tf_{kind}_tail_correct" for kind in protocol.KINDS]]
@@ -119,7 +133,7 @@ def _scored(lm, val: pd.DataFrame, pool: tuple, sets, targets, ranking, nodes, d
         "k": np.repeat([s.k for s in sets], n), "seed": np.repeat([s.seed for s in sets], n),
         "target": np.repeat(targets, n), "sample_id": np.tile(val["sample_id"].to_numpy(), len(sets)),
         "cluster": np.tile(pair_labels(val).to_numpy(), len(sets))})
-    items = sufficiency.with_set_columns(items, len(sets), per_item[per_item["set_index"] < len(sets)])
+    items = protocol.with_set_columns(items, len(sets), per_item[per_item["set_index"] < len(sets)])
     return table, rows, items
 
 
@@ -153,12 +167,10 @@ def _correct_by_kind(lm, items, pool, pool_outputs, masks, *, seed: int, batch: 
 def _fitted(correct: dict) -> dict:
     """Full-answer faithfulness {kind: [c - 2]} of every circuit after the model and the empty circuit (the first
     two rows of each [c, n_items] of `correct`), NaN where the two agree."""
-    from arithmech.interp.discovery import faithfulness
-
     out = {}
     for kind, values in correct.items():
         acc = values.mean(1)
-        out[kind] = faithfulness(acc[2:], acc[0], acc[1]) if acc[0] != acc[1] else np.full(len(acc) - 2, np.nan)
+        out[kind] = protocol.faithfulness(acc[2:], acc[0], acc[1])
     return out
 
 
@@ -166,7 +178,7 @@ ORDER_FLAG_COLUMNS = {kind: f"faithfulness_tf_{kind}_tail_correct" for kind in p
 
 
 def order_flag(task: str, validation: pd.DataFrame, circuits: pd.DataFrame, names: list[str]) -> str:
-    """The run-time check of the ranking (`discovery.node_ranking`): '' when no scored circuit beats its CPR
+    """The run-time check of the ranking (`teacher_forcing.node_ranking`): '' when no scored circuit beats its CPR
     curve; else one sentence per circuit (rows of `circuits`, named `names`) whose full-answer faithfulness
     interval lies above the curve (`validation`'s rows with curve 'share') at the next share holding at least its
     nodes, under either ablation, with the numbers. Such a circuit is a better answer at that size than the
@@ -212,7 +224,7 @@ def choose_target(table: pd.DataFrame, min_full_share: float) -> tuple[float, bo
 def run_discover(*, model: str, task: str, model_dir, pairs_path, effects_path, key_path, discover: dict,
                  compute: dict, seed: int, out_table, out_path, out_validation, out_items, out_added) -> None:
     """Discover one operator's circuit at every `discover["targets"]` on a seeded draw of its identification pairs
-    (`discovery.prune` along `discovery.node_ranking`, two-sided, on `teacher_forcing.TailTrials` with the
+    (`teacher_forcing.prune` along `teacher_forcing.node_ranking`, two-sided, on `teacher_forcing.TailTrials` with the
     `tf_ablation` values and the `tf_measure`), choose the target (`choose_target`, on a seeded draw of
     `selection_samples` identification pairs with other operands: `_selection_pairs`), and score every target's circuit
     on a seeded draw of its validation pairs against the key circuit (key heads, key MLPs), `random_draws` layer-matched
@@ -221,14 +233,13 @@ def run_discover(*, model: str, task: str, model_dir, pairs_path, effects_path, 
     (`out_validation`) with its per-item values (`out_items`), and the added heads' direct effects and END attention by
     token role (`out_added`)."""
     from arithmech.interp import teacher_forcing as tf
-    from arithmech.interp.discovery import MLP, all_nodes, node_ranking, prune
     from arithmech.model.loading import load_stage_model, stage_meta
 
     lm = load_stage_model(model_dir, compute)
     pairs = pd.read_parquet(pairs_path)
     ident, val = _scored_pairs(pairs, discover, seed, str(pairs_path))
     effects = pd.read_parquet(effects_path)
-    key_heads, key_mlps = sufficiency.key_nodes(pd.read_parquet(key_path))
+    key_heads, key_mlps = key_nodes(pd.read_parquet(key_path))
     nodes = all_nodes(lm.n_layers, lm.n_heads)
     targets, batch, ablation = [float(t) for t in discover["targets"]], compute["batch_size"], discover["tf_ablation"]
     measure = f"tf_{ablation}_{discover['tf_measure']}"  # what the pruning's faithfulness is of
@@ -243,9 +254,9 @@ def run_discover(*, model: str, task: str, model_dir, pairs_path, effects_path, 
                                      pool_outputs=pool_outputs)
     trials = tf.TailTrials(lm, prune_items, tail_values, measure=discover["tf_measure"],
                            batch_size=max(batch, len(prune_items)))
-    ranking, attribution = node_ranking(trials, discover["ig_steps"])
+    ranking, attribution = tf.node_ranking(trials, discover["ig_steps"])
     max_trials = discover["max_trials"] if lm.n_layers * lm.n_heads >= discover["max_trials"] else None
-    pruned, path = prune(trials, targets, ranking=ranking, attribution=attribution, max_trials=max_trials,
+    pruned, path = tf.prune(trials, targets, ranking=ranking, attribution=attribution, max_trials=max_trials,
                          max_passes=discover["max_passes"], two_sided=True)
     seconds = time.perf_counter() - start
 
@@ -256,13 +267,13 @@ def run_discover(*, model: str, task: str, model_dir, pairs_path, effects_path, 
                       "target is chosen on the pruning pairs (circuit.discover.max_samples, selection_samples)",
                       stacklevel=2)
     every = tuple((l, h) for l, h in nodes if h != MLP)
-    found = [sufficiency.CircuitSet("discovered", "discovered", len(p.heads(nodes)), -1, tuple(p.heads(nodes)),
-                                    tuple(p.mlps(nodes))) for p in pruned]
-    base = [sufficiency.CircuitSet("model", "all", len(every), -1, every, tuple(range(lm.n_layers))),
-            sufficiency.CircuitSet("empty", "none", 0, -1, (), ())]
+    found = [CircuitSet("discovered", "discovered", len(p.heads(nodes)), -1, tuple(p.heads(nodes)),
+                        tuple(p.mlps(nodes))) for p in pruned]
+    base = [CircuitSet("model", "all", len(every), -1, every, tuple(range(lm.n_layers))),
+            CircuitSet("empty", "none", 0, -1, (), ())]
     # teacher-forced correctness: greedy full answers under the same per-position values; `fitted`: the circuits'
     # full-answer faithfulness on the pairs they were pruned on, per ablation
-    masks = sufficiency.kept_masks(base + found, nodes)
+    masks = kept_masks(base + found, nodes)
     correct = _correct_by_kind(lm, prune_items, pool, pool_outputs, masks, seed=seed, batch=batch, trials=trials)
     on_ident, fitted = correct[ablation].mean(1), _fitted(correct)
     if select is not None:
@@ -297,10 +308,10 @@ def run_discover(*, model: str, task: str, model_dir, pairs_path, effects_path, 
     ranked = ranked_heads(effects)
     # the key circuit with its layer-matched random circuits: the circuit_sufficient
     # verdict reads them here, on the protocol and pairs the discovered circuits are scored on
-    key_sets = [sufficiency.CircuitSet("key", "key", len(key_heads), -1, tuple(key_heads), tuple(sorted(key_mlps))),
+    key_sets = [CircuitSet("key", "key", len(key_heads), -1, tuple(key_heads), tuple(sorted(key_mlps))),
                 *(_random_sets(list(key_heads), tuple(sorted(key_mlps)), n_layers=lm.n_layers, n_heads=lm.n_heads,
                                draws=discover["random_draws"], seed=seed, label="key",
-                               offset=sufficiency.KEY_DRAW_OFFSET)
+                               offset=KEY_DRAW_OFFSET)
                   if key_heads else [])]
     sets, set_targets = [*base, *key_sets], [np.nan] * (2 + len(key_sets))
     for p, s in zip(pruned, found):
@@ -309,7 +320,7 @@ def run_discover(*, model: str, task: str, model_dir, pairs_path, effects_path, 
         mine = [s] if p.target != chosen else [
             s, *_random_sets(list(s.heads), s.mlp_layers, n_layers=lm.n_layers, n_heads=lm.n_heads,
                              draws=discover["random_draws"], seed=seed, label="discovered"),
-            sufficiency.CircuitSet("top", "discovered", len(s.heads), -1, tuple(ranked[: len(s.heads)]), s.mlp_layers)]
+            CircuitSet("top", "discovered", len(s.heads), -1, tuple(ranked[: len(s.heads)]), s.mlp_layers)]
         sets += mine
         set_targets += [p.target] * len(mine)
     validation, share_rows, items = _scored(lm, val, (pool, pool_outputs), sets, np.array(set_targets), ranking,
@@ -404,8 +415,8 @@ def _tf_summary(items: pd.DataFrame, boot: dict, sanity: dict | None = None) -> 
         if sanity is not None:
             row[f"tf_{kind}_sanity_failed"] = sanity.get(f"sanity_{kind}_failed", "")
         for measure in ("correct", "logprob"):
-            res = sufficiency.key_vs_random(items, measure="full", mlps="discovered", curve="discovered",
-                                            column=f"tf_{kind}_tail_{measure}", **boot)
+            res = protocol.key_vs_random(items, measure="full", mlps="discovered", curve="discovered",
+                                         column=f"tf_{kind}_tail_{measure}", **boot)
             if res is None:  # no random draw of its size
                 continue
             row |= {f"tf_{kind}_{measure}": res["key"], f"tf_{kind}_{measure}_low": res["key_low"],
@@ -463,7 +474,6 @@ def run_discover_union(*, model: str, model_dir, tasks: list[str], pairs_paths, 
     and one for the union (pooled; target NaN), then the shared circuit's (`shared_path`: `run_discover_shared`'s
     summary row, with the union's sanity checks: the same pairs, pools and seed)."""
     from arithmech.interp import teacher_forcing as tf
-    from arithmech.interp.discovery import all_nodes
     from arithmech.model.loading import load_stage_model, stage_meta
 
     lm = load_stage_model(model_dir, compute)
@@ -476,15 +486,14 @@ def run_discover_union(*, model: str, model_dir, tasks: list[str], pairs_paths, 
         chosen_heads, chosen_mlps = parse_nodes(chosen["nodes"])
         heads |= set(chosen_heads)
         mlps |= set(chosen_mlps)
-        kh, km = sufficiency.key_nodes(pd.read_parquet(key_path))
+        kh, km = key_nodes(pd.read_parquet(key_path))
         key_h |= set(kh)
         key_m |= set(km)
     every = tuple((l, h) for l in range(lm.n_layers) for h in range(lm.n_heads))
-    union = sufficiency.CircuitSet("discovered", "discovered", len(heads), -1, tuple(sorted(heads)),
-                                   tuple(sorted(mlps)))
-    sets = [sufficiency.CircuitSet("model", "all", len(every), -1, every, tuple(range(lm.n_layers))),
-            sufficiency.CircuitSet("empty", "none", 0, -1, (), ()),
-            sufficiency.CircuitSet("key", "key", len(key_h), -1, tuple(sorted(key_h)), tuple(sorted(key_m))), union,
+    union = CircuitSet("discovered", "discovered", len(heads), -1, tuple(sorted(heads)), tuple(sorted(mlps)))
+    sets = [CircuitSet("model", "all", len(every), -1, every, tuple(range(lm.n_layers))),
+            CircuitSet("empty", "none", 0, -1, (), ()),
+            CircuitSet("key", "key", len(key_h), -1, tuple(sorted(key_h)), tuple(sorted(key_m))), union,
             *_random_sets(list(union.heads), union.mlp_layers, n_layers=lm.n_layers, n_heads=lm.n_heads,
                           draws=discover["random_draws"], seed=seed, label="discovered")]
     targets = np.full(len(sets), np.nan)
@@ -501,7 +510,7 @@ def run_discover_union(*, model: str, model_dir, tasks: list[str], pairs_paths, 
                                   sanity=False)
         # the union on the pairs its parts were pruned on (the gap's identification side): model, empty, union
         fitted.append(_correct_by_kind(lm, tf.build_items(lm, ident, batch_size=batch), pool, pool_outputs,
-                                       sufficiency.kept_masks(sets[:2] + [union], nodes), seed=seed,
+                                       kept_masks(sets[:2] + [union], nodes), seed=seed,
                                        batch=batch))
         mine = table[table["curve"].isin(["discovered", "key"])]
         flags.append(order_flag(task, pd.read_parquet(val_path), mine,
@@ -517,11 +526,11 @@ def run_discover_union(*, model: str, model_dir, tasks: list[str], pairs_paths, 
     items = pd.concat(all_items, ignore_index=True)
     # pooled over operators (each scored on its own number of pairs): every set's values side by side, on the pairs
     # the protocol kept
-    wide, pooled_clusters = sufficiency.pooled_values(
+    wide, pooled_clusters = protocol.pooled_values(
         items, len(sets), {c: c for c in items if c.startswith("tf_") and "_tail_" in c}, groups=tasks)
     kept = ~np.isnan(np.stack(list(wide.values()))).all((0, 1))
-    pooled = sufficiency.faithfulness_table(sets, {k: v[:, kept] for k, v in wide.items()}, pooled_clusters[kept],
-                                            **boot)
+    pooled = protocol.faithfulness_table(sets, {k: v[:, kept] for k, v in wide.items()}, pooled_clusters[kept],
+                                         **boot)
     pooled = pooled.assign(task="union", target=targets, n=len(pooled_clusters), tf_n_items=int(kept.sum()),
                            split="validation")
     validation = pd.concat([*blocks, pooled], ignore_index=True)
@@ -561,7 +570,7 @@ def run_plot_discover(*, model: str, task: str, path_path, validation_path, key_
     from arithmech.report import plots
 
     path, validation = pd.read_parquet(path_path), pd.read_parquet(validation_path)
-    key_heads, _ = sufficiency.key_nodes(pd.read_parquet(key_path))
+    key_heads, _ = key_nodes(pd.read_parquet(key_path))
     n_layers, n_heads = int(path["layer"].max()) + 1, int(path["head"].max()) + 1
     measure = validation["measure_name"].iloc[0]
     plots.pruning_path(path, f"{model}, {task}: greedy pruning on identification pairs ({measure})", out_path_png)
@@ -601,7 +610,6 @@ def run_discover_shared(*, model: str, model_dir, tasks: list[str], pairs_paths,
     identification-validation gap and the order check; its sanity checks are `run_discover`'s, on the same pairs
     and pools: `run_discover_union` adds them)."""
     from arithmech.interp import teacher_forcing as tf
-    from arithmech.interp.discovery import MLP, all_nodes, node_ranking, prune
     from arithmech.model.loading import load_stage_model, stage_meta
 
     lm = load_stage_model(model_dir, compute)
@@ -621,18 +629,18 @@ def run_discover_shared(*, model: str, model_dir, tasks: list[str], pairs_paths,
                                measure=discover["tf_measure"], batch_size=max(batch, len(items)))
         ops.append((task, pairs, ident, val, pool, pool_outputs, items, trials))
     pooled = tf.PooledTrials([op[-1] for op in ops])
-    ranking, attribution = node_ranking(pooled, discover["ig_steps"])
+    ranking, attribution = tf.node_ranking(pooled, discover["ig_steps"])
     max_trials = discover["max_trials"] if lm.n_layers * lm.n_heads >= discover["max_trials"] else None
-    pruned, _ = prune(pooled, targets, ranking=ranking, attribution=attribution, max_trials=max_trials,
+    pruned, _ = tf.prune(pooled, targets, ranking=ranking, attribution=attribution, max_trials=max_trials,
                       max_passes=discover["max_passes"], two_sided=True)
     seconds = time.perf_counter() - start
 
     every = tuple((l, h) for l, h in nodes if h != MLP)
-    base = [sufficiency.CircuitSet("model", "all", len(every), -1, every, tuple(range(lm.n_layers))),
-            sufficiency.CircuitSet("empty", "none", 0, -1, (), ())]
-    found = [sufficiency.CircuitSet("discovered", "discovered", len(p.heads(nodes)), -1, tuple(p.heads(nodes)),
-                                    tuple(p.mlps(nodes))) for p in pruned]
-    masks = sufficiency.kept_masks(base + found, nodes)
+    base = [CircuitSet("model", "all", len(every), -1, every, tuple(range(lm.n_layers))),
+            CircuitSet("empty", "none", 0, -1, (), ())]
+    found = [CircuitSet("discovered", "discovered", len(p.heads(nodes)), -1, tuple(p.heads(nodes)),
+                        tuple(p.mlps(nodes))) for p in pruned]
+    masks = kept_masks(base + found, nodes)
     correct, on_select, selected = [], [], []  # per operator: on its pruning pairs (each ablation), its selection
     for task, pairs, ident, _, pool, pool_outputs, items, trials in ops:
         correct.append(_correct_by_kind(lm, items, pool, pool_outputs, masks, seed=seed, batch=batch, trials=trials))
@@ -676,9 +684,9 @@ def run_discover_shared(*, model: str, model_dir, tasks: list[str], pairs_paths,
                                        draws=discover["random_draws"], seed=seed, label="discovered")
     set_targets = [np.nan, np.nan, *targets] + [chosen] * (len(sets) - len(base) - len(found))
     shares = tf.share_circuits(ranking)
-    sets += [sufficiency.CircuitSet("share", "share", int(m.sum()), -1,
-                                    tuple(n for n, k in zip(nodes, m) if k and n[1] != MLP),
-                                    tuple(n[0] for n, k in zip(nodes, m) if k and n[1] == MLP)) for m in shares]
+    sets += [CircuitSet("share", "share", int(m.sum()), -1,
+                        tuple(n for n, k in zip(nodes, m) if k and n[1] != MLP),
+                        tuple(n[0] for n, k in zip(nodes, m) if k and n[1] == MLP)) for m in shares]
     set_targets += [np.nan] * len(shares)
     boot = {"n_boot": discover["bootstrap"], "seed": seed, "confidence": discover["confidence"]}
     blocks, all_items = [], []
@@ -689,15 +697,15 @@ def run_discover_shared(*, model: str, model_dir, tasks: list[str], pairs_paths,
     per_task = -(-discover["validation_samples"] // len(ops))
     for task, _, _, val, pool, pool_outputs, _, _ in ops:
         val = subsample(val, per_task, seed)
-        scored, per_item = sufficiency.teacher_forced_table(
+        scored, per_item = tf.teacher_forced_table(
             lm, val, pool, sets, pool_outputs=pool_outputs, sanity_draws=discover["sanity_draws"], strict=False,
-            batch_size=batch, positions_sets=("tail",), sanity=False, **boot)
+            batch_size=batch, sanity=False, **boot)
         blocks.append(scored.assign(task=task))
         all_items.append(_shared_items(per_item, sets, set_targets, pair_labels(val), task))
     items = pd.concat(all_items, ignore_index=True)
     columns = [c for c in items if c.startswith("tf_")]
-    wide, clusters = sufficiency.pooled_values(items, len(sets), {c: c for c in columns}, groups=tasks)
-    blocks.append(sufficiency.faithfulness_table(sets, wide, clusters, **boot).assign(
+    wide, clusters = protocol.pooled_values(items, len(sets), {c: c for c in columns}, groups=tasks)
+    blocks.append(protocol.faithfulness_table(sets, wide, clusters, **boot).assign(
         task=SHARED, tf_n_items=len(clusters)))
     validation = pd.concat(blocks, ignore_index=True).assign(
         target=np.tile(set_targets, len(blocks)), chosen=lambda v: v["target"] == chosen,

@@ -67,7 +67,7 @@ def _tf_sufficient_row(task: str, items: pd.DataFrame, kinds: list[str], cfg: di
     """One operator's circuit_sufficient row on the teacher-forced protocol: the key circuit (key heads, key MLPs)
     against its layer-matched random circuits, per ablation (`tf_faithful_verdict` on the same columns as the
     discover summary's), from the discover rule's per-item table (`items`)."""
-    from arithmech.interp.sufficiency import key_vs_random
+    from arithmech.interp.protocol import key_vs_random
 
     boot = {"n_boot": cfg["bootstrap"], "seed": seed, "confidence": cfg["confidence"]}
     r, n = {}, 0

@@ -265,7 +265,7 @@ ASSUMED_CIRCUIT_SHARE = 0.2
 
 
 def discover_trials(cfg: dict, shape: Shape) -> tuple[int, int]:
-    """(END forwards of the first sweep, of every later sweep) of `discovery.prune` for a model of `shape`: one
+    """(END forwards of the first sweep, of every later sweep) of `teacher_forcing.prune` for a model of `shape`: one
     forward per visited node; the first sweep (the highest target's, from the whole model) visits every node, or
     `max_trials` of them on a model of at least that many heads; a later sweep (the highest target's again, or a
     lower target's, from the circuit above it) the nodes still kept (ASSUMED_CIRCUIT_SHARE)."""
