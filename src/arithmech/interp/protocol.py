@@ -86,7 +86,7 @@ def strict_kinds(sanity: str) -> list[str]:
     """The ablations whose failed teacher-forced sanity check stops a rule: with `circuit.discover.sanity: stop`
     every one (`KINDS`: the pruning uses one, and the verdicts read both); with `warn` none: a failed check
     is recorded (sanity_<kind>_failed) and makes every verdict row read from that ablation inconclusive, naming it
-    (`report.verdicts.failed_checks`)."""
+    (`report.claims.common.failed_checks`)."""
     return list(KINDS) if sanity == "stop" else []
 
 
