@@ -356,8 +356,10 @@ def discover(s: Setting, m: Model, job: Job) -> Cost:
     work += tail_scores(m, p, texts=n_id, circuits=2 * fitted, batch=bs)
     work += tail_scores(m, p, texts=n_sel, circuits=fitted, batch=bs)
     work += tail_scores(m, p, texts=n_val, circuits=2 * scored, batch=bs)
-    # per ablation: nothing, everything and one node ablated; the position alignment once
-    work += tail_scores(m, p, texts=checked, circuits=2 * (cfg["sanity_draws"] + 2) + 1, batch=bs)
+    # per ablation: nothing, everything and one node ablated; the position alignment once, on the checked pairs'
+    # own clean outputs (a forward) and, where they are a draw, their own prefix caches
+    work += tail_items(m, p, checked) + tail_scores(m, p, texts=checked, circuits=2 * (cfg["sanity_draws"] + 2) + 1,
+                                                    batch=bs)
     work += Work(n_val * forward_flops(sh, new=p.ref_tokens)) + forwards(m, math.ceil(n_val / bs))
     first, later = discover_trials(cfg, sh)
     sweeps = (cfg["max_passes"] - 1) + (targets - 1) * cfg["max_passes"]
