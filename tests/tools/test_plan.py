@@ -789,3 +789,33 @@ def test_a_model_without_gpus_is_planned_in_cpu_hours(tmp_path, capsys):
     assert on_cpu in out
     assert re.search(r"^knockout\s+\d+\s+\d+\s+[\d.]+ CPU\s+[\d.]+ CPU", out, flags=re.M), out
     assert "resources per job: CPU, 3000 MB, 30 min" in out
+
+
+
+@pytest.mark.parametrize("operand_pairs", [100, 25])
+def test_the_discover_plans_draws_are_the_stages(operand_pairs):
+    """`interp_rules.discover_draws` counts the pairs `stages.discover` prunes on, chooses the target on and scores,
+    on a pairs table of three templates per operand pair: the same draws where max_samples bounds the pruning draw
+    (100 operand pairs), else each within one operand pair's prompts (25: the stage holds out and selects whole
+    operand pairs, at most a third of them held out)."""
+    import pandas as pd
+
+    from arithmech.stages.discover import _scored_pairs, _selection_pairs
+    from arithmech.tools.plan.interp_rules import discover_draws
+    from arithmech.tools.plan.workload import TaskPrompts
+
+    cfg = yaml.safe_load((ROOT / "config.yaml").read_text())["circuit"]["discover"]
+    splits = (("identification", operand_pairs, 7), ("validation", operand_pairs // 2, 8))
+    pairs = pd.DataFrame([{"a": a, "b": b, "template_id": t, "split": split}
+                          for split, n, b in splits for a in range(n) for t in range(3)])
+    pairs["sample_id"] = range(len(pairs))
+    ident, val = _scored_pairs(pairs, cfg, 0, "pairs")
+    select = _selection_pairs(pairs, ident, cfg["selection_samples"], 0, "pairs")
+    p = TaskPrompts(candidates=len(pairs), identification=3 * operand_pairs, validation=3 * (operand_pairs // 2),
+                    ref_tokens=50, cf_tokens=50, cf_longest=50, answer_steps=3, templates=3)
+    n_id, n_sel, n_val = discover_draws(cfg, p)
+    stage = (len(ident), len(select), len(val))
+    if len(ident) == cfg["max_samples"]:
+        assert (n_id, n_sel, n_val) == stage
+    else:
+        assert all(abs(planned - drawn) < 3 for planned, drawn in zip((n_id, n_sel, n_val), stage)), stage

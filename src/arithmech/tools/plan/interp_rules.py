@@ -265,8 +265,8 @@ ASSUMED_CIRCUIT_SHARE = 0.2
 
 
 def discover_trials(cfg: dict, shape: Shape) -> tuple[int, int]:
-    """(END forwards of the first sweep, of every later sweep) of `teacher_forcing.prune` for a model of `shape`: one
-    forward per visited node; the first sweep (the highest target's, from the whole model) visits every node, or
+    """(trials of the first sweep, of every later sweep) of `teacher_forcing.prune` for a model of `shape`: one per
+    visited node; the first sweep (the highest target's, from the whole model) visits every node, or
     `max_trials` of them on a model of at least that many heads; a later sweep (the highest target's again, or a
     lower target's, from the circuit above it) the nodes still kept (ASSUMED_CIRCUIT_SHARE)."""
     nodes = shape.n_layers * (shape.n_heads + 1)
@@ -274,95 +274,154 @@ def discover_trials(cfg: dict, shape: Shape) -> tuple[int, int]:
     return tried, math.ceil(ASSUMED_CIRCUIT_SHARE * nodes)
 
 
+def discover_draws(cfg: dict, p: TaskPrompts) -> tuple[int, int, int]:
+    """(pruning, selection, validation) pairs of one operator (`stages.discover`): the pruning draw of at most
+    `max_samples` identification pairs outside the operands held out for the choice (`selection_samples` prompts,
+    at most a third of the identification pairs), the selection draw of `selection_samples` pairs outside the
+    pruning draw's operands, and `validation_samples` validation pairs."""
+    held = min(cfg["selection_samples"], p.identification // 3)
+    n_id = min(cfg["max_samples"], p.identification - held)
+    return n_id, min(cfg["selection_samples"], p.identification - n_id), min(cfg["validation_samples"], p.validation)
+
+
+def tail_trial(m: Model, p: TaskPrompts) -> float:
+    """FLOPs of one teacher-forced trial (`teacher_forcing.TailTrials`) of one pair: END and the answer positions
+    as one forward on the prefix cache, with their unembedding."""
+    tail = 1 + p.answer_steps
+    return forward_flops(m.shape, new=tail, past=p.ref_tokens - 1, logits=tail)
+
+
+def tail_items(m: Model, p: TaskPrompts, texts: int, *, pool: bool = False) -> Work:
+    """Teacher-forced items of `texts` pairs: `teacher_forcing.build_items`' whole forward (the terminator), then a
+    `TailTrials`' prefix cache and clean tail, about a whole forward again; the ablation values' `pool`: the first
+    forward alone (capturing every node's outputs)."""
+    whole = forward_flops(m.shape, new=p.ref_tokens + p.answer_steps, logits=0)
+    return Work((1 if pool else 2) * texts * whole)
+
+
+def tail_scores(m: Model, p: TaskPrompts, *, texts: int, circuits: int, batch: int) -> Work:
+    """`TailTrials.scores` of `circuits` circuits on `texts` pairs: a trial (`tail_trial`) per circuit and pair,
+    a batch's pairs copied for as many circuits as `COPIES_PER_FORWARD` rows hold in one forward."""
+    per_batch = math.ceil(circuits / max(1, COPIES_PER_FORWARD // batch))
+    return Work(texts * circuits * tail_trial(m, p)) + forwards(m, math.ceil(texts / batch) * per_batch)
+
+
+def pruning(m: Model, p: TaskPrompts, cfg: dict, *, texts: int, batch: int) -> Work:
+    """The attribution's integrated-gradient steps (a trial with its backward each, about 3 trials) and the
+    pruning's trials (`discover_trials`: the first sweep from the visited node's layer on, half the model on
+    average; then up to max_passes - 1 more sweeps at the highest target and max_passes at each lower one, the
+    whole model) on `texts` pairs of one operator."""
+    first, later = discover_trials(cfg, m.shape)
+    sweeps = (cfg["max_passes"] - 1) + (len(cfg["targets"]) - 1) * cfg["max_passes"]
+    trial = tail_trial(m, p)
+    work = Work(3 * texts * cfg["ig_steps"] * trial + texts * (first * trial / 2 + sweeps * later * trial))
+    return work + forwards(m, 3 * cfg["ig_steps"] * math.ceil(texts / batch) + first + sweeps * later)
+
+
+def pruning_bytes(m: Model, p: TaskPrompts, texts: int, ig_steps: int) -> float:
+    """GPU memory of the attribution on `texts` pairs of one operator, its largest part: every pair's
+    integrated-gradient steps as rows of one trial, with their backward (about 3 times a forward's)."""
+    rows = texts * ig_steps
+    return 3 * inference_bytes(m.shape, rows=rows, seq=1 + p.answer_steps, kv=p.ref_tokens + p.answer_steps,
+                               logits=rows * (1 + p.answer_steps), dtype_bytes=m.dtype_bytes)
+
+
+def scoring_bytes(m: Model, p: TaskPrompts, *, batch: int) -> float:
+    """GPU memory of `TailTrials.scores` beyond the weights: a batch's copies, `COPIES_PER_FORWARD` rows (at least
+    the batch), each with its pair's prefix cache and its tail's forward and unembedding."""
+    rows, tail = max(1, COPIES_PER_FORWARD // batch) * batch, 1 + p.answer_steps
+    return kv_bytes(m, rows * (p.ref_tokens + p.answer_steps)) + inference_bytes(
+        m.shape, rows=rows, seq=tail, kv=p.ref_tokens + p.answer_steps, logits=rows * tail,
+        dtype_bytes=m.dtype_bytes)
+
+
 def discover(s: Setting, m: Model, job: Job) -> Cost:
-    """`stages.discover.run_discover` for one operator: the identification draw's prefix once; the attribution's
-    integrated-gradient steps as END forwards with their backward (about 3 forwards); the pruning's END forwards
-    (the highest target's first sweep from the visited node's layer on, half the model on average, with the
-    candidates' unembedding only; then up to max_passes - 1 more sweeps at that target and max_passes at each
-    lower one over the nodes still kept, the whole model); greedy answers of the
-    identification draw for the model, the empty circuit and every target's circuit; on the validation draw greedy
-    answers and one END forward per circuit (the key circuit and its random draws, every target's circuit, the
-    chosen one's random draws and the top heads of its size), and the added heads' attention (one forward per
-    pair)."""
-    p, bs, sh = s.prompts(m, job.get("task")), s.batch(), m.shape
-    cfg = s.config["circuit"]["discover"]
-    n_id, n_val = min(cfg["max_samples"], p.identification), min(cfg["validation_samples"], p.validation)
-    targets = len(cfg["targets"])
+    """`stages.discover.run_discover` for one operator, teacher-forced (`tail_trial`): one forward over the
+    identification pool (the ablation values); on the pruning draw (`discover_draws`) the attribution and the
+    pruning (`pruning`), then the model, the empty circuit and every target's circuit under both ablations; on the
+    selection draw the same circuits; on the validation draw, under both ablations, the model, the empty circuit,
+    the key circuit and its random draws, every target's circuit, the chosen one's random draws and top heads, and
+    the CPR rows (`teacher_forcing.SHARES`), and the sanity checks (`sanity_draws` one-node circuits and three
+    more, on `sanity_samples` pairs); and the added heads' attention (one forward per validation pair)."""
+    from arithmech.interp.teacher_forcing import SHARES
+
+    p, bs, sh, cfg = s.prompts(m, job.get("task")), s.batch(), m.shape, s.config["circuit"]["discover"]
+    n_id, n_sel, n_val = discover_draws(cfg, p)
+    targets, draws = len(cfg["targets"]), cfg["random_draws"]
+    fitted = 2 + targets  # the model, the empty circuit, every target's
+    scored = fitted + (1 + draws) + (draws + 1) + len(SHARES)
+    checked = min(n_val, cfg["sanity_samples"] or n_val)
+    work = tail_items(m, p, p.identification, pool=True) + tail_items(m, p, n_id) + tail_items(m, p, n_sel)
+    work += tail_items(m, p, n_val) + pruning(m, p, cfg, texts=n_id, batch=bs)
+    work += tail_scores(m, p, texts=n_id, circuits=2 * fitted, batch=bs)
+    work += tail_scores(m, p, texts=n_sel, circuits=fitted, batch=bs)
+    work += tail_scores(m, p, texts=n_val, circuits=2 * scored, batch=bs)
+    # per ablation: nothing, everything and one node ablated; the position alignment once, on the checked pairs'
+    # own clean outputs (a forward) and, where they are a draw, their own prefix caches
+    work += tail_items(m, p, checked) + tail_scores(m, p, texts=checked, circuits=2 * (cfg["sanity_draws"] + 2) + 1,
+                                                    batch=bs)
+    work += Work(n_val * forward_flops(sh, new=p.ref_tokens)) + forwards(m, math.ceil(n_val / bs))
     first, later = discover_trials(cfg, sh)
-    end = forward_flops(sh, new=1, past=p.ref_tokens, logits=0)
-    work = Work(n_id * forward_flops(sh, new=p.ref_tokens - 1, logits=0))
-    work += Work(3 * n_id * cfg["ig_steps"] * forward_flops(sh, new=1, past=p.ref_tokens))
-    sweeps = (cfg["max_passes"] - 1) + (targets - 1) * cfg["max_passes"]  # later sweeps, every target
-    work += Work(n_id * (first * end / 2 + sweeps * later * end))
-    work += forwards(m, first + sweeps * later + 3 * math.ceil(n_id / bs))
-    common = {"prompt": p.ref_tokens, "steps": p.answer_steps, "batch": bs}
-    work += set_generation(m, texts=n_id, sets=2 + targets, tail=1, **common)
-    # model, empty, key circuit and its random draws; every target's circuit; the chosen one's random draws and top
-    sets = 3 + cfg["random_draws"] + targets + cfg["random_draws"] + 1
-    work += set_generation(m, texts=n_val, sets=sets, tail=1, **common)
-    work += Work(n_val * (forward_flops(sh, new=p.ref_tokens) + sets * end)) + forwards(m, 2 * math.ceil(n_val / bs))
-    rows = n_id * cfg["ig_steps"]
-    act = max(set_bytes(m, batch=bs, prompt=p.ref_tokens, tail=1, steps=p.answer_steps),
-              kv_bytes(m, rows * p.ref_tokens) + 3 * inference_bytes(sh, rows=rows, seq=1, kv=p.ref_tokens + 1,
-                                                                     logits=rows, dtype_bytes=m.dtype_bytes))
-    return gpu_cost(m, work=work, activations=act, loaded=cache_bytes(sh, p, dtype_bytes=m.dtype_bytes),
-                    note=f"{n_id} pairs x ({first} + up to {sweeps} x {later}) END trials; {sets} circuits x "
-                         f"{n_val} validation pairs")
+    sweeps = (cfg["max_passes"] - 1) + (targets - 1) * cfg["max_passes"]
+    act = max(pruning_bytes(m, p, n_id, cfg["ig_steps"]), scoring_bytes(m, p, batch=bs))
+    return gpu_cost(m, work=work, activations=act,
+                    note=f"{n_id} pairs x ({first} + up to {sweeps} x {later}) trials; {scored} circuits x {n_val} "
+                         f"validation pairs x 2 ablations")
 
 
 def discover_shared(s: Setting, m: Model, job: Job) -> Cost:
-    """`stages.discover.run_discover_shared`: per operator one forward over its identification pool (the ablation
-    values) and its pruning draw's prefix; on every operator's pruning draw together the attribution's
-    integrated-gradient steps (about 3 forwards each) and the pruning's trials (`discover_trials`), each a forward of
-    END and the answer positions on the prefix cache, half the model on average; the model, the empty circuit and
-    every target's circuit on the pruning draws (both ablations) and on the selection draws; on each operator's
-    validation draw, under both ablations, the model, the empty circuit, every target's circuit, the chosen one's
-    random draws and the CPR rows (`teacher_forcing.SHARES`), one forward of END and the answer positions each."""
+    """`stages.discover.run_discover_shared`, teacher-forced (`tail_trial`): per operator one forward over its
+    identification pool (the ablation values) and the items of its pruning, selection and validation draws
+    (`discover_draws`); on every operator's pruning draw together the attribution and the pruning (`pruning`); the
+    model, the empty circuit and every target's circuit on the pruning draws (both ablations) and on the selection
+    draws; on `validation_samples` validation pairs in all, an equal share of each operator's draw, under both
+    ablations, the model, the empty circuit, every target's circuit, the chosen one's random draws and the CPR rows
+    (`teacher_forcing.SHARES`)."""
     from arithmech.interp.teacher_forcing import SHARES
 
-    bs, sh, cfg = s.batch(), m.shape, s.config["circuit"]["discover"]
-    targets = len(cfg["targets"])
-    first, later = discover_trials(cfg, sh)
-    sweeps = (cfg["max_passes"] - 1) + (targets - 1) * cfg["max_passes"]
-    scored = 2 + targets + cfg["random_draws"] + len(SHARES)
+    bs, cfg, tasks = s.batch(), s.config["circuit"]["discover"], s.config["run"]["tasks"]
+    fitted = 2 + len(cfg["targets"])
+    scored = fitted + cfg["random_draws"] + len(SHARES)
+    share = math.ceil(cfg["validation_samples"] / len(tasks))
     work, n_pruned, pairs = Work(), 0, 0
-    for task in s.config["run"]["tasks"]:
+    for task in tasks:
         p = s.prompts(m, task)
-        seq, tail = p.ref_tokens + p.answer_steps, 1 + p.answer_steps
-        n_id, n_val = min(cfg["max_samples"], p.identification), min(cfg["validation_samples"], p.validation)
-        n_sel = min(cfg["selection_samples"], max(0, p.identification - n_id))
+        n_id, n_sel, n_val = discover_draws(cfg, p)
+        n_val = min(share, n_val)
         n_pruned, pairs = n_pruned + n_id, pairs + n_val
-        trial = forward_flops(sh, new=tail, past=p.ref_tokens - 1, logits=tail)
-        work += Work((p.identification + n_id + n_sel + n_val) * forward_flops(sh, new=seq, logits=0))
-        work += Work(3 * n_id * cfg["ig_steps"] * trial + n_id * (first * trial / 2 + sweeps * later * trial))
-        work += Work((2 * n_id + n_sel) * (2 + targets) * trial + 2 * n_val * scored * trial)
-        work += forwards(m, 3 * cfg["ig_steps"] * math.ceil(n_id / bs) + first + sweeps * later
-                         + 2 * scored * math.ceil(n_val / bs))
-    p = s.prompts(m, s.config["run"]["tasks"][0])
-    rows = min(cfg["max_samples"], p.identification) * cfg["ig_steps"]  # one operator's draw at a time
-    act = 3 * inference_bytes(sh, rows=rows, seq=1 + p.answer_steps, kv=p.ref_tokens + p.answer_steps,
-                              logits=rows * (1 + p.answer_steps), dtype_bytes=m.dtype_bytes)
+        work += tail_items(m, p, p.identification, pool=True) + tail_items(m, p, n_id) + tail_items(m, p, n_sel)
+        work += tail_items(m, p, n_val) + pruning(m, p, cfg, texts=n_id, batch=bs)
+        work += tail_scores(m, p, texts=n_id, circuits=2 * fitted, batch=bs)
+        work += tail_scores(m, p, texts=n_sel, circuits=fitted, batch=bs)
+        work += tail_scores(m, p, texts=n_val, circuits=2 * scored, batch=bs)
+    p = s.prompts(m, tasks[0])
+    first, later = discover_trials(cfg, m.shape)
+    sweeps = (cfg["max_passes"] - 1) + (len(cfg["targets"]) - 1) * cfg["max_passes"]
+    act = max(pruning_bytes(m, p, discover_draws(cfg, p)[0], cfg["ig_steps"]),  # one operator's draw at a time
+              scoring_bytes(m, p, batch=bs))
     return gpu_cost(m, work=work, activations=act,
                     note=f"{n_pruned} pairs x ({first} + up to {sweeps} x {later}) trials; {scored} circuits x "
                          f"{pairs} validation pairs x 2 ablations")
 
 
 def discover_union(s: Setting, m: Model, job: Job) -> Cost:
-    """`stages.discover.run_discover_union`: per operator, greedy answers and one END forward per circuit (the model,
-    the empty circuit, the union of the key circuits, the union of the discovered ones and its random draws) on
-    the validation draw."""
-    bs, sh, cfg = s.batch(), m.shape, s.config["circuit"]["discover"]
+    """`stages.discover.run_discover_union`, teacher-forced (`tail_trial`): per operator one forward over its
+    identification pool (the ablation values); on its validation draw (`discover_draws`, the one `discover`
+    scored), under both ablations, the model, the empty circuit, the union of the key circuits, the union of the
+    discovered ones and its random draws; on its pruning draw the model, the empty circuit and the union under
+    both ablations (the fit gap)."""
+    bs, cfg = s.batch(), s.config["circuit"]["discover"]
     sets, work, pairs = 4 + cfg["random_draws"], Work(), 0
     for task in s.config["run"]["tasks"]:
         p = s.prompts(m, task)
-        n = min(cfg["validation_samples"], p.validation)
-        pairs += n
-        work += set_generation(m, texts=n, sets=sets, tail=1, prompt=p.ref_tokens, steps=p.answer_steps, batch=bs)
-        work += Work(n * (forward_flops(sh, new=p.ref_tokens - 1, logits=0)
-                          + sets * forward_flops(sh, new=1, past=p.ref_tokens)))
+        n_id, _, n_val = discover_draws(cfg, p)
+        pairs += n_val
+        work += tail_items(m, p, p.identification, pool=True) + tail_items(m, p, n_val) + tail_items(m, p, n_id)
+        work += tail_scores(m, p, texts=n_val, circuits=2 * sets, batch=bs)
+        work += tail_scores(m, p, texts=n_id, circuits=2 * 3, batch=bs)
     p = s.prompts(m, s.config["run"]["tasks"][0])
-    act = set_bytes(m, batch=bs, prompt=p.ref_tokens, tail=1, steps=p.answer_steps)
-    return gpu_cost(m, work=work, activations=act, note=f"{sets} circuits x {pairs} validation pairs")
+    act = scoring_bytes(m, p, batch=bs)
+    return gpu_cost(m, work=work, activations=act, note=f"{sets} circuits x {pairs} validation pairs x 2 ablations")
 
 
 def edge_curve(s: Setting, m: Model, job: Job) -> Cost:
