@@ -212,6 +212,25 @@ def _circuits_of(validation: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
     return rows, names
 
 
+def _circuits_table(task: str, targets, pruned_on: str, pruned, found, n_nodes: int, on_ident: np.ndarray,
+                    fitted: dict, *, seconds: float, n_identification: int, n_selection: int) -> pd.DataFrame:
+    """One row per target: its pruned circuit (`found`, from `pruned`), the full-answer accuracy kept on the pairs the
+    target is chosen on (`on_ident`: the model, the empty circuit, then each target's circuit) and on the pruning
+    pairs per ablation (`fitted`: the gap's identification side)."""
+    return pd.DataFrame({
+        "task": task, "target": targets, "pruned_on": pruned_on,  # pruned_on: what `faithfulness` is of
+        "n_heads": [len(s.heads) for s in found], "n_mlps": [len(s.mlp_layers) for s in found],
+        "n_nodes": [len(s.heads) + len(s.mlp_layers) for s in found],
+        "share": [(len(s.heads) + len(s.mlp_layers)) / n_nodes for s in found],
+        "nodes": [s.nodes() for s in found], "faithfulness": [p.faithfulness for p in pruned],
+        "full_accuracy": on_ident[2:], "model_full_accuracy": on_ident[0],
+        "full_share": on_ident[2:] / on_ident[0] if on_ident[0] > 0 else np.nan,
+        "minimal": [p.minimal for p in pruned], "trials": [p.trials for p in pruned], "seconds": seconds,
+        "n_identification": n_identification, "n_selection": n_selection,
+        **{f"tf_{kind}_correct_identification": f for kind, f in fitted.items()},
+    })
+
+
 def choose_target(table: pd.DataFrame, min_full_share: float) -> tuple[float, bool]:
     """(target, whether one reached the share): the smallest target whose circuit keeps at least `min_full_share`
     of the full model's full-answer accuracy on the selection pairs (`full_share`), else the largest."""
@@ -281,19 +300,10 @@ def run_discover(*, model: str, task: str, model_dir, pairs_path, effects_path, 
         on_ident = tf.TailTrials(lm, select_items, tf.ablation_values(
             lm, select_items, pool, ablation, seed=seed, batch_size=batch,
             pool_outputs=pool_outputs), batch_size=batch).scores(masks)["correct"].mean(1)
-    table = pd.DataFrame({
-        "task": task, "target": targets, "pruned_on": measure,  # pruned_on: what `faithfulness` is of
-        "n_heads": [len(s.heads) for s in found], "n_mlps": [len(s.mlp_layers) for s in found],
-        "n_nodes": [len(s.heads) + len(s.mlp_layers) for s in found],
-        "share": [(len(s.heads) + len(s.mlp_layers)) / len(nodes) for s in found],
-        "nodes": [s.nodes() for s in found], "faithfulness": [p.faithfulness for p in pruned],
-        "full_accuracy": on_ident[2:], "model_full_accuracy": on_ident[0],
-        "full_share": on_ident[2:] / on_ident[0] if on_ident[0] > 0 else np.nan,
-        "minimal": [p.minimal for p in pruned], "trials": [p.trials for p in pruned], "seconds": seconds,
-        "n_identification": len(ident), "n_selection": len(ident if select is None else select),
-        "selected_on": "pruning pairs" if select is None else "held-out identification pairs",
-        **{f"tf_{kind}_correct_identification": f for kind, f in fitted.items()},
-    })
+    table = _circuits_table(task, targets, measure, pruned, found, len(nodes), on_ident, fitted, seconds=seconds,
+                            n_identification=len(ident), n_selection=len(ident if select is None else select))
+    table.insert(table.columns.get_loc("n_selection") + 1, "selected_on",
+                 "pruning pairs" if select is None else "held-out identification pairs")
     chosen, reached = choose_target(table, discover["min_full_share"])
     if not reached:
         why = (" (the full model answers none of them in full)" if on_ident[0] == 0 else
@@ -658,18 +668,9 @@ def run_discover_shared(*, model: str, model_dir, tasks: list[str], pairs_paths,
         selected.append(len(ident if select is None else select))
     on_ident = np.concatenate(on_select, 1).mean(1)  # teacher-forced full answers on every operator's selection
     fitted = _fitted({k: np.concatenate([c[k] for c in correct], 1) for k in protocol.KINDS})
-    table = pd.DataFrame({
-        "task": SHARED, "target": targets, "pruned_on": f"tf_{kind}_{discover['tf_measure']}",
-        "n_heads": [len(s.heads) for s in found], "n_mlps": [len(s.mlp_layers) for s in found],
-        "n_nodes": [len(s.heads) + len(s.mlp_layers) for s in found],
-        "share": [(len(s.heads) + len(s.mlp_layers)) / len(nodes) for s in found],
-        "nodes": [s.nodes() for s in found], "faithfulness": [p.faithfulness for p in pruned],
-        "full_accuracy": on_ident[2:], "model_full_accuracy": on_ident[0],
-        "full_share": on_ident[2:] / on_ident[0] if on_ident[0] > 0 else np.nan,
-        "minimal": [p.minimal for p in pruned], "trials": [p.trials for p in pruned], "seconds": seconds,
-        "n_identification": pooled.n_items, "n_selection": sum(selected),
-        **{f"tf_{k}_correct_identification": f for k, f in fitted.items()},
-    })
+    table = _circuits_table(SHARED, targets, f"tf_{kind}_{discover['tf_measure']}", pruned, found, len(nodes),
+                            on_ident, fitted, seconds=seconds, n_identification=pooled.n_items,
+                            n_selection=sum(selected))
     chosen, reached = choose_target(table, discover["min_full_share"])
     if not reached:
         warnings.warn(f"no target's shared circuit keeps {discover['min_full_share']:.0%} of the full model's "
