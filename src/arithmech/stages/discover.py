@@ -77,6 +77,25 @@ def _selection_pairs(pairs: pd.DataFrame, ident: pd.DataFrame, n: int, seed: int
 KEY_DRAW_OFFSET = 700
 
 
+def _selection_items(lm, pairs: pd.DataFrame, ident: pd.DataFrame, discover: dict, seed: int, task: str,
+                     batch: int) -> tuple[pd.DataFrame | None, list | None]:
+    """(selection pairs, their teacher-forced items), or (None, None) with a warning when there are none
+    (`_selection_pairs`) or none the protocol can score (no full-model terminator ending the gold number): the
+    target is then chosen on the pruning pairs."""
+    from arithmech.interp import teacher_forcing as tf
+
+    select = _selection_pairs(pairs, ident, discover["selection_samples"], seed, task)
+    why = f"every identification pair shares its operands with the {len(ident)} pruned on"
+    if select is not None:
+        try:
+            return select, tf.build_items(lm, select, batch_size=batch)
+        except ValueError as error:  # build_items' "none of n pairs has a full-model terminator ..."
+            why = f"its {len(select)} selection pairs cannot be scored ({error})"
+    warnings.warn(f"{task}: {why}: the target is chosen on the pruning pairs (circuit.discover.max_samples, "
+                  "selection_samples)", stacklevel=3)
+    return None, None
+
+
 def _random_sets(curve_heads, mlps, *, n_layers, n_heads, draws, seed, label, offset: int = 900) -> list[CircuitSet]:
     """`draws` layer-matched random head sets of the circuit's size, disjoint from it, with its MLPs (mlps label
     `label`; draw d seeded seed * 1000 + offset + d: `KEY_DRAW_OFFSET` for the key circuit); none (and
@@ -280,11 +299,7 @@ def run_discover(*, model: str, task: str, model_dir, pairs_path, effects_path, 
     seconds = time.perf_counter() - start
 
     # full-answer accuracy kept on held-out identification pairs: what the target is chosen on
-    select = _selection_pairs(pairs, ident, discover["selection_samples"], seed, str(pairs_path))
-    if select is None:
-        warnings.warn(f"{task}: every identification pair shares its operands with the {len(ident)} pruned on: the "
-                      "target is chosen on the pruning pairs (circuit.discover.max_samples, selection_samples)",
-                      stacklevel=2)
+    select, select_items = _selection_items(lm, pairs, ident, discover, seed, task, batch)
     every = tuple((l, h) for l, h in nodes if h != MLP)
     found = [CircuitSet("discovered", "discovered", len(p.heads(nodes)), -1, tuple(p.heads(nodes)),
                         tuple(p.mlps(nodes))) for p in pruned]
@@ -296,7 +311,6 @@ def run_discover(*, model: str, task: str, model_dir, pairs_path, effects_path, 
     correct = _correct_by_kind(lm, prune_items, pool, pool_outputs, masks, seed=seed, batch=batch, trials=trials)
     on_ident, fitted = correct[ablation].mean(1), _fitted(correct)
     if select is not None:
-        select_items = tf.build_items(lm, select, batch_size=batch)
         on_ident = tf.TailTrials(lm, select_items, tf.ablation_values(
             lm, select_items, pool, ablation, seed=seed, batch_size=batch,
             pool_outputs=pool_outputs), batch_size=batch).scores(masks)["correct"].mean(1)
@@ -654,14 +668,10 @@ def run_discover_shared(*, model: str, model_dir, tasks: list[str], pairs_paths,
     correct, on_select, selected = [], [], []  # per operator: on its pruning pairs (each ablation), its selection
     for task, pairs, ident, _, pool, pool_outputs, items, trials in ops:
         correct.append(_correct_by_kind(lm, items, pool, pool_outputs, masks, seed=seed, batch=batch, trials=trials))
-        select = _selection_pairs(pairs, ident, discover["selection_samples"], seed, task)
+        select, select_items = _selection_items(lm, pairs, ident, discover, seed, task, batch)
         if select is None:
-            warnings.warn(f"{task}: every identification pair shares its operands with the {len(ident)} pruned on: "
-                          "the shared target is chosen on its pruning pairs (circuit.discover.max_samples, "
-                          "selection_samples)", stacklevel=2)
             on_select.append(correct[-1][kind])
         else:
-            select_items = tf.build_items(lm, select, batch_size=batch)
             on_select.append(tf.TailTrials(lm, select_items, tf.ablation_values(
                 lm, select_items, pool, kind, seed=seed, batch_size=batch, pool_outputs=pool_outputs),
                 batch_size=batch).scores(masks)["correct"])
