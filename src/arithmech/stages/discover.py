@@ -77,6 +77,15 @@ def _selection_pairs(pairs: pd.DataFrame, ident: pd.DataFrame, n: int, seed: int
 KEY_DRAW_OFFSET = 700
 
 
+def _identification_pool(lm, pairs: pd.DataFrame, where: str, batch: int) -> tuple:
+    """(pool, pool outputs): every identification pair as teacher-forced items, read in one forward over the pool
+    for its terminators and every ablation's values."""
+    from arithmech.interp import teacher_forcing as tf
+
+    pool = tf.build_items(lm, split_pairs(pairs, "identification", where), batch_size=batch, outputs=True)
+    return pool, tf.tail_outputs(lm, pool, batch)
+
+
 def _selection_items(lm, pairs: pd.DataFrame, ident: pd.DataFrame, discover: dict, seed: int, task: str,
                      batch: int) -> tuple[pd.DataFrame | None, list | None]:
     """(selection pairs, their teacher-forced items), or (None, None) with a warning when there are none
@@ -284,9 +293,7 @@ def run_discover(*, model: str, task: str, model_dir, pairs_path, effects_path, 
 
     start = time.perf_counter()
     # END and every answer position, position-matched values from the identification pairs
-    pool = tf.build_items(lm, split_pairs(pairs, "identification", str(pairs_path)), batch_size=batch,
-                          outputs=True)  # one forward over the pool for its terminators and every ablation
-    pool_outputs = tf.tail_outputs(lm, pool, batch)
+    pool, pool_outputs = _identification_pool(lm, pairs, str(pairs_path), batch)
     prune_items = tf.build_items(lm, ident, batch_size=batch)
     tail_values = tf.ablation_values(lm, prune_items, pool, ablation, seed=seed, batch_size=batch,
                                      pool_outputs=pool_outputs)
@@ -527,9 +534,7 @@ def run_discover_union(*, model: str, model_dir, tasks: list[str], pairs_paths, 
     for task, pairs_path, val_path in zip(tasks, pairs_paths, validation_paths, strict=True):
         pairs = pd.read_parquet(pairs_path)
         ident, val = _scored_pairs(pairs, discover, seed, str(pairs_path))
-        pool = tf.build_items(lm, split_pairs(pairs, "identification", str(pairs_path)), batch_size=batch,
-                              outputs=True)
-        pool_outputs = tf.tail_outputs(lm, pool, batch)
+        pool, pool_outputs = _identification_pool(lm, pairs, str(pairs_path), batch)
         table, _, items = _scored(lm, val, (pool, pool_outputs), sets, targets, None, nodes, discover, seed, batch,
                                   sanity=False)
         # the union on the pairs its parts were pruned on (the gap's identification side): model, empty, union
@@ -644,9 +649,7 @@ def run_discover_shared(*, model: str, model_dir, tasks: list[str], pairs_paths,
     for task, pairs_path in zip(tasks, pairs_paths, strict=True):
         pairs = pd.read_parquet(pairs_path)
         ident, val = _scored_pairs(pairs, discover, seed, str(pairs_path))
-        pool = tf.build_items(lm, split_pairs(pairs, "identification", str(pairs_path)), batch_size=batch,
-                              outputs=True)
-        pool_outputs = tf.tail_outputs(lm, pool, batch)
+        pool, pool_outputs = _identification_pool(lm, pairs, str(pairs_path), batch)
         items = tf.build_items(lm, ident, batch_size=batch)
         trials = tf.TailTrials(lm, items, tf.ablation_values(lm, items, pool, kind, seed=seed, batch_size=batch,
                                                              pool_outputs=pool_outputs),
