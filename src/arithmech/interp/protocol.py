@@ -147,3 +147,10 @@ def key_vs_random(items: pd.DataFrame, *, measure: str, mlps: str, n_boot: int, 
     low, high = stats.percentile_interval(diff(f_boot)[:, None], confidence)
     return out | {"difference": float(diff(f_point)[0]), "ci_low": float(low[0]), "ci_high": float(high[0]),
                   "random": float(f_point[0, 3:].mean())}
+
+
+def operator_share(n: int, tasks) -> int:
+    """Pairs per operator when a circuit of every operator (the union, the shared circuit) is pruned or scored on `n`
+    pairs in all: an equal share of each operator's draw, rounded up. Its verdict reads the pooled row, so it needs
+    n pairs in all, not n per operator (four operators' full draws would cost four operators' time)."""
+    return -(-int(n) // len(tasks))

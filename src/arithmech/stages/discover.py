@@ -498,12 +498,14 @@ def task_summary(task: str, table: pd.DataFrame, validation: pd.DataFrame, items
 def run_discover_union(*, model: str, model_dir, tasks: list[str], pairs_paths, key_paths, table_paths,
                        validation_paths, items_paths, discover: dict, compute: dict, seed: int, out_validation,
                        out_summary, shared_path=None) -> None:
-    """The union of every operator's chosen circuit (and, beside it, the union of the key circuits), scored on each
-    operator's validation pairs (the draw `run_discover` scored) against `random_draws` layer-matched random head
-    sets of its size with its MLPs (`out_validation`, one block of rows per operator and one pooled over operators,
-    task 'union'); and the summary (`out_summary`): one row per operator and target from `run_discover`'s tables,
-    and one for the union (pooled; target NaN), then the shared circuit's (`shared_path`: `run_discover_shared`'s
-    summary row, with the union's sanity checks: the same pairs, pools and seed)."""
+    """The union of every operator's chosen circuit (and, beside it, the union of the key circuits), scored on
+    `validation_samples` pairs in all (`operator_share` of each operator's draw `run_discover` scored) against
+    `random_draws` layer-matched random head sets of its size with its MLPs (`out_validation`, one block of rows per
+    operator and one pooled over operators, task 'union'); and the summary (`out_summary`): one row per operator and
+    target from `run_discover`'s tables, and one for the union (pooled; target NaN), then the shared circuit's
+    (`shared_path`: `run_discover_shared`'s summary row, with the union's sanity checks: the same pairs, pools and
+    seed)."""
+    from arithmech.data.datasets import subsample
     from arithmech.interp import teacher_forcing as tf
     from arithmech.model.loading import load_stage_model, stage_meta
 
@@ -534,6 +536,7 @@ def run_discover_union(*, model: str, model_dir, tasks: list[str], pairs_paths, 
     for task, pairs_path, val_path in zip(tasks, pairs_paths, validation_paths, strict=True):
         pairs = pd.read_parquet(pairs_path)
         ident, val = _scored_pairs(pairs, discover, seed, str(pairs_path))
+        val = subsample(val, protocol.operator_share(discover["validation_samples"], tasks), seed)
         pool, pool_outputs = _identification_pool(lm, pairs, str(pairs_path), batch)
         table, _, items = _scored(lm, val, (pool, pool_outputs), sets, targets, None, nodes, discover, seed, batch,
                                   sanity=False)
@@ -628,16 +631,17 @@ def _shared_items(per_item: pd.DataFrame, sets, targets, clusters: pd.Series, ta
 
 def run_discover_shared(*, model: str, model_dir, tasks: list[str], pairs_paths, discover: dict, compute: dict,
                         seed: int, out_table, out_validation, out_items, out_summary) -> None:
-    """The shared circuit: ONE circuit pruned on every operator's identification pairs together (the draws
-    `run_discover` prunes on, `teacher_forcing.PooledTrials`: each operator's items ablated with values from its own
-    identification pool, the pruning measure their mean), at every target, the target chosen on the operators'
-    selection pairs pooled (`choose_target`), and scored as an operator's chosen circuit is: teacher-forced on each
-    operator's validation pairs and pooled over them (task SHARED) under both ablations, every target's circuit,
-    `random_draws` layer-matched random circuits of the chosen one's size and the CPR rows of the pooled ranking.
-    Writes the circuits (`out_table`), the validation faithfulness (`out_validation`) with its per-item values
-    (`out_items`), and the chosen circuit's summary row (`out_summary`: `_tf_summary`'s columns, the
-    identification-validation gap and the order check; its sanity checks are `run_discover`'s, on the same pairs
-    and pools: `run_discover_union` adds them)."""
+    """The shared circuit: ONE circuit pruned on every operator's identification pairs together (`max_samples` in all,
+    `operator_share` of each draw `run_discover` prunes on; `teacher_forcing.PooledTrials`: each operator's items
+    ablated with values from its own identification pool, the pruning measure their mean), at every target, the target
+    chosen on the operators' selection pairs pooled (`choose_target`), and scored as an operator's chosen circuit is:
+    teacher-forced on `validation_samples` pairs in all (`operator_share` of each operator's draw), per operator and
+    pooled (task SHARED) under both ablations, every target's circuit, `random_draws` layer-matched random circuits of
+    the chosen one's size and the CPR rows of the pooled ranking. Writes the circuits (`out_table`), the validation
+    faithfulness (`out_validation`) with its per-item values (`out_items`), and the chosen circuit's summary row
+    (`out_summary`: `_tf_summary`'s columns, the identification-validation gap and the order check; its sanity checks
+    are `run_discover`'s, on the same pairs and pools: `run_discover_union` adds them)."""
+    from arithmech.data.datasets import subsample
     from arithmech.interp import teacher_forcing as tf
     from arithmech.model.loading import load_stage_model, stage_meta
 
@@ -650,7 +654,10 @@ def run_discover_shared(*, model: str, model_dir, tasks: list[str], pairs_paths,
         pairs = pd.read_parquet(pairs_path)
         ident, val = _scored_pairs(pairs, discover, seed, str(pairs_path))
         pool, pool_outputs = _identification_pool(lm, pairs, str(pairs_path), batch)
-        items = tf.build_items(lm, ident, batch_size=batch)
+        # max_samples pairs in all, an equal seeded share of each operator's pruning draw (the selection below still
+        # excludes the whole draw's operands)
+        items = tf.build_items(lm, subsample(ident, protocol.operator_share(discover["max_samples"], tasks), seed),
+                               batch_size=batch)
         trials = tf.TailTrials(lm, items, tf.ablation_values(lm, items, pool, kind, seed=seed, batch_size=batch,
                                                              pool_outputs=pool_outputs),
                                measure=discover["tf_measure"], batch_size=max(batch, len(items)))
@@ -704,13 +711,8 @@ def run_discover_shared(*, model: str, model_dir, tasks: list[str], pairs_paths,
     set_targets += [np.nan] * len(shares)
     boot = {"n_boot": discover["bootstrap"], "seed": seed, "confidence": discover["confidence"]}
     blocks, all_items = [], []
-    from arithmech.data.datasets import subsample
-
-    # validation_samples pairs in all, an equal seeded share of each operator's draw: the verdict reads the pooled
-    # row (it asks for 96 pairs), and four operators' full draws would cost four operators' scoring
-    per_task = -(-discover["validation_samples"] // len(ops))
     for task, _, _, val, pool, pool_outputs, _, _ in ops:
-        val = subsample(val, per_task, seed)
+        val = subsample(val, protocol.operator_share(discover["validation_samples"], tasks), seed)
         scored, per_item = tf.teacher_forced_table(
             lm, val, pool, sets, pool_outputs=pool_outputs, sanity_draws=discover["sanity_draws"], strict=False,
             batch_size=batch, sanity=False, **boot)

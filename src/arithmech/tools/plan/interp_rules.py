@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 
+from arithmech.interp.protocol import operator_share
 from arithmech.intervention.batching import COPIES_PER_FORWARD
 from arithmech.tools.plan.costmodel import (
     LOGIT_BYTES,
@@ -372,9 +373,10 @@ def discover(s: Setting, m: Model, job: Job) -> Cost:
 def discover_shared(s: Setting, m: Model, job: Job) -> Cost:
     """`stages.discover.run_discover_shared`, teacher-forced (`tail_trial`): per operator one forward over its
     identification pool (the ablation values) and the items of its pruning, selection and validation draws
-    (`discover_draws`); on every operator's pruning draw together the attribution and the pruning (`pruning`); the
-    model, the empty circuit and every target's circuit on the pruning draws (both ablations) and on the selection
-    draws; on `validation_samples` validation pairs in all, an equal share of each operator's draw, under both
+    (`discover_draws`; pruning: `max_samples` pairs in all, an equal share of each operator's draw); on every
+    operator's pruning draw together the attribution and the pruning (`pruning`); the model, the empty circuit and
+    every target's circuit on the pruning draws (both ablations) and on the selection draws; on
+    `validation_samples` validation pairs in all, an equal share of each operator's draw, under both
     ablations, the model, the empty circuit, every target's circuit, the chosen one's random draws and the CPR rows
     (`teacher_forcing.SHARES`)."""
     from arithmech.interp.teacher_forcing import SHARES
@@ -382,12 +384,12 @@ def discover_shared(s: Setting, m: Model, job: Job) -> Cost:
     bs, cfg, tasks = s.batch(), s.config["circuit"]["discover"], s.config["run"]["tasks"]
     fitted = 2 + len(cfg["targets"])
     scored = fitted + cfg["random_draws"] + len(SHARES)
-    share = math.ceil(cfg["validation_samples"] / len(tasks))
     work, n_pruned, pairs = Work(), 0, 0
     for task in tasks:
         p = s.prompts(m, task)
         n_id, n_sel, n_val = discover_draws(cfg, p)
-        n_val = min(share, n_val)
+        n_id = min(operator_share(cfg["max_samples"], tasks), n_id)
+        n_val = min(operator_share(cfg["validation_samples"], tasks), n_val)
         n_pruned, pairs = n_pruned + n_id, pairs + n_val
         work += tail_items(m, p, p.identification, pool=True) + tail_items(m, p, n_id) + tail_items(m, p, n_sel)
         work += tail_items(m, p, n_val) + pruning(m, p, cfg, texts=n_id, batch=bs)
@@ -397,7 +399,8 @@ def discover_shared(s: Setting, m: Model, job: Job) -> Cost:
     p = s.prompts(m, tasks[0])
     first, later = discover_trials(cfg, m.shape)
     sweeps = (cfg["max_passes"] - 1) + (len(cfg["targets"]) - 1) * cfg["max_passes"]
-    act = max(pruning_bytes(m, p, discover_draws(cfg, p)[0], cfg["ig_steps"]),  # one operator's draw at a time
+    act = max(pruning_bytes(m, p, min(operator_share(cfg["max_samples"], tasks), discover_draws(cfg, p)[0]),
+                            cfg["ig_steps"]),  # one operator's draw at a time
               scoring_bytes(m, p, batch=bs))
     return gpu_cost(m, work=work, activations=act,
                     note=f"{n_pruned} pairs x ({first} + up to {sweeps} x {later}) trials; {scored} circuits x "
@@ -406,15 +409,16 @@ def discover_shared(s: Setting, m: Model, job: Job) -> Cost:
 
 def discover_union(s: Setting, m: Model, job: Job) -> Cost:
     """`stages.discover.run_discover_union`, teacher-forced (`tail_trial`): per operator one forward over its
-    identification pool (the ablation values); on its validation draw (`discover_draws`, the one `discover`
-    scored), under both ablations, the model, the empty circuit, the union of the key circuits, the union of the
-    discovered ones and its random draws; on its pruning draw the model, the empty circuit and the union under
-    both ablations (the fit gap)."""
+    identification pool (the ablation values); on its share of `validation_samples` pairs in all (of the draw `discover`
+    scored, `discover_draws`), under both ablations, the model, the empty circuit, the union of the key circuits, the
+    union of the discovered ones and its random draws; on its pruning draw the model, the empty circuit and the union
+    under both ablations (the fit gap)."""
     bs, cfg = s.batch(), s.config["circuit"]["discover"]
     sets, work, pairs = 4 + cfg["random_draws"], Work(), 0
     for task in s.config["run"]["tasks"]:
         p = s.prompts(m, task)
         n_id, _, n_val = discover_draws(cfg, p)
+        n_val = min(operator_share(cfg["validation_samples"], s.config["run"]["tasks"]), n_val)
         pairs += n_val
         work += tail_items(m, p, p.identification, pool=True) + tail_items(m, p, n_val) + tail_items(m, p, n_id)
         work += tail_scores(m, p, texts=n_val, circuits=2 * sets, batch=bs)
