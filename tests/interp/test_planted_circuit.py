@@ -5,8 +5,9 @@ discover rule runs them on the teacher-forced protocol with the mean ablation) m
 and the CPR curve of its ranking must keep f >= 0.9 at the planted set's size on held-out items; orders that are
 known to be wrong (the ranking reversed, a random one) and the older order (the top nodes by the whole model's
 signed attribution, which ranks a planted MLP that opposes the answer on its own below the idle nodes) do not.
-Pruned on two operators' items together (`teacher_forcing.PooledTrials`, each operator's items ablated with its own
-pool's values, as the discover_shared rule prunes the shared circuit), the search returns the planted set too.
+Pruned on two operators' items together (one `TailTrials` of `concat_items` and `concat_values`, each operator's items
+ablated with its own pool's values, as the discover_shared rule prunes the shared circuit), the search returns the
+planted set too.
 
 The tiny model is random: the items' gold answers are the planted model's OWN greedy tokens, so it is right on every
 item by construction (as tests/interp/test_teacher_forcing.py does)."""
@@ -123,23 +124,32 @@ def test_wrong_orders_fail_the_planted_curve(planted):
         assert min(f.values()) < TARGET, name
 
 
+def _pooled(*parts: tf.TailTrials) -> tf.TailTrials:
+    """One trial set of every part's items, each with its own values (as discover_shared builds it)."""
+    return tf.TailTrials(parts[0].lm, tf.concat_items([p.items for p in parts]),
+                         tf.concat_values([p.values for p in parts]), batch_size=sum(p.n_items for p in parts))
+
+
 def test_pooled_trials_are_the_mean_over_every_operators_items(planted, second_operator):
-    """`PooledTrials` of two operators: its measure is the mean over both operators' items (each scored with its own
-    values), a layer-resumed drop equals the dropped circuit measured whole, and its attribution is the parts'
-    weighted by their items."""
+    """Two operators' items in one `TailTrials` (their items of one T in one forward) against each operator's own
+    trials, the slow reference: every item's measure is its own operator's (so the pruning measure is the mean over
+    both operators' items), a layer-resumed drop equals the dropped circuit measured whole, and the attribution is
+    the parts' weighted by their items."""
     fit, _, mask = planted
-    pooled = tf.PooledTrials([fit, second_operator])
+    pooled = _pooled(fit, second_operator)
     assert pooled.n_items == fit.n_items + second_operator.n_items
+    assert len(pooled.batches) < len(fit.batches) + len(second_operator.batches)  # shared forwards
     masks = np.vstack([np.ones_like(mask), mask, ~mask])
-    both = np.concatenate([fit.per_item(masks), second_operator.per_item(masks)], 1)
-    np.testing.assert_allclose(pooled.mean(masks), both.mean(1))
+    for measure in ("logprob", "correct", "kl"):
+        both = np.concatenate([fit.scores(masks)[measure], second_operator.scores(masks)[measure]], 1)
+        np.testing.assert_allclose(pooled.scores(masks)[measure], both, rtol=1e-4, atol=1e-4)
     node = int(np.flatnonzero(mask)[0])
     dropped, _ = pooled.try_drop(mask, node, pooled.start_circuit(mask))
     less = mask.copy()
     less[node] = False
     assert dropped == pytest.approx(float(pooled.mean(less[None])[0]), rel=1e-5)
     expected = (fit.attribution(4) * fit.n_items + second_operator.attribution(4) * second_operator.n_items)
-    np.testing.assert_allclose(pooled.attribution(4), expected / pooled.n_items)
+    np.testing.assert_allclose(pooled.attribution(4), expected / pooled.n_items, rtol=1e-4, atol=1e-6)
 
 
 def test_two_operators_pruned_together_give_back_the_planted_circuit(planted, second_operator):
@@ -147,7 +157,7 @@ def test_two_operators_pruned_together_give_back_the_planted_circuit(planted, se
     together at target 0.9 (two-sided), give back exactly the planted set, which on the pooled items keeps the
     target and loses it without any one of its nodes (so another set could have come back)."""
     fit, _, mask = planted
-    pooled = tf.PooledTrials([fit, second_operator])
+    pooled = _pooled(fit, second_operator)
     ranking, attribution = tf.node_ranking(pooled, 8)
     pruned, _ = tf.prune(pooled, [TARGET], ranking=ranking, attribution=attribution, two_sided=True)
     found = {pooled.nodes[i] for i in np.flatnonzero(pruned[0].kept)}

@@ -33,7 +33,9 @@ prompt minus END runs once per batch with a KV cache and every circuit is a T-to
 The search: the smallest set of heads and MLPs that keeps a target share of the pruning measure, found by exact
 greedy pruning at node level (ACDC, Conmy et al. 2023, with nodes instead of edges) on `TailTrials`, along a
 ranking of the nodes. It reads the trials through `nodes`, `mean`, `start_circuit`, `try_drop` and `attribution`
-only (`PooledTrials` offers them for several operators pruned as one).
+only. Several operators are pruned as one (the shared circuit) on one `TailTrials` of their items together
+(`concat_items`, `concat_values`: each item keeps its own operator's ablation values, and items of one T share a
+forward whatever their operator).
 
 The order (`node_ranking`): the nodes by |attribution| on the whole model, largest first. Not by signed attribution:
 a node that pushes against the answer is part of the behaviour too (two-sided acceptance counts overshoot as
@@ -198,6 +200,17 @@ def build_items(lm: LoadedModel, pairs: pd.DataFrame, *, batch_size: int = 32, o
                      (heads[keep, :T_max], mlps[keep, :T_max]) if outputs else None)
 
 
+def concat_items(parts: Sequence[TailItems]) -> TailItems:
+    """Several item sets as one, in order (every operator's items pruned together: items of one T share a batch,
+    whatever their set); the dropped pairs of every set; no captured outputs."""
+    if not parts:
+        raise ValueError("concat_items needs at least one item set")
+    return TailItems(pd.concat([p.table for p in parts], ignore_index=True),
+                     [ids for p in parts for ids in p.prompt_ids], [ids for p in parts for ids in p.answer_ids],
+                     [t for p in parts for t in p.terminators],
+                     pd.concat([p.dropped for p in parts], ignore_index=True))
+
+
 # --------------------------------------------------------------------------------------------------- values
 @dataclass
 class TailValues:
@@ -223,6 +236,20 @@ class TailValues:
         """The values of items `rows` (as `TailItems.subset`)."""
         idx = torch.as_tensor(np.asarray(rows, dtype=int), dtype=torch.long)
         return TailValues(self.heads[idx], self.mlps[idx], self.kind, self.donors[np.asarray(rows, dtype=int)])
+
+
+def concat_values(parts: Sequence[TailValues]) -> TailValues:
+    """The values of `concat_items`' parts, in the same order, each item its own (its operator's pool's means or
+    donor: donors index each part's own pool); offsets beyond a part's T_max padded with zeros (never read)."""
+    if not parts or len({p.kind for p in parts}) != 1:
+        raise ValueError("concat_values needs at least one part, all of one ablation kind")
+    T = max(p.heads.shape[1] for p in parts)
+
+    def padded(x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([x, x.new_zeros(x.shape[0], T - x.shape[1], *x.shape[2:])], 1)
+
+    return TailValues(torch.cat([padded(p.heads) for p in parts]), torch.cat([padded(p.mlps) for p in parts]),
+                      parts[0].kind, np.concatenate([p.donors for p in parts]))
 
 
 def _empty_outputs(lm: LoadedModel, items: TailItems) -> tuple[torch.Tensor, torch.Tensor]:
@@ -520,43 +547,6 @@ class TailTrials:
                 (grad,) = torch.autograd.grad(m.sum(), gates)
             total += grad.sum(0).double().cpu()
         return (total * kept.double() / steps / self.n_items).numpy()
-
-
-class PooledTrials:
-    """Several `TailTrials` pruned as one (the shared circuit across operators): each part's items keep their own
-    ablation values (an operator's items get its own pool's means or donors), and the pruning measure is the mean
-    over every part's items together, so a part weighs as many items as it holds. Offers what `prune` and
-    `node_ranking` need (`nodes`, `mean`, `start_circuit`, `try_drop`, `attribution`)."""
-
-    def __init__(self, parts: Sequence[TailTrials]):
-        if not parts:
-            raise ValueError("pooled trials need at least one part")
-        if any(p.nodes != parts[0].nodes for p in parts):
-            raise ValueError("pooled trials must share one model's nodes")
-        self.parts, self.nodes = list(parts), parts[0].nodes
-        self.n_items = sum(p.n_items for p in self.parts)
-
-    def per_item(self, kept) -> np.ndarray:
-        """The pruning measure of every circuit on every item, [c, n_items], the parts' items one after another."""
-        return np.concatenate([p.per_item(kept) for p in self.parts], 1)
-
-    def mean(self, kept) -> np.ndarray:
-        return self.per_item(kept).mean(1)
-
-    def start_circuit(self, kept: np.ndarray) -> list:
-        return [p.start_circuit(kept) for p in self.parts]
-
-    def try_drop(self, kept: np.ndarray, node: int, bases: list) -> tuple[float, list]:
-        total, new = 0.0, []
-        for part, base in zip(self.parts, bases):
-            m, states = part.try_drop(kept, node, base)
-            total += m * part.n_items
-            new.append(states)
-        return total / self.n_items, new
-
-    def attribution(self, steps: int = 8, kept=None) -> np.ndarray:
-        """The parts' attributions weighted by their items: the attribution of the pooled mean."""
-        return sum(p.attribution(steps, kept) * p.n_items for p in self.parts) / self.n_items
 
 
 # --------------------------------------------------------------------------------------------------- search

@@ -632,15 +632,15 @@ def _shared_items(per_item: pd.DataFrame, sets, targets, clusters: pd.Series, ta
 def run_discover_shared(*, model: str, model_dir, tasks: list[str], pairs_paths, discover: dict, compute: dict,
                         seed: int, out_table, out_validation, out_items, out_summary) -> None:
     """The shared circuit: ONE circuit pruned on every operator's identification pairs together (`max_samples` in all,
-    `operator_share` of each draw `run_discover` prunes on; `teacher_forcing.PooledTrials`: each operator's items
-    ablated with values from its own identification pool, the pruning measure their mean), at every target, the target
-    chosen on the operators' selection pairs pooled (`choose_target`), and scored as an operator's chosen circuit is:
-    teacher-forced on `validation_samples` pairs in all (`operator_share` of each operator's draw), per operator and
-    pooled (task SHARED) under both ablations, every target's circuit, `random_draws` layer-matched random circuits of
-    the chosen one's size and the CPR rows of the pooled ranking. Writes the circuits (`out_table`), the validation
-    faithfulness (`out_validation`) with its per-item values (`out_items`), and the chosen circuit's summary row
-    (`out_summary`: `_tf_summary`'s columns, the identification-validation gap and the order check; its sanity checks
-    are `run_discover`'s, on the same pairs and pools: `run_discover_union` adds them)."""
+    `operator_share` of each draw `run_discover` prunes on; one `teacher_forcing.TailTrials` of them all: each
+    operator's items ablated with values from its own identification pool, the pruning measure their mean), at every
+    target, the target chosen on the operators' selection pairs pooled (`choose_target`), and scored as an operator's
+    chosen circuit is: teacher-forced on `validation_samples` pairs in all (`operator_share` of each operator's draw),
+    per operator and pooled (task SHARED) under both ablations, every target's circuit, `random_draws` layer-matched
+    random circuits of the chosen one's size and the CPR rows of the pooled ranking. Writes the circuits (`out_table`),
+    the validation faithfulness (`out_validation`) with its per-item values (`out_items`), and the chosen circuit's
+    summary row (`out_summary`: `_tf_summary`'s columns, the identification-validation gap and the order check; its
+    sanity checks are `run_discover`'s, on the same pairs and pools: `run_discover_union` adds them)."""
     from arithmech.data.datasets import subsample
     from arithmech.interp import teacher_forcing as tf
     from arithmech.model.loading import load_stage_model, stage_meta
@@ -649,7 +649,7 @@ def run_discover_shared(*, model: str, model_dir, tasks: list[str], pairs_paths,
     nodes, batch = all_nodes(lm.n_layers, lm.n_heads), compute["batch_size"]
     targets, kind = [float(t) for t in discover["targets"]], discover["tf_ablation"]
     start = time.perf_counter()
-    ops = []  # per operator: (task, pairs, pruning draw, validation draw, pool, pool outputs, pruning items, trials)
+    ops = []  # per operator: (task, pairs, pruning draw, validation draw, pool, pool outputs, pruning items, values)
     for task, pairs_path in zip(tasks, pairs_paths, strict=True):
         pairs = pd.read_parquet(pairs_path)
         ident, val = _scored_pairs(pairs, discover, seed, str(pairs_path))
@@ -658,11 +658,12 @@ def run_discover_shared(*, model: str, model_dir, tasks: list[str], pairs_paths,
         # excludes the whole draw's operands)
         items = tf.build_items(lm, subsample(ident, protocol.operator_share(discover["max_samples"], tasks), seed),
                                batch_size=batch)
-        trials = tf.TailTrials(lm, items, tf.ablation_values(lm, items, pool, kind, seed=seed, batch_size=batch,
-                                                             pool_outputs=pool_outputs),
-                               measure=discover["tf_measure"], batch_size=max(batch, len(items)))
-        ops.append((task, pairs, ident, val, pool, pool_outputs, items, trials))
-    pooled = tf.PooledTrials([op[-1] for op in ops])
+        values = tf.ablation_values(lm, items, pool, kind, seed=seed, batch_size=batch, pool_outputs=pool_outputs)
+        ops.append((task, pairs, ident, val, pool, pool_outputs, items, values))
+    # one trial set of every operator's items, each with its own operator's values: the pruning measure is their
+    # mean (an operator weighs as many items as it kept), and items of one T share a forward whatever their operator
+    pooled = tf.TailTrials(lm, tf.concat_items([op[-2] for op in ops]), tf.concat_values([op[-1] for op in ops]),
+                           measure=discover["tf_measure"], batch_size=max(batch, sum(len(op[-2]) for op in ops)))
     ranking, attribution = tf.node_ranking(pooled, discover["ig_steps"])
     max_trials = discover["max_trials"] if lm.n_layers * lm.n_heads >= discover["max_trials"] else None
     pruned, _ = tf.prune(pooled, targets, ranking=ranking, attribution=attribution, max_trials=max_trials,
@@ -676,8 +677,8 @@ def run_discover_shared(*, model: str, model_dir, tasks: list[str], pairs_paths,
                         tuple(p.mlps(nodes))) for p in pruned]
     masks = kept_masks(base + found, nodes)
     correct, on_select, selected = [], [], []  # per operator: on its pruning pairs (each ablation), its selection
-    for task, pairs, ident, _, pool, pool_outputs, items, trials in ops:
-        correct.append(_correct_by_kind(lm, items, pool, pool_outputs, masks, seed=seed, batch=batch, trials=trials))
+    for task, pairs, ident, _, pool, pool_outputs, items, _ in ops:
+        correct.append(_correct_by_kind(lm, items, pool, pool_outputs, masks, seed=seed, batch=batch))
         select, select_items = _selection_items(lm, pairs, ident, discover, seed, task, batch)
         if select is None:
             on_select.append(correct[-1][kind])
