@@ -144,8 +144,10 @@ report: $(STAMP)
 # docs/performance.md's table of the last complete run per configuration from docs/run_history.csv.
 # Generated, not typed: after `make run`, `make docs` leaves git status clean but for the run time, which differs on
 # every run (its block, docs/run_record.json, the run's row in docs/run_history.csv and the table).
+# DOCS_ARGS="--budget-run circuit-full=CLONE/results" also keeps the claims of a larger configuration's run for
+# docs/results.md's budget-sensitivity table (docs/configuration.md).
 docs: $(STAMP)
-	$(BIN)/python -m arithmech.tools.docs_results $(if $(MODEL),--model $(MODEL))
+	$(BIN)/python -m arithmech.tools.docs_results $(if $(MODEL),--model $(MODEL)) $(DOCS_ARGS)
 
 clean-results:
 	rm -rf results .snakemake

@@ -133,6 +133,8 @@ def test_markdown_scorecard():
     assert ("↳" not in short
             and "[Fewer than 5% of heads are key heads.](docs/figures/key_components/shared.png)" in short)
     assert "[The key heads transfer" not in short  # no source, no link
+    marked = claims_markdown(example_claims(), mark=lambda row: "a | remark" if row["scope"] == "division" else "")
+    assert "🟢 **holds**<br>*a \\| remark* |" in marked and marked.count("remark") == 1  # under that verdict only
 
 
 def test_html_scorecard_colours_every_verdict():

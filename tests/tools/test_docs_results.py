@@ -14,6 +14,7 @@ from arithmech.tools.docs_results import (
     BEGIN,
     END,
     HISTORY_MARKERS,
+    KEPT_CLAIM_COLUMNS,
     KEPT_RECORD,
     PERFORMANCE_PAGE,
     PLAN_CONFIGS,
@@ -602,3 +603,118 @@ def test_claims_across_models_keep_every_models_column(tmp_path):
     again = claims_across_models(kept, "a")
     assert again.splitlines()[0] == "| Claim | Paper (LLaMA2-7B) | `a` | `b` |"
     assert cells("Key heads sit in the middle layers.")[2] in again  # b's cell, as kept
+
+
+def _budget_claims(larger: bool) -> pd.DataFrame:
+    """The example claims with a discover claim (its headline decided by two parts) and a circuit claim; `larger`: as
+    a run of configs/circuit-full.yaml would change them, the discover and circuit rows on 1,000 pairs and the addition
+    part's verdict turned (the division part and the circuit claim keep theirs)."""
+    rows = [("circuit_faithful", "all", "discover", "A small circuit is faithful.", "not in the paper",
+             "per operator, below", np.nan, np.nan, np.nan, "", pd.NA, "validation", "does not hold", "headline", "",
+             ""),
+            ("circuit_faithful", "addition", "discover", "", "", "faithfulness", 31.7, 23.7, 39.6, "percent", 120,
+             "validation", "does not hold", "holds if above 80%", "", ""),
+            ("circuit_faithful", "division", "discover", "", "", "faithfulness", 61.8, 47.8, 73.4, "percent", 87,
+             "validation", "inconclusive", "holds if above 80%", "", ""),
+            ("heads_via_mlps", "all", "circuit", "The key heads act through the MLPs.", "a hypothesis",
+             "share through the MLPs", 102.4, 94.5, 111.2, "percent", 60, "validation", "holds", "holds if above 50%",
+             "", "")]
+    claims = pd.concat([example_claims(), pd.DataFrame(rows, columns=example_claims().columns)], ignore_index=True)
+    claims = claims.astype({"n": "Int64"})
+    if larger:
+        enlarged = claims["stage"].isin(["discover", "circuit"]) & claims["n"].notna()
+        claims.loc[enlarged, "n"] = 1000
+        claims.loc[(claims["claim"] == "circuit_faithful") & (claims["scope"] == "addition"), "verdict"] = "holds"
+    return claims
+
+
+def _budget_docs(tmp_path, budget_runs=None):
+    results, kept = tmp_path / "results", tmp_path / "docs/claims/budget"
+    readme, out, figures = tmp_path / "README.md", tmp_path / "docs/results.md", tmp_path / "docs/figures"
+    if not readme.exists():
+        readme.write_text(README)
+    make_docs(results_dir=results, model="m", tasks=TASKS, readme=readme, out_md=out, figures_dir=figures,
+              kept_budget=kept, budget_runs=budget_runs)
+    return readme, out, kept / "m"
+
+
+def test_the_budget_table_sets_each_verdict_beside_the_larger_runs(tmp_path):
+    """docs/results.md's budget section: the discover and circuit rows beside a kept circuit-full run (a turned
+    verdict "depends on the run's size", an equal one "stands"), the finetune rows "no larger run kept" (sft-study is
+    not kept), no identify row; both scorecards mark the claim whose part turned, with the sizes, and no other; a
+    second make docs without the run keeps its file and writes the same bytes."""
+    meta = {"versions": {"arithmech": "0.1.0", "torch": "2.13.0"}}
+    results_tree(tmp_path / "results")
+    write_parquet(_budget_claims(larger=False), tmp_path / "results/m/claims.parquet", meta)
+    write_parquet(_budget_claims(larger=True), tmp_path / "full/results/m/claims.parquet", meta)
+    readme, out, kept = _budget_docs(tmp_path, {"circuit-full": tmp_path / "full/results"})
+    page = out.read_text()
+    section = page.split("## Budget sensitivity\n")[1].split("\n## ")[0]
+    lines = section.splitlines()
+
+    def row(label: str) -> str:
+        return next(line for line in lines if line.startswith(f"| {label} |"))
+
+    assert "| Claim | default run | `circuit-full` | budget |" in lines
+    assert row("&nbsp;&nbsp;↳ addition") == (
+        "| &nbsp;&nbsp;↳ addition | 🔴 **does not hold**<br>32% [24, 40], n = 120 | 🟢 **holds**<br>32% [24, 40], "
+        "n = 1,000 | **depends on the run's size** |")
+    assert row("&nbsp;&nbsp;↳ division").endswith("n = 1,000 | stands |")
+    assert row("A small circuit is faithful.").endswith("| stands |")  # its headline's own verdict: the same
+    assert row("The key heads act through the MLPs.").endswith("n = 1,000 | stands |")
+    for statement in ("Precise SFT matches or beats full fine-tuning on the math target.",
+                      "Precise SFT steps are faster than full fine-tuning."):
+        assert row(statement).endswith(" |  | no larger run kept |")
+    assert "Fewer than 5% of heads are key heads." not in section  # identify: no larger configuration
+    assert ("1 of 4 verdicts depend on the run's size. 3 rows have no larger run kept (`configs/sft-study.yaml`)."
+            in lines)
+    mark = "depends on the run's size: addition n 120 -> 1,000 (configs/circuit-full.yaml)"
+    block = readme.read_text().split(BEGIN)[1].split(END)[0]
+    faithful = next(line for line in block.splitlines() if line.startswith("| A small circuit is faithful."))
+    assert f"🔴 **does not hold**<br>*{mark}*" in faithful
+    assert block.count("depends on the run's size") == 1  # not on the claim whose verdicts agree
+    scorecard = page.split("## Budget sensitivity")[0]
+    assert mark in scorecard
+    assert ("| &nbsp;&nbsp;↳ addition | | faithfulness: 32% [24, 40], n = 120 (validation) | 🔴 **does not hold**<br>"
+            "*depends on the run's size: n 120 -> 1,000 (configs/circuit-full.yaml)* |") in scorecard
+    kept_file = kept / "circuit-full.csv"
+    assert pd.read_csv(kept_file).columns.tolist() == [*KEPT_CLAIM_COLUMNS, "origin"]
+    written = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in (readme, out, kept_file)}
+    # the larger run's results gone from this machine: its kept file is compared as before, and stays as it was
+    (tmp_path / "full/results/m/claims.parquet").unlink()
+    _budget_docs(tmp_path)
+    assert {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in written} == written
+
+
+def test_without_a_larger_run_every_row_says_none_is_kept(tmp_path):
+    results_tree(tmp_path / "results")
+    write_parquet(_budget_claims(larger=False), tmp_path / "results/m/claims.parquet")
+    readme, out, _ = _budget_docs(tmp_path)
+    section = out.read_text().split("## Budget sensitivity\n")[1].split("\n## ")[0]
+    assert "No verdict is compared: no larger run is kept. 4 rows have no larger run kept" in section
+    assert "| stands |" not in section and "depends on the run's size**" not in section
+    assert "depends on the run's size:" not in readme.read_text()
+
+
+@pytest.mark.parametrize("value,message", [
+    ("circuit-full", "--budget-run 'circuit-full': expected NAME=RESULTS"),
+    ("paper={full}", "'paper' is no larger configuration make docs compares; known: circuit-full, sft-study"),
+    ("circuit-full={tmp}/nowhere", "--budget-run circuit-full={tmp}/nowhere: {tmp}/nowhere is not a folder"),
+    ("circuit-full={tmp}/empty", "--budget-run circuit-full={tmp}/empty: {tmp}/empty/m/claims.parquet is missing"),
+])
+def test_a_bad_budget_run_is_an_error_naming_it_and_nothing_is_written(tmp_path, capsys, value, message):
+    results_tree(tmp_path / "results")
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "README.md").write_text(README)
+    (tmp_path / "config.yaml").write_text("run: {models: [m], tasks: [addition, division]}\n")
+    fill = {"tmp": tmp_path, "full": tmp_path / "results"}
+    where = {"--readme": "README.md", "--out": "docs/results.md", "--figures": "docs/figures", "--plan-page":
+             "docs/plan.md", "--kept-claims": "docs/claims", "--models-page": "docs/models.md", "--run-record":
+             "docs/run_record.json", "--history": "docs/run_history.csv", "--performance-page": "docs/performance.md",
+             "--kept-budget": "kept"}
+    code = main(["--config", str(tmp_path / "config.yaml"), "--results", str(tmp_path / "results"),
+                 *[a for option, path in where.items() for a in (option, str(tmp_path / path))],
+                 "--budget-run", value.format(**fill)])
+    assert code == 1 and message.format(**fill) in capsys.readouterr().err
+    assert (tmp_path / "README.md").read_text() == README
+    assert not (tmp_path / "docs").exists() and not (tmp_path / "kept").exists()

@@ -69,11 +69,13 @@ def check_verdicts(claims: pd.DataFrame) -> None:
 
 
 def claims_markdown(claims: pd.DataFrame, sub_rows: bool = True,
-                    link: Callable[[str], str | None] | None = None) -> str:
+                    link: Callable[[str], str | None] | None = None,
+                    mark: Callable[[pd.Series], str] | None = None) -> str:
     """The scorecard as a GitHub Markdown table: per claim its statement, the paper's number (LLaMA2-7B), what
     was measured on this model (value, interval, n, split; the note in italics), the verdict and the rule
     that decided it. With `sub_rows`, each claim's other scopes follow as indented rows. `link(source)` gives
-    the URL of a row's figure or table (None: no link); the claim's statement links to it."""
+    the URL of a row's figure or table (None: no link); the claim's statement links to it. `mark(row)` gives a
+    remark on a row's verdict, in italics under it ("": none)."""
     check_verdicts(claims)
     # rows written here, not by tables.markdown_table: a sub-row's empty paper cell reads "| |" in the committed
     # docs, and markdown_table pads every cell alike ("|  |")
@@ -86,7 +88,8 @@ def claims_markdown(claims: pd.DataFrame, sub_rows: bool = True,
         return "<br>".join(t for t in (text, f"*{note}*" if note else "") if t)
 
     def verdict_cell(row) -> str:
-        return f"{VERDICT_MARKS[row['verdict']]} **{row['verdict']}**"
+        remark = markdown_cell(mark(row)) if mark else ""
+        return f"{VERDICT_MARKS[row['verdict']]} **{row['verdict']}**" + (f"<br>*{remark}*" if remark else "")
 
     for head, subs in grouped(claims):
         statement = markdown_cell(head["statement"])
