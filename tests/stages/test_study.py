@@ -573,7 +573,7 @@ def test_items_stage_leaves_out_identify_pairs(tiny_dir, tmp_path):
     (lambda s: s["collapse"].update(loss_spike=1.0), "config key 'study.collapse.loss_spike'"),
     (lambda s: s["collapse"].pop("loss_spike"), "config key 'study.collapse'"),
     (lambda s: s["arms"].append("disjoint"),
-     "config key 'study.arms.4': unknown method 'disjoint'; *circuit_disjoint *low_effect *the negative control"),
+     "config key 'study.arms.3': unknown method 'disjoint'; *circuit_disjoint *low_effect *the negative control"),
 ])
 def test_bad_study_config_names_the_key(edit, message):
     config = yaml.safe_load((ROOT / "config.yaml").read_text())
