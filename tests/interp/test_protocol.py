@@ -105,18 +105,19 @@ def _items(key_value, random_values, n=30):
 
 
 def test_key_vs_random():
-    res = protocol.key_vs_random(_items(0.9, [0.2, 0.4]), measure="full", mlps="key", n_boot=200, seed=0,
+    res = protocol.key_vs_random(_items(0.9, [0.2, 0.4]), column="full_correct", mlps="key", n_boot=200, seed=0,
                                  confidence=0.95)
     assert res["key"] == pytest.approx(0.9) and res["random"] == pytest.approx(0.3)
     assert res["difference"] == pytest.approx(0.6) and res["ci_low"] == pytest.approx(0.6)  # constant per item
     assert res["draws"] == 2 and res["n_items"] == 30 and res["n_clusters"] == 10
     mixed = np.r_[np.ones(15), np.zeros(15)]
-    res = protocol.key_vs_random(_items(mixed, [np.zeros(30)]), measure="logit", mlps="key", n_boot=300, seed=0,
-                                 confidence=0.95)
+    res = protocol.key_vs_random(_items(mixed, [np.zeros(30)]), column="answer_logit", mlps="key", n_boot=300,
+                                 seed=0, confidence=0.95)
     assert res["difference"] == pytest.approx(0.5) and res["ci_low"] < 0.5 < res["ci_high"]
-    assert protocol.key_vs_random(_items(0.9, [0.2]), measure="full", mlps="all", n_boot=10, seed=0,
+    assert protocol.key_vs_random(_items(0.9, [0.2]), column="full_correct", mlps="all", n_boot=10, seed=0,
                                   confidence=0.95) is None
-    alone = protocol.key_vs_random(_items(0.9, []), measure="full", mlps="key", n_boot=50, seed=0, confidence=0.95)
+    alone = protocol.key_vs_random(_items(0.9, []), column="full_correct", mlps="key", n_boot=50, seed=0,
+                                   confidence=0.95)
     assert alone["key"] == pytest.approx(0.9) and alone["draws"] == 0  # no random draw: its own numbers, NaN diff
     assert np.isnan(alone["difference"]) and np.isnan(alone["ci_low"]) and np.isnan(alone["random"])
 

@@ -30,9 +30,6 @@ TAIL_MEASURES = ("correct", "logprob", "kl")
 PRUNE_MEASURES = ("logprob", "kl")
 
 # measure -> the per-item column `key_vs_random` averages where it is given no column
-MEASURES = {"full": "full_correct", "logit": "answer_logit", "first": "first_correct"}
-
-
 def transfer_sets(tasks) -> list[tuple[str, str | None]]:
     """(kind, task) of each target set the transfer knocks the key heads out on, in order: every operator's pairs
     ("operator"), every number format of every operator (`data.arithmetic.FORMATS`), SVAMP and the non-math
@@ -113,17 +110,15 @@ def with_set_columns(items: pd.DataFrame, n_sets: int, per_item: pd.DataFrame) -
     return items.merge(per_item, on=["set_index", "sample_id"], how="left").drop(columns="set_index")
 
 
-def key_vs_random(items: pd.DataFrame, *, measure: str, mlps: str, n_boot: int, seed: int,
-                  confidence: float, curve: str = "key", column: str | None = None) -> dict | None:
+def key_vs_random(items: pd.DataFrame, *, column: str, mlps: str, n_boot: int, seed: int,
+                  confidence: float, curve: str = "key") -> dict | None:
     """Faithfulness of the key circuit (or the one circuit of `curve`, e.g. a discovered one) minus the mean
-    faithfulness of the layer-matched random circuits of its size (same MLPs), paired on the same items and
-    cluster draws. `items`: a per-item table (the discover rule's: curve, mlps, k, seed, sample_id, cluster and
-    the per-item values); `column` names the per-item column it reads (e.g. tf_mean_tail_correct), else measure's
-    in `MEASURES`. None when the circuit is missing; without random draws (a circuit of more than half the heads
-    has no disjoint random circuit of its size) the circuit's own numbers, with NaN for random and the difference
-    and draws 0.
+    faithfulness of the layer-matched random circuits of its size (same MLPs), paired on the same items and cluster
+    draws. `items`: a per-item table (the discover rule's: curve, mlps, k, seed, sample_id, cluster and the per-item
+    values); `column` names the per-item column it reads (e.g. tf_mean_tail_correct). None when the circuit is missing;
+    without random draws (a circuit of more than half the heads has no disjoint random circuit of its size) the
+    circuit's own numbers, with NaN for random and the difference and draws 0.
     Returns {difference, ci_low, ci_high, key, key_low, key_high, random, n_items, n_clusters, draws}."""
-    column = column or MEASURES[measure]
     key = items[(items["curve"] == curve) & (items["mlps"] == mlps)]
     if not len(key):
         return None

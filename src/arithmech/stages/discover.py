@@ -446,7 +446,7 @@ def _tf_summary(items: pd.DataFrame, boot: dict, sanity: dict | None = None) -> 
         if sanity is not None:
             row[f"tf_{kind}_sanity_failed"] = sanity.get(f"sanity_{kind}_failed", "")
         for measure in ("correct", "logprob"):
-            res = protocol.key_vs_random(items, measure="full", mlps="discovered", curve="discovered",
+            res = protocol.key_vs_random(items, mlps="discovered", curve="discovered",
                                          column=f"tf_{kind}_tail_{measure}", **boot)
             if res is None:  # no random draw of its size
                 continue

@@ -72,7 +72,7 @@ def _tf_sufficient_row(task: str, items: pd.DataFrame, kinds: list[str], cfg: di
     boot = {"n_boot": cfg["bootstrap"], "seed": seed, "confidence": cfg["confidence"]}
     r, n = {}, 0
     for k in kinds:
-        res = {m: key_vs_random(items, measure="full", mlps="key", column=f"tf_{k}_tail_{m}", **boot)
+        res = {m: key_vs_random(items, mlps="key", column=f"tf_{k}_tail_{m}", **boot)
                for m in ("correct", "logprob")}
         if res["correct"] is None:
             return claim_row(CLAIM, task, rule=tf_sufficient_rule(cfg),
