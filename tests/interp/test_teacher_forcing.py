@@ -114,6 +114,22 @@ def test_items_read_the_answer_as_the_tokenizer_splits_it(lm):
         assert tf.ends_number(lm.tokenizer, cont, items.terminators[i], row["answer"])
 
 
+def test_a_draw_of_the_pool_is_its_own_items(lm):
+    """`TailItems.of_pairs`: a draw of identification pairs taken from the pool built over all of them (no forward of
+    its own) is what `build_items` builds for that draw alone, the slow reference: the same pairs in the draw's order,
+    ids, terminators and dropped pairs; a pair the pool does not hold is left out."""
+    pairs = build_prompts(lm.tokenizer, "addition", PROMPT_CFG, seed=0).iloc[:12]
+    pool = tf.build_items(lm, pairs, batch_size=5, outputs=True)
+    draw = pairs.iloc[[9, 2, 7, 4, 0, 11]]
+    mine, alone = pool.of_pairs(draw), tf.build_items(lm, draw, batch_size=4)
+    assert len(mine) == len(alone) > 0 and len(alone.dropped) == len(mine.dropped)
+    assert mine.table["sample_id"].tolist() == alone.table["sample_id"].tolist()
+    assert (mine.prompt_ids, mine.answer_ids, mine.terminators) == (alone.prompt_ids, alone.answer_ids,
+                                                                     alone.terminators)
+    assert sorted(mine.dropped["sample_id"]) == sorted(alone.dropped["sample_id"])
+    assert len(pool.of_pairs(pairs.iloc[:0])) == 0
+
+
 def test_ends_number(lm):
     tok = lm.tokenizer
     five, dot, seven = (tok.convert_tokens_to_ids(t) for t in ("5", ".", "7"))

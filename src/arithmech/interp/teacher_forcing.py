@@ -117,6 +117,18 @@ class TailItems:
     def targets(self, i: int) -> list[int]:
         return [*self.answer_ids[i], self.terminators[i]]
 
+    def of_pairs(self, pairs: pd.DataFrame) -> "TailItems":
+        """The items of `pairs` (by sample_id, in their order) that this set holds: a pool built once over every
+        identification pair gives any draw of them its items with no forward of its own (the same prompt, gold
+        answer and full-model terminator; a pair the pool dropped is left out, as `build_items` leaves it out), with
+        their dropped pairs. May be empty."""
+        at = pd.Series(np.arange(len(self)), index=self.table["sample_id"].to_numpy())
+        rows = at.reindex(pairs["sample_id"].to_numpy()).dropna().astype(int).to_numpy()
+        out = self.subset(rows)
+        if "sample_id" in self.dropped:
+            out.dropped = self.dropped[self.dropped["sample_id"].isin(pairs["sample_id"])].reset_index(drop=True)
+        return out
+
     def subset(self, rows) -> "TailItems":
         """The items `rows` (positions, in this order), with their outputs where captured."""
         rows = np.asarray(rows, dtype=int)

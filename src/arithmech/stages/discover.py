@@ -79,27 +79,27 @@ KEY_DRAW_OFFSET = 700
 
 def _identification_pool(lm, pairs: pd.DataFrame, where: str, batch: int) -> tuple:
     """(pool, pool outputs): every identification pair as teacher-forced items, read in one forward over the pool
-    for its terminators and every ablation's values."""
+    for its terminators and every ablation's values; any draw of identification pairs takes its items from it
+    (`TailItems.of_pairs`)."""
     from arithmech.interp import teacher_forcing as tf
 
     pool = tf.build_items(lm, split_pairs(pairs, "identification", where), batch_size=batch, outputs=True)
     return pool, tf.tail_outputs(lm, pool, batch)
 
 
-def _selection_items(lm, pairs: pd.DataFrame, ident: pd.DataFrame, discover: dict, seed: int, task: str,
-                     batch: int) -> tuple[pd.DataFrame | None, list | None]:
-    """(selection pairs, their teacher-forced items), or (None, None) with a warning when there are none
-    (`_selection_pairs`) or none the protocol can score (no full-model terminator ending the gold number): the
-    target is then chosen on the pruning pairs."""
-    from arithmech.interp import teacher_forcing as tf
-
+def _selection_items(pool, pairs: pd.DataFrame, ident: pd.DataFrame, discover: dict, seed: int,
+                     task: str) -> tuple[pd.DataFrame | None, list | None]:
+    """(selection pairs, their teacher-forced items, from the identification `pool`), or (None, None) with a warning
+    when there are none (`_selection_pairs`) or none the protocol can score (no full-model terminator ending the gold
+    number): the target is then chosen on the pruning pairs."""
     select = _selection_pairs(pairs, ident, discover["selection_samples"], seed, task)
     why = f"every identification pair shares its operands with the {len(ident)} pruned on"
     if select is not None:
-        try:
-            return select, tf.build_items(lm, select, batch_size=batch)
-        except ValueError as error:  # build_items' "none of n pairs has a full-model terminator ..."
-            why = f"its {len(select)} selection pairs cannot be scored ({error})"
+        items = pool.of_pairs(select)
+        if len(items):
+            return select, items
+        why = (f"none of its {len(select)} selection pairs has a full-model terminator that ends the gold number (the "
+               "model continues the number after the gold answer)")
     warnings.warn(f"{task}: {why}: the target is chosen on the pruning pairs (circuit.discover.max_samples, "
                   "selection_samples)", stacklevel=3)
     return None, None
@@ -294,7 +294,10 @@ def run_discover(*, model: str, task: str, model_dir, pairs_path, effects_path, 
     start = time.perf_counter()
     # END and every answer position, position-matched values from the identification pairs
     pool, pool_outputs = _identification_pool(lm, pairs, str(pairs_path), batch)
-    prune_items = tf.build_items(lm, ident, batch_size=batch)
+    prune_items = pool.of_pairs(ident)
+    if not len(prune_items):
+        raise ValueError(f"{task}: none of the {len(ident)} identification pairs pruned on has a full-model terminator "
+                         "that ends the gold number (the model continues the number after the gold answer)")
     tail_values = tf.ablation_values(lm, prune_items, pool, ablation, seed=seed, batch_size=batch,
                                      pool_outputs=pool_outputs)
     trials = tf.TailTrials(lm, prune_items, tail_values, measure=discover["tf_measure"],
@@ -306,7 +309,7 @@ def run_discover(*, model: str, task: str, model_dir, pairs_path, effects_path, 
     seconds = time.perf_counter() - start
 
     # full-answer accuracy kept on held-out identification pairs: what the target is chosen on
-    select, select_items = _selection_items(lm, pairs, ident, discover, seed, task, batch)
+    select, select_items = _selection_items(pool, pairs, ident, discover, seed, task)
     every = tuple((l, h) for l, h in nodes if h != MLP)
     found = [CircuitSet("discovered", "discovered", len(p.heads(nodes)), -1, tuple(p.heads(nodes)),
                         tuple(p.mlps(nodes))) for p in pruned]
@@ -506,7 +509,6 @@ def run_discover_union(*, model: str, model_dir, tasks: list[str], pairs_paths, 
     (`shared_path`: `run_discover_shared`'s summary row, with the union's sanity checks: the same pairs, pools and
     seed)."""
     from arithmech.data.datasets import subsample
-    from arithmech.interp import teacher_forcing as tf
     from arithmech.model.loading import load_stage_model, stage_meta
 
     lm = load_stage_model(model_dir, compute)
@@ -541,7 +543,7 @@ def run_discover_union(*, model: str, model_dir, tasks: list[str], pairs_paths, 
         table, _, items = _scored(lm, val, (pool, pool_outputs), sets, targets, None, nodes, discover, seed, batch,
                                   sanity=False)
         # the union on the pairs its parts were pruned on (the gap's identification side): model, empty, union
-        fitted.append(_correct_by_kind(lm, tf.build_items(lm, ident, batch_size=batch), pool, pool_outputs,
+        fitted.append(_correct_by_kind(lm, pool.of_pairs(ident), pool, pool_outputs,
                                        kept_masks(sets[:2] + [union], nodes), seed=seed,
                                        batch=batch))
         mine = table[table["curve"].isin(["discovered", "key"])]
@@ -656,8 +658,10 @@ def run_discover_shared(*, model: str, model_dir, tasks: list[str], pairs_paths,
         pool, pool_outputs = _identification_pool(lm, pairs, str(pairs_path), batch)
         # max_samples pairs in all, an equal seeded share of each operator's pruning draw (the selection below still
         # excludes the whole draw's operands)
-        items = tf.build_items(lm, subsample(ident, protocol.operator_share(discover["max_samples"], tasks), seed),
-                               batch_size=batch)
+        items = pool.of_pairs(subsample(ident, protocol.operator_share(discover["max_samples"], tasks), seed))
+        if not len(items):
+            raise ValueError(f"{task}: none of its identification pairs drawn for the shared circuit has a "
+                             "full-model terminator that ends the gold number")
         values = tf.ablation_values(lm, items, pool, kind, seed=seed, batch_size=batch, pool_outputs=pool_outputs)
         ops.append((task, pairs, ident, val, pool, pool_outputs, items, values))
     # one trial set of every operator's items, each with its own operator's values: the pruning measure is their
@@ -679,7 +683,7 @@ def run_discover_shared(*, model: str, model_dir, tasks: list[str], pairs_paths,
     correct, on_select, selected = [], [], []  # per operator: on its pruning pairs (each ablation), its selection
     for task, pairs, ident, _, pool, pool_outputs, items, _ in ops:
         correct.append(_correct_by_kind(lm, items, pool, pool_outputs, masks, seed=seed, batch=batch))
-        select, select_items = _selection_items(lm, pairs, ident, discover, seed, task, batch)
+        select, select_items = _selection_items(pool, pairs, ident, discover, seed, task)
         if select is None:
             on_select.append(correct[-1][kind])
         else:

@@ -292,12 +292,13 @@ def tail_trial(m: Model, p: TaskPrompts) -> float:
     return forward_flops(m.shape, new=tail, past=p.ref_tokens - 1, logits=tail)
 
 
-def tail_items(m: Model, p: TaskPrompts, texts: int, *, pool: bool = False) -> Work:
+def tail_items(m: Model, p: TaskPrompts, texts: int, *, pool: bool = False, from_pool: bool = False) -> Work:
     """Teacher-forced items of `texts` pairs: `teacher_forcing.build_items`' whole forward (the terminator), then a
     `TailTrials`' prefix cache and clean tail, about a whole forward again; the ablation values' `pool`: the first
-    forward alone (capturing every node's outputs)."""
+    forward alone (capturing every node's outputs); a draw of identification pairs taken `from_pool`
+    (`TailItems.of_pairs`): the second alone."""
     whole = forward_flops(m.shape, new=p.ref_tokens + p.answer_steps, logits=0)
-    return Work((1 if pool else 2) * texts * whole)
+    return Work((1 if pool or from_pool else 2) * texts * whole)
 
 
 def tail_scores(m: Model, p: TaskPrompts, *, texts: int, circuits: int, batch: int) -> Work:
@@ -352,7 +353,7 @@ def discover(s: Setting, m: Model, job: Job) -> Cost:
     fitted = 2 + targets  # the model, the empty circuit, every target's
     scored = fitted + (1 + draws) + (draws + 1) + len(SHARES)
     checked = min(n_val, cfg["sanity_samples"] or n_val)
-    work = tail_items(m, p, p.identification, pool=True) + tail_items(m, p, n_id) + tail_items(m, p, n_sel)
+    work = tail_items(m, p, p.identification, pool=True) + tail_items(m, p, n_id + n_sel, from_pool=True)
     work += tail_items(m, p, n_val) + pruning(m, p, cfg, texts=n_id, batch=bs)
     work += tail_scores(m, p, texts=n_id, circuits=2 * fitted, batch=bs)
     work += tail_scores(m, p, texts=n_sel, circuits=fitted, batch=bs)
@@ -391,7 +392,7 @@ def discover_shared(s: Setting, m: Model, job: Job) -> Cost:
         n_id = min(operator_share(cfg["max_samples"], tasks), n_id)
         n_val = min(operator_share(cfg["validation_samples"], tasks), n_val)
         n_pruned, pairs = n_pruned + n_id, pairs + n_val
-        work += tail_items(m, p, p.identification, pool=True) + tail_items(m, p, n_id) + tail_items(m, p, n_sel)
+        work += tail_items(m, p, p.identification, pool=True) + tail_items(m, p, n_id + n_sel, from_pool=True)
         work += tail_items(m, p, n_val) + pruning(m, p, cfg, texts=n_id, batch=bs)
         work += tail_scores(m, p, texts=n_id, circuits=2 * fitted, batch=bs)
         work += tail_scores(m, p, texts=n_sel, circuits=fitted, batch=bs)
@@ -420,7 +421,8 @@ def discover_union(s: Setting, m: Model, job: Job) -> Cost:
         n_id, _, n_val = discover_draws(cfg, p)
         n_val = min(operator_share(cfg["validation_samples"], s.config["run"]["tasks"]), n_val)
         pairs += n_val
-        work += tail_items(m, p, p.identification, pool=True) + tail_items(m, p, n_val) + tail_items(m, p, n_id)
+        work += tail_items(m, p, p.identification, pool=True) + tail_items(m, p, n_val)
+        work += tail_items(m, p, n_id, from_pool=True)
         work += tail_scores(m, p, texts=n_val, circuits=2 * sets, batch=bs)
         work += tail_scores(m, p, texts=n_id, circuits=2 * 3, batch=bs)
     p = s.prompts(m, s.config["run"]["tasks"][0])
