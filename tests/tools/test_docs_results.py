@@ -596,7 +596,7 @@ def test_make_docs_writes_the_performance_pages_table(tmp_path):
 
 def test_the_committed_history_parses_and_the_page_shows_it():
     """docs/run_history.csv is the run history (its columns, every row readable, oldest first), and
-    docs/performance.md's block is what make docs writes from it and docs/run_record.json."""
+    docs/performance.md's blocks are what make docs writes from it and docs/run_record.json."""
     rows = read_history(ROOT / HISTORY)
     assert rows and [r["date"] for r in rows] == sorted(r["date"] for r in rows)
     assert all(float(r["wall_s"]) > 0 and (not r["job_s"] or float(r["job_s"]) > 0) for r in rows)
