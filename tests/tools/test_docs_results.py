@@ -20,6 +20,7 @@ from arithmech.tools.docs_results import (
     PLAN_CONFIGS,
     PLAN_MARKERS,
     PLAN_OUTPUT_MARKERS,
+    RULES_MARKERS,
     RUN_TIME_MARKERS,
     MissingResults,
     claims_across_models,
@@ -31,6 +32,7 @@ from arithmech.tools.docs_results import (
     plan_text,
     read_history,
     replace_block,
+    rules_table,
     run_time_text,
 )
 from arithmech.tools.run_record import HISTORY, HISTORY_COLUMNS, append_history, history_row, read_record
@@ -509,16 +511,72 @@ def test_a_history_that_is_not_the_run_historys_is_an_error(tmp_path):
         read_history(tmp_path / "g.csv")
 
 
+# The job time per rule of a run (run_record.rule_seconds), in name order as the record keeps it: five rules of
+# 1% of the job time or more, four under it (prepare_model, plot_effects, findings, study_summary: 32.9 s of
+# 2,751.9 s), the discovery's three 1,673 s and the study's two 718.7 s
+RULES = {"analyze": {"jobs": 4, "seconds": 79.0, "min": 19.2, "max": 21.0},
+         "discover": {"jobs": 4, "seconds": 798.0, "min": 132.4, "max": 268.1},
+         "discover_shared": {"jobs": 1, "seconds": 633.0, "min": 633.0, "max": 633.0},
+         "discover_union": {"jobs": 1, "seconds": 242.0, "min": 242.0, "max": 242.0},
+         "findings": {"jobs": 1, "seconds": 3.2, "min": 3.2, "max": 3.2},
+         "knockout": {"jobs": 4, "seconds": 253.0, "min": 40.0, "max": 80.0},
+         "plot_effects": {"jobs": 4, "seconds": 6.0, "min": 0.4, "max": 2.1},
+         "prepare_model": {"jobs": 1, "seconds": 19.0, "min": 19.0, "max": 19.0},
+         "study_summary": {"jobs": 1, "seconds": 4.7, "min": 4.7, "max": 4.7},
+         "study_train": {"jobs": 13, "seconds": 714.0, "min": 37.0, "max": 85.0}}
+
+
+def test_the_rules_table_gives_the_rules_longest_first_the_small_ones_in_one_row():
+    """docs/performance.md's per-rule block: the run, its job time and jobs at a time; a row per rule by job time,
+    the rules under 1% of it in one row; the discovery's and the study's shares (a folded study rule counted)."""
+    block = rules_table({**RECORD, "seconds": 1959.2, "rules": RULES})
+    words = " ".join(block.split())
+    assert words.startswith("Job time per rule of README's run (`docs/run_record.json`, commit 0123456, 2026-11-28, "
+                            "`.venv/bin/snakemake --cores 2 --max-threads 1` on AMD EPYC 7B13, 2 cores, 8 GiB, Linux, "
+                            "no GPU), from the Snakemake benchmark files it wrote: 2,752 s of job time in 34 jobs, "
+                            "1.40 jobs at a time.")
+    rows = [line for line in block.splitlines() if line.startswith("| ")]
+    assert rows == ["| rule | jobs | job time | per job |",
+                    "| `discover` | 4 | 798 s | 132-268 s |",
+                    "| `study_train` | 13 | 714 s | 37-85 s |",
+                    "| `discover_shared` | 1 | 633 s |  |",
+                    "| `knockout` | 4 | 253 s | 40-80 s |",
+                    "| `discover_union` | 1 | 242 s |  |",
+                    "| `analyze` | 4 | 79 s | 19-21 s |",
+                    "| the 4 rules under 1% of the job time each: `findings`, `plot_effects`, `prepare_model`, "
+                    "`study_summary` | 7 | 33 s | 0-19 s |"]
+    assert words.endswith("Of the job time, the circuit discovery (`discover`, `discover_shared`, `discover_union`) "
+                          "takes 1,673 s (61%) and the study (`study_train`, `study_summary`) 719 s (26%).")
+    # a lone rule under 1% keeps a row of its own; without discovery or study rules, no sentence on them
+    lone = {r: RULES[r] for r in ("analyze", "knockout", "findings")}  # findings: 3.2 s of 335.2 s
+    block = rules_table({**RECORD, "rules": lone})
+    assert "| `findings` | 1 | 3 s |  |" in block and "rules under" not in block
+    assert "Of the job time" not in block and "335 s of job time in 9 jobs" in " ".join(block.split())
+
+
+def test_without_a_job_time_per_rule_the_block_says_so_in_a_line():
+    """A record from before `rules` (docs/run_record.json's of b55e273), one with a job's seconds unknown, or no
+    record at all: a sentence instead of a table."""
+    older = " ".join(rules_table(RECORD).split())
+    assert older == ("The record of README's run (`docs/run_record.json`, commit 0123456, 2026-11-28) holds no job "
+                     "time per rule: the table comes with the next complete run that `make docs` keeps.")
+    unknown = rules_table({**RECORD, "rules": {**RULES, "knockout": {**RULES["knockout"], "seconds": None}}})
+    assert "has no job time for `knockout`" in unknown and "|" not in unknown
+    assert rules_table(None).startswith("No complete run is recorded yet") and rules_table({**RECORD, "rules": {}})
+
+
 def test_make_docs_writes_the_performance_pages_table(tmp_path):
-    """make docs fills docs/performance.md's block from the history, README's run marked; the rest of the page and a
-    second make docs leave the same bytes."""
+    """make docs fills docs/performance.md's blocks from the history, README's run marked, and from that run's
+    record, its job time per rule; the rest of the page and a second make docs leave the same bytes."""
     results, page, history = tmp_path / "results", tmp_path / "docs/performance.md", tmp_path / "docs/run_history.csv"
     results_tree(results)
     page.parent.mkdir(parents=True)
-    page.write_text(f"# Performance\n\n{HISTORY_MARKERS[0]}\nan old table\n{HISTORY_MARKERS[1]}\n\nMore.\n")
+    page.write_text(f"# Performance\n\n{HISTORY_MARKERS[0]}\nan old table\n{HISTORY_MARKERS[1]}\n\nBetween.\n\n"
+                    f"{RULES_MARKERS[0]}\na typed table\n{RULES_MARKERS[1]}\n\nMore.\n")
     _history_csv(history, [*HISTORY_ROWS, history_row(RECORD)])
     (tmp_path / "README.md").write_text(NUMBERS_README)
-    (results / "run_record.json").write_text(json.dumps(RECORD))
+    record = {**RECORD, "rules": RULES}
+    (results / "run_record.json").write_text(json.dumps(record))
 
     def docs():
         make_docs(results_dir=results, model="m", tasks=TASKS, readme=tmp_path / "README.md",
@@ -529,18 +587,22 @@ def test_make_docs_writes_the_performance_pages_table(tmp_path):
     text = page.read_text()
     assert _block(text, HISTORY_MARKERS) == history_table(read_history(history), RECORD)
     assert "| `config.yaml` (README's run time) | 2026-11-28 | 0123456 |" in text and text.endswith("\n\nMore.\n")
+    assert json.loads((tmp_path / "docs/run_record.json").read_text()) == record  # kept with its rules
+    assert _block(text, RULES_MARKERS) == rules_table(record) and "| `discover` | 4 | 798 s | 132-268 s |" in text
+    assert "a typed table" not in text and "\n\nBetween.\n\n" in text
     docs()
     assert page.read_text() == text
 
 
 def test_the_committed_history_parses_and_the_page_shows_it():
     """docs/run_history.csv is the run history (its columns, every row readable, oldest first), and
-    docs/performance.md's block is what make docs writes from it and docs/run_record.json."""
+    docs/performance.md's blocks are what make docs writes from it and docs/run_record.json."""
     rows = read_history(ROOT / HISTORY)
     assert rows and [r["date"] for r in rows] == sorted(r["date"] for r in rows)
     assert all(float(r["wall_s"]) > 0 and (not r["job_s"] or float(r["job_s"]) > 0) for r in rows)
     page = (ROOT / PERFORMANCE_PAGE).read_text()
     assert _block(page, HISTORY_MARKERS) == history_table(rows, read_record(ROOT / KEPT_RECORD))
+    assert _block(page, RULES_MARKERS) == rules_table(read_record(ROOT / KEPT_RECORD))
 
 
 def _outside_generated_blocks(text: str) -> str:

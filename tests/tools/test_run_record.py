@@ -25,6 +25,7 @@ from arithmech.tools.run_record import (
     machine_text,
     main,
     record_run,
+    rule_seconds,
 )
 
 # A stand-in for snakemake: its dry run (--dry-run --forceall) prints the Job stats of WORKFLOW jobs; a run prints
@@ -44,6 +45,9 @@ FAKE = textwrap.dedent("""
     else:
         stats(n)
     print("job output on stdout")
+    if os.environ.get("BENCHMARK"):  # a job's benchmark file, as Snakemake writes it
+        with open(os.environ["BENCHMARK"], "w") as f:
+            f.write("s\\th:m:s\\tmax_rss\\n12.5\\t0:00:12\\t300\\n")
     for i in range(1, n + 1):
         print("%d of %d steps (%d%%) done" % (i, n, 100 * i // n), file=sys.stderr)
     sys.exit(int(os.environ.get("EXIT", "0")))
@@ -170,6 +174,46 @@ def test_job_seconds_sums_the_benchmarks_the_run_wrote(tmp_path):
     assert job_seconds(tmp_path, since) == 75.1
     (tmp_path / "m" / "benchmarks" / "odd.tsv").write_text(header + "NA\tNA\tNA\n")  # no seconds: the sum unknown
     assert job_seconds(tmp_path, since) is None
+
+
+def _benchmark(path: Path, seconds: str, hours_ago: float = 0) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"s\th:m:s\tmax_rss\n{seconds}\t0:00:00\t600\n")
+    os.utime(path, (time.time() - 3600 * hours_ago,) * 2)
+
+
+def test_rule_seconds_gives_each_rules_jobs_the_run_wrote(tmp_path):
+    """Per rule (the first path component under benchmarks/, a file's name without a folder): its jobs, their sum,
+    the shortest and longest; files from before the run started stay out, a rule with a job without seconds has
+    none; job_seconds sums the same files."""
+    bench = tmp_path / "m" / "benchmarks"
+    _benchmark(bench / "knockout" / "multiplication.tsv", "500.0", hours_ago=1)  # an earlier run's
+    _benchmark(bench / "build_pairs" / "addition.tsv", "100.5", hours_ago=1)
+    since = time.time() - 60
+    assert rule_seconds(tmp_path, since) == {} and job_seconds(tmp_path, since) is None
+    _benchmark(bench / "knockout" / "addition.tsv", "40.26")
+    _benchmark(bench / "knockout" / "division.tsv", "80.1")
+    _benchmark(bench / "transfer.tsv", "198.0")
+    _benchmark(tmp_path / "benchmarks" / "fetch_dataset" / "gsm8k.tsv", "3.0")  # the rules without a model
+    assert rule_seconds(tmp_path, since) == {
+        "fetch_dataset": {"jobs": 1, "seconds": 3.0, "min": 3.0, "max": 3.0},
+        "knockout": {"jobs": 2, "seconds": 120.4, "min": 40.3, "max": 80.1},
+        "transfer": {"jobs": 1, "seconds": 198.0, "min": 198.0, "max": 198.0}}
+    assert job_seconds(tmp_path, since) == 321.4
+    _benchmark(bench / "transfer.tsv", "NA")  # its seconds unknown: that rule's and the sum
+    assert rule_seconds(tmp_path, since)["transfer"] == {"jobs": 1, "seconds": None, "min": None, "max": None}
+    assert rule_seconds(tmp_path, since)["knockout"]["seconds"] == 120.4 and job_seconds(tmp_path, since) is None
+
+
+def test_the_record_has_the_job_time_per_rule(fake, tmp_path, monkeypatch):
+    """The record keeps the rules of the benchmark files written during the run, beside it, not an earlier run's."""
+    record = tmp_path / "results" / "run_record.json"
+    _benchmark(tmp_path / "results" / "m" / "benchmarks" / "build_pairs" / "addition.tsv", "100.5", hours_ago=1)
+    (tmp_path / "results" / "m" / "benchmarks" / "transfer").mkdir()
+    monkeypatch.setenv("BENCHMARK", str(tmp_path / "results" / "m" / "benchmarks" / "transfer" / "all.tsv"))
+    assert record_run(fake(workflow=5, at_start=5), record) == 0
+    assert json.loads(record.read_text())["rules"] == {"transfer": {"jobs": 1, "seconds": 12.5, "min": 12.5,
+                                                                    "max": 12.5}}
 
 
 def test_a_partial_rerun_is_flagged_and_keeps_the_complete_one(fake, tmp_path):

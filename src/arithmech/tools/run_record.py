@@ -8,7 +8,8 @@ The record: when the run started (UTC) and its seconds, the command, how many jo
 "N of M steps (P%) done" line) and how many its DAG had when it started (its "Job stats" total), the jobs of the
 whole workflow (the same command as a dry run with --forceall, before the run), whether the run was complete
 (`from_scratch`: it set out to run every job of the workflow), the machine (CPU model, cores, memory, the GPUs torch
-sees), the arithmech version and the git commit. Only a complete run's time is README's headline: a partial re-run
+sees), the arithmech version, the git commit, and the job time per rule (`rules`: the benchmark files the run wrote,
+`rule_seconds`; docs/performance.md's table). Only a complete run's time is README's headline: a partial re-run
 is recorded, flagged, and keeps the last complete run's record inside its own (`last_complete`). Every run that
 succeeds also adds one row to the run history, docs/run_history.csv (`HISTORY_COLUMNS`; `make docs` shows the last
 complete run of each configuration in docs/performance.md). A failed or interrupted run writes nothing; Snakemake's
@@ -195,18 +196,46 @@ def configuration(command: Sequence[str]) -> str:
     return " ".join(files) or "config.yaml"
 
 
-def job_seconds(results: Path, since: float) -> float | None:
-    """The summed wall time of the jobs whose Snakemake benchmark files under `results` were written at or after
-    `since` (a time.time()): every rule has one (`benchmark:`), each a TSV whose `s` column is the job's seconds;
-    None when no such file is found or one has no number there."""
-    seconds = []
-    for path in Path(results).glob("**/benchmarks/**/*.tsv"):
+def benchmark_jobs(results: Path, since: float) -> dict[str, list[float | None]]:
+    """The jobs whose Snakemake benchmark files under `results` were written at or after `since` (a time.time()),
+    by rule: each job's seconds, None where its file has no number there. Every rule has one (`benchmark:`), a TSV
+    whose `s` column is the job's seconds (summed over its rows); its rule is the file's first path component under
+    benchmarks/ (benchmarks/discover/addition.tsv: discover; benchmarks/transfer.tsv: transfer)."""
+    jobs: dict[str, list[float | None]] = {}
+    for path in sorted(Path(results).glob("**/benchmarks/**/*.tsv")):
         if path.stat().st_mtime >= since:
-            seconds += [row.get("s") for row in csv.DictReader(io.StringIO(path.read_text()), delimiter="\t")]
+            under = path.relative_to(results).parts
+            rule = Path(*under[under.index("benchmarks") + 1:]).with_suffix("").parts[0]
+            jobs.setdefault(rule, []).append(_benchmark_seconds(path))
+    return jobs
+
+
+def _benchmark_seconds(path: Path) -> float | None:
+    rows = list(csv.DictReader(io.StringIO(path.read_text()), delimiter="\t"))
     try:
-        return round(sum(float(s) for s in seconds), 1) if seconds else None
-    except (TypeError, ValueError):  # a row without its seconds: the sum is unknown, and the run's row still written
+        return sum(float(row["s"]) for row in rows) if rows else None
+    except (KeyError, TypeError, ValueError):  # no `s` column, or a row without its number: unknown
         return None
+
+
+def job_seconds(results: Path, since: float) -> float | None:
+    """The summed seconds of the jobs `benchmark_jobs` finds; None when it finds none or a job's is unknown (the
+    run's row is written all the same)."""
+    seconds = [s for times in benchmark_jobs(results, since).values() for s in times]
+    return round(sum(seconds), 1) if seconds and None not in seconds else None
+
+
+def rule_seconds(results: Path, since: float) -> dict[str, dict]:
+    """Per rule (by name), its jobs among those `benchmark_jobs` finds: {"jobs": how many, "seconds": their sum,
+    "min": the shortest job's, "max": the longest's}, to 0.1 s; the three None when a job's seconds are unknown."""
+    out = {}
+    for rule, times in sorted(benchmark_jobs(results, since).items()):
+        if None in times:
+            out[rule] = {"jobs": len(times), "seconds": None, "min": None, "max": None}
+        else:
+            out[rule] = {"jobs": len(times), "seconds": round(sum(times), 1), "min": round(min(times), 1),
+                         "max": round(max(times), 1)}
+    return out
 
 
 def history_row(entry: dict, job_s: float | None = None) -> dict:
@@ -263,7 +292,7 @@ def record_run(command: Sequence[str], record: Path = RECORD, *, history: Path |
         "seconds": round(seconds, 1), "command": shlex.join(command),
         "jobs_run": progress.done, "jobs_at_start": jobs_at_start, "workflow_jobs": dag_jobs,
         "from_scratch": from_scratch, "machine": machine(), "arithmech": __version__, "commit": commit,
-        "dirty": dirty,
+        "dirty": dirty, "rules": rule_seconds(record.parent, since),
     }
     if not from_scratch and (kept := last_complete(read_record(record))) is not None:
         entry["last_complete"] = kept
