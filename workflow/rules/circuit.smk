@@ -15,6 +15,8 @@ rule edges:
         "results/{model}/logs/edges.log",
     benchmark:
         "results/{model}/benchmarks/edges.tsv"
+    # a long single job (as transfer): started as soon as its inputs exist, not last beside the study's evaluations
+    priority: 1
     conda:
         "../../envs/arithmech.yaml"
     threads: 2
