@@ -700,6 +700,20 @@ def _budget_docs(tmp_path, budget_runs=None):
     return readme, out, kept / "m"
 
 
+def test_the_budget_table_without_a_larger_run_is_a_whole_table(tmp_path):
+    """With no larger run kept, every row of the budget table has as many cells as its header (no empty column for
+    the runs that are not there)."""
+    meta = {"versions": {"arithmech": "0.1.0", "torch": "2.13.0"}}
+    results_tree(tmp_path / "results")
+    write_parquet(_budget_claims(larger=False), tmp_path / "results/m/claims.parquet", meta)
+    _, out, _ = _budget_docs(tmp_path)
+    section = out.read_text().split("## Budget sensitivity\n")[1].split("\n## ")[0]
+    table = [line for line in section.splitlines() if line.startswith("|")]
+    assert table[0] == "| Claim | default run | budget |"
+    assert {len(line[2:-2].split(" | ")) for line in table[2:]} == {3}
+    assert table[1] == "|---|---|---|"
+
+
 def test_the_budget_table_sets_each_verdict_beside_the_larger_runs(tmp_path):
     """docs/results.md's budget section: the discover and circuit rows beside a kept circuit-full run (a turned
     verdict "depends on the run's size", an equal one "stands"), the finetune rows "no larger run kept" (sft-study is

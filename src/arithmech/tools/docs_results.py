@@ -936,8 +936,8 @@ def budget_section(claims: pd.DataFrame, compared: list[dict], runs: dict[str, p
         measured = markdown_cell(display.measured(row["value"], row["ci_low"], row["ci_high"], row["unit"], row["n"]))
         return f"{VERDICT_MARKS[row['verdict']]} **{row['verdict']}**" + (f"<br>{measured}" if measured else "")
 
-    lines = ["| Claim | default run | " + " | ".join(f"`{n}`" for n in runs) + " | budget |",
-             "|---|---|" + "---|" * len(runs) + "---|"]
+    header = ["Claim", "default run", *(f"`{n}`" for n in runs), "budget"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for c in compared:
         row = c["row"]
         label = (markdown_cell(row["statement"]) if row["scope"] == HEADLINE
