@@ -751,8 +751,9 @@ def keep_claims(results_dir, kept_dir) -> list[str]:
 
 
 def kept_frame(root: Path) -> pd.DataFrame:
-    """results/<model>/claims.parquet as docs/claims/ keeps it: `KEPT_CLAIM_COLUMNS` as the docs show them
-    (`read_claims`: no wall-clock timing, so a re-run keeps the same bytes) and the results' provenance (`origin`)."""
+    """A model's claims table (`layout.CLAIMS` under `root`) as docs/claims/ keeps it: `KEPT_CLAIM_COLUMNS` as the
+    docs show them (`read_claims`: no wall-clock timing, so a re-run keeps the same bytes) and the results'
+    provenance (`origin`)."""
     return read_claims(root, root.name)[KEPT_CLAIM_COLUMNS].assign(origin=provenance_text(root / layout.CLAIMS))
 
 
